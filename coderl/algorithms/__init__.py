@@ -1,0 +1,32 @@
+"""Pure tensor functions for RL post-training: advantages, losses, KL, importance weights,
+evaluation estimators. No state, no config objects, no I/O."""
+
+from coderl.algorithms.advantages import gae, group_advantages
+from coderl.algorithms.losses import (
+    AGGREGATIONS,
+    KL_ESTIMATORS,
+    aggregate,
+    entropy,
+    kl_penalty,
+    policy_loss,
+    token_logprobs,
+    value_loss,
+)
+from coderl.algorithms.metrics import best_of_n, pass_at_k
+from coderl.algorithms.off_policy import importance_weights
+
+__all__ = [
+    "AGGREGATIONS",
+    "KL_ESTIMATORS",
+    "aggregate",
+    "best_of_n",
+    "entropy",
+    "gae",
+    "group_advantages",
+    "importance_weights",
+    "kl_penalty",
+    "pass_at_k",
+    "policy_loss",
+    "token_logprobs",
+    "value_loss",
+]

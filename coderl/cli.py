@@ -1,0 +1,39 @@
+"""The ``coderl`` command line: one sub-command per module, listed once in ``COMMANDS``."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from coderl import __version__
+
+# sub-command name -> module that defines ``register(subparsers)``; the only dispatch point.
+COMMANDS: dict[str, str] = {
+    "demo": "coderl.demo",
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="coderl",
+        description="Reinforcement-learning post-training for LLM coding agents.",
+    )
+    parser.add_argument("--version", action="version", version=f"coderl {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name in COMMANDS:
+        importlib.import_module(COMMANDS[name]).register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help()
+        return 0
+    return int(args.func(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,45 @@
+"""The policy interface seen by the harness and the trainer."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+
+@dataclass
+class SamplingParams:
+    """How to sample one completion per prompt."""
+
+    temperature: float = 1.0
+    """Softmax temperature (> 0); logprobs are reported under the tempered distribution."""
+    top_p: float = 1.0
+    """Nucleus sampling mass in (0, 1]."""
+    max_new_tokens: int = 256
+    """Budget of generated tokens per completion."""
+    stop_token_ids: tuple[int, ...] = ()
+    """Generation ends after sampling any of these (the EOS id is always a stop token)."""
+    seed: int | None = None
+    """Seed for the sampler's RNG; equal seeds give equal samples."""
+
+
+@dataclass
+class Completion:
+    """One sampled completion."""
+
+    token_ids: list[int] = field(default_factory=list)
+    """The sampled token ids (the stop token included when one was sampled)."""
+    logprobs: list[float] = field(default_factory=list)
+    """Logprob of each sampled token under the distribution it was sampled from."""
+    finish_reason: str = "length"
+    """``"stop"`` (a stop token was sampled) or ``"length"`` (budget exhausted)."""
+    policy_version: int = 0
+    """Weight version that produced these tokens."""
+
+
+class Policy(Protocol):
+    """What the agent harness needs from a policy."""
+
+    tokenizer: Any
+    version: int
+
+    def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Completion]: ...
