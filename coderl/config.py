@@ -1,0 +1,350 @@
+"""One tree of typed configuration for ``coderl train``, ``sft`` and ``eval``.
+
+Presets are YAML files in ``configs/``; ``key=value`` overrides on the command line replace single
+leaves (``trainer.lr=2e-5 rollout.group_size=4``). Each field is documented once, under the field.
+Unknown keys, wrong types and impossible combinations raise :class:`ConfigError`, whose message
+names the dotted key.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+
+class ConfigError(ValueError):
+    """A configuration problem; the message names the offending dotted key."""
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(
+        extra="forbid", use_attribute_docstrings=True, validate_assignment=True
+    )
+
+
+class ModelConfig(_Section):
+    name: str = "smollm2-135m"
+    """Policy to load: a registered name (``tiny-random``, ``smollm2-135m``) or a checkpoint path."""
+    lora: bool = True
+    """Train LoRA adapters (reference policy = adapter disabled); False fine-tunes every weight
+    and keeps a frozen copy as the reference policy."""
+    lora_r: int = Field(16, ge=1)
+    """LoRA rank."""
+    lora_alpha: float = Field(32.0, gt=0)
+    """LoRA scaling numerator (the update is scaled by ``lora_alpha / lora_r``)."""
+    lora_dropout: float = Field(0.0, ge=0, lt=1)
+    """Dropout on the LoRA input; keep 0 for exact logprob recomputation."""
+    seed: int = 0
+    """Seed for building random models (``tiny-random``) and LoRA initialisation."""
+
+
+class TaskConfig(_Section):
+    source: str = "humaneval"
+    """Task source: ``humaneval``, ``toy`` (an in-process task for tests and smoke runs) or
+    ``repo`` (synthesised repository bug-fix tasks)."""
+    train_split: str = "train"
+    """Split the training loop samples tasks from."""
+    heldout_split: str = "heldout"
+    """Split evaluated before, during and after training."""
+    tasks_per_step: int = Field(4, ge=1)
+    """Distinct tasks per training step (each gets ``rollout.group_size`` episodes)."""
+    limit: int | None = Field(None, ge=1)
+    """Use only the first ``limit`` tasks of the training split (None: all)."""
+    options: dict[str, Any] = Field(default_factory=dict)
+    """Source-specific options (e.g. the repository environment directory for ``repo``)."""
+
+
+class RolloutConfig(_Section):
+    group_size: int = Field(8, ge=1)
+    """Episodes per task (G); group baselines compare episodes of the same task."""
+    max_turns: int = Field(3, ge=1)
+    """Agent turns per episode."""
+    max_new_tokens: int = Field(256, ge=1)
+    """Token budget of one model turn."""
+    max_context_tokens: int = Field(2048, ge=64)
+    """Context window of one segment; the harness summarises or stops beyond it."""
+    temperature: float = Field(1.0, gt=0)
+    """Sampling temperature; trainer logprobs use the same temperature."""
+    top_p: float = Field(1.0, gt=0, le=1)
+    """Nucleus mass; keep 1.0 for unbiased logprobs."""
+    concurrency: int = Field(8, ge=1)
+    """Episodes run at once (batched generation, parallel sandboxes)."""
+
+
+class LengthPenaltyConfig(_Section):
+    coef: float = Field(0.1, ge=0)
+    """Largest penalty (reward units), reached by an easiest task that uses its whole budget."""
+    free_fraction: float = Field(0.25, ge=0, lt=1)
+    """Fraction of the token budget that is never penalised."""
+    power: float = Field(2.0, ge=1)
+    """Exponent on the excess length: > 1 makes the penalty grow faster near the budget."""
+    ease_power: float = Field(1.0, ge=0)
+    """Exponent on the task's ease (group pass rate): larger leaves hard tasks more room."""
+
+
+class RewardConfig(_Section):
+    terms: dict[str, float] = Field(default_factory=lambda: {"tests": 1.0, "broken_calls": 1.0})
+    """Reward term name -> weight; names from ``coderl.rewards.REWARD_TERMS``."""
+    tests: Literal["resolved", "fraction"] = "resolved"
+    """``resolved``: 1 if every FAIL_TO_PASS and PASS_TO_PASS test passes else 0;
+    ``fraction``: the fraction of those tests that pass."""
+    broken_call_penalty: float = Field(0.2, ge=0)
+    """Reward subtracted per broken tool call (unparseable, unknown tool, bad arguments)."""
+    broken_call_cap: int = Field(5, ge=1)
+    """Broken calls counted at most (the penalty saturates)."""
+    length: LengthPenaltyConfig = Field(default_factory=LengthPenaltyConfig)
+    """Difficulty-scaled length penalty; used when ``length`` is in ``terms``."""
+    kl_coef: float = Field(0.0, ge=0)
+    """Beta of the k1 KL-in-reward term; used when ``kl`` is in ``terms``."""
+    term_timeout_s: float = Field(10.0, gt=0)
+    """A term that takes longer masks the samples it was scoring."""
+
+
+class KLConfig(_Section):
+    coef: float = Field(0.0, ge=0)
+    """KL coefficient beta in the loss (0: no KL in the loss)."""
+    estimator: Literal["k1", "k2", "k3"] = "k3"
+    """Per-token KL estimator, see ``coderl.algorithms.kl_penalty``."""
+
+
+class ImportanceConfig(_Section):
+    level: Literal["token", "sequence"] = "token"
+    """One weight per token, or the geometric mean per sequence."""
+    mode: Literal["off", "truncate", "mask"] = "truncate"
+    """Correction of sampler/trainer mismatch; ``off`` uses no weights."""
+    cap: float = Field(2.0, gt=0)
+    """Upper bound of the weights."""
+    low: float | None = Field(None, ge=0)
+    """Lower bound (None: none)."""
+
+
+class AlgorithmConfig(_Section):
+    advantage: Literal["grpo", "dr_grpo", "rloo", "gae"] = "grpo"
+    """Advantage estimator: group baselines, or GAE with a value head (PPO)."""
+    loss_agg: Literal[
+        "token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"
+    ] = "token-mean"
+    """How per-token losses are reduced, see ``coderl.algorithms.aggregate``."""
+    clip_low: float = Field(0.2, ge=0, lt=1)
+    """PPO clip range below 1."""
+    clip_high: float = Field(0.28, ge=0)
+    """PPO clip range above 1 (clip-higher when > ``clip_low``)."""
+    dual_clip: float | None = Field(None, gt=1)
+    """Dual-clip constant c for negative advantages (None: off)."""
+    old_logp: Literal["behaviour", "trainer"] = "trainer"
+    """Ratio denominator: the sampler's behaviour logprobs, or the trainer's own logprobs before
+    the update (then importance weights correct the sampler/trainer mismatch)."""
+    importance: ImportanceConfig = Field(default_factory=ImportanceConfig)
+    """Importance weights for sampler/trainer mismatch (used with ``old_logp=trainer``)."""
+    kl: KLConfig = Field(default_factory=KLConfig)
+    """KL-in-loss to the reference policy."""
+    entropy_coef: float = Field(0.0, ge=0)
+    """Entropy bonus coefficient (0: entropy is only logged)."""
+    gamma: float = Field(1.0, ge=0, le=1)
+    """GAE discount."""
+    lam: float = Field(0.95, ge=0, le=1)
+    """GAE lambda."""
+    value_coef: float = Field(0.5, ge=0)
+    """Weight of the value loss (PPO)."""
+    value_clip: float | None = Field(0.2, ge=0)
+    """Value clipping range (None: off)."""
+    value_lr: float = Field(1e-3, gt=0)
+    """Learning rate of the value head."""
+
+
+class TrainerConfig(_Section):
+    steps: int = Field(20, ge=1)
+    """Training steps (one optimizer step each, per update epoch)."""
+    lr: float = Field(1e-4, gt=0)
+    """Peak learning rate."""
+    weight_decay: float = Field(0.0, ge=0)
+    """AdamW weight decay."""
+    schedule: Literal["constant", "linear", "cosine"] = "constant"
+    """LR schedule after warm-up (decay to 0 at ``steps``)."""
+    warmup_steps: int = Field(0, ge=0)
+    """Linear warm-up steps."""
+    grad_clip: float | None = Field(1.0, gt=0)
+    """Clip the global gradient norm (None: no clipping)."""
+    micro_batch_size: int = Field(4, ge=1)
+    """Sequences per forward/backward; gradients accumulate into one optimizer step."""
+    update_epochs: int = Field(1, ge=1)
+    """Optimizer steps per batch of rollouts (PPO epochs)."""
+    bf16: bool = False
+    """bf16 autocast for forward passes (CPU autocast; helps only on CPUs with bf16 units)."""
+    checkpoint_every: int = Field(5, ge=1)
+    """Write a checkpoint every N steps (and at the end)."""
+    keep_checkpoints: int = Field(2, ge=1)
+    """Checkpoints kept on disk (the oldest are deleted)."""
+
+
+class DynamicSamplingConfig(_Section):
+    mode: Literal["off", "drop", "resample"] = "off"
+    """Groups whose rewards have zero variance: keep, drop, or drop and sample new tasks."""
+    max_resample: int = Field(2, ge=0)
+    """Extra rounds of task sampling per step in ``resample`` mode."""
+
+
+class EvalConfig(_Section):
+    every: int = Field(0, ge=0)
+    """Evaluate on held-out tasks every N steps (0: only before and after training)."""
+    before_after: bool = True
+    """Evaluate before the first and after the last step."""
+    tasks: int | None = Field(None, ge=1)
+    """Held-out tasks evaluated (None: the whole split)."""
+    samples: int = Field(16, ge=1)
+    """Samples per task (n of pass@k)."""
+    k: list[int] = Field(default_factory=lambda: [1, 16])
+    """The k values of pass@k."""
+    temperature: float = Field(0.8, gt=0)
+    """Sampling temperature in evaluation."""
+
+
+class SFTConfig(_Section):
+    enabled: bool = False
+    """Run supervised fine-tuning on oracle demonstrations before RL."""
+    epochs: int = Field(1, ge=1)
+    """Passes over the demonstrations."""
+    lr: float = Field(2e-4, gt=0)
+    """SFT learning rate."""
+    batch_size: int = Field(4, ge=1)
+    """Demonstrations per optimizer step (micro-batched like RL)."""
+    limit: int | None = Field(None, ge=1)
+    """Use only the first N training tasks as demonstrations (None: all)."""
+
+
+class Config(_Section):
+    seed: int = 0
+    """Seed for task order, sampling and every RNG the run uses."""
+    run_dir: str = "runs/default"
+    """Where metrics, checkpoints and the report go."""
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    tasks: TaskConfig = Field(default_factory=TaskConfig)
+    rollout: RolloutConfig = Field(default_factory=RolloutConfig)
+    reward: RewardConfig = Field(default_factory=RewardConfig)
+    algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig)
+    trainer: TrainerConfig = Field(default_factory=TrainerConfig)
+    dynamic_sampling: DynamicSamplingConfig = Field(default_factory=DynamicSamplingConfig)
+    eval: EvalConfig = Field(default_factory=EvalConfig)
+    sft: SFTConfig = Field(default_factory=SFTConfig)
+    tensorboard: bool = True
+    """Also log metrics to TensorBoard (``run_dir/tb``)."""
+    progress: bool = True
+    """Show a progress bar with ETA."""
+
+    @model_validator(mode="after")
+    def _check_combinations(self) -> Config:
+        from coderl.rewards.terms import REWARD_TERMS  # lazy: rewards imports this module
+
+        alg, rew = self.algorithm, self.reward
+        unknown = sorted(set(rew.terms) - set(REWARD_TERMS))
+        if unknown:
+            raise ValueError(
+                f"reward.terms: unknown terms {unknown}; valid: {sorted(REWARD_TERMS)}"
+            )
+        if alg.advantage != "gae" and self.rollout.group_size < 2:
+            raise ValueError(
+                f"rollout.group_size={self.rollout.group_size}: advantage "
+                f"{alg.advantage!r} needs at least 2 episodes per task (a group baseline)"
+            )
+        if "length" in rew.terms and rew.terms.get("broken_calls", 0.0) > 0:
+            # one broken call must cost more than any length saving it could buy
+            lp = rew.terms["length"] * rew.length.coef
+            bc = rew.terms["broken_calls"] * rew.broken_call_penalty
+            if bc <= lp:
+                raise ValueError(
+                    f"reward.broken_call_penalty: a broken call costs {bc:g} but the length "
+                    f"penalty can reach {lp:g}; breaking a call would dodge a negative reward"
+                )
+        if "kl" in rew.terms and rew.kl_coef > 0 and alg.kl.coef > 0:
+            raise ValueError(
+                "algorithm.kl.coef: KL is both in the reward (reward.terms.kl) and in the loss; "
+                "choose one"
+            )
+        if alg.importance.low is not None and alg.importance.low > alg.importance.cap:
+            raise ValueError("algorithm.importance.low must be <= algorithm.importance.cap")
+        if any(k < 1 or k > self.eval.samples for k in self.eval.k):
+            raise ValueError(
+                f"eval.k={self.eval.k}: every k must be in [1, eval.samples={self.eval.samples}]"
+            )
+        if self.trainer.warmup_steps > self.trainer.steps:
+            raise ValueError("trainer.warmup_steps must be <= trainer.steps")
+        return self
+
+
+def _error_message(err: ValidationError) -> str:
+    lines = []
+    for e in err.errors():
+        key = ".".join(str(p) for p in e["loc"])
+        if e["type"] == "extra_forbidden":
+            lines.append(f"unknown key {key!r}")
+        elif key:
+            lines.append(f"{key}: {e['msg']} (got {e.get('input')!r})")
+        else:
+            lines.append(e["msg"].removeprefix("Value error, "))
+    return "; ".join(lines)
+
+
+def apply_override(tree: dict[str, Any], override: str) -> None:
+    """Apply one ``dotted.key=value`` override to a raw config dict, in place.
+
+    The value is parsed as YAML (``3`` is an int, ``[1, 2]`` a list, ``null`` None). Intermediate
+    sections that are absent from the YAML are created; whether the key exists is checked by
+    :func:`build_config`.
+
+    Raises:
+        ConfigError: no ``=``, an empty key, or a path through a non-section value.
+    """
+    key, sep, raw = override.partition("=")
+    key = key.strip()
+    if not sep or not key:
+        raise ConfigError(f"override {override!r} is not of the form key=value")
+    parts = key.split(".")
+    node = tree
+    for i, part in enumerate(parts[:-1]):
+        child = node.setdefault(part, {})
+        if not isinstance(child, dict):
+            raise ConfigError(f"{'.'.join(parts[: i + 1])} is a value, not a section ({key!r})")
+        node = child
+    node[parts[-1]] = yaml.safe_load(raw) if raw.strip() else ""
+
+
+def build_config(tree: dict[str, Any]) -> Config:
+    """Validate a raw dict into a :class:`Config`.
+
+    Raises:
+        ConfigError: unknown keys, wrong types or impossible combinations (naming the keys).
+    """
+    try:
+        return Config.model_validate(tree)
+    except ValidationError as err:
+        raise ConfigError(_error_message(err)) from None
+
+
+def load_config(
+    path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()
+) -> Config:
+    """Load a YAML preset (None: the defaults) and apply ``key=value`` overrides.
+
+    Raises:
+        ConfigError: the file is missing or not a YAML mapping, or any validation error.
+    """
+    tree: dict[str, Any] = {}
+    if path is not None:
+        p = Path(path)
+        if not p.is_file():
+            raise ConfigError(f"config file {str(p)!r} does not exist")
+        loaded = yaml.safe_load(p.read_text())
+        if loaded is not None and not isinstance(loaded, dict):
+            raise ConfigError(f"{p}: top level must be a mapping, got {type(loaded).__name__}")
+        tree = loaded or {}
+    for ov in overrides:
+        apply_override(tree, ov)
+    return build_config(tree)
+
+
+def dump_config(cfg: Config) -> str:
+    """The config as YAML (what ``run_dir/config.yaml`` holds; loads back to an equal Config)."""
+    return yaml.safe_dump(cfg.model_dump(), sort_keys=False)

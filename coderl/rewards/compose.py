@@ -1,0 +1,159 @@
+"""Weight and sum reward terms; mask and count samples whose term crashed or timed out.
+
+A term is called once on the whole batch. If that call raises or exceeds
+``reward.term_timeout_s``, the term is called again on each sample alone, and only the samples
+that fail alone are masked (``valid=False``) and counted; the run goes on. A term that returns the
+wrong number of values is a bug in the term and raises.
+
+Limits: a timed-out term keeps running in its daemon thread (Python cannot stop a thread); a term
+that hangs on every sample costs ``term_timeout_s`` per sample.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any
+
+from coderl.config import RewardConfig
+from coderl.rewards.terms import REWARD_TERMS, RewardSample, Term
+
+
+@dataclass
+class RewardResult:
+    """Rewards for a batch of samples."""
+
+    totals: list[float]
+    """Weighted sum of the terms per sample (NaN where masked)."""
+    valid: list[bool]
+    """False where grading failed or a term crashed or timed out for the sample."""
+    breakdown: list[dict[str, float]]
+    """Per sample: term name -> weighted value (NaN for a term that failed on the sample)."""
+    counts: dict[str, int] = field(default_factory=dict)
+    """``grading_errors``, ``term_errors``, ``term_timeouts``, ``masked``."""
+    errors: list[str] = field(default_factory=list)
+    """One line per failure: term, sample index, exception."""
+
+
+class _TermTimeout(Exception):
+    pass
+
+
+class RewardArityError(ValueError):
+    """A reward term returned a different number of values than it was given samples."""
+
+
+def _call_with_timeout(term: Term, samples: list[RewardSample], cfg: RewardConfig) -> Any:
+    box: dict[str, Any] = {}
+
+    def target() -> None:
+        try:
+            box["value"] = term(samples, cfg)
+        except BaseException as e:  # noqa: BLE001 - a crashing term is part of the domain
+            box["error"] = e
+
+    thread = threading.Thread(target=target, daemon=True)
+    thread.start()
+    thread.join(cfg.term_timeout_s)
+    if thread.is_alive():
+        raise _TermTimeout(f"timed out after {cfg.term_timeout_s:g} s")
+    if "error" in box:
+        raise box["error"]
+    return box["value"]
+
+
+def _checked(name: str, values: Any, n: int) -> list[float]:
+    if not isinstance(values, list | tuple) or len(values) != n:
+        got = len(values) if isinstance(values, list | tuple) else type(values).__name__
+        raise RewardArityError(f"reward term {name!r} returned {got} values for {n} samples")
+    return [float(v) for v in values]
+
+
+def _run_term(
+    name: str, term: Term, samples: list[RewardSample], cfg: RewardConfig, result: RewardResult
+) -> list[float]:
+    """Values of one term; NaN for samples on which it raised, timed out or returned NaN."""
+    try:
+        values = _checked(name, _call_with_timeout(term, samples, cfg), len(samples))
+        if all(math.isfinite(v) for v in values):
+            return values
+    except RewardArityError:
+        raise
+    except Exception:  # noqa: BLE001 - isolate the failing samples below
+        pass
+    out = []
+    for i, s in enumerate(samples):
+        try:
+            v = _checked(name, _call_with_timeout(term, [s], cfg), 1)[0]
+            if not math.isfinite(v):
+                raise ArithmeticError(f"non-finite value {v}")
+            out.append(v)
+        except _TermTimeout as e:
+            result.counts["term_timeouts"] += 1
+            result.errors.append(f"term {name!r} on sample {i}: {e}")
+            out.append(math.nan)
+        except RewardArityError:
+            raise
+        except Exception as e:  # noqa: BLE001 - a crashing term masks the sample
+            result.counts["term_errors"] += 1
+            result.errors.append(f"term {name!r} on sample {i}: {type(e).__name__}: {e}")
+            out.append(math.nan)
+    return out
+
+
+def _fill_group_pass_rates(samples: list[RewardSample]) -> None:
+    solved: dict[str, list[bool]] = defaultdict(list)
+    for s in samples:
+        if s.grading_error is None:
+            solved[s.task_id].append(s.resolved)
+    for s in samples:
+        group = solved.get(s.task_id, [])
+        s.group_pass_rate = sum(group) / len(group) if group else 0.0
+
+
+def compute_rewards(
+    samples: list[RewardSample], cfg: RewardConfig, terms: dict[str, Term] | None = None
+) -> RewardResult:
+    """Rewards of a batch: ``total_i = sum_name weight_name * term_name(samples)_i``.
+
+    Fills each sample's ``group_pass_rate`` (over samples of the same task without grading
+    errors) before calling the terms.
+
+    Args:
+        samples: graded episodes, any order, several tasks mixed.
+        cfg: the ``reward`` config section (term weights and parameters).
+        terms: name -> term registry (default ``REWARD_TERMS``).
+
+    Returns:
+        A :class:`RewardResult`; masked samples have ``valid=False`` and a NaN total.
+
+    Raises:
+        ValueError: a term name in ``cfg.terms`` is not registered (lists the valid ones).
+        RewardArityError: a term returned the wrong number of values.
+    """
+    registry = REWARD_TERMS if terms is None else terms
+    unknown = sorted(set(cfg.terms) - set(registry))
+    if unknown:
+        raise ValueError(f"reward.terms: unknown terms {unknown}; valid: {sorted(registry)}")
+    _fill_group_pass_rates(samples)
+    n = len(samples)
+    result = RewardResult(
+        totals=[0.0] * n,
+        valid=[s.grading_error is None for s in samples],
+        breakdown=[{} for _ in samples],
+        counts={"grading_errors": sum(s.grading_error is not None for s in samples)},
+    )
+    result.counts.update(term_errors=0, term_timeouts=0)
+    for name, weight in cfg.terms.items():
+        values = _run_term(name, registry[name], samples, cfg, result) if n else []
+        for i, v in enumerate(values):
+            result.breakdown[i][name] = weight * v
+            if math.isnan(v):
+                result.valid[i] = False
+    for i in range(n):
+        total = sum(result.breakdown[i].values())
+        result.totals[i] = total if result.valid[i] else math.nan
+    result.counts["masked"] = sum(not v for v in result.valid)
+    return result

@@ -1,0 +1,100 @@
+"""Reward terms: pure functions from a batch of graded episodes to one number per episode.
+
+Every term has the signature ``term(samples, cfg) -> list[float]`` (one value per sample, in
+order) and is registered once in ``REWARD_TERMS``. :func:`coderl.rewards.compute_rewards` weights
+and sums them, keeps the per-term breakdown, and masks samples whose term raised or timed out.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from coderl.config import RewardConfig
+
+
+@dataclass
+class RewardSample:
+    """What the reward terms see of one graded episode."""
+
+    task_id: str
+    """The task; episodes of the same task form a group."""
+    resolved: bool = False
+    """Every FAIL_TO_PASS and PASS_TO_PASS test passed."""
+    fraction_passed: float = 0.0
+    """Fraction of those tests that passed, in [0, 1]."""
+    grading_error: str | None = None
+    """Why grading failed (sandbox crash, timeout of the grader...); such samples are masked."""
+    sampled_tokens: int = 0
+    """Tokens the policy sampled in the episode (all turns)."""
+    token_budget: int = 1
+    """Most tokens the episode could sample (turns x tokens per turn), > 0."""
+    broken_tool_calls: int = 0
+    """Tool calls that could not be parsed or executed as asked."""
+    ease: float | None = None
+    """Task ease in [0, 1] from metadata (1 = easiest); None: use the group pass rate."""
+    group_pass_rate: float = 0.0
+    """Fraction of the task's gradable episodes that resolved it (filled in by compute_rewards)."""
+    kl_k1: float = 0.0
+    """Sum over sampled tokens of ``logp - ref_logp`` (k1 estimate of KL to the reference)."""
+
+
+Term = Callable[[list[RewardSample], RewardConfig], list[float]]
+
+
+def tests_term(samples: list[RewardSample], cfg: RewardConfig) -> list[float]:
+    """Verifiable outcome: 1/0 for resolved (``cfg.tests="resolved"``) or the fraction of
+    FAIL_TO_PASS and PASS_TO_PASS tests that pass (``"fraction"``)."""
+    if cfg.tests == "resolved":
+        return [1.0 if s.resolved else 0.0 for s in samples]
+    return [float(s.fraction_passed) for s in samples]
+
+
+def broken_calls_term(samples: list[RewardSample], cfg: RewardConfig) -> list[float]:
+    """``-broken_call_penalty * min(broken_tool_calls, broken_call_cap)``.
+
+    Config validation guarantees one broken call costs more than the largest length penalty, so
+    ending an episode early with a broken call never dodges a negative reward.
+    """
+    return [
+        -cfg.broken_call_penalty * min(s.broken_tool_calls, cfg.broken_call_cap) for s in samples
+    ]
+
+
+def length_term(samples: list[RewardSample], cfg: RewardConfig) -> list[float]:
+    """Difficulty-scaled, nonlinear length penalty (ours; in the spirit of Kimi k1.5's length
+    penalty, Kimi Team 2025, Sec. 2.3.3, and DAPO's overlong shaping, Yu et al. 2025, Sec. 3.4).
+
+    With ``x = sampled_tokens / token_budget`` (clipped to [0, 1]), ``f = free_fraction``,
+    ``e`` = task ease (metadata, else the group pass rate) and ``c = coef``::
+
+        excess  = max(0, (x - f) / (1 - f))
+        penalty = -c * e**ease_power * excess**power
+
+    An easy task (every episode solved it, e = 1) that uses its whole budget loses ``c``; a hard
+    task (no episode solved it, e = 0) loses nothing, so it keeps room to explore. Episodes within
+    the free fraction of the budget are never penalised.
+    """
+    p = cfg.length
+    out = []
+    for s in samples:
+        x = min(max(s.sampled_tokens / max(s.token_budget, 1), 0.0), 1.0)
+        excess = max(0.0, (x - p.free_fraction) / (1.0 - p.free_fraction))
+        ease = s.ease if s.ease is not None else s.group_pass_rate
+        out.append(-p.coef * (ease**p.ease_power) * (excess**p.power))
+    return out
+
+
+def kl_term(samples: list[RewardSample], cfg: RewardConfig) -> list[float]:
+    """KL-in-reward with the k1 estimator: ``-kl_coef * sum_t (logp_t - ref_logp_t)`` over the
+    sampled tokens (Ziegler et al. 2019, Eq. 2; Ouyang et al. 2022, InstructGPT, Eq. 2;
+    estimator from Schulman 2020, "Approximating KL Divergence"). An alternative to KL-in-loss."""
+    return [-cfg.kl_coef * s.kl_k1 for s in samples]
+
+
+REWARD_TERMS: dict[str, Term] = {
+    "tests": tests_term,
+    "broken_calls": broken_calls_term,
+    "length": length_term,
+    "kl": kl_term,
+}
