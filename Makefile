@@ -23,6 +23,11 @@ sysdeps:
 	  (apt-get install -y -qq bubblewrap >/dev/null 2>&1 || \
 	   (apt-get update -qq >/dev/null && apt-get install -y -qq bubblewrap >/dev/null)) || \
 	  echo "WARNING: could not install bubblewrap; sandbox tests will fail"; }
+	@ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || { \
+	  echo "installing postgresql (Debian package) for the online storage tests"; \
+	  (apt-get install -y -qq postgresql >/dev/null 2>&1 || \
+	   (apt-get update -qq >/dev/null && apt-get install -y -qq postgresql >/dev/null)) || \
+	  echo "WARNING: could not install postgresql; PostgreSQL storage tests will be skipped"; }
 
 demo: $(STAMP) sysdeps
 	$(BIN)/coderl demo

@@ -1,0 +1,97 @@
+"""Advantages from single samples: production gives one completion per context.
+
+Group-normalised advantages (GRPO, Dr. GRPO, RLOO) compare several samples of the *same* prompt;
+with one sample per context every group has size 1, the group mean equals the reward and every
+advantage is 0 (or undefined after std-normalisation). Such a config is rejected with that
+explanation. Baselines that work on single samples:
+
+- ``batch-norm``: ``A_i = (r_i - mean(r)) / (std(r) + eps)`` over the batch (a batch-mean
+  REINFORCE baseline, Williams 1992, "Simple statistical gradient-following algorithms",
+  Sec. 4; global batch normalisation as in REINFORCE++, Hu 2025, Sec. 3.2).
+- ``running-segment``: ``A_i = r_i - b_s`` with ``b_s`` an exponential moving average of the
+  rewards of segment ``s`` (the population), updated after use,
+  ``b_s <- (1 - alpha) * b_s + alpha * r`` (reinforcement baseline, Williams 1992, Sec. 4;
+  Sutton & Barto 2018, Sec. 13.4). The first reward of an unseen segment gets advantage 0.
+
+Not implemented: a learned value baseline (needs a value head on the policy).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import torch
+from torch import Tensor
+
+from coderl.online.store import Store
+
+GROUP_METHODS = ("grpo", "dr-grpo", "rloo", "group", "group-norm")
+
+
+def batch_norm(rewards: Tensor, segments: Sequence[str], store: Store, *, alpha: float) -> Tensor:
+    """``[B]`` float32 rewards -> ``[B]`` advantages ``(r - mean) / (std + 1e-6)``."""
+    if rewards.numel() < 2:
+        raise ValueError("batch-norm baseline needs a batch of at least 2 rewards")
+    return (rewards - rewards.mean()) / (rewards.std(unbiased=False) + 1e-6)
+
+
+def running_segment(
+    rewards: Tensor, segments: Sequence[str], store: Store, *, alpha: float
+) -> Tensor:
+    """``[B]`` rewards -> ``[B]`` advantages ``r - b_segment``; updates the stored baselines.
+
+    Within a batch each reward is compared to the baseline *before* this batch's updates of its
+    segment, so the order of rows does not change the advantages.
+    """
+    if not 0 < alpha <= 1:
+        raise ValueError(f"alpha must be in (0, 1], got {alpha}")
+    adv = torch.zeros_like(rewards)
+    state = {s: store.baseline(s) for s in set(segments)}
+    before = dict(state)
+    for i, s in enumerate(segments):
+        value, n = before[s]
+        adv[i] = rewards[i] - value if n > 0 else 0.0
+        v, k = state[s]
+        r = float(rewards[i])
+        state[s] = (r, 1) if k == 0 else ((1 - alpha) * v + alpha * r, k + 1)
+    for s, (v, k) in state.items():
+        store.set_baseline(s, v, k)
+    return adv
+
+
+BASELINES: dict[str, Callable[..., Tensor]] = {
+    "batch-norm": batch_norm,
+    "running-segment": running_segment,
+}
+
+
+def check_baseline(name: str) -> None:
+    """Raise unless ``name`` is a single-sample baseline.
+
+    Raises:
+        ValueError: a group-normalised method (with why it cannot work on production data) or
+            an unknown name (listing the valid ones).
+    """
+    if name.lower() in GROUP_METHODS:
+        raise ValueError(
+            f"advantage baseline {name!r} is group-normalised: it compares several samples of "
+            "the same prompt, but production traffic gives one sample per context, so every "
+            "group has size 1 and every advantage would be 0. Use a single-sample baseline: "
+            f"{sorted(BASELINES)}"
+        )
+    if name not in BASELINES:
+        raise ValueError(f"unknown advantage baseline {name!r}; valid: {sorted(BASELINES)}")
+
+
+def advantages(
+    name: str, rewards: Tensor, segments: Sequence[str], store: Store, *, alpha: float = 0.1
+) -> Tensor:
+    """Single-sample advantages ``[B]`` float32 for rewards ``[B]`` (see module docstring).
+
+    Raises:
+        ValueError: see :func:`check_baseline`; ``len(segments) != B``.
+    """
+    check_baseline(name)
+    if len(segments) != rewards.numel():
+        raise ValueError(f"{len(segments)} segments for {rewards.numel()} rewards")
+    return BASELINES[name](rewards.float(), segments, store, alpha=alpha)

@@ -1,0 +1,246 @@
+"""Versioned reward spec: outcome events -> one scalar per episode, with a per-term breakdown.
+
+Rewards are derived data: :func:`finalize` recomputes them from the stored events at any time,
+and every reward row names the spec version that produced it (a training batch is claimed for a
+single version, so it never mixes versions).
+
+Scoring an episode (all turns share it, summaries included), once every join window of every
+turn has closed:
+
+1. **Broken tool call** (the server saw an invalid call, or a ``tool_error`` event arrived in its
+   window): reward ``broken_tool_call``, the lowest the spec can give. Never discarded: discarding
+   such episodes taught a production policy to break calls on tasks it would fail (Cursor,
+   "Improving Composer through real-time RL", 2025, section "Real-time RL and reward hacking").
+2. **Deferral** (no turn made an edit: a clarifying question, read-only tool use, or nothing):
+   reward ``deferral``, which the spec validates to be <= the worst reward an edit can receive.
+   Deferring therefore never scores above editing would have (same source: deferring risky edits
+   inflated clarifying questions). Deferral is scored even without outcome events.
+3. **Edit**: the sum of the terms whose events arrived inside their windows
+   (per event, ``occurred_at - interaction.created_at <= window``):
+   ``accept * mean(+1 accepted / -1 rejected)``, ``persist * mean(2 * fraction - 1)``,
+   ``follow_up * mean(+1 satisfied / 0 neutral / -1 dissatisfied)``,
+   ``-latency * mean(min(latency_ms / latency_scale_ms, 1))``.
+   Without any outcome event (accepted, rejected, edit_persisted, follow_up) the episode is
+   **censored**: excluded from training, never scored 0.
+
+Events whose interaction never arrives are held; after ``orphan_window_s`` they count as orphans.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from coderl.online.events import EVENT_TYPES
+from coderl.online.store import Store
+
+OUTCOME_TYPES = ("accepted", "rejected", "edit_persisted", "follow_up")
+SENTIMENT = {"dissatisfied": -1.0, "neutral": 0.0, "satisfied": 1.0}
+
+
+def _default_windows() -> dict[str, float]:
+    return {
+        "accepted": 900.0,
+        "rejected": 900.0,
+        "edit_persisted": 3600.0,
+        "follow_up": 1800.0,
+        "tool_error": 900.0,
+        "latency_ms": 900.0,
+    }
+
+
+class RewardSpec(BaseModel):
+    """Event -> reward mapping. Changing any field means a new ``version``."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    version: str = "v1"
+    """Name stored with every reward row; batches never mix versions."""
+    accept: float = Field(default=0.5, ge=0)
+    """Weight of the accepted (+1) / rejected (-1) signal."""
+    persist: float = Field(default=1.0, ge=0)
+    """Weight of edit persistence, mapped from fraction f in [0, 1] to 2f - 1."""
+    follow_up: float = Field(default=0.5, ge=0)
+    """Weight of follow-up sentiment (satisfied +1, neutral 0, dissatisfied -1)."""
+    latency: float = Field(default=0.1, ge=0)
+    """Weight of the latency penalty, -w * min(latency_ms / latency_scale_ms, 1)."""
+    latency_scale_ms: float = Field(default=30_000.0, gt=0)
+    """Latency (milliseconds) at which the latency penalty saturates."""
+    broken_tool_call: float = -2.5
+    """Reward of an episode with a broken tool call; must be below the deferral reward."""
+    deferral: float | None = None
+    """Reward of an episode without an edit; None means the worst edit reward (the cap)."""
+    windows_s: dict[str, float] = Field(default_factory=_default_windows)
+    """Join window per event type, seconds after the interaction; later events are ignored."""
+    orphan_window_s: float = Field(default=3600.0, gt=0)
+    """Events whose interaction has not arrived after this many seconds count as orphans."""
+
+    @property
+    def min_edit_reward(self) -> float:
+        """Worst reward an edit can receive: every term at its minimum."""
+        return -(self.accept + self.persist + self.follow_up + self.latency)
+
+    @property
+    def deferral_reward(self) -> float:
+        return self.min_edit_reward if self.deferral is None else self.deferral
+
+    @model_validator(mode="after")
+    def _check(self) -> RewardSpec:
+        missing = sorted(set(EVENT_TYPES) - set(self.windows_s))
+        unknown = sorted(set(self.windows_s) - set(EVENT_TYPES))
+        if missing or unknown:
+            raise ValueError(
+                f"windows_s must give one window per event type {list(EVENT_TYPES)}; "
+                f"missing {missing}, unknown {unknown}"
+            )
+        if any(w <= 0 for w in self.windows_s.values()):
+            raise ValueError(f"join windows must be > 0 seconds, got {self.windows_s}")
+        if self.deferral is not None and self.deferral > self.min_edit_reward:
+            raise ValueError(
+                f"deferral reward {self.deferral} exceeds the worst edit reward "
+                f"{self.min_edit_reward}: a turn that defers the edit (clarifying question, or "
+                "nothing) could then score above making the edit, which teaches the policy to "
+                "stop editing"
+            )
+        if self.broken_tool_call >= self.deferral_reward:
+            raise ValueError(
+                f"broken_tool_call {self.broken_tool_call} must be < the deferral reward "
+                f"{self.deferral_reward}: otherwise breaking a call is a way to dodge a bad outcome"
+            )
+        return self
+
+
+@dataclass
+class EpisodeScore:
+    """The outcome of one episode under a spec."""
+
+    status: str
+    """``pending`` (a window is still open), ``scored`` or ``censored``."""
+    reward: float | None = None
+    terms: dict[str, float] = field(default_factory=dict)
+    kind: str = ""
+    """``broken``, ``deferral`` or ``edit``."""
+    late_events: int = 0
+
+
+def score_episode(
+    spec: RewardSpec,
+    turns: list[dict[str, Any]],
+    events: dict[str, list[dict[str, Any]]],
+    now: float,
+) -> EpisodeScore:
+    """Score one episode from its interaction rows and their events (see module docstring).
+
+    Args:
+        turns: interaction rows of the episode (``created_at``, ``action``, ``tool_call_status``).
+        events: event rows per interaction id (``type``, ``payload``, ``occurred_at``).
+        now: current time, Unix seconds.
+    """
+    closes = max(t["created_at"] for t in turns) + max(spec.windows_s.values())
+    if now < closes:
+        return EpisodeScore("pending")
+    inside: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    late = 0
+    for t in turns:
+        for ev in events.get(t["interaction_id"], []):
+            if ev["occurred_at"] - t["created_at"] <= spec.windows_s[ev["type"]]:
+                inside[ev["type"]].append(ev["payload"])
+            else:
+                late += 1
+    broken = inside["tool_error"] or any(t["tool_call_status"] == "invalid" for t in turns)
+    if broken:
+        v = spec.broken_tool_call
+        return EpisodeScore("scored", v, {"broken_tool_call": v}, "broken", late)
+    if not any(t["action"] == "edit" for t in turns):
+        v = spec.deferral_reward
+        return EpisodeScore("scored", v, {"deferral": v}, "deferral", late)
+    if not any(inside[k] for k in OUTCOME_TYPES):
+        return EpisodeScore("censored", None, {}, "edit", late)
+    terms: dict[str, float] = {}
+    votes = [1.0] * len(inside["accepted"]) + [-1.0] * len(inside["rejected"])
+    if votes:
+        terms["accept"] = spec.accept * sum(votes) / len(votes)
+    if inside["edit_persisted"]:
+        fr = [2.0 * p["fraction"] - 1.0 for p in inside["edit_persisted"]]
+        terms["persist"] = spec.persist * sum(fr) / len(fr)
+    if inside["follow_up"]:
+        s = [SENTIMENT[p["sentiment"]] for p in inside["follow_up"]]
+        terms["follow_up"] = spec.follow_up * sum(s) / len(s)
+    if inside["latency_ms"]:
+        lat = [min(p["value"] / spec.latency_scale_ms, 1.0) for p in inside["latency_ms"]]
+        terms["latency"] = -spec.latency * sum(lat) / len(lat)
+    return EpisodeScore("scored", sum(terms.values()), terms, "edit", late)
+
+
+@dataclass
+class FinalizeReport:
+    """Counts from one :func:`finalize` pass."""
+
+    scored: int = 0
+    censored: int = 0
+    pending: int = 0
+    late_events: int = 0
+    held_events: int = 0
+    orphaned_events: int = 0
+    by_kind: dict[str, int] = field(default_factory=dict)
+
+
+def finalize(
+    store: Store, spec: RewardSpec, *, now: float | None = None, recompute: bool = False
+) -> FinalizeReport:
+    """Score every episode whose windows have closed and write per-interaction reward rows.
+
+    Args:
+        recompute: also rescore interactions that already have a row for ``spec.version``
+            (rewards are a pure function of the stored events).
+
+    Returns:
+        counts of interactions scored / censored / still pending, and of held and orphaned
+        events.
+    """
+    now = time.time() if now is None else now
+    rep = FinalizeReport()
+    done = set() if recompute else set(store.rewards(spec.version))
+    todo_eps = {r["episode_id"] for r in store.interactions() if r["interaction_id"] not in done}
+    rows = store.interactions(episode_ids=sorted(todo_eps)) if todo_eps else []
+    episodes: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for r in rows:
+        episodes[r["episode_id"]].append(r)
+    events = store.events_for([r["interaction_id"] for r in rows])
+    kinds: dict[str, int] = defaultdict(int)
+    out: list[dict[str, Any]] = []
+    for episode_id, turns in episodes.items():
+        s = score_episode(spec, turns, events, now)
+        if s.status == "pending":
+            rep.pending += len(turns)
+            continue
+        rep.late_events += s.late_events
+        kinds[s.kind] += len(turns)
+        for t in turns:
+            if s.status == "scored":
+                rep.scored += 1
+            else:
+                rep.censored += 1
+            out.append(
+                {
+                    "interaction_id": t["interaction_id"],
+                    "spec_version": spec.version,
+                    "episode_id": episode_id,
+                    "status": s.status,
+                    "reward": s.reward,
+                    "terms": {**s.terms, "kind": s.kind},
+                    "computed_at": now,
+                }
+            )
+    store.upsert_rewards(out)
+    for ev in store.unjoined_events():
+        if now - ev["received_at"] > spec.orphan_window_s:
+            rep.orphaned_events += 1
+        else:
+            rep.held_events += 1
+    rep.by_kind = dict(kinds)
+    return rep
