@@ -1,0 +1,236 @@
+"""The asynchronous training loop: rollout workers fill a buffer, the trainer takes admitted groups.
+
+Per iteration the trainer (this thread):
+
+1. tops up the workers: at most ``(max_staleness + 1) * groups_per_step`` groups are outstanding
+   (issued, not yet trained on or dropped), the rollout bound of AReaL (Fu et al. 2025, Sec. 5.1);
+2. collects finished groups; evicts those with ``version - oldest_version > max_staleness`` and
+   drops or re-samples them (admission control, the hard bound);
+3. when ``groups_per_step`` admitted groups wait, takes one optimizer step and publishes the new
+   weights under ``version + 1``.
+
+With ``max_staleness=0`` only ``groups_per_step`` groups are ever outstanding and they are issued
+after the weights they must use were published, so the run is the synchronous loop
+(:func:`run_sync`) exactly: same tasks, same seeds, same versions, same batches (tested).
+
+A checkpoint (:meth:`AsyncRunner.state_dict`) may be taken with groups in flight; they are saved as
+tasks to re-issue, so a resumed run neither skips nor repeats a task (tested). Their partial work
+is lost and redone with the resumed weights.
+"""
+
+from __future__ import annotations
+
+import importlib
+import time
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from coderl.asyncrl.buffer import EpisodeBuffer, TaskLedger, TaskStream
+from coderl.asyncrl.config import AsyncConfig
+from coderl.asyncrl.local import LocalBackend
+from coderl.asyncrl.metrics import AsyncMetrics
+from coderl.asyncrl.types import Group, Job, Learner, SamplerFactory, Weights
+from coderl.asyncrl.weights import MemoryWeightStore
+from coderl.asyncrl.worker import RolloutWorker
+
+
+class RolloutBackend(Protocol):
+    """Where rollout workers live. ``publish`` must be visible to jobs submitted after it."""
+
+    num_workers: int
+
+    def publish(self, version: int, weights: Weights) -> None: ...
+    def submit(self, job: Job) -> None: ...
+    def poll(self, timeout: float) -> list[Group]: ...
+    def close(self) -> None: ...
+
+
+def _local_backend(cfg: AsyncConfig, make_sampler: SamplerFactory, **_: Any) -> RolloutBackend:
+    return LocalBackend(
+        make_sampler,
+        num_workers=cfg.num_workers,
+        mode=cfg.local_mode,
+        turn_sync=cfg.weight_sync == "turn",
+    )
+
+
+def _ray_backend(cfg: AsyncConfig, make_sampler: SamplerFactory, **kw: Any) -> RolloutBackend:
+    ray_backend = importlib.import_module("coderl.asyncrl.ray_backend")  # needs coderl[ray]
+    backend: RolloutBackend = ray_backend.RayBackend(cfg, make_sampler, **kw)
+    return backend
+
+
+BACKENDS: dict[str, Callable[..., RolloutBackend]] = {"local": _local_backend, "ray": _ray_backend}
+"""Backend name -> constructor; the only place a name selects a backend."""
+
+
+def make_backend(cfg: AsyncConfig, make_sampler: SamplerFactory, **kw: Any) -> RolloutBackend:
+    """Build ``cfg.backend``. Raises ValueError for an unknown name (lists the valid ones)."""
+    if cfg.backend not in BACKENDS:
+        raise ValueError(f"unknown async backend {cfg.backend!r}; valid: {sorted(BACKENDS)}")
+    return BACKENDS[cfg.backend](cfg, make_sampler, **kw)
+
+
+StepHook = Callable[["AsyncRunner", dict[str, float]], None]
+
+
+class AsyncRunner:
+    """Runs ``learner`` on groups produced by rollout workers, with bounded staleness."""
+
+    def __init__(
+        self,
+        cfg: AsyncConfig,
+        learner: Learner,
+        make_sampler: SamplerFactory,
+        tasks: TaskStream,
+        *,
+        backend: RolloutBackend | None = None,
+        on_step: StepHook | None = None,
+    ) -> None:
+        self.cfg = cfg
+        self.learner = learner
+        self.make_sampler = make_sampler
+        self.ledger = TaskLedger(tasks, seed=cfg.seed)
+        self.buffer = EpisodeBuffer(cfg.max_staleness)
+        self.backend = backend
+        self.on_step = on_step
+        self.metrics = AsyncMetrics(num_workers=cfg.num_workers)
+        self.history: list[dict[str, float]] = []
+        """Per-step metrics from the learner plus ``version``, ``staleness_max`` and ``tasks``."""
+        self._published = -1
+        self.trained_tasks: list[int] = []
+        """Task indices trained on, in order (a task re-sampled after a drop appears once)."""
+
+    # ----------------------------------------------------------------- checkpoint and resume
+    def state_dict(self) -> dict[str, Any]:
+        """Learner state plus the task ledger; outstanding groups become tasks to re-issue."""
+        return {"learner": self.learner.state_dict(), "ledger": self.ledger.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore before :meth:`run`. Raises RuntimeError once workers have started."""
+        if self.backend is not None:
+            raise RuntimeError("load_state_dict must be called before run() starts the workers")
+        self.learner.load_state_dict(state["learner"])
+        self.ledger.load_state_dict(state["ledger"])
+
+    # ----------------------------------------------------------------- the loop
+    def run(self, num_steps: int) -> dict[str, Any]:
+        """Train until the learner reaches version ``num_steps``; return :meth:`summary`.
+
+        Raises:
+            ValueError: ``num_steps`` is negative.
+            WorkerError (or the backend's error type): a rollout worker failed.
+        """
+        if num_steps < 0:
+            raise ValueError(f"num_steps must be >= 0, got {num_steps}")
+        if self.backend is None:
+            self.backend = make_backend(self.cfg, self.make_sampler)
+        if self.learner.version > self._published:
+            self.backend.publish(self.learner.version, self.learner.weights())
+            self._published = self.learner.version
+        B = self.cfg.groups_per_step
+        cap = (self.cfg.max_staleness + 1) * B
+        while self.learner.version < num_steps:
+            self._fill(cap)
+            ready = len(self.buffer) >= B
+            t0 = time.monotonic()
+            for group in self.backend.poll(0.0 if ready else self.cfg.poll_s):
+                self._receive(group)
+            if not ready:
+                self.metrics.trainer_wait_s += time.monotonic() - t0
+            self._evict_stale()
+            batch = self.buffer.take(B, self.learner.version)
+            if batch is not None:
+                self._train(batch)
+                self._fill(cap)  # in flight before the hook sees the state
+                if self.on_step is not None:
+                    self.on_step(self, self.history[-1])
+        return self.summary()
+
+    def _fill(self, cap: int) -> None:
+        assert self.backend is not None
+        while len(self.ledger.outstanding) < cap:
+            self.backend.submit(self.ledger.next_job())
+
+    def _receive(self, group: Group) -> None:
+        self.metrics.trajectories_generated += len(group.episodes)
+        self.metrics.rollout_busy_s += group.duration_s
+        self.buffer.put(group)
+
+    def _evict_stale(self) -> None:
+        version = self.learner.version
+        for group in self.buffer.evict_stale(version):
+            self.metrics.stale_staleness[version - group.oldest_version()] += 1
+            if self.cfg.stale_policy == "resample" and group.job.attempt < self.cfg.max_resamples:
+                self.ledger.resample(group.job)
+                self.metrics.resampled_groups += 1
+            else:
+                self.ledger.dropped(group.job)
+                self.metrics.dropped_groups += 1
+
+    def _train(self, batch: list[Group]) -> None:
+        assert self.backend is not None
+        version = self.learner.version
+        staleness = [version - g.oldest_version() for g in batch]
+        t0 = time.monotonic()
+        step = dict(self.learner.train_step(batch))
+        self.metrics.train_s += time.monotonic() - t0
+        if self.learner.version != version + 1:
+            raise RuntimeError(
+                f"learner.train_step must advance the version by 1 ({version} -> "
+                f"{self.learner.version})"
+            )
+        self.backend.publish(self.learner.version, self.learner.weights())
+        self._published = self.learner.version
+        for group, s in zip(batch, staleness, strict=True):
+            self.ledger.consumed(group.job)
+            self.metrics.staleness[s] += 1
+            self.metrics.trajectories_trained += len(group.episodes)
+            self.trained_tasks.append(group.job.index)
+        self.metrics.steps += 1
+        if "logprob_gap" in step:
+            self.metrics.logprob_gaps.append(step["logprob_gap"])
+        step.update(version=float(self.learner.version), staleness_max=float(max(staleness)))
+        self.history.append(step)
+
+    def summary(self) -> dict[str, Any]:
+        return self.metrics.summary()
+
+    def close(self) -> None:
+        """Stop the workers; groups in flight are abandoned (they stay outstanding in the
+        ledger, so a checkpoint taken now re-issues them)."""
+        if self.backend is not None:
+            self.backend.close()
+            self.backend = None
+
+    def __enter__(self) -> AsyncRunner:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def run_sync(
+    learner: Learner,
+    make_sampler: SamplerFactory,
+    tasks: TaskStream,
+    *,
+    num_steps: int,
+    groups_per_step: int,
+    seed: int = 0,
+) -> tuple[list[dict[str, float]], list[int]]:
+    """The synchronous reference loop, in one thread: sample a batch with the current weights,
+    train on it, repeat. Returns (per-step learner metrics, trained task indices)."""
+    ledger = TaskLedger(tasks, seed=seed)
+    store = MemoryWeightStore()
+    worker = RolloutWorker("sync", make_sampler(), store, turn_sync=False)
+    history: list[dict[str, float]] = []
+    trained: list[int] = []
+    while learner.version < num_steps:
+        store.publish(learner.version, learner.weights())
+        batch = [worker.run(ledger.next_job()) for _ in range(groups_per_step)]
+        history.append(dict(learner.train_step(batch)))
+        for group in batch:
+            ledger.consumed(group.job)
+            trained.append(group.job.index)
+    return history, trained
