@@ -1,0 +1,185 @@
+"""Monitors, alarms, the eval gate and the checkpoint registry's atomic champion pointer."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from coderl.online.events import parse_event
+from coderl.online.gate import GateConfig, paired_noninferiority, run_gate
+from coderl.online.monitors import AlarmRule, check_alarms, monitor_snapshot
+from coderl.online.registry import Registry
+from coderl.online.rewards import RewardSpec, finalize
+from coderl.online.store import Store, interaction_row
+
+T0 = 1_000_000.0
+
+
+def _traffic(store: Store, version: int, n: int, edit_every: int, accept: bool) -> None:
+    """n interactions of ``version``: every ``edit_every``-th edits (accepted or not), the
+    others ask a clarifying question."""
+    for i in range(n):
+        iid = f"v{version}-{i}"
+        edit = i % edit_every == 0
+        store.record_interaction(
+            interaction_row(
+                iid,
+                policy_version=version,
+                created_at=T0 + version * 100 + i,
+                prompt_token_ids=[1],
+                completion_token_ids=[2, 3],
+                behaviour_logprobs=[-1.0, -1.0],
+                temperature=1.0,
+                action="edit" if edit else "clarify",
+            )
+        )
+        if edit:
+            store.ingest(
+                [
+                    parse_event(
+                        {
+                            "event_id": f"e-{iid}",
+                            "interaction_id": iid,
+                            "type": "accepted" if accept else "rejected",
+                        }
+                    )
+                ],
+                now=T0,
+            )
+
+
+def test_edit_rate_collapse_while_reward_rises_blocks_promotion(tmp_path: Path) -> None:
+    store = Store(f"sqlite:///{tmp_path / 'm.db'}")
+    # spec where asking is cheap (deferral -0.6 <= worst edit -0.6): the hack is to stop editing
+    spec = RewardSpec(
+        accept=0.5, persist=0.0, follow_up=0.0, latency=0.1, deferral=-0.6, broken_tool_call=-1.0
+    )
+    _traffic(store, 0, 40, edit_every=1, accept=False)  # champion: edits always, all rejected
+    _traffic(store, 1, 40, edit_every=4, accept=False)  # candidate: edits 1 in 4
+    finalize(store, spec, now=T0 + 10_000)
+    snap = monitor_snapshot(store, "v1", window_s=1e6, now=T0 + 10_000)
+    champ, cand = snap["by_version"][0]["*"], snap["by_version"][1]["*"]
+    # champion: reward -0.5 on every turn; candidate: 10 x -0.5 + 30 x -0.6 -> -0.575: reward fell
+    assert champ["edit_rate"] == 1.0 and cand["edit_rate"] == 0.25
+    assert cand["clarify_rate"] == 0.75
+    rules = [
+        AlarmRule(metric="edit_rate", direction="drop", threshold=0.1, only_if_reward_rises=True)
+    ]
+    assert check_alarms(snap["by_version"][0], snap["by_version"][1], rules) == []
+    # now the hack pays: the candidate's edits are accepted -> reward rises as edits collapse
+    store2 = Store(f"sqlite:///{tmp_path / 'm2.db'}")
+    _traffic(store2, 0, 40, edit_every=1, accept=False)
+    _traffic(store2, 1, 40, edit_every=4, accept=True)
+    finalize(store2, spec, now=T0 + 10_000)
+    snap2 = monitor_snapshot(store2, "v1", window_s=1e6, now=T0 + 10_000)
+    # candidate: 10 x +0.5 + 30 x -0.6 = -13 / 40 = -0.325 > -0.5
+    assert snap2["by_version"][1]["*"]["reward"] == pytest.approx(-0.325)
+    alarms = check_alarms(snap2["by_version"][0], snap2["by_version"][1], rules)
+    assert sorted(a.population for a in alarms) == ["*", "default"]
+    ok = ([1.0] * 10, [1.0] * 10)
+    report = run_gate(GateConfig(), {"pass@1": ok}, None, alarms)
+    assert not report.promote
+    assert (
+        "edit_rate drop 1.000 -> 0.250" in report.reasons[0] and "reward rose" in report.reasons[0]
+    )
+
+
+def test_behaviour_check_on_heldout_blocks_promotion() -> None:
+    champ = {"n": 20, "edit_rate": 0.9, "clarify_rate": 0.05, "reward": 0.1}
+    cand = {"n": 20, "edit_rate": 0.4, "clarify_rate": 0.5, "reward": 0.3}
+    report = run_gate(GateConfig(), {"pass@1": ([1.0] * 20, [1.0] * 20)}, (champ, cand), [])
+    assert not report.promote
+    assert {r.split()[1] for r in report.reasons} == {"edit_rate", "clarify_rate"}
+
+
+def test_paired_noninferiority_hand_worked() -> None:
+    # d = [0, -1, 0, 0]: mean -0.25, sd = sqrt((3*0.0625 + 0.5625)/3) = 0.5,
+    # lower = -0.25 - 1.645 * 0.5 / 2 = -0.66125
+    c = paired_noninferiority("pass@1", [1, 0, 1, 0], [1, 1, 1, 0], margin=0.7, z=1.645)
+    assert c.lower_bound == pytest.approx(-0.66125) and c.passed
+    c = paired_noninferiority("pass@1", [1, 0, 1, 0], [1, 1, 1, 0], margin=0.5, z=1.645)
+    assert not c.passed
+    with pytest.raises(ValueError, match="equal, non-empty"):
+        paired_noninferiority("pass@1", [1.0], [1.0, 0.0], margin=0.1, z=1.645)
+
+
+def test_candidate_breaching_a_heldout_margin_is_rejected_and_champion_stays(
+    tmp_path: Path,
+) -> None:
+    reg = Registry(tmp_path / "reg")
+    v0 = reg.new_version(parent=None)
+    reg.init_champion(v0)
+    v1 = reg.new_version(parent=v0, info={"train_reward_before": -0.4, "train_reward": 0.6})
+    champ = [1.0] * 8 + [0.0] * 2  # pass@1 0.8
+    cand = [1.0] * 4 + [0.0] * 6  # 0.4, although the training reward rose
+    report = run_gate(GateConfig(margins={"pass@1": 0.05}), {"pass@1": (cand, champ)}, None, [])
+    assert not report.promote and report.reasons[0].startswith("held-out pass@1")
+    reg.reject(v1, report.to_dict())
+    assert reg.champion() == v0
+    assert reg.meta(v1)["status"] == "rejected"
+    assert reg.meta(v1)["gate_report"]["comparisons"][0]["candidate_mean"] == pytest.approx(0.4)
+    with pytest.raises(ValueError, match="missing for gated metrics \\['pass@1'\\]"):
+        run_gate(GateConfig(), {"other": (cand, champ)}, None, [])
+
+
+def test_promotion_updates_pointer_and_lineage(tmp_path: Path) -> None:
+    reg = Registry(tmp_path / "reg")
+    v0 = reg.new_version(parent=None)
+    reg.init_champion(v0)
+    v1 = reg.new_version(parent=v0)
+    reg.promote(v1, {"promote": True})
+    v2 = reg.new_version(parent=v1)
+    assert reg.champion() == v1 and reg.lineage(v2) == [2, 1, 0] and reg.promoted() == [0, 1]
+    with pytest.raises(RuntimeError, match="already has champion"):
+        reg.init_champion(v2)
+
+
+_CRASHER = """
+import os, signal, sys
+from coderl.online.registry import Registry
+reg = Registry(sys.argv[1])
+point = sys.argv[2]
+real_replace, real_fsync = os.replace, os.fsync
+def die():
+    os.kill(os.getpid(), signal.SIGKILL)
+def replace(a, b):
+    if str(b).endswith("CHAMPION"):
+        if point == "before_swap":
+            die()
+        real_replace(a, b)
+        if point == "after_swap":
+            die()
+    else:
+        real_replace(a, b)
+def fsync(fd):
+    real_fsync(fd)
+    if point == "tmp_written" and os.readlink(f"/proc/self/fd/{fd}").find("CHAMPION.tmp") >= 0:
+        die()
+os.replace, os.fsync = replace, fsync
+reg.promote(int(sys.argv[3]), {"promote": True})
+"""
+
+
+@pytest.mark.parametrize(
+    "point,expected", [("tmp_written", 0), ("before_swap", 0), ("after_swap", 1)]
+)
+def test_crash_mid_promotion_leaves_exactly_one_champion(
+    tmp_path: Path, point: str, expected: int
+) -> None:
+    reg = Registry(tmp_path / "reg")
+    reg.init_champion(reg.new_version(parent=None))
+    v1 = reg.new_version(parent=0)
+    r = subprocess.run(
+        [sys.executable, "-c", _CRASHER, str(tmp_path / "reg"), point, str(v1)],
+        env={**os.environ, "PYTHONPATH": str(Path.cwd())},
+    )
+    assert r.returncode == -9  # really killed mid-promotion
+    reg2 = Registry(tmp_path / "reg")  # reopen: recovers
+    pointers = [p for p in (tmp_path / "reg").iterdir() if p.name.startswith("CHAMPION")]
+    assert [p.name for p in pointers] == ["CHAMPION"]  # the stale temp file is gone
+    assert reg2.champion() == expected
+    assert reg2.promoted()[-1] == expected

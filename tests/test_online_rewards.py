@@ -1,0 +1,192 @@
+"""Reward spec, censoring, hack-closing by construction, and single-sample baselines."""
+
+from __future__ import annotations
+
+import itertools
+from pathlib import Path
+
+import pytest
+import torch
+from pydantic import ValidationError
+
+from coderl.online.baselines import advantages, check_baseline
+from coderl.online.events import parse_event
+from coderl.online.rewards import RewardSpec, finalize, score_episode
+from coderl.online.store import Store, interaction_row
+
+T0 = 1_000_000.0
+SPEC = RewardSpec()  # accept 0.5, persist 1.0, follow_up 0.5, latency 0.1 -> worst edit -2.1
+CLOSED = T0 + 10_000  # every default window (max 3600 s) has closed
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Store:
+    return Store(f"sqlite:///{tmp_path / 'r.db'}")
+
+
+def _turn(iid: str, **kw) -> dict:
+    kw.setdefault("created_at", T0)
+    return interaction_row(
+        iid,
+        policy_version=0,
+        prompt_token_ids=[1],
+        completion_token_ids=[2],
+        behaviour_logprobs=[-0.1],
+        temperature=1.0,
+        **kw,
+    )
+
+
+def _add(store: Store, iid: str, events: list[dict], **kw) -> None:
+    store.record_interaction(_turn(iid, **kw))
+    store.ingest(
+        [
+            parse_event({"event_id": f"{iid}-{k}", "interaction_id": iid, **e})
+            for k, e in enumerate(events)
+        ],
+        now=T0,
+    )
+
+
+def test_edit_terms_hand_worked(store: Store) -> None:
+    _add(
+        store,
+        "i",
+        [
+            {"type": "accepted"},
+            {"type": "rejected"},
+            {"type": "accepted"},  # 0.5 * (1/3)
+            {"type": "edit_persisted", "fraction": 0.75, "after_minutes": 30},  # 1.0 * (2*.75-1)
+            {"type": "follow_up", "sentiment": "dissatisfied"},  # 0.5 * -1
+            {"type": "latency_ms", "value": 15_000},  # -0.1 * 0.5
+        ],
+        action="edit",
+    )
+    finalize(store, SPEC, now=CLOSED)
+    r = store.rewards("v1")["i"]
+    # 0.16667 + 0.5 - 0.5 - 0.05 = 0.11667
+    assert r["reward"] == pytest.approx(0.116667, abs=1e-5)
+    assert r["terms"]["persist"] == pytest.approx(0.5)
+    assert r["terms"]["latency"] == pytest.approx(-0.05)
+
+
+def test_invalid_tool_call_is_kept_as_a_negative(store: Store) -> None:
+    # no outcome event at all: an edit would be censored, a broken call is still scored
+    _add(store, "broken", [], action="none", tool_call_status="invalid")
+    _add(
+        store,
+        "client-err",
+        [{"type": "tool_error", "message": "bad json"}, {"type": "accepted"}],
+        action="edit",
+        tool_call_status="valid",
+    )
+    rep = finalize(store, SPEC, now=CLOSED)
+    rw = store.rewards("v1")
+    assert rw["broken"]["status"] == "scored" and rw["broken"]["reward"] == -2.5
+    assert rw["client-err"]["reward"] == -2.5  # a tool error outweighs the acceptance
+    assert rep.by_kind == {"broken": 2}
+    assert set(store.unclaimed_scored("v1")) == {"broken", "client-err"}
+
+
+def test_edit_without_outcome_is_censored_never_zero(store: Store) -> None:
+    _add(store, "quiet", [{"type": "latency_ms", "value": 10.0}], action="edit")
+    rep = finalize(store, SPEC, now=T0 + 100)
+    assert rep.pending == 1  # windows still open: not scored yet
+    rep = finalize(store, SPEC, now=CLOSED)
+    r = store.rewards("v1")["quiet"]
+    assert (rep.censored, r["status"], r["reward"]) == (1, "censored", None)
+    assert store.unclaimed_scored("v1") == []  # excluded from training
+
+
+def test_late_events_are_ignored_and_counted(store: Store) -> None:
+    _add(
+        store,
+        "i",
+        [
+            {"type": "accepted", "occurred_at": T0 + 10},
+            {"type": "rejected", "occurred_at": T0 + 901},
+        ],
+        action="edit",
+    )
+    rep = finalize(store, SPEC, now=CLOSED)
+    assert rep.late_events == 1 and store.rewards("v1")["i"]["reward"] == 0.5
+
+
+def test_every_turn_shares_the_episode_outcome(store: Store) -> None:
+    _add(store, "t1", [], action="tool", episode_id="ep")
+    _add(store, "summary", [], action="none", episode_id="ep", is_summary=True, created_at=T0 + 1)
+    _add(store, "t3", [{"type": "rejected"}], action="edit", episode_id="ep", created_at=T0 + 2)
+    finalize(store, SPEC, now=CLOSED)
+    rw = store.rewards("v1")
+    assert [rw[i]["reward"] for i in ("t1", "summary", "t3")] == [-0.5, -0.5, -0.5]
+
+
+def test_deferral_never_scores_above_the_edit() -> None:
+    """Over every combination of outcomes an edit can receive, the deferral reward is <= it."""
+    defer = score_episode(SPEC, [_turn("q", action="clarify")], {}, CLOSED)
+    assert defer.kind == "deferral" and defer.reward == pytest.approx(-2.1)
+    outcomes = [
+        [{"type": "accepted", "payload": {}}, {"type": "rejected", "payload": {}}],
+        [{"type": "edit_persisted", "payload": {"fraction": f}} for f in (0.0, 0.5, 1.0)],
+        [
+            {"type": "follow_up", "payload": {"sentiment": s}}
+            for s in ("dissatisfied", "neutral", "satisfied")
+        ],
+        [{"type": "latency_ms", "payload": {"value": v}} for v in (0.0, 1e9)],
+    ]
+    for combo in itertools.product(*[[None, *o] for o in outcomes]):
+        evs = [dict(e, occurred_at=T0) for e in combo if e is not None]
+        s = score_episode(SPEC, [_turn("e", action="edit")], {"e": evs}, CLOSED)
+        if s.status == "scored":
+            assert defer.reward <= s.reward + 1e-9
+
+
+def test_spec_rejects_a_deferral_reward_above_the_worst_edit() -> None:
+    with pytest.raises(ValidationError, match="could then score above making the edit"):
+        RewardSpec(deferral=-1.0)
+    with pytest.raises(ValidationError, match="broken_tool_call"):
+        RewardSpec(broken_tool_call=-2.1)
+    with pytest.raises(ValidationError, match="missing \\['tool_error'\\]"):
+        RewardSpec(
+            windows_s={
+                k: 1.0
+                for k in ("accepted", "rejected", "edit_persisted", "follow_up", "latency_ms")
+            }
+        )
+
+
+def test_rewards_are_recomputable_and_versioned(store: Store) -> None:
+    _add(store, "i", [{"type": "accepted"}], action="edit")
+    finalize(store, SPEC, now=CLOSED)
+    v2 = RewardSpec(version="v2", accept=1.0, broken_tool_call=-3.0)
+    finalize(store, v2, now=CLOSED)
+    assert store.rewards("v1")["i"]["reward"] == 0.5 and store.rewards("v2")["i"]["reward"] == 1.0
+    before = store.rewards("v1")["i"]
+    finalize(store, SPEC, now=CLOSED + 1, recompute=True)
+    after = store.rewards("v1")["i"]
+    assert after["reward"] == before["reward"] and after["computed_at"] == CLOSED + 1
+
+
+@pytest.mark.parametrize("name", ["grpo", "rloo", "dr-grpo"])
+def test_group_normalised_advantages_are_rejected_with_explanation(name: str) -> None:
+    with pytest.raises(ValueError, match="one sample per context.*every advantage would be 0"):
+        check_baseline(name)
+    with pytest.raises(ValueError, match="valid: \\['batch-norm', 'running-segment'\\]"):
+        check_baseline("value-head")
+
+
+def test_batch_norm_baseline_hand_worked(store: Store) -> None:
+    # rewards [1, -1, 1, -1]: mean 0, population std 1 -> advantages equal the rewards
+    a = advantages("batch-norm", torch.tensor([1.0, -1.0, 1.0, -1.0]), ["x"] * 4, store)
+    assert torch.allclose(a, torch.tensor([1.0, -1.0, 1.0, -1.0]), atol=1e-5)
+
+
+def test_running_segment_baseline_hand_worked(store: Store) -> None:
+    # first batch: unseen segments -> advantage 0; state a: 1.0 then 0.5*1 + 0.5*0 = 0.5
+    a1 = advantages(
+        "running-segment", torch.tensor([1.0, 0.0, 2.0]), ["a", "a", "b"], store, alpha=0.5
+    )
+    assert a1.tolist() == [0.0, 0.0, 0.0]
+    assert store.baseline("a") == (0.5, 2) and store.baseline("b") == (2.0, 1)
+    a2 = advantages("running-segment", torch.tensor([1.0, 1.0]), ["a", "b"], store, alpha=0.5)
+    assert a2.tolist() == [0.5, -1.0]  # 1 - 0.5, 1 - 2
