@@ -50,7 +50,11 @@ class AsyncConfig:
     """CPUs of a locally started Ray (None: all); ignored when joining a cluster."""
     ray_num_graders: int = 0
     """For ``backend="ray"``: grader actors separate from rollout workers (0: each worker grades
-    its own episodes). Needs a sampler that implements ``generate`` and ``grade`` separately."""
+    its own episodes). Needs a grader factory; the sampler then returns ungraded episodes."""
+    ray_worker_cpus: float = 1.0
+    """CPUs each rollout-worker (and grader) actor reserves in the Ray cluster."""
+    ray_worker_gpus: float = 0.0
+    """GPUs each rollout-worker actor reserves (an inference engine on its own GPU: 1)."""
 
     def __post_init__(self) -> None:
         choices = {
@@ -65,7 +69,13 @@ class AsyncConfig:
         for name in ("num_workers", "groups_per_step"):
             if getattr(self, name) < 1:
                 raise ValueError(f"async.{name} must be >= 1, got {getattr(self, name)}")
-        for name in ("max_staleness", "max_resamples", "ray_num_graders"):
+        for name in (
+            "max_staleness",
+            "max_resamples",
+            "ray_num_graders",
+            "ray_worker_cpus",
+            "ray_worker_gpus",
+        ):
             if getattr(self, name) < 0:
                 raise ValueError(f"async.{name} must be >= 0, got {getattr(self, name)}")
         if self.poll_s <= 0:

@@ -108,8 +108,8 @@ class AsyncRunner:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore before :meth:`run`. Raises RuntimeError once workers have started."""
-        if self.backend is not None:
-            raise RuntimeError("load_state_dict must be called before run() starts the workers")
+        if self._published >= 0:
+            raise RuntimeError("load_state_dict must be called before run() publishes weights")
         self.learner.load_state_dict(state["learner"])
         self.ledger.load_state_dict(state["ledger"])
 

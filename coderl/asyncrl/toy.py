@@ -54,8 +54,10 @@ class ToySampler:
         temperature: float = 1.0,
         delay_s: float = 0.0,
         delay_sigma: float = 0.0,
+        grade: bool = True,
     ) -> None:
         self.logits = torch.zeros(num_tasks, vocab)
+        self.grade = grade
         self.version = -1
         self.group_size, self.turns, self.tokens_per_turn = group_size, turns, tokens_per_turn
         self.temperature, self.delay_s, self.delay_sigma = temperature, delay_s, delay_sigma
@@ -93,9 +95,26 @@ class ToySampler:
                 seg.loss_mask.append(0)
                 seg.behavior_logprobs.append(0.0)
                 seg.policy_versions.append(-1)
-            reward = hits / (self.turns * self.tokens_per_turn)
+            reward = hits / (self.turns * self.tokens_per_turn) if self.grade else math.nan
             episodes.append(Episode(job.task_id, Trajectory([seg]), reward))
         return episodes
+
+
+class ToyGrader:
+    """Grades toy groups separately from sampling (the Ray backend's grader actors): reward is
+    the fraction of sampled tokens equal to the task's target."""
+
+    def __init__(self, delay_s: float = 0.0) -> None:
+        self.delay_s = delay_s
+
+    def grade(self, group: Group) -> Group:
+        target = group.job.task["target"]
+        for ep in group.episodes:
+            seg = ep.trajectory.segments[0]
+            sampled = [t for t, m in zip(seg.token_ids, seg.loss_mask, strict=True) if m]
+            ep.reward = sum(t == target for t in sampled) / len(sampled)
+            time.sleep(self.delay_s)
+        return group
 
 
 class ToyLearner:

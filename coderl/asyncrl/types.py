@@ -136,6 +136,12 @@ class Learner(Protocol):
     def load_state_dict(self, state: dict[str, Any]) -> None: ...
 
 
+class Grader(Protocol):
+    """Grades a group produced by a sampler that left rewards unset (Ray grader actors)."""
+
+    def grade(self, group: Group) -> Group: ...
+
+
 SamplerFactory = Callable[[], Sampler]
 """Builds a sampler inside the worker that owns it (thread, process or Ray actor); must pickle
 for the process and Ray backends (a module-level function or a ``functools.partial`` of one)."""
