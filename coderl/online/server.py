@@ -1,0 +1,379 @@
+"""``coderl serve``: an OpenAI-compatible chat-completions endpoint that records what it served.
+
+Endpoints (FastAPI):
+
+- ``POST /v1/chat/completions``: OpenAI request format with ``tools`` and ``logprobs``. Per request
+  it records the exact prompt and completion token ids, the per-token behaviour logprobs, the
+  sampling settings and the policy version, and returns the interaction id (the response ``id``,
+  an ``interaction_id`` field and the ``X-Interaction-Id`` header). Sampling is stochastic by
+  default (``default_temperature`` > 0): a greedy policy logs nothing to learn from. Extra body
+  fields ``episode_id``, ``population`` and ``is_summary`` group turns into episodes and clients
+  into populations.
+- ``POST /v1/feedback``: one outcome event, a list, or ``{"events": [...]}`` (see
+  :mod:`coderl.online.events`). Malformed events are rejected with a reason (HTTP 400 listing
+  them; the valid ones in the same request are still stored) and counted; duplicates are stored
+  once.
+- ``GET /v1/models``, ``GET /v1/stats`` (ingestion counters), ``POST /v1/admin/reload``
+  (load the registry's champion if it changed).
+
+Tool calls use the Hermes ``<tool_call>{json}</tool_call>`` format rendered by the chat template
+(:mod:`coderl.agent.parsing`). A call that does not parse, names a tool not offered, or misses a
+required argument is an invalid call: the reply carries the raw text and no ``tool_calls``, and
+the interaction is stored with ``tool_call_status = "invalid"`` (a negative example downstream).
+
+Limits: no streaming, ``n = 1`` only, no ``top_logprobs``; one generation at a time (a lock).
+No authentication: bind to localhost or put it behind a proxy.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+from fastapi import FastAPI, HTTPException, Request
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from starlette.concurrency import run_in_threadpool
+
+from coderl.agent.parsing import ToolCall, parse_hermes
+from coderl.online.events import parse_event
+from coderl.online.store import Store, interaction_row
+from coderl.policy.base import SamplingParams
+from coderl.policy.episode import encode, render
+
+EDIT_TOOLS = ("edit", "write_file", "apply_patch", "str_replace", "replace", "create_file")
+_FENCE = re.compile(r"```[^\n]*\n.*?```", re.S)
+
+
+class ChatRequest(BaseModel):
+    """The subset of OpenAI's chat-completions request that is supported; others are errors."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: str
+    messages: list[dict[str, Any]] = Field(min_length=1)
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: Any = None
+    temperature: float | None = Field(default=None, ge=0, le=2)
+    top_p: float | None = Field(default=None, gt=0, le=1)
+    max_tokens: int | None = Field(default=None, ge=1)
+    max_completion_tokens: int | None = Field(default=None, ge=1)
+    seed: int | None = None
+    logprobs: bool | None = None
+    top_logprobs: int | None = Field(default=None, ge=0, le=0)
+    n: int | None = Field(default=None, ge=1, le=1)
+    stream: bool | None = Field(default=None)
+    user: str | None = None
+    episode_id: str | None = Field(default=None, max_length=128)
+    population: str | None = Field(default=None, max_length=128)
+    is_summary: bool = False
+
+
+def classify(text: str, calls: list[dict[str, Any]], status: str) -> str:
+    """The turn's action: ``edit`` (an edit tool call or a fenced code block), ``tool`` (other
+    valid calls), ``clarify`` (no edit, ends with a question mark) or ``none``."""
+    if any(c["function"]["name"] in EDIT_TOOLS for c in calls) or _FENCE.search(text):
+        return "edit"
+    if calls:
+        return "tool"
+    if text.strip().endswith("?") and status != "invalid":
+        return "clarify"
+    return "none"
+
+
+def parse_tool_calls(
+    text: str, tools: list[dict[str, Any]] | None
+) -> tuple[str | None, list[dict[str, Any]], str]:
+    """Hermes tool calls in ``text`` -> ``(content, openai_tool_calls, status)``.
+
+    ``status`` is ``none`` (no call), ``valid`` or ``invalid``; with an invalid call the
+    content is the whole raw text and no call is returned.
+    """
+    parsed = parse_hermes(text, {})
+    if not parsed:
+        return text, [], "none"
+    offered = {t["function"]["name"]: t["function"] for t in tools or [] if "function" in t}
+    calls = []
+    for p in parsed:
+        if not isinstance(p, ToolCall) or p.name not in offered:
+            return text, [], "invalid"
+        required = offered[p.name].get("parameters", {}).get("required", [])
+        if any(r not in p.arguments for r in required):
+            return text, [], "invalid"
+        calls.append(
+            {
+                "id": f"call_{uuid.uuid4().hex[:16]}",
+                "type": "function",
+                "function": {"name": p.name, "arguments": json.dumps(p.arguments)},
+            }
+        )
+    content = re.sub(r"<tool_call>.*?</tool_call>", "", text, flags=re.S).strip()
+    return content or None, calls, "valid"
+
+
+class InteractionServer:
+    """Serves a policy and records every interaction into ``store``.
+
+    Args:
+        policy: a :class:`coderl.policy.local.LocalPolicy` (tokenizer with a chat template,
+            ``generate`` with exact logprobs).
+        store: where interactions and events go.
+        version: the registry version of the served weights (recorded per interaction).
+        model_name: the ``model`` name reported to clients.
+        default_temperature: used when a request sets none (> 0: stochastic by default).
+        max_new_tokens: default and upper bound of generated tokens per request.
+        reload: given the served version, returns ``(policy, version)`` of the registry's
+            champion, or None when it is the served one (for ``/v1/admin/reload``); None
+            disables the endpoint.
+    """
+
+    def __init__(
+        self,
+        policy: Any,
+        store: Store,
+        *,
+        version: int,
+        model_name: str = "coderl",
+        default_temperature: float = 0.8,
+        max_new_tokens: int = 256,
+        reload: Callable[[int], tuple[Any, int] | None] | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        if default_temperature <= 0:
+            raise ValueError("default_temperature must be > 0: greedy traffic teaches nothing")
+        self.policy, self.version, self.store = policy, version, store
+        self.model_name = model_name
+        self.default_temperature = default_temperature
+        self.max_new_tokens = max_new_tokens
+        self._reload, self._clock = reload, clock
+        self._lock = threading.Lock()
+
+    def swap(self, policy: Any, version: int) -> None:
+        """Serve new weights from the next request on."""
+        with self._lock:
+            self.policy, self.version = policy, version
+
+    def complete(self, req: ChatRequest) -> dict[str, Any]:
+        """Generate one reply, record it, return the OpenAI response body.
+
+        Raises:
+            HTTPException(400): streaming requested, or the conversation cannot be rendered.
+        """
+        if req.stream:
+            raise HTTPException(400, "stream=true is not supported")
+        temperature = self.default_temperature if req.temperature is None else req.temperature
+        budget = req.max_completion_tokens or req.max_tokens or self.max_new_tokens
+        params = SamplingParams(
+            temperature=temperature,
+            top_p=1.0 if req.top_p is None else req.top_p,
+            max_new_tokens=min(budget, self.max_new_tokens),
+            seed=req.seed,
+        )
+        start = time.perf_counter()
+        with self._lock:
+            policy, version = self.policy, self.version
+            try:
+                text_in = render(
+                    policy.tokenizer, req.messages, tools=req.tools, add_generation_prompt=True
+                )
+            except Exception as e:  # template errors are the client's bad input
+                raise HTTPException(400, f"cannot render the conversation: {e}") from None
+            prompt = encode(policy.tokenizer, text_in)
+            [out] = policy.generate([prompt], params)
+        latency_ms = 1000.0 * (time.perf_counter() - start)
+        text = policy.tokenizer.decode(out.token_ids, skip_special_tokens=True)
+        content, calls, status = parse_tool_calls(text, req.tools)
+        iid = f"chatcmpl-{uuid.uuid4().hex}"
+        action = classify(text, calls, status)
+        self.store.record_interaction(
+            interaction_row(
+                iid,
+                policy_version=version,
+                created_at=self._clock(),
+                prompt_token_ids=prompt,
+                completion_token_ids=out.token_ids,
+                behaviour_logprobs=out.logprobs,
+                temperature=temperature,
+                episode_id=req.episode_id,
+                population=req.population or req.user or "default",
+                action=action,
+                tool_call_status=status,
+                top_p=params.top_p,
+                max_new_tokens=params.max_new_tokens,
+                seed=req.seed,
+                finish_reason=out.finish_reason,
+                is_summary=req.is_summary,
+                server_latency_ms=latency_ms,
+                request=req.model_dump(exclude_none=True),
+                response_text=text,
+            )
+        )
+        return self._response(iid, req, policy.tokenizer, len(prompt), out, content, calls, version)
+
+    def _response(
+        self,
+        iid: str,
+        req: ChatRequest,
+        tok: Any,
+        n_prompt: int,
+        out: Any,
+        content: str | None,
+        calls: list[dict[str, Any]],
+        version: int,
+    ) -> dict[str, Any]:
+        message: dict[str, Any] = {"role": "assistant", "content": content}
+        if calls:
+            message["tool_calls"] = calls
+        choice: dict[str, Any] = {
+            "index": 0,
+            "message": message,
+            "finish_reason": "tool_calls" if calls else out.finish_reason,
+            "logprobs": None,
+        }
+        if req.logprobs:
+            choice["logprobs"] = {
+                "content": [
+                    {
+                        "token": (s := tok.decode([t])),
+                        "logprob": lp,
+                        "bytes": list(s.encode()),
+                        "top_logprobs": [],
+                    }
+                    for t, lp in zip(out.token_ids, out.logprobs, strict=True)
+                ]
+            }
+        return {
+            "id": iid,
+            "object": "chat.completion",
+            "created": int(self._clock()),
+            "model": req.model,
+            "system_fingerprint": f"coderl-v{version}",
+            "choices": [choice],
+            "usage": {
+                "prompt_tokens": n_prompt,
+                "completion_tokens": len(out.token_ids),
+                "total_tokens": n_prompt + len(out.token_ids),
+            },
+            "interaction_id": iid,
+            "policy_version": version,
+        }
+
+    def feedback(self, body: bytes) -> tuple[int, dict[str, Any]]:
+        """Ingest the events in a request body; ``(http_status, result)``."""
+        try:
+            obj = json.loads(body)
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            obj = body  # parse_event records the reason
+        items = obj.get("events", [obj]) if isinstance(obj, dict) else obj
+        if not isinstance(items, list):
+            items = [items]
+        res = self.store.ingest([parse_event(x) for x in items])
+        out = {"stored": res.stored, "duplicates": res.duplicates, "rejected": res.reasons}
+        return (400 if res.reasons else 200), out
+
+    def app(self) -> FastAPI:
+        app = FastAPI(title="coderl serve")
+
+        @app.post("/v1/chat/completions")
+        async def chat(request: Request) -> JSONResponse:
+            try:
+                req = ChatRequest.model_validate_json(await request.body())
+            except ValidationError as e:
+                msg = "; ".join(
+                    f"{'.'.join(str(p) for p in x['loc'])}: {x['msg']}" for x in e.errors()
+                )
+                return JSONResponse({"error": {"message": msg, "type": "invalid_request"}}, 400)
+            try:
+                body = await run_in_threadpool(self.complete, req)
+            except HTTPException as e:
+                return JSONResponse(
+                    {"error": {"message": e.detail, "type": "invalid_request"}}, e.status_code
+                )
+            return JSONResponse(body, headers={"X-Interaction-Id": body["id"]})
+
+        @app.post("/v1/feedback")
+        async def feedback(request: Request) -> JSONResponse:
+            status, out = self.feedback(await request.body())
+            return JSONResponse(out, status)
+
+        @app.get("/v1/models")
+        def models() -> dict[str, Any]:
+            return {
+                "object": "list",
+                "data": [
+                    {
+                        "id": self.model_name,
+                        "object": "model",
+                        "owned_by": "coderl",
+                        "created": 0,
+                        "policy_version": self.version,
+                    }
+                ],
+            }
+
+        @app.get("/v1/stats")
+        def stats() -> dict[str, Any]:
+            return {
+                "policy_version": self.version,
+                "interactions": len(self.store.interactions()),
+                "events": self.store.event_count(),
+                "duplicate_events": self.store.counter("duplicate_events"),
+                "rejected_events": self.store.rejected_counts(),
+            }
+
+        @app.post("/v1/admin/reload")
+        def reload() -> dict[str, Any]:
+            if self._reload is None:
+                raise HTTPException(404, "reload is not configured")
+            new = self._reload(self.version)
+            if new is not None:
+                self.swap(*new)
+            return {"policy_version": self.version}
+
+        return app
+
+
+class BackgroundServer:
+    """Run an ASGI app with uvicorn in a daemon thread (tests, the demo, ``online run``).
+
+    Args:
+        app: the FastAPI app.
+        host, port: where to listen; port 0 picks a free port (read :attr:`port` after start).
+
+    Raises:
+        RuntimeError: the server did not start within 30 s.
+    """
+
+    def __init__(self, app: FastAPI, host: str = "127.0.0.1", port: int = 0) -> None:
+        import socket
+
+        import uvicorn
+
+        self._sock = socket.socket()
+        self._sock.bind((host, port))
+        self.host, self.port = host, int(self._sock.getsockname()[1])
+        config = uvicorn.Config(app, log_level="warning", lifespan="off")
+        self._server = uvicorn.Server(config)
+        self._thread = threading.Thread(
+            target=self._server.run, kwargs={"sockets": [self._sock]}, daemon=True
+        )
+        self._thread.start()
+        deadline = time.time() + 30
+        while not self._server.started:
+            if time.time() > deadline or not self._thread.is_alive():
+                raise RuntimeError("the HTTP server did not start")
+            time.sleep(0.01)
+
+    @property
+    def base_url(self) -> str:
+        return f"http://{self.host}:{self.port}/v1"
+
+    def stop(self) -> None:
+        self._server.should_exit = True
+        self._thread.join(timeout=10)
+        self._sock.close()
