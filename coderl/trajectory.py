@@ -2,10 +2,14 @@
 
 A :class:`Trajectory` is a list of :class:`Segment` s; each segment is one context window. The
 trainer consumes segments as they are: sampled tokens are never re-tokenized from text.
+Segments are built by :class:`coderl.policy.episode.EpisodeBuilder` (chat-template rendering,
+observation deltas) and turned into padded tensors by :func:`coderl.policy.batch.collate`.
 """
 
 from __future__ import annotations
 
+import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,6 +28,9 @@ class Segment:
     - ``policy_versions``: weight version that produced each sampled token; -1 where
       ``loss_mask`` is 0.
     - ``provenance``: free-form audit data (episode id, turn boundaries, template name...).
+      :class:`~coderl.policy.episode.EpisodeBuilder` records ``"spans"``: a list of
+      ``[kind, start, end]`` with kind in ``{"prompt", "action", "observation"}``, and per action
+      the sampling temperature and ``finish_reason``.
     """
 
     token_ids: list[int] = field(default_factory=list)
@@ -31,6 +38,75 @@ class Segment:
     behavior_logprobs: list[float] = field(default_factory=list)
     policy_versions: list[int] = field(default_factory=list)
     provenance: dict[str, Any] = field(default_factory=dict)
+
+    def __len__(self) -> int:
+        return len(self.token_ids)
+
+    def append_context(self, token_ids: Sequence[int], kind: str = "observation") -> None:
+        """Append tokens the policy did not sample (prompt, observation, template scaffolding).
+
+        They get ``loss_mask`` 0, behaviour logprob 0.0 and version -1, and a provenance span.
+        """
+        self._append(token_ids, 0, [0.0] * len(token_ids), -1, kind)
+
+    def append_sampled(
+        self, token_ids: Sequence[int], logprobs: Sequence[float], version: int
+    ) -> None:
+        """Append tokens the policy sampled, with their behaviour logprobs and weight version.
+
+        Raises:
+            ValueError: lengths differ, a logprob is not finite or positive, or the segment is
+                empty (a sampled token needs a prefix to be sampled from).
+        """
+        if len(token_ids) != len(logprobs):
+            raise ValueError(f"{len(token_ids)} sampled tokens but {len(logprobs)} logprobs")
+        if not self.token_ids and token_ids:
+            raise ValueError("a segment cannot start with sampled tokens: append the prompt first")
+        bad = [x for x in logprobs if not (math.isfinite(x) and x <= 0.0)]
+        if bad:
+            raise ValueError(f"behaviour logprobs must be finite and <= 0, got {bad[:3]}")
+        self._append(token_ids, 1, list(logprobs), version, "action")
+
+    def _append(
+        self, token_ids: Sequence[int], mask: int, logprobs: list[float], version: int, kind: str
+    ) -> None:
+        start = len(self.token_ids)
+        self.token_ids.extend(int(t) for t in token_ids)
+        self.loss_mask.extend([mask] * len(token_ids))
+        self.behavior_logprobs.extend(logprobs)
+        self.policy_versions.extend([version] * len(token_ids))
+        self.provenance.setdefault("spans", []).append([kind, start, len(self.token_ids)])
+
+    def validate(self) -> None:
+        """Check the invariants the trainer relies on.
+
+        Raises:
+            ValueError: per-token lists of different lengths, a mask value other than 0/1, a
+                trainable first token (it has no prefix), or a trainable token without a finite
+                behaviour logprob or a version.
+        """
+        n = len(self.token_ids)
+        lengths = {
+            "loss_mask": len(self.loss_mask),
+            "behavior_logprobs": len(self.behavior_logprobs),
+            "policy_versions": len(self.policy_versions),
+        }
+        if any(v != n for v in lengths.values()):
+            raise ValueError(f"segment has {n} token_ids but lengths {lengths}")
+        if any(m not in (0, 1) for m in self.loss_mask):
+            raise ValueError("loss_mask values must be 0 or 1")
+        if n and self.loss_mask[0]:
+            raise ValueError("the first token of a segment cannot be trainable (no prefix)")
+        for t, (m, lp, v) in enumerate(
+            zip(self.loss_mask, self.behavior_logprobs, self.policy_versions, strict=True)
+        ):
+            if m and (not math.isfinite(lp) or v < 0):
+                raise ValueError(f"trainable token {t} has logprob {lp} and version {v}")
+
+    @property
+    def num_trainable(self) -> int:
+        """Number of tokens with ``loss_mask`` 1."""
+        return sum(self.loss_mask)
 
 
 @dataclass

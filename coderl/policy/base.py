@@ -11,9 +11,11 @@ class SamplingParams:
     """How to sample one completion per prompt."""
 
     temperature: float = 1.0
-    """Softmax temperature (> 0); logprobs are reported under the tempered distribution."""
+    """Softmax temperature (>= 0); logprobs are reported under the tempered distribution.
+    0 means greedy decoding, with logprobs under the untempered (temperature 1) softmax."""
     top_p: float = 1.0
-    """Nucleus sampling mass in (0, 1]."""
+    """Nucleus sampling mass in (0, 1]. Reported logprobs stay those of the full tempered
+    distribution (what the trainer recomputes); use 1.0 when training on the samples."""
     max_new_tokens: int = 256
     """Budget of generated tokens per completion."""
     stop_token_ids: tuple[int, ...] = ()
@@ -34,6 +36,18 @@ class Completion:
     """``"stop"`` (a stop token was sampled) or ``"length"`` (budget exhausted)."""
     policy_version: int = 0
     """Weight version that produced these tokens."""
+
+
+class Engine(Protocol):
+    """A rollout engine: the only part a vLLM / SGLang / OpenAI-compatible server would replace.
+
+    ``generate`` samples one completion per token-id prompt with the engine's current weights and
+    stamps every completion with ``version``, the weight version those weights carry.
+    """
+
+    def generate(
+        self, prompts: list[list[int]], params: SamplingParams, *, version: int = 0
+    ) -> list[Completion]: ...
 
 
 class Policy(Protocol):

@@ -1,0 +1,192 @@
+"""Token-exact multi-turn trajectory assembly with the tokenizer's chat template.
+
+:class:`EpisodeBuilder` keeps, for the current context window, the exact token ids the policy is
+sampling from; the agent harness drives it:
+
+```
+ep = EpisodeBuilder(policy.tokenizer, messages, tools=tools)    # prompt rendered by the template
+while not done:
+    c = policy.generate([ep.prompt_ids()], params)[0]         # sample from exactly these ids
+    ep.add_completion(c, message=parsed_assistant_message)    # sampled ids appended, trainable
+    ep.add_observation([{"role": "tool", "content": out}])    # template delta, tokenized alone
+trajectory = ep.trajectory
+```
+
+Why deltas: re-rendering the whole conversation and re-tokenizing it would re-tokenize the
+model's sampled text, which need not give back the sampled ids (BPE merges across the boundary,
+whitespace normalisation), and a template may rewrite history. Instead an observation is rendered
+as the text the template puts *after* the assistant turn: the end-of-turn scaffolding the model
+did not sample itself (the remainder of the template's closing after the sampled stop token, or
+all of it when the completion hit its length budget), the observation turns and the next
+generation prompt. That delta is tokenized on its own and appended with loss mask 0.
+
+The delta is found by rendering the conversation with a placeholder as the last assistant turn's
+content, with and without the new messages. If rendering the real history with the new messages
+does not start with rendering the real history alone (the template rewrites earlier turns, e.g.
+strips earlier reasoning), the builder starts a new segment from the full re-rendered
+conversation instead of training on a prefix the model never saw.
+
+Invariant (tested): for every trainable token, the segment's prefix equals the prompt it was
+sampled from.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from coderl.policy.base import Completion
+from coderl.trajectory import Segment, Trajectory
+
+PLACEHOLDER = "\u2063coderl-placeholder\u2063"
+
+
+def supports_tools(tokenizer: Any) -> bool:
+    """Whether the tokenizer's chat template renders a ``tools`` argument.
+
+    SmolLM2's template does not: the harness must describe its tools in the system prompt.
+    """
+    template = getattr(tokenizer, "chat_template", None) or ""
+    return "tools" in template
+
+
+def render(
+    tokenizer: Any,
+    messages: Sequence[dict[str, Any]],
+    *,
+    tools: Sequence[dict[str, Any]] | None = None,
+    add_generation_prompt: bool,
+) -> str:
+    """Render ``messages`` (and ``tools``, when given) with the tokenizer's chat template.
+
+    Raises:
+        ValueError: the tokenizer has no chat template.
+    """
+    if not getattr(tokenizer, "chat_template", None):
+        raise ValueError("the tokenizer has no chat template; cannot render a conversation")
+    kwargs: dict[str, Any] = {"tools": list(tools)} if tools else {}
+    text = tokenizer.apply_chat_template(
+        list(messages), tokenize=False, add_generation_prompt=add_generation_prompt, **kwargs
+    )
+    return str(text)
+
+
+def encode(tokenizer: Any, text: str) -> list[int]:
+    """Token ids of ``text`` on its own: no BOS/EOS added (the template writes its own)."""
+    return list(tokenizer.encode(text, add_special_tokens=False))
+
+
+class EpisodeBuilder:
+    """Build a :class:`~coderl.trajectory.Trajectory` turn by turn (see the module docstring).
+
+    Args:
+        tokenizer: a Hugging Face tokenizer with a chat template.
+        messages: the initial conversation (system, user, ...), as chat-template dicts.
+        tools: tool definitions (JSON-schema dicts) passed to the template, or None.
+        provenance: extra audit data copied into every segment's ``provenance``.
+    """
+
+    def __init__(
+        self,
+        tokenizer: Any,
+        messages: Sequence[dict[str, Any]],
+        *,
+        tools: Sequence[dict[str, Any]] | None = None,
+        provenance: dict[str, Any] | None = None,
+    ):
+        if not messages:
+            raise ValueError("an episode needs at least one initial message")
+        self.tokenizer = tokenizer
+        self.tools = list(tools) if tools else None
+        self.messages: list[dict[str, Any]] = []
+        self.trajectory = Trajectory()
+        self._provenance = dict(provenance or {})
+        self._last: Completion | None = None
+        self.new_segment(messages)
+
+    @property
+    def segment(self) -> Segment:
+        """The current context window."""
+        return self.trajectory.segments[-1]
+
+    def prompt_ids(self) -> list[int]:
+        """The exact ids to sample the next turn from (a copy of the current segment)."""
+        if self._last is not None:
+            raise RuntimeError("the last completion has no observation yet: add_observation first")
+        return list(self.segment.token_ids)
+
+    def new_segment(self, messages: Sequence[dict[str, Any]]) -> None:
+        """Start a new context window whose prompt is ``messages`` rendered with a generation
+        prompt (e.g. after the harness summarised the history to fit the context)."""
+        self.messages = [dict(m) for m in messages]
+        text = render(self.tokenizer, self.messages, tools=self.tools, add_generation_prompt=True)
+        seg = Segment(provenance={**self._provenance, "segment": len(self.trajectory.segments)})
+        seg.append_context(encode(self.tokenizer, text), kind="prompt")
+        self.trajectory.segments.append(seg)
+        self._last = None
+
+    def add_completion(self, completion: Completion, message: dict[str, Any] | None = None) -> None:
+        """Append the sampled ids, trainable, with their logprobs and weight version.
+
+        Args:
+            completion: what :meth:`Policy.generate` returned for :meth:`prompt_ids`.
+            message: the assistant message as the harness parsed it (content, tool calls),
+                used only to render later turns; default: the decoded text as content.
+
+        Raises:
+            RuntimeError: two completions in a row without an observation between them.
+        """
+        if self._last is not None:
+            raise RuntimeError("add_observation must follow each completion")
+        self.segment.append_sampled(
+            completion.token_ids, completion.logprobs, completion.policy_version
+        )
+        self.segment.provenance.setdefault("actions", []).append(
+            {"finish_reason": completion.finish_reason, "version": completion.policy_version}
+        )
+        if message is None:
+            text = self.tokenizer.decode(completion.token_ids, skip_special_tokens=True)
+            message = {"role": "assistant", "content": text}
+        self.messages.append(dict(message))
+        self._last = completion
+
+    def add_observation(self, messages: Sequence[dict[str, Any]]) -> bool:
+        """Append observation turns (tool results, user messages) after the last completion.
+
+        Returns:
+            True if appended as a template delta to the current segment; False if the template
+            would rewrite history, so a new segment was started from the full conversation.
+
+        Raises:
+            RuntimeError: no completion to follow.
+        """
+        if self._last is None:
+            raise RuntimeError("add_observation must follow a completion")
+        new = [dict(m) for m in messages]
+        history = self.messages
+        before = render(self.tokenizer, history, tools=self.tools, add_generation_prompt=False)
+        after = render(self.tokenizer, history + new, tools=self.tools, add_generation_prompt=True)
+        if not after.startswith(before):
+            self.new_segment(history + new)
+            self.segment.provenance["reason"] = "chat template rewrites history"
+            return False
+        self.segment.append_context(encode(self.tokenizer, self._delta(new)), kind="observation")
+        self.messages = history + new
+        self._last = None
+        return True
+
+    def _delta(self, new: list[dict[str, Any]]) -> str:
+        """Text after the sampled tokens: the rest of the assistant turn's closing, the new
+        turns and the generation prompt."""
+        assert self._last is not None
+        stub = self.messages[:-1] + [{"role": "assistant", "content": PLACEHOLDER}]
+        tools = self.tools
+        before = render(self.tokenizer, stub, tools=tools, add_generation_prompt=False)
+        after = render(self.tokenizer, stub + new, tools=tools, add_generation_prompt=True)
+        closing = before[before.rindex(PLACEHOLDER) + len(PLACEHOLDER) :]
+        last = self._last
+        if last.finish_reason == "stop" and last.token_ids:
+            stop_text = self.tokenizer.decode(last.token_ids[-1:])
+            if stop_text and closing.startswith(stop_text):
+                closing = closing[len(stop_text) :]
+        return closing + after[len(before) :]

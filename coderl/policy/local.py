@@ -1,0 +1,288 @@
+"""The local torch policy: sampling, trainer-side logprobs, LoRA or full fine-tuning, a
+reference policy and versioned weights, all on one in-process model.
+
+Who calls what:
+
+- the agent harness: :meth:`LocalPolicy.generate` (token-id prompts in, completions with exact
+  logprobs out) and the tokenizer's chat template via :class:`coderl.policy.episode.EpisodeBuilder`;
+- the trainer: :func:`coderl.policy.batch.collate` then :meth:`LocalPolicy.forward` /
+  :meth:`LocalPolicy.forward_logprobs` (with grad), :meth:`LocalPolicy.reference_logprobs`
+  (no grad), the optimizer over :meth:`LocalPolicy.trainable_parameters`, then
+  :meth:`LocalPolicy.bump_version` after every optimizer step.
+
+Reference policy: with LoRA it is the same model with the adapter disabled (peft's
+``disable_adapter``; no second copy in memory); with full fine-tuning it is a frozen deep copy
+made at construction, optionally kept on another device (``reference_device="cpu"`` offloads it
+from an accelerator). The model stays in eval mode (no dropout), so sampling and training see the
+same function.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from peft import LoraConfig, PeftModel, get_peft_model
+from torch import Tensor
+
+from coderl.policy.base import Completion, Engine, SamplingParams
+from coderl.policy.batch import (
+    TrainBatch,
+    collate,
+    model_logits,
+    shifted_entropy,
+    shifted_token_logprobs,
+)
+from coderl.policy.engine import TorchEngine
+from coderl.trajectory import Segment
+
+
+@dataclass(frozen=True)
+class LoraSpec:
+    """LoRA adapter settings (Hu et al. 2021, "LoRA", Sec. 4.1: ``W + (alpha / r) * B A``)."""
+
+    rank: int = 16
+    """Rank ``r`` of the update ``B A``."""
+    alpha: float = 32.0
+    """Scale numerator: the update is multiplied by ``alpha / rank``."""
+    dropout: float = 0.0
+    """Dropout on the adapter input; keep 0 so sampling and training see the same function."""
+    target_modules: tuple[str, ...] = (
+        "q_proj",
+        "k_proj",
+        "v_proj",
+        "o_proj",
+        "gate_proj",
+        "up_proj",
+        "down_proj",
+    )
+    """Names of the linear layers that get adapters (Llama/Qwen2 naming)."""
+
+
+@dataclass
+class TokenOutputs:
+    """Per-token results of a forward pass, aligned to tokens (see :mod:`coderl.policy.batch`).
+
+    - ``logprobs``: ``[B, T]`` float32, differentiable; column 0 is 0.
+    - ``entropy``: ``[B, T]`` float32 nats of the tempered next-token distribution, or None.
+    """
+
+    logprobs: Tensor
+    entropy: Tensor | None = None
+
+
+class LocalPolicy:
+    """A Hugging Face causal LM behind coderl's policy interface (see the module docstring).
+
+    Args:
+        model: a ``*ForCausalLM`` with plain (not quantized) weights.
+        tokenizer: its tokenizer; its chat template renders conversations.
+        lora: adapter settings, or None for full fine-tuning.
+        adapter: a directory saved by :meth:`save` with LoRA on, to resume its adapter.
+        reference: keep a reference policy (a frozen copy for full fine-tuning; free with LoRA).
+        reference_device: device for the full fine-tuning reference copy (None: the model's).
+        name: where the model came from, for provenance.
+    """
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        tokenizer: Any,
+        *,
+        lora: LoraSpec | None = None,
+        adapter: str | os.PathLike[str] | None = None,
+        reference: bool = True,
+        reference_device: str | torch.device | None = None,
+        name: str = "",
+    ):
+        self.tokenizer = tokenizer
+        self.name = name
+        self.version = 0
+        self.lora = lora
+        self.reference_model: torch.nn.Module | None = None
+        model.eval()
+        if adapter is not None:
+            self.model: torch.nn.Module = PeftModel.from_pretrained(
+                model, adapter, is_trainable=True
+            )
+        elif lora is not None:
+            config = LoraConfig(
+                r=lora.rank,
+                lora_alpha=lora.alpha,
+                lora_dropout=lora.dropout,
+                target_modules=list(lora.target_modules),
+                task_type="CAUSAL_LM",
+            )
+            self.model = get_peft_model(model, config)
+        else:
+            self.model = model
+            if reference:
+                ref = copy.deepcopy(model).requires_grad_(False).eval()
+                self.reference_model = ref.to(reference_device) if reference_device else ref
+        self.has_reference = reference
+        self.model.eval()
+        self.eos_token_ids = _eos_ids(model, tokenizer)
+        pad = tokenizer.pad_token_id
+        self.pad_token_id: int = pad if pad is not None else self.eos_token_ids[0]
+        self.engine: Engine = TorchEngine(self.model, self.eos_token_ids, self.pad_token_id)
+
+    @property
+    def is_lora(self) -> bool:
+        return isinstance(self.model, PeftModel)
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    # --- sampling -------------------------------------------------------------------------
+
+    def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Completion]:
+        """Sample one completion per token-id prompt with the current weights.
+
+        Every completion carries ``policy_version = self.version``; see
+        :class:`~coderl.policy.engine.TorchEngine` for the logprob and finish-reason contract.
+        """
+        return self.engine.generate(prompts, params, version=self.version)
+
+    # --- trainer side ---------------------------------------------------------------------
+
+    def forward(
+        self, batch: TrainBatch, temperature: float = 1.0, *, with_entropy: bool = False
+    ) -> TokenOutputs:
+        """Differentiable per-token logprobs (and optionally entropy) of a collated batch.
+
+        ``logprobs[b, t] = log softmax(logits[b, t - 1] / temperature)[input_ids[b, t]]``, the
+        same tempered distribution the sampler drew from; pass the rollout's temperature.
+
+        Args:
+            batch: from :func:`coderl.policy.batch.collate`.
+            temperature: > 0 (use 1.0 for greedy rollouts).
+
+        Returns:
+            :class:`TokenOutputs` with ``[B, T]`` float32 tensors; gradients flow into
+            :meth:`trainable_parameters`.
+
+        Raises:
+            ValueError: non-positive temperature.
+        """
+        logits = model_logits(self.model, batch.to(self.device))  # (B, T, V)
+        logprobs = shifted_token_logprobs(logits, batch.input_ids.to(self.device), temperature)
+        entropy = shifted_entropy(logits, temperature) if with_entropy else None
+        return TokenOutputs(logprobs=logprobs, entropy=entropy)
+
+    def forward_logprobs(self, batch: TrainBatch, temperature: float = 1.0) -> Tensor:
+        """``[B, T]`` float32 differentiable logprobs; see :meth:`forward`."""
+        return self.forward(batch, temperature).logprobs
+
+    @torch.no_grad()
+    def reference_logprobs(self, batch: TrainBatch, temperature: float = 1.0) -> Tensor:
+        """``[B, T]`` float32 logprobs under the reference policy (no grad), aligned as
+        :meth:`forward`'s.
+
+        Raises:
+            RuntimeError: the policy was built with ``reference=False``.
+        """
+        if not self.has_reference:
+            raise RuntimeError("this policy was loaded with reference=False")
+        if self.reference_model is None:  # LoRA: the base model is the reference
+            assert isinstance(self.model, PeftModel)
+            with self.model.disable_adapter():
+                logits = model_logits(self.model, batch.to(self.device))
+        else:
+            ref_device = next(self.reference_model.parameters()).device
+            logits = model_logits(self.reference_model, batch.to(ref_device))
+        return shifted_token_logprobs(logits, batch.input_ids.to(logits.device), temperature)
+
+    @torch.no_grad()
+    def logprobs(
+        self, sequences: Sequence[Sequence[int]], temperature: float = 1.0, *, batch_size: int = 16
+    ) -> list[list[float]]:
+        """Trainer-side logprobs of whole token sequences, one float per token.
+
+        Entry ``t`` of a sequence's list is ``log p(seq[t] | seq[:t])`` under the tempered
+        current policy; entry 0 (no prefix) is 0.0.
+
+        Raises:
+            ValueError: an empty sequence or a non-positive temperature.
+        """
+        out: list[list[float]] = []
+        for i in range(0, len(sequences), batch_size):
+            chunk = sequences[i : i + batch_size]
+            segs = []
+            for s in chunk:
+                seg = Segment()
+                seg.append_context(list(s), kind="prompt")
+                segs.append(seg)
+            batch = collate(segs, self.pad_token_id)
+            lp = self.forward_logprobs(batch, temperature)
+            out.extend(lp[b, : len(s)].tolist() for b, s in enumerate(chunk))
+        return out
+
+    def logprob_gap(
+        self,
+        prompts: Sequence[Sequence[int]],
+        completions: Sequence[Completion],
+        temperature: float = 1.0,
+    ) -> dict[str, float]:
+        """Sampler/trainer mismatch: ``|sampler logprob - trainer logprob|`` over sampled tokens.
+
+        Returns:
+            ``{"logprob_gap_mean": ..., "logprob_gap_max": ...}`` in nats; below 1e-3 in fp32
+            with the same weights (see ``tests/test_policy_sampling.py``).
+        """
+        seqs = [list(p) + c.token_ids for p, c in zip(prompts, completions, strict=True)]
+        trainer = self.logprobs(seqs, temperature)
+        diffs: list[float] = []
+        for p, c, lp in zip(prompts, completions, trainer, strict=True):
+            diffs.extend(abs(a - b) for a, b in zip(c.logprobs, lp[len(p) :], strict=True))
+        if not diffs:
+            return {"logprob_gap_mean": 0.0, "logprob_gap_max": 0.0}
+        return {"logprob_gap_mean": sum(diffs) / len(diffs), "logprob_gap_max": max(diffs)}
+
+    def trainable_parameters(self) -> list[torch.nn.Parameter]:
+        """The parameters the optimizer updates (LoRA adapters only, or every weight)."""
+        return [p for p in self.model.parameters() if p.requires_grad]
+
+    def bump_version(self) -> int:
+        """Call after every optimizer step: the weights changed, so their version does too.
+
+        Returns:
+            The new version (completions sampled afterwards carry it).
+        """
+        self.version += 1
+        return self.version
+
+    # --- persistence ----------------------------------------------------------------------
+
+    def save(self, path: str | os.PathLike[str]) -> None:
+        """Write the weights as safetensors, plus the tokenizer, into directory ``path``.
+
+        With LoRA only the adapter is written (``adapter_model.safetensors`` and its config;
+        reload with ``load_policy(base, adapter=path)``); otherwise the full model
+        (``model.safetensors``; reload with ``load_policy(path)``). A ``coderl_policy.txt`` records
+        the source model and the weight version.
+        """
+        os.makedirs(path, exist_ok=True)
+        self.model.save_pretrained(path, safe_serialization=True)
+        self.tokenizer.save_pretrained(path)
+        with open(os.path.join(path, "coderl_policy.txt"), "w") as f:
+            f.write(f"source: {self.name}\nversion: {self.version}\nlora: {self.is_lora}\n")
+
+
+def _eos_ids(model: torch.nn.Module, tokenizer: Any) -> list[int]:
+    """EOS ids from the tokenizer and the model's generation config (chat models add one)."""
+    ids: list[int] = []
+    if tokenizer.eos_token_id is not None:
+        ids.append(int(tokenizer.eos_token_id))
+    gen = getattr(model, "generation_config", None)
+    extra = getattr(gen, "eos_token_id", None)
+    for i in extra if isinstance(extra, list) else [extra]:
+        if i is not None and int(i) not in ids:
+            ids.append(int(i))
+    if not ids:
+        raise ValueError("the tokenizer and model define no EOS token; cannot stop generation")
+    return ids
