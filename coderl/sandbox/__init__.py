@@ -1,0 +1,9 @@
+"""Isolated copy-on-write workspaces over real repositories: ``Sandbox.create(base, ...)``.
+
+See ``coderl.sandbox.bwrap`` for what is and is not isolated, ``coderl.sandbox.local`` for the
+unisolated fallback, and ``coderl.sandbox.base`` for the interface.
+"""
+
+from coderl.sandbox.base import DIFF_EXCLUDES, ExecResult, Limits, Sandbox, SandboxError
+
+__all__ = ["DIFF_EXCLUDES", "ExecResult", "Limits", "Sandbox", "SandboxError"]

@@ -1,9 +1,25 @@
-"""Sandbox interface types shared by the harness, the grader and the environment builder."""
+"""Sandbox interface types shared by the harness, the grader and the environment builder.
+
+``Sandbox.create(...)`` is the one entry point; ``BACKENDS`` (in ``coderl.sandbox.backends``) is
+the only place where a backend name selects an implementation.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from pathlib import Path
+from types import TracebackType
+from typing import Protocol, Self
+
+DIFF_EXCLUDES: tuple[str, ...] = ("__pycache__", "*.pyc", ".pytest_cache", "*.egg-info")
+"""Glob patterns (matched against each path component) that ``Sandbox.diff`` leaves out by
+default: byproducts of running Python and pytest in the workspace, not edits."""
+
+
+class SandboxError(RuntimeError):
+    """The sandbox itself failed (could not start, lost its shell): infrastructure, not the
+    command's fault. Command failures are reported in ``ExecResult``, never raised."""
 
 
 @dataclass(frozen=True)
@@ -21,25 +37,120 @@ class Limits:
     file_size_bytes: int = 256 * 1024**2
     """Largest file a command may write (bytes, RLIMIT_FSIZE)."""
     output_bytes: int = 1024**2
-    """Bytes of stdout and of stderr kept per command; the rest is cut with a marker."""
+    """Bytes of stdout and of stderr kept per command (the first and the last half); the middle
+    is cut and replaced by a ``[... N bytes truncated ...]`` marker."""
+    disk_bytes: int = 4 * 1024**3
+    """Bytes the workspace's changes, ``/tmp`` and the home directory may hold together (the size
+    of the sandbox's private tmpfs; ``bwrap`` backend only)."""
+
+    def __post_init__(self) -> None:
+        for name in ("timeout_s", "cpu_s", "memory_bytes", "processes", "file_size_bytes"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"Limits.{name} must be positive, got {getattr(self, name)!r}")
+        if self.output_bytes < 2 or self.disk_bytes < 1024**2:
+            raise ValueError("Limits.output_bytes must be >= 2 and disk_bytes >= 1 MiB")
 
 
 @dataclass
 class ExecResult:
+    """What one command did."""
+
     exit_code: int
+    """Exit status (0-255); 124 when the wall timeout killed it; 128+N when killed by signal N."""
     stdout: str
+    """Captured stdout, UTF-8 decoded with replacement, at most ``Limits.output_bytes`` kept."""
     stderr: str
+    """Captured stderr, same rules as ``stdout``."""
     timed_out: bool
+    """True when the wall timeout expired; every process of the sandbox was then killed."""
     duration_s: float
+    """Wall-clock seconds from sending the command to its end (or to the kill)."""
     truncated: bool
+    """True when stdout or stderr was longer than ``Limits.output_bytes`` and was cut."""
 
 
 class Sandbox(Protocol):
-    """An isolated workspace at ``/testbed`` over a read-only base directory."""
+    """An isolated workspace at ``/testbed`` over a read-only base directory.
 
-    def exec(self, cmd: str, *, timeout: float | None = None) -> ExecResult: ...
-    def read_text(self, path: str) -> str: ...
-    def write_text(self, path: str, text: str) -> None: ...
-    def list(self, path: str = ".") -> list[str]: ...
-    def diff(self) -> str: ...
-    def close(self) -> None: ...
+    Relative paths given to ``read_text``/``write_text``/``list`` are relative to ``/testbed``
+    (not to the shell's current directory). Implementations subclass this protocol to inherit
+    ``create`` and the context-manager methods.
+    """
+
+    @staticmethod
+    def create(
+        base: str | Path,
+        *,
+        limits: Limits | None = None,
+        env: dict[str, str] | None = None,
+        ro_mounts: dict[str, str] | None = None,
+        rw_mounts: dict[str, str] | None = None,
+        network: bool = False,
+        backend: str = "bwrap",
+    ) -> Sandbox:
+        """Start a sandbox whose workspace ``/testbed`` is a copy-on-write view of ``base``.
+
+        base: host directory (a repository snapshot); never modified.
+        limits: per-command and per-sandbox limits (default ``Limits()``).
+        env: variables set in the shell over the defaults (PATH, HOME, LANG, ...); the host
+            environment is never inherited.
+        ro_mounts / rw_mounts: sandbox path -> host path, mounted read-only / read-write.
+        network: True shares the host network (for install steps only); default: none.
+        backend: ``"bwrap"`` (isolated) or ``"local"`` (no isolation, warns; see
+            ``coderl.sandbox.local``).
+        Raises ValueError (unknown backend, bad mount paths), FileNotFoundError (``base`` or a
+        mount source missing), SandboxError (the sandbox failed to start).
+        """
+        from coderl.sandbox.backends import BACKENDS
+
+        if backend not in BACKENDS:
+            raise ValueError(f"unknown sandbox backend {backend!r}; valid: {sorted(BACKENDS)}")
+        return BACKENDS[backend](
+            Path(base),
+            limits=limits or Limits(),
+            env=env or {},
+            ro_mounts=ro_mounts or {},
+            rw_mounts=rw_mounts or {},
+            network=network,
+        )
+
+    def exec(self, cmd: str, *, timeout: float | None = None) -> ExecResult:
+        """Run bash source ``cmd`` in the sandbox's persistent shell; ``timeout`` seconds
+        (default ``Limits.timeout_s``). Never raises for the command's own failures."""
+        ...
+
+    def read_text(self, path: str) -> str:
+        """Text of a file (UTF-8, undecodable bytes replaced). Raises FileNotFoundError,
+        IsADirectoryError, PermissionError."""
+        ...
+
+    def write_text(self, path: str, text: str) -> None:
+        """Create or replace a file (parent directories are created). Raises PermissionError,
+        IsADirectoryError, OSError."""
+        ...
+
+    def list(self, path: str = ".") -> list[str]:
+        """Sorted names in a directory; subdirectories end with ``/``. Raises
+        FileNotFoundError, NotADirectoryError."""
+        ...
+
+    def diff(self, *, exclude: Sequence[str] = DIFF_EXCLUDES) -> str:
+        """Unified diff (git format, ``a/`` and ``b/`` prefixes) of ``/testbed`` against the
+        base; binary files are noted, not dumped. ``exclude``: glob patterns matched against
+        each path component."""
+        ...
+
+    def close(self) -> None:
+        """Kill every process and delete every file of the sandbox; idempotent."""
+        ...
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()

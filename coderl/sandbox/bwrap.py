@@ -1,0 +1,378 @@
+"""The isolated sandbox: bubblewrap namespaces over an idmapped overlayfs workspace.
+
+What one sandbox is (as root, the normal case here and in CI):
+- a private tmpfs of ``Limits.disk_bytes`` under ``/dev/shm/coderl`` holding the overlay's upper
+  and work directories, ``/tmp`` and the home directory;
+- ``/testbed``: overlayfs with an idmapped, read-only view of ``base`` below (the snapshot's owner
+  appears as the sandbox uid, so the sandbox owns its workspace without ``base`` changing);
+  when the filesystem of ``base`` refuses idmapped mounts, a copy of ``base`` in the tmpfs;
+- one ``bwrap`` process: new mount, PID, IPC, UTS, cgroup and (unless ``network=True``) network
+  namespaces; ``/usr`` and the Python prefix read-only; a generated ``/etc``; then ``setpriv``
+  drops to a distinct unprivileged uid/gid (one per live sandbox, taken from ``UID_BASE``
+  upwards, locked across processes) with no capabilities, an empty bounding set and
+  no_new_privs, and runs the persistent ``bash`` (``coderl.sandbox.shell``).
+
+Isolated: the host filesystem (only ``/usr``, the Python prefix, a few ``/etc`` files and the
+given mounts are visible; the host home directory is not), network (an empty network namespace:
+only a down loopback), host processes and environment variables, other sandboxes (distinct uids,
+private workspaces). Limits: RLIMIT_NPROC counts the sandbox's uid, so a fork bomb stays inside
+its budget; RLIMIT_AS/CPU/FSIZE apply per process; a timeout kills every process of the uid.
+
+Not isolated: the kernel is shared (a kernel exploit escapes; there is no seccomp filter, so the
+sandbox may create user namespaces like any unprivileged host user); memory is limited per
+process, not per sandbox (cgroup v2 has no memory controller on these machines), so
+``processes x memory_bytes`` bounds the total; CPU time is not shared fairly between sandboxes;
+world-readable files under the mounted trees are readable; ``network=True`` gives the host's
+network. The host runs the sandbox as root: the mounts are made in the host mount namespace
+under ``/dev/shm/coderl`` and removed by ``close`` (a crashed host process leaves them; the next
+sandbox of a later process removes them).
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import os
+import shutil
+import subprocess
+import sys
+import threading
+from itertools import count
+from pathlib import Path
+
+from coderl.sandbox import mounts
+from coderl.sandbox.base import Limits, Sandbox, SandboxError
+from coderl.sandbox.files import FileOps
+from coderl.sandbox.shell import Shell, init_script, restore_script
+from coderl.sandbox.spawn import spawn
+from coderl.sandbox.workspace import overlay_diff, tree_diff
+
+WORKDIR = "/testbed"
+HOME = "/home/sandbox"
+UID_BASE = 2_000_000
+"""Sandbox uids are ``UID_BASE + slot``; far above any real account."""
+UID_SLOTS = 4096
+SCRATCH_ROOT = Path(os.environ.get("CODERL_SANDBOX_DIR", "/dev/shm/coderl"))
+_RESERVED = ("/proc", "/dev", "/tmp", "/etc", "/usr", HOME)
+_ETC_FILES = ("alternatives", "ld.so.cache", "ld.so.conf", "ld.so.conf.d", "localtime", "ssl")
+_ETC_FILES_NET = ("resolv.conf", "ca-certificates", "gai.conf", "nsswitch.conf")
+_counter = count()
+_cleaned = threading.Event()
+
+
+class _UidLease:
+    """Holds one sandbox uid: an flock on ``SCRATCH_ROOT/uids/<uid>`` so processes never share."""
+
+    def __init__(self) -> None:
+        lock_dir = SCRATCH_ROOT / "uids"
+        lock_dir.mkdir(parents=True, exist_ok=True)
+        for slot in range(UID_SLOTS):
+            uid = UID_BASE + slot
+            fd = os.open(lock_dir / str(uid), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(fd)
+                continue
+            self.uid, self._fd = uid, fd
+            return
+        raise SandboxError(f"all {UID_SLOTS} sandbox uids are in use")
+
+    def release(self) -> None:
+        os.close(self._fd)
+
+
+def _clean_stale() -> None:
+    """Unmount and delete scratch directories left by host processes that died (once)."""
+    if _cleaned.is_set() or not SCRATCH_ROOT.is_dir():
+        _cleaned.set()
+        return
+    _cleaned.set()
+    for entry in SCRATCH_ROOT.iterdir():
+        owner = entry.name.split("-")[0]
+        if not owner.isdigit() or Path(f"/proc/{owner}").exists():
+            continue
+        for sub in ("merged", "lower", ""):
+            mounts.umount(str(entry / sub) if sub else str(entry))
+        shutil.rmtree(entry, ignore_errors=True)
+
+
+class BwrapSandbox(Sandbox):
+    """A sandbox isolated by bubblewrap; build it with ``Sandbox.create(..., backend="bwrap")``."""
+
+    def __init__(
+        self,
+        base: Path,
+        *,
+        limits: Limits,
+        env: dict[str, str],
+        ro_mounts: dict[str, str],
+        rw_mounts: dict[str, str],
+        network: bool,
+    ) -> None:
+        if os.geteuid() != 0:
+            raise SandboxError(
+                "the bwrap backend runs sandboxes under distinct uids and needs root; "
+                "run as root or pass backend='local' (no isolation)"
+            )
+        if shutil.which("bwrap") is None:
+            raise SandboxError("bubblewrap is not installed (make sysdeps)")
+        self.base = _check_dir(base, "base")
+        self.limits = limits
+        self.network = network
+        self.ro_mounts = _check_mounts(ro_mounts, "ro_mounts")
+        self.rw_mounts = _check_mounts(rw_mounts, "rw_mounts")
+        self.env = _default_env() | dict(env)
+        self._lock = threading.Lock()
+        self._shell: Shell | None = None
+        self._closed = False
+        _clean_stale()
+        self._lease = _UidLease()
+        self.uid = self._lease.uid
+        self.scratch = SCRATCH_ROOT / f"{os.getpid()}-{next(_counter)}-{self.uid}"
+        try:
+            self.workspace_mode = self._build_workspace()
+            self._start_shell()
+        except BaseException:
+            self.close()
+            raise
+        self.files = FileOps(self._run_internal)
+
+    # --- workspace -------------------------------------------------------------------------
+
+    def _build_workspace(self) -> str:
+        """Mount the tmpfs, ``merged`` (the future /testbed) and the rw mounts; returns the mode."""
+        s, uid = self.scratch, self.uid
+        s.mkdir(parents=True)
+        mounts.mount_tmpfs(str(s), self.limits.disk_bytes, uid, uid)
+        for name in ("upper", "work", "lower", "merged", "tmp", "home", "etc", "rw"):
+            (s / name).mkdir()
+        for name in ("upper", "tmp", "home"):
+            os.chown(s / name, uid, uid)
+        os.chmod(s / "tmp", 0o1777)
+        _write_etc(s / "etc", uid)
+        for i, host in enumerate(self.rw_mounts.values()):
+            (s / "rw" / str(i)).mkdir()
+            mounts.idmapped_bind(host, str(s / "rw" / str(i)), uid, uid, readonly=False)
+        try:
+            mounts.idmapped_bind(str(self.base), str(s / "lower"), uid, uid, readonly=True)
+        except OSError as e:
+            if e.errno not in (errno.EINVAL, errno.EPERM, errno.ENOSYS, errno.EOPNOTSUPP):
+                raise
+            shutil.copytree(self.base, s / "merged", symlinks=True, dirs_exist_ok=True)
+            _chown_tree(s / "merged", uid)
+            return "copy"
+        mounts.mount_overlay(str(s / "lower"), str(s / "upper"), str(s / "work"), str(s / "merged"))
+        return "overlay"
+
+    def _argv(self) -> list[str]:
+        """The ``bwrap ... setpriv ... bash`` command line."""
+        s, uid = self.scratch, str(self.uid)
+        argv = ["bwrap", "--unshare-ipc", "--unshare-pid", "--unshare-uts", "--unshare-cgroup-try"]
+        argv += [] if self.network else ["--unshare-net"]
+        argv += ["--die-with-parent", "--new-session", "--hostname", "sandbox"]
+        argv += ["--ro-bind", "/usr", "/usr"]
+        for top in ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32"):
+            if os.path.islink(top):
+                argv += ["--symlink", os.readlink(top), top]
+            elif os.path.isdir(top):
+                argv += ["--ro-bind", top, top]
+        argv += ["--proc", "/proc", "--dev", "/dev", "--perms", "0755", "--dir", "/etc"]
+        for name in _ETC_FILES + (_ETC_FILES_NET if self.network else ()):
+            if os.path.exists(f"/etc/{name}"):
+                argv += ["--ro-bind", f"/etc/{name}", f"/etc/{name}"]
+        for name in ("passwd", "group", "hosts"):
+            argv += ["--ro-bind", str(s / "etc" / name), f"/etc/{name}"]
+        argv += ["--bind", str(s / "tmp"), "/tmp", "--bind", str(s / "home"), HOME]
+        argv += ["--bind", str(s / "merged"), WORKDIR]
+        made: set[str] = set()
+        prefix = sys.base_prefix
+        argv += _parents(prefix, made) + ["--ro-bind", prefix, prefix]
+        for dest, host in self.ro_mounts.items():
+            argv += _parents(dest, made) + ["--ro-bind", host, dest]
+        for i, dest in enumerate(self.rw_mounts):
+            argv += _parents(dest, made) + ["--bind", str(s / "rw" / str(i)), dest]
+        argv += ["--chdir", WORKDIR, "--clearenv"]
+        for key, value in self.env.items():
+            argv += ["--setenv", key, value]
+        argv += ["--", "setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups"]
+        argv += ["--inh-caps=-all", "--bounding-set=-all", "--no-new-privs"]
+        return argv + ["--", "/bin/bash", "--noprofile", "--norc"]
+
+    # --- the shell -------------------------------------------------------------------------
+
+    def _start_shell(self) -> None:
+        ctl_r, ctl_w = os.pipe2(os.O_CLOEXEC)
+        try:
+            proc = spawn(self._argv(), pass_fds=(ctl_w,))
+        except BaseException:
+            os.close(ctl_r)
+            raise
+        finally:
+            os.close(ctl_w)
+        shell = Shell(proc, ctl_r, kill=lambda: self._kill(proc, ctl_r))
+        state = self._shell.state if self._shell is not None else None
+        script = init_script(ctl_w, [], self._ulimits())
+        if state is not None:
+            script += restore_script(state.cwd, state.env_decls)
+        shell.send(script)
+        if state is not None:
+            shell.state = state
+        self._shell = shell
+
+    def _ulimits(self) -> str:
+        lim = self.limits
+        return (
+            f"ulimit -c 0 -t {lim.cpu_s} -v {lim.memory_bytes // 1024} "
+            f"-u {lim.processes} -f {max(1, lim.file_size_bytes // 1024)}"
+        )
+
+    def _kill(self, proc: subprocess.Popen[bytes], ctl_r: int) -> None:
+        """SIGKILL every process of this sandbox's uid (atomic against forks), reap bwrap."""
+        if proc.poll() is None:
+            # kill(-1) from a process of the sandbox uid: every process of that uid, host-wide;
+            # the kernel does it under the tasklist lock, so a fork bomb cannot outrun it.
+            subprocess.run(
+                ["kill", "-9", "-1"], user=self.uid, group=self.uid, extra_groups=[], check=False
+            )
+            try:
+                proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        for stream in (proc.stdin, proc.stdout, proc.stderr):
+            if stream is not None:
+                stream.close()
+        try:
+            os.close(ctl_r)
+        except OSError:  # already closed by an earlier kill
+            pass
+
+    def _ensure_shell(self) -> Shell:
+        if self._closed:
+            raise SandboxError("the sandbox is closed")
+        if self._shell is None or not self._shell.alive:
+            self._start_shell()
+        assert self._shell is not None
+        return self._shell
+
+    # --- the Sandbox interface ---------------------------------------------------------------
+
+    def exec(self, cmd: str, *, timeout: float | None = None):  # type: ignore[no-untyped-def]
+        limit = self.limits.timeout_s if timeout is None else timeout
+        if limit <= 0:
+            raise ValueError(f"timeout must be positive, got {limit}")
+        with self._lock:
+            shell = self._ensure_shell()
+            return shell.run(cmd, timeout=limit, output_bytes=self.limits.output_bytes)
+
+    def _run_internal(self, cmd: str, output_bytes: int):  # type: ignore[no-untyped-def]
+        """A helper command (file operations): default timeout, larger output budget."""
+        with self._lock:
+            shell = self._ensure_shell()
+            return shell.run(cmd, timeout=self.limits.timeout_s, output_bytes=output_bytes)
+
+    def read_text(self, path: str) -> str:
+        return self.files.read_text(path)
+
+    def write_text(self, path: str, text: str) -> None:
+        self.files.write_text(path, text)
+
+    def list(self, path: str = ".") -> list[str]:
+        return self.files.list(path)
+
+    def diff(self, *, exclude=None) -> str:  # type: ignore[no-untyped-def]
+        from coderl.sandbox.base import DIFF_EXCLUDES
+
+        patterns = DIFF_EXCLUDES if exclude is None else tuple(exclude)
+        if self.workspace_mode == "overlay":
+            return overlay_diff(self.base, self.scratch / "upper", patterns)
+        return tree_diff(self.base, self.scratch / "merged", patterns)
+
+    def close(self) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            if self._shell is not None:
+                self._shell.kill()
+            if self.scratch.exists():
+                for sub in [f"rw/{i}" for i in range(len(self.rw_mounts))] + ["merged", "lower"]:
+                    mounts.umount(str(self.scratch / sub))
+                mounts.umount(str(self.scratch))
+                shutil.rmtree(self.scratch, ignore_errors=True)
+            self._lease.release()
+
+    def __del__(self) -> None:
+        if not getattr(self, "_closed", True):
+            self.close()
+
+
+def _default_env() -> dict[str, str]:
+    return {
+        "PATH": f"{sys.base_prefix}/bin:/usr/local/bin:/usr/bin:/bin",
+        "HOME": HOME,
+        "USER": "sandbox",
+        "LOGNAME": "sandbox",
+        "SHELL": "/bin/bash",
+        "LANG": "C.UTF-8",
+        "TERM": "dumb",
+        "TMPDIR": "/tmp",
+    }
+
+
+def _write_etc(etc: Path, uid: int) -> None:
+    (etc / "passwd").write_text(
+        f"root:x:0:0:root:/root:/usr/sbin/nologin\nsandbox:x:{uid}:{uid}::{HOME}:/bin/bash\n"
+        "nobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n"
+    )
+    (etc / "group").write_text(f"root:x:0:\nsandbox:x:{uid}:\nnogroup:x:65534:\n")
+    (etc / "hosts").write_text("127.0.0.1 localhost sandbox\n::1 localhost\n")
+
+
+def _parents(dest: str, made: set[str]) -> list[str]:
+    """``--dir`` arguments making the missing parents of ``dest`` traversable (mode 0755)."""
+    args: list[str] = []
+    parts = Path(dest).parts[1:-1]
+    for i in range(len(parts)):
+        parent = "/" + "/".join(parts[: i + 1])
+        if parent in made or parent in ("/usr", "/tmp", WORKDIR) or parent.startswith("/usr/"):
+            continue
+        if parent.startswith(WORKDIR + "/") or parent.startswith("/tmp/"):
+            continue
+        made.add(parent)
+        args += ["--perms", "0755", "--dir", parent]
+    return args
+
+
+def _check_dir(path: Path, what: str) -> Path:
+    path = Path(path).resolve()
+    if not path.exists():
+        raise FileNotFoundError(f"{what} {path} does not exist")
+    if not path.is_dir():
+        raise NotADirectoryError(f"{what} {path} is not a directory")
+    return path
+
+
+def _check_mounts(table: dict[str, str], what: str) -> dict[str, str]:
+    """Validate sandbox-path -> host-path pairs; returns them with resolved host paths."""
+    checked: dict[str, str] = {}
+    for dest, host in table.items():
+        norm = os.path.normpath(dest)
+        if not os.path.isabs(dest) or norm in ("/", WORKDIR):
+            raise ValueError(
+                f"{what}: {dest!r} must be an absolute path other than / and {WORKDIR}"
+            )
+        if any(norm == r or norm.startswith(r + "/") for r in _RESERVED):
+            raise ValueError(f"{what}: {dest!r} lies in a reserved tree {_RESERVED}")
+        source = Path(host).resolve()
+        if not source.exists():
+            raise FileNotFoundError(f"{what}: host path {host} (for {dest}) does not exist")
+        checked[norm] = str(source)
+    return checked
+
+
+def _chown_tree(root: Path, uid: int) -> None:
+    for dirpath, dirnames, filenames in os.walk(root):
+        for name in [dirpath, *(os.path.join(dirpath, n) for n in dirnames + filenames)]:
+            os.lchown(name, uid, uid)

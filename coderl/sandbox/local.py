@@ -1,0 +1,161 @@
+"""The ``local`` backend: the same shell and file interface with NO isolation.
+
+Exists only for hosts without user namespaces or root, where ``bwrap`` cannot run; it must be
+asked for explicitly (``backend="local"``) and warns on every sandbox it creates.
+
+What it does: copies ``base`` into a fresh temporary directory (the workspace; ``/testbed`` in
+paths given to the file methods means that directory), runs the persistent bash there with a
+cleared environment, and applies RLIMIT_CPU/AS/FSIZE per process. A timeout kills the shell's
+process group.
+
+Not isolated: everything. Commands run as the calling user with its network, its filesystem
+(they can read the home directory and write anywhere the user can) and its processes; a command
+that leaves the process group (``setsid``) survives a timeout; no process limit is applied
+(RLIMIT_NPROC would count every process of the user). ``ro_mounts``/``rw_mounts`` are refused
+(there is no mount namespace to place them in).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+import threading
+import warnings
+from pathlib import Path
+
+from coderl.sandbox.base import ExecResult, Limits, Sandbox, SandboxError
+from coderl.sandbox.files import FileOps
+from coderl.sandbox.shell import Shell, init_script, restore_script
+from coderl.sandbox.workspace import tree_diff
+
+
+class UnisolatedSandboxWarning(UserWarning):
+    """A sandbox without isolation was created (``backend="local"``)."""
+
+
+class LocalSandbox(Sandbox):
+    """An unisolated workspace copy; build it with ``Sandbox.create(..., backend="local")``."""
+
+    def __init__(
+        self,
+        base: Path,
+        *,
+        limits: Limits,
+        env: dict[str, str],
+        ro_mounts: dict[str, str],
+        rw_mounts: dict[str, str],
+        network: bool,
+    ) -> None:
+        if ro_mounts or rw_mounts:
+            raise ValueError("the local backend cannot mount trees; use the bwrap backend")
+        base = Path(base).resolve()
+        if not base.is_dir():
+            raise FileNotFoundError(f"base {base} is not an existing directory")
+        warnings.warn(
+            "coderl sandbox backend 'local' runs commands WITHOUT ISOLATION "
+            "(host filesystem, network and processes are reachable)",
+            UnisolatedSandboxWarning,
+            stacklevel=3,
+        )
+        self.base, self.limits, self.network = base, limits, network
+        self.env = {"PATH": os.defpath, "LANG": "C.UTF-8", "TERM": "dumb"} | dict(env)
+        self.tmp = Path(tempfile.mkdtemp(prefix="coderl-local-"))
+        self.root = self.tmp / "testbed"
+        shutil.copytree(base, self.root, symlinks=True)
+        self._lock = threading.Lock()
+        self._closed = False
+        self._shell: Shell | None = None
+        self.files = FileOps(self._run_internal, root=str(self.root))
+        self._start_shell()
+
+    def _start_shell(self) -> None:
+        ctl_r, ctl_w = os.pipe2(os.O_CLOEXEC)
+        try:
+            proc = subprocess.Popen(
+                ["/bin/bash", "--noprofile", "--norc"],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                cwd=self.root,
+                env=self.env,
+                pass_fds=(ctl_w,),
+                start_new_session=True,
+            )
+        finally:
+            os.close(ctl_w)
+        shell = Shell(proc, ctl_r, kill=lambda: _kill_group(proc, ctl_r))
+        lim = self.limits
+        ulimits = (
+            f"ulimit -c 0 -t {lim.cpu_s} -v {lim.memory_bytes // 1024} "
+            f"-f {max(1, lim.file_size_bytes // 1024)}"
+        )
+        script = init_script(ctl_w, [], ulimits)
+        if self._shell is not None:
+            script += restore_script(self._shell.state.cwd, self._shell.state.env_decls)
+            shell.state = self._shell.state
+        shell.send(script)
+        self._shell = shell
+
+    def _ensure_shell(self) -> Shell:
+        if self._closed:
+            raise SandboxError("the sandbox is closed")
+        if self._shell is None or not self._shell.alive:
+            self._start_shell()
+        assert self._shell is not None
+        return self._shell
+
+    def exec(self, cmd: str, *, timeout: float | None = None) -> ExecResult:
+        limit = self.limits.timeout_s if timeout is None else timeout
+        if limit <= 0:
+            raise ValueError(f"timeout must be positive, got {limit}")
+        with self._lock:
+            return self._ensure_shell().run(
+                cmd, timeout=limit, output_bytes=self.limits.output_bytes
+            )
+
+    def _run_internal(self, cmd: str, output_bytes: int) -> ExecResult:
+        with self._lock:
+            shell = self._ensure_shell()
+            return shell.run(cmd, timeout=self.limits.timeout_s, output_bytes=output_bytes)
+
+    def read_text(self, path: str) -> str:
+        return self.files.read_text(path)
+
+    def write_text(self, path: str, text: str) -> None:
+        self.files.write_text(path, text)
+
+    def list(self, path: str = ".") -> list[str]:
+        return self.files.list(path)
+
+    def diff(self, *, exclude=None) -> str:  # type: ignore[no-untyped-def]
+        from coderl.sandbox.base import DIFF_EXCLUDES
+
+        return tree_diff(self.base, self.root, DIFF_EXCLUDES if exclude is None else exclude)
+
+    def close(self) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            if self._shell is not None:
+                self._shell.kill()
+            shutil.rmtree(self.tmp, ignore_errors=True)
+
+
+def _kill_group(proc: subprocess.Popen[bytes], ctl_r: int) -> None:
+    """SIGKILL the shell's process group and reap the shell."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait()
+    for stream in (proc.stdin, proc.stdout, proc.stderr):
+        if stream is not None:
+            stream.close()
+    try:
+        os.close(ctl_r)
+    except OSError:  # already closed by an earlier kill
+        pass

@@ -1,0 +1,52 @@
+"""Start sandbox processes from one long-lived thread.
+
+``bwrap --die-with-parent`` arms PR_SET_PDEATHSIG, which fires when the *thread* that forked bwrap
+exits, not the process. Sandboxes created from a short-lived worker thread (a thread pool) would
+be killed when that thread ends, so every sandbox process is forked by this module's daemon
+thread, which lives as long as the interpreter.
+"""
+
+from __future__ import annotations
+
+import queue
+import subprocess
+import threading
+from concurrent.futures import Future
+
+_jobs: queue.SimpleQueue[tuple[list[str], tuple[int, ...], Future[subprocess.Popen[bytes]]]]
+_jobs = queue.SimpleQueue()
+_started = threading.Lock()
+_thread: threading.Thread | None = None
+
+
+def _serve() -> None:
+    while True:
+        argv, pass_fds, fut = _jobs.get()
+        try:
+            proc = subprocess.Popen(
+                argv,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                pass_fds=pass_fds,
+                close_fds=True,
+            )
+        except BaseException as e:  # handed to the caller, who re-raises it
+            fut.set_exception(e)
+        else:
+            fut.set_result(proc)
+
+
+def spawn(argv: list[str], *, pass_fds: tuple[int, ...] = ()) -> subprocess.Popen[bytes]:
+    """``Popen(argv)`` with stdin/stdout/stderr pipes, forked by the long-lived spawner thread.
+
+    Raises what Popen raises (FileNotFoundError when ``argv[0]`` is missing, OSError).
+    """
+    global _thread
+    with _started:
+        if _thread is None:
+            _thread = threading.Thread(target=_serve, name="coderl-sandbox-spawner", daemon=True)
+            _thread.start()
+    fut: Future[subprocess.Popen[bytes]] = Future()
+    _jobs.put((argv, pass_fds, fut))
+    return fut.result()

@@ -1,0 +1,227 @@
+"""The workspace's changes against its base, as a git-style unified diff, computed on the host.
+
+Overlay workspaces are diffed from the overlay's upper directory alone (cost grows with what
+changed, not with the repository): a regular file or symlink there is new or modified, a 0/0
+character device is a whiteout (deleted), a directory with the ``trusted.overlay.opaque`` xattr
+hides everything below it in the base (Linux Documentation/filesystems/overlayfs.rst, "whiteouts
+and opaque directories"). Copy workspaces are diffed by walking both trees.
+
+The sandbox may still be running while the host reads its files, so every path is opened
+component by component relative to directory fds with O_NOFOLLOW: a symlink swapped into the
+workspace is reported as a symlink and never followed out of it.
+"""
+
+from __future__ import annotations
+
+import difflib
+import fnmatch
+import os
+import stat
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+MAX_TEXT_BYTES = 2 * 1024**2
+"""Files larger than this are reported like binary files (noted, not diffed)."""
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One non-directory file: git mode (100644, 100755, 120000) and content (link target)."""
+
+    mode: int
+    data: bytes
+
+
+def overlay_diff(base: Path, upper: Path, exclude: Sequence[str]) -> str:
+    """Diff of an overlay workspace: ``upper`` (changes) over ``base`` (the lower layer)."""
+    changes: dict[str, tuple[Entry | None, Entry | None]] = {}
+    base_fd = os.open(base, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        for rel, kind, new in _walk_upper(upper):
+            if kind == "opaque":  # the base directory's content is hidden: all of it deleted
+                for old_rel, old in _walk_tree(base_fd, rel):
+                    changes.setdefault(old_rel, (old, None))
+                continue
+            old = _lookup(base_fd, rel)
+            if kind == "whiteout":
+                if isinstance(old, Entry):
+                    changes[rel] = (old, None)
+                elif old == "dir":
+                    for old_rel, old_entry in _walk_tree(base_fd, rel):
+                        changes[old_rel] = (old_entry, None)
+                continue
+            if old == "dir":  # a base directory replaced by a file
+                for old_rel, old_entry in _walk_tree(base_fd, rel):
+                    changes[old_rel] = (old_entry, None)
+                old = None
+            if not isinstance(old, Entry):
+                old = None
+            if old != new:
+                changes[rel] = (old, new)
+    finally:
+        os.close(base_fd)
+    return _render(changes, exclude)
+
+
+def tree_diff(base: Path, tree: Path, exclude: Sequence[str]) -> str:
+    """Diff of a full copy ``tree`` against ``base`` (both walked)."""
+    base_fd = os.open(base, os.O_RDONLY | os.O_DIRECTORY)
+    tree_fd = os.open(tree, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        old = dict(_walk_tree(base_fd, ""))
+        new = dict(_walk_tree(tree_fd, ""))
+    finally:
+        os.close(base_fd)
+        os.close(tree_fd)
+    changes = {
+        rel: (old.get(rel), new.get(rel))
+        for rel in old.keys() | new.keys()
+        if old.get(rel) != new.get(rel)
+    }
+    return _render(changes, exclude)
+
+
+def _walk_upper(upper: Path) -> Iterator[tuple[str, str, Entry | None]]:
+    """(relative path, "file" | "whiteout" | "opaque", entry) for each change in ``upper``."""
+    for dirpath, dirnames, filenames, dirfd in os.fwalk(upper, follow_symlinks=False):
+        rel_dir = os.path.relpath(dirpath, upper)
+        rel_dir = "" if rel_dir == "." else rel_dir
+        for name in dirnames:
+            if _is_opaque(name, dirfd):
+                yield os.path.join(rel_dir, name), "opaque", None
+        for name in filenames:
+            rel = os.path.join(rel_dir, name)
+            st = os.stat(name, dir_fd=dirfd, follow_symlinks=False)
+            if stat.S_ISCHR(st.st_mode) and st.st_rdev == 0:
+                yield rel, "whiteout", None
+            elif stat.S_ISREG(st.st_mode) or stat.S_ISLNK(st.st_mode):
+                yield rel, "file", _entry(name, dirfd, st)
+
+
+def _is_opaque(name: str, dirfd: int) -> bool:
+    try:
+        fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=dirfd)
+    except OSError:
+        return False
+    try:
+        return os.getxattr(fd, "trusted.overlay.opaque") == b"y"
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+
+
+def _entry(name: str, dirfd: int, st: os.stat_result) -> Entry:
+    if stat.S_ISLNK(st.st_mode):
+        return Entry(0o120000, os.readlink(name, dir_fd=dirfd).encode())
+    mode = 0o100755 if st.st_mode & 0o100 else 0o100644
+    fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW, dir_fd=dirfd)
+    with os.fdopen(fd, "rb") as f:
+        return Entry(mode, f.read(MAX_TEXT_BYTES + 1))
+
+
+def _lookup(root_fd: int, rel: str) -> Entry | str | None:
+    """What ``rel`` is under ``root_fd``: an Entry, "dir", or None (absent / special file)."""
+    *parents, name = rel.split("/")
+    fd = os.dup(root_fd)
+    try:
+        for part in parents:
+            try:
+                nxt = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)
+            except OSError:
+                return None
+            os.close(fd)
+            fd = nxt
+        try:
+            st = os.stat(name, dir_fd=fd, follow_symlinks=False)
+        except FileNotFoundError:
+            return None
+        if stat.S_ISDIR(st.st_mode):
+            return "dir"
+        if stat.S_ISREG(st.st_mode) or stat.S_ISLNK(st.st_mode):
+            return _entry(name, fd, st)
+        return None
+    finally:
+        os.close(fd)
+
+
+def _walk_tree(root_fd: int, rel: str) -> Iterator[tuple[str, Entry]]:
+    """Every regular file and symlink at or below ``rel`` (relative to ``root_fd``)."""
+    found = _lookup(root_fd, rel) if rel else "dir"
+    if isinstance(found, Entry):
+        yield rel, found
+    if found != "dir":
+        return
+    top = os.open(rel or ".", os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=root_fd)
+    try:
+        for dirpath, _dirs, filenames, dirfd in os.fwalk(".", dir_fd=top, follow_symlinks=False):
+            for name in filenames:
+                st = os.stat(name, dir_fd=dirfd, follow_symlinks=False)
+                if stat.S_ISREG(st.st_mode) or stat.S_ISLNK(st.st_mode):
+                    yield (
+                        os.path.normpath(os.path.join(rel, dirpath, name)),
+                        _entry(name, dirfd, st),
+                    )
+    finally:
+        os.close(top)
+
+
+def _excluded(rel: str, exclude: Sequence[str]) -> bool:
+    return any(fnmatch.fnmatch(part, pat) for part in rel.split("/") for pat in exclude)
+
+
+def _render(changes: dict[str, tuple[Entry | None, Entry | None]], exclude: Sequence[str]) -> str:
+    parts = []
+    for rel in sorted(changes):
+        old, new = changes[rel]
+        if _excluded(rel, exclude):
+            continue
+        if old is not None and new is not None and (old.mode == 0o120000) != (new.mode == 0o120000):
+            parts.append(_file_diff(rel, old, None) + _file_diff(rel, None, new))
+        else:
+            parts.append(_file_diff(rel, old, new))
+    return "".join(parts)
+
+
+def _text(entry: Entry | None) -> str | None:
+    """The entry's text, or None when it is binary or too large to diff ("" when absent)."""
+    if entry is None:
+        return ""
+    if len(entry.data) > MAX_TEXT_BYTES or b"\0" in entry.data[:8192]:
+        return None
+    try:
+        return entry.data.decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+
+
+def _file_diff(rel: str, old: Entry | None, new: Entry | None) -> str:
+    """git-style diff of one path: headers, then hunks or a ``Binary files ... differ`` note."""
+    head = f"diff --git a/{rel} b/{rel}\n"
+    if old is None and new is not None:
+        head += f"new file mode {new.mode:o}\n"
+    elif new is None and old is not None:
+        head += f"deleted file mode {old.mode:o}\n"
+    elif old is not None and new is not None and old.mode != new.mode:
+        head += f"old mode {old.mode:o}\nnew mode {new.mode:o}\n"
+    if old is not None and new is not None and old.data == new.data:
+        return head
+    a, b = _text(old), _text(new)
+    src = f"a/{rel}" if old is not None else "/dev/null"
+    dst = f"b/{rel}" if new is not None else "/dev/null"
+    if a is None or b is None:
+        return head + f"Binary files {src} and {dst} differ\n"
+    if a == b:  # empty file created or deleted
+        return head
+    body = []
+    for line in difflib.unified_diff(_lines(a), _lines(b), src, dst):
+        body.append(line if line.endswith("\n") else line + "\n\\ No newline at end of file\n")
+    return head + "".join(body)
+
+
+def _lines(text: str) -> list[str]:
+    """Lines split on ``\\n`` only, each keeping its ``\\n`` (the last may lack one)."""
+    lines = [line + "\n" for line in text.split("\n")]
+    lines[-1] = lines[-1][:-1]
+    return lines if lines[-1] else lines[:-1]
