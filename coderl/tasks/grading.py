@@ -1,0 +1,252 @@
+"""Hack-resistant grading of an agent's diff against a task's hidden tests.
+
+Every grade runs in a fresh sandbox, never the rollout's. Repo tasks:
+
+1. the base is the task's starting state (env snapshot + ``bug_patch``), read-only below a
+   copy-on-write workspace at ``/testbed``;
+2. the agent's diff is applied after protected paths are removed from it (test files, every
+   ``conftest.py``, pytest/tox/setup.cfg/pyproject configuration, ``*.pth``,
+   ``sitecustomize``/``usercustomize``, caches, and top-level modules that would shadow the
+   standard library or pytest);
+3. the pristine test files of the snapshot are mounted read-only over the workspace's test paths,
+   so neither the diff nor code running at test time can change them;
+4. the FAIL_TO_PASS and PASS_TO_PASS ids run under pytest with ``PYTHONHASHSEED=0``, no cache
+   provider, no network and a timeout; results go to a mount outside the workspace;
+5. a test counts only if it reports an explicit pass (missing, errored, skipped or not collected
+   = fail), and must-fail canary tests must fail (else the run was tampered with).
+
+``resolved`` follows SWE-bench (Jimenez et al., 2024, section 2.1): every FAIL_TO_PASS and every
+PASS_TO_PASS test passes. Infrastructure failures (the sandbox could not start, the grader itself
+raised) set ``grading_error``: the sample must be masked, never scored 0. Failures caused by the
+agent's code (crash, ``sys.exit`` at import, timeout, a diff that does not apply) are ordinary
+failures, so crashing the grader can never earn a masked sample.
+
+Not protected against: code under test that reads the per-run nonce out of the pytest process and
+forges the results file, or that recognises and special-cases the canary tests; a test suite that
+does not exercise the bug. The canaries and the tripwire in the results plugin make the former
+hard, not impossible.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from coderl.sandbox.base import Limits
+from coderl.tasks.envbuild import EnvRecord, find_env
+from coderl.tasks.patches import materialize, split_diff
+from coderl.tasks.runner import (
+    SANDBOX_ENV,
+    SandboxFactory,
+    default_factory,
+    mounts,
+    run_dirs,
+    run_pytest,
+)
+from coderl.tasks.spec import Task
+
+PROTECTED_PATTERNS: tuple[str, ...] = (
+    "**/test_*.py",
+    "**/*_test.py",
+    "**/tests/**",
+    "**/test/**",
+    "**/testing/**",
+    "**/conftest.py",
+    "pytest.ini",
+    ".pytest.ini",
+    "tox.ini",
+    "setup.cfg",
+    "pyproject.toml",
+    "noxfile.py",
+    "**/*.pth",
+    "**/sitecustomize.py",
+    "**/usercustomize.py",
+    "**/__pycache__/**",
+    "**/*.pyc",
+    "**/.pytest_cache/**",
+    ".hypothesis/**",
+)
+SHADOW_NAMES = frozenset(sys.stdlib_module_names) | {
+    "pytest",
+    "_pytest",
+    "pluggy",
+    "py",
+    "coderl_results",
+}
+
+
+@dataclass
+class GradeResult:
+    """The grader's verdict. The reward code reads ``resolved``, ``fraction_passed``,
+    ``grading_error`` and ``tests``."""
+
+    task_id: str
+    resolved: bool = False
+    """SWE-bench rule: every FAIL_TO_PASS and PASS_TO_PASS test passed (and no tampering)."""
+    tests: dict[str, str] = field(default_factory=dict)
+    """Expected test id -> outcome (``passed``, ``failed``, ``error``, ``skipped``, ``missing``...)."""
+    fraction_passed: float = 0.0
+    """Passed / expected tests, in [0, 1]; 0.0 whenever ``tampered``."""
+    fail_to_pass_passed: float = 0.0
+    """Fraction of the FAIL_TO_PASS tests that passed."""
+    grading_error: str | None = None
+    """Set when the grader itself failed: mask the sample, do not score it."""
+    reason: str = ""
+    """Why the task is not resolved (first cause), empty when resolved."""
+    tampered: bool = False
+    """Canaries misbehaved or pytest/unittest internals were replaced."""
+    stripped_paths: list[str] = field(default_factory=list)
+    """Protected paths removed from the agent's diff."""
+    duration_s: float = 0.0
+    """Wall time of the grade (seconds)."""
+
+
+def is_protected(
+    path: str, extra: tuple[str, ...] | list[str] = (), source_roots: tuple[str, ...] = (".",)
+) -> bool:
+    """Whether a workspace-relative path may not be changed by the agent."""
+    path = path.lstrip("/")
+    for pattern in (*PROTECTED_PATTERNS, *extra):
+        if fnmatch.fnmatch(path, pattern):
+            return True
+        if pattern.startswith("**/") and fnmatch.fnmatch(path, pattern[3:]):
+            return True
+    for root in source_roots:
+        rel = (
+            path
+            if root == "."
+            else (path[len(root) + 1 :] if path.startswith(root + "/") else None)
+        )
+        if rel is not None:
+            top = rel.split("/")[0]
+            name = top[:-3] if top.endswith(".py") and "/" not in rel else top
+            if name in SHADOW_NAMES:
+                return True
+    return False
+
+
+def strip_protected(
+    diff: str, extra: tuple[str, ...] | list[str] = (), source_roots: tuple[str, ...] = (".",)
+) -> tuple[str, list[str]]:
+    """Remove every per-file chunk that touches a protected path; returns ``(diff, removed)``."""
+    kept, removed = [], []
+    for path, chunk in split_diff(diff):
+        touched = [path] + [
+            ln.split(" ", 2)[2].strip()
+            for ln in chunk.splitlines()
+            if ln.startswith(("rename from ", "copy from "))
+        ]
+        if not path or any(is_protected(p, extra, source_roots) for p in touched):
+            removed.append(path or "<unparsed chunk>")
+        else:
+            kept.append(chunk)
+    return "".join(kept), removed
+
+
+def _summarise(result: GradeResult, task: Task, outcomes: dict[str, str]) -> GradeResult:
+    expected = list(dict.fromkeys(task.FAIL_TO_PASS + task.PASS_TO_PASS))
+    result.tests = {t: outcomes.get(t, "missing") for t in expected}
+    n_pass = sum(o == "passed" for o in result.tests.values())
+    f2p = sum(result.tests[t] == "passed" for t in task.FAIL_TO_PASS)
+    result.fail_to_pass_passed = f2p / len(task.FAIL_TO_PASS)
+    result.fraction_passed = 0.0 if result.tampered else n_pass / len(expected)
+    result.resolved = not result.tampered and n_pass == len(expected)
+    if not result.resolved and not result.reason:
+        bad = [t for t, o in result.tests.items() if o != "passed"]
+        result.reason = f"{len(bad)} of {len(expected)} tests did not pass, e.g. {bad[0]} ({result.tests[bad[0]]})"
+    return result
+
+
+def grade(
+    task: Task,
+    agent_diff: str,
+    *,
+    env: EnvRecord | None = None,
+    factory: SandboxFactory | None = None,
+    timeout: float = 300.0,
+) -> GradeResult:
+    """Grade ``agent_diff`` (a unified diff against the task's starting state).
+
+    Never raises for anything the agent did; infrastructure failures become ``grading_error``.
+    ``function`` tasks are delegated to :func:`coderl.tasks.humaneval.grade_function`.
+    """
+    if task.kind == "function":
+        from coderl.tasks.humaneval import grade_function
+
+        return grade_function(task, agent_diff, factory=factory, timeout=timeout)
+    start = time.monotonic()
+    result = GradeResult(task_id=task.id)
+    try:
+        env = env or find_env(task.env_id)
+        factory = factory or default_factory()
+        base = materialize(Path(env.snapshot), task.bug_patch)
+    except Exception as e:  # the grader could not set up: mask, never score
+        result.grading_error = f"setup: {type(e).__name__}: {e}"
+        return result
+    roots = (".",) if env.info.get("source_root", ".") == "." else (".", env.info["source_root"])
+    diff, result.stripped_paths = strip_protected(agent_diff, task.protected_paths, roots)
+    try:
+        _run(task, env, base, diff, factory, timeout, result)
+    except Exception as e:  # sandbox failure or grader bug: infrastructure, not the agent
+        result.grading_error = f"sandbox: {type(e).__name__}: {e}"
+    result.duration_s = time.monotonic() - start
+    return result
+
+
+def _run(
+    task: Task,
+    env: EnvRecord,
+    base: Path,
+    diff: str,
+    factory: SandboxFactory,
+    timeout: float,
+    result: GradeResult,
+) -> None:
+    with run_dirs() as (inp, res):
+        ro, rw = mounts(inp, res, Path(env.venv))
+        for rel in env.test_paths:  # pristine tests, read-only over the workspace copies
+            ro[f"/testbed/{rel}"] = str(Path(env.snapshot) / rel)
+        (inp / "agent.diff").write_text(diff)
+        limits = Limits(timeout_s=timeout, cpu_s=int(timeout) + 30, memory_bytes=4 * 1024**3)
+        sb = factory(
+            base, limits=limits, env=SANDBOX_ENV, ro_mounts=ro, rw_mounts=rw, network=False
+        )
+        try:
+            if diff.strip():
+                applied = sb.exec(
+                    "cd /testbed && git apply --whitespace=nowarn /coderl/input/agent.diff",
+                    timeout=60,
+                )
+                if applied.exit_code != 0:
+                    result.reason = (
+                        f"the diff does not apply: {(applied.stderr or applied.stdout)[-300:]}"
+                    )
+                    _summarise(result, task, {})
+                    return
+            select = list(dict.fromkeys(task.FAIL_TO_PASS + task.PASS_TO_PASS))
+            run = run_pytest(
+                sb,
+                inp,
+                res,
+                paths=env.test_paths,
+                select=select,
+                canaries=env.canaries_ok,
+                timeout=timeout,
+            )
+        finally:
+            sb.close()
+    new_tampering = sorted(set(run.tampered) - set(env.baseline_tampered))
+    if run.results_missing:
+        timed_out = run.exec is not None and run.exec.timed_out
+        result.reason = (
+            "test run timed out" if timed_out else "pytest wrote no results (crash or exit)"
+        )
+    elif not run.canaries_ok or new_tampering:
+        result.tampered = True
+        result.reason = "tampering detected: " + (
+            ", ".join(new_tampering[:3]) or "canary outcomes wrong"
+        )
+    _summarise(result, task, {} if run.results_missing else run.outcomes)

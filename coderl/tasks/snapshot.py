@@ -1,0 +1,179 @@
+"""Content-addressed, read-only repository snapshots, from a PyPI sdist or a local directory.
+
+A snapshot is a directory under ``<cache>/snapshots/<digest>`` whose name is the SHA-256 of its
+contents (relative paths, executable bits and file bytes), so the same sources always get the same
+id and two tasks built from the same sources share one copy. Files and directories are made
+read-only after unpacking; sandboxes mount them as the read-only base of a copy-on-write workspace.
+
+Not protected against: root on the host can still write to a snapshot; read-only is a guard
+against accidents, not an isolation boundary (the sandbox is).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+import zipfile
+from pathlib import Path
+
+# Things that are never part of a snapshot: VCS data, build output and caches.
+_SKIP_DIRS = {".git", ".hg", ".svn", "__pycache__", ".tox", ".nox", ".pytest_cache", ".eggs"}
+_SPEC = re.compile(r"^(?P<name>[A-Za-z0-9][A-Za-z0-9._-]*)==(?P<version>[A-Za-z0-9.+!_-]+)$")
+
+
+def cache_dir() -> Path:
+    """The cache root: ``$CODERL_CACHE`` or ``./data/cache`` (gitignored). Created on demand."""
+    root = Path(os.environ.get("CODERL_CACHE", "data/cache")).absolute()
+    root.mkdir(parents=True, exist_ok=True)
+    return root
+
+
+def parse_spec(spec: str) -> tuple[str, str] | None:
+    """``NAME==VERSION`` -> ``(name, version)``; ``None`` when ``spec`` is not of that form."""
+    m = _SPEC.match(spec.strip())
+    return (m["name"], m["version"]) if m else None
+
+
+def download_sdist(name: str, version: str, dest: Path) -> Path:
+    """Download the sdist of ``name==version`` from the package index with pip (no wheels, no deps).
+
+    Raises:
+        RuntimeError: pip failed (unknown name/version, no sdist published, no network); the
+            message holds pip's last lines.
+    """
+    dest.mkdir(parents=True, exist_ok=True)
+    existing = _find_archive(dest, name, version)
+    if existing is not None:
+        return existing
+    cmd = [sys.executable, "-m", "pip", "download", "--no-binary", ":all:", "--no-deps"]
+    cmd += ["--no-build-isolation", "-q", "-d", str(dest), f"{name}=={version}"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    archive = _find_archive(dest, name, version)
+    if proc.returncode != 0 or archive is None:
+        tail = "\n".join((proc.stderr or proc.stdout).strip().splitlines()[-5:])
+        raise RuntimeError(f"could not download the sdist of {name}=={version}: {tail}")
+    return archive
+
+
+def _norm(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def _find_archive(dest: Path, name: str, version: str) -> Path | None:
+    want = f"{_norm(name)}-{version}".lower()
+    for path in sorted(dest.iterdir()):
+        for ext in (".tar.gz", ".tgz", ".tar.bz2", ".zip"):
+            if path.name.endswith(ext):
+                stem = path.name[: -len(ext)]
+                dist, _, ver = stem.rpartition("-")
+                if f"{_norm(dist)}-{ver}".lower() == want:
+                    return path
+    return None
+
+
+def unpack(archive: Path, dest: Path) -> Path:
+    """Unpack an sdist into ``dest`` and return its single top-level directory (or ``dest``).
+
+    Uses tarfile's ``data`` filter, which refuses absolute paths, ``..`` and device files.
+    """
+    dest.mkdir(parents=True, exist_ok=True)
+    if archive.suffix == ".zip":
+        with zipfile.ZipFile(archive) as zf:
+            for member in zf.namelist():
+                if member.startswith("/") or ".." in Path(member).parts:
+                    raise ValueError(f"{archive}: unsafe path in archive: {member}")
+            zf.extractall(dest)
+    else:
+        with tarfile.open(archive) as tf:
+            tf.extractall(dest, filter="data")
+    entries = [p for p in dest.iterdir()]
+    return entries[0] if len(entries) == 1 and entries[0].is_dir() else dest
+
+
+def _walk(root: Path) -> list[Path]:
+    files: list[Path] = []
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames[:] = sorted(d for d in dirnames if d not in _SKIP_DIRS)
+        for name in sorted(filenames):
+            path = Path(dirpath) / name
+            if path.is_file() and not path.is_symlink() and not name.endswith((".pyc", ".pyo")):
+                files.append(path)
+    return files
+
+
+def tree_digest(root: Path) -> str:
+    """SHA-256 over (relative path, executable bit, file bytes) of every file, in sorted order."""
+    h = hashlib.sha256()
+    for path in _walk(root):
+        rel = path.relative_to(root).as_posix()
+        executable = os.access(path, os.X_OK)
+        h.update(f"{rel}\0{int(executable)}\0".encode())
+        h.update(hashlib.sha256(path.read_bytes()).digest())
+    return h.hexdigest()
+
+
+def make_readonly(root: Path) -> None:
+    """Clear the write bits of every file and directory under ``root`` (``root`` included)."""
+    for dirpath, dirnames, filenames in os.walk(root):
+        for name in filenames + dirnames:
+            p = Path(dirpath) / name
+            if not p.is_symlink():
+                p.chmod(p.stat().st_mode & ~0o222)
+    root.chmod(root.stat().st_mode & ~0o222)
+
+
+def remove_tree(root: Path) -> None:
+    """Delete a read-only tree (restores write bits first)."""
+    for dirpath, dirnames, _ in os.walk(root):
+        for name in dirnames:
+            (Path(dirpath) / name).chmod(0o755)
+    root.chmod(0o755)
+    shutil.rmtree(root)
+
+
+def snapshot_dir(source: Path, *, cache: Path | None = None) -> tuple[str, Path]:
+    """Copy ``source`` into a content-addressed read-only snapshot; returns ``(digest, path)``.
+
+    Idempotent: an existing snapshot with the same digest is reused.
+    """
+    cache = cache or cache_dir()
+    digest = tree_digest(source)
+    target = cache / "snapshots" / digest[:16]
+    if target.exists():
+        return digest, target
+    staging = Path(tempfile.mkdtemp(dir=cache, prefix=".staging-"))
+    for path in _walk(source):
+        out = staging / path.relative_to(source)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(path, out)
+    make_readonly(staging)
+    staging.chmod(0o755)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging.rename(target)
+    make_readonly(target)
+    return digest, target
+
+
+def snapshot_spec(spec: str, *, cache: Path | None = None) -> tuple[str, Path]:
+    """Snapshot ``NAME==VERSION`` (sdist from the package index) or a local directory path.
+
+    Raises:
+        FileNotFoundError: ``spec`` is neither ``NAME==VERSION`` nor an existing directory.
+        RuntimeError: the sdist could not be downloaded.
+    """
+    cache = cache or cache_dir()
+    pinned = parse_spec(spec)
+    if pinned is None:
+        path = Path(spec)
+        if not path.is_dir():
+            raise FileNotFoundError(f"{spec!r} is neither NAME==VERSION nor a directory")
+        return snapshot_dir(path.resolve(), cache=cache)
+    archive = download_sdist(*pinned, cache / "sdists")
+    with tempfile.TemporaryDirectory(dir=cache) as tmp:
+        return snapshot_dir(unpack(archive, Path(tmp)), cache=cache)

@@ -1,0 +1,196 @@
+"""Bug synthesis: inject AST mutations into covered functions and keep the ones the tests catch.
+
+For a built environment, the per-test call trace recorded at build time says which functions each
+passing test runs. Candidate mutants (``mutate.MUTATORS``) are drawn from covered functions in
+seeded random order, at most ``per_function`` kept per function. A mutant is run against the
+recorded passing tests in a fresh sandbox: it is kept only if at least one test fails
+(FAIL_TO_PASS) and the test run completed (no crash, no timeout); every other recorded test must
+still pass (PASS_TO_PASS). The problem statement is written from the failing tests' output; the
+gold patch is the reverse diff of the mutation.
+"""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+import json
+import random
+from collections import defaultdict
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from coderl.sandbox.base import Limits
+from coderl.tasks.envbuild import EnvRecord
+from coderl.tasks.grading import PROTECTED_PATTERNS, is_protected
+from coderl.tasks.mutate import Mutant, first_line, functions, mutants_of
+from coderl.tasks.patches import make_diff, materialize
+from coderl.tasks.runner import (
+    SANDBOX_ENV,
+    SandboxFactory,
+    TestRun,
+    default_factory,
+    mounts,
+    run_dirs,
+    run_pytest,
+)
+from coderl.tasks.spec import Difficulty, Task
+from coderl.tasks.statement import write_statement
+
+
+@dataclass
+class Candidate:
+    """A mutant with the tests that exercise its function."""
+
+    path: str
+    """Workspace-relative file."""
+    mutant: Mutant
+    original: str
+    """The original file text."""
+    covering: list[str]
+    """Passing tests that call the mutated function."""
+    function_lines: int
+
+
+def coverage_map(env: EnvRecord) -> dict[tuple[str, int], list[str]]:
+    """(file, first line of function) -> passing tests that call it, from the build-time trace."""
+    trace = json.loads((Path(env.venv).parent / "trace.json").read_text())
+    passing = set(env.passing)
+    covered: dict[tuple[str, int], list[str]] = defaultdict(list)
+    for test_id, calls in trace.items():
+        if test_id in passing:
+            for rel, line in calls:
+                covered[(rel, line)].append(test_id)
+    return covered
+
+
+def candidates(env: EnvRecord, rng: random.Random) -> Iterator[Candidate]:
+    """Mutants of covered, non-test functions, in seeded random order (function, then site)."""
+    covered = coverage_map(env)
+    snapshot = Path(env.snapshot)
+    by_file: dict[str, list[int]] = defaultdict(list)
+    for rel, line in covered:
+        if rel.endswith(".py") and not is_protected(rel, PROTECTED_PATTERNS):
+            by_file[rel].append(line)
+    fns: list[tuple[str, str, ast.FunctionDef | ast.AsyncFunctionDef, str]] = []
+    for rel in sorted(by_file):
+        source = (snapshot / rel).read_text(encoding="utf-8")
+        lines = set(by_file[rel])
+        for qualname, fn in functions(ast.parse(source)):
+            if first_line(fn) in lines:
+                fns.append((rel, qualname, fn, source))
+    rng.shuffle(fns)
+    for rel, qualname, fn, source in fns:
+        mutants = list(mutants_of(source, qualname, fn))
+        rng.shuffle(mutants)
+        size = (fn.end_lineno or fn.lineno) - fn.lineno + 1
+        for m in mutants:
+            yield Candidate(rel, m, source, covered[(rel, first_line(fn))], size)
+
+
+def _run(
+    env: EnvRecord, base: Path, select: list[str], factory: SandboxFactory, timeout: float
+) -> TestRun:
+    limits = Limits(timeout_s=timeout, cpu_s=int(timeout) + 30, memory_bytes=4 * 1024**3)
+    with run_dirs() as (inp, res):
+        ro, rw = mounts(inp, res, Path(env.venv))
+        sb = factory(
+            base, limits=limits, env=SANDBOX_ENV, ro_mounts=ro, rw_mounts=rw, network=False
+        )
+        try:
+            return run_pytest(
+                sb, inp, res, paths=env.test_paths, select=select, canaries=False, timeout=timeout
+            )
+        finally:
+            sb.close()
+
+
+def try_candidate(
+    env: EnvRecord, cand: Candidate, factory: SandboxFactory, *, timeout: float = 120.0
+) -> Task | str:
+    """Run the mutant's tests; a :class:`Task` if it is kept, else the reason it was rejected."""
+    bug_patch = make_diff(cand.path, cand.original, cand.mutant.source)
+    base = materialize(Path(env.snapshot), bug_patch)
+    if len(cand.covering) < len(env.passing) // 2:  # cheap filter: only the covering tests
+        quick = _run(env, base, cand.covering, factory, timeout)
+        if quick.results_missing:
+            return "test run crashed or timed out"
+        if all(quick.passed(t) for t in cand.covering):
+            return "no test fails (equivalent or untested mutant)"
+    run = _run(env, base, env.passing, factory, timeout)
+    if run.results_missing:
+        return "test run crashed or timed out"
+    f2p = [t for t in env.passing if not run.passed(t)]
+    p2p = [t for t in env.passing if run.passed(t)]
+    if not f2p:
+        return "no test fails (equivalent or untested mutant)"
+    if not p2p:
+        return "every test fails (the mutant breaks import)"
+    gold = make_diff(cand.path, cand.mutant.source, cand.original)
+    statement = write_statement(
+        f"{env.name} {env.version}", {t: run.longreprs.get(t, "") for t in f2p}
+    )
+    digest = hashlib.sha256(bug_patch.encode()).hexdigest()[:10]
+    return Task(
+        id=f"{env.name}-{env.version}/{digest}",
+        kind="repo",
+        env_id=env.env_id,
+        problem_statement=statement,
+        FAIL_TO_PASS=f2p,
+        PASS_TO_PASS=p2p,
+        bug_patch=bug_patch,
+        gold_patch=gold,
+        protected_paths=[f"{p}/**" if not p.endswith(".py") else p for p in env.test_paths],
+        difficulty=Difficulty(
+            mutation=cand.mutant.operator,
+            lines_changed=sum(
+                1 for ln in gold.splitlines() if ln[:1] in "+-" and ln[:3] not in ("+++", "---")
+            ),
+            function_lines=cand.function_lines,
+            n_fail_to_pass=len(f2p),
+        ),
+        source=f"pypi:{env.spec}" if "==" in env.spec else f"local:{env.name}",
+        license=env.license,
+        extra={"file": cand.path, "function": cand.mutant.function, "line": cand.mutant.line},
+    )
+
+
+def synthesize(
+    env: EnvRecord,
+    n: int,
+    *,
+    seed: int = 0,
+    per_function: int = 2,
+    max_tries: int | None = None,
+    factory: SandboxFactory | None = None,
+    log: bool = False,
+) -> tuple[list[Task], dict[str, int]]:
+    """Up to ``n`` kept tasks for ``env``; returns ``(tasks, rejection reason -> count)``."""
+    factory = factory or default_factory()
+    rng = random.Random(seed)
+    tasks: list[Task] = []
+    rejected: dict[str, int] = defaultdict(int)
+    per_fn: dict[tuple[str, str], int] = defaultdict(int)
+    seen: set[str] = set()
+    tries = 0
+    for cand in candidates(env, rng):
+        key = (cand.path, cand.mutant.function)
+        if len(tasks) >= n or (max_tries is not None and tries >= max_tries):
+            break
+        if per_fn[key] >= per_function or cand.mutant.source in seen:
+            continue
+        seen.add(cand.mutant.source)
+        tries += 1
+        outcome = try_candidate(env, cand, factory)
+        if isinstance(outcome, str):
+            rejected[outcome] += 1
+        else:
+            tasks.append(outcome)
+            per_fn[key] += 1
+        if log:
+            what = "kept" if isinstance(outcome, Task) else f"rejected: {outcome}"
+            print(
+                f"[{len(tasks)}/{n}] {cand.path}:{cand.mutant.line} {cand.mutant.operator} {what}",
+                flush=True,
+            )
+    return tasks, dict(rejected)
