@@ -32,8 +32,10 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import threading
@@ -165,7 +167,7 @@ class BwrapSandbox(Sandbox):
         mounts.mount_overlay(str(s / "lower"), str(s / "upper"), str(s / "work"), str(s / "merged"))
         return "overlay"
 
-    def _argv(self) -> list[str]:
+    def _argv(self, info_fd: int) -> list[str]:
         """The ``bwrap ... setpriv ... bash`` command line."""
         s, uid = self.scratch, str(self.uid)
         argv = ["bwrap", "--unshare-ipc", "--unshare-pid", "--unshare-uts", "--unshare-cgroup-try"]
@@ -192,7 +194,7 @@ class BwrapSandbox(Sandbox):
             argv += _parents(dest, made) + ["--ro-bind", host, dest]
         for i, dest in enumerate(self.rw_mounts):
             argv += _parents(dest, made) + ["--bind", str(s / "rw" / str(i)), dest]
-        argv += ["--chdir", WORKDIR, "--clearenv"]
+        argv += ["--chdir", WORKDIR, "--clearenv", "--info-fd", str(info_fd)]
         for key, value in self.env.items():
             argv += ["--setenv", key, value]
         argv += ["--", "setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups"]
@@ -203,16 +205,19 @@ class BwrapSandbox(Sandbox):
 
     def _start_shell(self) -> None:
         ctl_r, ctl_w = os.pipe2(os.O_CLOEXEC)
+        info_r, info_w = os.pipe2(os.O_CLOEXEC)
         try:
-            proc = spawn(self._argv(), pass_fds=(ctl_w,))
+            proc = spawn(self._argv(info_w), pass_fds=(ctl_w, info_w))
         except BaseException:
             os.close(ctl_r)
+            os.close(info_r)
             raise
         finally:
             os.close(ctl_w)
-        shell = Shell(proc, ctl_r, kill=lambda: self._kill(proc, ctl_r))
+            os.close(info_w)
+        shell = Shell(proc, ctl_r, kill=lambda: self._kill(proc, ctl_r, info_r))
         state = self._shell.state if self._shell is not None else None
-        script = init_script(ctl_w, [], self._ulimits())
+        script = init_script(ctl_w, [info_w], self._ulimits())
         if state is not None:
             script += restore_script(state.cwd, state.env_decls)
         shell.send(script)
@@ -227,26 +232,36 @@ class BwrapSandbox(Sandbox):
             f"-u {lim.processes} -f {max(1, lim.file_size_bytes // 1024)}"
         )
 
-    def _kill(self, proc: subprocess.Popen[bytes], ctl_r: int) -> None:
-        """SIGKILL every process of this sandbox's uid (atomic against forks), reap bwrap."""
+    def _kill(self, proc: subprocess.Popen[bytes], ctl_r: int, info_r: int) -> None:
+        """SIGKILL every process of the sandbox and reap bwrap.
+
+        Killing the PID namespace's init (bwrap's inner process, whose host pid bwrap reports on
+        its info fd) makes the kernel kill every process in the namespace, atomically with
+        respect to forks; bwrap exits only after all of them are gone. Without that pid (bwrap
+        failed early) every process of the sandbox uid is killed instead.
+        """
         if proc.poll() is None:
-            # kill(-1) from a process of the sandbox uid: every process of that uid, host-wide;
-            # the kernel does it under the tasklist lock, so a fork bomb cannot outrun it.
-            subprocess.run(
-                ["kill", "-9", "-1"], user=self.uid, group=self.uid, extra_groups=[], check=False
-            )
-            try:
-                proc.wait(timeout=5)
-            except subprocess.TimeoutExpired:
+            child = _read_child_pid(info_r)
+            if child is not None:
+                os.kill(child, signal.SIGKILL)
+            else:
                 proc.kill()
-                proc.wait()
+                subprocess.run(
+                    ["kill", "-9", "-1"],
+                    user=self.uid,
+                    group=self.uid,
+                    extra_groups=[],
+                    check=False,
+                )
+            proc.wait()
         for stream in (proc.stdin, proc.stdout, proc.stderr):
             if stream is not None:
                 stream.close()
-        try:
-            os.close(ctl_r)
-        except OSError:  # already closed by an earlier kill
-            pass
+        for fd in (ctl_r, info_r):
+            try:
+                os.close(fd)
+            except OSError:  # already closed by an earlier kill
+                pass
 
     def _ensure_shell(self) -> Shell:
         if self._closed:
@@ -306,6 +321,20 @@ class BwrapSandbox(Sandbox):
     def __del__(self) -> None:
         if not getattr(self, "_closed", True):
             self.close()
+
+
+def _read_child_pid(info_r: int) -> int | None:
+    """The ``child-pid`` bwrap writes as JSON on its info fd (None if bwrap died first)."""
+    data = b""
+    while True:
+        chunk = os.read(info_r, 4096)  # blocks only while bwrap is still cloning
+        if not chunk:
+            return None
+        data += chunk
+        try:
+            return int(json.loads(data)["child-pid"])
+        except ValueError:
+            continue
 
 
 def _default_env() -> dict[str, str]:

@@ -1,0 +1,345 @@
+"""The sandbox runtime: the interface, the workspace diff, and the attacks that must fail.
+
+All tests use real bubblewrap sandboxes (root and ``bwrap`` are required, as in CI) over a tiny
+repository made in ``tmp_path``.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from coderl.sandbox import Limits, Sandbox, SandboxError
+from coderl.sandbox.local import UnisolatedSandboxWarning
+
+pytestmark = pytest.mark.skipif(
+    os.geteuid() != 0 or shutil.which("bwrap") is None,
+    reason="the bwrap backend needs root and bubblewrap (make sysdeps)",
+)
+
+
+@pytest.fixture
+def repo(tmp_path: Path) -> Path:
+    base = tmp_path / "repo"
+    (base / "pkg").mkdir(parents=True)
+    (base / "pkg" / "__init__.py").write_text("")
+    (base / "pkg" / "mod.py").write_text("def add(a, b):\n    return a + b\n")
+    (base / "README.md").write_text("hello\n")
+    (base / "data.bin").write_bytes(b"\x00\x01\x02")
+    return base
+
+
+def snapshot(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in root.rglob("*") if p.is_file()}
+
+
+def procs_of(uid: int) -> list[int]:
+    """Host pids whose real uid is ``uid``."""
+    pids = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            status = Path(f"/proc/{entry}/status").read_text()
+        except OSError:
+            continue
+        line = next(x for x in status.splitlines() if x.startswith("Uid:"))
+        if int(line.split()[1]) == uid:
+            pids.append(int(entry))
+    return pids
+
+
+# --- the interface -------------------------------------------------------------------------
+
+
+def test_exec_is_a_terminal_cd_and_env_persist(repo: Path) -> None:
+    with Sandbox.create(repo) as sb:
+        r = sb.exec("pwd; echo out; echo err >&2; exit_status=7; (exit 3)")
+        assert (r.exit_code, r.stdout, r.stderr) == (3, "/testbed\nout\n", "err\n")
+        assert not r.timed_out and not r.truncated and r.duration_s >= 0
+        sb.exec("cd pkg && export GREETING=hi && LOCAL=x")
+        r = sb.exec("pwd; echo $GREETING $LOCAL; python3 -c 'import mod; print(mod.add(2, 3))'")
+        assert r.stdout == "/testbed/pkg\nhi x\n5\n", r
+        assert sb.exec("cat").stdout == ""  # stdin is /dev/null, not the protocol pipe
+
+
+def test_read_write_list_and_errors(repo: Path) -> None:
+    with Sandbox.create(repo) as sb:
+        assert sb.read_text("pkg/mod.py").startswith("def add")
+        assert sb.read_text("/testbed/README.md") == "hello\n"
+        sb.write_text("new/deep/file.txt", "é ünïcode\nline 2 with 'quotes' and $dollar\n")
+        assert sb.read_text("new/deep/file.txt") == "é ünïcode\nline 2 with 'quotes' and $dollar\n"
+        assert sb.exec("cat new/deep/file.txt").stdout.startswith("é ünïcode")
+        assert sb.list() == ["README.md", "data.bin", "new/", "pkg/"]
+        assert sb.list("pkg") == ["__init__.py", "mod.py"]
+        sb.exec("cd pkg")  # relative paths stay relative to /testbed
+        assert sb.read_text("README.md") == "hello\n"
+        with pytest.raises(FileNotFoundError):
+            sb.read_text("missing.py")
+        with pytest.raises(IsADirectoryError):
+            sb.read_text("pkg")
+        with pytest.raises(NotADirectoryError):
+            sb.list("README.md")
+        with pytest.raises(FileNotFoundError):
+            sb.list("nope")
+        with pytest.raises(PermissionError):
+            sb.write_text("/usr/evil.txt", "x")
+        assert sb.exec("pwd").stdout == "/testbed/pkg\n"
+
+
+def test_diff_applies_to_base_and_base_never_changes(repo: Path, tmp_path: Path) -> None:
+    before = snapshot(repo)
+    with Sandbox.create(repo) as sb:
+        sb.write_text("pkg/mod.py", "def add(a, b):\n    return a + b + 0\n")
+        sb.exec("printf 'no newline' > new.txt && rm README.md && chmod +x pkg/__init__.py")
+        sb.exec("mkdir -p pkg/__pycache__ && echo junk > pkg/__pycache__/mod.pyc")
+        sb.exec("printf '\\x00\\x03' > data.bin && mkdir gone && rm -r gone")
+        patch = sb.diff()
+    assert snapshot(repo) == before
+    assert "__pycache__" not in patch
+    assert "Binary files a/data.bin and b/data.bin differ" in patch
+    assert "-    return a + b\n+    return a + b + 0\n" in patch
+    assert "deleted file mode 100644\n--- a/README.md\n+++ /dev/null" in patch
+    assert "old mode 100644\nnew mode 100755" in patch
+    # the text part of the patch applies cleanly to a copy of the base (binary part left out)
+    copy = tmp_path / "copy"
+    shutil.copytree(repo, copy)
+    text_patch = "diff --git" + "diff --git".join(
+        p for p in patch.split("diff --git") if p and "Binary files" not in p
+    )
+    subprocess.run(["git", "apply", "-"], input=text_patch.encode(), cwd=copy, check=True)
+    assert (copy / "new.txt").read_text() == "no newline"
+    assert not (copy / "README.md").exists()
+    assert (copy / "pkg" / "mod.py").read_text().endswith("a + b + 0\n")
+    assert os.access(copy / "pkg" / "__init__.py", os.X_OK)
+
+
+def test_diff_of_replaced_directory_lists_every_deleted_file(repo: Path) -> None:
+    with Sandbox.create(repo) as sb:
+        sb.exec("rm -r pkg && echo now-a-file > pkg")
+        patch = sb.diff()
+    assert "deleted file mode 100644\n--- a/pkg/mod.py" in patch
+    assert "--- a/pkg/__init__.py" not in patch  # an empty file: header only
+    assert "deleted file mode 100644" in patch.split("diff --git a/pkg/__init__.py")[1]
+    assert "new file mode 100644\n--- /dev/null\n+++ b/pkg\n@@ -0,0 +1 @@\n+now-a-file" in patch
+
+
+def test_mounts_python_and_venv(repo: Path, tmp_path: Path) -> None:
+    tools = tmp_path / "tools"
+    tools.mkdir()
+    (tools / "helper.py").write_text("VALUE = 41\n")
+    results = tmp_path / "results"
+    results.mkdir()
+    with Sandbox.create(
+        repo,
+        ro_mounts={"/opt/tools": str(tools)},
+        rw_mounts={"/results": str(results)},
+        env={"PYTHONPATH": "/opt/tools"},
+    ) as sb:
+        r = sb.exec("python3 -c 'import helper; print(helper.VALUE + 1)' > /results/out.txt")
+        assert r.exit_code == 0, r
+        assert sb.exec("touch /opt/tools/x").exit_code != 0
+    assert (results / "out.txt").read_text() == "42\n"
+    assert (results / "out.txt").stat().st_uid == results.stat().st_uid  # host ownership kept
+    assert sorted(os.listdir(tools)) == ["helper.py"]
+
+
+def test_bad_input_is_a_clear_error(repo: Path) -> None:
+    with pytest.raises(ValueError, match="valid: \\['bwrap', 'local'\\]"):
+        Sandbox.create(repo, backend="docker")
+    with pytest.raises(FileNotFoundError):
+        Sandbox.create(repo / "missing")
+    with pytest.raises(ValueError, match="absolute"):
+        Sandbox.create(repo, ro_mounts={"relative": str(repo)})
+    with pytest.raises(ValueError, match="reserved"):
+        Sandbox.create(repo, rw_mounts={"/proc/x": str(repo)})
+    with pytest.raises(ValueError, match="timeout_s"):
+        Limits(timeout_s=0)
+    sb = Sandbox.create(repo)
+    sb.close()
+    sb.close()  # idempotent
+    with pytest.raises(SandboxError, match="closed"):
+        sb.exec("true")
+
+
+def test_local_backend_must_be_asked_for_and_warns(repo: Path) -> None:
+    with pytest.warns(UnisolatedSandboxWarning, match="WITHOUT ISOLATION"):
+        sb = Sandbox.create(repo, backend="local")
+    with sb:
+        sb.exec("cd pkg && export X=1")
+        assert sb.exec("echo $X; basename $PWD").stdout == "1\npkg\n"
+        sb.write_text("/testbed/n.txt", "n\n")
+        assert sb.read_text("n.txt") == "n\n"
+        assert "+++ b/n.txt" in sb.diff()
+        r = sb.exec("sleep 5", timeout=0.5)
+        assert r.timed_out and r.exit_code == 124
+    assert not (repo / "n.txt").exists()
+
+
+# --- attacks that must fail ----------------------------------------------------------------
+
+
+def test_no_network_and_no_dns(repo: Path) -> None:
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen()
+    port = server.getsockname()[1]
+    probe = (
+        "import socket, sys\n"
+        "try:\n"
+        f"    socket.create_connection(('127.0.0.1', {port}), timeout=2); print('connected')\n"
+        "except OSError as e: print('refused', e)\n"
+        "try:\n"
+        "    socket.getaddrinfo('pypi.org', 443); print('resolved')\n"
+        "except OSError as e: print('nodns', e)\n"
+    )
+    try:
+        with Sandbox.create(repo) as sb:
+            sb.write_text("probe.py", probe)
+            r = sb.exec("python3 probe.py")
+            assert "refused" in r.stdout and "nodns" in r.stdout, r
+            assert "connected" not in r.stdout and "resolved" not in r.stdout
+        with Sandbox.create(repo, network=True) as sb:  # the install-step escape hatch works
+            sb.write_text("probe.py", probe)
+            assert "connected" in sb.exec("python3 probe.py").stdout
+    finally:
+        server.close()
+
+
+def test_writes_outside_testbed_never_reach_the_host(repo: Path, tmp_path: Path) -> None:
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    with Sandbox.create(repo) as sb:
+        for target in ("/usr/evil", "/etc/evil", "/evil", "/root/evil", f"{victim}/evil"):
+            r = sb.exec(f"echo pwned > {target}")
+            assert r.exit_code != 0, (target, r)
+        assert sb.exec("echo ok > /tmp/scratch && cat /tmp/scratch").stdout == "ok\n"
+        sb.exec("ln -s /etc/passwd /testbed/link && ln -s / /testbed/rootlink")
+        assert "root:x:0:0" in sb.read_text("link")  # the sandbox's own /etc/passwd
+        assert "sandbox:x:" in sb.read_text("link")
+        patch = sb.diff()
+    assert "new file mode 120000" in patch and "+/etc/passwd" in patch
+    assert not Path("/usr/evil").exists() and not Path("/etc/evil").exists()
+    assert not Path("/evil").exists() and not (victim / "evil").exists()
+
+
+def test_host_home_and_environment_are_invisible(repo: Path, monkeypatch) -> None:
+    home = Path.home()
+    secret = home / "coderl-sandbox-test-secret.txt"
+    secret.write_text("s3cret")
+    monkeypatch.setenv("CODERL_TEST_SECRET", "leaked-value")
+    try:
+        with Sandbox.create(repo) as sb:
+            r = sb.exec(f"cat {secret}; ls {home}; env; cat /proc/1/environ")
+            assert "s3cret" not in r.stdout and "leaked-value" not in r.stdout + r.stderr
+            assert "CODERL_TEST_SECRET" not in r.stdout
+            assert sb.exec("echo $HOME").stdout != f"{home}\n"
+            assert sb.exec("ps -e -o pid= | wc -l").stdout.strip() in {"3", "4", "5"}
+    finally:
+        secret.unlink()
+
+
+def test_fork_bomb_is_contained(repo: Path) -> None:
+    with Sandbox.create(repo, limits=Limits(processes=64)) as sb:
+        r = sb.exec("bomb() { bomb | bomb & }; bomb; sleep 1; ps -e | wc -l", timeout=3)
+        assert int(r.stdout.split()[-1] if r.stdout else 0) <= 64 or r.timed_out
+        uid = sb.uid  # type: ignore[attr-defined]
+        assert sb.exec("echo alive").stdout == "alive\n"  # the sandbox recovers
+    assert subprocess.run(["true"]).returncode == 0  # the host can still fork
+    assert procs_of(uid) == []
+
+
+def test_memory_bomb_is_killed(repo: Path) -> None:
+    with Sandbox.create(repo, limits=Limits(memory_bytes=256 * 1024**2)) as sb:
+        r = sb.exec("python3 -c 'x = [bytearray(2**20) for _ in range(4096)]'", timeout=20)
+        assert r.exit_code != 0 and not r.timed_out
+        assert "MemoryError" in r.stderr
+
+
+def test_busy_loop_times_out_and_leaves_no_process(repo: Path) -> None:
+    with Sandbox.create(repo) as sb:
+        sb.exec("cd pkg; export KEPT=yes")
+        start = time.monotonic()
+        r = sb.exec('python3 -c "while True: pass"', timeout=2)
+        elapsed = time.monotonic() - start
+        assert r.timed_out and r.exit_code == 124
+        assert 2 <= elapsed < 3.5, elapsed
+        assert procs_of(sb.uid) == []  # type: ignore[attr-defined]
+        # the next command gets a fresh shell that kept the terminal's cwd and exports
+        assert sb.exec("pwd; echo $KEPT").stdout == "/testbed/pkg\nyes\n"
+
+
+def test_delayed_write_after_timeout_never_appears(repo: Path) -> None:
+    with Sandbox.create(repo) as sb:
+        start = time.monotonic()
+        r = sb.exec("sleep 5; touch /testbed/flag", timeout=1)
+        assert r.timed_out
+        time.sleep(max(0.0, 5.5 - (time.monotonic() - start)))
+        assert sb.exec("ls /testbed/flag").exit_code != 0
+        assert "flag" not in sb.diff()
+
+
+def test_output_flood_is_truncated(repo: Path) -> None:
+    limits = Limits(output_bytes=64 * 1024)
+    with Sandbox.create(repo, limits=limits) as sb:
+        r = sb.exec("head -c 100000000 /dev/zero | tr '\\0' x; echo END", timeout=30)
+        assert r.exit_code == 0 and r.truncated and not r.timed_out
+        assert len(r.stdout) < 64 * 1024 + 100
+        assert r.stdout.startswith("xxx") and r.stdout.endswith("xxxEND\n")
+        # 100_000_000 x + "END\n" = 100_000_004 bytes; 32_768 head + 32_768 tail kept
+        assert "[... 99934468 bytes truncated ...]" in r.stdout
+        assert sb.exec("echo next").stdout == "next\n"
+
+
+def test_two_sandboxes_on_one_base_are_isolated(repo: Path) -> None:
+    with Sandbox.create(repo) as a, Sandbox.create(repo) as b:
+        assert a.uid != b.uid  # type: ignore[attr-defined]
+        a.write_text("README.md", "from a\n")
+        a.exec("echo a > /tmp/a && sleep 60 &")
+        assert b.read_text("README.md") == "hello\n"
+        assert b.exec("ls /tmp").stdout == ""
+        assert "sleep" not in b.exec("ps -e -o comm=").stdout
+        assert "README.md" not in b.diff()
+    assert (repo / "README.md").read_text() == "hello\n"
+
+
+def test_eight_parallel_busy_loops_all_come_back_in_time(repo: Path) -> None:
+    def run(_: int) -> tuple[bool, float]:
+        with Sandbox.create(repo) as sb:
+            r = sb.exec("while true; do :; done", timeout=2)
+            return r.timed_out, r.duration_s
+
+    start = time.monotonic()
+    with ThreadPoolExecutor(8) as pool:
+        results = list(pool.map(run, range(8)))
+    assert all(timed_out for timed_out, _ in results)
+    assert all(duration < 3.5 for _, duration in results), results
+    assert time.monotonic() - start < 6
+
+
+def test_close_leaves_no_process_and_no_file(repo: Path) -> None:
+    sb = Sandbox.create(repo)
+    sb.exec("sleep 100 & (setsid sleep 100 &) ; echo x > /tmp/x")
+    uid, scratch = sb.uid, sb.scratch  # type: ignore[attr-defined]
+    assert len(procs_of(uid)) >= 3
+    sb.close()
+    assert procs_of(uid) == []
+    assert not scratch.exists()
+    assert str(scratch) not in Path("/proc/self/mounts").read_text()
+
+
+def test_sandbox_made_in_a_finished_thread_survives(repo: Path) -> None:
+    box: list[Sandbox] = []
+    t = threading.Thread(target=lambda: box.append(Sandbox.create(repo)))
+    t.start()
+    t.join()
+    with box[0] as sb:
+        assert sb.exec("echo still here").stdout == "still here\n"
