@@ -1,0 +1,365 @@
+"""One episode of the agent loop: sample a turn, run its tool calls, repeat; summarise when full.
+
+The loop is a generator (:func:`episode_steps`) that yields what it needs from outside, a
+:class:`SampleRequest` (answered with a ``Completion``) or a :class:`ToolRequest` (a function run
+in a thread pool, answered with its result), and returns the :class:`Episode`. The runner in
+:mod:`coderl.agent.runner` drives many of these at once, batching the sample requests of all
+episodes that are ready into one ``policy.generate`` call.
+
+Self-summarization: when the next turn could overflow ``context_budget``, the policy is asked
+(``summary_instruction``) for a summary of its progress, sampled in the current context window
+(so its tokens are trainable there); the next window starts again from the system prompt and
+the task, with that summary appended to the task message. Each window is one trajectory segment.
+The summary turn sees the last turn's observations, so it may run past ``context_budget`` by
+them (each at most ``tools.max_observation_chars`` characters), the instruction and
+``summary_max_tokens``: keep the budget that far below the model's real context length.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+import traceback
+from collections.abc import Callable, Generator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, Protocol
+
+from coderl.agent.context import ChatRenderer, Message
+from coderl.agent.parsing import BrokenCall, ToolCall, get_call_format, validate
+from coderl.agent.tools import TOOLS, Tool, ToolConfig, ToolContext, execute, resolve_tools
+from coderl.policy.episode import EpisodeBuilder, encode
+from coderl.sandbox.base import Sandbox
+from coderl.trajectory import Trajectory
+
+FinishReason = Literal["submitted", "max_turns", "max_tokens", "broken_calls", "error"]
+
+DEFAULT_INSTRUCTIONS = (
+    "You are a coding agent working in a repository at the workspace root. Use the tools to "
+    "read and search the code, edit files and run commands or tests. When the task is done, "
+    "call submit."
+)
+DEFAULT_SUMMARY_INSTRUCTION = (
+    "Your context is full. Write a short summary of your progress so far: what you found, which "
+    "files you changed and how, what is left to do. Do not call any tool. The summary will "
+    "replace the conversation so far."
+)
+
+
+class AgentTask(Protocol):
+    """What the harness needs from a task (the task layer's objects satisfy it)."""
+
+    id: str
+    problem_statement: str
+    """The text the agent is given."""
+    base_dir: Path
+    """The workspace the sandbox starts from (read-only base)."""
+    tools: Sequence[str]
+    """Names of the tools the agent gets (see ``TOOLSETS``)."""
+
+
+@dataclass
+class SimpleTask:
+    """A plain :class:`AgentTask`."""
+
+    id: str
+    problem_statement: str
+    base_dir: Path
+    tools: Sequence[str] = ("read_file", "search", "edit", "write_file", "run", "submit")
+
+
+@dataclass
+class EpisodeConfig:
+    """Limits, prompts and formats of an episode."""
+
+    max_turns: int = 20
+    """Assistant turns that may call tools (summary turns are not counted)."""
+    max_tokens: int = 8192
+    """Generated tokens per episode, summaries included."""
+    max_tokens_per_turn: int = 1024
+    """Generated tokens per assistant turn."""
+    context_budget: int = 4096
+    """Tokens one context window may hold (prompt + observations + the next turn)."""
+    summary_max_tokens: int = 256
+    """Generated tokens for one summary."""
+    max_consecutive_broken_calls: int = 3
+    """The episode ends (``broken_calls``) after this many malformed calls in a row."""
+    call_format: str = "hermes"
+    """Tool-call format, a key of ``CALL_FORMATS``."""
+    instructions: str = DEFAULT_INSTRUCTIONS
+    """Task-independent system prompt (tool definitions are added when the template lacks them)."""
+    task_template: str = "{problem_statement}"
+    """The first user message; ``{problem_statement}`` is replaced by the task's text."""
+    summary_instruction: str = DEFAULT_SUMMARY_INSTRUCTION
+    """User message that asks for a summary when the context window is full."""
+    summary_template: str = "\n\nSummary of your progress so far:\n{summary}\n\nContinue the task."
+    """Appended to the task message of a new window; ``{summary}`` is the model's summary."""
+    no_action_message: str = (
+        "No tool call found in your message. Call a tool, or call submit if you are done."
+    )
+    """User message after a turn with no tool call."""
+    temperature: float = 1.0
+    """Sampling temperature (> 0)."""
+    top_p: float = 1.0
+    """Nucleus sampling mass in (0, 1]."""
+    seed: int | None = None
+    """Sampler seed, passed with every batch."""
+    tools: ToolConfig = field(default_factory=ToolConfig)
+    """Limits of the built-in tools (timeouts, result caps, observation size)."""
+
+
+@dataclass
+class ToolCallRecord:
+    """One call found in an assistant message, run or not."""
+
+    turn: int
+    name: str | None
+    """Tool name; None when the call could not be parsed."""
+    arguments: dict[str, Any] | None
+    text: str
+    """The call as the model wrote it."""
+    observation: str
+    """What the model was shown for it."""
+    status: Literal["ok", "tool_error", "broken", "not_run"]
+    """``broken``: malformed, unknown tool or bad arguments; ``not_run``: after ``submit``."""
+    started_s: float
+    """Start time (seconds since the episode began)."""
+    duration_s: float
+
+
+@dataclass
+class EpisodeStats:
+    turns: int = 0
+    generated_tokens: int = 0
+    broken_tool_calls: int = 0
+    tool_errors: int = 0
+    """Well-formed calls whose tool failed (file not found, ambiguous edit...)."""
+    no_action_turns: int = 0
+    summaries: int = 0
+    wall_time_s: float = 0.0
+    finish_reason: FinishReason = "error"
+
+
+@dataclass
+class Episode:
+    """Everything the grader and the trainer need from one episode."""
+
+    task_id: str
+    episode_id: str
+    trajectory: Trajectory
+    """One segment per context window, token-exact; all share the episode's reward."""
+    transcripts: list[list[Message]]
+    """The messages of each context window (assistant text decoded from the sampled ids)."""
+    tool_calls: list[ToolCallRecord]
+    diff: str
+    """``sandbox.diff()`` at the end of the episode."""
+    stats: EpisodeStats
+    error: str | None = None
+    """Traceback when ``finish_reason`` is ``error``."""
+
+
+@dataclass
+class SampleRequest:
+    prompt_ids: list[int]
+    max_new_tokens: int
+    stop_token_ids: tuple[int, ...]
+
+
+@dataclass
+class ToolRequest:
+    fn: Callable[[], Any]
+
+
+Step = Generator[SampleRequest | ToolRequest, Any, Episode]
+
+
+@dataclass
+class _State:
+    """Mutable state of one running episode."""
+
+    task: AgentTask
+    cfg: EpisodeConfig
+    renderer: ChatRenderer
+    ctx: ToolContext
+    episode: Episode
+    start: float
+    task_text: str
+    builder: EpisodeBuilder | None = None
+    """Token-exact assembly of the context windows (the policy package's)."""
+    sampled: bool = False
+    """Whether the current window has a completion that still needs an observation."""
+    pending: list[Message] = field(default_factory=list)
+    """Messages after the last completion not yet appended as tokens."""
+    consecutive_broken: int = 0
+
+    @property
+    def stats(self) -> EpisodeStats:
+        return self.episode.stats
+
+    def new_window(self, user_message: str) -> None:
+        messages = self.renderer.opening(user_message)
+        provenance = {
+            "episode_id": self.episode.episode_id,
+            "task_id": self.task.id,
+            "native_tools": self.renderer.native_tools,
+            "call_format": self.cfg.call_format,
+        }
+        if self.builder is None:
+            self.builder = EpisodeBuilder(
+                self.renderer.tokenizer,
+                messages,
+                tools=self.renderer.tool_schemas(),
+                provenance=provenance,
+            )
+            self.episode.trajectory = self.builder.trajectory
+        else:
+            self.builder.new_segment(messages)
+        self.episode.transcripts.append([dict(m) for m in messages])
+        self.sampled, self.pending = False, []
+
+    def context_len(self, extra: Sequence[Message] = ()) -> int:
+        """Tokens the window would hold with the pending messages and ``extra`` appended."""
+        assert self.builder is not None
+        n = len(self.builder.segment)
+        if not self.sampled:
+            return n
+        # EpisodeBuilder has no public preview of an observation's tokens; its _delta is the
+        # exact text add_observation would append.
+        delta = self.builder._delta([*self.pending, *extra])
+        return n + len(encode(self.renderer.tokenizer, delta))
+
+    def sample(self, extra: Sequence[Message], max_new: int) -> Generator[SampleRequest, Any, str]:
+        """Append the pending messages and ``extra``, sample a turn, return its text."""
+        assert self.builder is not None
+        new = [*self.pending, *extra]
+        self.episode.transcripts[-1].extend(new)
+        if self.sampled:
+            self.builder.add_observation(new)
+        stops = self.renderer.stop_token_ids
+        completion = yield SampleRequest(self.builder.prompt_ids(), max_new, stops)
+        text = self.renderer.content(completion)
+        message = {"role": "assistant", "content": text}
+        self.builder.add_completion(completion, message=message)
+        self.stats.generated_tokens += len(completion.token_ids)
+        self.sampled, self.pending = True, []
+        self.episode.transcripts[-1].append(message)
+        return text
+
+
+def _run_calls(st: _State, text: str, tools: Mapping[str, Tool]) -> list[ToolCallRecord]:
+    """Parse and run the calls of one assistant message, in order; nothing after ``submit``."""
+    records = []
+    turn = st.stats.turns
+    for parsed in get_call_format(st.cfg.call_format).parse(text, tools):
+        started = time.monotonic() - st.start
+        name = parsed.name if isinstance(parsed, ToolCall) else None
+        args = parsed.arguments if isinstance(parsed, ToolCall) else None
+        call = validate(parsed, tools)
+        if st.ctx.submitted:
+            obs, status, duration = "Not run: the task was already submitted.", "not_run", 0.0
+        elif isinstance(call, BrokenCall):
+            obs, status, duration = f"Error: {call.error}", "broken", 0.0
+        else:
+            outcome = execute(call.tool, call.arguments, st.ctx)
+            obs, duration = outcome.observation, outcome.duration_s
+            status = "ok" if outcome.ok else "tool_error"
+        records.append(
+            ToolCallRecord(turn, name, args, parsed.text, obs, status, started, duration)  # type: ignore[arg-type]
+        )
+    return records
+
+
+def _take_turn(st: _State, records: list[ToolCallRecord]) -> None:
+    """Count one turn's calls and queue their results as tool messages."""
+    st.episode.tool_calls.extend(records)
+    for r in records:
+        if r.status == "broken":
+            st.stats.broken_tool_calls += 1
+            st.consecutive_broken += 1
+        elif r.status in ("ok", "tool_error"):
+            st.stats.tool_errors += r.status == "tool_error"
+            st.consecutive_broken = 0
+        st.pending.append({"role": "tool", "name": r.name or "invalid", "content": r.observation})
+
+
+def _summarize(st: _State, max_new: int) -> Generator[SampleRequest, Any, None]:
+    """Ask for a summary in the current window, then open a new window with it."""
+    ask = [{"role": "user", "content": st.cfg.summary_instruction}]
+    summary = yield from st.sample(ask, min(st.cfg.summary_max_tokens, max_new))
+    st.stats.summaries += 1
+    st.new_window(st.task_text + st.cfg.summary_template.format(summary=summary.strip()))
+
+
+def _loop(st: _State, tools: Mapping[str, Tool]) -> Generator[Any, Any, FinishReason]:
+    cfg = st.cfg
+    while True:
+        if st.stats.turns >= cfg.max_turns:
+            return "max_turns"
+        left = cfg.max_tokens - st.stats.generated_tokens
+        if left <= 0:
+            return "max_tokens"
+        max_new = min(cfg.max_tokens_per_turn, left)
+        if (n := st.context_len()) + max_new > cfg.context_budget:
+            if not st.sampled:
+                raise ValueError(
+                    f"a fresh context window ({n} tokens) plus one turn ({max_new}) "
+                    f"exceeds context_budget={cfg.context_budget}"
+                )
+            yield from _summarize(st, left)
+            continue
+        text = yield from st.sample((), max_new)
+        st.stats.turns += 1
+        records = yield ToolRequest(functools.partial(_run_calls, st, text, tools))
+        if not records:
+            st.stats.no_action_turns += 1
+            st.pending = [{"role": "user", "content": cfg.no_action_message}]
+            continue
+        _take_turn(st, records)
+        if st.ctx.submitted:
+            return "submitted"
+        if st.consecutive_broken >= cfg.max_consecutive_broken_calls:
+            return "broken_calls"
+
+
+def episode_steps(
+    tokenizer: Any,
+    task: AgentTask,
+    sandbox: Sandbox,
+    cfg: EpisodeConfig,
+    *,
+    episode_id: str | None = None,
+    registry: Mapping[str, Tool] = TOOLS,
+) -> Step:
+    """The episode as a generator of requests (see the module docstring); returns the Episode.
+
+    Errors inside the episode (a template that cannot be rendered exactly, a context budget too
+    small for the prompt) end it with ``finish_reason="error"`` and the traceback in
+    ``Episode.error``; the trajectory up to that point is kept. Errors of the requests themselves
+    (``policy.generate`` failing) propagate from the runner.
+
+    Raises:
+        KeyError: unknown tool names or call format (listing the valid ones), before any work.
+    """
+    tools = resolve_tools(task.tools, registry)
+    get_call_format(cfg.call_format)
+    start = time.monotonic()
+    episode = Episode(task.id, episode_id or task.id, Trajectory(), [], [], "", EpisodeStats())
+    try:
+        renderer = ChatRenderer(
+            tokenizer, tools, get_call_format(cfg.call_format), cfg.instructions
+        )
+        task_text = cfg.task_template.format(problem_statement=task.problem_statement)
+        st = _State(task, cfg, renderer, ToolContext(sandbox, cfg.tools), episode, start, task_text)
+        st.new_window(task_text)
+        episode.stats.finish_reason = yield from _loop(st, tools)
+        episode.transcripts[-1].extend(st.pending)  # results the model never got to read
+    except Exception:  # noqa: BLE001 - one broken episode must not take down a batch of rollouts
+        episode.stats.finish_reason = "error"
+        episode.error = traceback.format_exc()
+    try:
+        episode.diff = yield ToolRequest(sandbox.diff)
+    except Exception:  # noqa: BLE001 - without a diff the episode cannot be graded
+        episode.stats.finish_reason = "error"
+        episode.error = (episode.error or "") + traceback.format_exc()
+    episode.stats.wall_time_s = time.monotonic() - start
+    return episode

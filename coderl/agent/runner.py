@@ -1,0 +1,159 @@
+"""Run many episodes at once: batched sampling across episodes, tool calls in a thread pool.
+
+Every episode is a generator of requests (:func:`coderl.agent.episode.episode_steps`). The runner
+gathers the sample requests of all episodes that are ready into one ``policy.generate`` call and
+runs tool calls in a thread pool, so a slow tool call (a long test run) holds back only its own
+episode: when some episodes are ready to sample and others are still in tools, the runner waits at
+most ``batch_wait_s`` for the others before sampling for the ready ones.
+
+One generate call serves prompts with different remaining budgets: it is asked for the largest
+``max_new_tokens`` of the batch and each completion is cut to its own budget. The first ``m``
+tokens of an autoregressive sample are an exact sample with budget ``m``, so the cut completions
+(and their logprobs) are what a separate call would have produced in distribution.
+
+Not parallel across processes: sampling happens on the caller's thread, tools in threads of this
+process (sandbox commands are separate processes, so they do run in parallel).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from concurrent.futures import ALL_COMPLETED, FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from dataclasses import replace
+from typing import Any
+
+from coderl.agent.episode import (
+    AgentTask,
+    Episode,
+    EpisodeConfig,
+    SampleRequest,
+    Step,
+    episode_steps,
+)
+from coderl.agent.tools import TOOLS, Tool
+from coderl.policy.base import Completion, Policy, SamplingParams
+from coderl.sandbox.base import Sandbox
+
+
+def _cut(c: Completion, budget: int) -> Completion:
+    if len(c.token_ids) <= budget:
+        return c
+    return replace(
+        c, token_ids=c.token_ids[:budget], logprobs=c.logprobs[:budget], finish_reason="length"
+    )
+
+
+def sample_batch(
+    policy: Policy, requests: Sequence[SampleRequest], cfg: EpisodeConfig, call_index: int
+) -> list[Completion]:
+    """One ``policy.generate`` call for all ``requests``; each completion cut to its budget.
+
+    The seed, when ``cfg.seed`` is set, is ``cfg.seed + call_index`` so that successive batches
+    do not replay the same random stream.
+
+    Raises:
+        RuntimeError: the policy returned a different number of completions than prompts.
+    """
+    stops = sorted({t for r in requests for t in r.stop_token_ids})
+    params = SamplingParams(
+        temperature=cfg.temperature,
+        top_p=cfg.top_p,
+        max_new_tokens=max(r.max_new_tokens for r in requests),
+        stop_token_ids=tuple(stops),
+        seed=None if cfg.seed is None else cfg.seed + call_index,
+    )
+    completions = policy.generate([r.prompt_ids for r in requests], params)
+    if len(completions) != len(requests):
+        raise RuntimeError(f"policy returned {len(completions)} completions for {len(requests)}")
+    return [_cut(c, r.max_new_tokens) for c, r in zip(completions, requests, strict=True)]
+
+
+def run_episodes(
+    policy: Policy,
+    jobs: Sequence[tuple[AgentTask, Sandbox]],
+    cfg: EpisodeConfig,
+    *,
+    registry: Mapping[str, Tool] = TOOLS,
+    max_workers: int | None = None,
+    batch_wait_s: float = 0.02,
+) -> list[Episode]:
+    """Run one episode per ``(task, sandbox)`` pair, all at once; episodes in job order.
+
+    The caller owns the sandboxes (create them before, close them after; the episode's
+    ``diff`` is taken before this returns). Episode ids are ``"{task.id}/{job index}"``.
+
+    Args:
+        policy: samples turns; ``policy.tokenizer`` renders the prompts.
+        jobs: one ``(task, sandbox)`` per episode; the same task may appear many times (a group).
+        cfg: limits, prompts and sampling settings shared by all episodes.
+        registry: tool name -> tool; each task's ``tools`` are looked up here.
+        max_workers: threads for tool calls (default: one per episode, at most 32).
+        batch_wait_s: longest wait (seconds) for episodes still in tools before sampling for the
+            ready ones.
+
+    Raises:
+        KeyError: a task names an unknown tool or ``cfg.call_format`` is unknown.
+        Whatever ``policy.generate`` raises (it affects every episode of the batch).
+    """
+    gens: list[Step] = [
+        episode_steps(
+            policy.tokenizer, task, sb, cfg, episode_id=f"{task.id}/{i}", registry=registry
+        )
+        for i, (task, sb) in enumerate(jobs)
+    ]
+    done: list[Episode | None] = [None] * len(gens)
+    ready: dict[int, SampleRequest] = {}
+    running: dict[Future[Any], int] = {}
+    calls = 0
+    with ThreadPoolExecutor(max_workers or min(32, max(1, len(gens)))) as pool:
+
+        def advance(i: int, value: Any = None, error: BaseException | None = None) -> None:
+            try:
+                req = gens[i].throw(error) if error is not None else gens[i].send(value)
+            except StopIteration as stop:
+                done[i] = stop.value
+                return
+            if isinstance(req, SampleRequest):
+                ready[i] = req
+            else:
+                running[pool.submit(req.fn)] = i
+
+        for i in range(len(gens)):
+            advance(i)
+
+        def harvest() -> None:
+            for fut in [f for f in running if f.done()]:
+                i = running.pop(fut)
+                error = fut.exception()
+                if error is not None:
+                    advance(i, error=error)
+                else:
+                    advance(i, fut.result())
+
+        while ready or running:
+            if running and not ready:
+                wait(running, return_when=FIRST_COMPLETED)
+            harvest()
+            if ready and running and batch_wait_s > 0:
+                wait(running, timeout=batch_wait_s, return_when=ALL_COMPLETED)
+                harvest()
+            if ready:
+                batch = dict(ready)
+                ready.clear()
+                completions = sample_batch(policy, list(batch.values()), cfg, calls)
+                calls += 1
+                for i, completion in zip(batch, completions, strict=True):
+                    advance(i, completion)
+    return [e for e in done if e is not None]  # every generator has returned by now
+
+
+def run_episode(
+    policy: Policy,
+    task: AgentTask,
+    sandbox: Sandbox,
+    cfg: EpisodeConfig,
+    *,
+    registry: Mapping[str, Tool] = TOOLS,
+) -> Episode:
+    """Run one episode (see :func:`run_episodes`); the caller owns the sandbox."""
+    return run_episodes(policy, [(task, sandbox)], cfg, registry=registry)[0]

@@ -1,0 +1,278 @@
+"""The episode loop driven by a ScriptedPolicy: tool use, broken calls, limits, summarisation,
+concurrency; token-exactness of every segment."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from test_agent_tools import PLAIN_CHATML, DirSandbox, make_repo
+
+from coderl.agent.episode import EpisodeConfig, SampleRequest, SimpleTask
+from coderl.agent.parsing import CALL_FORMATS
+from coderl.agent.runner import run_episode, run_episodes, sample_batch
+from coderl.agent.scripted import ScriptedPolicy
+from coderl.policy.tiny import tiny_tokenizer
+
+call = CALL_FORMATS["hermes"].format_call
+TASK = "Fix add() in pkg/calc.py so that test_calc.py passes."
+RUN_TESTS = "python3 -c 'from pkg.calc import add; assert add(2, 3) == 5; print(\"tests pass\")'"
+
+
+@pytest.fixture(scope="module")
+def tok():
+    t = tiny_tokenizer()
+    t.chat_template = PLAIN_CHATML  # the default model's template: no tool support
+    return t
+
+
+@pytest.fixture
+def setup(tmp_path: Path):
+    base = make_repo(tmp_path)
+    task = SimpleTask("calc", TASK, base)
+    made = []
+
+    def sandbox(name: str = "work") -> DirSandbox:
+        made.append(DirSandbox(base, tmp_path / name))
+        return made[-1]
+
+    yield task, sandbox
+    for s in made:
+        s.close()
+
+
+def reply_ids(tok, text: str) -> list[int]:
+    return tok.encode(text, add_special_tokens=False) + [tok.eos_token_id]  # + <|im_end|>
+
+
+def trainable(seg) -> list[int]:
+    return [t for t, m in zip(seg.token_ids, seg.loss_mask, strict=True) if m]
+
+
+def action_starts(seg) -> list[int]:
+    return [start for kind, start, _ in seg.provenance["spans"] if kind == "action"]
+
+
+def assert_token_exact(episode, policy):
+    """Every sampled span sits right after exactly the prompt it was sampled from."""
+    prompts = iter(policy.prompts)
+    for seg in episode.trajectory.segments:
+        assert len(seg.token_ids) == len(seg.loss_mask) == len(seg.behavior_logprobs)
+        seg.validate()
+        for start in action_starts(seg):
+            assert seg.token_ids[:start] == next(prompts)
+    assert next(prompts, None) is None
+
+
+def test_scripted_episode_reads_edits_runs_tests_and_submits(tok, setup):
+    task, sandbox = setup
+    script = [
+        "Let me read the code.\n" + call("read_file", {"path": "pkg/calc.py"}),
+        call("edit", {"path": "pkg/calc.py", "old": "return a - b", "new": "return a + b"}),
+        call(
+            "edit",
+            {
+                "path": "pkg/calc.py",
+                "old": "add(a, b):\n    return a - b",
+                "new": "add(a, b):\n    return a + b",
+            },
+        ),
+        call("run", {"command": RUN_TESTS}),
+        "Tests pass.\n" + call("submit", {}),
+    ]
+    policy = ScriptedPolicy(tok, script)
+    ep = run_episode(policy, task, sandbox(), EpisodeConfig())
+
+    s = ep.stats
+    assert (s.finish_reason, s.turns, s.broken_tool_calls, s.no_action_turns) == (
+        "submitted",
+        5,
+        0,
+        0,
+    )
+    assert s.tool_errors == 1 and s.summaries == 0 and ep.error is None
+    log = [(c.name, c.status) for c in ep.tool_calls]
+    assert log == [
+        ("read_file", "ok"),
+        ("edit", "tool_error"),
+        ("edit", "ok"),
+        ("run", "ok"),
+        ("submit", "ok"),
+    ]
+    assert "occurs 2 times" in ep.tool_calls[1].observation  # the ambiguous edit changed nothing:
+    assert ep.diff.count("\n+    return a + b") == 1 and ep.diff.count("\n-    return a - b") == 1
+    assert ep.tool_calls[3].observation == "exit code 0\nstdout:\ntests pass"
+    assert all(c.duration_s >= 0 and c.started_s >= 0 for c in ep.tool_calls)
+
+    (seg,) = ep.trajectory.segments
+    expected = [t for text in script for t in reply_ids(tok, text)]
+    assert trainable(seg) == expected and s.generated_tokens == len(expected)
+    assert all(lp == 0.0 for lp in seg.behavior_logprobs)  # scripted: probability 1 per token
+    assert_token_exact(ep, policy)
+    # the model saw the numbered file and the edit error in its later prompts
+    second_prompt = tok.decode(policy.prompts[1])
+    assert "     2\t    return a - b" in second_prompt
+    assert "<|im_start|>tool\n" in second_prompt and second_prompt.endswith(
+        "<|im_start|>assistant\n"
+    )
+    assert "occurs 2 times" in tok.decode(policy.prompts[2])
+    roles = [m["role"] for m in ep.transcripts[0]]
+    assert roles == ["system", "user"] + ["assistant", "tool"] * 5
+
+
+def test_malformed_and_unknown_calls_are_reported_and_counted(tok, setup):
+    task, sandbox = setup
+    script = [
+        '<tool_call>{"name": "read_file", "arguments": {"path": }}</tool_call>',
+        call("teleport", {"to": "mars"}),
+        call("read_file", {"path": "pkg/calc.py"}),  # a good call resets the streak
+        call("read_file", {"path": 7}),
+        call("read_file", {"file": "pkg/calc.py"}),
+        "<tool_call>",  # unterminated: third broken call in a row
+    ]
+    policy = ScriptedPolicy(tok, script)
+    ep = run_episode(policy, task, sandbox(), EpisodeConfig(max_consecutive_broken_calls=3))
+    assert ep.stats.finish_reason == "broken_calls"
+    assert ep.stats.broken_tool_calls == 5 and ep.stats.turns == 6
+    assert [c.status for c in ep.tool_calls] == [
+        "broken",
+        "broken",
+        "ok",
+        "broken",
+        "broken",
+        "broken",
+    ]
+    assert "not valid JSON" in tok.decode(policy.prompts[1])
+    assert "unknown tool 'teleport'" in tok.decode(policy.prompts[2])
+    assert "argument 'path': Input should be a valid string" in tok.decode(policy.prompts[4])
+    assert "missing required argument 'path'" in tok.decode(policy.prompts[5])
+    assert "unexpected argument 'file'" in tok.decode(policy.prompts[5])
+    assert ep.transcripts[0][-1]["content"].startswith("Error: <tool_call> block not closed")
+    assert_token_exact(ep, policy)
+
+
+def test_turn_without_a_call_is_a_no_action_turn(tok, setup):
+    task, sandbox = setup
+    policy = ScriptedPolicy(tok, ["Should I fix add or sub?", call("submit", {})])
+    cfg = EpisodeConfig()
+    ep = run_episode(policy, task, sandbox(), cfg)
+    assert (ep.stats.no_action_turns, ep.stats.turns, ep.stats.finish_reason) == (1, 2, "submitted")
+    assert cfg.no_action_message in tok.decode(policy.prompts[1])
+    assert ep.diff == ""
+
+
+def test_turn_and_token_limits(tok, setup):
+    task, sandbox = setup
+    read = call("read_file", {"path": "pkg/calc.py"})
+    ep = run_episode(
+        ScriptedPolicy(tok, [read] * 3), task, sandbox("a"), EpisodeConfig(max_turns=2)
+    )
+    assert (ep.stats.finish_reason, ep.stats.turns) == ("max_turns", 2)
+
+    n = len(reply_ids(tok, read))
+    # 1.5 turns of budget: the second turn is cut to n // 2 tokens, then nothing is left.
+    cfg = EpisodeConfig(max_tokens=n + n // 2)
+    policy = ScriptedPolicy(tok, [read] * 3)
+    ep = run_episode(policy, task, sandbox("b"), cfg)
+    assert (ep.stats.finish_reason, ep.stats.generated_tokens) == ("max_tokens", n + n // 2)
+    assert ep.tool_calls[-1].status == "broken"  # the cut call is unterminated, and counted
+    assert_token_exact(ep, policy)
+
+
+def test_context_budget_too_small_for_the_prompt_is_an_error(tok, setup):
+    task, sandbox = setup
+    ep = run_episode(ScriptedPolicy(tok, []), task, sandbox(), EpisodeConfig(context_budget=100))
+    assert ep.stats.finish_reason == "error" and "context_budget=100" in ep.error
+    assert len(ep.trajectory.segments) == 1 and ep.diff == ""
+
+
+def test_self_summarization_crossing_the_budget_twice_gives_three_segments(tok, setup):
+    task, sandbox = setup
+    big = "python3 -c \"print('ab ' * 600)\""  # ~1800 characters of output
+    actions = iter(
+        [
+            call("run", {"command": "echo small"}),
+            call("run", {"command": big}),
+            call("run", {"command": big}),
+            call("submit", {}),
+        ]
+    )
+    cfg = EpisodeConfig(max_tokens_per_turn=100, summary_max_tokens=60)
+    replies: list[str] = []
+
+    def script(prompt: str) -> str:
+        asked = prompt.rstrip().endswith("<|im_start|>assistant") and (
+            cfg.summary_instruction + "<|im_end|>" in prompt[-len(cfg.summary_instruction) - 50 :]
+        )
+        replies.append(f"Summary {len(replies)}: ran commands." if asked else next(actions))
+        return replies[-1]
+
+    policy = ScriptedPolicy(tok, script)
+    probe = run_episode(ScriptedPolicy(tok, [call("submit", {})]), task, sandbox("p"), cfg)
+    prompt_len = len(probe.trajectory.segments[0].token_ids) - len(
+        reply_ids(tok, call("submit", {}))
+    )
+    # Room for the prompt, a short summary note, and a few small turns, but not for a big output
+    # (~1800 characters, far more than 300 tokens): each big observation forces a summary.
+    cfg.context_budget = prompt_len + 450
+    ep = run_episode(policy, task, sandbox(), cfg)
+
+    assert ep.stats.finish_reason == "submitted" and ep.error is None
+    assert ep.stats.summaries == 2 and len(ep.trajectory.segments) == 3
+    summaries = [r for r in replies if r.startswith("Summary")]
+    assert len(summaries) == 2
+    # segment k holds exactly the replies sampled in it; a summary is the last one of its window
+    per_segment: list[list[int]] = [[]]
+    for r in replies:
+        per_segment[-1] += reply_ids(tok, r)
+        if r.startswith("Summary"):
+            per_segment.append([])
+    for seg, expected in zip(ep.trajectory.segments, per_segment, strict=True):
+        assert trainable(seg) == expected
+        text = tok.decode(seg.token_ids)
+        assert TASK in text  # the task statement is in every window
+    assert sum(len(e) for e in per_segment) == ep.stats.generated_tokens
+    # the summary opens the next window, as context (not trainable there)
+    for k, summary in enumerate(summaries, start=1):
+        prompt_end = action_starts(ep.trajectory.segments[k])[0]
+        assert summary in tok.decode(ep.trajectory.segments[k].token_ids[:prompt_end])
+    assert [seg.provenance["segment"] for seg in ep.trajectory.segments] == [0, 1, 2]
+    assert len(ep.transcripts) == 3
+    assert_token_exact(ep, policy)
+
+
+def test_episodes_run_concurrently_with_batched_sampling(tok, tmp_path):
+    base = make_repo(tmp_path)
+    scripts = {
+        "slow": [call("run", {"command": "sleep 2"}), call("submit", {})],
+        "fast": [call("read_file", {"path": "pkg/calc.py"})] * 3 + [call("submit", {})],
+    }
+
+    def script(prompt: str) -> str:
+        name = "slow" if "TASK slow" in prompt else "fast"
+        turn = prompt.count("<|im_start|>assistant") - 1
+        return scripts[name][turn]
+
+    tasks = [SimpleTask(n, f"TASK {n}", base) for n in ("slow", "fast", "fast")]
+    boxes = [DirSandbox(base, tmp_path / f"w{i}") for i in range(3)]
+    policy = ScriptedPolicy(tok, script)
+    jobs = list(zip(tasks, boxes, strict=True))
+    eps = run_episodes(policy, jobs, EpisodeConfig(), batch_wait_s=0.2)
+    assert [e.episode_id for e in eps] == ["slow/0", "fast/1", "fast/2"]
+    assert all(e.stats.finish_reason == "submitted" for e in eps)
+    # the first turn of all three episodes is one generate call; the fast episodes then go on
+    # in batches of two while the slow tool call runs (each waits at most batch_wait_s = 0.2 s
+    # for it: 4 fast turns take ~0.6 s), and never wait for it to end
+    assert policy.batch_sizes[0] == 3 and policy.batch_sizes[1:4] == [2, 2, 2]
+    assert eps[0].stats.wall_time_s >= 2.0 > max(e.stats.wall_time_s for e in eps[1:])
+    assert sum(policy.batch_sizes) == sum(e.stats.turns for e in eps) == 2 + 4 + 4
+
+
+def test_one_generate_call_serves_different_budgets(tok):
+    policy = ScriptedPolicy(tok, ["hello world", "hello world"])
+    reqs = [SampleRequest([1, 2], 3, (2,)), SampleRequest([1], 100, (2,))]
+    short, full = sample_batch(policy, reqs, EpisodeConfig(), 0)
+    assert policy.batch_sizes == [2]
+    assert full.token_ids == reply_ids(tok, "hello world") and full.finish_reason == "stop"
+    assert short.token_ids == full.token_ids[:3] and short.finish_reason == "length"
+    assert len(short.logprobs) == 3
