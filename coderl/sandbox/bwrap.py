@@ -58,6 +58,8 @@ SCRATCH_ROOT = Path(os.environ.get("CODERL_SANDBOX_DIR", "/dev/shm/coderl"))
 _RESERVED = ("/proc", "/dev", "/tmp", "/etc", "/usr", HOME)
 _ETC_FILES = ("alternatives", "ld.so.cache", "ld.so.conf", "ld.so.conf.d", "localtime", "ssl")
 _ETC_FILES_NET = ("resolv.conf", "ca-certificates", "gai.conf", "nsswitch.conf")
+_NO_IDMAP = (errno.EINVAL, errno.EPERM, errno.ENOSYS, errno.EOPNOTSUPP)
+"""errnos meaning "this filesystem or kernel cannot make idmapped mounts"."""
 _counter = count()
 _cleaned = threading.Event()
 
@@ -94,9 +96,7 @@ def _clean_stale() -> None:
         owner = entry.name.split("-")[0]
         if not owner.isdigit() or Path(f"/proc/{owner}").exists():
             continue
-        for sub in ("merged", "lower", ""):
-            mounts.umount(str(entry / sub) if sub else str(entry))
-        shutil.rmtree(entry, ignore_errors=True)
+        _remove_scratch(entry)
 
 
 class BwrapSandbox(Sandbox):
@@ -128,6 +128,8 @@ class BwrapSandbox(Sandbox):
         self._lock = threading.Lock()
         self._shell: Shell | None = None
         self._closed = False
+        self._binds: list[tuple[str, str, str]] = []  # (bwrap flag, host source, sandbox dest)
+        self._mounted: list[str] = []  # idmapped views made for the mounts, unmounted by close
         _clean_stale()
         self._lease = _UidLease()
         self.uid = self._lease.uid
@@ -147,25 +149,42 @@ class BwrapSandbox(Sandbox):
         s, uid = self.scratch, self.uid
         s.mkdir(parents=True)
         mounts.mount_tmpfs(str(s), self.limits.disk_bytes, uid, uid)
-        for name in ("upper", "work", "lower", "merged", "tmp", "home", "etc", "rw"):
+        for name in ("upper", "work", "lower", "merged", "tmp", "home", "etc", "mnt"):
             (s / name).mkdir()
         for name in ("upper", "tmp", "home"):
             os.chown(s / name, uid, uid)
         os.chmod(s / "tmp", 0o1777)
         _write_etc(s / "etc", uid)
-        for i, host in enumerate(self.rw_mounts.values()):
-            (s / "rw" / str(i)).mkdir()
-            mounts.idmapped_bind(host, str(s / "rw" / str(i)), uid, uid, readonly=False)
+        for dest, host in self.ro_mounts.items():
+            self._binds.append(("--ro-bind", self._idmap(host, readonly=True), dest))
+        for dest, host in self.rw_mounts.items():
+            self._binds.append(("--bind", self._idmap(host, readonly=False), dest))
         try:
             mounts.idmapped_bind(str(self.base), str(s / "lower"), uid, uid, readonly=True)
         except OSError as e:
-            if e.errno not in (errno.EINVAL, errno.EPERM, errno.ENOSYS, errno.EOPNOTSUPP):
+            if e.errno not in _NO_IDMAP:
                 raise
             shutil.copytree(self.base, s / "merged", symlinks=True, dirs_exist_ok=True)
             _chown_tree(s / "merged", uid)
             return "copy"
         mounts.mount_overlay(str(s / "lower"), str(s / "upper"), str(s / "work"), str(s / "merged"))
         return "overlay"
+
+    def _idmap(self, host: str, *, readonly: bool) -> str:
+        """An idmapped view of directory ``host`` in the scratch dir (the host path itself for
+        files and on filesystems without idmapped mounts); returns the path to bind."""
+        if not os.path.isdir(host):
+            return host
+        target = self.scratch / "mnt" / str(len(self._mounted))
+        target.mkdir()
+        try:
+            mounts.idmapped_bind(host, str(target), self.uid, self.uid, readonly=readonly)
+        except OSError as e:
+            if e.errno not in _NO_IDMAP:
+                raise
+            return host
+        self._mounted.append(str(target))
+        return str(target)
 
     def _argv(self, info_fd: int) -> list[str]:
         """The ``bwrap ... setpriv ... bash`` command line."""
@@ -190,10 +209,8 @@ class BwrapSandbox(Sandbox):
         made: set[str] = set()
         prefix = sys.base_prefix
         argv += _parents(prefix, made) + ["--ro-bind", prefix, prefix]
-        for dest, host in self.ro_mounts.items():
-            argv += _parents(dest, made) + ["--ro-bind", host, dest]
-        for i, dest in enumerate(self.rw_mounts):
-            argv += _parents(dest, made) + ["--bind", str(s / "rw" / str(i)), dest]
+        for flag, source, dest in self._binds:
+            argv += _parents(dest, made) + [flag, source, dest]
         argv += ["--chdir", WORKDIR, "--clearenv", "--info-fd", str(info_fd)]
         for key, value in self.env.items():
             argv += ["--setenv", key, value]
@@ -312,15 +329,25 @@ class BwrapSandbox(Sandbox):
             if self._shell is not None:
                 self._shell.kill()
             if self.scratch.exists():
-                for sub in [f"rw/{i}" for i in range(len(self.rw_mounts))] + ["merged", "lower"]:
-                    mounts.umount(str(self.scratch / sub))
-                mounts.umount(str(self.scratch))
-                shutil.rmtree(self.scratch, ignore_errors=True)
+                _remove_scratch(self.scratch)
             self._lease.release()
 
     def __del__(self) -> None:
         if not getattr(self, "_closed", True):
             self.close()
+
+
+def _remove_scratch(scratch: Path) -> None:
+    """Detach the scratch tmpfs with every mount below it, then remove the empty directory.
+
+    Nothing is ever deleted recursively: a mount that failed to detach (an rw mount of a host
+    directory) must never be walked into. The workspace's files vanish with the tmpfs.
+    """
+    mounts.umount(str(scratch))
+    try:
+        scratch.rmdir()
+    except OSError as e:
+        raise SandboxError(f"could not remove {scratch}: {e}") from e
 
 
 def _read_child_pid(info_r: int) -> int | None:
