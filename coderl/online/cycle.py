@@ -1,0 +1,276 @@
+"""``coderl online cycle`` / ``run``: claim -> train -> evaluate -> promote or reject.
+
+One cycle, top to bottom (:func:`run_cycle`):
+
+1. finalize rewards under the config's spec version (windows closed; censored excluded);
+2. select trainable interactions (last K promoted versions, exact logprobs...) and claim them as
+   one batch (one spec version); too few -> the cycle waits and claims nothing;
+3. single-sample advantages, then the near-on-policy update of a copy of the champion with KL to
+   the champion (:mod:`coderl.online.update`); the candidate is saved as a new registry version;
+4. held-out evaluation of candidate and champion (paired) and behaviour checks, plus the live
+   monitors' alarms -> the gate (:mod:`coderl.online.gate`);
+5. promote (atomic champion pointer swap) or reject with the reasons; the report (timings,
+   exclusions by reason, ESS, KL, monitors, gate) is appended to ``run_dir/cycles.jsonl``.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import torch
+from rich.console import Console
+from rich.table import Table
+
+from coderl.online.baselines import advantages
+from coderl.online.config import OnlineConfig
+from coderl.online.gate import run_gate
+from coderl.online.monitors import check_alarms, monitor_snapshot
+from coderl.online.registry import Registry
+from coderl.online.rewards import finalize
+from coderl.online.simulate import Evaluator, HeldoutEvaluator
+from coderl.online.store import Store
+from coderl.online.update import select_trainable, update
+from coderl.policy import LoraSpec, load_policy
+
+
+def load_version(cfg: OnlineConfig, registry: Registry, version: int) -> Any:
+    """The policy of a registry version (version 0 is the base model)."""
+    m = cfg.model
+    lora = LoraSpec(rank=m.lora_r, alpha=m.lora_alpha, dropout=m.lora_dropout) if m.lora else None
+    if registry.meta(version).get("base_only"):
+        return load_policy(m.name, lora=lora, seed=m.seed, reference=False)
+    d = registry.version_dir(version)
+    if m.lora:
+        return load_policy(m.name, adapter=d, seed=m.seed, reference=False)
+    return load_policy(d, reference=False)
+
+
+def open_run(cfg: OnlineConfig) -> tuple[Store, Registry]:
+    """Open (or create) the store and registry; the base model becomes champion version 0."""
+    Path(cfg.run_dir).mkdir(parents=True, exist_ok=True)
+    store, registry = Store(cfg.database_url), Registry(Path(cfg.run_dir) / "registry")
+    if registry.champion() is None:
+        v0 = (
+            registry.versions()[0]
+            if registry.versions()
+            else registry.new_version(parent=None, info={"base": cfg.model.name, "base_only": True})
+        )
+        registry.init_champion(v0)
+    champ = registry.champion()
+    assert champ is not None
+    known = {v["version"]: v for v in store.policy_versions()}
+    if known.get(champ, {}).get("status") != "champion":  # mirror the pointer in the database
+        for v, row in known.items():
+            if row["status"] == "champion" and v != champ:
+                store.set_version_status(v, "retired", now=time.time())
+        store.add_policy_version(
+            champ,
+            str(registry.version_dir(champ)),
+            parent=registry.meta(champ).get("parent"),
+            status="champion",
+            now=time.time(),
+        )
+    return store, registry
+
+
+def production_alarms(
+    cfg: OnlineConfig, store: Store, registry: Registry, now: float
+) -> tuple[list[Any], dict[str, Any]]:
+    """Alarms comparing the champion's live traffic with its predecessor's, and the snapshot."""
+    kl = {v: registry.meta(v).get("train", {}).get("kl", float("nan")) for v in registry.versions()}
+    snap = monitor_snapshot(
+        store,
+        cfg.reward.version,
+        window_s=cfg.monitors.window_s,
+        now=now,
+        orphan_window_s=cfg.reward.orphan_window_s,
+        kl_by_version=kl,
+    )
+    promoted = registry.promoted()
+    alarms: list[Any] = []
+    if len(promoted) >= 2:
+        ref, cur = snap["by_version"].get(promoted[-2]), snap["by_version"].get(promoted[-1])
+        if ref and cur:
+            alarms = check_alarms(
+                ref, cur, cfg.monitors.rules, min_samples=cfg.monitors.min_samples
+            )
+    return alarms, snap
+
+
+def _train(
+    cfg: OnlineConfig,
+    store: Store,
+    registry: Registry,
+    rows: list[dict[str, Any]],
+    rewards: dict[str, dict[str, Any]],
+    champion: int,
+) -> tuple[int, dict[str, float]]:
+    r = torch.tensor([rewards[x["interaction_id"]]["reward"] for x in rows])
+    adv = advantages(
+        cfg.advantage, r, [x["population"] for x in rows], store, alpha=cfg.baseline_alpha
+    )
+    policy = load_version(cfg, registry, champion)
+    frozen = load_version(cfg, registry, champion)
+    metrics = update(
+        policy,
+        frozen,
+        rows,
+        adv,
+        algorithm=cfg.algorithm,
+        trainer=cfg.trainer,
+        temperature=cfg.serve.temperature,
+        max_len=cfg.serve.max_new_tokens,
+    )
+    metrics["train_reward_mean"] = float(r.mean())
+    metrics["advantage_abs_mean"] = float(adv.abs().mean())
+    version = registry.new_version(parent=champion, info={"base": cfg.model.name, "train": metrics})
+    policy.save(registry.version_dir(version))
+    return version, metrics
+
+
+def run_cycle(
+    cfg: OnlineConfig,
+    *,
+    evaluator: Evaluator | None = None,
+    clock: Callable[[], float] = time.time,
+    log: Callable[[str], None] = print,
+) -> dict[str, Any]:
+    """One claim -> train -> evaluate -> promote/reject cycle (see the module docstring).
+
+    Returns:
+        the cycle report (also appended to ``run_dir/cycles.jsonl``); ``decision`` is
+        ``promoted``, ``rejected`` or ``waiting`` (not enough trainable data).
+    """
+    t0 = time.perf_counter()
+    store, registry = open_run(cfg)
+    now = clock()
+    champion = registry.champion()
+    assert champion is not None
+    rep: dict[str, Any] = {
+        "started_at": now,
+        "champion_before": champion,
+        "spec_version": cfg.reward.version,
+    }
+    rep["finalize"] = asdict(finalize(store, cfg.reward, now=now))
+    ids = store.unclaimed_scored(cfg.reward.version)
+    rows = store.interactions(ids=ids) if ids else []
+    rewards = store.rewards(cfg.reward.version, ids=ids)
+    allowed = set(registry.promoted()[-cfg.last_k_versions :])
+    sel = select_trainable(
+        rows, rewards, allowed_versions=allowed, temperature=cfg.serve.temperature
+    )
+    rep["excluded"] = dict(sel.excluded) | {"censored": rep["finalize"]["censored"]}
+    rep["trainable"] = len(sel.kept)
+    if len(sel.kept) < cfg.min_batch:
+        rep["decision"] = "waiting"
+        log(f"waiting: {len(sel.kept)} trainable interactions < min_batch {cfg.min_batch}")
+        return _finish(cfg, store, rep, t0)
+    kept = sel.kept[: cfg.max_batch]
+    batch_id, claimed = store.claim_batch(
+        cfg.reward.version,
+        [r["interaction_id"] for r in kept],
+        claimed_by=f"cycle@{now:.0f}",
+        now=now,
+    )
+    kept = [r for r in kept if r["interaction_id"] in set(claimed)]
+    rep["batch"] = {"batch_id": batch_id, "size": len(kept)}
+    t = time.perf_counter()
+    candidate, metrics = _train(cfg, store, registry, kept, rewards, champion)
+    rep["train"], rep["train_s"], rep["candidate"] = metrics, time.perf_counter() - t, candidate
+    store.add_policy_version(
+        candidate,
+        str(registry.version_dir(candidate)),
+        parent=champion,
+        status="candidate",
+        now=now,
+    )
+    t = time.perf_counter()
+    ev = evaluator or HeldoutEvaluator(cfg.eval)
+    cand_eval = ev(load_version(cfg, registry, candidate))
+    champ_eval = ev(load_version(cfg, registry, champion))
+    rep["eval_s"] = time.perf_counter() - t
+    alarms, snap = production_alarms(cfg, store, registry, now)
+    heldout = {k: (cand_eval.scores[k], champ_eval.scores[k]) for k in cand_eval.scores}
+    gate = run_gate(cfg.gate, heldout, (champ_eval.behaviour, cand_eval.behaviour), alarms)
+    rep["gate"], rep["monitors"] = gate.to_dict(), snap
+    if gate.promote:
+        registry.promote(candidate, gate.to_dict())
+        store.set_version_status(champion, "retired", now=now)
+        store.set_version_status(candidate, "champion", now=now)
+        rep["decision"] = "promoted"
+    else:
+        registry.reject(candidate, gate.to_dict())
+        store.set_version_status(candidate, "rejected", now=now)
+        rep["decision"] = "rejected"
+    rep["champion_after"] = registry.champion()
+    return _finish(cfg, store, rep, t0)
+
+
+def _finish(cfg: OnlineConfig, store: Store, rep: dict[str, Any], t0: float) -> dict[str, Any]:
+    rep["cycle_s"] = time.perf_counter() - t0
+    rep["rejected_events"] = store.rejected_counts()
+    rep["duplicate_events"] = store.counter("duplicate_events")
+    with open(Path(cfg.run_dir) / "cycles.jsonl", "a") as f:
+        f.write(json.dumps(rep, default=str) + "\n")
+    store.close()
+    return rep
+
+
+def print_report(rep: dict[str, Any], console: Console | None = None) -> None:
+    """A cycle report as rich tables: decision, timings, exclusions, gate, monitors."""
+    console = console or Console()
+    t = Table(title=f"online cycle: {rep['decision']}", show_header=False)
+    for k in (
+        "champion_before",
+        "candidate",
+        "champion_after",
+        "trainable",
+        "cycle_s",
+        "train_s",
+        "eval_s",
+    ):
+        if k in rep:
+            v = rep[k]
+            t.add_row(k, f"{v:.2f}" if isinstance(v, float) else str(v))
+    t.add_row("excluded", json.dumps(rep.get("excluded", {})))
+    t.add_row("finalize", json.dumps({k: v for k, v in rep["finalize"].items() if v}))
+    t.add_row(
+        "rejected / duplicate events",
+        f"{json.dumps(rep['rejected_events'])} / {rep['duplicate_events']}",
+    )
+    for k in (
+        "train_reward_mean",
+        "kl",
+        "ess_tokens_frac",
+        "ess_seqs_frac",
+        "clip_frac_high",
+        "iw_max",
+    ):
+        if k in rep.get("train", {}):
+            t.add_row(f"train {k}", f"{rep['train'][k]:.4f}")
+    for c in rep.get("gate", {}).get("comparisons", []):
+        t.add_row(
+            f"held-out {c['metric']}",
+            f"cand {c['candidate_mean']:.3f} vs champ "
+            f"{c['champion_mean']:.3f} (lower {c['lower_bound']:.3f}, margin {c['margin']})",
+        )
+    for r in rep.get("gate", {}).get("reasons", []):
+        t.add_row("reason", r)
+    console.print(t)
+    mon = rep.get("monitors", {}).get("by_version", {})
+    if mon:
+        cols = [(v, p, m) for v, pops in mon.items() for p, m in pops.items()]
+        mt = Table(title="monitors per version/population (trailing window)")
+        mt.add_column("metric")
+        for v, p, _ in cols:
+            mt.add_column(f"v{v}/{p}")
+        names = sorted({k for _, _, m in cols for k in m}, key=lambda k: (k.startswith("r"), k))
+        for k in names:
+            mt.add_row(k, *[f"{m.get(k, float('nan')):.3g}" for _, _, m in cols])
+        console.print(mt)
+        console.print(f"orphaned share of events: {rep['monitors']['orphaned_share']:.3f}")

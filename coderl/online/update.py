@@ -1,0 +1,173 @@
+"""The near-on-policy update: claimed production interactions -> one candidate's weights.
+
+Only interactions that can be trained on exactly are kept; everything else is counted by reason:
+
+- ``censored`` / ``unscored``: no reward under the batch's spec version;
+- ``stale_version``: served by a version outside the last K promoted ones (near on-policy: the
+  data must come from a policy close to the one being trained);
+- ``greedy``: sampled at temperature 0 (its logprobs are not those of a sampling distribution);
+- ``other_temperature``: sampled at a temperature other than the training temperature (the
+  ratio needs the same tempered distribution on both sides);
+- ``top_p``: nucleus-truncated sampling (the logged logprobs are not the sampling distribution);
+- ``missing_logprobs``: no behaviour logprobs logged;
+- ``empty``: no completion tokens.
+
+The loss is the trainer's algorithm-blind step (:func:`coderl.train.step.train_step`): PPO
+clipping against the trainer's own logprobs before the update, token-level truncated importance
+weights ``min(pi_old / pi_behaviour, cap)`` against the logged behaviour logprobs
+(:func:`coderl.algorithms.importance_weights`; decoupled PPO, Hilton et al. 2022, "Batch
+size-invariance for policy optimization", Sec. 3), and a KL penalty to the current champion
+(a frozen copy). The effective sample size of the importance weights is logged,
+``ESS = (sum w)^2 / sum w^2`` (Kong 1992; Liu 1996, Eq. 2), per token and per sequence.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from coderl import algorithms as A
+from coderl.config import AlgorithmConfig, TrainerConfig
+from coderl.train.batch import StepBatch, build_batch
+from coderl.train.optim import build_optimizer
+from coderl.train.step import train_step
+from coderl.trajectory import Segment
+
+
+@dataclass
+class Selection:
+    kept: list[dict[str, Any]] = field(default_factory=list)
+    excluded: Counter[str] = field(default_factory=Counter)
+
+
+def select_trainable(
+    rows: Sequence[dict[str, Any]],
+    rewards: dict[str, dict[str, Any]],
+    *,
+    allowed_versions: set[int],
+    temperature: float,
+) -> Selection:
+    """Split interaction rows into trainable ones and exclusions counted by reason (see the
+    module docstring)."""
+    sel = Selection()
+    for r in rows:
+        rw = rewards.get(r["interaction_id"])
+        if rw is None:
+            reason = "unscored"
+        elif rw["status"] != "scored":
+            reason = rw["status"]
+        elif r["policy_version"] not in allowed_versions:
+            reason = "stale_version"
+        elif r["temperature"] == 0:
+            reason = "greedy"
+        elif abs(r["temperature"] - temperature) > 1e-9:
+            reason = "other_temperature"
+        elif r["top_p"] < 1.0:
+            reason = "top_p"
+        elif not r["behaviour_logprobs"]:
+            reason = "missing_logprobs" if r["completion_token_ids"] else "empty"
+        else:
+            sel.kept.append(r)
+            continue
+        sel.excluded[reason] += 1
+    return sel
+
+
+def to_segment(row: dict[str, Any]) -> Segment:
+    """The exact tokens the policy saw and sampled (never re-tokenized)."""
+    seg = Segment(provenance={"interaction_id": row["interaction_id"]})
+    seg.append_context(row["prompt_token_ids"], kind="prompt")
+    seg.append_sampled(
+        row["completion_token_ids"], row["behaviour_logprobs"], row["policy_version"]
+    )
+    return seg
+
+
+@torch.no_grad()
+def effective_sample_size(weights: Tensor, mask: Tensor) -> dict[str, float]:
+    """ESS of importance weights ``[B, T]`` over masked-in tokens, and per sequence (geometric
+    mean of each row's token weights).
+
+    Returns:
+        ``ess_tokens``, ``ess_tokens_frac`` (ESS / tokens), ``ess_seqs``, ``ess_seqs_frac``.
+    """
+    m = mask.bool()
+    w = weights[m]
+    n = max(int(m.sum()), 1)
+    ess_tok = float(w.sum() ** 2 / (w.pow(2).sum() + 1e-12))
+    log_w = torch.where(m, weights.clamp(min=1e-12).log(), torch.zeros_like(weights))
+    seq_w = (log_w.sum(-1) / m.sum(-1).clamp(min=1)).exp()  # (B,)
+    ess_seq = float(seq_w.sum() ** 2 / (seq_w.pow(2).sum() + 1e-12))
+    return {
+        "ess_tokens": ess_tok,
+        "ess_tokens_frac": ess_tok / n,
+        "ess_seqs": ess_seq,
+        "ess_seqs_frac": ess_seq / max(weights.shape[0], 1),
+    }
+
+
+def update(
+    policy: Any,
+    champion: Any,
+    rows: Sequence[dict[str, Any]],
+    advantages: Tensor,
+    *,
+    algorithm: AlgorithmConfig,
+    trainer: TrainerConfig,
+    temperature: float,
+    max_len: int,
+) -> dict[str, float]:
+    """Train ``policy`` (a :class:`coderl.policy.local.LocalPolicy` loaded from the champion)
+    on the selected rows with ``trainer.steps`` calls of the trainer step.
+
+    Args:
+        champion: a frozen copy of the champion policy (KL reference).
+        rows: trainable interaction rows (see :func:`select_trainable`).
+        advantages: ``[B]`` float32 single-sample advantages, one per row.
+        max_len: the generation budget (constant of ``seq-mean-token-sum-norm``).
+
+    Returns:
+        the trainer's metrics of the last step, plus the ESS metrics of the first.
+
+    Raises:
+        ValueError: no rows, or ``len(advantages) != len(rows)``.
+    """
+    if not rows:
+        raise ValueError("no trainable interactions")
+    segs = [to_segment(r) for r in rows]
+    batch: StepBatch = build_batch(segs, advantages.tolist(), policy.pad_token_id)
+    with torch.no_grad():
+        batch.ref_logp = champion.forward(batch.tokens, temperature).logprobs
+        old = policy.forward(batch.tokens, temperature).logprobs
+        imp = algorithm.importance
+        w = A.importance_weights(
+            old,
+            batch.tokens.behavior_logprobs,
+            batch.loss_mask,
+            level=imp.level,
+            mode="truncate" if imp.mode == "off" else imp.mode,
+            cap=imp.cap,
+            low=imp.low,
+        )
+    metrics = effective_sample_size(w, batch.loss_mask)
+    opt, sched = build_optimizer([{"params": policy.trainable_parameters()}], trainer)
+    policy.model.train(False)  # no dropout: sampling and training see the same function
+    for _ in range(trainer.steps):
+        step = train_step(
+            policy.model,
+            opt,
+            sched,
+            batch,
+            algorithm,
+            trainer,
+            temperature=temperature,
+            max_len=max_len,
+        )
+        policy.bump_version()
+    metrics.update(step)
+    return metrics
