@@ -149,12 +149,11 @@ class BwrapSandbox(Sandbox):
         s, uid = self.scratch, self.uid
         s.mkdir(parents=True)
         mounts.mount_tmpfs(str(s), self.limits.disk_bytes, uid, uid)
-        for name in ("upper", "work", "lower", "merged", "tmp", "home", "etc", "mnt"):
+        for name in ("upper", "work", "lower", "merged", "tmp", "home", "mnt"):
             (s / name).mkdir()
         for name in ("upper", "tmp", "home"):
             os.chown(s / name, uid, uid)
         os.chmod(s / "tmp", 0o1777)
-        _write_etc(s / "etc", uid)
         for dest, host in self.ro_mounts.items():
             self._binds.append(("--ro-bind", self._idmap(host, readonly=True), dest))
         for dest, host in self.rw_mounts.items():
@@ -198,12 +197,8 @@ class BwrapSandbox(Sandbox):
                 argv += ["--symlink", os.readlink(top), top]
             elif os.path.isdir(top):
                 argv += ["--ro-bind", top, top]
-        argv += ["--proc", "/proc", "--dev", "/dev", "--perms", "0755", "--dir", "/etc"]
-        for name in _ETC_FILES + (_ETC_FILES_NET if self.network else ()):
-            if os.path.exists(f"/etc/{name}"):
-                argv += ["--ro-bind", f"/etc/{name}", f"/etc/{name}"]
-        for name in ("passwd", "group", "hosts"):
-            argv += ["--ro-bind", str(s / "etc" / name), f"/etc/{name}"]
+        argv += ["--proc", "/proc", "--dev", "/dev"]
+        argv += ["--ro-bind", str(_etc_dir(self.uid, self.network)), "/etc"]
         argv += ["--bind", str(s / "tmp"), "/tmp", "--bind", str(s / "home"), HOME]
         argv += ["--bind", str(s / "merged"), WORKDIR]
         made: set[str] = set()
@@ -377,13 +372,37 @@ def _default_env() -> dict[str, str]:
     }
 
 
-def _write_etc(etc: Path, uid: int) -> None:
-    (etc / "passwd").write_text(
+def _etc_dir(uid: int, network: bool) -> Path:
+    """The sandbox's ``/etc``: a few host files plus passwd/group/hosts naming ``uid``.
+
+    Built once per (uid, network) under ``SCRATCH_ROOT/etc`` and shared by later sandboxes
+    (one bind instead of one per file). The resolver files are only there when ``network``.
+    """
+    etc = SCRATCH_ROOT / "etc" / f"v1-{uid}{'-net' if network else ''}"
+    if etc.is_dir():
+        return etc
+    tmp = etc.with_name(f"{etc.name}.{os.getpid()}.{threading.get_ident()}")
+    tmp.mkdir(parents=True)
+    for name in _ETC_FILES + (_ETC_FILES_NET if network else ()):
+        host = Path("/etc") / name
+        if host.is_dir():
+            shutil.copytree(
+                host, tmp / name, symlinks=True, ignore=shutil.ignore_patterns("private")
+            )
+        elif host.exists():
+            shutil.copy2(host, tmp / name)
+    (tmp / "passwd").write_text(
         f"root:x:0:0:root:/root:/usr/sbin/nologin\nsandbox:x:{uid}:{uid}::{HOME}:/bin/bash\n"
         "nobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n"
     )
-    (etc / "group").write_text(f"root:x:0:\nsandbox:x:{uid}:\nnogroup:x:65534:\n")
-    (etc / "hosts").write_text("127.0.0.1 localhost sandbox\n::1 localhost\n")
+    (tmp / "group").write_text(f"root:x:0:\nsandbox:x:{uid}:\nnogroup:x:65534:\n")
+    (tmp / "hosts").write_text("127.0.0.1 localhost sandbox\n::1 localhost\n")
+    tmp.chmod(0o755)
+    try:
+        tmp.rename(etc)
+    except OSError:  # another process built it first
+        shutil.rmtree(tmp)
+    return etc
 
 
 def _parents(dest: str, made: set[str]) -> list[str]:

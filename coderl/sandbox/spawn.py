@@ -19,18 +19,22 @@ _started = threading.Lock()
 _thread: threading.Thread | None = None
 
 
+def _popen(argv: list[str], pass_fds: tuple[int, ...]) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        argv,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        pass_fds=pass_fds,
+        close_fds=True,
+    )
+
+
 def _serve() -> None:
     while True:
         argv, pass_fds, fut = _jobs.get()
         try:
-            proc = subprocess.Popen(
-                argv,
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                pass_fds=pass_fds,
-                close_fds=True,
-            )
+            proc = _popen(argv, pass_fds)
         except BaseException as e:  # handed to the caller, who re-raises it
             fut.set_exception(e)
         else:
@@ -43,6 +47,8 @@ def spawn(argv: list[str], *, pass_fds: tuple[int, ...] = ()) -> subprocess.Pope
     Raises what Popen raises (FileNotFoundError when ``argv[0]`` is missing, OSError).
     """
     global _thread
+    if threading.current_thread() is threading.main_thread():  # lives as long as the process
+        return _popen(argv, pass_fds)
     with _started:
         if _thread is None:
             _thread = threading.Thread(target=_serve, name="coderl-sandbox-spawner", daemon=True)
