@@ -356,3 +356,54 @@ def test_sandbox_made_in_a_finished_thread_survives(repo: Path) -> None:
     t.join()
     with box[0] as sb:
         assert sb.exec("echo still here").stdout == "still here\n"
+
+
+def test_any_command_text_survives_quoting(repo: Path) -> None:
+    nasty = "tab\there 'single' \"double\" $HOME `id` \\back\\slash é 中文 \x01\x7f !x ${y}"
+    with Sandbox.create(repo) as sb:
+        sb.write_text("nasty.txt", nasty)
+        r = sb.exec("cat <<'EOF'\n" + nasty + "\nEOF")
+        assert r.stdout == nasty + "\n"
+        assert sb.read_text("nasty.txt") == nasty
+
+
+def test_exit_and_exec_in_a_command_restart_the_shell(repo: Path) -> None:
+    with Sandbox.create(repo) as sb:
+        sb.exec("cd pkg; export A=1")
+        assert sb.exec("exit 7").exit_code == 7
+        assert sb.exec("pwd; echo $A").stdout == "/testbed/pkg\n1\n"
+        assert sb.exec("exec echo replaced").stdout == "replaced\n"
+        assert sb.exec("echo $A").stdout == "1\n"
+
+
+def test_copy_workspace_when_idmapped_mounts_are_refused(repo: Path, monkeypatch) -> None:
+    import errno
+
+    from coderl.sandbox import mounts
+
+    real = mounts.idmapped_bind
+
+    def refuse_base(source: str, *args, **kwargs) -> None:
+        if Path(source) == repo.resolve():
+            raise OSError(errno.EINVAL, "no idmapped mounts here")
+        real(source, *args, **kwargs)
+
+    monkeypatch.setattr(mounts, "idmapped_bind", refuse_base)
+    with Sandbox.create(repo) as sb:
+        assert sb.workspace_mode == "copy"  # type: ignore[attr-defined]
+        sb.exec("echo extra >> README.md && rm pkg/mod.py && touch new.py")
+        patch = sb.diff()
+        assert sb.exec("id -un; stat -c %U README.md").stdout == "sandbox\nsandbox\n"
+    assert "+extra" in patch and "--- a/pkg/mod.py" in patch and "b/new.py" in patch
+    assert (repo / "pkg" / "mod.py").exists()
+
+
+def test_private_host_trees_mount_readable(repo: Path, tmp_path: Path) -> None:
+    private = tmp_path / "private"
+    private.mkdir(mode=0o700)
+    (private / "hidden_test.py").write_text("assert True\n")
+    (private / "hidden_test.py").chmod(0o600)
+    with Sandbox.create(repo, ro_mounts={"/coderl/hidden": str(private)}) as sb:
+        assert sb.exec("python3 /coderl/hidden/hidden_test.py").exit_code == 0
+        assert sb.exec("rm /coderl/hidden/hidden_test.py").exit_code != 0
+    assert (private / "hidden_test.py").exists()

@@ -30,6 +30,7 @@ sandbox of a later process removes them).
 
 from __future__ import annotations
 
+import atexit
 import errno
 import fcntl
 import json
@@ -39,6 +40,7 @@ import signal
 import subprocess
 import sys
 import threading
+import weakref
 from itertools import count
 from pathlib import Path
 
@@ -62,6 +64,14 @@ _NO_IDMAP = (errno.EINVAL, errno.EPERM, errno.ENOSYS, errno.EOPNOTSUPP)
 """errnos meaning "this filesystem or kernel cannot make idmapped mounts"."""
 _counter = count()
 _cleaned = threading.Event()
+_live: weakref.WeakSet[BwrapSandbox] = weakref.WeakSet()
+
+
+@atexit.register
+def _close_all() -> None:
+    """Close sandboxes still open at interpreter exit (their mounts would outlive us)."""
+    for sb in list(_live):
+        sb.close()
 
 
 class _UidLease:
@@ -141,6 +151,7 @@ class BwrapSandbox(Sandbox):
             self.close()
             raise
         self.files = FileOps(self._run_internal)
+        _live.add(self)
 
     # --- workspace -------------------------------------------------------------------------
 

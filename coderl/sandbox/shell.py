@@ -203,10 +203,13 @@ class Shell:
             self.alive = False
             self.kill()
             return TIMEOUT_EXIT_CODE
-        if not self.alive or ctl.count(0) < _RECORD_NULS:
+        if not self.alive or ctl.count(0) < _RECORD_NULS:  # the shell exited by itself
             self.alive = False
-            self.kill()
-            rc = self.proc.wait()
+            try:
+                rc = self.proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                rc = -9
+            self.kill()  # whatever it left behind, and the pipes
             return rc if rc >= 0 else 128 - rc
         status, cwd, env, _ = bytes(ctl).split(b"\0", 3)
         self.state = ShellState(cwd=cwd.decode(errors="replace"), env_decls=env.decode("utf-8"))
