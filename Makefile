@@ -18,10 +18,10 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 sysdeps:
-	@command -v bwrap >/dev/null || { \
-	  echo "installing bubblewrap (Debian package) for sandboxes"; \
-	  (apt-get install -y -qq bubblewrap >/dev/null 2>&1 || \
-	   (apt-get update -qq >/dev/null && apt-get install -y -qq bubblewrap >/dev/null)) || \
+	@(command -v bwrap && command -v setpriv && command -v ps) >/dev/null || { \
+	  echo "installing bubblewrap, util-linux, procps (Debian packages) for sandboxes"; \
+	  (apt-get install -y -qq bubblewrap util-linux procps >/dev/null 2>&1 || \
+	   (apt-get update -qq >/dev/null && apt-get install -y -qq bubblewrap util-linux procps >/dev/null)) || \
 	  echo "WARNING: could not install bubblewrap; sandbox tests will fail"; }
 	@ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || { \
 	  echo "installing postgresql (Debian package) for the online storage tests"; \
