@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
-import subprocess
-import time
+import warnings
 from pathlib import Path
 
 import pytest
@@ -34,7 +34,8 @@ from coderl.agent.tools import (
     truncate_middle,
 )
 from coderl.policy.tiny import tiny_tokenizer
-from coderl.sandbox.base import ExecResult
+from coderl.sandbox import Sandbox
+from coderl.sandbox.local import UnisolatedSandboxWarning
 
 # SmolLM2-135M-Instruct's GGUF chat template: plain ChatML that ignores ``tools=``.
 PLAIN_CHATML = (
@@ -44,39 +45,14 @@ PLAIN_CHATML = (
 )
 
 
-class DirSandbox:
-    """Test double of the Sandbox protocol over a temporary directory (not isolated)."""
-
-    def __init__(self, base: Path, work: Path):
-        self.base, self.root = base, work
-        shutil.copytree(base, work)
-
-    def exec(self, cmd: str, *, timeout: float | None = None) -> ExecResult:
-        start = time.monotonic()
-        try:
-            p = subprocess.run(
-                ["bash", "-c", cmd], cwd=self.root, capture_output=True, text=True, timeout=timeout
-            )
-        except subprocess.TimeoutExpired:
-            return ExecResult(-9, "", "", True, time.monotonic() - start, False)
-        return ExecResult(p.returncode, p.stdout, p.stderr, False, time.monotonic() - start, False)
-
-    def read_text(self, path: str) -> str:
-        return (self.root / path).read_text()
-
-    def write_text(self, path: str, text: str) -> None:
-        (self.root / path).parent.mkdir(parents=True, exist_ok=True)
-        (self.root / path).write_text(text)
-
-    def list(self, path: str = ".") -> list[str]:
-        return sorted(p.name for p in (self.root / path).iterdir())
-
-    def diff(self) -> str:
-        cmd = ["diff", "-ruN", str(self.base), str(self.root)]
-        return subprocess.run(cmd, capture_output=True, text=True).stdout
-
-    def close(self) -> None:
-        shutil.rmtree(self.root, ignore_errors=True)
+def open_sandbox(base: Path) -> Sandbox:
+    """A real sandbox over ``base``: bubblewrap where it can run, else the unisolated local
+    backend (hosts without root; its warning is expected here)."""
+    if os.geteuid() == 0 and shutil.which("bwrap"):
+        return Sandbox.create(base)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UnisolatedSandboxWarning)
+        return Sandbox.create(base, backend="local")
 
 
 def make_repo(tmp_path: Path) -> Path:
@@ -92,8 +68,9 @@ def make_repo(tmp_path: Path) -> Path:
 
 
 @pytest.fixture
-def ctx(tmp_path: Path) -> ToolContext:
-    return ToolContext(DirSandbox(make_repo(tmp_path), tmp_path / "work"))
+def ctx(tmp_path: Path):
+    with open_sandbox(make_repo(tmp_path)) as sandbox:
+        yield ToolContext(sandbox)
 
 
 def call(ctx: ToolContext, name: str, **arguments) -> tuple[str, bool]:
@@ -304,7 +281,8 @@ def test_tools_reach_the_rendered_prompt(tokenizers, tmp_path):
     cfg = EpisodeConfig(instructions="You fix bugs.")
     for name, tok in (("native", native), ("plain", plain)):
         policy = ScriptedPolicy(tok, [submit])
-        run_episode(policy, task, DirSandbox(task.base_dir, tmp_path / name), cfg)
+        with open_sandbox(task.base_dir) as sandbox:
+            run_episode(policy, task, sandbox, cfg)
         text = tok.decode(policy.prompts[0])  # what the model was given, from the token ids
         assert text.startswith("<|im_start|>system\nYou fix bugs.")
         assert text.endswith("<|im_start|>user\nFix add().<|im_end|>\n<|im_start|>assistant\n")
