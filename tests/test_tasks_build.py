@@ -1,0 +1,132 @@
+"""Pure parts of environment building: detection, install proposals, snapshots."""
+
+import io
+import tarfile
+
+import pytest
+
+from coderl.tasks.detect import detect, propose_install_plans
+from coderl.tasks.envbuild import BUILDERS, RuleBasedPolicy, get_builder, read_license
+from coderl.tasks.snapshot import parse_spec, snapshot_dir, tree_digest, unpack
+
+
+def make_repo(root, files):
+    for rel, text in files.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text(text)
+    return root
+
+
+SRC_LAYOUT = {
+    "pyproject.toml": (
+        '[build-system]\nrequires = ["hatchling"]\nbuild-backend = "hatchling.build"\n'
+        '[project]\nname = "minilib"\n[project.optional-dependencies]\ntest = ["pytest"]\n'
+        '[tool.pytest.ini_options]\naddopts = "--cov=minilib"\n'
+    ),
+    "src/minilib/__init__.py": "def add(a, b):\n    return a + b\n",
+    "tests/__init__.py": "",
+    "tests/test_add.py": (
+        "import yaml\nimport minilib\nimport os\nfrom tests import helpers\n"
+        "try:\n    import hypothesis\nexcept ImportError:\n    hypothesis = None\n"
+        "def test_add():\n    assert minilib.add(1, 2) == 3\n"
+    ),
+    "tests/helpers.py": "",
+    "requirements-test.txt": "pytest\n",
+    "requirements.txt": "attrs\n",
+    "tox.ini": "[testenv]\ndeps =\n    pytest\n    mock\ncommands = pytest\n",
+    "PKG-INFO": "Metadata-Version: 2.1\nName: minilib\nLicense: BSD-3-Clause\n",
+}
+
+
+def test_detect_src_layout(tmp_path):
+    info = detect(make_repo(tmp_path, SRC_LAYOUT))
+    assert info.build_files == ["pyproject.toml"]
+    assert info.build_backend == "hatchling.build"
+    assert (info.source_root, info.top_level) == ("src", ["minilib"])
+    assert info.test_dirs == ["tests"]
+    assert info.test_extras == ["test"]
+    # test files first; the rest after
+    assert info.requirement_files == ["requirements-test.txt", "requirements.txt"]
+    assert info.tox_deps == ["pytest", "mock"]
+    # module-level third-party imports only: yaml -> pyyaml; hypothesis is optional (in try),
+    # os is stdlib, minilib is the project, tests is local
+    assert info.test_imports == ["pyyaml"]
+    assert info.pytest_config == "pyproject.toml" and info.needs_pytest_cov
+    assert read_license(tmp_path) == "BSD-3-Clause"
+
+
+def test_install_plans_are_ordered_unique_and_bounded(tmp_path):
+    info = detect(make_repo(tmp_path, SRC_LAYOUT))
+    plans = propose_install_plans(info)
+    names = [p.name for p in plans]
+    assert names[:4] == [
+        "project+extras",
+        "project+test-imports",
+        "project+requirements",
+        "project+tox-deps",
+    ]
+    assert len(names) == len(set(names)) <= 10
+    assert "'.[test]'" in plans[0].commands[0] and "'pytest-cov'" in plans[0].commands[0]
+    assert all("pytest" in " ".join(p.commands) for p in plans)
+    assert len(propose_install_plans(info, max_plans=3)) == 3
+
+
+def test_detect_single_file_module_with_root_tests(tmp_path):
+    repo = make_repo(
+        tmp_path,
+        {
+            "setup.py": "from setuptools import setup\nsetup()\n",
+            "six.py": "x = 1\n",
+            "test_six.py": "import six\n",
+            "setup.cfg": "[tool:pytest]\nminversion = 2.2\n",
+        },
+    )
+    info = detect(repo)
+    assert info.top_level == ["six"] and info.test_dirs == ["test_six.py"]
+    assert info.pytest_config == "setup.cfg" and info.test_imports == []
+    assert [p.name for p in propose_install_plans(info)][0] == "project+test-imports"
+
+
+def test_rule_policy_proposes_each_plan_once_then_gives_up(tmp_path):
+    info = detect(make_repo(tmp_path, SRC_LAYOUT))
+    policy = get_builder("rules")
+    attempts = []
+    while (plan := policy.propose(info, attempts)) is not None:
+        attempts.append({"plan": plan.name})
+    assert [a["plan"] for a in attempts] == [p.name for p in propose_install_plans(info)]
+    assert isinstance(policy, RuleBasedPolicy)
+    with pytest.raises(KeyError, match="valid"):
+        get_builder("llm")
+    assert list(BUILDERS) == ["rules"]
+
+
+def test_snapshot_is_content_addressed(tmp_path):
+    a = make_repo(
+        tmp_path / "a", {"x.py": "1\n", "pkg/y.py": "2\n", "pkg/__pycache__/y.pyc": "junk"}
+    )
+    b = make_repo(tmp_path / "b", {"x.py": "1\n", "pkg/y.py": "2\n"})
+    c = make_repo(tmp_path / "c", {"x.py": "1\n", "pkg/y.py": "3\n"})
+    # caches are not content: a and b are the same snapshot; c differs by one byte
+    assert tree_digest(a) == tree_digest(b) != tree_digest(c)
+    digest, snap = snapshot_dir(a, cache=tmp_path / "cache")
+    again, snap2 = snapshot_dir(b, cache=tmp_path / "cache")
+    assert (digest, snap) == (again, snap2) and snap.name == digest[:16]
+    assert (snap / "pkg/y.py").read_text() == "2\n" and not (snap / "pkg/__pycache__").exists()
+    assert oct(snap.stat().st_mode & 0o777) == "0o755"
+
+
+def test_unpack_refuses_path_traversal(tmp_path):
+    archive = tmp_path / "evil-1.0.tar.gz"
+    with tarfile.open(archive, "w:gz") as tf:
+        info = tarfile.TarInfo("../escape.txt")
+        info.size = 3
+        tf.addfile(info, io.BytesIO(b"bad"))
+    with pytest.raises(tarfile.TarError):
+        unpack(archive, tmp_path / "out")
+    assert not (tmp_path / "escape.txt").exists()
+
+
+def test_parse_spec():
+    assert parse_spec("toolz==1.0.0") == ("toolz", "1.0.0")
+    assert parse_spec("python-dateutil==2.9.0.post0") == ("python-dateutil", "2.9.0.post0")
+    assert parse_spec("./some/path") is None and parse_spec("toolz>=1") is None
