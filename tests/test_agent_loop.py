@@ -32,7 +32,7 @@ def tok():
 @pytest.fixture
 def setup(tmp_path: Path):
     base = make_repo(tmp_path)
-    task = SimpleTask("calc", TASK, base)
+    task = SimpleTask("calc", TASK)
     made = []
 
     def sandbox(name: str = "work") -> Sandbox:
@@ -256,7 +256,7 @@ def test_episodes_run_concurrently_with_batched_sampling(tok, tmp_path):
         turn = prompt.count("<|im_start|>assistant") - 1
         return scripts[name][turn]
 
-    tasks = [SimpleTask(n, f"TASK {n}", base) for n in ("slow", "fast", "fast")]
+    tasks = [SimpleTask(n, f"TASK {n}") for n in ("slow", "fast", "fast")]
     boxes = [open_sandbox(base) for _ in range(3)]
     policy = ScriptedPolicy(tok, script)
     jobs = list(zip(tasks, boxes, strict=True))
@@ -297,9 +297,14 @@ def test_real_tiny_model_episodes_end_to_end_in_sandboxes(tmp_path, one_torch_th
     policy = load_policy("tiny-random", reference=False)
     base = make_repo(tmp_path)
     # two tools and short instructions keep the prompt (~500 tokens of this tiny BPE) cheap
-    task = SimpleTask("calc", TASK, base, tools=("read_file", "submit"))
+    task = SimpleTask("calc", TASK, kind="tiny")
     cfg = EpisodeConfig(
-        max_turns=2, max_tokens_per_turn=12, instructions="Fix the bug.", temperature=1.0, seed=0
+        max_turns=2,
+        max_tokens_per_turn=12,
+        instructions="Fix the bug.",
+        toolsets={"tiny": ("read_file", "submit")},
+        temperature=1.0,
+        seed=0,
     )
     boxes = [open_sandbox(base) for _ in range(2)]  # a group of two episodes on one task
     try:

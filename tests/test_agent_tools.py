@@ -36,6 +36,7 @@ from coderl.agent.tools import (
 from coderl.policy.tiny import tiny_tokenizer
 from coderl.sandbox import Sandbox
 from coderl.sandbox.local import UnisolatedSandboxWarning
+from coderl.tasks.spec import Task
 
 # SmolLM2-135M-Instruct's GGUF chat template: plain ChatML that ignores ``tools=``.
 PLAIN_CHATML = (
@@ -276,12 +277,23 @@ def tokenizers():
 def test_tools_reach_the_rendered_prompt(tokenizers, tmp_path):
     native, plain = tokenizers
     assert template_supports_tools(native) and not template_supports_tools(plain)
-    task = SimpleTask("t", "Fix add().", make_repo(tmp_path), TOOLSETS["function"])
+    # a task layer Task of kind "function" gets the "function" tool set (no search)
+    task = Task(
+        id="t/0",
+        kind="function",
+        env_id="python3",
+        problem_statement="Fix add().",
+        FAIL_TO_PASS=["test_calc.py::test_add"],
+        gold_patch="-",
+        source="test",
+        license="MIT",
+    )
+    base = make_repo(tmp_path)
     submit = CALL_FORMATS["hermes"].format_call("submit", {})
     cfg = EpisodeConfig(instructions="You fix bugs.")
     for name, tok in (("native", native), ("plain", plain)):
         policy = ScriptedPolicy(tok, [submit])
-        with open_sandbox(task.base_dir) as sandbox:
+        with open_sandbox(base) as sandbox:
             run_episode(policy, task, sandbox, cfg)
         text = tok.decode(policy.prompts[0])  # what the model was given, from the token ids
         assert text.startswith("<|im_start|>system\nYou fix bugs.")
@@ -292,3 +304,5 @@ def test_tools_reach_the_rendered_prompt(tokenizers, tmp_path):
         assert "<tool_call>" in text and "</tool_call>" in text  # the call format is shown
         # the plain template gets coderl's own tools section, the native one its template's
         assert ("You can call these tools" in text) == (name == "plain")
+    with pytest.raises(KeyError, match="no tool set for task kind 'quiz'"):
+        run_episode(ScriptedPolicy(plain, []), SimpleTask("q", "?", kind="quiz"), None, cfg)  # type: ignore[arg-type]

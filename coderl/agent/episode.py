@@ -22,12 +22,19 @@ import time
 import traceback
 from collections.abc import Callable, Generator, Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Literal, Protocol
 
 from coderl.agent.context import ChatRenderer, Message
 from coderl.agent.parsing import BrokenCall, ToolCall, get_call_format, validate
-from coderl.agent.tools import TOOLS, Tool, ToolConfig, ToolContext, execute, resolve_tools
+from coderl.agent.tools import (
+    TOOLS,
+    TOOLSETS,
+    Tool,
+    ToolConfig,
+    ToolContext,
+    execute,
+    resolve_tools,
+)
 from coderl.policy.episode import EpisodeBuilder, encode
 from coderl.sandbox.base import Sandbox
 from coderl.trajectory import Trajectory
@@ -47,15 +54,21 @@ DEFAULT_SUMMARY_INSTRUCTION = (
 
 
 class AgentTask(Protocol):
-    """What the harness needs from a task (the task layer's objects satisfy it)."""
+    """What the harness needs from a task; ``coderl.tasks.Task`` satisfies it. The workspace is
+    the sandbox the caller creates from the task's environment."""
 
-    id: str
-    problem_statement: str
-    """The text the agent is given."""
-    base_dir: Path
-    """The workspace the sandbox starts from (read-only base)."""
-    tools: Sequence[str]
-    """Names of the tools the agent gets (see ``TOOLSETS``)."""
+    @property
+    def id(self) -> str: ...
+
+    @property
+    def problem_statement(self) -> str:
+        """The text the agent is given."""
+        ...
+
+    @property
+    def kind(self) -> str:
+        """Task kind; selects the tool set (``EpisodeConfig.toolsets``)."""
+        ...
 
 
 @dataclass
@@ -64,8 +77,7 @@ class SimpleTask:
 
     id: str
     problem_statement: str
-    base_dir: Path
-    tools: Sequence[str] = ("read_file", "search", "edit", "write_file", "run", "submit")
+    kind: str = "repo"
 
 
 @dataclass
@@ -104,6 +116,8 @@ class EpisodeConfig:
     """Nucleus sampling mass in (0, 1]."""
     seed: int | None = None
     """Sampler seed, passed with every batch."""
+    toolsets: dict[str, tuple[str, ...]] = field(default_factory=lambda: dict(TOOLSETS))
+    """Task kind -> names of the tools its episodes get (default ``TOOLSETS``)."""
     tools: ToolConfig = field(default_factory=ToolConfig)
     """Limits of the built-in tools (timeouts, result caps, observation size)."""
 
@@ -338,9 +352,12 @@ def episode_steps(
     (``policy.generate`` failing) propagate from the runner.
 
     Raises:
-        KeyError: unknown tool names or call format (listing the valid ones), before any work.
+        KeyError: unknown task kind, tool names or call format (listing the valid ones), before
+            any work.
     """
-    tools = resolve_tools(task.tools, registry)
+    if task.kind not in cfg.toolsets:
+        raise KeyError(f"no tool set for task kind {task.kind!r}; valid: {sorted(cfg.toolsets)}")
+    tools = resolve_tools(cfg.toolsets[task.kind], registry)
     get_call_format(cfg.call_format)
     start = time.monotonic()
     episode = Episode(task.id, episode_id or task.id, Trajectory(), [], [], "", EpisodeStats())

@@ -86,13 +86,14 @@ def run_episodes(
         policy: samples turns; ``policy.tokenizer`` renders the prompts.
         jobs: one ``(task, sandbox)`` per episode; the same task may appear many times (a group).
         cfg: limits, prompts and sampling settings shared by all episodes.
-        registry: tool name -> tool; each task's ``tools`` are looked up here.
+        registry: tool name -> tool; each task kind's tool set is looked up here.
         max_workers: threads for tool calls (default: one per episode, at most 32).
         batch_wait_s: longest wait (seconds) for episodes still in tools before sampling for the
             ready ones.
 
     Raises:
-        KeyError: a task names an unknown tool or ``cfg.call_format`` is unknown.
+        KeyError: a task kind has no tool set, a tool set names an unknown tool, or
+            ``cfg.call_format`` is unknown.
         Whatever ``policy.generate`` raises (it affects every episode of the batch).
     """
     gens: list[Step] = [
