@@ -25,6 +25,9 @@ from coderl.asyncrl.weights import FileWeightStore, MemoryWeightStore, WeightSto
 from coderl.asyncrl.worker import RolloutWorker
 
 _STOP = None
+_BUILD_LOCK = threading.Lock()
+"""Sampler factories run one at a time: model builders seed torch's process-wide RNG, and two
+threads building at once would interleave their draws (and get different base weights)."""
 
 
 class WorkerError(RuntimeError):
@@ -41,7 +44,9 @@ def _serve(
 ) -> None:
     """Worker main loop: job in, group (or the error) out, until the stop sentinel."""
     try:
-        worker = RolloutWorker(worker_name, make(), store, turn_sync=turn_sync)
+        with _BUILD_LOCK:
+            sampler = make()
+        worker = RolloutWorker(worker_name, sampler, store, turn_sync=turn_sync)
         while (job := jobs.get()) is not _STOP:
             results.put(worker.run(job))
     except BaseException:  # the domain: a worker's failure is reported to the trainer

@@ -3,9 +3,9 @@
 Task ``k`` has a target token; an episode samples ``turns x tokens_per_turn`` tokens from the
 policy's softmax row for ``k`` and is rewarded with the fraction that hit the target. The policy is
 one logit table ``[num_tasks, vocab]``, so a step takes milliseconds and the expected reward is
-exact (:meth:`ToyLearner.expected_reward`). Each turn sleeps for an environment delay drawn from a
-log-normal law with mean ``delay_s`` (``delay_sigma`` sets its tail), standing in for sandboxed
-test runs; ``train_delay_s`` stands in for the cost of a real optimizer step.
+exact (:meth:`ToyLearner.expected_reward`). Each group waits for an environment latency drawn from
+a log-normal law with mean ``delay_s`` seconds (``delay_sigma`` sets its tail: some tasks are slow),
+standing in for sandboxed test runs; ``train_delay_s`` stands in for a real optimizer step.
 
 The learner is the decoupled PPO objective of AReaL (Fu et al. 2025, Sec. 5.2, Eq. 5) with one
 update per batch: the proximal policy is the current one (ratio 1, no clipping active) and the
@@ -67,37 +67,46 @@ class ToySampler:
         self.version = version
 
     def _delay(self, rng: random.Random) -> float:
-        """Seconds of environment latency, log-normal with mean ``delay_s``."""
+        """Seconds of environment latency of one group: log-normal with mean ``delay_s``
+        (``exp(N(-sigma^2/2, sigma^2))`` has mean 1)."""
         if self.delay_s <= 0:
             return 0.0
         s = self.delay_sigma
         return self.delay_s * math.exp(rng.gauss(0.0, s) - s * s / 2)
 
     def rollout(self, job: Job, between_turns: BetweenTurns) -> list[Episode]:
+        """The group's episodes advance turn by turn together (one batched generation per turn,
+        then the environment answers all of them): the group waits ``latency / turns`` per turn,
+        with one log-normal ``latency`` drawn per group from the job's seed."""
         gen = torch.Generator().manual_seed(job.seed)
-        rng = random.Random(job.seed)
+        latency = self._delay(random.Random(job.seed))
         row, target = job.task["row"], job.task["target"]
-        episodes = []
-        for _ in range(self.group_size):
-            seg = Segment([BOS], [0], [0.0], [-1], {"task_id": job.task_id})
-            hits = 0
-            for turn in range(self.turns):
-                version = between_turns() if turn > 0 else self.version
-                logp = (self.logits[row] / self.temperature).log_softmax(-1)  # (V,)
+        segs = [
+            Segment([BOS], [0], [0.0], [-1], {"task_id": job.task_id})
+            for _ in range(self.group_size)
+        ]
+        hits = [0] * self.group_size
+        for turn in range(self.turns):
+            version = between_turns() if turn > 0 else self.version
+            logp = (self.logits[row] / self.temperature).log_softmax(-1)  # (V,)
+            for e, seg in enumerate(segs):
                 tokens = torch.multinomial(logp.exp(), self.tokens_per_turn, True, generator=gen)
                 seg.token_ids += tokens.tolist()
                 seg.loss_mask += [1] * len(tokens)
                 seg.behavior_logprobs += logp[tokens].tolist()
                 seg.policy_versions += [version] * len(tokens)
-                hits += int((tokens == target).sum())
-                time.sleep(self._delay(rng))  # the environment answers
+                hits[e] += int((tokens == target).sum())
+            time.sleep(latency / self.turns)  # the environment answers
+            for seg in segs:
                 seg.token_ids.append(OBS)
                 seg.loss_mask.append(0)
                 seg.behavior_logprobs.append(0.0)
                 seg.policy_versions.append(-1)
-            reward = hits / (self.turns * self.tokens_per_turn) if self.grade else math.nan
-            episodes.append(Episode(job.task_id, Trajectory([seg]), reward))
-        return episodes
+        n = self.turns * self.tokens_per_turn
+        return [
+            Episode(job.task_id, Trajectory([seg]), h / n if self.grade else math.nan)
+            for seg, h in zip(segs, hits, strict=True)
+        ]
 
 
 class ToyGrader:
