@@ -6,10 +6,12 @@ repository made in ``tmp_path``.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import socket
 import subprocess
+import tempfile
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -407,3 +409,56 @@ def test_private_host_trees_mount_readable(repo: Path, tmp_path: Path) -> None:
         assert sb.exec("python3 /coderl/hidden/hidden_test.py").exit_code == 0
         assert sb.exec("rm /coderl/hidden/hidden_test.py").exit_code != 0
     assert (private / "hidden_test.py").exists()
+
+
+ROOTLESS_PROBE = """
+import json, os, sys
+sys.path.insert(0, {root!r})
+from coderl.sandbox import Limits, Sandbox
+out = {{}}
+with Sandbox.create({base!r}, limits=Limits(processes=40)) as sb:
+    out["mode"] = sb.workspace_mode
+    out["id"] = sb.exec("id -u").stdout.strip()
+    out["userns"] = sb.exec("unshare -U true").exit_code
+    sb.exec("echo more >> README.md; mkdir locked; chmod 000 locked")
+    out["diff"] = sb.diff()
+    out["bomb"] = sb.exec("bomb() {{ bomb | bomb & }}; bomb; sleep 10", timeout=1.5).timed_out
+    out["after"] = sb.exec("echo ok").stdout
+    scratch = sb.scratch
+out["scratch_left"] = scratch.exists()
+print(json.dumps(out))
+"""
+
+
+def test_rootless_mode_runs_as_the_callers_uid(repo: Path) -> None:
+    """A non-root caller gets a user-namespace sandbox over a copy of the base."""
+    python = shutil.which("python3.11", path="/usr/bin:/usr/local/bin") or "/usr/bin/python3"
+    uid = 4321
+    work = Path(tempfile.mkdtemp(prefix="coderl-rootless-"))
+    try:
+        shutil.copytree(repo, work / "repo")
+        script = work / "probe.py"
+        root = str(Path(__file__).resolve().parents[1])
+        script.write_text(ROOTLESS_PROBE.format(root=root, base=str(work / "repo")))
+        for p in [work, *work.rglob("*")]:
+            p.chmod(0o755)
+        r = subprocess.run(
+            [python, str(script)],
+            user=uid,
+            group=uid,
+            extra_groups=[],
+            env={"PATH": "/usr/bin:/bin", "HOME": "/tmp"},
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert r.returncode == 0, r.stderr
+        out = json.loads(r.stdout)
+        assert out["mode"] == "copy" and out["id"] == str(uid)
+        assert out["userns"] != 0  # no nested user namespaces
+        assert "+more" in out["diff"]
+        assert out["bomb"] and out["after"] == "ok\n"
+        assert not out["scratch_left"]
+        assert procs_of(uid) == []
+    finally:
+        shutil.rmtree(work)

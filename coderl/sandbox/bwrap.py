@@ -1,6 +1,6 @@
 """The isolated sandbox: bubblewrap namespaces over an idmapped overlayfs workspace.
 
-What one sandbox is (as root, the normal case here and in CI):
+What one sandbox is (as root, the normal case here and in CI; rootless mode is at the end):
 - a private tmpfs of ``Limits.disk_bytes`` under ``/dev/shm/coderl`` holding the overlay's upper
   and work directories, ``/tmp`` and the home directory;
 - ``/testbed``: overlayfs with an idmapped, read-only view of ``base`` below (the snapshot's owner
@@ -26,6 +26,13 @@ world-readable files under the mounted trees are readable; ``network=True`` give
 network. The host runs the sandbox as root: the mounts are made in the host mount namespace
 under ``/dev/shm/coderl`` and removed by ``close`` (a crashed host process leaves them; the next
 sandbox of a later process removes them).
+
+Rootless mode (the caller is not root): bwrap runs unprivileged in a new user namespace as the
+caller's own uid, with user-namespace creation disabled inside and every capability dropped;
+``/testbed`` is a copy of ``base`` under ``/dev/shm/coderl-<uid>`` (start-up grows with the
+repository; ``disk_bytes`` is not enforced); RLIMIT_NPROC is counted per user namespace (Linux
+>= 5.14), so a fork bomb is still held to ``Limits.processes``; mounts are plain binds (host
+permissions apply). Files the caller can read elsewhere stay hidden unless mounted.
 """
 
 from __future__ import annotations
@@ -56,7 +63,18 @@ HOME = "/home/sandbox"
 UID_BASE = 2_000_000
 """Sandbox uids are ``UID_BASE + slot``; far above any real account."""
 UID_SLOTS = 4096
-SCRATCH_ROOT = Path(os.environ.get("CODERL_SANDBOX_DIR", "/dev/shm/coderl"))
+
+
+def rootless() -> bool:
+    """True when this process is not root: sandboxes then run in a user namespace as the
+    caller's own uid, over a copy of the base (no mounts can be made on the host)."""
+    return os.geteuid() != 0
+
+
+SCRATCH_ROOT = Path(
+    os.environ.get("CODERL_SANDBOX_DIR")
+    or ("/dev/shm/coderl" if not rootless() else f"/dev/shm/coderl-{os.getuid()}")
+)
 _RESERVED = ("/proc", "/dev", "/tmp", "/etc", "/usr", HOME)
 _ETC_FILES = ("alternatives", "ld.so.cache", "ld.so.conf", "ld.so.conf.d", "localtime", "ssl")
 _ETC_FILES_NET = ("resolv.conf", "ca-certificates", "gai.conf", "nsswitch.conf")
@@ -106,7 +124,7 @@ def _clean_stale() -> None:
         owner = entry.name.split("-")[0]
         if not owner.isdigit() or Path(f"/proc/{owner}").exists():
             continue
-        _remove_scratch(entry)
+        _remove_scratch(entry, mounted=not rootless())
 
 
 class BwrapSandbox(Sandbox):
@@ -122,11 +140,6 @@ class BwrapSandbox(Sandbox):
         rw_mounts: dict[str, str],
         network: bool,
     ) -> None:
-        if os.geteuid() != 0:
-            raise SandboxError(
-                "the bwrap backend runs sandboxes under distinct uids and needs root; "
-                "run as root or pass backend='local' (no isolation)"
-            )
         if shutil.which("bwrap") is None:
             raise SandboxError("bubblewrap is not installed (make sysdeps)")
         self.base = _check_dir(base, "base")
@@ -141,8 +154,9 @@ class BwrapSandbox(Sandbox):
         self._binds: list[tuple[str, str, str]] = []  # (bwrap flag, host source, sandbox dest)
         self._mounted: list[str] = []  # idmapped views made for the mounts, unmounted by close
         _clean_stale()
-        self._lease = _UidLease()
-        self.uid = self._lease.uid
+        self.rootless = rootless()
+        self._lease = None if self.rootless else _UidLease()
+        self.uid = os.getuid() if self._lease is None else self._lease.uid
         self.scratch = SCRATCH_ROOT / f"{os.getpid()}-{next(_counter)}-{self.uid}"
         try:
             self.workspace_mode = self._build_workspace()
@@ -158,7 +172,14 @@ class BwrapSandbox(Sandbox):
     def _build_workspace(self) -> str:
         """Mount the tmpfs, ``merged`` (the future /testbed) and the rw mounts; returns the mode."""
         s, uid = self.scratch, self.uid
-        s.mkdir(parents=True)
+        s.mkdir(parents=True, mode=0o700)
+        if self.rootless:
+            for name in ("tmp", "home"):
+                (s / name).mkdir()
+            shutil.copytree(self.base, s / "merged", symlinks=True)
+            self._binds += [("--ro-bind", host, dest) for dest, host in self.ro_mounts.items()]
+            self._binds += [("--bind", host, dest) for dest, host in self.rw_mounts.items()]
+            return "copy"
         mounts.mount_tmpfs(str(s), self.limits.disk_bytes, uid, uid)
         for name in ("upper", "work", "lower", "merged", "tmp", "home", "mnt"):
             (s / name).mkdir()
@@ -201,6 +222,7 @@ class BwrapSandbox(Sandbox):
         s, uid = self.scratch, str(self.uid)
         argv = ["bwrap", "--unshare-ipc", "--unshare-pid", "--unshare-uts", "--unshare-cgroup-try"]
         argv += [] if self.network else ["--unshare-net"]
+        argv += ["--unshare-user", "--disable-userns"] if self.rootless else []
         argv += ["--die-with-parent", "--new-session", "--hostname", "sandbox"]
         argv += ["--ro-bind", "/usr", "/usr"]
         for top in ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32"):
@@ -220,9 +242,11 @@ class BwrapSandbox(Sandbox):
         argv += ["--chdir", WORKDIR, "--clearenv", "--info-fd", str(info_fd)]
         for key, value in self.env.items():
             argv += ["--setenv", key, value]
-        argv += ["--", "setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups"]
-        argv += ["--inh-caps=-all", "--bounding-set=-all", "--no-new-privs"]
-        return argv + ["--", "/bin/bash", "--noprofile", "--norc"]
+        argv.append("--")
+        if not self.rootless:  # unprivileged bwrap has already dropped everything
+            argv += ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups"]
+            argv += ["--inh-caps=-all", "--bounding-set=-all", "--no-new-privs", "--"]
+        return argv + ["/bin/bash", "--noprofile", "--norc"]
 
     # --- the shell -------------------------------------------------------------------------
 
@@ -269,6 +293,7 @@ class BwrapSandbox(Sandbox):
                 os.kill(child, signal.SIGKILL)
             else:
                 proc.kill()
+            if child is None and not self.rootless:  # rootless: -1 would kill the caller too
                 subprocess.run(
                     ["kill", "-9", "-1"],
                     user=self.uid,
@@ -335,20 +360,29 @@ class BwrapSandbox(Sandbox):
             if self._shell is not None:
                 self._shell.kill()
             if self.scratch.exists():
-                _remove_scratch(self.scratch)
-            self._lease.release()
+                _remove_scratch(self.scratch, mounted=not self.rootless)
+            if self._lease is not None:
+                self._lease.release()
 
     def __del__(self) -> None:
         if not getattr(self, "_closed", True):
             self.close()
 
 
-def _remove_scratch(scratch: Path) -> None:
+def _remove_scratch(scratch: Path, *, mounted: bool) -> None:
     """Detach the scratch tmpfs with every mount below it, then remove the empty directory.
 
-    Nothing is ever deleted recursively: a mount that failed to detach (an rw mount of a host
-    directory) must never be walked into. The workspace's files vanish with the tmpfs.
+    Nothing is ever deleted recursively while mounts may exist: a mount that failed to detach
+    (an rw mount of a host directory) must never be walked into; the workspace's files vanish
+    with the tmpfs. Rootless scratch directories hold no mounts and are deleted recursively.
     """
+    if not mounted:
+        for dirpath, dirnames, _ in os.walk(scratch):  # a sandbox may leave 000 directories
+            for name in dirnames:
+                if not os.path.islink(os.path.join(dirpath, name)):
+                    os.chmod(os.path.join(dirpath, name), 0o700)
+        shutil.rmtree(scratch)
+        return
     mounts.umount(str(scratch))
     try:
         scratch.rmdir()
