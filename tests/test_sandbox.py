@@ -462,3 +462,18 @@ def test_rootless_mode_runs_as_the_callers_uid(repo: Path) -> None:
         assert procs_of(uid) == []
     finally:
         shutil.rmtree(work)
+
+
+def test_diff_through_directory_rename_and_rewrite(repo: Path) -> None:
+    """A renamed directory (copy + opaque directory in the overlay) and unchanged rewrites."""
+    with Sandbox.create(repo) as sb:
+        sb.exec(
+            "mv pkg lib && mkdir pkg && cp lib/mod.py pkg/mod.py && cp README.md R && mv R README.md"
+        )
+        patch = sb.diff()
+    # pkg/mod.py came back identical: not in the diff; pkg/__init__.py is gone; lib/ is new
+    assert "a/pkg/mod.py" not in patch and "README.md" not in patch
+    assert "diff --git a/pkg/__init__.py b/pkg/__init__.py\ndeleted file mode 100644\n" in patch
+    assert "new file mode 100644\n--- /dev/null\n+++ b/lib/mod.py" in patch
+    with Sandbox.create(repo) as sb, pytest.raises(ValueError, match="NUL"):
+        sb.exec("echo \0")

@@ -48,11 +48,12 @@ import subprocess
 import sys
 import threading
 import weakref
+from collections.abc import Sequence
 from itertools import count
 from pathlib import Path
 
 from coderl.sandbox import mounts
-from coderl.sandbox.base import Limits, Sandbox, SandboxError
+from coderl.sandbox.base import DIFF_EXCLUDES, ExecResult, Limits, Sandbox, SandboxError
 from coderl.sandbox.files import FileOps
 from coderl.sandbox.shell import Shell, init_script, restore_script
 from coderl.sandbox.spawn import spawn
@@ -321,7 +322,7 @@ class BwrapSandbox(Sandbox):
 
     # --- the Sandbox interface ---------------------------------------------------------------
 
-    def exec(self, cmd: str, *, timeout: float | None = None):  # type: ignore[no-untyped-def]
+    def exec(self, cmd: str, *, timeout: float | None = None) -> ExecResult:
         limit = self.limits.timeout_s if timeout is None else timeout
         if limit <= 0:
             raise ValueError(f"timeout must be positive, got {limit}")
@@ -329,7 +330,7 @@ class BwrapSandbox(Sandbox):
             shell = self._ensure_shell()
             return shell.run(cmd, timeout=limit, output_bytes=self.limits.output_bytes)
 
-    def _run_internal(self, cmd: str, output_bytes: int):  # type: ignore[no-untyped-def]
+    def _run_internal(self, cmd: str, output_bytes: int) -> ExecResult:
         """A helper command (file operations): default timeout, larger output budget."""
         with self._lock:
             shell = self._ensure_shell()
@@ -344,13 +345,10 @@ class BwrapSandbox(Sandbox):
     def list(self, path: str = ".") -> list[str]:
         return self.files.list(path)
 
-    def diff(self, *, exclude=None) -> str:  # type: ignore[no-untyped-def]
-        from coderl.sandbox.base import DIFF_EXCLUDES
-
-        patterns = DIFF_EXCLUDES if exclude is None else tuple(exclude)
+    def diff(self, *, exclude: Sequence[str] = DIFF_EXCLUDES) -> str:
         if self.workspace_mode == "overlay":
-            return overlay_diff(self.base, self.scratch / "upper", patterns)
-        return tree_diff(self.base, self.scratch / "merged", patterns)
+            return overlay_diff(self.base, self.scratch / "upper", exclude)
+        return tree_diff(self.base, self.scratch / "merged", exclude)
 
     def close(self) -> None:
         with self._lock:

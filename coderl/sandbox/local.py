@@ -24,9 +24,10 @@ import subprocess
 import tempfile
 import threading
 import warnings
+from collections.abc import Sequence
 from pathlib import Path
 
-from coderl.sandbox.base import ExecResult, Limits, Sandbox, SandboxError
+from coderl.sandbox.base import DIFF_EXCLUDES, ExecResult, Limits, Sandbox, SandboxError
 from coderl.sandbox.files import FileOps
 from coderl.sandbox.shell import Shell, init_script, restore_script
 from coderl.sandbox.workspace import tree_diff
@@ -130,10 +131,8 @@ class LocalSandbox(Sandbox):
     def list(self, path: str = ".") -> list[str]:
         return self.files.list(path)
 
-    def diff(self, *, exclude=None) -> str:  # type: ignore[no-untyped-def]
-        from coderl.sandbox.base import DIFF_EXCLUDES
-
-        return tree_diff(self.base, self.root, DIFF_EXCLUDES if exclude is None else exclude)
+    def diff(self, *, exclude: Sequence[str] = DIFF_EXCLUDES) -> str:
+        return tree_diff(self.base, self.root, exclude)
 
     def close(self) -> None:
         with self._lock:

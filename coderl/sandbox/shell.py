@@ -136,7 +136,12 @@ class Shell:
         self.proc.stdin.flush()
 
     def run(self, cmd: str, *, timeout: float, output_bytes: int) -> ExecResult:
-        """Run ``cmd`` (bash source) to completion or until ``timeout`` seconds have passed."""
+        """Run ``cmd`` (bash source) to completion or until ``timeout`` seconds have passed.
+
+        Raises ValueError when ``cmd`` contains a NUL byte (bash cannot hold one).
+        """
+        if "\0" in cmd:
+            raise ValueError("a command cannot contain NUL bytes")
         start = time.monotonic()
         if not self.alive:
             raise BrokenPipeError("the sandbox shell has exited")
@@ -162,7 +167,10 @@ class Shell:
         """Read all three pipes until the end record, shell exit, or the deadline (-> True)."""
         assert self.proc.stdout and self.proc.stderr
         sel = selectors.DefaultSelector()
-        sinks = {self.proc.stdout.fileno(): out.add, self.proc.stderr.fileno(): err.add}
+        sinks: dict[int, Callable[[bytes], None]] = {
+            self.proc.stdout.fileno(): out.add,
+            self.proc.stderr.fileno(): err.add,
+        }
         for fd in sinks:
             sel.register(fd, selectors.EVENT_READ)
         sel.register(self.ctl_read, selectors.EVENT_READ)

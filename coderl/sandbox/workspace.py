@@ -40,25 +40,21 @@ def overlay_diff(base: Path, upper: Path, exclude: Sequence[str]) -> str:
     try:
         for rel, kind, new in _walk_upper(upper):
             if kind == "opaque":  # the base directory's content is hidden: all of it deleted
-                for old_rel, old in _walk_tree(base_fd, rel):
-                    changes.setdefault(old_rel, (old, None))
+                for old_rel, old_entry in _walk_tree(base_fd, rel):
+                    changes.setdefault(old_rel, (old_entry, None))
                 continue
-            old = _lookup(base_fd, rel)
-            if kind == "whiteout":
-                if isinstance(old, Entry):
-                    changes[rel] = (old, None)
-                elif old == "dir":
-                    for old_rel, old_entry in _walk_tree(base_fd, rel):
-                        changes[old_rel] = (old_entry, None)
-                continue
-            if old == "dir":  # a base directory replaced by a file
+            found = _lookup(base_fd, rel)
+            if found == "dir":  # a base directory deleted, or replaced by a file
                 for old_rel, old_entry in _walk_tree(base_fd, rel):
                     changes[old_rel] = (old_entry, None)
-                old = None
-            if not isinstance(old, Entry):
-                old = None
-            if old != new:
+            old = found if isinstance(found, Entry) else None
+            if kind == "whiteout":
+                if old is not None:
+                    changes[rel] = (old, None)
+            elif old != new:
                 changes[rel] = (old, new)
+            else:  # rewritten unchanged (possibly inside an opaque directory seen above)
+                changes.pop(rel, None)
     finally:
         os.close(base_fd)
     return _render(changes, exclude)
