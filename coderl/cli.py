@@ -14,6 +14,7 @@ COMMANDS: dict[str, str] = {
     "tasks": "coderl.tasks.cli",
     "serve": "coderl.online.cli_serve",
     "online": "coderl.online.cli",
+    "train-async": "coderl.asyncrl.cli",
 }
 
 

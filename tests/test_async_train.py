@@ -89,3 +89,10 @@ def test_async_section_in_yaml_and_overrides(tmp_path):
     assert cfg.seed == 5
     with pytest.raises(ValueError, match="unknown async keys \\['workers'\\]"):
         load_configs(str(preset), ["async.workers=2"])
+
+
+def test_cli_registers_train_async():
+    from coderl.cli import build_parser
+
+    args = build_parser().parse_args(["train-async", "c.yaml", "async.max_staleness=1", "--resume"])
+    assert (args.config, args.overrides, args.resume) == ("c.yaml", ["async.max_staleness=1"], True)

@@ -1,0 +1,38 @@
+"""``coderl train-async CONFIG [key=value ...]``: asynchronous training with bounded staleness.
+
+The config is the ``coderl train`` tree plus an optional ``async:`` section
+(:class:`coderl.asyncrl.AsyncConfig`); ``async.max_staleness=1`` and the like override it.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from rich.console import Console
+
+
+def run(args: argparse.Namespace) -> int:
+    from coderl.asyncrl.trainer import load_configs, train_async  # heavy imports, on use only
+
+    cfg, acfg = load_configs(args.config, args.overrides)
+    summary = train_async(cfg, acfg, resume=args.resume)
+    console = Console()
+    console.print(f"[bold]async run finished[/] in {cfg.run_dir}")
+    for key, value in summary.items():
+        console.print(f"  {key}: {value:.4g}" if isinstance(value, float) else f"  {key}: {value}")
+    return 0
+
+
+def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = sub.add_parser(
+        "train-async",
+        help="train with rollout workers decoupled from the trainer (bounded staleness)",
+    )
+    p.add_argument(
+        "config", nargs="?", default=None, help="YAML preset (default: built-in defaults)"
+    )
+    p.add_argument(
+        "overrides", nargs="*", help="key=value overrides, async.* for the async section"
+    )
+    p.add_argument("--resume", action="store_true", help="continue from the latest checkpoint")
+    p.set_defaults(func=run)
