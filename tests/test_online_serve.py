@@ -8,6 +8,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+import torch
 from openai import OpenAI
 
 from coderl.online.server import BackgroundServer, InteractionServer, parse_tool_calls
@@ -53,6 +54,15 @@ TOOLS = [
         },
     }
 ]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _one_thread():
+    # a 1M-parameter model gains nothing from intra-op threads; on busy cores they cost ~5x
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
 
 
 @pytest.fixture(scope="module")
