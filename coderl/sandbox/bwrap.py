@@ -224,7 +224,7 @@ class BwrapSandbox(Sandbox):
         argv = ["bwrap", "--unshare-ipc", "--unshare-pid", "--unshare-uts", "--unshare-cgroup-try"]
         argv += [] if self.network else ["--unshare-net"]
         argv += ["--unshare-user", "--disable-userns"] if self.rootless else []
-        argv += ["--die-with-parent", "--new-session", "--hostname", "sandbox"]
+        argv += ["--die-with-parent", "--new-session", "--as-pid-1", "--hostname", "sandbox"]
         argv += ["--ro-bind", "/usr", "/usr"]
         for top in ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32"):
             if os.path.islink(top):
