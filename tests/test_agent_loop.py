@@ -154,6 +154,24 @@ def test_malformed_and_unknown_calls_are_reported_and_counted(tok, setup):
     assert_token_exact(ep, policy)
 
 
+def test_broken_call_after_submit_still_counts_and_later_calls_do_not_run(tok, setup):
+    task, sandbox = setup
+    turn = call("submit", {}) + call("read_file", {"path": "pkg/calc.py"}) + "<tool_call>{}"
+    ep = run_episode(ScriptedPolicy(tok, [turn]), task, sandbox(), EpisodeConfig())
+    assert [c.status for c in ep.tool_calls] == ["ok", "not_run", "broken"]
+    assert (ep.stats.finish_reason, ep.stats.broken_tool_calls) == ("submitted", 1)
+
+
+def test_a_failing_sandbox_ends_the_episode_with_error(tok, setup):
+    task, sandbox = setup
+    box = sandbox()
+    box.close()  # the sandbox is gone: infrastructure failure, not a tool error for the model
+    policy = ScriptedPolicy(tok, [call("run", {"command": "echo hi"})])
+    ep = run_episode(policy, task, box, EpisodeConfig())
+    assert ep.stats.finish_reason == "error" and "SandboxError" in ep.error
+    assert ep.tool_calls == [] and ep.stats.turns == 1
+
+
 def test_turn_without_a_call_is_a_no_action_turn(tok, setup):
     task, sandbox = setup
     policy = ScriptedPolicy(tok, ["Should I fix add or sub?", call("submit", {})])

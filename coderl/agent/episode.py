@@ -269,10 +269,10 @@ def _run_calls(st: _State, text: str, tools: Mapping[str, Tool]) -> list[ToolCal
         name = parsed.name if isinstance(parsed, ToolCall) else None
         args = parsed.arguments if isinstance(parsed, ToolCall) else None
         call = validate(parsed, tools)
-        if st.ctx.submitted:
-            obs, status, duration = "Not run: the task was already submitted.", "not_run", 0.0
-        elif isinstance(call, BrokenCall):
+        if isinstance(call, BrokenCall):  # counted even after submit: no escaping the penalty
             obs, status, duration = f"Error: {call.error}", "broken", 0.0
+        elif st.ctx.submitted:
+            obs, status, duration = "Not run: the task was already submitted.", "not_run", 0.0
         else:
             outcome = execute(call.tool, call.arguments, st.ctx)
             obs, duration = outcome.observation, outcome.duration_s

@@ -76,6 +76,7 @@ def run_episodes(
     registry: Mapping[str, Tool] = TOOLS,
     max_workers: int | None = None,
     batch_wait_s: float = 0.02,
+    tokenizer: Any = None,
 ) -> list[Episode]:
     """Run one episode per ``(task, sandbox)`` pair, all at once; episodes in job order.
 
@@ -90,16 +91,17 @@ def run_episodes(
         max_workers: threads for tool calls (default: one per episode, at most 32).
         batch_wait_s: longest wait (seconds) for episodes still in tools before sampling for the
             ready ones.
+        tokenizer: renders the prompts; default ``policy.tokenizer`` (for policies without one,
+            e.g. a remote sampler).
 
     Raises:
         KeyError: a task kind has no tool set, a tool set names an unknown tool, or
             ``cfg.call_format`` is unknown.
         Whatever ``policy.generate`` raises (it affects every episode of the batch).
     """
+    tok = policy.tokenizer if tokenizer is None else tokenizer
     gens: list[Step] = [
-        episode_steps(
-            policy.tokenizer, task, sb, cfg, episode_id=f"{task.id}/{i}", registry=registry
-        )
+        episode_steps(tok, task, sb, cfg, episode_id=f"{task.id}/{i}", registry=registry)
         for i, (task, sb) in enumerate(jobs)
     ]
     done: list[Episode | None] = [None] * len(gens)

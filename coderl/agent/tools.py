@@ -28,7 +28,7 @@ from typing import Any
 import pydantic
 from transformers.utils.chat_template_utils import get_json_schema
 
-from coderl.sandbox.base import Sandbox
+from coderl.sandbox.base import Sandbox, SandboxError
 
 
 class ToolError(Exception):
@@ -331,10 +331,16 @@ class ToolOutcome:
 def execute(tool: Tool, arguments: Mapping[str, Any], ctx: ToolContext) -> ToolOutcome:
     """Run an already validated call. A tool failure is part of the domain: it becomes an
     ``Error: ...`` observation (with the exception type for unexpected errors) instead of
-    propagating."""
+    propagating.
+
+    Raises:
+        SandboxError: the sandbox itself failed (it ends the episode with ``error``).
+    """
     start = time.monotonic()
     try:
         text, ok = tool.fn(ctx, **arguments), True
+    except SandboxError:
+        raise  # the sandbox itself failed: infrastructure, not something the model did
     except ToolError as e:
         text, ok = f"Error: {e}", False
     except Exception as e:  # noqa: BLE001 - a failing tool is an observation for the model
