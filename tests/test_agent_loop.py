@@ -172,6 +172,32 @@ def test_a_failing_sandbox_ends_the_episode_with_error(tok, setup):
     assert ep.tool_calls == [] and ep.stats.turns == 1
 
 
+def test_xml_calls_on_a_template_with_its_own_tool_format(setup):
+    task, sandbox = setup
+    native = tiny_tokenizer()  # Qwen2.5-style: renders tools= and describes Hermes JSON calls
+    xml = CALL_FORMATS["xml"].format_call
+    script = [xml("read_file", {"path": "pkg/calc.py", "end_line": 2}), xml("submit", {})]
+    policy = ScriptedPolicy(native, script)
+    cfg = EpisodeConfig(call_format="xml", template_tools=False)
+    ep = run_episode(policy, task, sandbox(), cfg)
+    assert ep.stats.finish_reason == "submitted" and ep.stats.broken_tool_calls == 0
+    assert ep.tool_calls[0].arguments == {"path": "pkg/calc.py", "end_line": 2}
+    first = native.decode(policy.prompts[0])
+    assert "<function=<tool name>>" in first and "return a json object" not in first
+    # the template wraps tool results in its own <tool_response> user turn
+    assert "<tool_response>\n     1\tdef add(a, b):" in native.decode(policy.prompts[1])
+    assert_token_exact(ep, policy)
+
+
+def test_bad_episode_config_is_refused():
+    with pytest.raises(ValueError, match="max_turns"):
+        EpisodeConfig(max_turns=0)
+    with pytest.raises(ValueError, match="top_p"):
+        EpisodeConfig(top_p=1.5)
+    with pytest.raises(ValueError, match="problem_statement"):
+        EpisodeConfig(task_template="Do it.")
+
+
 def test_turn_without_a_call_is_a_no_action_turn(tok, setup):
     task, sandbox = setup
     policy = ScriptedPolicy(tok, ["Should I fix add or sub?", call("submit", {})])

@@ -69,21 +69,24 @@ class ChatRenderer:
         tools: the episode's tools, in the order they are shown.
         call_format: the tool-call format the model is told to use.
         instructions: the task-independent part of the system prompt.
+        template_tools: let a template that renders ``tools=`` show the tools (it then also
+            describes its own call format); False always uses the call format's own section.
     """
 
     tokenizer: Any
     tools: Mapping[str, Tool]
     call_format: CallFormat
     instructions: str
+    template_tools: bool = True
     native_tools: bool = field(init=False)
-    """Whether the template itself renders ``tools=`` (else the system prompt carries them)."""
+    """Whether the template shows the tools (else the system prompt carries them)."""
     closing: str = field(init=False)
     """Template text after an assistant message's content (e.g. ``"<|im_end|>\\n"``)."""
     stop_token_ids: tuple[int, ...] = field(init=False)
     """Token ids that end a turn: the EOS and the end-of-turn token of the template."""
 
     def __post_init__(self) -> None:
-        self.native_tools = template_supports_tools(self.tokenizer)
+        self.native_tools = self.template_tools and template_supports_tools(self.tokenizer)
         prompt = self._render(_STAND_IN[:2], generation_prompt=True)
         full = self._render(_STAND_IN, generation_prompt=False)
         if not full.startswith(prompt + "A"):

@@ -98,6 +98,10 @@ class EpisodeConfig:
     """The episode ends (``broken_calls``) after this many malformed calls in a row."""
     call_format: str = "hermes"
     """Tool-call format, a key of ``CALL_FORMATS``."""
+    template_tools: bool = True
+    """Let a chat template that renders ``tools=`` show the tools, in its own words and call
+    format; set False when ``call_format`` differs from the template's (e.g. ``xml`` on a
+    Qwen2.5 template) so the system prompt describes the format that is parsed."""
     instructions: str = DEFAULT_INSTRUCTIONS
     """Task-independent system prompt (tool definitions are added when the template lacks them)."""
     task_template: str = "{problem_statement}"
@@ -120,6 +124,28 @@ class EpisodeConfig:
     """Task kind -> names of the tools its episodes get (default ``TOOLSETS``)."""
     tools: ToolConfig = field(default_factory=ToolConfig)
     """Limits of the built-in tools (timeouts, result caps, observation size)."""
+
+    def __post_init__(self) -> None:
+        positive = (
+            "max_turns",
+            "max_tokens",
+            "max_tokens_per_turn",
+            "context_budget",
+            "summary_max_tokens",
+            "max_consecutive_broken_calls",
+            "temperature",
+        )
+        bad = {k: getattr(self, k) for k in positive if not getattr(self, k) > 0}
+        if bad or not 0 < self.top_p <= 1:
+            raise ValueError(
+                f"EpisodeConfig: {bad or {'top_p': self.top_p}} must be positive (top_p in (0, 1])"
+            )
+        for name, template, key in (
+            ("task_template", self.task_template, "problem_statement"),
+            ("summary_template", self.summary_template, "summary"),
+        ):
+            if "{" + key + "}" not in template:
+                raise ValueError(f"EpisodeConfig.{name} must contain {{{key}}}")
 
 
 @dataclass
@@ -362,9 +388,8 @@ def episode_steps(
     start = time.monotonic()
     episode = Episode(task.id, episode_id or task.id, Trajectory(), [], [], "", EpisodeStats())
     try:
-        renderer = ChatRenderer(
-            tokenizer, tools, get_call_format(cfg.call_format), cfg.instructions
-        )
+        call_format = get_call_format(cfg.call_format)
+        renderer = ChatRenderer(tokenizer, tools, call_format, cfg.instructions, cfg.template_tools)
         task_text = cfg.task_template.format(problem_statement=task.problem_statement)
         st = _State(task, cfg, renderer, ToolContext(sandbox, cfg.tools), episode, start, task_text)
         st.new_window(task_text)
