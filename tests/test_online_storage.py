@@ -170,7 +170,7 @@ Store(sys.argv[1]).import_jsonl(sys.argv[2], batch_size=int(sys.argv[3]))
 def test_kill9_during_ingestion_then_replay_loses_and_duplicates_nothing(
     store: Store, tmp_path: Path
 ) -> None:
-    n, batch = 4000, 40
+    n, batch = 6000, 50
     path = tmp_path / "events.jsonl"
     with open(path, "w") as f:
         for i in range(n):

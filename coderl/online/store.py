@@ -314,6 +314,7 @@ class Store:
         """
         now = time.time() if now is None else now
         res = IngestResult()
+        rows: dict[str, dict[str, Any]] = {}  # event_id -> row; the first one in input wins
         with self.engine.begin() as c:
             for ev in events:
                 if isinstance(ev, Rejected):
@@ -325,21 +326,26 @@ class Store:
                             category=category, reason=ev.reason, raw=ev.raw, received_at=now
                         )
                     )
-                    continue
-                payload = ev.model_dump(exclude={"event_id", "interaction_id", "occurred_at"})
-                stmt = self._insert(FEEDBACK_EVENTS).values(
-                    event_id=ev.event_id,
-                    interaction_id=ev.interaction_id,
-                    type=payload["type"],
-                    payload=payload,
-                    occurred_at=ev.occurred_at if ev.occurred_at is not None else now,
-                    received_at=now,
-                )
-                stmt = stmt.on_conflict_do_nothing(index_elements=["event_id"])
-                if _inserted(c, stmt, FEEDBACK_EVENTS.c.event_id):
-                    res.stored += 1
-                else:
+                elif ev.event_id in rows:
                     res.duplicates += 1
+                else:
+                    payload = ev.model_dump(exclude={"event_id", "interaction_id", "occurred_at"})
+                    rows[ev.event_id] = {
+                        "event_id": ev.event_id,
+                        "interaction_id": ev.interaction_id,
+                        "type": payload["type"],
+                        "payload": payload,
+                        "occurred_at": ev.occurred_at if ev.occurred_at is not None else now,
+                        "received_at": now,
+                    }
+            if rows:
+                # one multi-row INSERT ... ON CONFLICT DO NOTHING RETURNING: only new rows return
+                stmt = self._insert(FEEDBACK_EVENTS).on_conflict_do_nothing(
+                    index_elements=["event_id"]
+                )
+                stored = c.execute(stmt.returning(FEEDBACK_EVENTS.c.event_id), list(rows.values()))
+                res.stored = len(stored.all())
+                res.duplicates += len(rows) - res.stored
             if res.duplicates:
                 self._bump(c, "duplicate_events", res.duplicates)
         return res
