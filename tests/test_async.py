@@ -81,8 +81,10 @@ def test_admission_bounds_staleness_by_the_oldest_token():
     buf.put(group(0, [3, 3]))  # at version 5: 5 - 3 = 2 -> admitted
     buf.put(group(1, [2, 5]))  # a turn-level refresh: oldest token is 2, 5 - 2 = 3 -> stale
     buf.put(group(2, [5, 5]))  # staleness 0
+    with pytest.raises(ValueError, match="evict them first"):
+        buf.take(2, 5)  # never hands a stale group to the trainer
     stale = buf.evict_stale(5)
-    assert [g.job.index for g in stale] == [1]
+    assert [(s, g.job.index) for s, g in stale] == [(3, 1)]
     assert buf.take(3, 5) is None  # only 2 admitted groups wait
     batch = buf.take(2, 5)
     assert batch is not None and [g.job.index for g in batch] == [0, 2] and len(buf) == 0

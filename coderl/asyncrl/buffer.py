@@ -116,21 +116,20 @@ class EpisodeBuffer:
         if max_staleness < 0:
             raise ValueError(f"max_staleness must be >= 0, got {max_staleness}")
         self.max_staleness = max_staleness
-        self.groups: list[Group] = []
+        self._waiting: list[tuple[int, Group]] = []  # (oldest version, group)
 
     def __len__(self) -> int:
-        return len(self.groups)
+        return len(self._waiting)
 
     def put(self, group: Group) -> None:
         """Add a complete group. Raises ValueError if it holds no versioned sampled token."""
-        group.oldest_version()  # validates before the group can reach the trainer
-        self.groups.append(group)
+        self._waiting.append((group.oldest_version(), group))
 
-    def evict_stale(self, version: int) -> list[Group]:
-        """Remove and return every group with ``version - oldest_version > max_staleness``."""
-        stale = [g for g in self.groups if version - g.oldest_version() > self.max_staleness]
-        gone = {id(g) for g in stale}
-        self.groups = [g for g in self.groups if id(g) not in gone]
+    def evict_stale(self, version: int) -> list[tuple[int, Group]]:
+        """Remove and return ``(staleness, group)`` for every group with
+        ``version - oldest_version > max_staleness``."""
+        stale = [(version - v, g) for v, g in self._waiting if version - v > self.max_staleness]
+        self._waiting = [(v, g) for v, g in self._waiting if version - v <= self.max_staleness]
         return stale
 
     def take(self, n: int, version: int) -> list[Group] | None:
@@ -139,11 +138,14 @@ class EpisodeBuffer:
         Call :meth:`evict_stale` first. The oldest groups go first (they are nearest to being
         dropped); the batch is returned in task-index order, so a batch does not depend on which
         worker finished first.
+
+        Raises:
+            ValueError: a waiting group is too stale for ``version`` (evict first).
         """
-        if len(self.groups) < n:
+        if len(self._waiting) < n:
             return None
-        order = sorted(self.groups, key=lambda g: (g.oldest_version(), g.job.index))
-        batch = order[:n]
-        gone = {id(g) for g in batch}
-        self.groups = [g for g in self.groups if id(g) not in gone]
-        return sorted(batch, key=lambda g: g.job.index)
+        if any(version - v > self.max_staleness for v, _ in self._waiting):
+            raise ValueError(f"stale groups are waiting at version {version}; evict them first")
+        self._waiting.sort(key=lambda vg: (vg[0], vg[1].job.index))
+        batch, self._waiting = self._waiting[:n], self._waiting[n:]
+        return sorted((g for _, g in batch), key=lambda g: g.job.index)

@@ -17,6 +17,7 @@ import queue
 import shutil
 import tempfile
 import threading
+import time
 import traceback
 from typing import Any
 
@@ -137,6 +138,14 @@ class LocalBackend:
         except queue.Empty:
             return out
 
+    def poll_discard(self) -> None:
+        """Read and drop every waiting result (used while shutting down)."""
+        try:
+            while True:
+                self._results.get_nowait()
+        except queue.Empty:
+            pass
+
     def close(self) -> None:
         """Drop queued jobs, stop the workers (after their current group), remove weight files."""
         try:
@@ -146,8 +155,12 @@ class LocalBackend:
             pass
         for _ in self._workers:
             self._jobs.put(_STOP)
+        deadline = time.monotonic() + 10
+        while any(w.is_alive() for w in self._workers) and time.monotonic() < deadline:
+            self.poll_discard()  # a process cannot exit while its results sit unread in a pipe
+            for w in self._workers:
+                w.join(timeout=0.05)
         for w in self._workers:
-            w.join(timeout=10)
             if self.mode == "process" and w.is_alive():
                 w.terminate()
                 w.join()

@@ -159,8 +159,8 @@ class AsyncRunner:
 
     def _evict_stale(self) -> None:
         version = self.learner.version
-        for group in self.buffer.evict_stale(version):
-            self.metrics.stale_staleness[version - group.oldest_version()] += 1
+        for staleness, group in self.buffer.evict_stale(version):
+            self.metrics.stale_staleness[staleness] += 1
             if self.cfg.stale_policy == "resample" and group.job.attempt < self.cfg.max_resamples:
                 self.ledger.resample(group.job)
                 self.metrics.resampled_groups += 1

@@ -147,7 +147,7 @@ class ToyLearner:
         self.version = 0
         self.targets = torch.tensor([t["target"] for _, t in toy_tasks(num_tasks, vocab)])
         self.temperature = temperature
-        self.iw = {"level": iw_level, "mode": iw_mode, "cap": iw_cap, "low": iw_low}
+        self.iw_level, self.iw_mode, self.iw_cap, self.iw_low = iw_level, iw_mode, iw_cap, iw_low
         self.train_delay_s = train_delay_s
 
     def _batch(self, groups: list[Group]) -> dict[str, torch.Tensor]:
@@ -174,7 +174,15 @@ class ToyLearner:
         logits = self.logits[b["rows"]].unsqueeze(1).expand(N, T, -1)  # (N, T, V)
         logp = A.token_logprobs(logits, b["tokens"], temperature=self.temperature)  # (N, T)
         mask = b["mask"].bool()
-        iw = A.importance_weights(logp.detach(), b["behavior"], mask, **self.iw)  # (N, T)
+        iw = A.importance_weights(
+            logp.detach(),
+            b["behavior"],
+            mask,
+            level=self.iw_level,
+            mode=self.iw_mode,
+            cap=self.iw_cap,
+            low=self.iw_low,
+        )  # (N, T)
         loss, stats = A.policy_loss(logp, logp.detach(), adv, mask, weights=iw)
         self.optim.zero_grad()
         loss.backward()

@@ -118,8 +118,10 @@ class Sampler(Protocol):
 class Learner(Protocol):
     """The trainer side: algorithm-blind at this seam (groups in, a new version out)."""
 
-    version: int
-    """Version of the current weights; each :meth:`train_step` adds 1."""
+    @property
+    def version(self) -> int:
+        """Version of the current weights; each :meth:`train_step` adds 1."""
+        ...
 
     def train_step(self, groups: list[Group]) -> dict[str, float]:
         """One optimizer step on ``groups``; returns metrics (``logprob_gap`` among them)."""
