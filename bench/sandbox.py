@@ -12,6 +12,8 @@ Issue #4 targets: p50 <= 15 ms for 200 files, >= 100 sandboxes/s, p50 independen
 from __future__ import annotations
 
 import argparse
+import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -57,14 +59,26 @@ def bwrap_cycle() -> None:
     subprocess.run(BARE_BWRAP, check=True)
 
 
-def latencies(fn: Callable[[], None], runs: int) -> list[float]:
+def cpu_seconds() -> float:
+    """CPU time of this process and its reaped children (user + system), seconds."""
+    me, kids = (
+        resource.getrusage(resource.RUSAGE_SELF),
+        resource.getrusage(resource.RUSAGE_CHILDREN),
+    )
+    return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
+
+
+def latencies(fn: Callable[[], None], runs: int) -> tuple[list[float], float]:
+    """Wall milliseconds of each run, and the mean CPU milliseconds per run (load-independent;
+    kernel work done in kernel threads, such as namespace teardown, is not counted)."""
     fn()  # warm-up: first-use costs (user namespace for idmapping, imports) are not per sandbox
     out = []
+    cpu = cpu_seconds()
     for _ in range(runs):
         t = time.perf_counter()
         fn()
         out.append((time.perf_counter() - t) * 1000)
-    return out
+    return out, (cpu_seconds() - cpu) * 1000 / runs
 
 
 def throughput(fn: Callable[[], None], total: int, parallel: int) -> float:
@@ -96,13 +110,14 @@ def main() -> int:
         total = args.runs * 2
         rate_sub = throughput(subprocess_cycle, total, args.parallel)
         rate_small = throughput(sandbox_cycle(small), total, args.parallel)
-    base_p50 = statistics.median(rows[0][1])
-    print(f"create + first command + close, {args.runs} runs each (ms)")
-    print(f"{'':28} {'p50':>8} {'p90':>8} {'p50 / subprocess':>18}")
-    for name, xs in rows:
+    base_p50 = statistics.median(rows[0][1][0])
+    load = os.getloadavg()[0]
+    print(f"create + first command + close, {args.runs} runs each (ms); load average {load:.1f}")
+    print(f"{'':28} {'p50':>8} {'p90':>8} {'p50 / subprocess':>18} {'CPU ms':>8}")
+    for name, (xs, cpu) in rows:
         p50 = statistics.median(xs)
-        print(f"{name:28} {p50:8.1f} {pct(xs, 90):8.1f} {p50 / base_p50:17.1f}x")
-    size_ratio = statistics.median(rows[3][1]) / statistics.median(rows[2][1])
+        print(f"{name:28} {p50:8.1f} {pct(xs, 90):8.1f} {p50 / base_p50:17.1f}x {cpu:8.1f}")
+    size_ratio = statistics.median(rows[3][1][0]) / statistics.median(rows[2][1][0])
     print(f"p50 1500 files / p50 200 files: {size_ratio:.2f}")
     print(f"{args.parallel} concurrent, {total} cycles:")
     print(f"  subprocess  {rate_sub:7.1f} /s")

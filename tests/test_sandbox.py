@@ -44,7 +44,7 @@ def snapshot(root: Path) -> dict[str, bytes]:
 
 
 def procs_of(uid: int) -> list[int]:
-    """Host pids whose real uid is ``uid``."""
+    """Host pids whose real uid is ``uid``, zombies (already dead) left out."""
     pids = []
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
@@ -53,8 +53,10 @@ def procs_of(uid: int) -> list[int]:
             status = Path(f"/proc/{entry}/status").read_text()
         except OSError:
             continue
-        line = next(x for x in status.splitlines() if x.startswith("Uid:"))
-        if int(line.split()[1]) == uid:
+        fields = dict(x.split(":", 1) for x in status.splitlines() if ":" in x)
+        if fields["State"].strip().startswith("Z"):  # exited; its parent has yet to reap it
+            continue
+        if int(fields["Uid"].split()[0]) == uid:
             pids.append(int(entry))
     return pids
 

@@ -40,11 +40,8 @@ from __future__ import annotations
 import atexit
 import errno
 import fcntl
-import json
 import os
 import shutil
-import signal
-import subprocess
 import sys
 import threading
 import weakref
@@ -55,6 +52,7 @@ from pathlib import Path
 from coderl.sandbox import mounts
 from coderl.sandbox.base import DIFF_EXCLUDES, ExecResult, Limits, Sandbox, SandboxError
 from coderl.sandbox.files import FileOps
+from coderl.sandbox.process import BwrapProcess
 from coderl.sandbox.shell import Shell, init_script, restore_script
 from coderl.sandbox.spawn import spawn
 from coderl.sandbox.workspace import overlay_diff, tree_diff
@@ -224,7 +222,7 @@ class BwrapSandbox(Sandbox):
         argv = ["bwrap", "--unshare-ipc", "--unshare-pid", "--unshare-uts", "--unshare-cgroup-try"]
         argv += [] if self.network else ["--unshare-net"]
         argv += ["--unshare-user", "--disable-userns"] if self.rootless else []
-        argv += ["--die-with-parent", "--new-session", "--as-pid-1", "--hostname", "sandbox"]
+        argv += ["--die-with-parent", "--new-session", "--hostname", "sandbox"]
         argv += ["--ro-bind", "/usr", "/usr"]
         for top in ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32"):
             if os.path.islink(top):
@@ -263,7 +261,8 @@ class BwrapSandbox(Sandbox):
         finally:
             os.close(ctl_w)
             os.close(info_w)
-        shell = Shell(proc, ctl_r, kill=lambda: self._kill(proc, ctl_r, info_r))
+        self._process = BwrapProcess(proc, ctl_r, info_r, self.uid, uid_kill=not self.rootless)
+        shell = Shell(proc, ctl_r, kill=lambda: self._process.stop(graceful=False))
         state = self._shell.state if self._shell is not None else None
         script = init_script(ctl_w, [info_w], self._ulimits())
         if state is not None:
@@ -279,38 +278,6 @@ class BwrapSandbox(Sandbox):
             f"ulimit -c 0 -t {lim.cpu_s} -v {lim.memory_bytes // 1024} "
             f"-u {lim.processes} -f {max(1, lim.file_size_bytes // 1024)}"
         )
-
-    def _kill(self, proc: subprocess.Popen[bytes], ctl_r: int, info_r: int) -> None:
-        """SIGKILL every process of the sandbox and reap bwrap.
-
-        Killing the PID namespace's init (bwrap's inner process, whose host pid bwrap reports on
-        its info fd) makes the kernel kill every process in the namespace, atomically with
-        respect to forks; bwrap exits only after all of them are gone. Without that pid (bwrap
-        failed early) every process of the sandbox uid is killed instead.
-        """
-        if proc.poll() is None:
-            child = _read_child_pid(info_r)
-            if child is not None:
-                os.kill(child, signal.SIGKILL)
-            else:
-                proc.kill()
-            if child is None and not self.rootless:  # rootless: -1 would kill the caller too
-                subprocess.run(
-                    ["kill", "-9", "-1"],
-                    user=self.uid,
-                    group=self.uid,
-                    extra_groups=[],
-                    check=False,
-                )
-            proc.wait()
-        for stream in (proc.stdin, proc.stdout, proc.stderr):
-            if stream is not None:
-                stream.close()
-        for fd in (ctl_r, info_r):
-            try:
-                os.close(fd)
-            except OSError:  # already closed by an earlier kill
-                pass
 
     def _ensure_shell(self) -> Shell:
         if self._closed:
@@ -356,7 +323,7 @@ class BwrapSandbox(Sandbox):
                 return
             self._closed = True
             if self._shell is not None:
-                self._shell.kill()
+                self._process.stop(graceful=True)
             if self.scratch.exists():
                 _remove_scratch(self.scratch, mounted=not self.rootless)
             if self._lease is not None:
@@ -386,20 +353,6 @@ def _remove_scratch(scratch: Path, *, mounted: bool) -> None:
         scratch.rmdir()
     except OSError as e:
         raise SandboxError(f"could not remove {scratch}: {e}") from e
-
-
-def _read_child_pid(info_r: int) -> int | None:
-    """The ``child-pid`` bwrap writes as JSON on its info fd (None if bwrap died first)."""
-    data = b""
-    while True:
-        chunk = os.read(info_r, 4096)  # blocks only while bwrap is still cloning
-        if not chunk:
-            return None
-        data += chunk
-        try:
-            return int(json.loads(data)["child-pid"])
-        except ValueError:
-            continue
 
 
 def _default_env() -> dict[str, str]:
