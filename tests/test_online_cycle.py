@@ -106,7 +106,9 @@ def test_claimed_interactions_are_not_trained_twice(loop) -> None:
     assert rep["decision"] == "waiting" and rep["trainable"] == 0
 
 
-def test_candidate_worse_on_heldout_is_rejected_and_champion_stays(tmp_path: Path) -> None:
+def test_candidate_worse_on_heldout_is_rejected_and_champion_stays(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     cfg = _cfg(tmp_path)
     store, registry = open_run(cfg)
     server = InteractionServer(load_version(cfg, registry, 0), store, version=0, max_new_tokens=6)
@@ -121,6 +123,13 @@ def test_candidate_worse_on_heldout_is_rejected_and_champion_stays(tmp_path: Pat
         score = 0.0 if is_candidate else 1.0
         return EvalResult({"pass@1": [score] * 10}, {"n": 10.0}, [f"t{i}" for i in range(10)])
 
+    def crash(*a, **k):
+        raise RuntimeError("trainer died")
+
+    monkeypatch.setattr("coderl.online.cycle.update", crash)
+    with pytest.raises(RuntimeError, match="trainer died"):
+        run_cycle(cfg, evaluator=scripted_eval, clock=lambda: time.time() + 5, log=lambda s: None)
+    monkeypatch.undo()  # the failed cycle released its claim: the same traffic trains now
     rep = run_cycle(cfg, evaluator=scripted_eval, clock=lambda: time.time() + 5, log=lambda s: None)
     assert rep["decision"] == "rejected" and rep["champion_after"] == 0
     assert rep["gate"]["reasons"][0].startswith(

@@ -154,10 +154,12 @@ def test_claimed_interactions_are_never_claimed_twice(store: Store) -> None:
     finalize(store, spec, now=T0 + 10_000)
     ids = store.unclaimed_scored(spec.version)
     assert ids == ["i0", "i1", "i2", "i3"]
-    _, got = store.claim_batch(spec.version, ids[:3], claimed_by="a", now=T0)
+    b1, got = store.claim_batch(spec.version, ids[:3], claimed_by="a", now=T0)
     _, got2 = store.claim_batch(spec.version, ids, claimed_by="b", now=T0)
     assert got == ["i0", "i1", "i2"] and got2 == ["i3"]
     assert store.unclaimed_scored(spec.version) == []
+    assert store.release_batch(b1) == 3  # training of that batch failed: claimable again
+    assert store.unclaimed_scored(spec.version) == ["i0", "i1", "i2"]
 
 
 _IMPORTER = """

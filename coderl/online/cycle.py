@@ -180,7 +180,11 @@ def run_cycle(
     kept = [r for r in kept if r["interaction_id"] in set(claimed)]
     rep["batch"] = {"batch_id": batch_id, "size": len(kept)}
     t = time.perf_counter()
-    candidate, metrics = _train(cfg, store, registry, kept, rewards, champion)
+    try:
+        candidate, metrics = _train(cfg, store, registry, kept, rewards, champion)
+    except BaseException:
+        store.release_batch(batch_id)  # a failed update loses no data: the batch is unclaimed
+        raise
     rep["train"], rep["train_s"], rep["candidate"] = metrics, time.perf_counter() - t, candidate
     store.add_policy_version(
         candidate,

@@ -488,6 +488,17 @@ class Store:
             )
         return batch_id, got
 
+    def release_batch(self, batch_id: str) -> int:
+        """Un-claim a batch whose training failed, so its interactions can be claimed again.
+
+        Returns:
+            the number of interactions released.
+        """
+        with self.engine.begin() as c:
+            n = c.execute(BATCH_ITEMS.delete().where(BATCH_ITEMS.c.batch_id == batch_id)).rowcount
+            c.execute(TRAINING_BATCHES.delete().where(TRAINING_BATCHES.c.batch_id == batch_id))
+        return int(n)
+
     def baseline(self, segment: str) -> tuple[float, int]:
         """Running baseline ``(value, count)`` for a segment; ``(0.0, 0)`` when unseen."""
         q = sa.select(BASELINE_STATE.c.value, BASELINE_STATE.c.count).where(
