@@ -28,10 +28,14 @@ def ensure_ray(cfg: AsyncConfig) -> bool:
     """Start or join Ray unless it is running already; True if this call started it."""
     if ray.is_initialized():
         return False
-    if cfg.ray_address is None:
-        ray.init(num_cpus=cfg.ray_num_cpus, include_dashboard=False, log_to_driver=True)
-    else:
-        ray.init(address=cfg.ray_address, log_to_driver=True)
+    try:
+        if cfg.ray_address is None:
+            ray.init(num_cpus=cfg.ray_num_cpus, include_dashboard=False, log_to_driver=True)
+        else:
+            ray.init(address=cfg.ray_address, log_to_driver=True)
+    except BaseException:
+        ray.shutdown()  # stop whatever half-started (a raylet that timed out, a GCS)
+        raise
     return True
 
 
@@ -113,6 +117,19 @@ class RayBackend:
             raise ValueError("async.ray_num_graders > 0 needs a grader factory (make_grader=...)")
         self.num_workers = cfg.num_workers
         self.owns_ray = ensure_ray(cfg)
+        try:
+            self._start_actors(cfg, make_sampler, make_grader)
+        except BaseException:
+            if self.owns_ray:
+                ray.shutdown()
+            raise
+
+    def _start_actors(
+        self,
+        cfg: AsyncConfig,
+        make_sampler: SamplerFactory,
+        make_grader: Callable[[], Grader] | None,
+    ) -> None:
         self.store = RayWeightStore(ray.remote(_StoreActor).options(num_cpus=0).remote())
         actor = ray.remote(_RolloutActor).options(
             num_cpus=cfg.ray_worker_cpus, num_gpus=cfg.ray_worker_gpus
