@@ -1,6 +1,6 @@
 """Configuration of asynchronous RL: one dataclass, each field documented once under the field.
 
-A training config tree includes it as its ``async`` section (``AsyncConfig.from_dict``); unknown keys
+A training config includes it as its ``async`` section (``AsyncConfig.from_dict``); unknown keys
 and bad values raise with the valid choices listed.
 """
 

@@ -125,6 +125,8 @@ class AsyncRunner:
             raise ValueError(f"num_steps must be >= 0, got {num_steps}")
         if self.backend is None:
             self.backend = make_backend(self.cfg, self.make_sampler)
+        if self._published < 0:
+            self.metrics.started = time.monotonic()  # rates count from the first run, not __init__
         if self.learner.version > self._published:
             self.backend.publish(self.learner.version, self.learner.weights())
             self._published = self.learner.version
