@@ -73,6 +73,8 @@ def test_exec_is_a_terminal_cd_and_env_persist(repo: Path) -> None:
         r = sb.exec("pwd; echo $GREETING $LOCAL; python3 -c 'import mod; print(mod.add(2, 3))'")
         assert r.stdout == "/testbed/pkg\nhi x\n5\n", r
         assert sb.exec("cat").stdout == ""  # stdin is /dev/null, not the protocol pipe
+        r = sb.exec("echo h > ~/.rc && cat ~/.rc && echo t > /tmp/t && cat /tmp/t && echo $HOME")
+        assert r.stdout == "h\nt\n/home/sandbox\n", r  # a writable home and /tmp
 
 
 def test_read_write_list_and_errors(repo: Path) -> None:

@@ -231,9 +231,10 @@ class BwrapSandbox(Sandbox):
                 argv += ["--ro-bind", top, top]
         argv += ["--proc", "/proc", "--dev", "/dev"]
         argv += ["--ro-bind", str(_etc_dir(self.uid, self.network)), "/etc"]
-        argv += ["--bind", str(s / "tmp"), "/tmp", "--bind", str(s / "home"), HOME]
-        argv += ["--bind", str(s / "merged"), WORKDIR]
         made: set[str] = set()
+        argv += ["--bind", str(s / "tmp"), "/tmp"]
+        argv += _parents(HOME, made) + ["--bind", str(s / "home"), HOME]
+        argv += ["--bind", str(s / "merged"), WORKDIR]
         prefix = sys.base_prefix
         argv += _parents(prefix, made) + ["--ro-bind", prefix, prefix]
         for flag, source, dest in self._binds:
