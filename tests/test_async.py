@@ -181,6 +181,20 @@ def test_async_run_stays_within_the_bound_corrects_and_learns():
     assert 0 <= summary["rollout_idle_fraction"] <= 1
 
 
+@pytest.mark.parametrize("level", ["token", "sequence"])
+def test_masked_importance_weights_zero_out_stale_tokens(level):
+    # a band of [0.999, 1.001] around 1: on-policy tokens (ratio 1 up to float rounding) keep
+    # weight ~1, tokens sampled by older weights fall outside and are masked to 0
+    learner = ToyLearner(K, V, lr=0.2, iw_level=level, iw_mode="mask", iw_cap=1.001, iw_low=0.999)
+    cfg = AsyncConfig(max_staleness=2, groups_per_step=2, num_workers=3)
+    with AsyncRunner(cfg, learner, sampler(0.002, 1.0), TASKS) as runner:
+        runner.run(12)
+    fresh = [h for h in runner.history if h["staleness_max"] == 0]
+    stale = [h for h in runner.history if h["logprob_gap"] > 0.01]
+    assert stale and all(h["iw_zero_frac"] > 0 for h in stale)
+    assert all(h["iw_zero_frac"] == 0 for h in fresh if h["logprob_gap"] < 1e-5)
+
+
 class StragglerSampler(ToySampler):
     """The first attempt at task index 1 takes 0.4 s; every other group is instant."""
 
