@@ -130,3 +130,17 @@ def test_parse_spec():
     assert parse_spec("toolz==1.0.0") == ("toolz", "1.0.0")
     assert parse_spec("python-dateutil==2.9.0.post0") == ("python-dateutil", "2.9.0.post0")
     assert parse_spec("./some/path") is None and parse_spec("toolz>=1") is None
+
+
+def test_unbuildable_repositories_say_which_step_failed(tmp_path):
+    from coderl.tasks.envbuild import BuildError, build_env
+
+    with pytest.raises(BuildError) as err:
+        build_env(str(tmp_path / "missing"), cache=tmp_path / "cache")
+    assert (
+        err.value.step == "download" and "neither NAME==VERSION nor a directory" in err.value.error
+    )
+    no_tests = make_repo(tmp_path / "no-tests", {"setup.py": "", "pkg/__init__.py": ""})
+    with pytest.raises(BuildError) as err:
+        build_env(str(no_tests), cache=tmp_path / "cache", factory=lambda *a, **k: None)
+    assert err.value.step == "explore" and "no test" in err.value.error

@@ -174,3 +174,15 @@ def test_statement_quotes_tests_not_the_library():
     assert "tests/test_m.py::test_add" in text and "return a - b" not in text
     with pytest.raises(ValueError):
         write_statement("m 1.0", {})
+
+
+def test_apply_inside_an_enclosing_git_repository(tmp_path):
+    """git apply inside another repository would skip our paths; the ceiling prevents it."""
+    import subprocess
+
+    subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
+    work = tmp_path / "cache" / "base"
+    work.mkdir(parents=True)
+    (work / "m.py").write_text("x = 1\n")
+    apply_patch(work, make_diff("m.py", "x = 1\n", "x = 2\n"))
+    assert (work / "m.py").read_text() == "x = 2\n"

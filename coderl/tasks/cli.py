@@ -53,17 +53,24 @@ def cmd_build_env(args: argparse.Namespace) -> int:
 
 def cmd_synth(args: argparse.Namespace) -> int:
     from coderl.tasks.envbuild import find_env
-    from coderl.tasks.spec import dump_tasks, load_tasks
+    from coderl.tasks.spec import Task, dump_tasks, load_tasks
     from coderl.tasks.synth import synthesize
 
     env = find_env(args.env)
     out = Path(args.out or f"data/tasks/{env.name}.jsonl.gz")
     existing = load_tasks(out) if out.exists() and args.append else []
-    tasks, rejected = synthesize(
-        env, args.n, seed=args.seed, max_tries=args.max_tries, log=not args.quiet
-    )
     known = {t.id for t in existing}
-    dump_tasks(existing + [t for t in tasks if t.id not in known], out)
+    kept = list(existing)
+
+    def save(task: Task) -> None:  # after every kept task: an interrupted run loses nothing
+        if task.id not in known:
+            known.add(task.id)
+            kept.append(task)
+            dump_tasks(kept, out)
+
+    tasks, rejected = synthesize(
+        env, args.n, seed=args.seed, max_tries=args.max_tries, log=not args.quiet, on_task=save
+    )
     print(f"{len(tasks)} tasks -> {out}; rejected: {rejected}")
     return 0
 

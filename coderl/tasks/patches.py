@@ -112,16 +112,24 @@ def apply_patch(root: Path, diff: str) -> None:
     with tempfile.NamedTemporaryFile("w", suffix=".diff", delete=False) as f:
         f.write(diff)
     try:
+        # the ceiling keeps git from finding an enclosing repository: inside one, git apply
+        # would resolve paths against that repository's root and silently skip ours
+        env = dict(os.environ, GIT_CEILING_DIRECTORIES=str(Path(root).resolve().parent))
         proc = subprocess.run(
             ["git", "apply", "--whitespace=nowarn", f.name],
             cwd=root,
             capture_output=True,
             text=True,
+            env=env,
         )
     finally:
         os.unlink(f.name)
     if proc.returncode != 0:
         raise PatchError(proc.stderr.strip()[-2000:])
+
+
+def _read(path: Path) -> bytes | None:
+    return path.read_bytes() if path.exists() else None
 
 
 def materialize(snapshot: Path, bug_patch: str, *, cache: Path | None = None) -> Path:
@@ -148,7 +156,11 @@ def materialize(snapshot: Path, bug_patch: str, *, cache: Path | None = None) ->
                 shutil.copyfile(src, dst)
             else:
                 os.link(src, dst)
+    before = {rel: _read(staging / rel) for rel in touched}
     apply_patch(staging, bug_patch)
+    unchanged = [rel for rel in touched if _read(staging / rel) == before[rel]]
+    if unchanged:
+        raise PatchError(f"the patch left {unchanged} unchanged")
     normalize_modes(staging)
     target.parent.mkdir(parents=True, exist_ok=True)
     try:

@@ -1,0 +1,220 @@
+"""Grading in real sandboxes on a real library: gold patches resolve, hacker episodes get 0.
+
+One small library (``CI_SPEC``) is built once per run (sdist from PyPI, installs in a sandbox);
+the tasks are the checked-in ``data/tasks/ci.jsonl``, synthesised from it by ``coderl tasks synth``.
+Each red-team test is a scripted hacker episode: it edits a rollout sandbox over the task's
+starting state, takes the sandbox's diff, and hands it to the grader, which must not resolve it.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+from coderl.sandbox import Sandbox, SandboxError
+from coderl.tasks.envbuild import build_env
+from coderl.tasks.grading import grade
+from coderl.tasks.patches import materialize
+from coderl.tasks.spec import load_tasks
+from coderl.tasks.synth import synthesize
+
+CI_SPEC = "six==1.17.0"
+CI_TASKS = Path(__file__).parent.parent / "data" / "tasks" / "ci.jsonl"
+
+pytestmark = pytest.mark.skipif(
+    shutil.which("bwrap") is None or os.geteuid() != 0,
+    reason="needs bubblewrap and root (make sysdeps); CI has both",
+)
+
+
+@pytest.fixture(scope="module")
+def env():
+    return build_env(CI_SPEC)
+
+
+@pytest.fixture(scope="module")
+def tasks(env):
+    tasks = load_tasks(CI_TASKS)
+    assert tasks, "data/tasks/ci.jsonl is empty"
+    # the build is reproducible: the cached tasks name the env this run just built
+    assert {t.env_id for t in tasks} == {env.env_id}
+    return tasks
+
+
+@pytest.fixture(scope="module")
+def task(tasks):
+    return tasks[0]
+
+
+def episode(env, task, actions) -> str:
+    """Run a scripted hacker episode in a rollout sandbox; return the diff it leaves."""
+    base = materialize(Path(env.snapshot), task.bug_patch)
+    with Sandbox.create(base) as sb:
+        actions(sb)
+        return sb.diff()
+
+
+def module_file(env, task) -> str:
+    return task.extra["file"]
+
+
+def test_gold_patch_resolves_every_cached_task(env, tasks):
+    for task in tasks:
+        result = grade(task, task.gold_patch, env=env)
+        assert result.grading_error is None
+        assert result.resolved, (task.id, result.reason)
+        assert result.fraction_passed == 1.0 and result.fail_to_pass_passed == 1.0
+        assert all(o == "passed" for o in result.tests.values())
+
+
+def test_agent_fix_made_in_a_sandbox_resolves(env, task):
+    """The honest path: the agent edits the file back; the sandbox's diff resolves the task."""
+    original = (Path(env.snapshot) / task.extra["file"]).read_text()
+    diff = episode(env, task, lambda sb: sb.write_text(task.extra["file"], original))
+    assert grade(task, diff, env=env).resolved
+
+
+def test_unfixed_starting_state_is_not_resolved(env, task):
+    result = grade(task, "", env=env)
+    assert not result.resolved and result.grading_error is None
+    assert result.fail_to_pass_passed == 0.0
+    assert all(result.tests[t] != "passed" for t in task.FAIL_TO_PASS)
+
+
+CONFTEST_PASS = """
+import pytest
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    report = outcome.get_result()
+    report.outcome = "passed"
+    report.longrepr = None
+"""
+
+CONFTEST_SKIP = """
+import pytest
+
+def pytest_collection_modifyitems(items):
+    for item in items:
+        item.add_marker(pytest.mark.skip(reason="hacked"))
+"""
+
+PATCH_PYTEST = """
+import _pytest.reports as _r
+_orig = _r.TestReport.from_item_and_call.__func__
+
+def _always_pass(cls, item, call):
+    report = _orig(cls, item, call)
+    report.outcome = "passed"
+    report.longrepr = None
+    return report
+
+_r.TestReport.from_item_and_call = classmethod(_always_pass)
+"""
+
+PATCH_UNITTEST = """
+import unittest
+for _name in dir(unittest.TestCase):
+    if _name.startswith("assert"):
+        setattr(unittest.TestCase, _name, lambda *a, **k: None)
+"""
+
+FORGE_RESULTS = """
+import atexit, json, os
+_path = os.environ.get("CODERL_RESULTS")
+def _forge():
+    ids = open("/coderl/input/select.txt").read().split()
+    tests = {i: {"outcome": "passed", "longrepr": ""} for i in ids}
+    json.dump({"tests": tests, "tampered": [], "trace": {}}, open(_path, "w"))
+if _path:
+    atexit.register(_forge)
+"""
+
+
+def prepend(path: str, code: str):
+    def act(sb):
+        sb.write_text(path, code + "\n" + sb.read_text(path))
+
+    return act
+
+
+def hack_actions(env, task):
+    mod = module_file(env, task)
+    tests = env.test_paths[0]
+    test_file = tests if tests.endswith(".py") else f"{tests}/"
+    return {
+        "edit_tests": lambda sb: sb.exec(
+            f"find {test_file} -name '*.py' | xargs sed -i 's/^\\( *\\)assert .*/\\1assert True/'"
+        ),
+        "delete_tests": lambda sb: sb.exec(f"rm -rf {test_file}"),
+        "conftest_forces_pass": lambda sb: sb.write_text("conftest.py", CONFTEST_PASS),
+        "conftest_skips_all": lambda sb: sb.write_text("conftest.py", CONFTEST_SKIP),
+        "syntax_error_at_import": lambda sb: sb.write_text(
+            mod, sb.read_text(mod) + "\ndef broken(:\n"
+        ),
+        "sys_exit_at_import": prepend(mod, "import sys\nsys.exit(0)"),
+        "os_exit_at_import": prepend(mod, "import os\nos._exit(0)"),
+        "pth_and_sitecustomize": lambda sb: (
+            sb.write_text("evil.pth", "import sitecustomize\n"),
+            sb.write_text("sitecustomize.py", PATCH_PYTEST),
+        ),
+        "monkeypatch_pytest_from_source": prepend(mod, PATCH_PYTEST),
+        "monkeypatch_unittest_from_source": prepend(mod, PATCH_UNITTEST),
+        "forge_results_file": prepend(mod, FORGE_RESULTS),
+    }
+
+
+HACKS = [
+    "edit_tests",
+    "delete_tests",
+    "conftest_forces_pass",
+    "conftest_skips_all",
+    "syntax_error_at_import",
+    "sys_exit_at_import",
+    "os_exit_at_import",
+    "pth_and_sitecustomize",
+    "monkeypatch_pytest_from_source",
+    "monkeypatch_unittest_from_source",
+    "forge_results_file",
+]
+
+
+@pytest.mark.parametrize("hack", HACKS)
+def test_red_team_hack_gets_zero(env, task, hack):
+    diff = episode(env, task, hack_actions(env, task)[hack])
+    assert diff.strip(), "the episode must change something"
+    result = grade(task, diff, env=env)
+    assert result.grading_error is None, result.grading_error
+    assert not result.resolved, f"{hack} was resolved: {result.tests}"
+    assert result.fail_to_pass_passed == 0.0, (hack, result.reason)
+
+
+def test_tampering_is_flagged_not_just_failed(env, task):
+    diff = episode(env, task, prepend(module_file(env, task), PATCH_PYTEST))
+    result = grade(task, diff, env=env)
+    assert result.tampered and result.fraction_passed == 0.0
+    assert "tampering" in result.reason
+
+
+def test_infrastructure_failure_is_masked_not_zero(env, task):
+    def broken_factory(*args, **kwargs):
+        raise SandboxError("could not start")
+
+    result = grade(task, task.gold_patch, env=env, factory=broken_factory)
+    assert result.grading_error and "could not start" in result.grading_error
+    assert not result.resolved and result.tests == {}
+    missing_env = task.model_copy(update={"env_id": "no-such-env"})
+    assert grade(missing_env, task.gold_patch).grading_error.startswith("setup:")
+
+
+def test_synth_keeps_a_mutant_the_tests_catch(env):
+    tasks, rejected = synthesize(env, 1, seed=1, max_tries=6)
+    assert len(tasks) + sum(rejected.values()) <= 6
+    for t in tasks:
+        assert t.FAIL_TO_PASS and set(t.FAIL_TO_PASS).isdisjoint(t.PASS_TO_PASS)
+        assert set(t.FAIL_TO_PASS) | set(t.PASS_TO_PASS) <= set(env.passing)
+        assert t.difficulty.mutation and t.gold_patch and t.bug_patch
