@@ -481,3 +481,17 @@ def test_diff_through_directory_rename_and_rewrite(repo: Path) -> None:
     assert "new file mode 100644\n--- /dev/null\n+++ b/lib/mod.py" in patch
     with Sandbox.create(repo) as sb, pytest.raises(ValueError, match="NUL"):
         sb.exec("echo \0")
+
+
+def test_cpu_file_size_and_disk_limits(repo: Path) -> None:
+    limits = Limits(cpu_s=1, file_size_bytes=1024**2, disk_bytes=8 * 1024**2)
+    with Sandbox.create(repo, limits=limits) as sb:
+        r = sb.exec('python3 -c "while True: pass"', timeout=20)
+        assert not r.timed_out and r.exit_code == 128 + 9  # RLIMIT_CPU hard limit: SIGKILL
+        r = sb.exec("head -c 2000000 /dev/zero > big; echo $?; stat -c %s big")
+        assert r.stdout.split() == ["153", "1048576"]  # SIGXFSZ (128 + 25) at 1 MiB
+        r = sb.exec(
+            "for i in 1 2 3 4 5 6 7 8 9; do head -c 1000000 /dev/zero > f$i || exit 9; done"
+        )
+        assert r.exit_code == 9 and "No space left on device" in r.stderr  # the 8 MiB tmpfs
+        assert sb.exec("rm -f f* big && echo ok").stdout == "ok\n"  # and it recovers
