@@ -1,0 +1,89 @@
+"""Advantages before the trainer step: the only algorithm-specific part of a training step.
+
+``GROUP_ESTIMATORS`` maps ``algorithm.advantage`` to an episode-level estimator; ``"gae"`` (PPO)
+is per token and needs the value head, see :func:`gae_advantages`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch import Tensor
+
+from coderl import algorithms as A
+
+
+def _grpo(rewards: Tensor, groups: Tensor, valid: Tensor) -> Tensor:
+    return A.group_advantages(rewards, groups, valid=valid)
+
+
+def _dr_grpo(rewards: Tensor, groups: Tensor, valid: Tensor) -> Tensor:
+    return A.group_advantages(rewards, groups, valid=valid, std_normalize=False)
+
+
+def _rloo(rewards: Tensor, groups: Tensor, valid: Tensor) -> Tensor:
+    return A.group_advantages(rewards, groups, valid=valid, leave_one_out=True, std_normalize=False)
+
+
+# algorithm.advantage -> estimator over episodes ([N] rewards, [N] group ids, [N] valid -> [N])
+GROUP_ESTIMATORS: dict[str, Callable[[Tensor, Tensor, Tensor], Tensor]] = {
+    "grpo": _grpo,
+    "dr_grpo": _dr_grpo,
+    "rloo": _rloo,
+}
+
+
+def episode_advantages(
+    name: str, rewards: list[float], groups: list[int], valid: list[bool]
+) -> Tensor:
+    """``[N]`` float32 advantages of N episodes (0 for invalid ones).
+
+    GRPO (Shao et al. 2024, Sec. 4.1.2), Dr. GRPO (Liu et al. 2025, Sec. 3.2) and RLOO
+    (Ahmadian et al. 2024, Eq. 6), all from :func:`coderl.algorithms.group_advantages`.
+
+    Raises:
+        ValueError: unknown estimator (lists the valid ones).
+    """
+    if name not in GROUP_ESTIMATORS:
+        raise ValueError(f"unknown group advantage {name!r}; valid: {sorted(GROUP_ESTIMATORS)}")
+    r = torch.tensor([x if v else 0.0 for x, v in zip(rewards, valid, strict=True)])
+    return GROUP_ESTIMATORS[name](r, torch.tensor(groups), torch.tensor(valid))
+
+
+def outcome_token_rewards(mask: Tensor, rewards: Tensor) -> Tensor:
+    """``[B, T]`` per-token rewards: each row's scalar reward on its last sampled token.
+
+    Args:
+        mask: ``[B, T]`` bool, sampled tokens.
+        rewards: ``[B]`` float, the outcome reward of each row's episode.
+    """
+    T = mask.shape[1]
+    pos = torch.arange(T).expand_as(mask)
+    last = torch.where(mask, pos, torch.full_like(pos, -1)).max(dim=1).values  # (B,)
+    out = torch.zeros(mask.shape, dtype=torch.float32)
+    rows = (last >= 0).nonzero().squeeze(1)
+    out[rows, last[rows]] = rewards[rows].float()
+    return out
+
+
+def gae_advantages(
+    rewards: Tensor, values: Tensor, mask: Tensor, *, gamma: float, lam: float
+) -> tuple[Tensor, Tensor]:
+    """PPO advantages: GAE (Schulman et al. 2016, Eq. 16) on the outcome reward placed on each
+    row's last sampled token, then whitened over the batch's sampled tokens (the PPO
+    implementation detail of Huang et al. 2022, "The 37 Implementation Details of PPO", #7).
+
+    Args:
+        rewards: ``[B]`` outcome rewards; values: ``[B, T]`` value predictions; mask: ``[B, T]``.
+
+    Returns:
+        ``(advantages [B, T], returns [B, T])``, 0 where ``mask`` is 0.
+    """
+    token_rewards = outcome_token_rewards(mask, rewards)
+    adv, ret = A.gae(token_rewards, values, mask, gamma=gamma, lam=lam)
+    m = mask.bool()
+    if int(m.sum()) > 1:
+        mean, std = adv[m].mean(), adv[m].std()
+        adv = torch.where(m, (adv - mean) / (std + 1e-8), torch.zeros_like(adv))
+    return adv, ret

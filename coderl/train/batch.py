@@ -1,0 +1,67 @@
+"""The trainer's batch: the policy's token batch plus what RL adds (advantages, reference
+logprobs, PPO value targets).
+
+Token tensors come from :func:`coderl.policy.batch.collate` (every ``[B, T]`` column describes
+token ``t``: its id, whether the policy sampled it, the logprob the sampler recorded). Every
+segment of an episode carries the episode's advantage; nothing is re-tokenized.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+import torch
+from torch import Tensor
+
+from coderl.policy.batch import TrainBatch, collate
+from coderl.trajectory import Segment
+
+
+@dataclass
+class StepBatch:
+    """Everything one optimizer step consumes."""
+
+    tokens: TrainBatch
+    """``[B, T]`` ids, attention mask, positions, loss mask (float 0/1), behaviour logprobs."""
+    advantages: Tensor
+    """``[B]`` (one per sequence) or ``[B, T]`` (per token, e.g. GAE) float32."""
+    ref_logp: Tensor | None = None
+    """``[B, T]`` float32 reference-policy logprobs (needed for KL in the loss)."""
+    old_values: Tensor | None = None
+    """``[B, T]`` float32 value predictions at rollout time (PPO)."""
+    returns: Tensor | None = None
+    """``[B, T]`` float32 value targets (PPO)."""
+
+    @property
+    def size(self) -> int:
+        return int(self.tokens.input_ids.shape[0])
+
+    @property
+    def loss_mask(self) -> Tensor:
+        """``[B, T]`` bool, True on sampled tokens."""
+        return self.tokens.loss_mask > 0
+
+    def rows(self, start: int, stop: int) -> StepBatch:
+        """Rows ``start:stop`` with the same padded length T."""
+        tok = TrainBatch(
+            **{f.name: getattr(self.tokens, f.name)[start:stop] for f in fields(self.tokens)}
+        )
+        extra = {
+            name: (v[start:stop] if v is not None else None)
+            for name in ("advantages", "ref_logp", "old_values", "returns")
+            for v in [getattr(self, name)]
+        }
+        return StepBatch(tokens=tok, **extra)
+
+
+def build_batch(segments: list[Segment], advantages: list[float], pad_id: int) -> StepBatch:
+    """Collate segments (right padding) and attach one advantage per segment.
+
+    Raises:
+        ValueError: ``len(advantages) != len(segments)``, or anything
+            :func:`coderl.policy.batch.collate` rejects (empty or invalid segments).
+    """
+    if len(advantages) != len(segments):
+        raise ValueError(f"{len(advantages)} advantages for {len(segments)} segments")
+    tokens = collate(segments, pad_id)
+    return StepBatch(tokens=tokens, advantages=torch.tensor(advantages, dtype=torch.float32))

@@ -1,0 +1,318 @@
+"""The algorithm-blind trainer step: token batch in, one optimizer step and metrics out.
+
+The step receives tokens, loss masks, advantages, behaviour logprobs (and, when the config asks
+for them, reference logprobs and PPO value targets). It does not know which advantage estimator
+produced the advantages; loss aggregation, clipping, importance weights and KL come from the
+``algorithm`` config section and :mod:`coderl.algorithms`.
+
+Micro-batching: the batch is cut into micro-batches of ``micro_batch_size`` rows that all share
+the batch's padded length; each micro-batch loss is scaled by its share of the batch's normaliser
+(tokens, non-empty rows or rows, per aggregation mode), so the accumulated gradient equals the
+full-batch gradient whatever the split. One optimizer step is taken per update epoch, however
+many segments or turns the episodes have.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import nullcontext
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor, nn
+
+from coderl import algorithms as A
+from coderl.config import AlgorithmConfig, TrainerConfig
+from coderl.policy.batch import TrainBatch, shifted_entropy, shifted_token_logprobs
+from coderl.train.batch import StepBatch
+
+
+@dataclass
+class ForwardOut:
+    logp: Tensor
+    """``[B, T]`` float32 logprob of token t given tokens < t (0 at t = 0)."""
+    entropy: Tensor
+    """``[B, T]`` float32 entropy (nats) of the distribution that predicts token t."""
+    values: Tensor | None = None
+    """``[B, T]`` value of the state before token t (PPO), else None."""
+
+
+def forward(
+    model: nn.Module,
+    tokens: TrainBatch,
+    *,
+    temperature: float,
+    value_head: nn.Module | None = None,
+    bf16: bool = False,
+    entropy_grad: bool = False,
+) -> ForwardOut:
+    """Per-token logprobs (tempered, as sampled), entropies and values of a causal LM.
+
+    ``model`` is any Hugging Face causal LM (peft-wrapped or not). Logprobs and entropies come
+    from :func:`coderl.policy.batch.shifted_token_logprobs` / ``shifted_entropy`` (column t is the
+    distribution that predicted token t; column 0 is 0). The value head reads the last hidden
+    state at t - 1 with gradients stopped (a linear probe on the policy's features), so the value
+    loss never moves the policy.
+    """
+    ctx = torch.autocast("cpu", dtype=torch.bfloat16) if bf16 else nullcontext()
+    with ctx:
+        out = model(
+            input_ids=tokens.input_ids,
+            attention_mask=tokens.attention_mask,
+            position_ids=tokens.position_ids,
+            use_cache=False,
+            output_hidden_states=value_head is not None,
+        )
+    logits = out.logits.float()  # (B, T, V)
+    logp = shifted_token_logprobs(logits, tokens.input_ids, temperature)  # (B, T)
+    with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
+        entropy = shifted_entropy(logits, temperature)  # (B, T)
+    values = None
+    if value_head is not None:
+        h = out.hidden_states[-1][:, :-1].detach().float()  # (B, T-1, H)
+        v = value_head(h).squeeze(-1)  # (B, T-1)
+        values = torch.cat([torch.zeros_like(v[:, :1]), v], dim=1)  # (B, T)
+    return ForwardOut(logp=logp, entropy=entropy, values=values)
+
+
+def _normalisers(mask: Tensor) -> dict[str, float]:
+    return {
+        "tokens": float(mask.sum()),
+        "nonempty": float((mask.sum(-1) > 0).sum()),
+        "rows": float(mask.shape[0]),
+    }
+
+
+# aggregation mode -> which count normalises it; the micro-batch's share of that count scales it
+_NORMALISED_BY = {
+    "token-mean": "tokens",
+    "seq-mean-token-mean": "nonempty",
+    "seq-mean-token-sum": "rows",
+    "seq-mean-token-sum-norm": "rows",
+}
+
+
+def _micro_batches(batch: StepBatch, size: int) -> Iterator[tuple[int, StepBatch]]:
+    for i, start in enumerate(range(0, batch.size, size)):
+        yield i, batch.rows(start, start + size)
+
+
+# aggregated losses: their micro-batch values add up, scaled by the share, to the batch value
+_LOSS_KEYS = ("loss", "pg_loss", "kl", "entropy", "value_loss")
+
+
+@dataclass
+class _Totals:
+    """Batch metrics from micro-batch metrics: losses by share, rates by token count."""
+
+    sums: dict[str, float] = field(default_factory=dict)
+    maxes: dict[str, float] = field(default_factory=dict)
+    tokens: float = 0.0
+
+    def add(self, metrics: dict[str, float], tokens: float, share: float) -> None:
+        self.tokens += tokens
+        for k, v in metrics.items():
+            if k.endswith("_max"):
+                self.maxes[k] = max(self.maxes.get(k, float("-inf")), v)
+            else:
+                w = share if k in _LOSS_KEYS else tokens
+                self.sums[k] = self.sums.get(k, 0.0) + v * w
+
+    def means(self) -> dict[str, float]:
+        n = max(self.tokens, 1.0)
+        rates = {k: v / n for k, v in self.sums.items() if k not in _LOSS_KEYS}
+        losses = {k: v for k, v in self.sums.items() if k in _LOSS_KEYS}
+        return {**losses, **rates, **self.maxes}
+
+
+def accumulate_gradients(
+    model: nn.Module,
+    batch: StepBatch,
+    cfg: AlgorithmConfig,
+    *,
+    micro_batch_size: int,
+    temperature: float,
+    max_len: int,
+    value_head: nn.Module | None = None,
+    old_logp_cache: dict[int, Tensor] | None = None,
+    bf16: bool = False,
+) -> dict[str, float]:
+    """Backward the loss of ``batch`` in micro-batches; gradients accumulate in ``.grad``.
+
+    Loss per token (all reduced with ``cfg.loss_agg`` over the whole batch):
+    PPO clipped surrogate (:func:`coderl.algorithms.policy_loss`) with importance weights
+    ``exp(old_logp - behaviour_logp)`` when ``cfg.old_logp == "trainer"``,
+    ``+ kl.coef * KL`` (:func:`coderl.algorithms.kl_penalty`, needs ``batch.ref_logp``),
+    ``- entropy_coef * H``, and ``+ value_coef * value_loss`` when ``batch.returns`` is set.
+
+    Args:
+        model: the policy (a causal LM).
+        batch: the full batch of this optimizer step.
+        cfg: the ``algorithm`` config section.
+        micro_batch_size: rows per forward/backward.
+        temperature: the sampling temperature (logprobs are tempered like the sampler's).
+        max_len: the generation budget, constant of ``seq-mean-token-sum-norm``.
+        value_head: the PPO value head, required when ``batch.returns`` is set.
+        old_logp_cache: micro-batch index -> trainer logprobs before the update; filled on the
+            first epoch, read on later ones (``old_logp="trainer"``).
+        bf16: bf16 autocast of the forward pass.
+
+    Returns:
+        Metrics averaged over sampled tokens: ``loss``, ``pg_loss``, ``kl``, ``entropy``,
+        ``clip_frac_low``, ``clip_frac_high``, ``dual_clip_frac``, ``approx_kl``,
+        ``ratio_mean``, ``ratio_max``, ``iw_mean``, ``iw_max``, ``logprob_gap`` (mean
+        |trainer - sampler| logprob), ``value_loss``.
+
+    Raises:
+        ValueError: KL in the loss without ``batch.ref_logp``, or value targets without a head.
+    """
+    if cfg.kl.coef > 0 and batch.ref_logp is None:
+        raise ValueError("algorithm.kl.coef > 0 needs reference logprobs in the batch (ref_logp)")
+    if batch.returns is not None and value_head is None:
+        raise ValueError("the batch holds value targets (PPO) but no value head was given")
+    agg = cfg.loss_agg
+    full = _normalisers(batch.loss_mask)[_NORMALISED_BY[agg]]
+    totals = _Totals()
+    cache = {} if old_logp_cache is None else old_logp_cache
+    for i, mb in _micro_batches(batch, micro_batch_size):
+        mask = mb.loss_mask
+        share = _normalisers(mask)[_NORMALISED_BY[agg]] / max(full, 1.0)
+        if share == 0:
+            continue
+        out = forward(
+            model,
+            mb.tokens,
+            temperature=temperature,
+            value_head=value_head if mb.returns is not None else None,
+            bf16=bf16,
+            entropy_grad=cfg.entropy_coef > 0,
+        )
+        if cfg.old_logp == "trainer":
+            old = cache.setdefault(i, out.logp.detach())
+        else:
+            old = mb.tokens.behavior_logprobs
+        weights = None
+        if cfg.old_logp == "trainer" and cfg.importance.mode != "off":
+            imp = cfg.importance
+            weights = A.importance_weights(
+                old,
+                mb.tokens.behavior_logprobs,
+                mask,
+                level=imp.level,
+                mode=imp.mode,
+                cap=imp.cap,
+                low=imp.low,
+            )
+        pg, m = A.policy_loss(
+            out.logp,
+            old,
+            mb.advantages,
+            mask,
+            clip_low=cfg.clip_low,
+            clip_high=cfg.clip_high,
+            dual_clip=cfg.dual_clip,
+            agg=agg,
+            max_len=max_len,
+            weights=weights,
+        )
+        loss = pg
+        ent = A.aggregate(out.entropy, mask, agg, max_len=max_len)
+        if cfg.entropy_coef > 0:
+            loss = loss - cfg.entropy_coef * ent
+        kl = torch.zeros(())
+        if mb.ref_logp is not None:
+            kl_tok = A.kl_penalty(out.logp, mb.ref_logp, cfg.kl.estimator)
+            kl = A.aggregate(kl_tok, mask, agg, max_len=max_len)
+            if cfg.kl.coef > 0:
+                loss = loss + cfg.kl.coef * kl
+        vloss = torch.zeros(())
+        if out.values is not None:
+            assert mb.old_values is not None and mb.returns is not None
+            vloss = A.value_loss(
+                out.values, mb.old_values, mb.returns, mask, clip=cfg.value_clip, agg=agg
+            )
+            loss = loss + cfg.value_coef * vloss
+        (loss * share).backward()
+        with torch.no_grad():
+            n = float(mask.sum())
+            gap = ((out.logp.detach() - mb.tokens.behavior_logprobs).abs() * mask).sum() / max(
+                n, 1.0
+            )
+            w = weights if weights is not None else mask.float()
+            m.update(
+                loss=float(loss),
+                pg_loss=float(pg),
+                kl=float(kl),
+                entropy=float(ent),
+                value_loss=float(vloss),
+                logprob_gap=float(gap),
+                iw_mean=float((w * mask).sum() / max(n, 1.0)),
+                iw_max=float(w[mask].max()) if n else 1.0,
+            )
+        totals.add(m, n, share)
+    return totals.means()
+
+
+def optimizer_step(
+    params: list[nn.Parameter],
+    optimizer: torch.optim.Optimizer,
+    scheduler: torch.optim.lr_scheduler.LRScheduler,
+    grad_clip: float | None,
+) -> dict[str, float]:
+    """Clip the global gradient norm, step optimizer and schedule, clear gradients.
+
+    Returns:
+        ``grad_norm`` (before clipping) and ``lr`` (of the first group, for this step).
+    """
+    lr = float(optimizer.param_groups[0]["lr"])
+    max_norm = grad_clip if grad_clip is not None else float("inf")
+    norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
+    optimizer.step()
+    scheduler.step()
+    optimizer.zero_grad(set_to_none=True)
+    return {"grad_norm": float(norm), "lr": lr}
+
+
+def train_step(
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scheduler: torch.optim.lr_scheduler.LRScheduler,
+    batch: StepBatch,
+    alg: AlgorithmConfig,
+    trainer: TrainerConfig,
+    *,
+    temperature: float,
+    max_len: int,
+    value_head: nn.Module | None = None,
+) -> dict[str, float]:
+    """``trainer.update_epochs`` optimizer steps on ``batch`` (one per epoch).
+
+    Returns:
+        The metrics of :func:`accumulate_gradients` for the first epoch (the on-policy one),
+        plus ``grad_norm``, ``lr``, ``optimizer_steps`` (this call), ``sequences`` and
+        ``trained_tokens``.
+    """
+    params = [p for g in optimizer.param_groups for p in g["params"]]
+    cache: dict[int, Tensor] = {}
+    metrics: dict[str, float] = {}
+    for epoch in range(trainer.update_epochs):
+        m = accumulate_gradients(
+            model,
+            batch,
+            alg,
+            micro_batch_size=trainer.micro_batch_size,
+            temperature=temperature,
+            max_len=max_len,
+            value_head=value_head,
+            old_logp_cache=cache,
+            bf16=trainer.bf16,
+        )
+        m.update(optimizer_step(params, optimizer, scheduler, trainer.grad_clip))
+        if epoch == 0:
+            metrics = m
+    metrics.update(
+        optimizer_steps=float(trainer.update_epochs),
+        sequences=float(batch.size),
+        trained_tokens=float(batch.loss_mask.sum()),
+    )
+    return metrics
