@@ -495,3 +495,24 @@ def test_cpu_file_size_and_disk_limits(repo: Path) -> None:
         )
         assert r.exit_code == 9 and "No space left on device" in r.stderr  # the 8 MiB tmpfs
         assert sb.exec("rm -f f* big && echo ok").stdout == "ok\n"  # and it recovers
+
+
+def test_seccomp_refuses_user_namespaces_and_kernel_extras(repo: Path) -> None:
+    probe = (
+        "import ctypes, os, threading, subprocess\n"
+        "libc = ctypes.CDLL(None, use_errno=True)\n"
+        "def call(nr, *args):\n"
+        "    return libc.syscall(nr, *args), ctypes.get_errno()\n"
+        "print('unshare', call(272, 0x10000000))\n"  # unshare(CLONE_NEWUSER) on x86_64
+        "print('keyctl', call(250, 0, 0, 0, 0, 0))\n"
+        "t = threading.Thread(target=print, args=('thread ok',)); t.start(); t.join()\n"
+        "print(subprocess.run(['echo', 'child ok'], capture_output=True, text=True).stdout)\n"
+    )
+    if os.uname().machine != "x86_64":
+        pytest.skip("the probe uses x86_64 syscall numbers")
+    with Sandbox.create(repo) as sb:
+        sb.write_text("/tmp/probe.py", probe)
+        out = sb.exec("python3 /tmp/probe.py").stdout
+        assert "unshare (-1, 1)" in out and "keyctl (-1, 1)" in out  # EPERM from the filter
+        assert "thread ok" in out and "child ok" in out  # clone3 -> ENOSYS -> clone fallback
+        assert "Seccomp:\t2" in sb.exec("grep Seccomp: /proc/self/status").stdout

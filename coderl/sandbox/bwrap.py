@@ -18,8 +18,8 @@ only a down loopback), host processes and environment variables, other sandboxes
 private workspaces). Limits: RLIMIT_NPROC counts the sandbox's uid, so a fork bomb stays inside
 its budget; RLIMIT_AS/CPU/FSIZE apply per process; a timeout kills every process of the uid.
 
-Not isolated: the kernel is shared (a kernel exploit escapes; there is no seccomp filter, so the
-sandbox may create user namespaces like any unprivileged host user); memory is limited per
+Not isolated: the kernel is shared (a kernel exploit escapes; ``coderl.sandbox.seccomp`` narrows
+the surface: no user namespaces, keyrings, eBPF, perf, io_uring or mounts); memory is limited per
 process, not per sandbox (cgroup v2 has no memory controller on these machines), so
 ``processes x memory_bytes`` bounds the total; CPU time is not shared fairly between sandboxes;
 world-readable files under the mounted trees are readable; ``network=True`` gives the host's
@@ -49,7 +49,7 @@ from collections.abc import Sequence
 from itertools import count
 from pathlib import Path
 
-from coderl.sandbox import mounts
+from coderl.sandbox import mounts, seccomp
 from coderl.sandbox.base import DIFF_EXCLUDES, ExecResult, Limits, Sandbox, SandboxError
 from coderl.sandbox.files import FileOps
 from coderl.sandbox.process import BwrapProcess
@@ -216,7 +216,7 @@ class BwrapSandbox(Sandbox):
         self._mounted.append(str(target))
         return str(target)
 
-    def _argv(self, info_fd: int) -> list[str]:
+    def _argv(self, info_fd: int, seccomp_fd: int | None) -> list[str]:
         """The ``bwrap ... setpriv ... bash`` command line."""
         s, uid = self.scratch, str(self.uid)
         argv = ["bwrap", "--unshare-ipc", "--unshare-pid", "--unshare-uts", "--unshare-cgroup-try"]
@@ -240,6 +240,7 @@ class BwrapSandbox(Sandbox):
         for flag, source, dest in self._binds:
             argv += _parents(dest, made) + [flag, source, dest]
         argv += ["--chdir", WORKDIR, "--clearenv", "--info-fd", str(info_fd)]
+        argv += [] if seccomp_fd is None else ["--seccomp", str(seccomp_fd)]
         for key, value in self.env.items():
             argv += ["--setenv", key, value]
         argv.append("--")
@@ -253,19 +254,21 @@ class BwrapSandbox(Sandbox):
     def _start_shell(self) -> None:
         ctl_r, ctl_w = os.pipe2(os.O_CLOEXEC)
         info_r, info_w = os.pipe2(os.O_CLOEXEC)
+        filter_fd = seccomp.program_fd() if seccomp.supported() else None
+        passed = (ctl_w, info_w) + (() if filter_fd is None else (filter_fd,))
         try:
-            proc = spawn(self._argv(info_w), pass_fds=(ctl_w, info_w))
+            proc = spawn(self._argv(info_w, filter_fd), pass_fds=passed)
         except BaseException:
             os.close(ctl_r)
             os.close(info_r)
             raise
         finally:
-            os.close(ctl_w)
-            os.close(info_w)
+            for fd in passed:
+                os.close(fd)
         self._process = BwrapProcess(proc, ctl_r, info_r, self.uid, uid_kill=not self.rootless)
         shell = Shell(proc, ctl_r, kill=lambda: self._process.stop(graceful=False))
         state = self._shell.state if self._shell is not None else None
-        script = init_script(ctl_w, [info_w], self._ulimits())
+        script = init_script(ctl_w, list(passed[1:]), self._ulimits())
         if state is not None:
             script += restore_script(state.cwd, state.env_decls)
         shell.send(script)
