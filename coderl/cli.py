@@ -15,6 +15,7 @@ COMMANDS: dict[str, str] = {
     "serve": "coderl.online.cli_serve",
     "online": "coderl.online.cli",
     "train-async": "coderl.asyncrl.cli",
+    "agent": "coderl.agent.cli",
 }
 
 

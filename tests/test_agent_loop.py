@@ -3,12 +3,15 @@ concurrency; token-exactness of every segment."""
 
 from __future__ import annotations
 
+import argparse
+import json
 from pathlib import Path
 
 import pytest
 import torch
 from test_agent_tools import PLAIN_CHATML, make_repo, open_sandbox
 
+from coderl.agent import cli as agent_cli
 from coderl.agent.episode import EpisodeConfig, SampleRequest, SimpleTask
 from coderl.agent.parsing import CALL_FORMATS
 from coderl.agent.runner import run_episode, run_episodes, sample_batch
@@ -373,3 +376,19 @@ def test_real_tiny_model_episodes_end_to_end_in_sandboxes(tmp_path, one_torch_th
         for t, m in enumerate(seg.loss_mask):
             if m:
                 assert abs(trainer[t] - seg.behavior_logprobs[t]) < 1e-3
+
+
+def test_cli_runs_episodes_and_writes_them(tmp_path, one_torch_thread, capsys):
+    out = tmp_path / "episodes.json"
+    args = ["agent", "--workspace", str(make_repo(tmp_path)), "--task", TASK]
+    args += ["--model", "tiny-random", "--episodes", "2", "--max-turns", "1"]
+    args += ["--max-tokens-per-turn", "8", "--out", str(out)]
+    parser = argparse.ArgumentParser()
+    agent_cli.register(parser.add_subparsers())  # only this sub-command: no other imports
+    parsed = parser.parse_args(args)
+    assert parsed.func(parsed) == 0
+    assert "cli/1" in capsys.readouterr().out
+    saved = json.loads(out.read_text())
+    assert [e["episode_id"] for e in saved] == ["cli/0", "cli/1"]
+    seg = saved[0]["trajectory"]["segments"][0]
+    assert sum(seg["loss_mask"]) == saved[0]["stats"]["generated_tokens"] <= 8
