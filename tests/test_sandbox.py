@@ -75,6 +75,8 @@ def test_exec_is_a_terminal_cd_and_env_persist(repo: Path) -> None:
         assert sb.exec("cat").stdout == ""  # stdin is /dev/null, not the protocol pipe
         r = sb.exec("echo h > ~/.rc && cat ~/.rc && echo t > /tmp/t && cat /tmp/t && echo $HOME")
         assert r.stdout == "h\nt\n/home/sandbox\n", r  # a writable home and /tmp
+        pool = "import multiprocessing as m; print(m.Pool(2).map(abs, [-1, -2]))"
+        assert sb.exec(f"python3 -c '{pool}'").stdout == "[1, 2]\n"  # semaphores in /dev/shm
 
 
 def test_read_write_list_and_errors(repo: Path) -> None:

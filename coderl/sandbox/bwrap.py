@@ -2,7 +2,8 @@
 
 What one sandbox is (as root, the normal case here and in CI; rootless mode is at the end):
 - a private tmpfs of ``Limits.disk_bytes`` under ``/dev/shm/coderl`` holding the overlay's upper
-  and work directories, ``/tmp`` and the home directory;
+  and work directories, ``/tmp``, ``/dev/shm`` (POSIX semaphores: multiprocessing) and the home
+  directory;
 - ``/testbed``: overlayfs with an idmapped, read-only view of ``base`` below (the snapshot's owner
   appears as the sandbox uid, so the sandbox owns its workspace without ``base`` changing);
   when the filesystem of ``base`` refuses idmapped mounts, a copy of ``base`` in the tmpfs;
@@ -173,18 +174,19 @@ class BwrapSandbox(Sandbox):
         s, uid = self.scratch, self.uid
         s.mkdir(parents=True, mode=0o700)
         if self.rootless:
-            for name in ("tmp", "home"):
+            for name in ("tmp", "home", "shm"):
                 (s / name).mkdir()
             shutil.copytree(self.base, s / "merged", symlinks=True)
             self._binds += [("--ro-bind", host, dest) for dest, host in self.ro_mounts.items()]
             self._binds += [("--bind", host, dest) for dest, host in self.rw_mounts.items()]
             return "copy"
         mounts.mount_tmpfs(str(s), self.limits.disk_bytes, uid, uid)
-        for name in ("upper", "work", "lower", "merged", "tmp", "home", "mnt"):
+        for name in ("upper", "work", "lower", "merged", "tmp", "shm", "home", "mnt"):
             (s / name).mkdir()
-        for name in ("upper", "tmp", "home"):
+        for name in ("upper", "tmp", "shm", "home"):
             os.chown(s / name, uid, uid)
-        os.chmod(s / "tmp", 0o1777)
+        for name in ("tmp", "shm"):
+            os.chmod(s / name, 0o1777)
         for dest, host in self.ro_mounts.items():
             self._binds.append(("--ro-bind", self._idmap(host, readonly=True), dest))
         for dest, host in self.rw_mounts.items():
@@ -232,7 +234,7 @@ class BwrapSandbox(Sandbox):
         argv += ["--proc", "/proc", "--dev", "/dev"]
         argv += ["--ro-bind", str(_etc_dir(self.uid, self.network)), "/etc"]
         made: set[str] = set()
-        argv += ["--bind", str(s / "tmp"), "/tmp"]
+        argv += ["--bind", str(s / "tmp"), "/tmp", "--bind", str(s / "shm"), "/dev/shm"]
         argv += _parents(HOME, made) + ["--bind", str(s / "home"), HOME]
         argv += ["--bind", str(s / "merged"), WORKDIR]
         prefix = sys.base_prefix
