@@ -20,6 +20,19 @@ K, V = 6, 6
 TASKS = cycle_tasks(toy_tasks(K, V))
 
 
+def start_backend(cfg, sampler):
+    """Start Ray through the backend; one more try if the local node timed out starting (Ray
+    waits a fixed 30 s for its raylet, which an overloaded shared machine can exceed). A failed
+    start shuts down whatever it started, so the retry begins clean."""
+    try:
+        return RayBackend(cfg, sampler, make_grader=ToyGrader)
+    except Exception as err:
+        if "timed out during startup" not in str(err):
+            raise
+    assert not ray.is_initialized()
+    return RayBackend(cfg, sampler, make_grader=ToyGrader)
+
+
 def test_ray_workers_graders_and_trainer_actor_then_clean_shutdown():
     assert not ray.is_initialized()
     cfg = AsyncConfig(
@@ -34,7 +47,7 @@ def test_ray_workers_graders_and_trainer_actor_then_clean_shutdown():
     sampler = functools.partial(ToySampler, K, V, delay_s=0.002, grade=False)
     with pytest.raises(ValueError, match="grader factory"):
         RayBackend(cfg, sampler)  # checked before Ray starts
-    backend = RayBackend(cfg, sampler, make_grader=ToyGrader)  # starts Ray, so owns it
+    backend = start_backend(cfg, sampler)  # starts Ray, so owns it
     try:
         assert backend.owns_ray
         learner = RayLearner(functools.partial(ToyLearner, K, V, lr=0.2), num_cpus=0.5)
