@@ -11,6 +11,9 @@ from coderl import __version__
 # sub-command name -> module that defines ``register(subparsers)``; the only dispatch point.
 COMMANDS: dict[str, str] = {
     "demo": "coderl.demo",
+    "train": "coderl.train.cli",
+    "eval": "coderl.eval.cli",
+    "report": "coderl.eval.report",
     "tasks": "coderl.tasks.cli",
     "serve": "coderl.online.cli_serve",
     "online": "coderl.online.cli",

@@ -1,0 +1,58 @@
+"""``coderl eval CHECKPOINT [tasks=SOURCE:SPLIT] [k=16] [key=value ...]``: pass@1, pass@k and
+best-of-n with 95% CIs for a training checkpoint (its run's ``config.yaml`` says which model,
+adapter shape and environment)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from coderl.config import load_config
+
+
+def _split_args(items: list[str]) -> tuple[str | None, int | None, list[str]]:
+    tasks, k, rest = None, None, []
+    for item in items:
+        key, _, value = item.partition("=")
+        if key == "tasks":
+            tasks = value
+        elif key == "k":
+            k = int(value)
+        else:
+            rest.append(item)
+    return tasks, k, rest
+
+
+def run(args: argparse.Namespace) -> int:
+    from coderl.train.checkpoint import latest_checkpoint, load_checkpoint
+    from coderl.train.loop import run_eval, setup_run
+
+    ckpt = Path(args.checkpoint)
+    if not (ckpt / "state.json").is_file():
+        ckpt = latest_checkpoint(ckpt)  # a run directory: its newest checkpoint
+    run_dir = ckpt.parent.parent
+    tasks, k, rest = _split_args(args.overrides)
+    overrides = [*rest, "eval.before_after=false"]
+    split = None
+    if tasks:
+        source, _, split = tasks.partition(":")
+        overrides.append(f"tasks.source={source}")
+    if k:
+        overrides += [f"eval.samples={k}", f"eval.k={sorted({1, k})}"]
+    cfg = load_config(run_dir / "config.yaml", overrides)
+    run_ = setup_run(cfg)
+    if not args.base:
+        load_checkpoint(ckpt, model=run_.policy.model, restore_rng=False)
+    result = run_eval(run_, split or None)
+    out = {"checkpoint": str(ckpt), "base": args.base, "split": split or cfg.tasks.heldout_split}
+    print(json.dumps({**out, **{k_: v for k_, v in result.items() if k_ != "per_task"}}, indent=1))
+    return 0
+
+
+def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = sub.add_parser("eval", help="pass@k and best-of-n of a checkpoint on a task split")
+    p.add_argument("checkpoint", help="a checkpoint directory or a run directory (its latest)")
+    p.add_argument("overrides", nargs="*", help="tasks=SOURCE:SPLIT, k=N, or key=value")
+    p.add_argument("--base", action="store_true", help="evaluate the base model (no adapter)")
+    p.set_defaults(func=run)

@@ -1,0 +1,79 @@
+from pathlib import Path
+
+import pytest
+
+from coderl.config import Config, ConfigError, dump_config, load_config
+
+# every training preset; online-*.yaml are `coderl online` configs (their own schema and tests)
+PRESETS = sorted(
+    p
+    for p in (Path(__file__).parent.parent / "configs").glob("*.yaml")
+    if not p.name.startswith("online-")
+)
+
+
+def test_there_are_presets():
+    assert {"default.yaml", "repo-bugfix.yaml", "toy.yaml"} <= {p.name for p in PRESETS}
+
+
+@pytest.mark.parametrize("path", PRESETS, ids=lambda p: p.name)
+def test_every_preset_loads_and_round_trips(path, tmp_path):
+    cfg = load_config(path)
+    again = tmp_path / "again.yaml"
+    again.write_text(dump_config(cfg))
+    assert load_config(again) == cfg
+
+
+def test_overrides_replace_leaves_with_yaml_types():
+    cfg = load_config(None, ["trainer.lr=2e-5", "rollout.group_size=4", "eval.k=[1, 2]"])
+    assert cfg.trainer.lr == 2e-5 and cfg.rollout.group_size == 4 and cfg.eval.k == [1, 2]
+    assert Config().trainer.lr != 2e-5  # defaults untouched
+
+
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("trainer.lrr=1", "unknown key 'trainer.lrr'"),
+        ("bogus=1", "unknown key 'bogus'"),
+        ("trainer.lr=fast", "trainer.lr: Input should be a valid number"),
+        ("rollout.group_size=2.5", "rollout.group_size"),
+        ("algorithm.advantage=ppo2", "algorithm.advantage"),
+        ("rollout.group_size=1", "rollout.group_size=1"),
+        ("eval.k=[1, 64]", "eval.k"),
+        ("reward.terms={tests: 1, nope: 1}", "reward.terms: unknown terms ['nope']"),
+        ("trainer.lr", "not of the form key=value"),
+    ],
+)
+def test_bad_config_errors_name_the_key(override, message):
+    with pytest.raises(ConfigError, match=message.replace("[", "\\[").replace("]", "\\]")):
+        load_config(None, [override])
+
+
+def test_impossible_combinations():
+    # a broken call (0.05) would cost less than the length penalty can take (0.1): refused
+    with pytest.raises(ConfigError, match="reward.broken_call_penalty"):
+        load_config(
+            None,
+            [
+                "reward.terms={tests: 1, broken_calls: 1, length: 1}",
+                "reward.broken_call_penalty=0.05",
+            ],
+        )
+    with pytest.raises(ConfigError, match="algorithm.kl.coef"):
+        load_config(
+            None, ["reward.terms={tests: 1, kl: 1}", "reward.kl_coef=0.1", "algorithm.kl.coef=0.1"]
+        )
+    # GAE needs no group: group_size 1 is fine for PPO
+    assert (
+        load_config(None, ["rollout.group_size=1", "algorithm.advantage=gae"]).rollout.group_size
+        == 1
+    )
+
+
+def test_missing_file_and_non_mapping(tmp_path):
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_config(tmp_path / "nope.yaml")
+    bad = tmp_path / "list.yaml"
+    bad.write_text("- 1\n- 2\n")
+    with pytest.raises(ConfigError, match="top level must be a mapping"):
+        load_config(bad)
