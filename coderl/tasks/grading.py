@@ -45,6 +45,7 @@ from coderl.tasks.runner import (
     mounts,
     run_dirs,
     run_pytest,
+    tampering,
 )
 from coderl.tasks.spec import Task
 
@@ -91,7 +92,7 @@ class GradeResult:
     fraction_passed: float = 0.0
     """Passed / expected tests, in [0, 1]; 0.0 whenever ``tampered``."""
     fail_to_pass_passed: float = 0.0
-    """Fraction of the FAIL_TO_PASS tests that passed."""
+    """Fraction of the FAIL_TO_PASS tests that passed; 0.0 whenever ``tampered``."""
     grading_error: str | None = None
     """Set when the grader itself failed: mask the sample, do not score it."""
     reason: str = ""
@@ -151,7 +152,7 @@ def _summarise(result: GradeResult, task: Task, outcomes: dict[str, str]) -> Gra
     result.tests = {t: outcomes.get(t, "missing") for t in expected}
     n_pass = sum(o == "passed" for o in result.tests.values())
     f2p = sum(result.tests[t] == "passed" for t in task.FAIL_TO_PASS)
-    result.fail_to_pass_passed = f2p / len(task.FAIL_TO_PASS)
+    result.fail_to_pass_passed = 0.0 if result.tampered else f2p / len(task.FAIL_TO_PASS)
     result.fraction_passed = 0.0 if result.tampered else n_pass / len(expected)
     result.resolved = not result.tampered and n_pass == len(expected)
     if not result.resolved and not result.reason:
@@ -238,15 +239,16 @@ def _run(
             )
         finally:
             sb.close()
-    new_tampering = sorted(set(run.tampered) - set(env.baseline_tampered))
-    if run.results_missing:
+    run.tampered = sorted(set(run.tampered) - set(env.baseline_tampered))
+    why = tampering(run, canaries=env.canaries_ok)
+    if why:
+        result.tampered = True
+        result.reason = f"tampering detected: {why}"
+    elif run.results_missing:
         timed_out = run.exec is not None and run.exec.timed_out
         result.reason = (
             "test run timed out" if timed_out else "pytest wrote no results (crash or exit)"
         )
-    elif not run.canaries_ok or new_tampering:
-        result.tampered = True
-        result.reason = "tampering detected: " + (
-            ", ".join(new_tampering[:3]) or "canary outcomes wrong"
-        )
+    elif not run.outcomes:
+        result.reason = "no test ran (collection error, or an exit during collection)"
     _summarise(result, task, {} if run.results_missing else run.outcomes)

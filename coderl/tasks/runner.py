@@ -77,6 +77,8 @@ class TestRun:
     """Node id -> failure text (assertion output), for tests that did not pass."""
     trace: dict[str, list[tuple[str, int]]] = field(default_factory=dict)
     """Node id -> functions it called, as (workspace-relative file, first line) pairs."""
+    canaries: dict[str, str] = field(default_factory=dict)
+    """Canary kind (``pass``, ``fail``, ``ufail``) -> outcome, for the canaries that reported."""
     canaries_ok: bool = True
     """The must-fail canaries failed and the must-pass canary passed."""
     tampered: list[str] = field(default_factory=list)
@@ -101,6 +103,24 @@ def canary_source(nonce: str) -> str:
         f"class TestCoderlCanary_{nonce}(unittest.TestCase):\n"
         "    def test_coderl_canary_ufail(self):\n        self.assertEqual(1, 2)\n"
     )
+
+
+def tampering(run: TestRun, *, canaries: bool) -> str:
+    """Why ``run`` looks tampered with, or ``""``.
+
+    A must-fail canary that passed is tampering. Canaries that did not run are tampering only if
+    some real test passed (a collection error or a crash runs nothing at all, canaries included;
+    a forged results file reports passes without them).
+    """
+    if run.tampered:
+        return "replaced: " + ", ".join(run.tampered[:3])
+    if not canaries or run.results_missing:
+        return ""
+    if any(run.canaries.get(k) == "passed" for k in ("fail", "ufail")):
+        return "a must-fail canary passed"
+    if run.canaries != CANARY_EXPECTED and any(o == "passed" for o in run.outcomes.values()):
+        return "tests passed but the canaries did not behave"
+    return ""
 
 
 def _canary_kind(node_id: str) -> str | None:
@@ -200,6 +220,7 @@ def run_pytest(
     run.trace = {k: [tuple(x) for x in v] for k, v in data.get("trace", {}).items()}
     run.tampered = list(data.get("tampered", []))
     run.collect_errors = list(data.get("collect_errors", []))
+    run.canaries = seen_canaries
     if canaries:
         run.canaries_ok = seen_canaries == CANARY_EXPECTED
     return run
