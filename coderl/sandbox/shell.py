@@ -29,6 +29,7 @@ TIMEOUT_EXIT_CODE = 124
 
 _CTL_FD = 3
 _RECORD_NULS = 3  # status NUL cwd NUL env NUL
+_EXIT_OUTPUT_S = 2.0  # after the shell exits, how long its last output may take to arrive
 
 
 def bash_quote(text: str) -> str:
@@ -174,20 +175,22 @@ class Shell:
         for fd in sinks:
             sel.register(fd, selectors.EVENT_READ)
         sel.register(self.ctl_read, selectors.EVENT_READ)
+        open_outputs = set(sinks)
         try:
-            while True:
+            while self.alive or open_outputs:
                 left = deadline - time.monotonic()
                 if left <= 0:
-                    return True
+                    return self.alive  # past the shell's exit, only its output was awaited
                 for key, _ in sel.select(min(left, 1.0)):
                     data = _read(key.fd)
                     if data is None:
                         continue
                     if key.fd == self.ctl_read:
-                        if not data:  # the shell exited (exit, exec, crash)
-                            self.alive = False
-                            self._drain(sinks)
-                            return False
+                        if not data:  # the shell exited (exit, exec, crash): read its output
+                            self.alive = False  # to the end, since the sandbox is ending
+                            sel.unregister(key.fd)
+                            deadline = min(deadline, time.monotonic() + _EXIT_OUTPUT_S)
+                            continue
                         ctl += data
                         if ctl.count(0) >= _RECORD_NULS:
                             self._drain(sinks)
@@ -196,6 +199,8 @@ class Shell:
                         sinks[key.fd](data)
                     else:
                         sel.unregister(key.fd)
+                        open_outputs.discard(key.fd)
+            return False
         finally:
             sel.close()
 
