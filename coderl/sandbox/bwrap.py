@@ -41,6 +41,7 @@ from __future__ import annotations
 import atexit
 import errno
 import fcntl
+import functools
 import os
 import shutil
 import sys
@@ -140,7 +141,7 @@ class BwrapSandbox(Sandbox):
         rw_mounts: dict[str, str],
         network: bool,
     ) -> None:
-        if shutil.which("bwrap") is None:
+        if _bwrap_path() is None:
             raise SandboxError("bubblewrap is not installed (make sysdeps)")
         self.base = _check_dir(base, "base")
         self.limits = limits
@@ -171,35 +172,35 @@ class BwrapSandbox(Sandbox):
 
     def _build_workspace(self) -> str:
         """Mount the tmpfs, ``merged`` (the future /testbed) and the rw mounts; returns the mode."""
-        s, uid = self.scratch, self.uid
-        s.mkdir(parents=True, mode=0o700)
+        s, uid = str(self.scratch), self.uid  # plain strings: this runs for every sandbox
+        self.scratch.mkdir(parents=True, mode=0o700)
         if self.rootless:
             for name in ("tmp", "home", "shm"):
-                (s / name).mkdir()
-            shutil.copytree(self.base, s / "merged", symlinks=True)
+                os.mkdir(f"{s}/{name}")
+            shutil.copytree(self.base, self.scratch / "merged", symlinks=True)
             self._binds += [("--ro-bind", host, dest) for dest, host in self.ro_mounts.items()]
             self._binds += [("--bind", host, dest) for dest, host in self.rw_mounts.items()]
             return "copy"
-        mounts.mount_tmpfs(str(s), self.limits.disk_bytes, uid, uid)
+        mounts.mount_tmpfs(s, self.limits.disk_bytes, uid, uid)
         for name in ("upper", "work", "lower", "merged", "tmp", "shm", "home", "mnt"):
-            (s / name).mkdir()
+            os.mkdir(f"{s}/{name}")
         for name in ("upper", "tmp", "shm", "home"):
-            os.chown(s / name, uid, uid)
+            os.chown(f"{s}/{name}", uid, uid)
         for name in ("tmp", "shm"):
-            os.chmod(s / name, 0o1777)
+            os.chmod(f"{s}/{name}", 0o1777)
         for dest, host in self.ro_mounts.items():
             self._binds.append(("--ro-bind", self._idmap(host, readonly=True), dest))
         for dest, host in self.rw_mounts.items():
             self._binds.append(("--bind", self._idmap(host, readonly=False), dest))
         try:
-            mounts.idmapped_bind(str(self.base), str(s / "lower"), uid, uid, readonly=True)
+            mounts.idmapped_bind(str(self.base), f"{s}/lower", uid, uid, readonly=True)
         except OSError as e:
             if e.errno not in _NO_IDMAP:
                 raise
-            shutil.copytree(self.base, s / "merged", symlinks=True, dirs_exist_ok=True)
-            _chown_tree(s / "merged", uid)
+            shutil.copytree(self.base, self.scratch / "merged", symlinks=True, dirs_exist_ok=True)
+            _chown_tree(self.scratch / "merged", uid)
             return "copy"
-        mounts.mount_overlay(str(s / "lower"), str(s / "upper"), str(s / "work"), str(s / "merged"))
+        mounts.mount_overlay(f"{s}/lower", f"{s}/upper", f"{s}/work", f"{s}/merged")
         return "overlay"
 
     def _idmap(self, host: str, *, readonly: bool) -> str:
@@ -220,23 +221,17 @@ class BwrapSandbox(Sandbox):
 
     def _argv(self, info_fd: int, seccomp_fd: int | None) -> list[str]:
         """The ``bwrap ... setpriv ... bash`` command line."""
-        s, uid = self.scratch, str(self.uid)
+        s, uid = str(self.scratch), str(self.uid)
         argv = ["bwrap", "--unshare-ipc", "--unshare-pid", "--unshare-uts", "--unshare-cgroup-try"]
         argv += [] if self.network else ["--unshare-net"]
         argv += ["--unshare-user", "--disable-userns"] if self.rootless else []
         argv += ["--die-with-parent", "--new-session", "--hostname", "sandbox"]
-        argv += ["--ro-bind", "/usr", "/usr"]
-        for top in ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32"):
-            if os.path.islink(top):
-                argv += ["--symlink", os.readlink(top), top]
-            elif os.path.isdir(top):
-                argv += ["--ro-bind", top, top]
-        argv += ["--proc", "/proc", "--dev", "/dev"]
+        argv += _system_tree() + ["--proc", "/proc", "--dev", "/dev"]
         argv += ["--ro-bind", str(_etc_dir(self.uid, self.network)), "/etc"]
         made: set[str] = set()
-        argv += ["--bind", str(s / "tmp"), "/tmp", "--bind", str(s / "shm"), "/dev/shm"]
-        argv += _parents(HOME, made) + ["--bind", str(s / "home"), HOME]
-        argv += ["--bind", str(s / "merged"), WORKDIR]
+        argv += ["--bind", f"{s}/tmp", "/tmp", "--bind", f"{s}/shm", "/dev/shm"]
+        argv += _parents(HOME, made) + ["--bind", f"{s}/home", HOME]
+        argv += ["--bind", f"{s}/merged", WORKDIR]
         prefix = sys.base_prefix
         argv += _parents(prefix, made) + ["--ro-bind", prefix, prefix]
         for flag, source, dest in self._binds:
@@ -361,6 +356,23 @@ def _remove_scratch(scratch: Path, *, mounted: bool) -> None:
         raise SandboxError(f"could not remove {scratch}: {e}") from e
 
 
+@functools.cache
+def _bwrap_path() -> str | None:
+    return shutil.which("bwrap")
+
+
+@functools.cache
+def _system_tree() -> list[str]:
+    """bwrap arguments for ``/usr`` and the top-level links or directories that lead into it."""
+    argv = ["--ro-bind", "/usr", "/usr"]
+    for top in ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32"):
+        if os.path.islink(top):
+            argv += ["--symlink", os.readlink(top), top]
+        elif os.path.isdir(top):
+            argv += ["--ro-bind", top, top]
+    return argv
+
+
 def _default_env() -> dict[str, str]:
     return {
         "PATH": f"{sys.base_prefix}/bin:/usr/local/bin:/usr/bin:/bin",
@@ -374,6 +386,7 @@ def _default_env() -> dict[str, str]:
     }
 
 
+@functools.cache
 def _etc_dir(uid: int, network: bool) -> Path:
     """The sandbox's ``/etc``: a few host files plus passwd/group/hosts naming ``uid``.
 

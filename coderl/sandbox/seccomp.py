@@ -16,6 +16,7 @@ Everything else is allowed. The program is classic BPF over ``struct seccomp_dat
 from __future__ import annotations
 
 import errno
+import functools
 import os
 import platform
 import struct
@@ -67,6 +68,7 @@ def supported() -> bool:
     return platform.machine() in _ARCHES
 
 
+@functools.cache
 def program() -> bytes:
     """The filter as bytes: an array of ``struct sock_filter {u16 code; u8 jt, jf; u32 k}``.
 
