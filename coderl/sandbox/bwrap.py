@@ -82,7 +82,8 @@ _ETC_FILES_NET = ("resolv.conf", "ca-certificates", "gai.conf", "nsswitch.conf")
 _NO_IDMAP = (errno.EINVAL, errno.EPERM, errno.ENOSYS, errno.EOPNOTSUPP)
 """errnos meaning "this filesystem or kernel cannot make idmapped mounts"."""
 _counter = count()
-_cleaned = threading.Event()
+_clean_lock = threading.Lock()
+_cleaned: list[bool] = []  # non-empty once this process has cleaned up after dead ones
 _live: weakref.WeakSet[BwrapSandbox] = weakref.WeakSet()
 
 
@@ -116,16 +117,24 @@ class _UidLease:
 
 
 def _clean_stale() -> None:
-    """Unmount and delete scratch directories left by host processes that died (once)."""
-    if _cleaned.is_set() or not SCRATCH_ROOT.is_dir():
-        _cleaned.set()
-        return
-    _cleaned.set()
-    for entry in SCRATCH_ROOT.iterdir():
-        owner = entry.name.split("-")[0]
-        if not owner.isdigit() or Path(f"/proc/{owner}").exists():
-            continue
-        _remove_scratch(entry, mounted=not rootless())
+    """Unmount and delete scratch directories left by host processes that died (once).
+
+    Best effort: a directory that cannot be removed (another process got there first) is left.
+    """
+    with _clean_lock:
+        if _cleaned:
+            return
+        _cleaned.append(True)
+        if not SCRATCH_ROOT.is_dir():
+            return
+        for entry in SCRATCH_ROOT.iterdir():
+            owner = entry.name.split("-")[0]
+            if not owner.isdigit() or Path(f"/proc/{owner}").exists():
+                continue
+            try:
+                _remove_scratch(entry, mounted=not rootless())
+            except (OSError, SandboxError):
+                continue
 
 
 class BwrapSandbox(Sandbox):
