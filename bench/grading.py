@@ -3,7 +3,7 @@
 For each task (from a task file whose environment is built), both arms run the task's
 FAIL_TO_PASS + PASS_TO_PASS tests on the fixed code (starting state + gold patch):
 
-- ``plain``: ``<env venv>/bin/python -m pytest -p no:cacheprovider -q <test files>`` on a host copy
+- ``plain``: ``<env venv>/bin/python -m pytest -p no:cacheprovider -q <test ids>`` on a host copy
   of the fixed repository (no sandbox, no plugin, no canaries), the environment's own virtualenv;
 - ``grade``: ``coderl.tasks.grading.grade(task, gold_patch)``: fresh sandbox, diff stripping and
   ``git apply``, read-only hidden tests, results plugin, canaries.
@@ -39,9 +39,9 @@ def plain_pytest(task, env) -> float:  # type: ignore[no-untyped-def]
         work = Path(tmp) / "repo"
         shutil.copytree(base, work)
         apply_patch(work, task.gold_patch)
-        files = sorted({t.split("::")[0] for t in task.FAIL_TO_PASS + task.PASS_TO_PASS})
+        ids = list(dict.fromkeys(task.FAIL_TO_PASS + task.PASS_TO_PASS))
         src = work if env.info.get("source_root", ".") == "." else work / env.info["source_root"]
-        cmd = [f"{env.venv}/bin/python", "-m", "pytest", "-p", "no:cacheprovider", "-q", *files]
+        cmd = [f"{env.venv}/bin/python", "-m", "pytest", "-p", "no:cacheprovider", "-q", *ids]
         environ = dict(os.environ, PYTHONPATH=str(src), PYTHONHASHSEED="0")
         start = time.perf_counter()
         proc = subprocess.run(cmd, cwd=work, env=environ, capture_output=True, text=True)
