@@ -272,7 +272,7 @@ class BwrapSandbox(Sandbox):
             for fd in passed:
                 os.close(fd)
         self._process = BwrapProcess(proc, ctl_r, info_r, self.uid, uid_kill=not self.rootless)
-        shell = Shell(proc, ctl_r, kill=lambda: self._process.stop(graceful=False))
+        shell = Shell(proc, ctl_r, kill=lambda: self._process.stop())
         state = self._shell.state if self._shell is not None else None
         script = init_script(ctl_w, list(passed[1:]), self._ulimits())
         if state is not None:
@@ -333,7 +333,7 @@ class BwrapSandbox(Sandbox):
                 return
             self._closed = True
             if self._shell is not None:
-                self._process.stop(graceful=True)
+                self._process.stop()
             if self.scratch.exists():
                 _remove_scratch(self.scratch, mounted=not self.rootless)
             if self._lease is not None:
