@@ -343,7 +343,7 @@ def test_eight_parallel_busy_loops_all_come_back_in_time(repo: Path) -> None:
         results = list(pool.map(run, range(8)))
     assert all(timed_out for timed_out, _ in results)
     assert all(duration < 3.5 for _, duration in results), results
-    assert time.monotonic() - start < 6
+    assert time.monotonic() - start < 8  # creating and closing 8 sandboxes included
 
 
 def test_close_leaves_no_process_and_no_file(repo: Path) -> None:
