@@ -12,6 +12,7 @@ from coderl import __version__
 COMMANDS: dict[str, str] = {
     "demo": "coderl.demo",
     "train": "coderl.train.cli",
+    "sft": "coderl.train.sft",
     "eval": "coderl.eval.cli",
     "report": "coderl.eval.report",
     "tasks": "coderl.tasks.cli",

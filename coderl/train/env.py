@@ -167,9 +167,23 @@ def _toy(cfg: Config) -> Environment:
     return ToyEnvironment(max_new_tokens=cfg.rollout.max_new_tokens, **cfg.tasks.options)
 
 
+def _humaneval(cfg: Config) -> Environment:
+    from coderl.train.agent_env import humaneval_environment
+
+    return humaneval_environment(cfg)
+
+
+def _repo(cfg: Config) -> Environment:
+    from coderl.train.agent_env import repo_environment
+
+    return repo_environment(cfg)
+
+
 # tasks.source -> environment builder; the only dispatch point
 ENVIRONMENTS: dict[str, Callable[[Config], Environment]] = {
     "toy": _toy,
+    "humaneval": _humaneval,
+    "repo": _repo,
 }
 
 

@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from safetensors.torch import load_file
 from torch import nn
 
 from coderl.config import Config, dump_config
@@ -36,7 +37,12 @@ from coderl.policy.local import LocalPolicy, LoraSpec
 from coderl.rewards import RewardResult, RewardSample, compute_rewards
 from coderl.train.advantages import episode_advantages, gae_advantages
 from coderl.train.batch import StepBatch, build_batch
-from coderl.train.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from coderl.train.checkpoint import (
+    latest_checkpoint,
+    load_checkpoint,
+    load_trainable,
+    save_checkpoint,
+)
 from coderl.train.env import Environment, EpisodeRecord, GradeRecord, build_environment
 from coderl.train.metrics import MetricsLogger, progress_bar
 from coderl.train.optim import build_optimizer
@@ -118,6 +124,9 @@ def setup_run(cfg: Config, *, resume: bool = False) -> Run:
         TaskSampler(env.tasks(cfg.tasks.train_split)[: cfg.tasks.limit], cfg.seed),
         value_head,
     )
+    sft = Path(cfg.run_dir) / "sft" / "trainable.safetensors"
+    if cfg.sft.enabled and sft.is_file() and not resume:
+        load_trainable(policy.model, load_file(str(sft)))  # start RL from the SFT warm start
     if resume:
         ckpt = latest_checkpoint(cfg.run_dir)
         state = load_checkpoint(
@@ -152,7 +161,9 @@ def _reward_samples(
                 task_id=ep.task_id,
                 resolved=g.resolved,
                 fraction_passed=g.fraction_passed,
-                grading_error=g.grading_error,
+                # a harness failure (finish_reason "error") is infrastructure, not the policy
+                grading_error=g.grading_error
+                or (f"episode error: {ep.finish_reason}" if ep.finish_reason == "error" else None),
                 sampled_tokens=sum(s.num_trainable for s in ep.trajectory.segments),
                 token_budget=budget,
                 broken_tool_calls=ep.broken_tool_calls,

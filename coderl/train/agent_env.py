@@ -1,0 +1,137 @@
+"""Environments over the agent harness: HumanEval function tasks and synthesised repository
+bug-fix tasks. Each episode runs in its own sandbox (:mod:`coderl.sandbox`), many at once
+(:func:`coderl.agent.run_episodes`), and is graded in a fresh sandbox by
+:func:`coderl.tasks.grading.grade` (hidden tests; infrastructure failures become
+``grading_error`` and the sample is masked).
+
+Limits: sandboxes are started and closed here, one per episode; the repository environment of a
+``repo`` task must already be built (``coderl tasks build-env``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from coderl.agent.episode import EpisodeConfig
+from coderl.agent.runner import run_episodes
+from coderl.config import Config
+from coderl.policy.base import SamplingParams
+from coderl.tasks.spec import Task
+from coderl.train.env import EpisodeRecord, GradeRecord, SamplingPolicy
+
+TRUNCATED = ("max_turns", "max_tokens")
+"""Finish reasons that mean a budget ran out (not a submit or a broken-call stop)."""
+
+
+def _sandbox_for(task: Task) -> Any:
+    from coderl.sandbox import Sandbox
+
+    if task.kind == "function":
+        from coderl.tasks.humaneval import workspace_base
+
+        return Sandbox.create(workspace_base(task))
+    from coderl.tasks.envbuild import find_env
+    from coderl.tasks.patches import materialize
+
+    env = find_env(task.env_id)
+    base = materialize(Path(env.snapshot), task.bug_patch)
+    return Sandbox.create(base, ro_mounts={"/venv": str(env.venv)})
+
+
+@dataclass
+class AgentEnvironment:
+    """Tasks from ``load(split)``, episodes from the agent harness, grades from hidden tests."""
+
+    cfg: Config
+    load: Callable[[str], list[Task]]
+    grade_timeout_s: float = 60.0
+    _cache: dict[str, list[Task]] = field(default_factory=dict)
+
+    def tasks(self, split: str) -> list[Any]:
+        if split not in self._cache:
+            self._cache[split] = self.load(split)
+        return list(self._cache[split])
+
+    def ease(self, task: Any) -> float | None:
+        return None  # the group pass rate decides (HumanEval and synthesised bugs carry no ease)
+
+    def token_budget(self) -> int:
+        return self.cfg.rollout.max_turns * self.cfg.rollout.max_new_tokens
+
+    def episode_config(self, params: SamplingParams) -> EpisodeConfig:
+        r = self.cfg.rollout
+        return EpisodeConfig(
+            max_turns=r.max_turns,
+            max_tokens=self.token_budget(),
+            max_tokens_per_turn=r.max_new_tokens,
+            context_budget=r.max_context_tokens,
+            temperature=max(params.temperature, 1e-6),
+            top_p=params.top_p,
+            seed=params.seed,
+            **self.cfg.tasks.options.get("episode", {}),
+        )
+
+    def rollout(
+        self, policy: SamplingPolicy, tasks: list[Any], params: SamplingParams, group_size: int
+    ) -> list[EpisodeRecord]:
+        jobs = []
+        try:
+            for t in tasks:
+                for _ in range(group_size):
+                    jobs.append((t, _sandbox_for(t)))
+            episodes = run_episodes(
+                policy, jobs, self.episode_config(params), max_workers=self.cfg.rollout.concurrency
+            )
+        finally:
+            for _, sb in jobs:
+                sb.close()
+        return [
+            EpisodeRecord(
+                task_id=ep.task_id,
+                trajectory=ep.trajectory,
+                finish_reason=ep.stats.finish_reason,
+                turns=ep.stats.turns,
+                truncated=ep.stats.finish_reason in TRUNCATED,
+                broken_tool_calls=ep.stats.broken_tool_calls,
+                no_action_turns=ep.stats.no_action_turns,
+                summaries=ep.stats.summaries,
+                answer=ep.diff,
+            )
+            for ep in episodes
+        ]
+
+    def grade(self, tasks: list[Any], episodes: list[EpisodeRecord]) -> list[GradeRecord]:
+        from coderl.tasks.grading import grade
+
+        def one(pair: tuple[Task, EpisodeRecord]) -> GradeRecord:
+            task, ep = pair
+            g = grade(task, ep.answer or "", timeout=self.grade_timeout_s)
+            return GradeRecord(g.resolved, g.fraction_passed, g.grading_error)
+
+        with ThreadPoolExecutor(self.cfg.rollout.concurrency) as pool:
+            return list(pool.map(one, zip(tasks, episodes, strict=True)))
+
+
+def humaneval_environment(cfg: Config) -> AgentEnvironment:
+    from coderl.tasks.humaneval import humaneval_tasks
+
+    return AgentEnvironment(cfg, humaneval_tasks)
+
+
+def repo_environment(cfg: Config) -> AgentEnvironment:
+    """Tasks from ``tasks.options.tasks_file`` (JSONL written by ``coderl tasks synth``); the
+    split is the task's ``split`` field."""
+    from coderl.tasks.spec import load_tasks
+
+    path = cfg.tasks.options.get("tasks_file")
+    if not path:
+        raise ValueError("tasks.options.tasks_file: the repo source needs a task JSONL file")
+
+    def load(split: str) -> list[Task]:
+        return [t for t in load_tasks(path) if t.split == split]
+
+    return AgentEnvironment(cfg, load, grade_timeout_s=300.0)

