@@ -125,6 +125,9 @@ def try_candidate(
     run = _run(env, base, env.passing, factory, timeout)
     if run.results_missing:
         return "test run crashed or timed out"
+    if not run.outcomes:
+        code = run.exec.exit_code if run.exec else "?"
+        return f"no test reported (pytest exit code {code})"
     f2p = [t for t in env.passing if not run.passed(t)]
     p2p = [t for t in env.passing if run.passed(t)]
     if not f2p:
