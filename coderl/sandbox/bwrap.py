@@ -17,7 +17,8 @@ Isolated: the host filesystem (only ``/usr``, the Python prefix, a few ``/etc`` 
 given mounts are visible; the host home directory is not), network (an empty network namespace:
 only a down loopback), host processes and environment variables, other sandboxes (distinct uids,
 private workspaces). Limits: RLIMIT_NPROC counts the sandbox's uid, so a fork bomb stays inside
-its budget; RLIMIT_AS/CPU/FSIZE apply per process; a timeout kills every process of the uid.
+its budget; RLIMIT_AS/CPU/FSIZE apply per process; a timeout or ``close`` ends the whole PID
+namespace (``coderl.sandbox.process``), so no process of the sandbox survives either.
 
 Not isolated: the kernel is shared (a kernel exploit escapes; ``coderl.sandbox.seccomp`` narrows
 the surface: no user namespaces, keyrings, eBPF, perf, io_uring or mounts); memory is limited per
