@@ -183,3 +183,35 @@ def test_crash_mid_promotion_leaves_exactly_one_champion(
     assert [p.name for p in pointers] == ["CHAMPION"]  # the stale temp file is gone
     assert reg2.champion() == expected
     assert reg2.promoted()[-1] == expected
+
+
+def test_live_alarm_on_the_champion_blocks_the_next_promotion(tmp_path: Path) -> None:
+    """The cycle's monitor path: the champion (v1) edits far less than its predecessor (v0)
+    while its reward rose -> an alarm, which the gate turns into a rejection."""
+    from coderl.online.config import load_online_config
+    from coderl.online.cycle import open_run, production_alarms
+
+    cfg = load_online_config(
+        "configs/online-demo.yaml",
+        [
+            f"run_dir={tmp_path}",
+            "monitors.min_samples=20",
+            "monitors.window_s=1e7",
+            "reward.deferral=-0.6",
+            "reward.accept=0.5",
+            "reward.persist=0",
+            "reward.follow_up=0",
+            "reward.latency=0.1",
+            "reward.broken_tool_call=-1",
+        ],
+    )
+    store, registry = open_run(cfg)
+    registry.promote(registry.new_version(parent=0), {"promote": True})
+    _traffic(store, 0, 40, edit_every=1, accept=False)
+    _traffic(store, 1, 40, edit_every=4, accept=True)
+    finalize(store, cfg.reward, now=T0 + 10_000)
+    alarms, snap = production_alarms(cfg, store, registry, T0 + 10_000)
+    assert snap["by_version"][1]["*"]["edit_rate"] == 0.25
+    reasons = {a.reason().split(" [")[0] for a in alarms}
+    assert "alarm: edit_rate drop 1.000 -> 0.250 (threshold 0.1) while reward rose" in reasons
+    assert not run_gate(cfg.gate, {"pass@1": ([1.0] * 5, [1.0] * 5)}, None, alarms).promote
