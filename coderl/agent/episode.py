@@ -257,15 +257,15 @@ class _State:
         self.episode.transcripts.append([dict(m) for m in messages])
         self.sampled, self.pending = False, []
 
-    def context_len(self, extra: Sequence[Message] = ()) -> int:
-        """Tokens the window would hold with the pending messages and ``extra`` appended."""
+    def context_len(self) -> int:
+        """Tokens the window would hold with the pending messages and the generation prompt."""
         assert self.builder is not None
         n = len(self.builder.segment)
         if not self.sampled:
             return n
         # EpisodeBuilder has no public preview of an observation's tokens; its _delta is the
         # exact text add_observation would append.
-        delta = self.builder._delta([*self.pending, *extra])
+        delta = self.builder._delta(list(self.pending))
         return n + len(encode(self.renderer.tokenizer, delta))
 
     def sample(self, extra: Sequence[Message], max_new: int) -> Generator[SampleRequest, Any, str]:
@@ -384,11 +384,10 @@ def episode_steps(
     if task.kind not in cfg.toolsets:
         raise KeyError(f"no tool set for task kind {task.kind!r}; valid: {sorted(cfg.toolsets)}")
     tools = resolve_tools(cfg.toolsets[task.kind], registry)
-    get_call_format(cfg.call_format)
+    call_format = get_call_format(cfg.call_format)
     start = time.monotonic()
     episode = Episode(task.id, episode_id or task.id, Trajectory(), [], [], "", EpisodeStats())
     try:
-        call_format = get_call_format(cfg.call_format)
         renderer = ChatRenderer(tokenizer, tools, call_format, cfg.instructions, cfg.template_tools)
         task_text = cfg.task_template.format(problem_statement=task.problem_statement)
         st = _State(task, cfg, renderer, ToolContext(sandbox, cfg.tools), episode, start, task_text)
