@@ -204,7 +204,12 @@ def _install(
 
 
 def _test(
-    factory: SandboxFactory, base: Path, venv: Path, paths: list[str], trace: bool
+    factory: SandboxFactory,
+    base: Path,
+    venv: Path,
+    paths: list[str],
+    trace: bool,
+    inifile: str | None = None,
 ) -> TestRun:
     with run_dirs() as (inp, res):
         ro, rw = mounts(inp, res, venv)
@@ -212,7 +217,15 @@ def _test(
             base, limits=TEST_LIMITS, env=SANDBOX_ENV, ro_mounts=ro, rw_mounts=rw, network=False
         )
         try:
-            return run_pytest(sb, inp, res, paths=paths, trace=trace, timeout=TEST_LIMITS.timeout_s)
+            return run_pytest(
+                sb,
+                inp,
+                res,
+                paths=paths,
+                trace=trace,
+                timeout=TEST_LIMITS.timeout_s,
+                inifile=inifile,
+            )
         finally:
             sb.close()
 
@@ -244,7 +257,7 @@ def _attempt_builds(
             attempts.append({"plan": plan.name, "step": step, "error": error})
             shutil.rmtree(venv, ignore_errors=True)
             continue
-        run = _test(factory, snapshot, venv, paths, trace=True)
+        run = _test(factory, snapshot, venv, paths, trace=True, inifile=info.pytest_config)
         n_pass = sum(o == "passed" for o in run.outcomes.values())
         attempts.append(
             {
@@ -309,9 +322,11 @@ def build_env(
         if (env_dir / "env.json").exists():
             return EnvRecord.load(env_dir / "env.json")
         paths = policy.test_paths(info)
-        second = _test(factory, snapshot, venv, paths, trace=False)
+        second = _test(factory, snapshot, venv, paths, trace=False, inifile=info.pytest_config)
         record = _record(spec, name, version, digest, snapshot, env_dir, plan, paths, first, second)
         record.info, record.attempts = asdict(info), attempts
+        if info.pytest_config:
+            record.test_command += f" -c {info.pytest_config}"
         record.license = read_license(snapshot)
         env_dir.mkdir(parents=True, exist_ok=True)
         venv.rename(env_dir / "venv")

@@ -236,6 +236,7 @@ def _run(
                 select=select,
                 canaries=env.canaries_ok,
                 timeout=timeout,
+                inifile=env.info.get("pytest_config"),
             )
         finally:
             sb.close()

@@ -150,8 +150,14 @@ def mounts(input_dir: Path, results_dir: Path, venv: Path | None) -> tuple[dict,
     return ro, {"/coderl/results": str(results_dir)}
 
 
-def pytest_command(paths: list[str], *, results: str, select: bool, trace: bool) -> str:
-    """The shell command that runs pytest in ``/testbed`` with the results plugin."""
+def pytest_command(
+    paths: list[str], *, results: str, select: bool, trace: bool, inifile: str | None = None
+) -> str:
+    """The shell command that runs pytest in ``/testbed`` with the results plugin.
+
+    ``inifile`` (workspace-relative) is passed with ``-c``: the canary file outside the workspace
+    would otherwise move pytest's search for the repository's configuration to ``/``.
+    """
     env = {
         "PYTHONHASHSEED": "0",
         "CODERL_RESULTS": results,
@@ -163,6 +169,8 @@ def pytest_command(paths: list[str], *, results: str, select: bool, trace: bool)
         env["CODERL_TRACE_ROOT"] = "/testbed"
     prefix = " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items())
     args = " ".join(shlex.quote(p) for p in paths)
+    if inifile:
+        args = f"-c {shlex.quote('/testbed/' + inifile)} {args}"
     # -P: the working directory is not put first on sys.path, so a file in the workspace cannot
     # shadow pytest or the standard library.
     return (
@@ -181,6 +189,7 @@ def run_pytest(
     trace: bool = False,
     canaries: bool = True,
     timeout: float = 600.0,
+    inifile: str | None = None,
 ) -> TestRun:
     """Run pytest on ``paths`` (optionally only the ``select`` ids) and parse the results.
 
@@ -198,7 +207,11 @@ def run_pytest(
         canary.write_text(canary_source(nonce))
         args.append(f"/coderl/input/{canary.name}")
     cmd = pytest_command(
-        args, results=f"/coderl/results/{results_name}", select=select is not None, trace=trace
+        args,
+        results=f"/coderl/results/{results_name}",
+        select=select is not None,
+        trace=trace,
+        inifile=inifile,
     )
     result = sandbox.exec(cmd, timeout=timeout)
     run = TestRun(exec=result)

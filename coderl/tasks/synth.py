@@ -104,7 +104,14 @@ def _run(
         )
         try:
             return run_pytest(
-                sb, inp, res, paths=env.test_paths, select=select, canaries=False, timeout=timeout
+                sb,
+                inp,
+                res,
+                paths=env.test_paths,
+                select=select,
+                canaries=False,
+                timeout=timeout,
+                inifile=env.info.get("pytest_config"),
             )
         finally:
             sb.close()
