@@ -96,7 +96,7 @@ def cmd_stats(args: argparse.Namespace) -> int:
 
     tasks = [t for path in args.files for t in load_tasks(path)]
     stats = task_stats(tasks)
-    console = Console()
+    console = Console(width=120)
     repos = Table(title=f"{stats['total']} tasks by source")
     for col in ("source", "tasks", "mean FAIL_TO_PASS", "mean PASS_TO_PASS", "licence"):
         repos.add_column(col)

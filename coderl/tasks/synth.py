@@ -86,11 +86,28 @@ def candidates(env: EnvRecord, rng: random.Random) -> Iterator[Candidate]:
                 fns.append((rel, qualname, fn, source))
     rng.shuffle(fns)
     for rel, qualname, fn, source in fns:
-        mutants = list(mutants_of(source, qualname, fn))
-        rng.shuffle(mutants)
+        mutants = _interleave_operators(list(mutants_of(source, qualname, fn)), rng)
         size = (fn.end_lineno or fn.lineno) - fn.lineno + 1
         for m in mutants:
             yield Candidate(rel, m, source, covered[(rel, first_line(fn))], size)
+
+
+def _interleave_operators(mutants: list[Mutant], rng: random.Random) -> list[Mutant]:
+    """Shuffle, then alternate operators, so that common ones (every ``return`` offers
+    ``wrong_return``) do not crowd out the rest."""
+    groups: dict[str, list[Mutant]] = defaultdict(list)
+    for m in mutants:
+        groups[m.operator].append(m)
+    order = sorted(groups)
+    rng.shuffle(order)
+    for name in order:
+        rng.shuffle(groups[name])
+    out: list[Mutant] = []
+    while any(groups.values()):
+        for name in order:
+            if groups[name]:
+                out.append(groups[name].pop())
+    return out
 
 
 def _run(
