@@ -201,6 +201,15 @@ def test_search_run_write_submit(ctx):
     assert call(ctx, "submit") == ("Submitted.", True) and ctx.submitted
 
 
+def test_bad_tool_input_is_an_error_observation(ctx):
+    obs, ok = call(ctx, "search", pattern="(unclosed")
+    assert not ok and obs.startswith("Error: search failed:")
+    obs, ok = call(ctx, "run", command="true", timeout=0)
+    assert not ok and obs == "Error: timeout must be positive, got 0.0"
+    obs, ok = call(ctx, "edit", path="pkg/calc.py", old="", new="x")
+    assert not ok and "old must not be empty" in obs
+
+
 # --- parsing ---------------------------------------------------------------------------------
 
 
