@@ -16,7 +16,7 @@ import pytest
 
 from coderl.sandbox import Sandbox, SandboxError
 from coderl.tasks.envbuild import build_env
-from coderl.tasks.grading import grade
+from coderl.tasks.grading import grade, rollout_sandbox_args
 from coderl.tasks.patches import materialize
 from coderl.tasks.spec import load_tasks
 from coderl.tasks.synth import synthesize
@@ -68,6 +68,13 @@ def test_gold_patch_resolves_every_cached_task(env, tasks):
         assert result.resolved, (task.id, result.reason)
         assert result.fraction_passed == 1.0 and result.fail_to_pass_passed == 1.0
         assert all(o == "passed" for o in result.tests.values())
+
+
+def test_rollout_sandbox_runs_the_failing_test(env, task):
+    base, ro = rollout_sandbox_args(task)
+    with Sandbox.create(base, ro_mounts=ro) as sb:
+        res = sb.exec(f"/venv/bin/python -m pytest -q -p no:cacheprovider {task.FAIL_TO_PASS[0]}")
+    assert res.exit_code == 1 and "1 failed" in res.stdout
 
 
 def test_agent_fix_made_in_a_sandbox_resolves(env, task):

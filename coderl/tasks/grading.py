@@ -161,6 +161,20 @@ def _summarise(result: GradeResult, task: Task, outcomes: dict[str, str]) -> Gra
     return result
 
 
+def rollout_sandbox_args(task: Task) -> tuple[Path, dict[str, str]]:
+    """``(base, ro_mounts)`` for the rollout sandbox of ``task``:
+    ``Sandbox.create(base, ro_mounts=ro_mounts)`` gives the agent the task's starting state at
+    ``/testbed`` with the environment's virtualenv at ``/venv`` (repo tasks; run the tests with
+    ``/venv/bin/python -m pytest``). Raises KeyError when the environment is not built.
+    """
+    if task.kind == "function":
+        from coderl.tasks.humaneval import workspace_base
+
+        return workspace_base(task), {}
+    env = find_env(task.env_id)
+    return materialize(Path(env.snapshot), task.bug_patch), {"/venv": env.venv}
+
+
 def grade(
     task: Task,
     agent_diff: str,
