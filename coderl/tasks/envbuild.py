@@ -24,7 +24,7 @@ import tempfile
 from dataclasses import asdict, dataclass, field
 from email.parser import Parser
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 from coderl.sandbox.base import Limits
 from coderl.tasks.detect import InstallPlan, ProjectInfo, detect, propose_install_plans
@@ -47,7 +47,9 @@ SITE = "/venv/lib/python3.11/site-packages"
 class BuildError(RuntimeError):
     """A repository could not be built: which ``step`` failed and why (``attempts`` logged)."""
 
-    def __init__(self, spec: str, step: str, error: str, attempts: list[dict] | None = None):
+    def __init__(
+        self, spec: str, step: str, error: str, attempts: list[dict[str, Any]] | None = None
+    ):
         self.spec, self.step, self.error = spec, step, error
         self.attempts = attempts or []
         super().__init__(f"{spec}: {step} failed: {error}")
@@ -85,10 +87,10 @@ class EnvRecord:
     """The must-fail canaries behaved on this repository; if not, graders skip that check."""
     baseline_tampered: list[str] = field(default_factory=list)
     """Functions the repository's own tests replace (not counted as tampering at grading)."""
-    info: dict = field(default_factory=dict)
+    info: dict[str, Any] = field(default_factory=dict)
     """What detection found (``ProjectInfo`` as a dict)."""
     license: str = "unknown"
-    attempts: list[dict] = field(default_factory=list)
+    attempts: list[dict[str, Any]] = field(default_factory=list)
     """Each install attempt: plan, step reached, error tail."""
 
     def save(self, path: Path) -> None:
@@ -104,7 +106,7 @@ class BuildPolicy(Protocol):
 
     def explore(self, root: Path) -> ProjectInfo: ...
 
-    def propose(self, info: ProjectInfo, attempts: list[dict]) -> InstallPlan | None:
+    def propose(self, info: ProjectInfo, attempts: list[dict[str, Any]]) -> InstallPlan | None:
         """The next plan to try given the attempts so far, or ``None`` to give up."""
         ...
 
@@ -120,7 +122,7 @@ class RuleBasedPolicy:
     def explore(self, root: Path) -> ProjectInfo:
         return detect(root)
 
-    def propose(self, info: ProjectInfo, attempts: list[dict]) -> InstallPlan | None:
+    def propose(self, info: ProjectInfo, attempts: list[dict[str, Any]]) -> InstallPlan | None:
         plans = propose_install_plans(info, max_plans=self.max_attempts)
         tried = {a["plan"] for a in attempts}
         return next((p for p in plans if p.name not in tried), None)
@@ -244,8 +246,8 @@ def _attempt_builds(
     dist: str,
     work: Path,
     spec: str,
-) -> tuple[InstallPlan, Path, TestRun, list[dict]]:
-    attempts: list[dict] = []
+) -> tuple[InstallPlan, Path, TestRun, list[dict[str, Any]]]:
+    attempts: list[dict[str, Any]] = []
     best: tuple[int, InstallPlan, Path, TestRun] | None = None
     paths = policy.test_paths(info)
     if not paths:

@@ -88,7 +88,7 @@ def negate_condition(node: ast.AST) -> ast.AST | None:
     if getattr(node, "_coderl_is_test", False):
         if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.Not):
             return node.operand
-        return ast.UnaryOp(ast.Not(), node)
+        return ast.UnaryOp(ast.Not(), node)  # type: ignore[arg-type]
     return None
 
 
@@ -329,5 +329,5 @@ def mutants_of(
                 mutated = _replace_segment(source, node, candidate)
                 got = _function_dump(mutated, qualname)
                 if got is not None and got == want and mutated != source:
-                    yield Mutant(op_name, qualname, node.lineno, mutated)  # type: ignore[attr-defined]
+                    yield Mutant(op_name, qualname, node.lineno, mutated)
                     break

@@ -142,7 +142,9 @@ def run_dirs() -> Iterator[tuple[Path, Path]]:
         yield inp, res
 
 
-def mounts(input_dir: Path, results_dir: Path, venv: Path | None) -> tuple[dict, dict]:
+def mounts(
+    input_dir: Path, results_dir: Path, venv: Path | None
+) -> tuple[dict[str, str], dict[str, str]]:
     """Standard ``(ro_mounts, rw_mounts)`` for a test run."""
     ro = {"/coderl/plugin": str(PLUGIN_DIR), "/coderl/input": str(input_dir)}
     if venv is not None:

