@@ -2,16 +2,19 @@
 reasons, seeds, versions, padding inside the sampler."""
 
 import pytest
+import torch
 
 from coderl.policy import SamplingParams, load_policy
+from coderl.policy.engine import sample_next
 
 
-@pytest.fixture(scope="module")
-def policy():
-    return load_policy("tiny-random", reference=False)
+@pytest.fixture(scope="module", params=["static", "hf"])
+def policy(request):
+    return load_policy("tiny-random", reference=False, engine=request.param)
 
 
-PROMPTS = [[5, 6, 7], [8, 9, 10, 11, 12, 13, 14, 15, 16], [20], [30, 31, 32, 33]]
+# lengths differ (padding / ragged cache); the last prompt repeats the first (shared prefill)
+PROMPTS = [[5, 6, 7], [8, 9, 10, 11, 12, 13, 14, 15, 16], [20], [30, 31, 32, 33], [5, 6, 7]]
 
 
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
@@ -26,22 +29,42 @@ def test_sampler_and_trainer_logprobs_agree_in_fp32(policy, temperature):
         assert len(c.token_ids) == len(c.logprobs) and all(x <= 0 for x in c.logprobs)
 
 
-def test_greedy_rows_equal_alone_and_in_a_shrinking_padded_batch(policy):
-    # Left padding in the prefill and rows leaving the batch mid-way must not change any row.
-    greedy = SamplingParams(temperature=0.0, max_new_tokens=12)
-    alone = [policy.generate([p], greedy)[0] for p in PROMPTS]
+@pytest.mark.parametrize("copies", [1, 2], ids=["compacting", "idle-rows"])
+def test_greedy_rows_equal_alone_and_in_a_shrinking_padded_batch(policy, copies):
+    # Padding in the prefill and rows leaving the batch mid-way must not change any row. With 5
+    # rows one finished row triggers the static cache's compaction; with 10 it does not (the
+    # finished rows decode padding until a quarter of the rows are done).
+    greedy = SamplingParams(temperature=0.0, max_new_tokens=8)
+    prompts = PROMPTS * copies
+    alone = [policy.generate([p], greedy)[0] for p in prompts]
     # make row 0 stop early: its 3rd greedy token becomes a stop token (first occurrence).
     stop_tok = alone[0].token_ids[2]
     k = alone[0].token_ids.index(stop_tok)
-    params = SamplingParams(temperature=0.0, max_new_tokens=12, stop_token_ids=(stop_tok,))
-    batched = policy.generate(PROMPTS, params)
-    assert batched[0].token_ids == alone[0].token_ids[: k + 1]
-    assert batched[0].finish_reason == "stop"
-    for a, b in zip(alone[1:], batched[1:], strict=True):
-        if stop_tok in a.token_ids:  # this row also stops there
-            continue
-        assert b.token_ids == a.token_ids and b.finish_reason == "length"
-        assert max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs, strict=True)) < 1e-4
+    params = SamplingParams(temperature=0.0, max_new_tokens=8, stop_token_ids=(stop_tok,))
+    batched = policy.generate(prompts, params)
+    for a, b in zip(alone, batched, strict=True):
+        if stop_tok in a.token_ids:  # stops at the first stop token, which it keeps
+            n = a.token_ids.index(stop_tok) + 1
+            assert b.token_ids == a.token_ids[:n] and b.finish_reason == "stop"
+        else:
+            assert b.token_ids == a.token_ids and b.finish_reason == "length"
+        assert max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs, strict=False)) < 1e-4
+    assert batched[0].finish_reason == "stop" and len(batched[0].token_ids) == k + 1
+
+
+def test_static_and_hf_backends_sample_the_same_tokens():
+    params = SamplingParams(max_new_tokens=16, seed=4)
+    static = load_policy("tiny-random", reference=False, engine="static")
+    hf = load_policy("tiny-random", reference=False, engine="hf")
+    a, b = static.generate(PROMPTS, params), hf.generate(PROMPTS, params)
+    assert [c.token_ids for c in a] == [c.token_ids for c in b]
+    for x, y in zip(a, b, strict=True):
+        assert max(abs(p - q) for p, q in zip(x.logprobs, y.logprobs, strict=True)) < 1e-4
+
+
+def test_unknown_backend_lists_the_valid_ones():
+    with pytest.raises(ValueError, match="valid"):
+        load_policy("tiny-random", engine="vllm")
 
 
 def test_finish_reason_comes_from_the_sampler(policy):
@@ -74,13 +97,13 @@ def test_eos_is_always_a_stop_token(policy):
     assert policy.tokenizer.eos_token_id in policy.eos_token_ids
     # sample until some row draws EOS naturally is too rare on a random model; instead check that
     # any completion containing EOS ends there with "stop".
-    params = SamplingParams(temperature=3.0, max_new_tokens=60, seed=0)
+    params = SamplingParams(temperature=3.0, max_new_tokens=40, seed=0)
     eos = policy.tokenizer.eos_token_id
-    for c in policy.generate(PROMPTS * 4, params):
+    for c in policy.generate(PROMPTS * 2, params):
         if eos in c.token_ids:
             assert c.token_ids.index(eos) == len(c.token_ids) - 1 and c.finish_reason == "stop"
         else:
-            assert c.finish_reason == "length" and len(c.token_ids) == 60
+            assert c.finish_reason == "length" and len(c.token_ids) == 40
 
 
 def test_seed_reproducible_and_tiny_top_p_is_greedy(policy):
@@ -116,3 +139,28 @@ def test_empty_prompts_raise(policy):
         policy.generate([], SamplingParams())
     with pytest.raises(ValueError, match="non-empty"):
         policy.generate([[1, 2], []], SamplingParams())
+
+
+def test_sample_next_draws_from_the_tempered_nucleus():
+    # p = [0.1, 0.2, 0.3, 0.4]; 40000 rows drawn at once with a fixed seed (std of a frequency
+    # ~ 0.0025, so 0.015 is a 6-sigma bound).
+    n = 40_000
+    logits = torch.tensor([0.1, 0.2, 0.3, 0.4]).log().expand(n, 4)
+    gen = torch.Generator().manual_seed(0)
+
+    def freq(temperature, top_p):
+        tok, lp = sample_next(logits, temperature, top_p, gen)
+        return torch.bincount(tok, minlength=4).float() / n, tok, lp
+
+    f, tok, lp = freq(1.0, 1.0)
+    assert torch.allclose(f, torch.tensor([0.1, 0.2, 0.3, 0.4]), atol=0.015)
+    assert torch.allclose(lp, logits[0, tok].float())
+    # temperature 0.5 squares p: [0.01, 0.04, 0.09, 0.16] / 0.30
+    f, tok, lp = freq(0.5, 1.0)
+    assert torch.allclose(f, torch.tensor([1, 4, 9, 16]) / 30, atol=0.015)
+    assert torch.allclose(lp.exp(), (torch.tensor([1, 4, 9, 16]) / 30)[tok])
+    # top_p 0.5: the nucleus is {0.4, 0.3} (0.4 alone is < 0.5), renormalised to [3/7, 4/7];
+    # the logprob stays that of the full distribution
+    f, tok, lp = freq(1.0, 0.5)
+    assert torch.allclose(f, torch.tensor([0, 0, 3 / 7, 4 / 7]), atol=0.015)
+    assert torch.allclose(lp, logits[0, tok].float())

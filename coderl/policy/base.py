@@ -22,6 +22,8 @@ class SamplingParams:
     """Generation ends after sampling any of these (the EOS id is always a stop token)."""
     seed: int | None = None
     """Seed for the sampler's RNG; equal seeds give equal samples."""
+    ignore_eos: bool = False
+    """Keep sampling past EOS until ``max_new_tokens`` (benchmarks; explicit stop ids still stop)."""
 
 
 @dataclass

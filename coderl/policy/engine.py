@@ -1,14 +1,12 @@
 """The local rollout engine: batched sampling with a KV cache and exact per-token logprobs.
 
 :class:`TorchEngine` implements the :class:`~coderl.policy.base.Engine` protocol on any Hugging
-Face causal LM (peft-wrapped or not). One call samples one completion per prompt:
-
-1. prefill: prompts are left-padded into ``[B, P]`` with an attention mask and explicit position
-   ids (a row's first real token is at position 0), and only the last position's logits are
-   computed (``logits_to_keep=1``);
-2. decode: one token per active row per step through the KV cache; rows that sample a stop token
-   or exhaust their budget leave the batch at once (the cache rows are dropped), so the batch
-   shrinks instead of padding finished rows until the slowest one ends.
+Face causal LM (peft-wrapped or not). One call samples one completion per prompt: a prefill of
+the prompts, then one token per active row per step through a KV cache. Rows that sample a stop
+token or exhaust their budget leave the batch, so it shrinks instead of carrying finished rows
+to the end. How the model is run is a backend (:mod:`coderl.policy.kvcache`): ``"static"``
+(a preallocated ragged cache for Llama/Qwen2-layout models, the fast path) or ``"hf"`` (the
+model's own forward with a ``DynamicCache``, any architecture).
 
 Each token's logprob is taken from ``log_softmax(logits / temperature)`` at the step that drew
 it, so it is the number the trainer recomputes (see :mod:`coderl.policy.batch`). With ``top_p <
@@ -17,16 +15,28 @@ the full tempered one (what a trainer can recompute, as vLLM reports); train wit
 for exact importance weights. ``finish_reason`` is set by this loop when it stops a row, never
 inferred from the last token afterwards.
 
-Limits: one process, one device; no continuous batching across calls, no prefix caching.
+Limits: one process, one device; no continuous batching across calls; identical prompts in
+one call share their prefill, but there is no prefix cache across calls.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Protocol
+
 import torch
 from torch import Tensor
-from transformers import DynamicCache
 
 from coderl.policy.base import Completion, SamplingParams
+from coderl.policy.kvcache import HFCacheBackend, StaticCacheBackend, supports_static
+
+
+class Backend(Protocol):
+    """One sampling call's model runner (see :mod:`coderl.policy.kvcache`)."""
+
+    def start(self, prompts: list[list[int]]) -> Tensor: ...  # next-token logits (B, V)
+    def drop(self, keep: Tensor) -> None: ...  # keep these active rows (indices)
+    def step(self, tokens: Tensor) -> Tensor: ...  # tokens (b,) -> logits (b, V)
 
 
 def check_params(params: SamplingParams) -> None:
@@ -44,11 +54,13 @@ def sample_next(
 ) -> tuple[Tensor, Tensor]:
     """Draw one token per row and its logprob under ``softmax(logits / temperature)``.
 
-    Sampling uses the exponential-race form of the Gumbel-max trick: ``argmax(p / E)`` with
-    ``E ~ Exp(1)`` i.i.d. draws exactly from ``p`` (the form vLLM uses). Nucleus sampling
-    (Holtzman et al. 2020, "The Curious Case of Neural Text Degeneration", Sec. 3.1) keeps the
-    smallest set of most likely tokens whose mass reaches ``top_p``. ``temperature == 0`` is
-    greedy decoding; its logprobs are reported under ``softmax(logits)`` (temperature 1).
+    Sampling is by inversion: ``u ~ U[0, 1)`` per row and the first token whose cumulative
+    probability (float64) exceeds ``u`` times the total; one random number per row instead of one
+    per vocabulary entry, and exactly a draw from ``p`` (zero-probability tokens are never picked).
+    Nucleus sampling (Holtzman et al. 2020, "The Curious Case of Neural Text Degeneration",
+    Sec. 3.1) keeps the smallest set of most likely tokens whose mass reaches ``top_p``.
+    ``temperature == 0`` is greedy decoding; its logprobs are reported under ``softmax(logits)``
+    (temperature 1).
 
     Args:
         logits: ``[b, V]`` float32.
@@ -67,9 +79,22 @@ def sample_next(
             outside = sorted_p.cumsum(-1) - sorted_p >= top_p  # (b, V): mass before >= top_p
             sorted_p = sorted_p.masked_fill(outside, 0.0)
             probs = torch.zeros_like(probs).scatter_(-1, order, sorted_p)
-        race = torch.empty_like(probs).exponential_(1.0, generator=generator)
-        tok = (probs / race).argmax(-1)
+        cdf = probs.double().cumsum(-1)  # (b, V)
+        u = torch.rand(cdf.shape[0], 1, generator=generator, dtype=cdf.dtype, device=cdf.device)
+        tok = torch.searchsorted(cdf, u * cdf[:, -1:], right=True).squeeze(-1)
+        tok = tok.clamp(max=cdf.shape[-1] - 1)
     return tok, logp.gather(-1, tok.unsqueeze(-1)).squeeze(-1)
+
+
+def _hf_backend(model: torch.nn.Module, pad_token_id: int, max_new_tokens: int) -> Backend:
+    return HFCacheBackend(model, pad_token_id)
+
+
+# backend name -> constructor(model, pad_token_id, max_new_tokens); the only dispatch point.
+BACKENDS: dict[str, Callable[[torch.nn.Module, int, int], Backend]] = {
+    "hf": _hf_backend,
+    "static": StaticCacheBackend,
+}
 
 
 class TorchEngine:
@@ -78,20 +103,40 @@ class TorchEngine:
     Args:
         model: a ``*ForCausalLM`` (or a peft model around one); its current weights are used at
             every call, so weight updates need no sync step.
-        eos_token_ids: always stop tokens.
-        pad_token_id: written into left padding (never attended to).
+        eos_token_ids: always stop tokens (unless ``SamplingParams.ignore_eos``).
+        pad_token_id: fills padding (never attended to).
+        backend: a name in ``BACKENDS``, or ``"auto"``: ``"static"`` for architectures it
+            supports (:func:`coderl.policy.kvcache.supports_static`), else ``"hf"``.
+
+    Raises:
+        ValueError: an unknown backend (lists the valid ones) or ``"static"`` on a model it
+            does not support.
     """
 
-    def __init__(self, model: torch.nn.Module, eos_token_ids: list[int], pad_token_id: int):
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        eos_token_ids: list[int],
+        pad_token_id: int,
+        *,
+        backend: str = "auto",
+    ):
+        if backend == "auto":
+            backend = "static" if supports_static(model) else "hf"
+        if backend not in BACKENDS:
+            raise ValueError(f"unknown backend {backend!r}; valid: {sorted(BACKENDS)} or 'auto'")
+        if backend == "static" and not supports_static(model):
+            raise ValueError("the static backend does not support this architecture; use 'hf'")
         self.model = model
         self.eos_token_ids = list(eos_token_ids)
         self.pad_token_id = pad_token_id
+        self.backend = backend
 
     @torch.no_grad()
     def generate(
         self, prompts: list[list[int]], params: SamplingParams, *, version: int = 0
     ) -> list[Completion]:
-        """Sample one completion per prompt; see :meth:`coderl.policy.base.Engine.generate`.
+        """Sample one completion per prompt; see :class:`coderl.policy.base.Engine`.
 
         Raises:
             ValueError: an empty prompt list or prompt, or out-of-range ``params``.
@@ -103,22 +148,14 @@ class TorchEngine:
         gen = None
         if params.seed is not None:
             gen = torch.Generator(device=device).manual_seed(params.seed)
-        stop = torch.tensor(sorted(set(self.eos_token_ids) | set(params.stop_token_ids)))
+        eos = set() if params.ignore_eos else set(self.eos_token_ids)
+        stop = torch.tensor(sorted(eos | set(params.stop_token_ids)), dtype=torch.long)
         stop = stop.to(device)
 
-        B, P = len(prompts), max(len(p) for p in prompts)
-        ids = torch.full((B, P), self.pad_token_id, dtype=torch.long, device=device)
-        mask = torch.zeros(B, P, dtype=torch.long, device=device)
-        for b, p in enumerate(prompts):
-            ids[b, P - len(p) :] = torch.tensor(p, dtype=torch.long)
-            mask[b, P - len(p) :] = 1
-        pos = (mask.cumsum(-1) - 1).clamp(min=0)  # (B, P)
-        cache = DynamicCache()
-        logits = self._step(ids, mask, pos, cache)  # (B, V)
-        next_pos = mask.sum(-1)  # (B,) position of the next token
-        rows = torch.arange(B, device=device)  # original index of each active row
-        out = [Completion(policy_version=version) for _ in range(B)]
-
+        run = BACKENDS[self.backend](self.model, self.pad_token_id, params.max_new_tokens)
+        logits = run.start(prompts)  # (B, V)
+        rows = torch.arange(len(prompts), device=device)  # original index of each active row
+        out = [Completion(policy_version=version) for _ in prompts]
         for step in range(params.max_new_tokens):
             tok, lp = sample_next(logits, params.temperature, params.top_p, gen)
             for r, t, x in zip(rows.tolist(), tok.tolist(), lp.tolist(), strict=True):
@@ -135,20 +172,7 @@ class TorchEngine:
                 break
             if bool(stopped.any()):
                 keep = (~stopped).nonzero().squeeze(-1)
-                cache.batch_select_indices(keep)
-                rows, tok, mask, next_pos = rows[keep], tok[keep], mask[keep], next_pos[keep]
-            mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
-            logits = self._step(tok.unsqueeze(-1), mask, next_pos.unsqueeze(-1), cache)
-            next_pos = next_pos + 1
+                run.drop(keep)
+                rows, tok = rows[keep], tok[keep]
+            logits = run.step(tok)
         return out
-
-    def _step(self, ids: Tensor, mask: Tensor, pos: Tensor, cache: DynamicCache) -> Tensor:
-        out = self.model(
-            input_ids=ids,
-            attention_mask=mask,
-            position_ids=pos,
-            cache=cache,
-            use_cache=True,
-            logits_to_keep=1,
-        )
-        return out.logits[:, -1].float()  # (b, V)

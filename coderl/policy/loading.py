@@ -130,6 +130,7 @@ def load_policy(
     reference: bool = True,
     reference_device: str | None = None,
     device: str | torch.device = "cpu",
+    engine: str = "auto",
 ) -> LocalPolicy:
     """Load a policy from a model name or a local path (see the module docstring).
 
@@ -142,6 +143,8 @@ def load_policy(
         reference: keep a reference policy (False for evaluation-only use).
         reference_device: device for the full fine-tuning reference copy.
         device: where the policy's model lives.
+        engine: sampling backend (``"auto"``, ``"static"`` or ``"hf"``; see
+            :mod:`coderl.policy.kvcache`).
 
     Raises:
         FileNotFoundError: unknown name or missing path; lists the valid names and says how to
@@ -169,5 +172,6 @@ def load_policy(
         adapter=adapter,
         reference=reference,
         reference_device=reference_device,
+        engine=engine,
         name=key,
     )

@@ -85,6 +85,8 @@ class LocalPolicy:
         adapter: a directory saved by :meth:`save` with LoRA on, to resume its adapter.
         reference: keep a reference policy (a frozen copy for full fine-tuning; free with LoRA).
         reference_device: device for the full fine-tuning reference copy (None: the model's).
+        engine: the sampling backend, a name in :data:`coderl.policy.engine.BACKENDS` or
+            ``"auto"``.
         name: where the model came from, for provenance.
     """
 
@@ -97,6 +99,7 @@ class LocalPolicy:
         adapter: str | os.PathLike[str] | None = None,
         reference: bool = True,
         reference_device: str | torch.device | None = None,
+        engine: str = "auto",
         name: str = "",
     ):
         self.tokenizer = tokenizer
@@ -128,7 +131,9 @@ class LocalPolicy:
         self.eos_token_ids = _eos_ids(model, tokenizer)
         pad = tokenizer.pad_token_id
         self.pad_token_id: int = pad if pad is not None else self.eos_token_ids[0]
-        self.engine: Engine = TorchEngine(self.model, self.eos_token_ids, self.pad_token_id)
+        self.engine: Engine = TorchEngine(
+            self.model, self.eos_token_ids, self.pad_token_id, backend=engine
+        )
 
     @property
     def is_lora(self) -> bool:

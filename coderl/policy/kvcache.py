@@ -1,0 +1,211 @@
+"""Decoding backends for :class:`~coderl.policy.engine.TorchEngine`: how the model is run for
+one prefill and then one token per active row per step.
+
+- :class:`HFCacheBackend`: the model's own forward with a transformers ``DynamicCache``; works
+  for any causal LM; prompts are left-padded with explicit position ids.
+- :class:`StaticCacheBackend`: for Llama / Qwen2 / Mistral-style decoders (the
+  ``*ForCausalLM.model.layers[i].{input_layernorm, self_attn.{q,k,v,o}_proj,
+  post_attention_layernorm, mlp}`` layout with rotary embeddings), a preallocated ragged KV cache
+  written in place: each prompt is prefilled on its own (no padding; identical prompts, as in a
+  GRPO group, are prefilled once), decode steps append at each row's own position, and attention
+  reads only the filled part of the cache. It calls the model's own modules (norms, projections,
+  MLPs, rotary embedding), so peft LoRA layers and ``disable_adapter`` work unchanged; only the
+  attention product and the cache are ours.
+
+A backend's ``drop(keep)`` is told which rows are still active; the static backend compacts its
+cache only once a quarter of its rows have finished (finished rows in between decode a pad token
+whose output is ignored), so finishing rows do not each cost a full cache copy.
+
+Limits: no sliding-window attention, no attention soft-capping, no bias-free variants beyond what
+the model's own modules do; :data:`STATIC_MODEL_TYPES` lists the architectures checked.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from peft import PeftModel
+from torch import Tensor
+from transformers import DynamicCache
+
+# model_type values whose decoder layout the static backend reproduces exactly.
+STATIC_MODEL_TYPES = frozenset({"llama", "qwen2", "mistral"})
+
+
+def causal_lm(model: torch.nn.Module) -> torch.nn.Module:
+    """The ``*ForCausalLM`` inside ``model`` (unwrapping peft; LoRA layers stay injected)."""
+    return model.get_base_model() if isinstance(model, PeftModel) else model
+
+
+def supports_static(model: torch.nn.Module) -> bool:
+    """Whether :class:`StaticCacheBackend` reproduces this model's forward."""
+    config = causal_lm(model).config
+    sliding = getattr(config, "use_sliding_window", False) or "sliding_attention" in (
+        getattr(config, "layer_types", None) or []
+    )
+    if config.model_type == "mistral":
+        sliding = getattr(config, "sliding_window", None) is not None
+    return config.model_type in STATIC_MODEL_TYPES and not sliding
+
+
+class HFCacheBackend:
+    """Any causal LM through its own forward and a ``DynamicCache`` (see the module docstring)."""
+
+    def __init__(self, model: torch.nn.Module, pad_token_id: int):
+        self.model = model
+        self.pad_token_id = pad_token_id
+
+    def start(self, prompts: list[list[int]]) -> Tensor:
+        """Prefill left-padded prompts; returns next-token logits ``[B, V]`` float32."""
+        device = next(self.model.parameters()).device
+        B, P = len(prompts), max(len(p) for p in prompts)
+        ids = torch.full((B, P), self.pad_token_id, dtype=torch.long, device=device)
+        self.mask = torch.zeros(B, P, dtype=torch.long, device=device)
+        for b, p in enumerate(prompts):
+            ids[b, P - len(p) :] = torch.tensor(p, dtype=torch.long)
+            self.mask[b, P - len(p) :] = 1
+        pos = (self.mask.cumsum(-1) - 1).clamp(min=0)  # (B, P)
+        self.cache = DynamicCache()
+        self.next_pos = self.mask.sum(-1)  # (B,)
+        return self._forward(ids, pos)
+
+    def drop(self, keep: Tensor) -> None:
+        """Keep only rows ``keep`` (indices into the current active rows)."""
+        self.cache.batch_select_indices(keep)
+        self.mask, self.next_pos = self.mask[keep], self.next_pos[keep]
+
+    def step(self, tokens: Tensor) -> Tensor:
+        """Append one token per active row ``[b]``; returns logits ``[b, V]`` float32."""
+        self.mask = torch.cat([self.mask, torch.ones_like(self.mask[:, :1])], dim=1)
+        logits = self._forward(tokens.unsqueeze(-1), self.next_pos.unsqueeze(-1))
+        self.next_pos = self.next_pos + 1
+        return logits
+
+    def _forward(self, ids: Tensor, pos: Tensor) -> Tensor:
+        out = self.model(
+            input_ids=ids,
+            attention_mask=self.mask,
+            position_ids=pos,
+            cache=self.cache,
+            use_cache=True,
+            logits_to_keep=1,
+        )
+        return out.logits[:, -1].float()  # (b, V)
+
+
+def _rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """Rotary position embedding (Su et al. 2021, "RoFormer", Eq. 34), rotate-half layout as in
+    transformers' Llama: ``x * cos + rotate_half(x) * sin``. x: ``[..., D]``."""
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos + rotated * sin
+
+
+class StaticCacheBackend:
+    """Ragged preallocated KV cache over a Llama-layout decoder (see the module docstring)."""
+
+    def __init__(self, model: torch.nn.Module, pad_token_id: int, max_new_tokens: int):
+        lm = causal_lm(model)
+        self.decoder, self.lm_head, config = lm.model, lm.lm_head, lm.config
+        self.pad_token_id = pad_token_id
+        self.max_new_tokens = max_new_tokens
+        self.H = config.num_attention_heads
+        self.KV = config.num_key_value_heads
+        self.D = getattr(config, "head_dim", None) or config.hidden_size // self.H
+        self.scale = 1.0 / math.sqrt(self.D)
+
+    def start(self, prompts: list[list[int]]) -> Tensor:
+        """Prefill each distinct prompt once; returns next-token logits ``[B, V]`` float32."""
+        emb = self.decoder.embed_tokens.weight
+        B, L = len(prompts), len(self.decoder.layers)
+        cap = max(len(p) for p in prompts) + self.max_new_tokens
+        shape = (L, B, self.KV, cap, self.D)
+        self.k = torch.zeros(shape, dtype=emb.dtype, device=emb.device)
+        self.v = torch.zeros(shape, dtype=emb.dtype, device=emb.device)
+        self.length = torch.tensor([len(p) for p in prompts], device=emb.device)  # (B,)
+        self.active = torch.ones(B, dtype=torch.bool, device=emb.device)
+        logits = torch.empty(B, self.lm_head.out_features, device=emb.device)
+        first: dict[tuple[int, ...], int] = {}
+        for b, p in enumerate(prompts):
+            key = tuple(p)
+            if key in first:  # same prompt: copy its cache rows and logits
+                a = first[key]
+                self.k[:, b, :, : len(p)] = self.k[:, a, :, : len(p)]
+                self.v[:, b, :, : len(p)] = self.v[:, a, :, : len(p)]
+                logits[b] = logits[a]
+                continue
+            first[key] = b
+            logits[b] = self._prefill(b, torch.tensor(p, device=emb.device))
+        return logits
+
+    def drop(self, keep: Tensor) -> None:
+        """Rows not in ``keep`` finished; compact once a quarter of the cache rows are idle."""
+        rows = self.active.nonzero().squeeze(-1)
+        self.active[:] = False
+        self.active[rows[keep]] = True
+        if int(self.active.sum()) <= 0.75 * self.active.numel():
+            idx = self.active.nonzero().squeeze(-1)
+            self.k = self.k[:, idx].contiguous()
+            self.v = self.v[:, idx].contiguous()
+            self.length, self.active = self.length[idx], self.active[idx]
+
+    def step(self, tokens: Tensor) -> Tensor:
+        """Append one token per active row ``[b]``; returns logits ``[b, V]`` float32."""
+        all_tokens = torch.full_like(self.length, self.pad_token_id)
+        all_tokens[self.active] = tokens
+        logits = self._decode(all_tokens)  # (R, V) over every cache row
+        return logits[self.active]
+
+    @torch.no_grad()
+    def _prefill(self, row: int, ids: Tensor) -> Tensor:
+        T = ids.shape[0]
+        x = self.decoder.embed_tokens(ids)[None]  # (1, T, hidden)
+        cos, sin = self.decoder.rotary_emb(x, torch.arange(T, device=ids.device)[None])
+        cos, sin = cos[:, None], sin[:, None]  # (1, 1, T, D)
+        for i, layer in enumerate(self.decoder.layers):
+            attn = layer.self_attn
+            h = layer.input_layernorm(x)
+            q = _rope(attn.q_proj(h).view(1, T, self.H, self.D).transpose(1, 2), cos, sin)
+            k = _rope(attn.k_proj(h).view(1, T, self.KV, self.D).transpose(1, 2), cos, sin)
+            v = attn.v_proj(h).view(1, T, self.KV, self.D).transpose(1, 2)  # (1, KV, T, D)
+            self.k[i, row, :, :T] = k[0]
+            self.v[i, row, :, :T] = v[0]
+            o = F.scaled_dot_product_attention(
+                q, k, v, is_causal=True, scale=self.scale, enable_gqa=True
+            )  # (1, H, T, D)
+            x = x + attn.o_proj(o.transpose(1, 2).reshape(1, T, self.H * self.D))
+            x = x + layer.mlp(layer.post_attention_layernorm(x))
+        return self.lm_head(self.decoder.norm(x[:, -1])).float()[0]  # (V,)
+
+    @torch.no_grad()
+    def _decode(self, tokens: Tensor) -> Tensor:
+        R = tokens.shape[0]
+        pos = self.length  # (R,) where each row's new token goes
+        T = int(pos.max()) + 1  # filled part of the cache after this step
+        x = self.decoder.embed_tokens(tokens)[:, None]  # (R, 1, hidden)
+        cos, sin = self.decoder.rotary_emb(x, pos[:, None])
+        cos, sin = cos[:, None], sin[:, None]  # (R, 1, 1, D)
+        rows = torch.arange(R, device=tokens.device)
+        visible = torch.arange(T, device=tokens.device)[None] <= pos[:, None]  # (R, T)
+        bias = torch.zeros(R, 1, 1, T, device=tokens.device, dtype=x.dtype)
+        bias = bias.masked_fill(~visible[:, None, None], float("-inf"))
+        G = self.H // self.KV
+        for i, layer in enumerate(self.decoder.layers):
+            attn = layer.self_attn
+            h = layer.input_layernorm(x)
+            q = _rope(attn.q_proj(h).view(R, 1, self.H, self.D).transpose(1, 2), cos, sin)
+            k = _rope(attn.k_proj(h).view(R, 1, self.KV, self.D).transpose(1, 2), cos, sin)
+            v = attn.v_proj(h).view(R, self.KV, self.D)
+            self.k[i, rows, :, pos] = k[:, :, 0]
+            self.v[i, rows, :, pos] = v
+            keys = self.k[i, :, :, :T]  # (R, KV, T, D)
+            values = self.v[i, :, :, :T]
+            q = q.view(R, self.KV, G, self.D)  # query heads grouped by their KV head
+            scores = (q @ keys.transpose(-1, -2)) * self.scale + bias  # (R, KV, G, T)
+            o = scores.softmax(-1) @ values  # (R, KV, G, D)
+            x = x + attn.o_proj(o.reshape(R, 1, self.H * self.D))
+            x = x + layer.mlp(layer.post_attention_layernorm(x))
+        self.length = self.length + 1
+        return self.lm_head(self.decoder.norm(x[:, 0])).float()  # (R, V)
