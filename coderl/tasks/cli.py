@@ -39,7 +39,8 @@ def cmd_build_env(args: argparse.Namespace) -> int:
             rec = build_env(spec, builder=args.builder)
         except BuildError as e:  # report why, keep going with the others
             failures += 1
-            print(f"FAILED {spec}: step {e.step}: {e.error.strip().splitlines()[-1:]}", flush=True)
+            last = (e.error.strip().splitlines() or ["?"])[-1]
+            print(f"FAILED {spec}: step {e.step}: {last}", flush=True)
             for a in e.attempts:
                 print(f"  tried {a['plan']}: stopped at {a['step']}", flush=True)
             continue

@@ -238,6 +238,15 @@ def _env_id(name: str, version: str, digest: str, commands: tuple[str, ...]) -> 
     return f"{name}-{version}-{h[:12]}"
 
 
+def _test_error(run: TestRun, n_pass: int) -> str:
+    """What went wrong in a test run: collection errors, else pytest's own last lines."""
+    if run.collect_errors:
+        return "; ".join(run.collect_errors)[-1500:]
+    if n_pass or run.exec is None:
+        return ""
+    return (run.exec.stdout + run.exec.stderr).strip()[-1500:] or f"exit {run.exec.exit_code}"
+
+
 def _attempt_builds(
     factory: SandboxFactory,
     policy: BuildPolicy,
@@ -267,7 +276,7 @@ def _attempt_builds(
                 "step": "test",
                 "passed": n_pass,
                 "collect_errors": len(run.collect_errors),
-                "error": "; ".join(run.collect_errors)[-1500:] if run.collect_errors else "",
+                "error": _test_error(run, n_pass),
             }
         )
         if n_pass and (best is None or n_pass > best[0]):
