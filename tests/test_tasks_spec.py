@@ -92,3 +92,17 @@ def test_failed_write_leaves_the_old_file(tmp_path):
     with pytest.raises(RuntimeError):
         dump_tasks([Boom(**make_task("b/1").model_dump())], path)
     assert path.read_bytes() == before
+
+
+def test_cli_humaneval_and_stats(tmp_path, capsys):
+    from coderl.cli import main
+
+    out = tmp_path / "heldout.jsonl"
+    assert main(["tasks", "humaneval", "--split", "heldout", "--out", str(out)]) == 0
+    assert len(load_tasks(out)) == 64
+    repo = tmp_path / "repo.jsonl.gz"
+    dump_tasks([make_task("r/1", difficulty={"mutation": "wrong_return"}), make_task("r/2")], repo)
+    capsys.readouterr()
+    assert main(["tasks", "stats", str(out), str(repo)]) == 0
+    text = capsys.readouterr().out
+    assert "66 tasks" in text and "wrong_return" in text and "pypi:repo==1.0" in text
