@@ -56,12 +56,15 @@ def download_sdist(name: str, version: str, dest: Path) -> Path:
         return existing
     cmd = "python3 -m pip download --disable-pip-version-check --no-binary :all: --no-deps -q "
     cmd += f"-d /sdists '{name}=={version}'"
-    with tempfile.TemporaryDirectory() as empty:
+    # a fresh download directory per sdist: the build backend that pip runs cannot touch the
+    # archives already cached
+    with tempfile.TemporaryDirectory() as empty, tempfile.TemporaryDirectory(dir=dest) as out:
         limits = Limits(timeout_s=600.0, cpu_s=600)
-        with Sandbox.create(
-            empty, limits=limits, rw_mounts={"/sdists": str(dest)}, network=True
-        ) as sb:
+        with Sandbox.create(empty, limits=limits, rw_mounts={"/sdists": out}, network=True) as sb:
             res = sb.exec(cmd)
+        fetched = _find_archive(Path(out), name, version)
+        if fetched is not None:
+            fetched.rename(dest / fetched.name)
     archive = _find_archive(dest, name, version)
     if res.exit_code != 0 or archive is None:
         tail = "\n".join((res.stderr or res.stdout).strip().splitlines()[-5:])
