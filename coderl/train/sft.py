@@ -7,8 +7,10 @@ split are used. The loss is the token-mean negative log-likelihood of the assist
 (``loss_mask``), micro-batched with exact gradient accumulation. The trained weights are written
 to ``RUN_DIR/sft/trainable.safetensors``; ``coderl train`` starts RL from them.
 
-Limits: only ``function`` tasks (HumanEval) have oracle scripts; the reference policy of the RL
-stage stays the base model (adapter disabled), not the SFT model.
+Limits: only ``function`` tasks (HumanEval) have oracle scripts; an oracle turn may be longer
+than ``rollout.max_new_tokens`` (the whole file is written), so keep that budget large enough for
+the policy to reproduce what it was shown; the reference policy of the RL stage stays the base
+model (adapter disabled), not the SFT model.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from __future__ import annotations
 import argparse
 import math
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +37,8 @@ from coderl.train.step import forward
 from coderl.trajectory import Segment
 
 SFT_WEIGHTS = "sft/trainable.safetensors"
+ORACLE_TURN_TOKENS = 4096
+"""Token budget of an oracle turn (the gold file can be longer than an RL turn's budget)."""
 
 
 def oracle_message(task: Any, call_format: str = "hermes") -> str:
@@ -50,9 +55,9 @@ def oracle_message(task: Any, call_format: str = "hermes") -> str:
     fmt = get_call_format(call_format)
     return (
         "I will write the solution.\n"
-        + fmt.format("write_file", {"path": "solution.py", "content": gold})
+        + fmt.format_call("write_file", {"path": "solution.py", "content": gold})
         + "\n"
-        + fmt.format("submit", {})
+        + fmt.format_call("submit", {})
     )
 
 
@@ -63,6 +68,13 @@ def oracle_segments(cfg: Config, policy: LocalPolicy, tasks: list[Any]) -> list[
 
     env = build_environment(cfg)
     ecfg = env.episode_config(_params(cfg))  # type: ignore[attr-defined]
+    # an oracle turn holds the whole solution file: give it room beyond the RL turn budget
+    ecfg = replace(
+        ecfg,
+        max_tokens_per_turn=ORACLE_TURN_TOKENS,
+        max_tokens=2 * ORACLE_TURN_TOKENS,
+        context_budget=max(ecfg.context_budget, 2 * ORACLE_TURN_TOKENS),
+    )
     by_statement = {t.problem_statement: t for t in tasks}
 
     def reply(prompt_text: str) -> str:
@@ -101,7 +113,7 @@ def nll_step(
         out = forward(policy.model, mb.tokens, temperature=1.0)
         nll = -(out.logp * mask).sum() / max(total, 1.0)
         nll.backward()
-        loss_sum += float(nll)
+        loss_sum += float(nll.detach())
     torch.nn.utils.clip_grad_norm_(policy.trainable_parameters(), 1.0)
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
