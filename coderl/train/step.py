@@ -23,7 +23,7 @@ from torch import Tensor, nn
 
 from coderl import algorithms as A
 from coderl.config import AlgorithmConfig, TrainerConfig
-from coderl.policy.batch import TrainBatch, shifted_entropy, shifted_token_logprobs
+from coderl.policy.batch import TrainBatch
 from coderl.train.batch import StepBatch
 
 
@@ -48,9 +48,10 @@ def forward(
 ) -> ForwardOut:
     """Per-token logprobs (tempered, as sampled), entropies and values of a causal LM.
 
-    ``model`` is any Hugging Face causal LM (peft-wrapped or not). Logprobs and entropies come
-    from :func:`coderl.policy.batch.shifted_token_logprobs` / ``shifted_entropy`` (column t is the
-    distribution that predicted token t; column 0 is 0). The value head reads the last hidden
+    ``model`` is any Hugging Face causal LM (peft-wrapped or not). Column t of ``logp`` and
+    ``entropy`` describes the tempered distribution that predicted token t (the same numbers as
+    :func:`coderl.policy.batch.shifted_token_logprobs` / ``shifted_entropy``), computed only where
+    ``loss_mask`` is 1 and 0 elsewhere. The value head reads the last hidden
     state at t - 1 with gradients stopped (a linear probe on the policy's features), so the value
     loss never moves the policy.
     """
@@ -63,10 +64,17 @@ def forward(
             use_cache=False,
             output_hidden_states=value_head is not None,
         )
-    logits = out.logits.float()  # (B, T, V)
-    logp = shifted_token_logprobs(logits, tokens.input_ids, temperature)  # (B, T)
+    # only sampled tokens need logprobs and entropies: a [N, V] softmax instead of [B, T, V]
+    sampled = tokens.loss_mask[:, 1:] > 0  # (B, T-1) token t+1 is sampled
+    pred = out.logits[:, :-1][sampled].float() / temperature  # (N, V) logits that predicted them
+    logp_all = pred.log_softmax(-1)  # (N, V)
+    picked = logp_all.gather(-1, tokens.input_ids[:, 1:][sampled].unsqueeze(-1)).squeeze(-1)
+    logp = out.logits.new_zeros(tokens.input_ids.shape, dtype=torch.float32)  # (B, T)
+    logp[:, 1:][sampled] = picked
     with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
-        entropy = shifted_entropy(logits, temperature)  # (B, T)
+        h = -(logp_all.exp() * logp_all).sum(-1)  # (N,)
+        entropy = torch.zeros_like(logp)
+        entropy[:, 1:][sampled] = h
     values = None
     if value_head is not None:
         h = out.hidden_states[-1][:, :-1].detach().float()  # (B, T-1, H)
