@@ -23,7 +23,8 @@ class SamplingParams:
     seed: int | None = None
     """Seed for the sampler's RNG; equal seeds give equal samples."""
     ignore_eos: bool = False
-    """Keep sampling past EOS until ``max_new_tokens`` (benchmarks; explicit stop ids still stop)."""
+    """Keep sampling past EOS until ``max_new_tokens`` (for benchmarks); explicit stop ids
+    still stop."""
 
 
 @dataclass

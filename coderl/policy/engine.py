@@ -5,8 +5,10 @@ Face causal LM (peft-wrapped or not). One call samples one completion per prompt
 the prompts, then one token per active row per step through a KV cache. Rows that sample a stop
 token or exhaust their budget leave the batch, so it shrinks instead of carrying finished rows
 to the end. How the model is run is a backend (:mod:`coderl.policy.kvcache`): ``"static"``
-(a preallocated ragged cache for Llama/Qwen2-layout models, the fast path) or ``"hf"`` (the
-model's own forward with a ``DynamicCache``, any architecture).
+(a preallocated ragged cache for Llama/Qwen2-layout models, unpadded prefill shared across
+identical prompts) or ``"hf"`` (the model's own forward with a ``DynamicCache``, any
+architecture). See README "Policy" for measured speed: neither is faster than HF ``generate``
+by the issue's 3x on CPU.
 
 Each token's logprob is taken from ``log_softmax(logits / temperature)`` at the step that drew
 it, so it is the number the trainer recomputes (see :mod:`coderl.policy.batch`). With ``top_p <

@@ -1,4 +1,5 @@
-"""``"tiny-random"``: a ~1M-parameter Qwen2-architecture model and its tokenizer, built in-process.
+"""``"tiny-random"``: a ~1M-parameter Qwen2-architecture model and its tokenizer, built
+in-process.
 
 Used by tests and examples: nothing is downloaded. The tokenizer is a byte-level BPE trained in a
 few milliseconds on a fixed built-in corpus (so every byte string can be encoded), with Qwen2.5's
@@ -97,16 +98,16 @@ def tiny_tokenizer(vocab_size: int = 512) -> PreTrainedTokenizerFast:
 
 
 def tiny_model(vocab_size: int, *, seed: int = 0, eos_token_id: int = 2, pad_token_id: int = 0):
-    """A random Qwen2ForCausalLM: hidden 128, 4 layers, 4 query / 2 KV heads, tied embeddings.
+    """A random Qwen2ForCausalLM: hidden 128, MLP 512, 4 layers, 4 query / 2 KV heads, tied
+    embeddings; ~1.05M parameters with the tiny tokenizer's vocabulary.
 
-    With a 516-token vocabulary it has ~0.9M parameters; a forward + backward on 8 x 64 tokens
-    takes ~20 ms on one CPU core. Weights come from ``torch.Generator().manual_seed(seed)``, so
-    equal seeds give equal models whatever the global RNG state.
+    Weights are drawn after ``torch.manual_seed(seed)`` inside ``torch.random.fork_rng``: equal
+    seeds give equal models, and the caller's global RNG state is left as it was.
     """
     config = Qwen2Config(
         vocab_size=vocab_size,
         hidden_size=128,
-        intermediate_size=256,
+        intermediate_size=512,
         num_hidden_layers=4,
         num_attention_heads=4,
         num_key_value_heads=2,
