@@ -12,6 +12,7 @@ last checkpoint; no task is skipped or repeated).
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections import deque
 from collections.abc import Callable
@@ -34,9 +35,38 @@ def ensure_ray(cfg: AsyncConfig) -> bool:
         else:
             ray.init(address=cfg.ray_address, log_to_driver=True)
     except BaseException:
-        ray.shutdown()  # stop whatever half-started (a raylet that timed out, a GCS)
+        shutdown_owned_ray()  # stop whatever half-started (a raylet that timed out, a GCS)
         raise
     return True
+
+
+def shutdown_owned_ray(grace_s: float = 10.0) -> None:
+    """``ray.shutdown()`` for a Ray this process started, then reap its processes.
+
+    Ray's shutdown signals its raylet, GCS and workers but does not wait for them; a worker busy
+    exiting can outlive the call by many seconds on a loaded machine. The processes Ray started
+    are this process's children (only those whose command line names Ray are touched), so they
+    are waited for up to ``grace_s`` seconds and killed after that: closing a backend leaves no
+    process behind.
+    """
+    import psutil
+
+    children = [p for p in psutil.Process().children(recursive=True) if _is_ray_process(p)]
+    ray.shutdown()
+    _, alive = psutil.wait_procs(children, timeout=grace_s)
+    for proc in alive:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            proc.kill()
+    psutil.wait_procs(alive, timeout=5)
+
+
+def _is_ray_process(proc: Any) -> bool:
+    import psutil
+
+    try:
+        return any("ray" in part for part in [proc.name(), *proc.cmdline()])
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        return False
 
 
 class _StoreActor:
@@ -121,7 +151,7 @@ class RayBackend:
             self._start_actors(cfg, make_sampler, make_grader)
         except BaseException:
             if self.owns_ray:
-                ray.shutdown()
+                shutdown_owned_ray()
             raise
 
     def _start_actors(
@@ -198,7 +228,7 @@ class RayBackend:
         self.workers, self.graders = [], []
         self._rollouts, self._results, self._queue = {}, [], deque()
         if self.owns_ray and ray.is_initialized():
-            ray.shutdown()
+            shutdown_owned_ray()
 
 
 class _LearnerActor:
