@@ -331,6 +331,17 @@ def load_config(
     Raises:
         ConfigError: the file is missing or not a YAML mapping, or any validation error.
     """
+    return build_config(load_tree(path, overrides))
+
+
+def load_tree(
+    path: str | Path | None, overrides: list[str] | tuple[str, ...] = ()
+) -> dict[str, Any]:
+    """The raw YAML mapping of a preset (None: empty) with ``key=value`` overrides applied.
+
+    Raises:
+        ConfigError: the file is missing or its top level is not a mapping; a malformed override.
+    """
     tree: dict[str, Any] = {}
     if path is not None:
         p = Path(path)
@@ -342,7 +353,7 @@ def load_config(
         tree = loaded or {}
     for ov in overrides:
         apply_override(tree, ov)
-    return build_config(tree)
+    return tree
 
 
 def dump_config(cfg: Config) -> str:

@@ -4,12 +4,16 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from coderl.config import AlgorithmConfig, ConfigError, ModelConfig, TrainerConfig, apply_override
+from coderl.config import (
+    AlgorithmConfig,
+    ConfigError,
+    ModelConfig,
+    TrainerConfig,
+    load_tree,
+)
 from coderl.online.baselines import check_baseline
 from coderl.online.gate import GateConfig
 from coderl.online.monitors import AlarmRule, default_alarm_rules
@@ -151,17 +155,7 @@ def load_online_config(
     Raises:
         ConfigError: missing file, not a mapping, unknown keys, bad values (naming the key).
     """
-    tree: dict[str, Any] = {}
-    if path is not None:
-        p = Path(path)
-        if not p.is_file():
-            raise ConfigError(f"config file {str(p)!r} does not exist")
-        loaded = yaml.safe_load(p.read_text())
-        if loaded is not None and not isinstance(loaded, dict):
-            raise ConfigError(f"{p}: top level must be a mapping, got {type(loaded).__name__}")
-        tree = loaded or {}
-    for ov in overrides:
-        apply_override(tree, ov)
+    tree = load_tree(path, overrides)
     try:
         return OnlineConfig.model_validate(tree)
     except ValidationError as err:
