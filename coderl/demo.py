@@ -3,13 +3,16 @@
 Runs ``coderl train configs/default.yaml`` (SFT warm start on oracle episodes of the HumanEval
 training split, then GRPO on SmolLM2-135M-Instruct + LoRA in the agent harness, held-out split
 evaluated before and after), writes the report, and prints the held-out pass@1 before and after
-with the paired 95% CI of the change. ``--self-check`` instead prints the algorithm core's worked
-examples (seconds, no model).
+with the paired 95% CI of the change. Every run starts fresh: an existing run directory (an
+earlier demo, finished or not) is first moved to ``RUN_DIR.prev`` (replacing an older one), so a
+second ``make demo`` neither crashes nor resumes or mixes in the previous run. ``--self-check``
+instead prints the algorithm core's worked examples (seconds, no model).
 """
 
 from __future__ import annotations
 
 import argparse
+import shutil
 from pathlib import Path
 
 import torch
@@ -58,6 +61,17 @@ def self_check() -> list[tuple[str, float, float]]:
 DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "default.yaml"
 
 
+def set_aside(run_dir: Path) -> Path | None:
+    """Move an existing ``run_dir`` to ``run_dir.prev`` (replacing an older one) so that the demo
+    starts fresh; returns where it went (None: there was nothing to move)."""
+    if not run_dir.exists():
+        return None
+    prev = run_dir.with_name(run_dir.name + ".prev")
+    shutil.rmtree(prev, ignore_errors=True)
+    run_dir.rename(prev)
+    return prev
+
+
 def run_demo(config: Path, overrides: list[str]) -> int:
     """Train the default recipe, write the report, print before/after held-out pass@1."""
     from coderl.config import load_config
@@ -68,6 +82,9 @@ def run_demo(config: Path, overrides: list[str]) -> int:
     from coderl.train.sft import run_sft
 
     cfg = load_config(config, overrides)
+    prev = set_aside(Path(cfg.run_dir))
+    if prev is not None:
+        print(f"demo: the previous run in {cfg.run_dir} was moved to {prev}; starting fresh")
     if cfg.sft.enabled:
         run_sft(cfg)
     run_dir = train(cfg)

@@ -204,3 +204,16 @@ def test_resume_after_kill_9_equals_an_uninterrupted_run(tmp_path):
     ob = torch.load(cut_dir / "checkpoints" / "step-000004" / "optimizer.pt")
     assert [s["step"] for s in oa["state"].values()] == [s["step"] for s in ob["state"].values()]
     assert all(float(s["step"]) == 4 for s in ob["state"].values())
+
+
+def test_demo_sets_a_previous_run_aside(tmp_path):
+    from coderl.demo import set_aside
+
+    run_dir = tmp_path / "default"
+    assert set_aside(run_dir) is None
+    for n in (1, 2):
+        (run_dir / "checkpoints").mkdir(parents=True)
+        (run_dir / "eval.jsonl").write_text(f"run {n}\n")
+        assert set_aside(run_dir) == tmp_path / "default.prev"
+        assert not run_dir.exists()
+        assert (tmp_path / "default.prev" / "eval.jsonl").read_text() == f"run {n}\n"
