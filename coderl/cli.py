@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
 from coderl import __version__
@@ -21,6 +22,11 @@ COMMANDS: dict[str, str] = {
     "train-async": "coderl.asyncrl.cli",
     "agent": "coderl.agent.cli",
 }
+
+
+# Bad input from the user (configs, files, run directories, task specs): one line, no traceback.
+# ConfigError and TaskFileError are ValueErrors.
+USER_ERRORS = (ValueError, FileNotFoundError, FileExistsError)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -41,7 +47,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.command is None:
         parser.print_help()
         return 0
-    return int(args.func(args) or 0)
+    try:
+        return int(args.func(args) or 0)
+    except USER_ERRORS as err:
+        if os.environ.get("CODERL_TRACEBACK"):
+            raise
+        print(f"coderl {args.command}: error: {err}", file=sys.stderr)
+        print("(set CODERL_TRACEBACK=1 for the full traceback)", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

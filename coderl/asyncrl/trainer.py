@@ -34,6 +34,7 @@ from coderl.config import Config, apply_override, build_config, dump_config
 from coderl.policy.base import Completion, SamplingParams
 from coderl.rewards import RewardResult, RewardSample, compute_rewards
 from coderl.train.checkpoint import (
+    ensure_new_run,
     latest_checkpoint,
     load_checkpoint,
     load_trainable,
@@ -239,8 +240,11 @@ def train_async(cfg: Config, acfg: AsyncConfig, *, resume: bool = False) -> dict
     Raises:
         ValueError: unsupported settings (see :func:`check_supported`).
         FileNotFoundError: ``resume`` without a complete checkpoint.
+        FileExistsError: not ``resume`` and ``cfg.run_dir`` holds a previous run's checkpoints.
     """
     run_dir = Path(cfg.run_dir)
+    if not resume:
+        ensure_new_run(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.yaml").write_text(dump_config(cfg) + yaml.safe_dump({"async": vars(acfg)}))
     learner = TrainLearner(cfg)
@@ -273,6 +277,12 @@ def train_async(cfg: Config, acfg: AsyncConfig, *, resume: bool = False) -> dict
             value_head=run.value_head,
         )
         run.step, run.policy.version = state["step"], state["version"]
+        if "ledger" not in state:
+            raise ValueError(
+                f"{cfg.run_dir} was written by the synchronous `coderl train` (its checkpoint has "
+                "no task ledger); continue it with `coderl train --resume`, or start train-async "
+                "in another run_dir"
+            )
         runner.ledger.load_state_dict(state["ledger"])
     logger = MetricsLogger(run_dir, resume_step=run.step, tensorboard=cfg.tensorboard)
     with runner:

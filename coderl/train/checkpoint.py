@@ -118,6 +118,23 @@ def list_checkpoints(run_dir: str | Path) -> list[Path]:
     return sorted(done, key=lambda p: int(p.name[len(CKPT_PREFIX) :]))
 
 
+def ensure_new_run(run_dir: str | Path) -> None:
+    """Refuse to start a fresh run in a directory that already holds checkpoints.
+
+    A new run there would overwrite the old run's logs while older, higher-numbered checkpoints
+    outrank its own, so ``--resume`` and ``coderl eval`` would silently pick the old weights.
+
+    Raises:
+        FileExistsError: ``run_dir`` holds checkpoints (names them and the way out).
+    """
+    found = list_checkpoints(run_dir)
+    if found:
+        raise FileExistsError(
+            f"{run_dir} already holds checkpoints of a previous run (latest: {found[-1].name}); "
+            "continue it with --resume, or set run_dir=... to start a new run elsewhere"
+        )
+
+
 def latest_checkpoint(run_dir: str | Path) -> Path:
     """The newest complete checkpoint of ``run_dir``.
 

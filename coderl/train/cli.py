@@ -17,7 +17,10 @@ def run(args: argparse.Namespace) -> int:
 
         latest_checkpoint(cfg.run_dir)  # fail before loading a model when there is nothing
     if cfg.sft.enabled and not args.resume:
+        from coderl.train.checkpoint import ensure_new_run
         from coderl.train.sft import run_sft
+
+        ensure_new_run(cfg.run_dir)  # before minutes of SFT, not after
 
         run_sft(cfg)
     from coderl.train.loop import train

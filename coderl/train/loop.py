@@ -38,6 +38,7 @@ from coderl.rewards import RewardResult, RewardSample, compute_rewards
 from coderl.train.advantages import episode_advantages, gae_advantages
 from coderl.train.batch import StepBatch, build_batch
 from coderl.train.checkpoint import (
+    ensure_new_run,
     latest_checkpoint,
     load_checkpoint,
     load_trainable,
@@ -405,8 +406,14 @@ def train(cfg: Config, *, resume: bool = False) -> Path:
 
     Writes ``config.yaml``, ``metrics.jsonl``, ``eval.jsonl``, ``tb/`` and ``checkpoints/`` under
     ``cfg.run_dir``.
+
+    Raises:
+        FileExistsError: not ``resume`` and ``cfg.run_dir`` holds a previous run's checkpoints.
+        FileNotFoundError: ``resume`` and there is no complete checkpoint.
     """
     run_dir = Path(cfg.run_dir)
+    if not resume:
+        ensure_new_run(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.yaml").write_text(dump_config(cfg))
     run = setup_run(cfg, resume=resume)

@@ -28,7 +28,7 @@ from safetensors.torch import save_file
 from coderl.agent.parsing import get_call_format
 from coderl.agent.runner import run_episodes
 from coderl.agent.scripted import ScriptedPolicy
-from coderl.config import Config, load_config
+from coderl.config import Config, ConfigError, load_config
 from coderl.policy.local import LocalPolicy
 from coderl.train.batch import StepBatch, build_batch
 from coderl.train.checkpoint import trainable_state
@@ -67,7 +67,12 @@ def oracle_segments(cfg: Config, policy: LocalPolicy, tasks: list[Any]) -> list[
     from coderl.train.env import build_environment
 
     env = build_environment(cfg)
-    ecfg = env.episode_config(_params(cfg))  # type: ignore[attr-defined]
+    if not hasattr(env, "episode_config"):
+        raise ConfigError(
+            f"sft.enabled: tasks.source={cfg.tasks.source!r} has no oracle demonstrations "
+            "(only agent-harness sources such as humaneval do); set sft.enabled=false"
+        )
+    ecfg = env.episode_config(_params(cfg))
     # an oracle turn holds the whole solution file: give it room beyond the RL turn budget
     ecfg = replace(
         ecfg,
