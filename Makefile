@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint format typecheck test-fast bench clean sysdeps
+.PHONY: demo test lint format typecheck test-fast clean sysdeps
 
 $(STAMP): pyproject.toml
 	@command -v $(PY) >/dev/null || { echo "coderl needs Python 3.11 ($(PY) not found)"; exit 1; }
