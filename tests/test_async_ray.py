@@ -66,4 +66,4 @@ def test_ray_workers_graders_and_trainer_actor_then_clean_shutdown():
     assert len(set(runner.trained_tasks)) == 24
     assert not ray.is_initialized()
     _, alive = psutil.wait_procs(procs, timeout=20)
-    assert not alive, [(p.pid, p.name()) for p in alive]
+    assert not alive, [(p.pid, p.name(), p.cmdline()) for p in alive]

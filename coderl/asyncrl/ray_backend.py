@@ -24,11 +24,18 @@ from coderl.asyncrl.config import AsyncConfig
 from coderl.asyncrl.types import Grader, Group, Job, Learner, SamplerFactory, Weights
 from coderl.asyncrl.worker import RolloutWorker
 
+# descendants of this process that existed before ensure_ray() started Ray (never reaped)
+_PIDS_BEFORE_RAY: set[int] = set()
+
 
 def ensure_ray(cfg: AsyncConfig) -> bool:
     """Start or join Ray unless it is running already; True if this call started it."""
     if ray.is_initialized():
         return False
+    import psutil
+
+    _PIDS_BEFORE_RAY.clear()
+    _PIDS_BEFORE_RAY.update(p.pid for p in psutil.Process().children(recursive=True))
     try:
         if cfg.ray_address is None:
             ray.init(num_cpus=cfg.ray_num_cpus, include_dashboard=False, log_to_driver=True)
@@ -44,29 +51,26 @@ def shutdown_owned_ray(grace_s: float = 10.0) -> None:
     """``ray.shutdown()`` for a Ray this process started, then reap its processes.
 
     Ray's shutdown signals its raylet, GCS and workers but does not wait for them; a worker busy
-    exiting can outlive the call by many seconds on a loaded machine. The processes Ray started
-    are this process's children (only those whose command line names Ray are touched), so they
-    are waited for up to ``grace_s`` seconds and killed after that: closing a backend leaves no
-    process behind.
+    exiting can outlive the call by many seconds on a loaded machine. Every descendant of this
+    process that did not exist before :func:`ensure_ray` started Ray is Ray's: they are waited for
+    up to ``grace_s`` seconds and killed after that, so closing leaves no process behind.
     """
     import psutil
 
-    children = [p for p in psutil.Process().children(recursive=True) if _is_ray_process(p)]
+    me = psutil.Process()
+    ours = [p for p in me.children(recursive=True) if p.pid not in _PIDS_BEFORE_RAY]
     ray.shutdown()
-    _, alive = psutil.wait_procs(children, timeout=grace_s)
+    # anything Ray spawned while shutting down is a descendant too
+    ours += [
+        p
+        for p in me.children(recursive=True)
+        if p.pid not in _PIDS_BEFORE_RAY and p.pid not in {q.pid for q in ours}
+    ]
+    _, alive = psutil.wait_procs(ours, timeout=grace_s)
     for proc in alive:
         with contextlib.suppress(psutil.NoSuchProcess):
             proc.kill()
     psutil.wait_procs(alive, timeout=5)
-
-
-def _is_ray_process(proc: Any) -> bool:
-    import psutil
-
-    try:
-        return any("ray" in part for part in [proc.name(), *proc.cmdline()])
-    except (psutil.NoSuchProcess, psutil.AccessDenied):
-        return False
 
 
 class _StoreActor:
