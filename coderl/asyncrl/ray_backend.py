@@ -58,19 +58,32 @@ def shutdown_owned_ray(grace_s: float = 10.0) -> None:
     import psutil
 
     me = psutil.Process()
-    ours = [p for p in me.children(recursive=True) if p.pid not in _PIDS_BEFORE_RAY]
+    ours = [p for p in me.children(recursive=True) if _started_by_ray(p)]
     ray.shutdown()
     # anything Ray spawned while shutting down is a descendant too
     ours += [
         p
         for p in me.children(recursive=True)
-        if p.pid not in _PIDS_BEFORE_RAY and p.pid not in {q.pid for q in ours}
+        if _started_by_ray(p) and p.pid not in {q.pid for q in ours}
     ]
     _, alive = psutil.wait_procs(ours, timeout=grace_s)
     for proc in alive:
         with contextlib.suppress(psutil.NoSuchProcess):
             proc.kill()
     psutil.wait_procs(alive, timeout=5)
+
+
+def _started_by_ray(proc: Any) -> bool:
+    """Born after Ray started, and not Python's own multiprocessing resource tracker (which
+    serves this process for its lifetime and exits with it)."""
+    import psutil
+
+    if proc.pid in _PIDS_BEFORE_RAY:
+        return False
+    try:
+        return not any("resource_tracker" in part for part in proc.cmdline())
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        return False
 
 
 class _StoreActor:
