@@ -62,6 +62,30 @@ def test_static_and_hf_backends_sample_the_same_tokens():
         assert max(abs(p - q) for p, q in zip(x.logprobs, y.logprobs, strict=True)) < 1e-4
 
 
+def test_a_shared_prompt_prefix_is_prefilled_once_and_changes_nothing():
+    # 20 common tokens (>= MIN_SHARED_PREFIX): the static backend prefills them once, then each
+    # prompt's own suffix on top; samples and logprobs equal the HF backend's and each prompt
+    # sampled alone, and the logprobs stay what the trainer recomputes.
+    from coderl.policy.kvcache import MIN_SHARED_PREFIX, shared_prefix_len
+
+    system = list(range(40, 60))
+    prompts = [system + [5, 6, 7], system + [8, 9], system + [5, 6, 7], system + [30, 31, 32]]
+    assert shared_prefix_len(prompts) == 20 >= MIN_SHARED_PREFIX
+    assert shared_prefix_len([[1, 2, 3], [1, 2, 3]]) == 2  # one token of its own is kept
+    params = SamplingParams(max_new_tokens=10, seed=4)
+    static = load_policy("tiny-random", reference=False, engine="static")
+    hf = load_policy("tiny-random", reference=False, engine="hf")
+    a, b = static.generate(prompts, params), hf.generate(prompts, params)
+    assert [c.token_ids for c in a] == [c.token_ids for c in b]
+    for x, y in zip(a, b, strict=True):
+        assert max(abs(p - q) for p, q in zip(x.logprobs, y.logprobs, strict=True)) < 1e-4
+    greedy = SamplingParams(temperature=0.0, max_new_tokens=8)
+    together = static.generate(prompts, greedy)
+    for p, c in zip(prompts, together, strict=True):
+        assert c.token_ids == static.generate([p], greedy)[0].token_ids
+    assert static.logprob_gap(prompts, a, 1.0)["logprob_gap_max"] < 1e-3
+
+
 def test_unknown_backend_lists_the_valid_ones():
     with pytest.raises(ValueError, match="valid"):
         load_policy("tiny-random", engine="vllm")

@@ -7,7 +7,8 @@ one prefill and then one token per active row per step.
   ``*ForCausalLM.model.layers[i].{input_layernorm, self_attn.{q,k,v,o}_proj,
   post_attention_layernorm, mlp}`` layout with rotary embeddings), a preallocated ragged KV cache
   written in place: each prompt is prefilled on its own (no padding; identical prompts, as in a
-  GRPO group, are prefilled once), decode steps append at each row's own position, and attention
+  GRPO group, are prefilled once; the common prefix of the call's distinct prompts, such as a
+  harness's system prompt with its tool definitions, is prefilled once and copied), decode steps append at each row's own position, and attention
   reads only the filled part of the cache. It calls the model's own modules (norms, projections,
   MLPs, rotary embedding), so peft LoRA layers and ``disable_adapter`` work unchanged; only the
   attention product and the cache are ours.
@@ -48,6 +49,20 @@ def supports_static(model: torch.nn.Module) -> bool:
     if config.model_type == "mistral":
         sliding = getattr(config, "sliding_window", None) is not None
     return config.model_type in STATIC_MODEL_TYPES and not sliding
+
+
+MIN_SHARED_PREFIX = 16
+"""Distinct prompts of one call whose common prefix is at least this many tokens prefill it once."""
+
+
+def shared_prefix_len(prompts: list[tuple[int, ...]] | list[list[int]]) -> int:
+    """Length of the longest common prefix of ``prompts``, at most the shortest length minus 1
+    (every prompt keeps one token of its own, whose logits start its completion)."""
+    n = min(len(p) for p in prompts) - 1
+    ref = prompts[0]
+    for p in prompts[1:]:
+        n = min(n, next((j for j in range(n) if p[j] != ref[j]), n))
+    return max(n, 0)
 
 
 class HFCacheBackend:
@@ -117,7 +132,8 @@ class StaticCacheBackend:
         self.scale = 1.0 / math.sqrt(self.D)
 
     def start(self, prompts: list[list[int]]) -> Tensor:
-        """Prefill each distinct prompt once; returns next-token logits ``[B, V]`` float32."""
+        """Prefill each distinct prompt once, their common prefix once for all of them; returns
+        next-token logits ``[B, V]`` float32."""
         emb = self.decoder.embed_tokens.weight
         B, L = len(prompts), len(self.decoder.layers)
         cap = max(len(p) for p in prompts) + self.max_new_tokens
@@ -129,15 +145,24 @@ class StaticCacheBackend:
         logits = torch.empty(B, self.lm_head.out_features, device=emb.device)
         first: dict[tuple[int, ...], int] = {}
         for b, p in enumerate(prompts):
-            key = tuple(p)
-            if key in first:  # same prompt: copy its cache rows and logits
-                a = first[key]
+            first.setdefault(tuple(p), b)
+        S = shared_prefix_len(list(first)) if len(first) > 1 else 0
+        if S >= MIN_SHARED_PREFIX:  # e.g. the system prompt and tool definitions
+            a = next(iter(first.values()))
+            self._prefill(a, torch.tensor(prompts[a][:S], device=emb.device), 0)
+            for b in first.values():
+                self.k[:, b, :, :S] = self.k[:, a, :, :S]
+                self.v[:, b, :, :S] = self.v[:, a, :, :S]
+        else:
+            S = 0
+        for b, p in enumerate(prompts):
+            a = first[tuple(p)]
+            if a != b:  # same prompt (a GRPO group): copy its cache rows and logits
                 self.k[:, b, :, : len(p)] = self.k[:, a, :, : len(p)]
                 self.v[:, b, :, : len(p)] = self.v[:, a, :, : len(p)]
                 logits[b] = logits[a]
                 continue
-            first[key] = b
-            logits[b] = self._prefill(b, torch.tensor(p, device=emb.device))
+            logits[b] = self._prefill(b, torch.tensor(p[S:], device=emb.device), S)
         return logits
 
     def drop(self, keep: Tensor) -> None:
@@ -159,21 +184,34 @@ class StaticCacheBackend:
         return logits[self.active]
 
     @torch.no_grad()
-    def _prefill(self, row: int, ids: Tensor) -> Tensor:
-        T = ids.shape[0]
+    def _prefill(self, row: int, ids: Tensor, start: int) -> Tensor:
+        """Write the cache of ``ids`` (``[T]``) at positions ``start .. start + T - 1`` of
+        ``row``, attending to the ``start`` cached positions before them; returns the logits
+        after the last one (``[V]`` float32)."""
+        T, end = ids.shape[0], start + ids.shape[0]
         x = self.decoder.embed_tokens(ids)[None]  # (1, T, hidden)
-        cos, sin = self.decoder.rotary_emb(x, torch.arange(T, device=ids.device)[None])
+        positions = torch.arange(start, end, device=ids.device)
+        cos, sin = self.decoder.rotary_emb(x, positions[None])
         cos, sin = cos[:, None], sin[:, None]  # (1, 1, T, D)
+        # query at position start + j sees cache positions <= start + j
+        mask = None if start == 0 else torch.arange(end, device=ids.device) <= positions[:, None]
         for i, layer in enumerate(self.decoder.layers):
             attn = layer.self_attn
             h = layer.input_layernorm(x)
             q = _rope(attn.q_proj(h).view(1, T, self.H, self.D).transpose(1, 2), cos, sin)
             k = _rope(attn.k_proj(h).view(1, T, self.KV, self.D).transpose(1, 2), cos, sin)
             v = attn.v_proj(h).view(1, T, self.KV, self.D).transpose(1, 2)  # (1, KV, T, D)
-            self.k[i, row, :, :T] = k[0]
-            self.v[i, row, :, :T] = v[0]
+            self.k[i, row, :, start:end] = k[0]
+            self.v[i, row, :, start:end] = v[0]
+            keys, values = self.k[i, row : row + 1, :, :end], self.v[i, row : row + 1, :, :end]
             o = F.scaled_dot_product_attention(
-                q, k, v, is_causal=True, scale=self.scale, enable_gqa=True
+                q,
+                keys,
+                values,
+                attn_mask=mask,
+                is_causal=mask is None,
+                scale=self.scale,
+                enable_gqa=True,
             )  # (1, H, T, D)
             x = x + attn.o_proj(o.transpose(1, 2).reshape(1, T, self.H * self.D))
             x = x + layer.mlp(layer.post_attention_layernorm(x))
