@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import secrets
+import shutil
 import tempfile
 import time
 from pathlib import Path
@@ -54,27 +55,52 @@ def humaneval_tasks(split: str = "all") -> list[Task]:
     for task_id, p in read_problems().items():
         if split != "all" and split_of(task_id) != split:
             continue
-        prompt, entry = p["prompt"], p["entry_point"]
         tasks.append(
-            Task(
-                id=task_id,
-                kind="function",
-                env_id="python3",
-                problem_statement=(
-                    f"Implement `{entry}` in solution.py so that it does what its docstring says. "
-                    "Keep the signature.\n\n```python\n" + prompt + "```"
-                ),
-                FAIL_TO_PASS=[TEST_ID],
-                hidden_tests={"hidden_test.py": p["test"]},
-                gold_patch=make_diff("solution.py", prompt, prompt + p["canonical_solution"]),
-                workspace_files={"solution.py": prompt},
-                source=SOURCE,
-                license="MIT",
-                split=split_of(task_id),  # type: ignore[arg-type]
-                extra={"prompt": prompt, "entry_point": entry},
+            function_task(
+                task_id,
+                p["prompt"],
+                p["test"],
+                p["entry_point"],
+                p["canonical_solution"],
+                split=split_of(task_id),
             )
         )
     return tasks
+
+
+def function_task(
+    task_id: str,
+    prompt: str,
+    test: str,
+    entry_point: str,
+    canonical_solution: str,
+    *,
+    split: str = "train",
+    source: str = SOURCE,
+) -> Task:
+    """A HumanEval-style ``function`` task: ``solution.py`` holds ``prompt``; the hidden test
+    ``test`` defines ``check(candidate)``, which :func:`grade_function` runs on ``entry_point``.
+
+    Raises:
+        pydantic.ValidationError: an empty id or source, or an unknown split.
+    """
+    return Task(
+        id=task_id,
+        kind="function",
+        env_id="python3",
+        problem_statement=(
+            f"Implement `{entry_point}` in solution.py so that it does what its docstring says. "
+            "Keep the signature.\n\n```python\n" + prompt + "```"
+        ),
+        FAIL_TO_PASS=[TEST_ID],
+        hidden_tests={"hidden_test.py": test},
+        gold_patch=make_diff("solution.py", prompt, prompt + canonical_solution),
+        workspace_files={"solution.py": prompt},
+        source=source,
+        license="MIT",
+        split=split,  # type: ignore[arg-type]
+        extra={"prompt": prompt, "entry_point": entry_point},
+    )
 
 
 def completion_diff(task: Task, completion: str) -> str:
@@ -95,7 +121,12 @@ def workspace_base(task: Task, *, cache: Path | None = None) -> Path:
             (staging / rel).write_text(text)
         normalize_modes(staging)
         target.parent.mkdir(parents=True, exist_ok=True)
-        staging.rename(target)
+        try:
+            staging.rename(target)
+        except OSError:  # a concurrent grader made the same base first: use theirs
+            shutil.rmtree(staging)
+            if not target.is_dir():
+                raise
     return target
 
 
