@@ -21,9 +21,27 @@ from coderl.online.update import effective_sample_size, select_trainable
 
 # real tasks with hidden tests, short enough for a tiny model's context on 2 busy cores
 TASKS = [
-    SuiteTask("t/add", "def add(a, b):\n", "def check(f):\n    assert f(2, 3) == 5\n", "add"),
-    SuiteTask("t/neg", "def neg(x):\n", "def check(f):\n    assert f(4) == -4\n", "neg"),
-    SuiteTask("t/dbl", "def dbl(x):\n", "def check(f):\n    assert f(4) == 8\n", "dbl"),
+    SuiteTask(
+        "t/add",
+        'def add(a, b):\n    """a + b"""\n',
+        "def check(f):\n    assert f(2, 3) == 5\n",
+        "add",
+        "    return a + b\n",
+    ),
+    SuiteTask(
+        "t/neg",
+        'def neg(x):\n    """-x"""\n',
+        "def check(f):\n    assert f(4) == -4\n",
+        "neg",
+        "    return -x\n",
+    ),
+    SuiteTask(
+        "t/dbl",
+        'def dbl(x):\n    """2 * x"""\n',
+        "def check(f):\n    assert f(4) == 8\n",
+        "dbl",
+        "    return 2 * x\n",
+    ),
 ]
 WINDOWS = (
     "{accepted: 1, rejected: 1, edit_persisted: 1, follow_up: 1, tool_error: 1, latency_ms: 1}"

@@ -43,7 +43,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             max_new_tokens=cfg.serve.max_new_tokens,
         )
         bg = BackgroundServer(server.app(), cfg.serve.host, cfg.serve.port)
-        sim = SimulatedPopulation(bg.base_url, cfg.simulate)
+        sim = SimulatedPopulation(bg.base_url, cfg.simulate, sandbox=cfg.sandbox)
         console.print(f"serving version {champ} at {bg.base_url} to the simulated population")
     times = []
     try:

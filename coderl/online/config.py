@@ -18,6 +18,7 @@ from coderl.online.baselines import check_baseline
 from coderl.online.gate import GateConfig
 from coderl.online.monitors import AlarmRule, default_alarm_rules
 from coderl.online.rewards import RewardSpec
+from coderl.online.suites import check_sandbox
 
 
 class _Section(BaseModel):
@@ -39,8 +40,8 @@ class ServeSection(_Section):
 class EvalSection(_Section):
     suite: str = "humaneval"
     """Held-out suite (``humaneval``: its held-out split)."""
-    limit: int | None = Field(None, ge=1)
-    """First N held-out tasks (None: all 41)."""
+    limit: int | None = Field(None, ge=2)
+    """First N held-out tasks (None: all 41); at least 2 (the gate's t bound needs a variance)."""
     samples: int = Field(1, ge=1)
     """Samples per task; the per-task score is their mean pass rate (pass@1 estimate)."""
     temperature: float = Field(0.8, gt=0)
@@ -119,6 +120,11 @@ class OnlineConfig(_Section):
     """Live-traffic monitors and alarms."""
     simulate: SimulateSection = Field(default_factory=SimulateSection)
     """The simulated client population (demo and tests)."""
+    sandbox: str = "bwrap"
+    """Where the hidden tests of the simulated population and the held-out eval run the model's
+    code: ``bwrap`` (coderl.sandbox, isolated) or ``local`` (a plain subprocess with your
+    permissions, filesystem and network: NOT isolated, warns; only for trusted models on hosts
+    without bubblewrap)."""
     cycles: int = Field(1, ge=1)
     """Cycles of ``coderl online run``."""
     interval_s: float = Field(0.0, ge=0)
@@ -129,6 +135,11 @@ class OnlineConfig(_Section):
     def _single_sample(cls, v: str) -> str:
         check_baseline(v)
         return v
+
+    @field_validator("sandbox")
+    @classmethod
+    def _known_sandbox(cls, v: str) -> str:
+        return check_sandbox(v)
 
     @model_validator(mode="after")
     def _check(self) -> OnlineConfig:

@@ -194,7 +194,7 @@ def run_cycle(
         now=now,
     )
     t = time.perf_counter()
-    ev = evaluator or HeldoutEvaluator(cfg.eval)
+    ev = evaluator or HeldoutEvaluator(cfg.eval, sandbox=cfg.sandbox)
     cand_eval = ev(load_version(cfg, registry, candidate))
     champ_eval = ev(load_version(cfg, registry, champion))
     rep["eval_s"] = time.perf_counter() - t

@@ -6,6 +6,9 @@ update -> gate), not to claim that simulated users teach the model. Each client 
 pass, and the follow-up is dissatisfied iff the episode failed (no passing edit). Some outcome
 events are dropped (censoring), sent twice (idempotency), or accompanied by a malformed event
 (rejection), at configurable rates; a broken tool call produces a ``tool_error`` event.
+
+Hidden tests run in :mod:`coderl.sandbox` (see :mod:`coderl.online.suites`); the population grades
+each reply as it arrives, the evaluator grades all of its replies at once in a thread pool.
 """
 
 from __future__ import annotations
@@ -22,7 +25,14 @@ from typing import Any, Protocol
 from coderl.online.config import EvalSection, SimulateSection
 from coderl.online.monitors import behaviour_metrics
 from coderl.online.server import classify, parse_tool_calls
-from coderl.online.suites import SuiteTask, extract_code, humaneval, passes
+from coderl.online.suites import (
+    SuiteTask,
+    check_sandbox,
+    extract_code,
+    grade_replies,
+    humaneval,
+    passes,
+)
 from coderl.policy.base import SamplingParams
 from coderl.policy.episode import encode, render
 
@@ -71,9 +81,12 @@ class SimulatedPopulation:
     cfg: SimulateSection
     model: str = "coderl"
     tasks: list[SuiteTask] = field(default_factory=lambda: humaneval("traffic"))
+    sandbox: str = "bwrap"
+    """Where the hidden tests run (:data:`coderl.online.suites.GRADERS`)."""
     stats: SimStats = field(default_factory=SimStats)
 
     def __post_init__(self) -> None:
+        check_sandbox(self.sandbox)
         from openai import OpenAI
 
         self._client = OpenAI(base_url=self.base_url, api_key="simulated")
@@ -105,7 +118,7 @@ class SimulatedPopulation:
         text = msg.content or ""
         status = "valid" if calls else ("invalid" if "<tool_call>" in text else "none")
         edited = classify(text, calls, status) == "edit"
-        ok = edited and passes(task, extract_code(text, calls))
+        ok = edited and passes(task, extract_code(text, calls), sandbox=self.sandbox)
         s.edits += edited
         s.passed += ok
         events: list[dict[str, Any]] = [{"type": "latency_ms", "value": latency_ms}]
@@ -171,10 +184,12 @@ class HeldoutEvaluator:
     other task offers the ``write_file`` tool, as traffic does).
     """
 
-    def __init__(self, cfg: EvalSection, tasks: list[SuiteTask] | None = None) -> None:
+    def __init__(
+        self, cfg: EvalSection, tasks: list[SuiteTask] | None = None, *, sandbox: str = "bwrap"
+    ) -> None:
         if tasks is None and cfg.suite != "humaneval":
             raise ValueError(f"unknown eval suite {cfg.suite!r}; valid: ['humaneval']")
-        self.cfg = cfg
+        self.cfg, self.sandbox = cfg, check_sandbox(sandbox)
         self.tasks = tasks if tasks is not None else humaneval("heldout", limit=cfg.limit)
 
     def __call__(self, policy: Any) -> EvalResult:
@@ -197,13 +212,12 @@ class HeldoutEvaluator:
         )
         outs = policy.generate(prompts, params)
         per_task: dict[str, list[float]] = {t.task_id: [] for t in self.tasks}
-        rows = []
+        rows, replies = [], []
         for k, ((task, tool), out) in enumerate(zip(jobs, outs, strict=True)):
             text = policy.tokenizer.decode(out.token_ids, skip_special_tokens=True)
             _, calls, status = parse_tool_calls(text, [WRITE_FILE] if tool else None)
             action = classify(text, calls, status)
-            ok = action == "edit" and passes(task, extract_code(text, calls))
-            per_task[task.task_id].append(float(ok))
+            replies.append((task, extract_code(text, calls) if action == "edit" else None))
             rows.append(
                 {
                     "interaction_id": str(k),
@@ -213,5 +227,9 @@ class HeldoutEvaluator:
                     "server_latency_ms": 0.0,
                 }
             )
+        for (task, _), ok in zip(
+            replies, grade_replies(replies, sandbox=self.sandbox), strict=True
+        ):
+            per_task[task.task_id].append(float(ok))
         scores = [sum(v) / len(v) for v in per_task.values()]
         return EvalResult({"pass@1": scores}, behaviour_metrics(rows, {}, {}), list(per_task))

