@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import subprocess
 import sys
@@ -10,7 +11,13 @@ from pathlib import Path
 import pytest
 
 from coderl.online.events import parse_event
-from coderl.online.gate import GateConfig, paired_noninferiority, run_gate
+from coderl.online.gate import (
+    GateConfig,
+    paired_noninferiority,
+    run_gate,
+    student_t_cdf,
+    student_t_quantile,
+)
 from coderl.online.monitors import AlarmRule, check_alarms, monitor_snapshot
 from coderl.online.registry import Registry
 from coderl.online.rewards import RewardSpec, finalize
@@ -96,15 +103,77 @@ def test_behaviour_check_on_heldout_blocks_promotion() -> None:
     assert {r.split()[1] for r in report.reasons} == {"edit_rate", "clarify_rate"}
 
 
+def test_student_t_distribution_matches_closed_forms_and_tables() -> None:
+    # df = 1 is the Cauchy distribution: P(T <= t) = 1/2 + atan(t) / pi; P(T <= 1) = 0.75
+    assert student_t_cdf(1.0, 1) == pytest.approx(0.75, abs=1e-12)
+    # df = 2: P(T <= t) = 1/2 + t / (2 sqrt(2 + t^2)); t = 1: 0.5 + 1 / (2 sqrt 3) = 0.7886751
+    assert student_t_cdf(1.0, 2) == pytest.approx(0.5 + 1 / (2 * math.sqrt(3)), abs=1e-12)
+    assert student_t_cdf(-1.3, 7) == pytest.approx(1 - student_t_cdf(1.3, 7), abs=1e-12)
+    # one-sided 95 % quantiles as printed in t tables; df = 1: tan(0.45 pi) = 6.3138
+    table = {1: 6.3138, 2: 2.9200, 3: 2.3534, 4: 2.1318, 9: 1.8331, 40: 1.6839}
+    for df, q in table.items():
+        assert student_t_quantile(0.95, df) == pytest.approx(q, abs=1e-4)
+    assert student_t_quantile(0.975, 1) == pytest.approx(math.tan(0.475 * math.pi), rel=1e-9)
+    # large df: t = z + (z^3 + z) / (4 df) + O(df^-2) with z = z_0.95 = 1.6448536;
+    # df = 2000: 1.6448536 + (4.4502 + 1.6449) / 8000 = 1.6456155
+    z = 1.6448536
+    assert student_t_quantile(0.95, 2000) == pytest.approx(z + (z**3 + z) / 8000, abs=1e-6)
+    with pytest.raises(ValueError, match="df >= 1"):
+        student_t_cdf(1.0, 0)
+    with pytest.raises(ValueError, match=r"\[0.5, 1\)"):
+        student_t_quantile(1.0, 3)
+
+
 def test_paired_noninferiority_hand_worked() -> None:
-    # d = [0, -1, 0, 0]: mean -0.25, sd = sqrt((3*0.0625 + 0.5625)/3) = 0.5,
-    # lower = -0.25 - 1.645 * 0.5 / 2 = -0.66125
-    c = paired_noninferiority("pass@1", [1, 0, 1, 0], [1, 1, 1, 0], margin=0.7, z=1.645)
-    assert c.lower_bound == pytest.approx(-0.66125) and c.passed
-    c = paired_noninferiority("pass@1", [1, 0, 1, 0], [1, 1, 1, 0], margin=0.5, z=1.645)
+    # d = [0, -1, 0, 0]: mean -0.25, sd = sqrt((3 * 0.0625 + 0.5625) / 3) = 0.5, se = 0.5/2 =
+    # 0.25; t_{0.95, 3} = 2.35336 -> lower = -0.25 - 2.35336 * 0.25 = -0.83834
+    c = paired_noninferiority("pass@1", [1, 0, 1, 0], [1, 1, 1, 0], margin=0.85, alpha=0.05)
+    assert c.diff_mean == -0.25 and c.diff_sd == pytest.approx(0.5)
+    assert c.t_quantile == pytest.approx(2.35336, abs=1e-5)
+    assert c.lower_bound == pytest.approx(-0.83834, abs=1e-5) and c.passed
+    # margin 0.7 passed under the old normal bound (-0.25 - 1.645 * 0.25 = -0.66125); not now
+    c = paired_noninferiority("pass@1", [1, 0, 1, 0], [1, 1, 1, 0], margin=0.7, alpha=0.05)
     assert not c.passed
-    with pytest.raises(ValueError, match="equal, non-empty"):
-        paired_noninferiority("pass@1", [1.0], [1.0, 0.0], margin=0.1, z=1.645)
+    # pass rates over 4 samples: d = [0.25, 0, -0.25]: mean 0, sd = sqrt(2 * 0.0625 / 2) = 0.25,
+    # se = 0.25 / sqrt(3) = 0.1443376; t_{0.95, 2} = 2.919986 -> lower = -0.421464
+    c = paired_noninferiority("pass@1", [0.5, 1.0, 0.75], [0.25, 1.0, 1.0], margin=0.45, alpha=0.05)
+    assert c.lower_bound == pytest.approx(-0.421464, abs=2e-6) and c.passed
+    # alpha = 0.025 (97.5 %): t_{0.975, 2} = 4.302653 -> lower = -0.621035 < -0.45
+    c = paired_noninferiority(
+        "pass@1", [0.5, 1.0, 0.75], [0.25, 1.0, 1.0], margin=0.45, alpha=0.025
+    )
+    assert c.lower_bound == pytest.approx(-0.621035, abs=2e-6) and not c.passed
+
+
+def test_five_tasks_the_normal_bound_would_promote_the_t_bound_does_not() -> None:
+    # candidate [1, 0, 1, 1, 0] vs champion [0, 0, 1, 1, 1]: d = [1, 0, 0, 0, -1], mean 0,
+    # sd = sqrt(2 / 4) = 0.7071068, se = 0.7071068 / sqrt(5) = 0.3162278.
+    # normal bound: 0 - 1.645 * 0.3162278 = -0.520 > -0.6 (the old gate promoted);
+    # t bound: 0 - t_{0.95, 4} * se = -2.131847 * 0.3162278 = -0.674149 <= -0.6: rejected
+    cand, champ = [1.0, 0.0, 1.0, 1.0, 0.0], [0.0, 0.0, 1.0, 1.0, 1.0]
+    assert 0.0 - 1.645 * math.sqrt(0.5) / math.sqrt(5) > -0.6
+    c = paired_noninferiority("pass@1", cand, champ, margin=0.6, alpha=0.05)
+    assert c.lower_bound == pytest.approx(-0.674149, abs=2e-6) and not c.passed
+    report = run_gate(GateConfig(margins={"pass@1": 0.6}), {"pass@1": (cand, champ)}, None, [])
+    assert not report.promote
+    assert (
+        "lower bound of the paired difference -0.674 <= -margin -0.600 (n=5)" in (report.reasons[0])
+    )
+
+
+def test_paired_noninferiority_rejects_bad_input_clearly() -> None:
+    with pytest.raises(ValueError, match="at least 2 tasks; got 0 candidate and 0 champion"):
+        paired_noninferiority("pass@1", [], [], margin=0.1, alpha=0.05)
+    with pytest.raises(ValueError, match="got 1 candidate and 2 champion"):
+        paired_noninferiority("pass@1", [1.0], [1.0, 0.0], margin=0.1, alpha=0.05)
+    with pytest.raises(ValueError, match="at least 2 tasks; got 1 candidate"):
+        paired_noninferiority("pass@1", [1.0], [0.0], margin=0.1, alpha=0.05)
+    with pytest.raises(ValueError, match="finite"):
+        paired_noninferiority("pass@1", [1.0, math.nan], [0.0, 1.0], margin=0.1, alpha=0.05)
+    with pytest.raises(ValueError, match="0 < alpha < 0.5"):
+        paired_noninferiority("pass@1", [1.0, 0.0], [0.0, 1.0], margin=0.1, alpha=0.5)
+    with pytest.raises(ValueError, match="margin >= 0"):
+        paired_noninferiority("pass@1", [1.0, 0.0], [0.0, 1.0], margin=-0.1, alpha=0.05)
 
 
 def test_candidate_breaching_a_heldout_margin_is_rejected_and_champion_stays(
