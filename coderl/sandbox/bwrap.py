@@ -7,11 +7,13 @@ What one sandbox is (as root, the normal case here and in CI; rootless mode is a
 - ``/testbed``: overlayfs with an idmapped, read-only view of ``base`` below (the snapshot's owner
   appears as the sandbox uid, so the sandbox owns its workspace without ``base`` changing);
   when the filesystem of ``base`` refuses idmapped mounts, a copy of ``base`` in the tmpfs;
-- one ``bwrap`` process: new mount, PID, IPC, UTS, cgroup and (unless ``network=True``) network
-  namespaces; ``/usr`` and the Python prefix read-only; a generated ``/etc``; then ``setpriv``
+- one ``bwrap`` process in its own process group: new mount, PID, IPC, UTS, cgroup and (unless
+  ``network=True``) network namespaces; a new session (``--new-session``: no way back to the
+  caller's terminal) when the caller has a controlling terminal (see "Sessions" below); ``/usr`` and the Python prefix read-only; a generated ``/etc``; then ``setpriv``
   drops to a distinct unprivileged uid/gid (one per live sandbox, taken from ``UID_BASE``
   upwards, locked across processes) with no capabilities, an empty bounding set and
-  no_new_privs, and runs the persistent ``bash`` (``coderl.sandbox.shell``).
+  no_new_privs, and runs the persistent ``bash`` (``coderl.sandbox.shell``) as the PID
+  namespace's init (``--as-pid-1``: it reaps orphans; killing it ends the namespace).
 
 Isolated: the host filesystem (only ``/usr``, the Python prefix, a few ``/etc`` files and the
 given mounts are visible; the host home directory is not), network (an empty network namespace:
@@ -28,6 +30,16 @@ world-readable files under the mounted trees are readable; ``network=True`` give
 network. The host runs the sandbox as root: the mounts are made in the host mount namespace
 under ``/dev/shm/coderl`` and removed by ``close`` (a crashed host process leaves them; the next
 sandbox of a later process removes them).
+
+Sessions. ``--new-session`` (setsid) exists to cut a sandbox off from the caller's controlling
+terminal (bwrap(1): otherwise it could inject input with TIOCSTI). A caller without a
+controlling terminal (a trainer, CI, a service) has none to protect, so there the sandbox stays
+in the caller's session, in a process group of its own: it can reach no terminal (it holds no
+tty descriptor, cannot acquire the session's, and TIOCSTI needs it to be its controlling tty),
+and kill(0) reaches only its own group (other groups' ids are not visible in its PID
+namespace). This matters for speed because a new session also gets a new scheduler autogroup
+(CONFIG_SCHED_AUTOGROUP), whose first wake-up waits behind busy autogroups: measured here on a
+loaded 2-core machine, 25.0 ms against 20.6 ms p50 per create + command + close, same CPU.
 
 Rootless mode (the caller is not root): bwrap runs unprivileged in a new user namespace as the
 caller's own uid, with user-namespace creation disabled inside and every capability dropped;
@@ -57,7 +69,7 @@ from coderl.sandbox.base import DIFF_EXCLUDES, ExecResult, Limits, Sandbox, Sand
 from coderl.sandbox.files import FileOps
 from coderl.sandbox.process import BwrapProcess
 from coderl.sandbox.shell import Shell, init_script, restore_script
-from coderl.sandbox.spawn import spawn
+from coderl.sandbox.spawn import has_controlling_terminal, spawn
 from coderl.sandbox.workspace import overlay_diff, tree_diff
 
 WORKDIR = "/testbed"
@@ -235,7 +247,8 @@ class BwrapSandbox(Sandbox):
         argv = ["bwrap", "--unshare-ipc", "--unshare-pid", "--unshare-uts", "--unshare-cgroup-try"]
         argv += [] if self.network else ["--unshare-net"]
         argv += ["--unshare-user", "--disable-userns"] if self.rootless else []
-        argv += ["--die-with-parent", "--new-session", "--hostname", "sandbox"]
+        argv += ["--as-pid-1", "--die-with-parent", "--hostname", "sandbox"]
+        argv += ["--new-session"] if has_controlling_terminal() else []
         argv += _system_tree() + ["--proc", "/proc", "--dev", "/dev"]
         argv += ["--ro-bind", str(_etc_dir(self.uid, self.network)), "/etc"]
         made: set[str] = set()

@@ -1,13 +1,16 @@
 """Ending a bwrap sandbox for sure: its PID namespace's init, watched through a pidfd.
 
-bwrap reports the host pid of the namespace's init (its inner process) as JSON on ``--info-fd``.
-When that init exits, the kernel kills every other process of the namespace and waits for them
-before the init itself can be reaped (pid_namespaces(7), "the init process"), so "the init has
-exited" means "nothing of the sandbox runs any more". The outer bwrap may exit a moment before
-that, which is why the init is watched through a pidfd rather than by waiting for bwrap.
+bwrap runs with ``--as-pid-1``: the sandbox shell (``setpriv`` exec'ing ``bash``) is the init of
+the sandbox's PID namespace, and bwrap reports its host pid as JSON on ``--info-fd``. When that
+init exits, the kernel SIGKILLs every other process of the namespace, after forbidding new forks
+in it, and waits for them before the init itself can be reaped (pid_namespaces(7), "the init
+process"; kernel/pid_namespace.c ``zap_pid_ns_processes``). So "the init has exited" means
+"nothing of the sandbox runs any more", and the sandbox is ended by SIGKILLing the init through
+its pidfd. The outer bwrap (a host-side monitor in the host namespaces, not part of the sandbox)
+exits a moment later and is reaped too before ``stop`` returns.
 
-The init (bwrap's reaper) exits as soon as its first child, the shell, dies; so the sandbox is
-ended by SIGKILLing the init's children, and the init itself only if that did not work.
+Without bwrap's extra reaper process as init, a sandbox costs one process less; measured here
+with ``perf stat`` (all CPU of the process tree): ~1.1 ms of CPU less per create + command + close.
 """
 
 from __future__ import annotations
@@ -19,8 +22,6 @@ import signal
 import subprocess
 from dataclasses import dataclass, field
 
-CHILD_KILL_WAIT_S = 2.0
-"""Seconds for the namespace to end after its init's children were killed, before the init is."""
 KILL_WAIT_S = 30.0
 """Seconds to wait for a killed namespace to disappear before giving up with an error."""
 
@@ -68,17 +69,6 @@ class BwrapProcess:
         except ProcessLookupError:
             pass
 
-    def _init_children(self) -> list[int]:
-        """Host pids of the namespace init's children (empty once it has exited)."""
-        assert self._pidfd is not None
-        with open(f"/proc/self/fdinfo/{self._pidfd}") as f:
-            pid = int(next(x for x in f if x.startswith("Pid:")).split()[1])
-        try:
-            with open(f"/proc/{pid}/task/{pid}/children") as f:
-                return [int(x) for x in f.read().split()]
-        except (FileNotFoundError, ProcessLookupError):
-            return []
-
     def _alive(self) -> bool:
         if self._pidfd is not None:
             return not select.select([self._pidfd], [], [], 0)[0]
@@ -95,17 +85,11 @@ class BwrapProcess:
         return True
 
     def _kill(self) -> None:
-        """SIGKILL the init's children (the shell first among them): the init then exits and
-        the kernel kills the rest. Killing the init itself works too but costs ~3x the CPU
-        (measured here: ~10 ms against ~3 ms per sandbox), so it is only the fallback."""
+        """SIGKILL the namespace's init (the shell): the kernel then kills the rest. Without a
+        pidfd (bwrap died before reporting the init), kill bwrap and, as root, every process of
+        the sandbox uid."""
         if self._pidfd is not None:
-            for pid in self._init_children():
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-            if not self._wait(CHILD_KILL_WAIT_S):
-                signal.pidfd_send_signal(self._pidfd, signal.SIGKILL)
+            signal.pidfd_send_signal(self._pidfd, signal.SIGKILL)
             return
         self.proc.kill()
         if self.uid_kill:  # kill(-1) as the sandbox uid: every process of that uid, atomically

@@ -8,6 +8,7 @@ thread, which lives as long as the interpreter.
 
 from __future__ import annotations
 
+import os
 import queue
 import subprocess
 import threading
@@ -27,7 +28,21 @@ def _popen(argv: list[str], pass_fds: tuple[int, ...]) -> subprocess.Popen[bytes
         stderr=subprocess.PIPE,
         pass_fds=pass_fds,
         close_fds=True,
+        process_group=0,  # its own process group: kill(0) from inside reaches only itself
     )
+
+
+def has_controlling_terminal() -> bool:
+    """True when this process has a controlling terminal (``/dev/tty`` opens).
+
+    Checked for every sandbox: a process that is not a session leader cannot gain one, but a
+    session leader can.
+    """
+    try:
+        os.close(os.open("/dev/tty", os.O_RDONLY | os.O_NOCTTY | os.O_CLOEXEC))
+    except OSError:  # ENXIO: no controlling terminal (ENOENT: no /dev/tty at all)
+        return False
+    return True
 
 
 def _serve() -> None:
@@ -42,7 +57,8 @@ def _serve() -> None:
 
 
 def spawn(argv: list[str], *, pass_fds: tuple[int, ...] = ()) -> subprocess.Popen[bytes]:
-    """``Popen(argv)`` with stdin/stdout/stderr pipes, forked by the long-lived spawner thread.
+    """``Popen(argv)`` with stdin/stdout/stderr pipes, in a new process group, forked by the
+    long-lived spawner thread.
 
     Raises what Popen raises (FileNotFoundError when ``argv[0]`` is missing, OSError).
     """
