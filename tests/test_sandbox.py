@@ -14,6 +14,7 @@ import subprocess
 import tempfile
 import threading
 import time
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -21,6 +22,7 @@ import pytest
 
 from coderl.sandbox import Limits, Sandbox, SandboxError
 from coderl.sandbox.local import UnisolatedSandboxWarning
+from coderl.sandbox.pool import SandboxPool
 
 pytestmark = pytest.mark.skipif(
     os.geteuid() != 0 or shutil.which("bwrap") is None,
@@ -37,6 +39,30 @@ def repo(tmp_path: Path) -> Path:
     (base / "README.md").write_text("hello\n")
     (base / "data.bin").write_bytes(b"\x00\x01\x02")
     return base
+
+
+@pytest.fixture(scope="module")
+def pool() -> Iterator[SandboxPool]:
+    with SandboxPool(size=8) as p:
+        yield p
+
+
+@pytest.fixture(params=["fresh", "pooled"])
+def create(request: pytest.FixtureRequest, pool: SandboxPool) -> Callable[..., Sandbox]:
+    """``Sandbox.create``, or the same through a warm pool: every attack must fail in both."""
+    if request.param == "fresh":
+        return Sandbox.create
+
+    def pooled(base: Path, **kwargs: object) -> Sandbox:
+        pool.prepare(base, 1, **kwargs)  # type: ignore[arg-type]
+        assert pool.wait_ready(60)
+        hits = pool.stats.hits
+        sb = Sandbox.create(base, pool=pool, **kwargs)  # type: ignore[arg-type]
+        assert pool.stats.hits == hits + 1, pool.stats  # it really was a warm sandbox
+        pool.prepare(base, 0, **kwargs)  # type: ignore[arg-type]
+        return sb
+
+    return pooled
 
 
 def snapshot(root: Path) -> dict[str, bytes]:
@@ -195,7 +221,7 @@ def test_local_backend_must_be_asked_for_and_warns(repo: Path) -> None:
 # --- attacks that must fail ----------------------------------------------------------------
 
 
-def test_no_network_and_no_dns(repo: Path) -> None:
+def test_no_network_and_no_dns(repo: Path, create: Callable[..., Sandbox]) -> None:
     server = socket.socket()
     server.bind(("127.0.0.1", 0))
     server.listen()
@@ -210,22 +236,24 @@ def test_no_network_and_no_dns(repo: Path) -> None:
         "except OSError as e: print('nodns', e)\n"
     )
     try:
-        with Sandbox.create(repo) as sb:
+        with create(repo) as sb:
             sb.write_text("probe.py", probe)
             r = sb.exec("python3 probe.py")
             assert "refused" in r.stdout and "nodns" in r.stdout, r
             assert "connected" not in r.stdout and "resolved" not in r.stdout
-        with Sandbox.create(repo, network=True) as sb:  # the install-step escape hatch works
+        with create(repo, network=True) as sb:  # the install-step escape hatch works
             sb.write_text("probe.py", probe)
             assert "connected" in sb.exec("python3 probe.py").stdout
     finally:
         server.close()
 
 
-def test_writes_outside_testbed_never_reach_the_host(repo: Path, tmp_path: Path) -> None:
+def test_writes_outside_testbed_never_reach_the_host(
+    repo: Path, tmp_path: Path, create: Callable[..., Sandbox]
+) -> None:
     victim = tmp_path / "victim"
     victim.mkdir()
-    with Sandbox.create(repo) as sb:
+    with create(repo) as sb:
         for target in ("/usr/evil", "/etc/evil", "/evil", "/root/evil", f"{victim}/evil"):
             r = sb.exec(f"echo pwned > {target}")
             assert r.exit_code != 0, (target, r)
@@ -239,24 +267,27 @@ def test_writes_outside_testbed_never_reach_the_host(repo: Path, tmp_path: Path)
     assert not Path("/evil").exists() and not (victim / "evil").exists()
 
 
-def test_host_home_and_environment_are_invisible(repo: Path, monkeypatch) -> None:
+def test_host_home_and_environment_are_invisible(
+    repo: Path, monkeypatch, create: Callable[..., Sandbox]
+) -> None:
     home = Path.home()
     secret = home / "coderl-sandbox-test-secret.txt"
     secret.write_text("s3cret")
     monkeypatch.setenv("CODERL_TEST_SECRET", "leaked-value")
     try:
-        with Sandbox.create(repo) as sb:
+        with create(repo) as sb:
             r = sb.exec(f"cat {secret}; ls {home}; env; cat /proc/1/environ")
             assert "s3cret" not in r.stdout and "leaked-value" not in r.stdout + r.stderr
             assert "CODERL_TEST_SECRET" not in r.stdout
             assert sb.exec("echo $HOME").stdout != f"{home}\n"
-            assert sb.exec("ps -e -o pid= | wc -l").stdout.strip() in {"3", "4", "5"}
+            names = sb.exec("ps -e -o comm=").stdout.split()
+            assert sorted(set(names)) == ["bash", "ps"], names  # no host process is visible
     finally:
         secret.unlink()
 
 
-def test_fork_bomb_is_contained(repo: Path) -> None:
-    with Sandbox.create(repo, limits=Limits(processes=64)) as sb:
+def test_fork_bomb_is_contained(repo: Path, create: Callable[..., Sandbox]) -> None:
+    with create(repo, limits=Limits(processes=64)) as sb:
         uid = sb.uid  # type: ignore[attr-defined]
         counts: list[int] = []
         done = threading.Event()
@@ -278,15 +309,17 @@ def test_fork_bomb_is_contained(repo: Path) -> None:
     assert procs_of(uid) == []
 
 
-def test_memory_bomb_is_killed(repo: Path) -> None:
-    with Sandbox.create(repo, limits=Limits(memory_bytes=256 * 1024**2)) as sb:
+def test_memory_bomb_is_killed(repo: Path, create: Callable[..., Sandbox]) -> None:
+    with create(repo, limits=Limits(memory_bytes=256 * 1024**2)) as sb:
         r = sb.exec("python3 -c 'x = [bytearray(2**20) for _ in range(4096)]'", timeout=20)
         assert r.exit_code != 0 and not r.timed_out
         assert "MemoryError" in r.stderr
 
 
-def test_busy_loop_times_out_and_leaves_no_process(repo: Path) -> None:
-    with Sandbox.create(repo) as sb:
+def test_busy_loop_times_out_and_leaves_no_process(
+    repo: Path, create: Callable[..., Sandbox]
+) -> None:
+    with create(repo) as sb:
         sb.exec("cd pkg; export KEPT=yes")
         start = time.monotonic()
         r = sb.exec('python3 -c "while True: pass"', timeout=2)
@@ -298,8 +331,10 @@ def test_busy_loop_times_out_and_leaves_no_process(repo: Path) -> None:
         assert sb.exec("pwd; echo $KEPT").stdout == "/testbed/pkg\nyes\n"
 
 
-def test_delayed_write_after_timeout_never_appears(repo: Path) -> None:
-    with Sandbox.create(repo) as sb:
+def test_delayed_write_after_timeout_never_appears(
+    repo: Path, create: Callable[..., Sandbox]
+) -> None:
+    with create(repo) as sb:
         start = time.monotonic()
         r = sb.exec("sleep 5; touch /testbed/flag", timeout=1)
         assert r.timed_out
@@ -308,9 +343,9 @@ def test_delayed_write_after_timeout_never_appears(repo: Path) -> None:
         assert "flag" not in sb.diff()
 
 
-def test_output_flood_is_truncated(repo: Path) -> None:
+def test_output_flood_is_truncated(repo: Path, create: Callable[..., Sandbox]) -> None:
     limits = Limits(output_bytes=64 * 1024)
-    with Sandbox.create(repo, limits=limits) as sb:
+    with create(repo, limits=limits) as sb:
         r = sb.exec("head -c 100000000 /dev/zero | tr '\\0' x; echo END", timeout=30)
         assert r.exit_code == 0 and r.truncated and not r.timed_out
         assert len(r.stdout) < 64 * 1024 + 100
@@ -320,8 +355,8 @@ def test_output_flood_is_truncated(repo: Path) -> None:
         assert sb.exec("echo next").stdout == "next\n"
 
 
-def test_two_sandboxes_on_one_base_are_isolated(repo: Path) -> None:
-    with Sandbox.create(repo) as a, Sandbox.create(repo) as b:
+def test_two_sandboxes_on_one_base_are_isolated(repo: Path, create: Callable[..., Sandbox]) -> None:
+    with create(repo) as a, create(repo) as b:
         assert a.uid != b.uid  # type: ignore[attr-defined]
         a.write_text("README.md", "from a\n")
         a.exec("echo a > /tmp/a && sleep 60 &")
@@ -332,22 +367,32 @@ def test_two_sandboxes_on_one_base_are_isolated(repo: Path) -> None:
     assert (repo / "README.md").read_text() == "hello\n"
 
 
-def test_eight_parallel_busy_loops_all_come_back_in_time(repo: Path) -> None:
+@pytest.mark.parametrize("pooled", [False, True], ids=["fresh", "pooled"])
+def test_eight_parallel_busy_loops_all_come_back_in_time(
+    repo: Path, pool: SandboxPool, pooled: bool
+) -> None:
+    if pooled:
+        pool.prepare(repo, 8)
+        assert pool.wait_ready(60)
+    hits = pool.stats.hits
+
     def run(_: int) -> tuple[bool, float]:
-        with Sandbox.create(repo) as sb:
+        with Sandbox.create(repo, pool=pool if pooled else None) as sb:
             r = sb.exec("while true; do :; done", timeout=2)
             return r.timed_out, r.duration_s
 
     start = time.monotonic()
-    with ThreadPoolExecutor(8) as pool:
-        results = list(pool.map(run, range(8)))
+    with ThreadPoolExecutor(8) as threads:
+        results = list(threads.map(run, range(8)))
     assert all(timed_out for timed_out, _ in results)
     assert all(duration < 3.5 for _, duration in results), results
     assert time.monotonic() - start < 8  # creating and closing 8 sandboxes included
+    assert pool.stats.hits == hits + (8 if pooled else 0)
+    pool.prepare(repo, 0)
 
 
-def test_close_leaves_no_process_and_no_file(repo: Path) -> None:
-    sb = Sandbox.create(repo)
+def test_close_leaves_no_process_and_no_file(repo: Path, create: Callable[..., Sandbox]) -> None:
+    sb = create(repo)
     sb.exec("sleep 100 & (setsid sleep 100 &) ; echo x > /tmp/x")
     uid, scratch = sb.uid, sb.scratch  # type: ignore[attr-defined]
     assert len(procs_of(uid)) >= 3
@@ -499,9 +544,9 @@ def test_diff_through_directory_rename_and_rewrite(repo: Path) -> None:
         sb.exec("echo \0")
 
 
-def test_cpu_file_size_and_disk_limits(repo: Path) -> None:
+def test_cpu_file_size_and_disk_limits(repo: Path, create: Callable[..., Sandbox]) -> None:
     limits = Limits(cpu_s=1, file_size_bytes=1024**2, disk_bytes=8 * 1024**2)
-    with Sandbox.create(repo, limits=limits) as sb:
+    with create(repo, limits=limits) as sb:
         r = sb.exec('python3 -c "while True: pass"', timeout=20)
         assert not r.timed_out and r.exit_code == 128 + 9  # RLIMIT_CPU hard limit: SIGKILL
         r = sb.exec("head -c 2000000 /dev/zero > big; echo $?; stat -c %s big")
@@ -513,7 +558,9 @@ def test_cpu_file_size_and_disk_limits(repo: Path) -> None:
         assert sb.exec("rm -f f* big && echo ok").stdout == "ok\n"  # and it recovers
 
 
-def test_seccomp_refuses_user_namespaces_and_kernel_extras(repo: Path) -> None:
+def test_seccomp_refuses_user_namespaces_and_kernel_extras(
+    repo: Path, create: Callable[..., Sandbox]
+) -> None:
     probe = (
         "import ctypes, os, threading, subprocess\n"
         "libc = ctypes.CDLL(None, use_errno=True)\n"
@@ -526,7 +573,7 @@ def test_seccomp_refuses_user_namespaces_and_kernel_extras(repo: Path) -> None:
     )
     if os.uname().machine != "x86_64":
         pytest.skip("the probe uses x86_64 syscall numbers")
-    with Sandbox.create(repo) as sb:
+    with create(repo) as sb:
         sb.write_text("/tmp/probe.py", probe)
         out = sb.exec("python3 /tmp/probe.py").stdout
         assert "unshare (-1, 1)" in out and "keyctl (-1, 1)" in out  # EPERM from the filter

@@ -1,7 +1,8 @@
 """Isolated copy-on-write workspaces over real repositories: ``Sandbox.create(base, ...)``.
 
 See ``coderl.sandbox.bwrap`` for what is and is not isolated, ``coderl.sandbox.local`` for the
-unisolated fallback, and ``coderl.sandbox.base`` for the interface.
+unisolated fallback, ``coderl.sandbox.pool`` (``SandboxPool``) for sandboxes started ahead of
+time, and ``coderl.sandbox.base`` for the interface.
 """
 
 from coderl.sandbox.base import DIFF_EXCLUDES, ExecResult, Limits, Sandbox, SandboxError

@@ -10,7 +10,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
-from typing import Protocol, Self
+from typing import TYPE_CHECKING, Protocol, Self
+
+if TYPE_CHECKING:
+    from coderl.sandbox.pool import SandboxPool
 
 DIFF_EXCLUDES: tuple[str, ...] = ("__pycache__", "*.pyc", ".pytest_cache", "*.egg-info")
 """Glob patterns (matched against each path component) that ``Sandbox.diff`` leaves out by
@@ -87,6 +90,7 @@ class Sandbox(Protocol):
         rw_mounts: dict[str, str] | None = None,
         network: bool = False,
         backend: str = "bwrap",
+        pool: SandboxPool | None = None,
     ) -> Sandbox:
         """Start a sandbox whose workspace ``/testbed`` is a copy-on-write view of ``base``.
 
@@ -98,13 +102,27 @@ class Sandbox(Protocol):
         network: True shares the host network (for install steps only); default: none.
         backend: ``"bwrap"`` (isolated) or ``"local"`` (no isolation, warns; see
             ``coderl.sandbox.local``).
-        Raises ValueError (unknown backend, bad mount paths), FileNotFoundError (``base`` or a
-        mount source missing), SandboxError (the sandbox failed to start).
+        pool: hand out a sandbox started ahead of time by this ``SandboxPool`` when one is
+            ready (``coderl.sandbox.pool``; ``bwrap`` backend only), else start one now.
+        Raises ValueError (unknown backend, bad mount paths, a pool with another backend),
+        FileNotFoundError (``base`` or a mount source missing), SandboxError (the sandbox
+        failed to start, the pool is closed).
         """
         from coderl.sandbox.backends import BACKENDS
 
         if backend not in BACKENDS:
             raise ValueError(f"unknown sandbox backend {backend!r}; valid: {sorted(BACKENDS)}")
+        if pool is not None:
+            if backend != "bwrap":
+                raise ValueError(f"a SandboxPool holds bwrap sandboxes only, not {backend!r}")
+            return pool.create(
+                base,
+                limits=limits,
+                env=env,
+                ro_mounts=ro_mounts,
+                rw_mounts=rw_mounts,
+                network=network,
+            )
         return BACKENDS[backend](
             Path(base),
             limits=limits or Limits(),
