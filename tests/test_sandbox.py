@@ -11,6 +11,7 @@ import os
 import shutil
 import socket
 import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -281,7 +282,7 @@ def test_host_home_and_environment_are_invisible(
             assert "CODERL_TEST_SECRET" not in r.stdout
             assert sb.exec("echo $HOME").stdout != f"{home}\n"
             names = sb.exec("ps -e -o comm=").stdout.split()
-            assert sorted(set(names)) == ["bash", "ps"], names  # no host process is visible
+            assert sorted(set(names)) == ["bash", "bwrap", "ps"], names  # bwrap: the init
     finally:
         secret.unlink()
 
@@ -400,6 +401,33 @@ def test_close_leaves_no_process_and_no_file(repo: Path, create: Callable[..., S
     assert procs_of(uid) == []
     assert not scratch.exists()
     assert str(scratch) not in Path("/proc/self/mounts").read_text()
+
+
+DIE_PROBE = """
+import sys
+sys.path.insert(0, {root!r})
+from coderl.sandbox import Sandbox
+sb = Sandbox.create({base!r})
+print(sb.uid, flush=True)
+sb.exec("sleep 60 & sleep 60")  # busy: the shell does not read its input any more
+"""
+
+
+def test_sandbox_dies_with_a_killed_host_process(repo: Path) -> None:
+    root = str(Path(__file__).resolve().parents[1])
+    probe = DIE_PROBE.format(root=root, base=str(repo))
+    child = subprocess.Popen([sys.executable, "-c", probe], stdout=subprocess.PIPE, text=True)
+    assert child.stdout is not None
+    uid = int(child.stdout.readline())
+    deadline = time.monotonic() + 10
+    while len(procs_of(uid)) < 3 and time.monotonic() < deadline:  # bash and two sleeps
+        time.sleep(0.05)
+    assert len(procs_of(uid)) >= 3
+    child.kill()
+    child.wait()
+    while procs_of(uid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert procs_of(uid) == []
 
 
 def test_sandbox_made_in_a_finished_thread_survives(repo: Path) -> None:

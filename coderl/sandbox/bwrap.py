@@ -12,8 +12,8 @@ What one sandbox is (as root, the normal case here and in CI; rootless mode is a
   caller's terminal) when the caller has a controlling terminal (see "Sessions" below); ``/usr`` and the Python prefix read-only; a generated ``/etc``; then ``setpriv``
   drops to a distinct unprivileged uid/gid (one per live sandbox, taken from ``UID_BASE``
   upwards, locked across processes) with no capabilities, an empty bounding set and
-  no_new_privs, and runs the persistent ``bash`` (``coderl.sandbox.shell``) as the PID
-  namespace's init (``--as-pid-1``: it reaps orphans; killing it ends the namespace).
+  no_new_privs, and runs the persistent ``bash`` (``coderl.sandbox.shell``) under bwrap's own
+  init process of the PID namespace (killing that init ends the namespace).
 
 Isolated: the host filesystem (only ``/usr``, the Python prefix, a few ``/etc`` files and the
 given mounts are visible; the host home directory is not), network (an empty network namespace:
@@ -247,7 +247,7 @@ class BwrapSandbox(Sandbox):
         argv = ["bwrap", "--unshare-ipc", "--unshare-pid", "--unshare-uts", "--unshare-cgroup-try"]
         argv += [] if self.network else ["--unshare-net"]
         argv += ["--unshare-user", "--disable-userns"] if self.rootless else []
-        argv += ["--as-pid-1", "--die-with-parent", "--hostname", "sandbox"]
+        argv += ["--die-with-parent", "--hostname", "sandbox"]
         argv += ["--new-session"] if has_controlling_terminal() else []
         argv += _system_tree() + ["--proc", "/proc", "--dev", "/dev"]
         argv += ["--ro-bind", str(_etc_dir(self.uid, self.network)), "/etc"]
