@@ -430,6 +430,45 @@ def test_sandbox_dies_with_a_killed_host_process(repo: Path) -> None:
     assert procs_of(uid) == []
 
 
+TTY_PROBE = """
+import sys
+sys.path.insert(0, {root!r})
+from coderl.sandbox import Sandbox
+from coderl.sandbox.spawn import has_controlling_terminal
+with Sandbox.create({base!r}) as sb:
+    r = sb.exec("(exec 3</dev/tty) 2>/dev/null && echo tty-open || echo no-tty")
+    print(has_controlling_terminal(), r.stdout.strip())
+"""
+
+
+@pytest.mark.skipif(shutil.which("script") is None, reason="needs script(1) for a terminal")
+def test_the_callers_terminal_is_out_of_reach(repo: Path) -> None:
+    """With a controlling terminal the sandbox gets its own session (bwrap --new-session);
+    without one it shares a terminal-less session: either way /dev/tty does not open."""
+    root = str(Path(__file__).resolve().parents[1])
+    probe = Path(tempfile.mkdtemp()) / "probe.py"
+    probe.write_text(TTY_PROBE.format(root=root, base=str(repo)))
+    try:
+        with_tty = subprocess.run(
+            ["script", "-qec", f"{sys.executable} {probe}", "/dev/null"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            start_new_session=True,
+        )
+        without = subprocess.run(
+            [sys.executable, str(probe)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            start_new_session=True,
+        )
+    finally:
+        shutil.rmtree(probe.parent)
+    assert with_tty.stdout.split() == ["True", "no-tty"], with_tty
+    assert without.stdout.split() == ["False", "no-tty"], without
+
+
 def test_sandbox_made_in_a_finished_thread_survives(repo: Path) -> None:
     box: list[Sandbox] = []
     t = threading.Thread(target=lambda: box.append(Sandbox.create(repo)))
