@@ -397,10 +397,23 @@ def test_close_leaves_no_process_and_no_file(repo: Path, create: Callable[..., S
     sb.exec("sleep 100 & (setsid sleep 100 &) ; echo x > /tmp/x")
     uid, scratch = sb.uid, sb.scratch  # type: ignore[attr-defined]
     assert len(procs_of(uid)) >= 3
+    assert str(scratch) not in Path("/proc/self/mounts").read_text()  # its mounts: in its stage
+    assert mounted_anywhere(str(scratch))
     sb.close()
     assert procs_of(uid) == []
     assert not scratch.exists()
-    assert str(scratch) not in Path("/proc/self/mounts").read_text()
+    assert not mounted_anywhere(str(scratch))  # no process sees a mount of it any more
+
+
+def mounted_anywhere(path: str) -> bool:
+    """Whether any process's mount namespace has a mount at or below ``path``."""
+    for entry in os.listdir("/proc"):
+        try:
+            if entry.isdigit() and f" {path}" in Path(f"/proc/{entry}/mountinfo").read_text():
+                return True
+        except OSError:
+            continue
+    return False
 
 
 DIE_PROBE = """

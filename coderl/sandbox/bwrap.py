@@ -1,19 +1,22 @@
 """The isolated sandbox: bubblewrap namespaces over an idmapped overlayfs workspace.
 
 What one sandbox is (as root, the normal case here and in CI; rootless mode is at the end):
-- a private tmpfs of ``Limits.disk_bytes`` under ``/dev/shm/coderl`` holding the overlay's upper
-  and work directories, ``/tmp``, ``/dev/shm`` (POSIX semaphores: multiprocessing) and the home
-  directory;
+- a private tmpfs of ``Limits.disk_bytes`` on a directory under ``/dev/shm/coderl`` holding the
+  overlay's upper and work directories, ``/tmp``, ``/dev/shm`` (POSIX semaphores:
+  multiprocessing) and the home directory; it and every other mount of the sandbox exist only in
+  the sandbox's own *stage*, a private mount namespace that its bwrap is started in
+  (``coderl.sandbox.spawn``), never in the host's;
 - ``/testbed``: overlayfs with an idmapped, read-only view of ``base`` below (the snapshot's owner
   appears as the sandbox uid, so the sandbox owns its workspace without ``base`` changing);
   when the filesystem of ``base`` refuses idmapped mounts, a copy of ``base`` in the tmpfs;
 - one ``bwrap`` process in its own process group: new mount, PID, IPC, UTS, cgroup and (unless
   ``network=True``) network namespaces; a new session (``--new-session``: no way back to the
-  caller's terminal) when the caller has a controlling terminal (see "Sessions" below); ``/usr`` and the Python prefix read-only; a generated ``/etc``; then ``setpriv``
-  drops to a distinct unprivileged uid/gid (one per live sandbox, taken from ``UID_BASE``
-  upwards, locked across processes) with no capabilities, an empty bounding set and
-  no_new_privs, and runs the persistent ``bash`` (``coderl.sandbox.shell``) under bwrap's own
-  init process of the PID namespace (killing that init ends the namespace).
+  caller's terminal) when the caller has a controlling terminal (see "Sessions" below);
+  ``/usr`` and the Python prefix read-only; a generated ``/etc``; then ``setpriv`` drops to a
+  distinct unprivileged uid/gid (one per live sandbox, taken from ``UID_BASE`` upwards, locked
+  across processes) with no capabilities, an empty bounding set and no_new_privs, and runs the
+  persistent ``bash`` (``coderl.sandbox.shell``) under bwrap's own init process of the PID
+  namespace (killing that init ends the namespace).
 
 Isolated: the host filesystem (only ``/usr``, the Python prefix, a few ``/etc`` files and the
 given mounts are visible; the host home directory is not), network (an empty network namespace:
@@ -27,9 +30,11 @@ the surface: no user namespaces, keyrings, eBPF, perf, io_uring or mounts); memo
 process, not per sandbox (cgroup v2 has no memory controller on these machines), so
 ``processes x memory_bytes`` bounds the total; CPU time is not shared fairly between sandboxes;
 world-readable files under the mounted trees are readable; ``network=True`` gives the host's
-network. The host runs the sandbox as root: the mounts are made in the host mount namespace
-under ``/dev/shm/coderl`` and removed by ``close`` (a crashed host process leaves them; the next
-sandbox of a later process removes them).
+network. The host runs the sandbox as root; its mounts live in its stage, which ``close`` (or
+the death of the host process) releases, and the kernel then unmounts them all; ``close``
+returns after every process of the sandbox has exited, the stage was released and its empty
+directory under ``/dev/shm/coderl`` was removed (a crashed host process leaves that directory;
+the next sandbox of a later process removes it).
 
 Sessions. ``--new-session`` (setsid) exists to cut a sandbox off from the caller's controlling
 terminal (bwrap(1): otherwise it could inject input with TIOCSTI). A caller without a
@@ -69,7 +74,7 @@ from coderl.sandbox.base import DIFF_EXCLUDES, ExecResult, Limits, Sandbox, Sand
 from coderl.sandbox.files import FileOps
 from coderl.sandbox.process import BwrapProcess
 from coderl.sandbox.shell import Shell, init_script, restore_script
-from coderl.sandbox.spawn import has_controlling_terminal, spawn
+from coderl.sandbox.spawn import has_controlling_terminal, new_stage, spawn
 from coderl.sandbox.workspace import overlay_diff, tree_diff
 
 WORKDIR = "/testbed"
@@ -176,6 +181,8 @@ class BwrapSandbox(Sandbox):
         self._closed = False
         self._binds: list[tuple[str, str, str]] = []  # (bwrap flag, host source, sandbox dest)
         self._mounted: list[str] = []  # idmapped views made for the mounts, unmounted by close
+        self._stage: int | None = None  # the mount namespace holding the workspace (as root)
+        self._root: int | None = None  # the scratch tmpfs, opened inside the stage
         _clean_stale()
         self.rootless = rootless()
         self._lease = None if self.rootless else _UidLease()
@@ -193,8 +200,8 @@ class BwrapSandbox(Sandbox):
     # --- workspace -------------------------------------------------------------------------
 
     def _build_workspace(self) -> str:
-        """Mount the tmpfs, ``merged`` (the future /testbed) and the rw mounts; returns the mode."""
-        s, uid = str(self.scratch), self.uid  # plain strings: this runs for every sandbox
+        """Make the scratch directory and what goes in it; returns the workspace mode."""
+        s = str(self.scratch)
         self.scratch.mkdir(parents=True, mode=0o700)
         if self.rootless:
             for name in ("tmp", "home", "shm"):
@@ -203,7 +210,15 @@ class BwrapSandbox(Sandbox):
             self._binds += [("--ro-bind", host, dest) for dest, host in self.ro_mounts.items()]
             self._binds += [("--bind", host, dest) for dest, host in self.rw_mounts.items()]
             return "copy"
+        self._stage, mode = new_stage(self._mount_workspace)
+        return mode
+
+    def _mount_workspace(self) -> str:
+        """Inside the sandbox's stage (``coderl.sandbox.spawn``): mount the tmpfs on the scratch
+        directory, ``merged`` (the future /testbed) and the mounts; returns the mode."""
+        s, uid = str(self.scratch), self.uid  # plain strings: this runs for every sandbox
         mounts.mount_tmpfs(s, self.limits.disk_bytes, uid, uid)
+        self._root = os.open(s, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
         for name in ("upper", "work", "lower", "merged", "tmp", "shm", "home", "mnt"):
             os.mkdir(f"{s}/{name}")
         for name in ("upper", "tmp", "shm", "home"):
@@ -277,7 +292,7 @@ class BwrapSandbox(Sandbox):
         filter_fd = seccomp.program_fd() if seccomp.supported() else None
         passed = (ctl_w, info_w) + (() if filter_fd is None else (filter_fd,))
         try:
-            proc = spawn(self._argv(info_w, filter_fd), pass_fds=passed)
+            proc = spawn(self._argv(info_w, filter_fd), pass_fds=passed, stage=self._stage)
         except BaseException:
             os.close(ctl_r)
             os.close(info_r)
@@ -337,9 +352,11 @@ class BwrapSandbox(Sandbox):
         return self.files.list(path)
 
     def diff(self, *, exclude: Sequence[str] = DIFF_EXCLUDES) -> str:
+        # the scratch tmpfs exists only in the stage: reach it through the descriptor
+        view = self.scratch if self._root is None else Path(f"/proc/self/fd/{self._root}")
         if self.workspace_mode == "overlay":
-            return overlay_diff(self.base, self.scratch / "upper", exclude)
-        return tree_diff(self.base, self.scratch / "merged", exclude)
+            return overlay_diff(self.base, view / "upper", exclude)
+        return tree_diff(self.base, view / "merged", exclude)
 
     def close(self) -> None:
         with self._lock:
@@ -348,6 +365,10 @@ class BwrapSandbox(Sandbox):
             self._closed = True
             if self._shell is not None:
                 self._process.stop()
+            for fd in (self._root, self._stage):  # the last references: the kernel unmounts
+                if fd is not None:  # the stage's mounts when the stage goes
+                    os.close(fd)
+            self._root = self._stage = None
             if self.scratch.exists():
                 _remove_scratch(self.scratch, mounted=not self.rootless)
             if self._lease is not None:

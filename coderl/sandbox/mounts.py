@@ -74,6 +74,27 @@ def mount_overlay(lower: str, upper: str, work: str, target: str) -> None:
     mount("overlay", target, "overlay", opts, flags=_MS_NOSUID | _MS_NODEV)
 
 
+CLONE_FS = 0x200
+CLONE_NEWNS = 0x20000
+_MS_REC = 0x4000
+_MS_PRIVATE = 1 << 18
+
+
+def unshare(flags: int) -> None:
+    """unshare(2) for the calling thread. Raises OSError."""
+    _check(_libc.unshare(flags), f"unshare {flags:#x}")
+
+
+def setns(fd: int, nstype: int) -> None:
+    """setns(2): move the calling thread into the namespace ``fd``. Raises OSError."""
+    _check(_libc.setns(fd, nstype), f"setns {nstype:#x}")
+
+
+def make_private(target: str) -> None:
+    """Make every mount at and below ``target`` private (no propagation in or out)."""
+    mount("none", target, "", "", flags=_MS_REC | _MS_PRIVATE)
+
+
 def umount(target: str) -> None:
     """Lazily detach the mount at ``target`` (umount2 MNT_DETACH); missing mounts are ignored."""
     rc = _libc.umount2(target.encode(), _MNT_DETACH)
