@@ -24,6 +24,7 @@ from torch import Tensor, nn
 from coderl import algorithms as A
 from coderl.config import AlgorithmConfig, TrainerConfig
 from coderl.policy.batch import TrainBatch
+from coderl.policy.kvcache import STATIC_MODEL_TYPES, causal_lm
 from coderl.train.batch import StepBatch
 
 
@@ -56,20 +57,14 @@ def forward(
     loss never moves the policy.
     """
     ctx = torch.autocast("cpu", dtype=torch.bfloat16) if bf16 else nullcontext()
-    with ctx:
-        out = model(
-            input_ids=tokens.input_ids,
-            attention_mask=tokens.attention_mask,
-            position_ids=tokens.position_ids,
-            use_cache=False,
-            output_hidden_states=value_head is not None,
-        )
     # only sampled tokens need logprobs and entropies: a [N, V] softmax instead of [B, T, V]
     sampled = tokens.loss_mask[:, 1:] > 0  # (B, T-1) token t+1 is sampled
-    pred = out.logits[:, :-1][sampled].float() / temperature  # (N, V) logits that predicted them
+    with ctx:
+        last, pred = _sampled_logits(model, tokens, sampled, value_head is not None)
+    pred = pred.float() / temperature  # (N, V) logits that predicted the sampled tokens
     logp_all = pred.log_softmax(-1)  # (N, V)
     picked = logp_all.gather(-1, tokens.input_ids[:, 1:][sampled].unsqueeze(-1)).squeeze(-1)
-    logp = out.logits.new_zeros(tokens.input_ids.shape, dtype=torch.float32)  # (B, T)
+    logp = pred.new_zeros(tokens.input_ids.shape, dtype=torch.float32)  # (B, T)
     logp[:, 1:][sampled] = picked
     with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
         h = -(logp_all.exp() * logp_all).sum(-1)  # (N,)
@@ -77,10 +72,36 @@ def forward(
         entropy[:, 1:][sampled] = h
     values = None
     if value_head is not None:
-        h = out.hidden_states[-1][:, :-1].detach().float()  # (B, T-1, H)
+        assert last is not None
+        h = last[:, :-1].detach().float()  # (B, T-1, H)
         v = value_head(h).squeeze(-1)  # (B, T-1)
         values = torch.cat([torch.zeros_like(v[:, :1]), v], dim=1)  # (B, T)
     return ForwardOut(logp=logp, entropy=entropy, values=values)
+
+
+def _sampled_logits(
+    model: nn.Module, tokens: TrainBatch, sampled: Tensor, want_hidden: bool
+) -> tuple[Tensor | None, Tensor]:
+    """(last hidden state ``[B, T, H]`` or None, logits ``[N, V]`` at the positions that predict
+    the ``N`` sampled tokens). For the Llama-layout models of
+    :data:`coderl.policy.kvcache.STATIC_MODEL_TYPES` (logits = ``lm_head(hidden)``, nothing
+    after it) the LM head runs on those N positions only, not on all B*T: prompt and observation
+    tokens, most of an agent's context, cost no ``[T, V]`` logits forward or backward. Other
+    models go through their own forward."""
+    lm = causal_lm(model)
+    args = {
+        "input_ids": tokens.input_ids,
+        "attention_mask": tokens.attention_mask,
+        "position_ids": tokens.position_ids,
+        "use_cache": False,
+    }
+    if lm.config.model_type in STATIC_MODEL_TYPES:
+        hidden = lm.model(**args).last_hidden_state  # (B, T, H), after the final norm
+        # row by row: a row's numbers then do not depend on which rows share its micro-batch
+        rows = [lm.lm_head(hidden[b, :-1][sampled[b]]) for b in range(hidden.shape[0])]
+        return (hidden if want_hidden else None), torch.cat(rows)
+    out = model(**args, output_hidden_states=want_hidden)
+    return (out.hidden_states[-1] if want_hidden else None), out.logits[:, :-1][sampled]
 
 
 def _normalisers(mask: Tensor) -> dict[str, float]:
