@@ -192,6 +192,9 @@ class EvalConfig(_Section):
     """Evaluate on held-out tasks every N steps (0: only before and after training)."""
     before_after: bool = True
     """Evaluate before the first and after the last step."""
+    before_sft: bool = True
+    """With an SFT warm start, also evaluate the model before it (logged with ``phase: base``),
+    so the whole recipe's change is measured, not only RL's."""
     tasks: int | None = Field(None, ge=1)
     """Held-out tasks evaluated (None: the whole split)."""
     samples: int = Field(16, ge=1)

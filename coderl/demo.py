@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import shutil
 from pathlib import Path
+from typing import Any
 
 import torch
 from rich.console import Console
@@ -72,10 +73,21 @@ def set_aside(run_dir: Path) -> Path | None:
     return prev
 
 
+def _change(first: dict[str, Any], last: dict[str, Any]) -> str:
+    """The paired change in per-task pass rate from ``first`` to ``last`` with its 95% CI."""
+    from coderl.eval.passk import paired_difference
+
+    d = paired_difference(
+        [t["correct"] / t["n"] for t in first["per_task"]],
+        [t["correct"] / t["n"] for t in last["per_task"]],
+    )
+    verdict = "excludes zero" if d.lo > 0 or d.hi < 0 else "includes zero"
+    return f"{d.mean:+.3f} [{d.lo:+.3f}, {d.hi:+.3f}] ({verdict})"
+
+
 def run_demo(config: Path, overrides: list[str]) -> int:
     """Train the default recipe, write the report, print before/after held-out pass@1."""
     from coderl.config import load_config
-    from coderl.eval.passk import paired_difference
     from coderl.eval.report import write_report
     from coderl.train.loop import train
     from coderl.train.metrics import read_jsonl
@@ -91,22 +103,18 @@ def run_demo(config: Path, overrides: list[str]) -> int:
     page = write_report(run_dir)
     evals = read_jsonl(run_dir / "eval.jsonl")
     table = Table(title=f"held-out pass@1 ({cfg.tasks.heldout_split} split)")
-    for col in ("step", "pass@1", "95% CI"):
+    for col in ("step", "model", "pass@1", "95% CI"):
         table.add_column(col)
     for e in evals:
         p = e["pass_at"]["1"]
-        table.add_row(str(e["step"]), f"{p['mean']:.3f}", f"[{p['lo']:.3f}, {p['hi']:.3f}]")
+        model = {"base": "before SFT", "sft": "after SFT"}.get(e.get("phase", ""), "policy")
+        table.add_row(str(e["step"]), model, f"{p['mean']:.3f}", f"[{p['lo']:.3f}, {p['hi']:.3f}]")
     console = Console()
     console.print(table)
     if len(evals) >= 2:
-        first, last = evals[0]["per_task"], evals[-1]["per_task"]
-        d = paired_difference(
-            [t["correct"] / t["n"] for t in first], [t["correct"] / t["n"] for t in last]
-        )
-        verdict = "excludes zero" if d.lo > 0 or d.hi < 0 else "includes zero"
-        console.print(
-            f"change in held-out pass@1: {d.mean:+.3f} [{d.lo:+.3f}, {d.hi:+.3f}] ({verdict})"
-        )
+        console.print(f"change in held-out pass@1, whole run: {_change(evals[0], evals[-1])}")
+        if len(evals) >= 3 and evals[1].get("phase") == "sft":
+            console.print(f"change in held-out pass@1, RL only: {_change(evals[1], evals[-1])}")
     console.print(f"report: {page}")
     return 0
 

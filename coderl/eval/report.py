@@ -66,7 +66,7 @@ def _eval_lines(evals: list[dict[str, Any]]) -> dict[str, tuple[list[int], list[
 def _summary_rows(evals: list[dict[str, Any]]) -> str:
     rows = []
     for e in evals:
-        cells = [str(e["step"])]
+        cells = [str(e["step"]) + (f" ({e['phase']})" if e.get("phase") else "")]
         for k, est in sorted(e["pass_at"].items(), key=lambda kv: int(kv[0])):
             cells.append(f"pass@{k} {est['mean']:.3f} [{est['lo']:.3f}, {est['hi']:.3f}]")
         b = e.get("best_of_n")

@@ -97,7 +97,7 @@ class Run:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
-def setup_run(cfg: Config, *, resume: bool = False) -> Run:
+def setup_run(cfg: Config, *, resume: bool = False, load_sft: bool = True) -> Run:
     """Build policy, environment, optimizer and data cursor; restore them from the latest
     checkpoint of ``cfg.run_dir`` when ``resume``.
 
@@ -125,9 +125,8 @@ def setup_run(cfg: Config, *, resume: bool = False) -> Run:
         TaskSampler(env.tasks(cfg.tasks.train_split)[: cfg.tasks.limit], cfg.seed),
         value_head,
     )
-    sft = Path(cfg.run_dir) / "sft" / "trainable.safetensors"
-    if cfg.sft.enabled and sft.is_file() and not resume:
-        load_trainable(policy.model, load_file(str(sft)))  # start RL from the SFT warm start
+    if load_sft and not resume:
+        load_sft_weights(run)  # start RL from the SFT warm start
     if resume:
         ckpt = latest_checkpoint(cfg.run_dir)
         state = load_checkpoint(
@@ -375,6 +374,16 @@ def training_step(run: Run) -> dict[str, float]:
     return metrics
 
 
+def load_sft_weights(run: Run) -> bool:
+    """Load the SFT warm start (``RUN_DIR/sft/trainable.safetensors``) into the policy when SFT
+    is enabled and its weights exist; returns whether it did."""
+    sft = Path(run.cfg.run_dir) / "sft" / "trainable.safetensors"
+    if not (run.cfg.sft.enabled and sft.is_file()):
+        return False
+    load_trainable(run.policy.model, load_file(str(sft)))
+    return True
+
+
 def run_eval(run: Run, split: str | None = None) -> dict[str, Any]:
     """Held-out evaluation with the eval config (same seeds every time: before/after pairs)."""
     from coderl.eval.passk import evaluate
@@ -416,10 +425,15 @@ def train(cfg: Config, *, resume: bool = False) -> Path:
         ensure_new_run(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.yaml").write_text(dump_config(cfg))
-    run = setup_run(cfg, resume=resume)
+    run = setup_run(cfg, resume=resume, load_sft=False)
     logger = MetricsLogger(run_dir, resume_step=run.step, tensorboard=cfg.tensorboard)
-    if run.step == 0 and cfg.eval.before_after:
-        logger.log_eval(0, run_eval(run))
+    if run.step == 0 and not resume:
+        warm = Path(cfg.run_dir) / "sft" / "trainable.safetensors"
+        if cfg.eval.before_after and cfg.eval.before_sft and cfg.sft.enabled and warm.is_file():
+            logger.log_eval(0, {**run_eval(run), "phase": "base"})  # the model before SFT
+        sft = load_sft_weights(run)
+        if cfg.eval.before_after:
+            logger.log_eval(0, {**run_eval(run), "phase": "sft" if sft else "start"})
     with progress_bar(cfg.progress) as bar:
         job = bar.add_task("train", total=cfg.trainer.steps, completed=run.step, status="")
         while run.step < cfg.trainer.steps:
