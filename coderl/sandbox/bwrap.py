@@ -180,7 +180,7 @@ class BwrapSandbox(Sandbox):
         self._shell: Shell | None = None
         self._closed = False
         self._binds: list[tuple[str, str, str]] = []  # (bwrap flag, host source, sandbox dest)
-        self._mounted: list[str] = []  # idmapped views made for the mounts, unmounted by close
+        self._mounted: list[str] = []  # idmapped views made for the mounts (in the stage)
         self._stage: int | None = None  # the mount namespace holding the workspace (as root)
         self._root: int | None = None  # the scratch tmpfs, opened inside the stage
         _clean_stale()
