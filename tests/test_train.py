@@ -242,3 +242,39 @@ def test_with_an_sft_warm_start_the_model_before_it_is_evaluated_too(tmp_path):
     # the all-zero warm start was loaded in between: both evaluations draw with the same seeds,
     # so only the weights can make their outcomes differ (all-zero weights sample uniformly)
     assert evals[0]["per_task"] != evals[1]["per_task"]
+
+
+def test_a_shared_system_prompt_runs_once_and_changes_nothing(monkeypatch):
+    # 4 rows share 30 context tokens (a system prompt): the forward runs them once and broadcasts
+    # their keys/values; logprobs and LoRA gradients equal the plain forward's up to float order.
+    from coderl.train import step
+
+    g = torch.Generator().manual_seed(0)
+    system = torch.randint(3, 100, (30,), generator=g).tolist()
+    segs = []
+    for i in range(4):
+        ids = torch.randint(3, 100, (5 + 3 * i,), generator=g).tolist()
+        seg = Segment()
+        seg.append_context(system + ids[:2])
+        seg.append_sampled(ids[2:], [-1.0] * (len(ids) - 2), 0)
+        segs.append(seg)
+    policy = load_policy("tiny-random", lora=LoraSpec(rank=4))
+    batch = build_batch(segs, [1.0, -1.0, 0.5, 2.0], policy.pad_token_id)
+    # 30 shared tokens, the last of them recomputed per row (it predicts nothing trainable here,
+    # but the rule keeps every trainable token's predictor out of the shared part)
+    assert step._shared_context(batch.tokens) == 29
+    assert step._shared_context(build_batch(segs[:1], [1.0], policy.pad_token_id).tokens) == 0
+    results = []
+    for threshold in (16, 10**9):  # shared, then plain
+        monkeypatch.setattr(step, "MIN_SHARED_CONTEXT", threshold)
+        policy.model.zero_grad()
+        out = step.forward(policy.model, batch.tokens, temperature=0.7)
+        weights = torch.arange(out.logp.numel(), dtype=torch.float32).view_as(out.logp)
+        (out.logp * weights).sum().backward()
+        grads = torch.cat([p.grad.flatten() for p in policy.trainable_parameters()])
+        results.append((out.logp.detach(), grads))
+    (lp_shared, g_shared), (lp_plain, g_plain) = results
+    assert (lp_plain != 0).sum() == batch.loss_mask.sum()
+    torch.testing.assert_close(lp_shared, lp_plain, rtol=1e-5, atol=1e-5)
+    scale = float(g_plain.abs().max())
+    torch.testing.assert_close(g_shared, g_plain, rtol=1e-5, atol=1e-5 * scale)

@@ -96,12 +96,69 @@ def _sampled_logits(
         "use_cache": False,
     }
     if lm.config.model_type in STATIC_MODEL_TYPES:
-        hidden = lm.model(**args).last_hidden_state  # (B, T, H), after the final norm
+        S = 0 if want_hidden else _shared_context(tokens)
+        if S:
+            hidden = _shared_prefix_forward(lm.model, tokens, S)  # (B, T - S, H)
+            sampled = sampled[:, S:]
+        else:
+            hidden = lm.model(**args).last_hidden_state  # (B, T, H), after the final norm
         # row by row: a row's numbers then do not depend on which rows share its micro-batch
         rows = [lm.lm_head(hidden[b, :-1][sampled[b]]) for b in range(hidden.shape[0])]
         return (hidden if want_hidden else None), torch.cat(rows)
     out = model(**args, output_hidden_states=want_hidden)
     return (out.hidden_states[-1] if want_hidden else None), out.logits[:, :-1][sampled]
+
+
+MIN_SHARED_CONTEXT = 16
+"""Rows of a micro-batch whose first tokens agree on at least this many context tokens (an agent's
+system prompt and tool definitions) run them through the model once."""
+
+
+def _shared_context(tokens: TrainBatch) -> int:
+    """Length S of the token prefix that every row of the batch shares, starting at position 0
+    (right padding), such that tokens 0..S are all context (no trainable token is predicted from
+    inside the prefix); 0 when below ``MIN_SHARED_CONTEXT`` or for a single row. Every row keeps
+    at least two tokens of its own."""
+    ids, B = tokens.input_ids, tokens.input_ids.shape[0]
+    if B < 2 or bool((tokens.position_ids[:, 0] != 0).any()):
+        return 0
+    same = (
+        (ids == ids[:1]).all(0)
+        & (tokens.loss_mask == 0).all(0)
+        & (tokens.attention_mask > 0).all(0)
+    )
+    # minus one: token S must be context too, its logits come from position S - 1
+    S = int(same.long().cumprod(0).sum()) - 1
+    S = min(S, int(tokens.attention_mask.sum(-1).min()) - 2)
+    return S if S >= MIN_SHARED_CONTEXT else 0
+
+
+def _shared_prefix_forward(decoder: nn.Module, tokens: TrainBatch, S: int) -> Tensor:
+    """Last hidden states ``[B, T - S, H]`` of positions S.. of every row, with the shared first
+    ``S`` tokens run once (batch 1) and their keys and values broadcast to the B rows. The same
+    function of the weights as the plain forward (gradients flow through the broadcast and sum
+    over rows), at ``(B - 1) * S`` fewer token positions; only float summation order differs."""
+    from transformers import DynamicCache
+
+    B = tokens.input_ids.shape[0]
+    cache = DynamicCache()
+    decoder(
+        input_ids=tokens.input_ids[:1, :S],
+        position_ids=tokens.position_ids[:1, :S],
+        cache=cache,
+        use_cache=True,
+    )
+    for layer in cache.layers:
+        layer.keys = layer.keys.expand(B, -1, -1, -1)
+        layer.values = layer.values.expand(B, -1, -1, -1)
+    out = decoder(
+        input_ids=tokens.input_ids[:, S:],
+        attention_mask=tokens.attention_mask,
+        position_ids=tokens.position_ids[:, S:],
+        cache=cache,
+        use_cache=True,
+    )
+    return out.last_hidden_state
 
 
 def _normalisers(mask: Tensor) -> dict[str, float]:
