@@ -12,6 +12,7 @@ batch).
 
     .venv/bin/python bench/generate.py                       # batches 1 8 32, 128 new tokens
     .venv/bin/python bench/generate.py --batches 8 --new-tokens 32 --model tiny-random
+    .venv/bin/python bench/generate.py --ceiling     # + the fp32 GEMM-bound ceiling at batch 32
 """
 
 from __future__ import annotations
@@ -74,6 +75,44 @@ def time_ours(policy, batch: list[list[int]], new_tokens: int):
     return elapsed, completions
 
 
+def gflops(M: int, K: int, N: int, reps: int = 20) -> float:
+    """Measured fp32 GEMM rate (GFLOPS) of ``[M, K] @ [K, N]`` as ``F.linear`` runs it."""
+    a, w = torch.randn(M, K), torch.randn(N, K)
+    for _ in range(3):
+        torch.nn.functional.linear(a, w)
+    start = time.perf_counter()
+    for _ in range(reps):
+        torch.nn.functional.linear(a, w)
+    return 2 * M * K * N * reps / (time.perf_counter() - start) / 1e9
+
+
+def ceiling(policy, batch: int, prompt_tokens: int, new_tokens: int) -> float:
+    """Upper bound on sampled tokens/s for ``batch`` rows of ``prompt_tokens`` + ``new_tokens``
+    on this machine in fp32: every linear layer of the model (LM head included) at the GEMM rate
+    measured for its shape, zero overhead, attention and everything else free. Prints the rates."""
+    shapes = [
+        (m.in_features, m.out_features)
+        for m in policy.model.modules()
+        if isinstance(m, torch.nn.Linear) and "lora" not in type(m).__module__
+    ]
+    step_s, prefill_s = 0.0, 0.0
+    rates: dict[tuple[int, int], tuple[float, float]] = {}
+    for k, n in shapes:
+        if (k, n) not in rates:
+            rates[(k, n)] = (gflops(batch, k, n), gflops(prompt_tokens, k, n))
+        step_s += 2 * batch * k * n / rates[(k, n)][0] / 1e9
+        if n != policy.model.config.vocab_size:  # prefill needs logits for the last token only
+            prefill_s += batch * 2 * prompt_tokens * k * n / rates[(k, n)][1] / 1e9
+    for (k, n), (r_b, r_p) in rates.items():
+        print(f"  GEMM {k}x{n}: {r_b:6.1f} GFLOPS at M={batch}, {r_p:6.1f} at M={prompt_tokens}")
+    total = prefill_s + new_tokens * step_s
+    print(
+        f"  ceiling at batch {batch}: prefill >= {prefill_s:.1f} s, decode step >= "
+        f"{step_s * 1e3:.0f} ms -> <= {batch * new_tokens / total:.0f} tok/s"
+    )
+    return batch * new_tokens / total
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="smollm2-135m")
@@ -81,6 +120,9 @@ def main() -> None:
     parser.add_argument("--new-tokens", type=int, default=128)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--group", type=int, default=8, help="GRPO group size for the last row")
+    parser.add_argument(
+        "--ceiling", action="store_true", help="also print the fp32 GEMM-bound tok/s ceiling"
+    )
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
@@ -108,6 +150,10 @@ def main() -> None:
             f" {n / hf[1]:8.1f} {n / ours[1]:8.1f} {hf[1] / ours[1]:5.2f}x",
             flush=True,
         )
+    if args.ceiling:
+        P = sum(len(p) for p in all_prompts[:B]) // B
+        print(f"fp32 compute ceiling (batch {B}, {P}-token prompts, {args.new_tokens} new tokens):")
+        ceiling(policy, B, P, args.new_tokens)
     gap = policy.logprob_gap(batch, completions, temperature=1.0)
     print(
         f"sampler/trainer logprob gap over {sum(len(c.token_ids) for c in completions)} tokens: "
