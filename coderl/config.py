@@ -203,6 +203,9 @@ class EvalConfig(_Section):
     """The k values of pass@k."""
     temperature: float = Field(0.8, gt=0)
     """Sampling temperature in evaluation."""
+    batch_episodes: int = Field(64, ge=1)
+    """Episodes rolled out together (one sampling batch: ``batch_episodes // samples`` tasks,
+    at least one); larger batches sample faster and hold more KV cache in memory."""
 
 
 class SFTConfig(_Section):

@@ -392,7 +392,13 @@ def run_eval(run: Run, split: str | None = None) -> dict[str, Any]:
     tasks = run.env.tasks(split or cfg.tasks.heldout_split)[: cfg.eval.tasks]
     params = _sampling(cfg, cfg.seed + EVAL_SEED_OFFSET, cfg.eval.temperature)
     res = evaluate(
-        run.env, run.policy, tasks, samples=cfg.eval.samples, ks=cfg.eval.k, params=params
+        run.env,
+        run.policy,
+        tasks,
+        samples=cfg.eval.samples,
+        ks=cfg.eval.k,
+        params=params,
+        tasks_per_batch=max(1, cfg.eval.batch_episodes // cfg.eval.samples),
     )
     return res.to_dict()
 
