@@ -52,14 +52,21 @@ def test_greedy_rows_equal_alone_and_in_a_shrinking_padded_batch(policy, copies)
     assert batched[0].finish_reason == "stop" and len(batched[0].token_ids) == k + 1
 
 
-def test_static_and_hf_backends_sample_the_same_tokens():
+def _static_and_hf_agree(prompts):
+    """Sample ``prompts`` with both backends (same seed); assert the same tokens and logprobs
+    within 1e-4; return the static policy and its completions."""
     params = SamplingParams(max_new_tokens=10, seed=4)
     static = load_policy("tiny-random", reference=False, engine="static")
     hf = load_policy("tiny-random", reference=False, engine="hf")
-    a, b = static.generate(PROMPTS, params), hf.generate(PROMPTS, params)
+    a, b = static.generate(prompts, params), hf.generate(prompts, params)
     assert [c.token_ids for c in a] == [c.token_ids for c in b]
     for x, y in zip(a, b, strict=True):
         assert max(abs(p - q) for p, q in zip(x.logprobs, y.logprobs, strict=True)) < 1e-4
+    return static, a
+
+
+def test_static_and_hf_backends_sample_the_same_tokens():
+    _static_and_hf_agree(PROMPTS)
 
 
 def test_a_shared_prompt_prefix_is_prefilled_once_and_changes_nothing():
@@ -72,13 +79,7 @@ def test_a_shared_prompt_prefix_is_prefilled_once_and_changes_nothing():
     prompts = [system + [5, 6, 7], system + [8, 9], system + [5, 6, 7], system + [30, 31, 32]]
     assert shared_prefix_len(prompts) == 20 >= MIN_SHARED_PREFIX
     assert shared_prefix_len([[1, 2, 3], [1, 2, 3]]) == 2  # one token of its own is kept
-    params = SamplingParams(max_new_tokens=10, seed=4)
-    static = load_policy("tiny-random", reference=False, engine="static")
-    hf = load_policy("tiny-random", reference=False, engine="hf")
-    a, b = static.generate(prompts, params), hf.generate(prompts, params)
-    assert [c.token_ids for c in a] == [c.token_ids for c in b]
-    for x, y in zip(a, b, strict=True):
-        assert max(abs(p - q) for p, q in zip(x.logprobs, y.logprobs, strict=True)) < 1e-4
+    static, a = _static_and_hf_agree(prompts)
     greedy = SamplingParams(temperature=0.0, max_new_tokens=8)
     together = static.generate(prompts, greedy)
     for p, c in zip(prompts, together, strict=True):

@@ -47,6 +47,7 @@ from coderl.train.checkpoint import (
 from coderl.train.env import Environment, EpisodeRecord, GradeRecord, build_environment
 from coderl.train.metrics import MetricsLogger, progress_bar
 from coderl.train.optim import build_optimizer
+from coderl.train.sft import SFT_WEIGHTS
 from coderl.train.step import forward, train_step
 
 EVAL_SEED_OFFSET = 1_000_003
@@ -377,7 +378,7 @@ def training_step(run: Run) -> dict[str, float]:
 def load_sft_weights(run: Run) -> bool:
     """Load the SFT warm start (``RUN_DIR/sft/trainable.safetensors``) into the policy when SFT
     is enabled and its weights exist; returns whether it did."""
-    sft = Path(run.cfg.run_dir) / "sft" / "trainable.safetensors"
+    sft = Path(run.cfg.run_dir) / SFT_WEIGHTS
     if not (run.cfg.sft.enabled and sft.is_file()):
         return False
     load_trainable(run.policy.model, load_file(str(sft)))
@@ -434,7 +435,7 @@ def train(cfg: Config, *, resume: bool = False) -> Path:
     run = setup_run(cfg, resume=resume, load_sft=False)
     logger = MetricsLogger(run_dir, resume_step=run.step, tensorboard=cfg.tensorboard)
     if run.step == 0 and not resume:
-        warm = Path(cfg.run_dir) / "sft" / "trainable.safetensors"
+        warm = Path(cfg.run_dir) / SFT_WEIGHTS
         if cfg.eval.before_after and cfg.eval.before_sft and cfg.sft.enabled and warm.is_file():
             logger.log_eval(0, {**run_eval(run), "phase": "base"})  # the model before SFT
         sft = load_sft_weights(run)
