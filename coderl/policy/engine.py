@@ -7,8 +7,8 @@ token or exhaust their budget leave the batch, so it shrinks instead of carrying
 to the end. How the model is run is a backend (:mod:`coderl.policy.kvcache`): ``"static"``
 (a preallocated ragged cache for Llama/Qwen2-layout models, unpadded prefill shared across
 identical prompts) or ``"hf"`` (the model's own forward with a ``DynamicCache``, any
-architecture). Measured speed is in README "Policy": on CPU the static backend beats HF
-``generate`` 3-5x on GRPO-shaped batches (shared prefills) but not on distinct prompts.
+architecture). Measured speed is in docs/benchmarks.md: on the idle 2-core CPU the static backend
+is 2.0x HF ``generate`` on GRPO-shaped batches (shared prefills) and 1.35x on 32 distinct prompts.
 
 Each token's logprob is taken from ``log_softmax(logits / temperature)`` at the step that drew
 it, so it is the number the trainer recomputes (see :mod:`coderl.policy.batch`). With ``top_p <
