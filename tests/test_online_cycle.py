@@ -245,6 +245,7 @@ def test_online_suites_are_the_offline_humaneval_split() -> None:
     assert not traffic & gated and len(traffic | gated) == 164
     assert gated == {t.id for t in humaneval_tasks("heldout")} and len(gated) == 64
     assert traffic == {t.id for t in humaneval_tasks("train")}
+    assert {t.task.split for t in humaneval("heldout")} == {"heldout"}  # graded tasks say so
     default_traffic = SimulatedPopulation.__dataclass_fields__["tasks"].default_factory()
     assert {t.task_id for t in default_traffic} == traffic
 

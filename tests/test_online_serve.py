@@ -308,3 +308,41 @@ def test_feedback_endpoint_holds_every_event_to_the_import_limits(served) -> Non
     assert _http(url, json_body={**persisted, "fraction": 1}).status_code == 200  # ints are fine
     after = store.rejected_counts()
     assert sum(after.values()) - sum(before.values()) == 7  # every refusal is counted
+
+
+def test_earlier_tool_calls_are_rendered_back_in_the_served_format(tmp_path: Path) -> None:
+    """An OpenAI client sends the previous turn back as ``tool_calls`` + a tool message; the
+    model sees that turn as it wrote it, in its call format."""
+    store = Store(f"sqlite:///{tmp_path / 'turns.db'}")
+    policy = Scripted("Done.")
+    srv = InteractionServer(policy, store, version=0, call_format="xml", template_tools=False)
+    bg = BackgroundServer(srv.app())
+    args = {"path": "solution.py", "content": "x = 1\n"}
+    try:
+        r = OpenAI(base_url=bg.base_url, api_key="x").chat.completions.create(
+            model="m",
+            tools=TOOLS,
+            messages=[
+                {"role": "user", "content": "write it"},
+                {
+                    "role": "assistant",
+                    "content": None,
+                    "tool_calls": [
+                        {
+                            "id": "call_1",
+                            "type": "function",
+                            "function": {"name": "write_file", "arguments": json.dumps(args)},
+                        }
+                    ],
+                },
+                {"role": "tool", "tool_call_id": "call_1", "content": "Wrote 1 lines."},
+            ],
+        )
+    finally:
+        bg.stop()
+    assert r.choices[0].message.content == "Done." and not r.choices[0].message.tool_calls
+    prompt = policy.tokenizer.decode(policy.prompts[0])
+    assert CALL_FORMATS["xml"].format_call("write_file", args) in prompt
+    assert "Wrote 1 lines." in prompt
+    [row] = store.interactions()
+    assert row["tool_call_status"] == "none"

@@ -64,9 +64,16 @@ class SuiteTask:
 
     @cached_property
     def task(self) -> Task:
-        """This problem as a ``function`` task for :mod:`coderl.tasks.humaneval`'s grader."""
+        """This problem as a ``function`` task for :mod:`coderl.tasks.humaneval`'s grader (a
+        HumanEval problem carries its split; other tasks count as ``train``)."""
+        he = self.task_id.startswith("HumanEval/")
         return function_task(
-            self.task_id, self.prompt, self.test, self.entry_point, self.canonical_solution
+            self.task_id,
+            self.prompt,
+            self.test,
+            self.entry_point,
+            self.canonical_solution,
+            split=split_of(self.task_id) if he else "train",
         )
 
     def messages(self) -> list[dict[str, Any]]:
