@@ -146,14 +146,22 @@ def test_local_grader_kills_what_the_reply_left_running(tmp_path: Path, then: st
 
 
 LONE_SURROGATE = "def add(a, b):\n    return a + b  # \ud800\n"
+NUL = "def add(a, b):\n    return a + b  # \x00\n"
 
 
-@pytest.mark.parametrize("sandbox", ["bwrap", "local"])
-def test_a_lone_surrogate_is_an_ordinary_failure(sandbox: str) -> None:
-    # code that is not valid text cannot be written to a file: the reply fails, nothing raises
+@needs_sandbox
+def test_a_lone_surrogate_or_nul_is_an_ordinary_failure_in_the_sandbox() -> None:
+    # code that is not valid text or source cannot run: the reply fails, nothing raises
+    assert grade_replies([(ADD, LONE_SURROGATE), (ADD, NUL)]) == [False, False]
+
+
+def test_a_lone_surrogate_or_nul_is_an_ordinary_failure_locally() -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UnisolatedSandboxWarning)
-        assert grade_replies([(ADD, LONE_SURROGATE)], sandbox=sandbox) == [False]
+        assert grade_replies([(ADD, LONE_SURROGATE), (ADD, NUL)], sandbox="local") == [
+            False,
+            False,
+        ]
 
 
 def test_the_heldout_evaluator_scores_a_lone_surrogate_reply() -> None:

