@@ -247,6 +247,8 @@ class AlarmRule(_Section):
 
 
 def default_alarm_rules() -> list[AlarmRule]:
+    """The default alarms: the edit rate falling (faster while reward rises: the Cursor post's
+    reward-hacking signature), clarifying questions, broken calls or dissatisfaction rising."""
     return [
         AlarmRule(metric="edit_rate", direction="drop", threshold=0.1, only_if_reward_rises=True),
         AlarmRule(metric="edit_rate", direction="drop", threshold=0.25),
