@@ -35,3 +35,15 @@ def test_paired_difference_excludes_zero_only_for_consistent_gains():
 def test_summarize_refuses_k_below_1():
     with pytest.raises(ValueError):
         summarize([{"task_id": "a", "n": 2, "correct": 1, "best": 1.0}], [0], 2)
+
+
+def test_paired_t_lower_hand_worked():
+    from coderl.stats import paired_t_lower, student_t_quantile
+
+    # d = [0.1, 0.3]: mean 0.2, sd sqrt(0.02) = 0.14142; n = 2 -> 0.2 - q * 0.14142 / 1.41421
+    assert paired_t_lower([0.1, 0.3], 2.0) == pytest.approx(0.2 - 2.0 * 0.1)
+    # all tied: the floor stands in for sd (0.5 / sqrt(4) = 0.25) -> 0 - q * 0.25 / 2
+    assert paired_t_lower([0.0] * 4, 3.0, sd_floor=0.25) == pytest.approx(-0.375)
+    assert student_t_quantile(0.975, 1) == pytest.approx(12.7062, abs=1e-4)  # t table, df = 1
+    with pytest.raises(ValueError, match="at least 2"):
+        paired_t_lower([1.0], 2.0)

@@ -11,9 +11,9 @@ import pytest
 import torch
 
 from coderl.cli import build_parser
-from coderl.config import ConfigError
-from coderl.online.config import load_online_config
+from coderl.config import ConfigError, load_online_config
 from coderl.online.cycle import load_version, open_run, run_cycle
+from coderl.online.monitors import SUSPECTED_HACK_RATE
 from coderl.online.server import BackgroundServer, InteractionServer
 from coderl.online.simulate import EvalResult, HeldoutEvaluator, SimulatedPopulation
 from coderl.online.suites import SuiteTask
@@ -53,12 +53,12 @@ def _cfg(run_dir: Path, *extra: str):
         "configs/online-demo.yaml",
         [
             f"run_dir={run_dir}",
-            "serve.max_new_tokens=6",
-            "eval.max_new_tokens=6",
-            f"reward.windows_s={WINDOWS}",
-            "min_batch=4",
+            "online.serve.max_new_tokens=6",
+            "online.eval.max_new_tokens=6",
+            f"online.reward.windows_s={WINDOWS}",
+            "online.min_batch=4",
             "trainer.steps=1",
-            "simulate.drop_rate=0.25",
+            "online.simulate.drop_rate=0.25",
             *extra,
         ],
     )
@@ -79,13 +79,13 @@ def loop(tmp_path_factory: pytest.TempPathFactory):
     store, registry = open_run(cfg)
     server = InteractionServer(load_version(cfg, registry, 0), store, version=0, max_new_tokens=6)
     bg = BackgroundServer(server.app())
-    sim = SimulatedPopulation(bg.base_url, cfg.simulate, tasks=TASKS)
+    sim = SimulatedPopulation(bg.base_url, cfg.online.simulate, tasks=TASKS)
     stats = sim.run(10)
     bg.stop()
     later = time.time() + 5  # every 1-second join window has closed
     rep = run_cycle(
         cfg,
-        evaluator=HeldoutEvaluator(cfg.eval, tasks=TASKS),
+        evaluator=HeldoutEvaluator(cfg.online.eval, tasks=TASKS),
         clock=lambda: later,
         log=lambda s: None,
     )
@@ -101,10 +101,14 @@ def test_cycle_trains_near_on_policy_and_decides_through_the_gate(loop) -> None:
     assert rep["trainable"] == fin["scored"] == rep["batch"]["size"]
     assert rep["decision"] in ("promoted", "rejected")
     t = rep["train"]
-    assert 0 < t["ess_tokens_frac"] <= 1 and 0 < t["ess_seqs_frac"] <= 1
+    # <= 1 up to float32 rounding (all-equal weights give exactly 1 in exact arithmetic)
+    assert 0 < t["ess_tokens_frac"] <= 1 + 1e-6 and 0 < t["ess_seqs_frac"] <= 1 + 1e-6
     assert {"kl", "clip_frac_high", "iw_max", "train_reward_mean"} <= set(t)
     assert rep["gate"]["comparisons"][0]["n"] == len(TASKS)
-    _, registry = open_run(cfg)
+    store, registry = open_run(cfg)
+    # the cycle saved the running baselines its advantages moved: one count per trained reward
+    seen = sum(store.baseline(f"org-{i}")[1] for i in range(cfg.online.simulate.populations))
+    assert seen == rep["batch"]["size"]
     expected = rep["candidate"] if rep["decision"] == "promoted" else 0
     assert registry.champion() == expected == rep["champion_after"]
     assert registry.lineage(rep["candidate"]) == [rep["candidate"], 0]
@@ -117,7 +121,7 @@ def test_claimed_interactions_are_not_trained_twice(loop) -> None:
     cfg, _, _ = loop
     rep = run_cycle(
         cfg,
-        evaluator=HeldoutEvaluator(cfg.eval, tasks=TASKS),
+        evaluator=HeldoutEvaluator(cfg.online.eval, tasks=TASKS),
         clock=lambda: time.time() + 5,
         log=lambda s: None,
     )
@@ -132,14 +136,15 @@ def test_candidate_worse_on_heldout_is_rejected_and_champion_stays(
     server = InteractionServer(load_version(cfg, registry, 0), store, version=0, max_new_tokens=6)
     bg = BackgroundServer(server.app())
     SimulatedPopulation(
-        bg.base_url, cfg.simulate.model_copy(update={"drop_rate": 0.0}), tasks=TASKS
+        bg.base_url, cfg.online.simulate.model_copy(update={"drop_rate": 0.0}), tasks=TASKS
     ).run(4)
     bg.stop()
 
     def scripted_eval(policy) -> EvalResult:  # the champion (v0) solves all; candidates none
         is_candidate = "versions/" in str(policy.name) and not str(policy.name).endswith("/0")
         score = 0.0 if is_candidate else 1.0
-        return EvalResult({"pass@1": [score] * 10}, {"n": 10.0}, [f"t{i}" for i in range(10)])
+        behaviour = {"n": 10.0, SUSPECTED_HACK_RATE: 0.5 if is_candidate else 0.0}
+        return EvalResult({"pass@1": [score] * 10}, behaviour, [f"t{i}" for i in range(10)])
 
     def crash(*a, **k):
         raise RuntimeError("trainer died")
@@ -147,11 +152,18 @@ def test_candidate_worse_on_heldout_is_rejected_and_champion_stays(
     monkeypatch.setattr("coderl.online.cycle.update", crash)
     with pytest.raises(RuntimeError, match="trainer died"):
         run_cycle(cfg, evaluator=scripted_eval, clock=lambda: time.time() + 5, log=lambda s: None)
+    # a failed update moves no running baseline (the cycle saves them only after training)
+    assert [store.baseline(f"org-{i}") for i in range(2)] == [(0.0, 0), (0.0, 0)]
     monkeypatch.undo()  # the failed cycle released its claim: the same traffic trains now
     rep = run_cycle(cfg, evaluator=scripted_eval, clock=lambda: time.time() + 5, log=lambda s: None)
     assert rep["decision"] == "rejected" and rep["champion_after"] == 0
     assert rep["gate"]["reasons"][0].startswith(
         "held-out pass@1: candidate 0.000 vs champion 1.000"
+    )
+    # the evaluator's suspected-hack rates reach the gate: 0 -> 0.5 is an alarm of its own
+    assert any(
+        a.startswith("alarm: suspected_hack_rate rise 0.000 -> 0.500")
+        for a in rep["gate"]["alarms"]
     )
     assert open_run(cfg)[1].champion() == 0
 
@@ -207,17 +219,51 @@ def test_effective_sample_size_hand_worked() -> None:
 
 def test_group_normalised_advantage_config_is_rejected_with_explanation() -> None:
     with pytest.raises(ConfigError, match="one sample per context"):
-        load_online_config("configs/online-demo.yaml", ["advantage=grpo"])
+        load_online_config("configs/online-demo.yaml", ["online.advantage=grpo"])
     with pytest.raises(ConfigError, match="algorithm.advantage is not used online"):
         load_online_config("configs/online-demo.yaml", ["algorithm.advantage=rloo"])
-    with pytest.raises(ConfigError, match="nope: unknown key"):
-        load_online_config("configs/online-demo.yaml", ["nope=1"])
+    with pytest.raises(ConfigError, match="unknown key 'online.nope'"):
+        load_online_config("configs/online-demo.yaml", ["online.nope=1"])
 
 
 def test_demo_preset_and_cli_instantiate() -> None:
     cfg = load_online_config("configs/online-demo.yaml")
-    assert cfg.simulate.enabled and cfg.serve.temperature > 0
+    assert cfg.online.simulate.enabled and cfg.online.serve.temperature > 0
     args = build_parser().parse_args(["online", "cycle", "configs/online-demo.yaml", "cycles=1"])
     assert args.overrides == ["cycles=1"]
     args = build_parser().parse_args(["serve", "configs/online-demo.yaml"])
     assert args.func.__module__ == "coderl.online.cli_serve"
+
+
+def test_online_suites_are_the_offline_humaneval_split() -> None:
+    from coderl.config import OnlineEvalConfig
+    from coderl.online.suites import humaneval
+    from coderl.tasks.humaneval import humaneval_tasks
+
+    traffic = {t.task_id for t in humaneval("train")}
+    gated = {t.task_id for t in HeldoutEvaluator(OnlineEvalConfig()).tasks}
+    assert not traffic & gated and len(traffic | gated) == 164
+    assert gated == {t.id for t in humaneval_tasks("heldout")} and len(gated) == 64
+    assert traffic == {t.id for t in humaneval_tasks("train")}
+    assert {t.task.split for t in humaneval("heldout")} == {"heldout"}  # graded tasks say so
+    default_traffic = SimulatedPopulation.__dataclass_fields__["tasks"].default_factory()
+    assert {t.task_id for t in default_traffic} == traffic
+
+
+def test_online_sections_live_in_the_one_config_tree(tmp_path: Path) -> None:
+    from coderl.online.calls import harness_format
+    from coderl.online.cli_serve import build_server
+
+    cfg = load_online_config("configs/online-demo.yaml")
+    assert harness_format(cfg) == ("xml", False)  # the run's harness format (the demo's)
+    server = build_server(cfg, *open_run(cfg.model_copy(update={"run_dir": str(tmp_path)})), 0)
+    assert (server.call_format, server.template_tools) == ("xml", False)  # what `serve` runs
+    assert harness_format(load_online_config(None)) == ("hermes", True)  # harness defaults
+    over = load_online_config("configs/online-demo.yaml", ["online.serve.call_format=hermes"])
+    assert harness_format(over)[0] == "hermes"
+    with pytest.raises(ConfigError, match=r"online.serve.call_format: unknown tool-call format"):
+        load_online_config(None, ["online.serve.call_format=json"])
+    with pytest.raises(ConfigError, match=r"^online: min_batch=9 > max_batch=4$"):
+        load_online_config(None, ["online.min_batch=9", "online.max_batch=4"])
+    with pytest.raises(ConfigError, match=r"online.gate.alpha: Input should be less than 0.5"):
+        load_online_config(None, ["online.gate.alpha=0.7"])

@@ -10,23 +10,22 @@ from pathlib import Path
 
 import pytest
 
+from coderl.config import GateConfig
 from coderl.online.events import parse_event
-from coderl.online.gate import (
-    GateConfig,
+from coderl.online.gate import paired_noninferiority, run_gate
+from coderl.online.monitors import AlarmRule, check_alarms, monitor_snapshot
+from coderl.online.registry import Registry
+from coderl.online.rewards import RewardSpec, finalize
+from coderl.online.store import Store, interaction_row
+from coderl.stats import (
     newcombe_paired_lower,
     paired_binary_lower,
-    paired_noninferiority,
-    run_gate,
     score_resolution,
     student_t_cdf,
     student_t_quantile,
     tango_paired_lower,
     wilson_interval,
 )
-from coderl.online.monitors import AlarmRule, check_alarms, monitor_snapshot
-from coderl.online.registry import Registry
-from coderl.online.rewards import RewardSpec, finalize
-from coderl.online.store import Store, interaction_row
 
 T0 = 1_000_000.0
 
@@ -390,34 +389,86 @@ def test_crash_mid_promotion_leaves_exactly_one_champion(
 def test_live_alarm_on_the_champion_blocks_the_next_promotion(tmp_path: Path) -> None:
     """The cycle's monitor path: the champion (v1) edits far less than its predecessor (v0)
     while its reward rose -> an alarm, which the gate turns into a rejection."""
-    from coderl.online.config import load_online_config
+    from coderl.config import load_online_config
     from coderl.online.cycle import open_run, production_alarms
 
     cfg = load_online_config(
         "configs/online-demo.yaml",
         [
             f"run_dir={tmp_path}",
-            "monitors.min_samples=20",
-            "monitors.window_s=1e7",
-            "reward.deferral=-0.6",
-            "reward.accept=0.5",
-            "reward.persist=0",
-            "reward.follow_up=0",
-            "reward.latency=0.1",
-            "reward.broken_tool_call=-1",
+            "online.monitors.min_samples=20",
+            "online.monitors.window_s=1e7",
+            "online.reward.deferral=-0.6",
+            "online.reward.accept=0.5",
+            "online.reward.persist=0",
+            "online.reward.follow_up=0",
+            "online.reward.latency=0.1",
+            "online.reward.broken_tool_call=-1",
         ],
     )
     store, registry = open_run(cfg)
     registry.promote(registry.new_version(parent=0), {"promote": True})
     _traffic(store, 0, 40, edit_every=1, accept=False)
     _traffic(store, 1, 40, edit_every=4, accept=True)
-    finalize(store, cfg.reward, now=T0 + 10_000)
+    finalize(store, cfg.online.reward, now=T0 + 10_000)
     alarms, snap = production_alarms(cfg, store, registry, T0 + 10_000)
     assert snap["by_version"][1]["*"]["edit_rate"] == 0.25
     reasons = {a.reason().split(" [")[0] for a in alarms}
     assert "alarm: edit_rate drop 1.000 -> 0.250 (threshold 0.1) while reward rose" in reasons
     # 5 tied tasks: held-out bound -2.70554 / 7.70554 = -0.351 > -0.4; the alarm alone blocks
-    gate = cfg.gate.model_copy(update={"margins": {"pass@1": 0.4}})
+    gate = cfg.online.gate.model_copy(update={"margins": {"pass@1": 0.4}})
     report = run_gate(gate, {"pass@1": ([1.0] * 5, [1.0] * 5)}, None, alarms)
     assert not report.promote and report.comparisons[0].passed
     assert report.reasons == report.alarms
+
+
+def test_a_rise_in_the_suspected_hack_rate_blocks_promotion() -> None:
+    ok = {"pass@1": ([1.0] * 60, [1.0] * 60)}  # held-out ties: non-inferior at 0.05 on 60 tasks
+    cfg = GateConfig(hack_rate_margin=0.05)
+    assert run_gate(cfg, ok, None, []).promote
+    assert run_gate(cfg, ok, None, [], hack_rates=(0.10, 0.14)).promote  # within the margin
+    assert run_gate(cfg, ok, None, [], hack_rates=(0.30, 0.0)).promote  # a drop is welcome
+    report = run_gate(cfg, ok, None, [], hack_rates=(0.10, 0.20))
+    assert not report.promote and report.comparisons[0].passed
+    assert (
+        report.alarms
+        == report.reasons
+        == ["alarm: suspected_hack_rate rise 0.100 -> 0.200 (threshold 0.05) [population heldout]"]
+    )
+    # the default margin is 0: any rise blocks
+    assert not run_gate(GateConfig(), ok, None, [], hack_rates=(0.0, 0.01)).promote
+    with pytest.raises(ValueError, match="hack rates must be in"):
+        run_gate(cfg, ok, None, [], hack_rates=(0.0, math.nan))
+
+
+def test_the_evaluator_reports_the_hack_rate_its_detector_gives() -> None:
+    from coderl.config import OnlineEvalConfig
+    from coderl.online.monitors import SUSPECTED_HACK_RATE
+    from coderl.online.simulate import HeldoutEvaluator
+    from coderl.online.suites import SuiteTask
+    from coderl.policy import load_policy
+    from coderl.policy.base import Completion
+
+    tasks = [
+        SuiteTask(f"t/{i}", "def f():\n", "def check(f):\n    pass\n", "f", "") for i in (1, 2)
+    ]
+
+    class Replies:
+        tokenizer = load_policy("tiny-random", reference=False).tokenizer
+
+        def generate(self, prompts, params):
+            texts = ["I read the hidden tests.", "I wrote the function."]
+            ids = [self.tokenizer.encode(t, add_special_tokens=False) for t in texts]
+            return [Completion(i, [-0.1] * len(i), "stop", 0) for i in ids]
+
+    seen = []
+
+    def detector(reply):
+        seen.append(reply["task_id"])
+        return "hidden tests" in reply["text"]
+
+    res = HeldoutEvaluator(OnlineEvalConfig(), tasks, hack_detector=detector)(Replies())
+    assert res.behaviour[SUSPECTED_HACK_RATE] == 0.5 and seen == ["t/1", "t/2"]
+    assert (
+        SUSPECTED_HACK_RATE not in HeldoutEvaluator(OnlineEvalConfig(), tasks)(Replies()).behaviour
+    )

@@ -175,18 +175,21 @@ def test_group_normalised_advantages_are_rejected_with_explanation(name: str) ->
         check_baseline("value-head")
 
 
-def test_batch_norm_baseline_hand_worked(store: Store) -> None:
+def test_batch_norm_baseline_hand_worked() -> None:
     # rewards [1, -1, 1, -1]: mean 0, population std 1 -> advantages equal the rewards
-    a = advantages("batch-norm", torch.tensor([1.0, -1.0, 1.0, -1.0]), ["x"] * 4, store)
+    a, state = advantages("batch-norm", torch.tensor([1.0, -1.0, 1.0, -1.0]), ["x"] * 4, {})
     assert torch.allclose(a, torch.tensor([1.0, -1.0, 1.0, -1.0]), atol=1e-5)
+    assert state == {}
 
 
-def test_running_segment_baseline_hand_worked(store: Store) -> None:
+def test_running_segment_baseline_hand_worked() -> None:
     # first batch: unseen segments -> advantage 0; state a: 1.0 then 0.5*1 + 0.5*0 = 0.5
-    a1 = advantages(
-        "running-segment", torch.tensor([1.0, 0.0, 2.0]), ["a", "a", "b"], store, alpha=0.5
+    before: dict[str, tuple[float, int]] = {}
+    a1, s1 = advantages(
+        "running-segment", torch.tensor([1.0, 0.0, 2.0]), ["a", "a", "b"], before, alpha=0.5
     )
     assert a1.tolist() == [0.0, 0.0, 0.0]
-    assert store.baseline("a") == (0.5, 2) and store.baseline("b") == (2.0, 1)
-    a2 = advantages("running-segment", torch.tensor([1.0, 1.0]), ["a", "b"], store, alpha=0.5)
+    assert s1 == {"a": (0.5, 2), "b": (2.0, 1)} and before == {}  # pure: input not modified
+    a2, s2 = advantages("running-segment", torch.tensor([1.0, 1.0]), ["a", "b"], s1, alpha=0.5)
     assert a2.tolist() == [0.5, -1.0]  # 1 - 0.5, 1 - 2
+    assert s2 == {"a": (0.75, 3), "b": (1.5, 2)}

@@ -8,6 +8,8 @@ from __future__ import annotations
 import os
 import shutil
 import socket
+import time
+import warnings
 from pathlib import Path
 
 import pytest
@@ -109,3 +111,84 @@ def test_a_broken_grader_raises_instead_of_scoring(monkeypatch: pytest.MonkeyPat
         grade_replies([(ADD, BODY)])
     with pytest.raises(ValueError, match=r"unknown grading sandbox 'docker'; valid: \['bwrap'"):
         grade_replies([(ADD, BODY)], sandbox="docker")
+
+
+def _dead(pid: int) -> bool:
+    """The process is gone, or a zombie waiting for a parent that is not this test."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except FileNotFoundError:
+        return True
+
+
+def _spawner(pidfile: Path, then: str) -> str:
+    """Reply code that starts a background ``sleep`` (pid written to ``pidfile``), then ``then``."""
+    return (
+        "import subprocess, sys\n"
+        "p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)'])\n"
+        f"open({str(pidfile)!r}, 'w').write(str(p.pid))\n" + then + BODY
+    )
+
+
+@pytest.mark.parametrize("then", ["import time\ntime.sleep(120)\n", ""], ids=["hangs", "passes"])
+def test_local_grader_kills_what_the_reply_left_running(tmp_path: Path, then: str) -> None:
+    pidfile = tmp_path / "pid"
+    with pytest.warns(UnisolatedSandboxWarning):
+        [ok] = grade_replies([(ADD, _spawner(pidfile, then))], sandbox="local", timeout_s=3.0)
+    assert ok == (then == "")  # a hang times out; the other passes (and returns at once)
+    pid = int(pidfile.read_text())
+    for _ in range(50):  # SIGKILL is delivered asynchronously: allow it a moment
+        if _dead(pid):
+            break
+        time.sleep(0.1)
+    assert _dead(pid), "the reply's background process outlived its grade"
+
+
+LONE_SURROGATE = "def add(a, b):\n    return a + b  # \ud800\n"
+NUL = "def add(a, b):\n    return a + b  # \x00\n"
+
+
+@needs_sandbox
+def test_a_lone_surrogate_or_nul_is_an_ordinary_failure_in_the_sandbox() -> None:
+    # code that is not valid text or source cannot run: the reply fails, nothing raises
+    assert grade_replies([(ADD, LONE_SURROGATE), (ADD, NUL)]) == [False, False]
+
+
+def test_a_lone_surrogate_or_nul_is_an_ordinary_failure_locally() -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UnisolatedSandboxWarning)
+        assert grade_replies([(ADD, LONE_SURROGATE), (ADD, NUL)], sandbox="local") == [
+            False,
+            False,
+        ]
+
+
+def test_the_heldout_evaluator_scores_a_lone_surrogate_reply() -> None:
+    """A hermes call whose JSON escapes a lone surrogate is a valid call with malformed content:
+    the evaluator (and so the gate) scores it 0 instead of raising."""
+    import json
+
+    from coderl.agent.parsing import CALL_FORMATS
+    from coderl.config import OnlineEvalConfig
+    from coderl.online.simulate import HeldoutEvaluator
+    from coderl.policy import load_policy
+    from coderl.policy.base import Completion
+
+    call = CALL_FORMATS["hermes"].format_call(
+        "write_file", {"path": "solution.py", "content": LONE_SURROGATE}
+    )
+    assert "\\ud800" in call and json.loads(call.split("\n")[1])  # ASCII text, as sampled
+
+    class Scripted:
+        tokenizer = load_policy("tiny-random", reference=False).tokenizer
+
+        def generate(self, prompts, params):
+            ids = self.tokenizer.encode(call, add_special_tokens=False)
+            return [Completion(ids, [-0.5] * len(ids), "stop", 0) for _ in prompts]
+
+    add2 = SuiteTask("t/add2", ADD.prompt, ADD.test, ADD.entry_point, ADD.canonical_solution)
+    ev = HeldoutEvaluator(OnlineEvalConfig(), [ADD, add2], call_format="hermes")
+    res = ev(Scripted())
+    assert res.scores["pass@1"] == [0.0, 0.0]  # the second task offered write_file: an edit
+    assert res.behaviour["edit_rate"] == 0.5 and res.behaviour["broken_call_rate"] == 0.5

@@ -5,13 +5,18 @@ from __future__ import annotations
 import json
 import urllib.error
 import urllib.request
+import uuid
 from pathlib import Path
 
 import pytest
 import torch
 from openai import OpenAI
 
-from coderl.online.server import BackgroundServer, InteractionServer, parse_tool_calls
+from coderl.agent.parsing import CALL_FORMATS
+from coderl.agent.tools import TOOLS as HARNESS_TOOLS
+from coderl.online.calls import parse_reply, served_tools
+from coderl.online.events import MAX_EVENT_BYTES, MAX_REQUEST_BYTES
+from coderl.online.server import BackgroundServer, InteractionServer
 from coderl.online.store import Store
 from coderl.policy import load_policy
 
@@ -22,6 +27,10 @@ class _Resp:
 
     def json(self):
         return json.loads(self._body)
+
+    @property
+    def text(self) -> str:
+        return self._body.decode()
 
 
 def _http(url: str, *, json_body=None, content: bytes | None = None, method: str = "POST"):
@@ -40,20 +49,7 @@ def _http(url: str, *, json_body=None, content: bytes | None = None, method: str
         return _Resp(e.code, e.read())
 
 
-TOOLS = [
-    {
-        "type": "function",
-        "function": {
-            "name": "write_file",
-            "description": "write a file",
-            "parameters": {
-                "type": "object",
-                "properties": {"path": {"type": "string"}, "content": {"type": "string"}},
-                "required": ["path", "content"],
-            },
-        },
-    }
-]
+TOOLS = [HARNESS_TOOLS["write_file"].schema]  # the harness's schema, as a client gets it
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -165,9 +161,10 @@ def test_bad_requests_get_clear_errors(served) -> None:
 
 
 def test_tool_call_parsing_valid_and_invalid() -> None:
+    tools = served_tools(TOOLS)
     call = {"name": "write_file", "arguments": {"path": "a.py", "content": "x"}}
-    content, calls, status = parse_tool_calls(
-        f"ok <tool_call>{json.dumps(call)}</tool_call>", TOOLS
+    content, calls, status = parse_reply(
+        f"ok <tool_call>{json.dumps(call)}</tool_call>", tools, "hermes"
     )
     assert status == "valid" and content == "ok"
     assert json.loads(calls[0]["function"]["arguments"]) == call["arguments"]
@@ -176,33 +173,176 @@ def test_tool_call_parsing_valid_and_invalid() -> None:
         '<tool_call>{"name": "write_file"',
         '<tool_call>{"name": "rm", "arguments": {}}</tool_call>',
         '<tool_call>{"name": "write_file", "arguments": {"path": "a"}}</tool_call>',
+        # stricter than a schema check: the harness refuses unknown and wrongly typed arguments
+        '<tool_call>{"name": "write_file", "arguments": {"path": "a", "content": "x", "mode": 1}}'
+        "</tool_call>",
+        '<tool_call>{"name": "write_file", "arguments": {"path": "a", "content": 3}}</tool_call>',
     ):
-        content, calls, status = parse_tool_calls(text, TOOLS)
+        content, calls, status = parse_reply(text, tools, "hermes")
         assert (status, calls, content) == ("invalid", [], text)
 
 
-def test_invalid_tool_call_is_served_as_text_and_stored_invalid(tmp_path: Path) -> None:
-    class Broken:  # a scripted policy that writes a broken call
-        tokenizer = load_policy("tiny-random", reference=False).tokenizer
+class Scripted:
+    """A policy that always writes ``text`` (a model trained to write it)."""
 
-        def generate(self, prompts, params):
-            from coderl.policy.base import Completion
+    tokenizer = load_policy("tiny-random", reference=False).tokenizer
 
-            ids = self.tokenizer.encode(
-                '<tool_call>{"name": "write_file"', add_special_tokens=False
-            )
-            return [Completion(ids, [-0.5] * len(ids), "stop", 0)]
+    def __init__(self, text: str) -> None:
+        self.text, self.prompts = text, []
 
-    store = Store(f"sqlite:///{tmp_path / 'b.db'}")
-    srv = InteractionServer(Broken(), store, version=0)
+    def generate(self, prompts, params):
+        from coderl.policy.base import Completion
+
+        self.prompts += prompts
+        ids = self.tokenizer.encode(self.text, add_special_tokens=False)
+        ids.append(self.tokenizer.convert_tokens_to_ids("<|im_end|>"))  # the turn's end
+        return [Completion(ids, [-0.5] * len(ids), "stop", 0)]
+
+
+def _serve_once(tmp_path: Path, text: str, call_format: str, tools=TOOLS, **kw):
+    store = Store(f"sqlite:///{tmp_path / f'{uuid.uuid4().hex}.db'}")
+    policy = Scripted(text)
+    srv = InteractionServer(policy, store, version=0, call_format=call_format, **kw)
     bg = BackgroundServer(srv.app())
     try:
         r = OpenAI(base_url=bg.base_url, api_key="x").chat.completions.create(
-            model="m", messages=[{"role": "user", "content": "go"}], tools=TOOLS
+            model="m",
+            messages=[
+                {"role": "system", "content": "Be brief."},
+                {"role": "user", "content": "go"},
+            ],
+            tools=tools,
         )
     finally:
         bg.stop()
-    assert r.choices[0].message.tool_calls is None
-    assert r.choices[0].message.content.startswith("<tool_call>")
     [row] = store.interactions()
+    return r, row, policy
+
+
+XML_CALL = CALL_FORMATS["xml"].format_call(
+    "write_file", {"path": "solution.py", "content": 'def f(x):\n    return "{x}"\n'}
+)
+
+
+def test_a_model_trained_in_xml_is_served_in_xml_and_its_call_is_valid(tmp_path: Path) -> None:
+    r, row, policy = _serve_once(tmp_path, XML_CALL, "xml", template_tools=False)
+    [call] = r.choices[0].message.tool_calls
+    assert call.function.name == "write_file"
+    assert json.loads(call.function.arguments) == {
+        "path": "solution.py",
+        "content": 'def f(x):\n    return "{x}"\n',
+    }
+    assert r.choices[0].finish_reason == "tool_calls"
+    assert (row["tool_call_status"], row["action"]) == ("valid", "edit")
+    # the model was shown the tools as in training: the xml format's section in the system prompt
+    prompt = policy.tokenizer.decode(policy.prompts[0])
+    assert "Be brief." in prompt and "<function=<tool name>>" in prompt and "write_file" in prompt
+    # served in another format than the model writes, the same reply is a broken call
+    _, row, _ = _serve_once(tmp_path, XML_CALL, "hermes")
+    assert row["tool_call_status"] == "invalid"
+
+
+def test_hermes_calls_are_valid_in_the_hermes_format(tmp_path: Path) -> None:
+    text = CALL_FORMATS["hermes"].format_call("write_file", {"path": "a.py", "content": "x = 1"})
+    r, row, _ = _serve_once(tmp_path, "Here it is.\n" + text, "hermes")
+    assert r.choices[0].message.content == "Here it is."
+    assert json.loads(r.choices[0].message.tool_calls[0].function.arguments)["content"] == "x = 1"
+    assert row["tool_call_status"] == "valid"
+
+
+def test_a_call_the_harness_would_not_run_is_recorded_broken(tmp_path: Path) -> None:
+    bad = CALL_FORMATS["xml"].format_call("write_file", {"path": "a.py"})  # no content
+    r, row, _ = _serve_once(tmp_path, bad, "xml", template_tools=False)
+    assert r.choices[0].message.tool_calls is None and r.choices[0].message.content == bad
     assert (row["tool_call_status"], row["action"]) == ("invalid", "none")
+    # a call of a tool the request did not offer is broken too
+    _, row, _ = _serve_once(tmp_path, XML_CALL, "xml", tools=[HARNESS_TOOLS["submit"].schema])
+    assert row["tool_call_status"] == "invalid"
+
+
+def test_tools_must_be_the_harness_tools(served) -> None:
+    _, _, bg = served
+    url = bg.base_url + "/chat/completions"
+    msgs = [{"role": "user", "content": "x"}]
+    other = {"type": "function", "function": {"name": "rm_rf", "parameters": {}}}
+    r = _http(url, json_body={"model": "tiny", "messages": msgs, "tools": [other]})
+    assert r.status_code == 400 and "unknown tool 'rm_rf'" in r.json()["error"]["message"]
+    changed = json.loads(json.dumps(TOOLS[0]))
+    changed["function"]["parameters"]["required"] = ["path"]
+    r = _http(url, json_body={"model": "tiny", "messages": msgs, "tools": [changed]})
+    assert (
+        r.status_code == 400 and "differ from the harness's schema" in r.json()["error"]["message"]
+    )
+    listed = _http(bg.base_url + "/tools", method="GET").json()
+    assert {t["function"]["name"] for t in listed["data"]} == set(HARNESS_TOOLS)
+
+
+def test_feedback_endpoint_holds_every_event_to_the_import_limits(served) -> None:
+    store, _, bg = served
+    url = bg.base_url + "/feedback"
+    before = store.rejected_counts()
+    # deeply nested JSON: a clear 400, not a server error
+    r = _http(url, content=b"[" * 100_000 + b"]" * 100_000)
+    assert r.status_code == 400 and r.json()["rejected"][0].startswith("too_deep: nested deeper")
+    ev = {"event_id": "lim-1", "interaction_id": "chatcmpl-x", "type": "tool_error"}
+    r = _http(url, json_body={"events": [{**ev, "message": [[[[[[[[["x"]]]]]]]]]}]})
+    assert r.status_code == 400 and r.json()["rejected"][0].startswith("too_deep")
+    # the per-event size limit of imports applies to posted events too
+    r = _http(url, json_body=[{**ev, "message": "x" * (MAX_EVENT_BYTES + 1)}])
+    assert r.status_code == 400 and r.json()["rejected"][0].startswith("too_large")
+    r = _http(url, content=b" " * (MAX_REQUEST_BYTES + 1))
+    assert r.status_code == 413 and r.json()["rejected"][0].startswith("too_large")
+    # non-finite numbers and booleans are not numbers
+    lat = {**ev, "type": "latency_ms", "event_id": "lim-2"}
+    overflow = json.dumps({**lat, "value": 5, "occurred_at": 1}).replace('": 1}', '": 1e999}')
+    r = _http(url, content=overflow.encode())  # a JSON number that parses to inf
+    assert r.status_code == 400 and "occurred_at: Input should be a finite number" in r.text
+    r = _http(
+        url,
+        content=b'{"event_id": "lim-3", "interaction_id": "i", "type": "latency_ms", "value": NaN}',
+    )
+    assert r.status_code == 400 and "NaN is not a JSON number" in r.text
+    persisted = {**ev, "type": "edit_persisted", "event_id": "lim-4", "after_minutes": 5}
+    r = _http(url, json_body={**persisted, "fraction": True})
+    assert r.status_code == 400 and "expected a number, got the boolean true" in r.text
+    assert _http(url, json_body={**persisted, "fraction": 1}).status_code == 200  # ints are fine
+    after = store.rejected_counts()
+    assert sum(after.values()) - sum(before.values()) == 7  # every refusal is counted
+
+
+def test_earlier_tool_calls_are_rendered_back_in_the_served_format(tmp_path: Path) -> None:
+    """An OpenAI client sends the previous turn back as ``tool_calls`` + a tool message; the
+    model sees that turn as it wrote it, in its call format."""
+    store = Store(f"sqlite:///{tmp_path / 'turns.db'}")
+    policy = Scripted("Done.")
+    srv = InteractionServer(policy, store, version=0, call_format="xml", template_tools=False)
+    bg = BackgroundServer(srv.app())
+    args = {"path": "solution.py", "content": "x = 1\n"}
+    try:
+        r = OpenAI(base_url=bg.base_url, api_key="x").chat.completions.create(
+            model="m",
+            tools=TOOLS,
+            messages=[
+                {"role": "user", "content": "write it"},
+                {
+                    "role": "assistant",
+                    "content": None,
+                    "tool_calls": [
+                        {
+                            "id": "call_1",
+                            "type": "function",
+                            "function": {"name": "write_file", "arguments": json.dumps(args)},
+                        }
+                    ],
+                },
+                {"role": "tool", "tool_call_id": "call_1", "content": "Wrote 1 lines."},
+            ],
+        )
+    finally:
+        bg.stop()
+    assert r.choices[0].message.content == "Done." and not r.choices[0].message.tool_calls
+    prompt = policy.tokenizer.decode(policy.prompts[0])
+    assert CALL_FORMATS["xml"].format_call("write_file", args) in prompt
+    assert "Wrote 1 lines." in prompt
+    [row] = store.interactions()
+    assert row["tool_call_status"] == "none"

@@ -172,24 +172,48 @@ Store(sys.argv[1]).import_jsonl(sys.argv[2], batch_size=int(sys.argv[3]))
 def test_kill9_during_ingestion_then_replay_loses_and_duplicates_nothing(
     store: Store, tmp_path: Path
 ) -> None:
-    n, batch = 6000, 50
+    n, batch = 6000, 50  # every 10th line is malformed: 45 events and 5 rejects per batch
     path = tmp_path / "events.jsonl"
     with open(path, "w") as f:
         for i in range(n):
-            f.write(json.dumps(_ev(f"ev-{i:05d}", f"i{i % 50}")) + "\n")
+            bad = i % 10 == 9
+            f.write(
+                f"{{bad line {i}\n" if bad else json.dumps(_ev(f"ev-{i:05d}", f"i{i % 50}")) + "\n"
+            )
     proc = subprocess.Popen(
         [sys.executable, "-c", _IMPORTER, store.url, str(path), str(batch)],
         env={**os.environ, "PYTHONPATH": str(Path.cwd())},
     )
     deadline = time.time() + 60
-    while store.event_count() < 2 * batch and time.time() < deadline:
+    while store.event_count() < 2 * 45 and time.time() < deadline:
         time.sleep(0.005)
     proc.send_signal(signal.SIGKILL)
     proc.wait()
-    mid = store.event_count()
-    assert 0 < mid < n, f"kill landed outside the import ({mid} of {n} stored)"
-    assert mid % batch == 0, "a partially committed batch survived the kill"
+    mid, good = store.event_count(), n - n // 10
+    assert 0 < mid < good, f"kill landed outside the import ({mid} of {good} stored)"
+    assert mid % 45 == 0, "a partially committed batch survived the kill"
+    assert store.rejected_counts() == {"invalid_json": mid // 45 * 5}  # committed with its batch
     res = store.import_jsonl(path, batch_size=batch)  # replay the whole file
-    assert res.stored == n - mid and res.duplicates == mid
+    assert res.stored == good - mid and res.duplicates == mid
     ids = store.event_ids()
-    assert len(ids) == len(set(ids)) == n
+    assert len(ids) == len(set(ids)) == good
+    # each malformed line is counted once, although the replay read the committed ones again
+    assert store.rejected_counts() == {"invalid_json": n // 10}
+    store.import_jsonl(path, batch_size=batch)
+    assert store.rejected_counts() == {"invalid_json": n // 10}
+
+
+def test_imported_events_get_the_same_limits_as_posted_ones(store: Store, tmp_path: Path) -> None:
+    ev = _ev("lim-1", "i1")
+    lines = [
+        json.dumps({**ev, "occurred_at": True}),
+        json.dumps({**ev, "occurred_at": 1}).replace('": 1', '": 1e999'),
+        "[" * 5000 + "]" * 5000,
+        json.dumps(ev),
+    ]
+    path = tmp_path / "ev.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    res = store.import_jsonl(path)
+    assert res.stored == 1 and res.rejected == {"invalid_event": 2, "too_deep": 1}
+    assert "expected a number, got the boolean true" in res.reasons[0]
+    assert "occurred_at: Input should be a finite number" in res.reasons[1]

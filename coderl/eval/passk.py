@@ -1,11 +1,9 @@
 """Held-out evaluation: pass@k (unbiased) and best-of-n over a task split, with 95% confidence
 intervals from a bootstrap over tasks.
 
-Confidence intervals: the percentile bootstrap (Efron & Tibshirani 1993, "An Introduction to the
-Bootstrap", Ch. 13) resampling *tasks* with replacement, 2000 resamples, fixed seed. Samples of
-one task are correlated, so the task is the unit. Before/after comparisons use the paired
-bootstrap of per-task differences (:func:`paired_difference`), which is what decides whether an
-improvement excludes zero.
+The statistics live in :mod:`coderl.stats` (percentile bootstrap over tasks; before/after
+comparisons by the paired bootstrap of per-task differences, :func:`paired_difference`, which is
+what decides whether an improvement excludes zero); they are re-exported here.
 """
 
 from __future__ import annotations
@@ -13,55 +11,19 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
-import numpy as np
-
 from coderl import algorithms as A
 from coderl.policy.base import SamplingParams
+from coderl.stats import Estimate, bootstrap_ci, estimate, paired_difference
 
-BOOTSTRAP_RESAMPLES = 2000
-
-
-def bootstrap_ci(values: list[float], *, level: float = 0.95, seed: int = 0) -> tuple[float, float]:
-    """Percentile-bootstrap CI of the mean of ``values`` (one value per task).
-
-    Raises:
-        ValueError: no values, or ``level`` outside (0, 1).
-    """
-    if not values:
-        raise ValueError("bootstrap_ci needs at least one value")
-    if not 0 < level < 1:
-        raise ValueError(f"level must be in (0, 1), got {level}")
-    x = np.asarray(values, dtype=np.float64)
-    rng = np.random.default_rng(seed)
-    idx = rng.integers(0, len(x), size=(BOOTSTRAP_RESAMPLES, len(x)))
-    means = x[idx].mean(axis=1)
-    alpha = (1 - level) / 2
-    return float(np.quantile(means, alpha)), float(np.quantile(means, 1 - alpha))
-
-
-@dataclass
-class Estimate:
-    mean: float
-    lo: float
-    """Lower end of the 95% CI."""
-    hi: float
-    """Upper end of the 95% CI."""
-
-
-def estimate(values: list[float], seed: int = 0) -> Estimate:
-    lo, hi = bootstrap_ci(values, seed=seed)
-    return Estimate(float(np.mean(values)), lo, hi)
-
-
-def paired_difference(before: list[float], after: list[float], seed: int = 0) -> Estimate:
-    """Mean of per-task ``after - before`` with its paired-bootstrap 95% CI.
-
-    Raises:
-        ValueError: the lists differ in length or are empty.
-    """
-    if len(before) != len(after) or not before:
-        raise ValueError(f"paired lists must be equal and non-empty: {len(before)} vs {len(after)}")
-    return estimate([a - b for a, b in zip(after, before, strict=True)], seed)
+__all__ = [
+    "Estimate",
+    "EvalResult",
+    "bootstrap_ci",
+    "estimate",
+    "evaluate",
+    "paired_difference",
+    "summarize",
+]
 
 
 @dataclass

@@ -11,13 +11,14 @@ from pathlib import Path
 
 from rich.console import Console
 
-from coderl.online.config import OnlineConfig, load_online_config
+from coderl.config import Config, load_online_config
+from coderl.online.cli_serve import build_server
 from coderl.online.cycle import load_version, open_run, print_report, run_cycle
-from coderl.online.server import BackgroundServer, InteractionServer
+from coderl.online.server import BackgroundServer
 from coderl.online.simulate import SimulatedPopulation
 
 
-def _cfg(args: argparse.Namespace) -> OnlineConfig:
+def _cfg(args: argparse.Namespace) -> Config:
     return load_online_config(args.config, args.overrides)
 
 
@@ -27,43 +28,37 @@ def cmd_cycle(args: argparse.Namespace) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    """Repeat the cycle ``cfg.cycles`` times, ``cfg.interval_s`` apart; report cycle times."""
+    """Repeat the cycle ``online.cycles`` times, ``online.interval_s`` apart; report cycle times."""
     cfg = _cfg(args)
     console = Console()
     bg = sim = server = None
-    if cfg.simulate.enabled:
+    if cfg.online.simulate.enabled:
         store, registry = open_run(cfg)
         champ = registry.champion()
         assert champ is not None
-        server = InteractionServer(
-            load_version(cfg, registry, champ),
-            store,
-            version=champ,
-            default_temperature=cfg.serve.temperature,
-            max_new_tokens=cfg.serve.max_new_tokens,
-        )
-        bg = BackgroundServer(server.app(), cfg.serve.host, cfg.serve.port)
-        sim = SimulatedPopulation(bg.base_url, cfg.simulate, sandbox=cfg.sandbox)
+        server = build_server(cfg, store, registry, champ)
+        bg = BackgroundServer(server.app(), cfg.online.serve.host, cfg.online.serve.port)
+        sim = SimulatedPopulation(bg.base_url, cfg.online.simulate, sandbox=cfg.online.sandbox)
         console.print(f"serving version {champ} at {bg.base_url} to the simulated population")
     times = []
     try:
-        for i in range(cfg.cycles):
+        for i in range(cfg.online.cycles):
             start = time.time()
             if sim is not None:
-                stats = sim.run(cfg.simulate.interactions_per_cycle)
+                stats = sim.run(cfg.online.simulate.interactions_per_cycle)
                 console.print(f"simulated traffic so far: {stats}")
-                time.sleep(max(cfg.reward.windows_s.values()))  # let the join windows close
+                time.sleep(max(cfg.online.reward.windows_s.values()))  # let the join windows close
             rep = run_cycle(cfg, log=console.print)
             times.append(rep["cycle_s"])
-            console.rule(f"cycle {i + 1}/{cfg.cycles}")
+            console.rule(f"cycle {i + 1}/{cfg.online.cycles}")
             print_report(rep, console)
             if server is not None and rep["decision"] == "promoted":
                 _, registry = open_run(cfg)
                 v = rep["champion_after"]
                 server.swap(load_version(cfg, registry, v), v)
                 console.print(f"now serving version {v}")
-            if i + 1 < cfg.cycles:
-                time.sleep(max(0.0, cfg.interval_s - (time.time() - start)))
+            if i + 1 < cfg.online.cycles:
+                time.sleep(max(0.0, cfg.online.interval_s - (time.time() - start)))
     finally:
         if bg is not None:
             bg.stop()

@@ -4,11 +4,38 @@ into the configured database; ``POST /v1/admin/reload`` picks up a newly promote
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 from typing import Any
 
-from coderl.online.config import load_online_config
-from coderl.online.cycle import load_version, open_run
+from coderl.config import Config, load_online_config
+from coderl.online.calls import harness_format
+from coderl.online.cycle import database_url, load_version, open_run
+from coderl.online.registry import Registry
 from coderl.online.server import InteractionServer
+from coderl.online.store import Store
+
+
+def build_server(
+    cfg: Config,
+    store: Store,
+    registry: Registry,
+    version: int,
+    *,
+    reload: Callable[[int], tuple[Any, int] | None] | None = None,
+) -> InteractionServer:
+    """The server of ``online.serve`` on a registry version, in the run's call format."""
+    call_format, template_tools = harness_format(cfg)
+    return InteractionServer(
+        load_version(cfg, registry, version),
+        store,
+        version=version,
+        model_name=cfg.model.name,
+        default_temperature=cfg.online.serve.temperature,
+        max_new_tokens=cfg.online.serve.max_new_tokens,
+        reload=reload,
+        call_format=call_format,
+        template_tools=template_tools,
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -23,20 +50,13 @@ def run(args: argparse.Namespace) -> int:
         v = registry.champion()
         return None if v is None or v == current else (load_version(cfg, registry, v), v)
 
-    server = InteractionServer(
-        load_version(cfg, registry, champ),
-        store,
-        version=champ,
-        model_name=cfg.model.name,
-        default_temperature=cfg.serve.temperature,
-        max_new_tokens=cfg.serve.max_new_tokens,
-        reload=reload,
-    )
+    server = build_server(cfg, store, registry, champ, reload=reload)
+    serve = cfg.online.serve
     print(
-        f"serving version {champ} on http://{cfg.serve.host}:{cfg.serve.port}/v1 "
-        f"(database {cfg.database_url})"
+        f"serving version {champ} on http://{serve.host}:{serve.port}/v1 in the "
+        f"{server.call_format!r} call format (database {database_url(cfg)})"
     )
-    uvicorn.run(server.app(), host=cfg.serve.host, port=cfg.serve.port, log_level="info")
+    uvicorn.run(server.app(), host=serve.host, port=serve.port, log_level="info")
     return 0
 
 

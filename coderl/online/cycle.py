@@ -26,10 +26,11 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
+from coderl.config import Config
 from coderl.online.baselines import advantages
-from coderl.online.config import OnlineConfig
+from coderl.online.calls import harness_format
 from coderl.online.gate import run_gate
-from coderl.online.monitors import check_alarms, monitor_snapshot
+from coderl.online.monitors import SUSPECTED_HACK_RATE, check_alarms, monitor_snapshot
 from coderl.online.registry import Registry
 from coderl.online.rewards import finalize
 from coderl.online.simulate import Evaluator, HeldoutEvaluator
@@ -38,7 +39,12 @@ from coderl.online.update import select_trainable, update
 from coderl.policy import LoraSpec, load_policy
 
 
-def load_version(cfg: OnlineConfig, registry: Registry, version: int) -> Any:
+def database_url(cfg: Config) -> str:
+    """``online.database``, else SQLite at ``run_dir/online.db``."""
+    return cfg.online.database or f"sqlite:///{Path(cfg.run_dir) / 'online.db'}"
+
+
+def load_version(cfg: Config, registry: Registry, version: int) -> Any:
     """The policy of a registry version (version 0 is the base model)."""
     m = cfg.model
     lora = LoraSpec(rank=m.lora_r, alpha=m.lora_alpha, dropout=m.lora_dropout) if m.lora else None
@@ -50,10 +56,10 @@ def load_version(cfg: OnlineConfig, registry: Registry, version: int) -> Any:
     return load_policy(d, reference=False)
 
 
-def open_run(cfg: OnlineConfig) -> tuple[Store, Registry]:
+def open_run(cfg: Config) -> tuple[Store, Registry]:
     """Open (or create) the store and registry; the base model becomes champion version 0."""
     Path(cfg.run_dir).mkdir(parents=True, exist_ok=True)
-    store, registry = Store(cfg.database_url), Registry(Path(cfg.run_dir) / "registry")
+    store, registry = Store(database_url(cfg)), Registry(Path(cfg.run_dir) / "registry")
     if registry.champion() is None:
         v0 = (
             registry.versions()[0]
@@ -78,17 +84,28 @@ def open_run(cfg: OnlineConfig) -> tuple[Store, Registry]:
     return store, registry
 
 
+def heldout_evaluator(cfg: Config) -> HeldoutEvaluator:
+    """The held-out evaluator of ``online.eval``, in the served call format."""
+    call_format, template_tools = harness_format(cfg)
+    return HeldoutEvaluator(
+        cfg.online.eval,
+        sandbox=cfg.online.sandbox,
+        call_format=call_format,
+        template_tools=template_tools,
+    )
+
+
 def production_alarms(
-    cfg: OnlineConfig, store: Store, registry: Registry, now: float
+    cfg: Config, store: Store, registry: Registry, now: float
 ) -> tuple[list[Any], dict[str, Any]]:
     """Alarms comparing the champion's live traffic with its predecessor's, and the snapshot."""
     kl = {v: registry.meta(v).get("train", {}).get("kl", float("nan")) for v in registry.versions()}
     snap = monitor_snapshot(
         store,
-        cfg.reward.version,
-        window_s=cfg.monitors.window_s,
+        cfg.online.reward.version,
+        window_s=cfg.online.monitors.window_s,
         now=now,
-        orphan_window_s=cfg.reward.orphan_window_s,
+        orphan_window_s=cfg.online.reward.orphan_window_s,
         kl_by_version=kl,
     )
     promoted = registry.promoted()
@@ -97,13 +114,13 @@ def production_alarms(
         ref, cur = snap["by_version"].get(promoted[-2]), snap["by_version"].get(promoted[-1])
         if ref and cur:
             alarms = check_alarms(
-                ref, cur, cfg.monitors.rules, min_samples=cfg.monitors.min_samples
+                ref, cur, cfg.online.monitors.rules, min_samples=cfg.online.monitors.min_samples
             )
     return alarms, snap
 
 
 def _train(
-    cfg: OnlineConfig,
+    cfg: Config,
     store: Store,
     registry: Registry,
     rows: list[dict[str, Any]],
@@ -111,8 +128,10 @@ def _train(
     champion: int,
 ) -> tuple[int, dict[str, float]]:
     r = torch.tensor([rewards[x["interaction_id"]]["reward"] for x in rows])
-    adv = advantages(
-        cfg.advantage, r, [x["population"] for x in rows], store, alpha=cfg.baseline_alpha
+    segments = [x["population"] for x in rows]
+    state = {s: store.baseline(s) for s in set(segments)}
+    adv, new_state = advantages(
+        cfg.online.advantage, r, segments, state, alpha=cfg.online.baseline_alpha
     )
     policy = load_version(cfg, registry, champion)
     frozen = load_version(cfg, registry, champion)
@@ -123,18 +142,20 @@ def _train(
         adv,
         algorithm=cfg.algorithm,
         trainer=cfg.trainer,
-        temperature=cfg.serve.temperature,
-        max_len=cfg.serve.max_new_tokens,
+        temperature=cfg.online.serve.temperature,
+        max_len=cfg.online.serve.max_new_tokens,
     )
     metrics["train_reward_mean"] = float(r.mean())
     metrics["advantage_abs_mean"] = float(adv.abs().mean())
     version = registry.new_version(parent=champion, info={"base": cfg.model.name, "train": metrics})
     policy.save(registry.version_dir(version))
+    for s, (value, count) in new_state.items():  # only a finished update moves the baselines
+        store.set_baseline(s, value, count)
     return version, metrics
 
 
 def run_cycle(
-    cfg: OnlineConfig,
+    cfg: Config,
     *,
     evaluator: Evaluator | None = None,
     clock: Callable[[], float] = time.time,
@@ -154,25 +175,25 @@ def run_cycle(
     rep: dict[str, Any] = {
         "started_at": now,
         "champion_before": champion,
-        "spec_version": cfg.reward.version,
+        "spec_version": cfg.online.reward.version,
     }
-    rep["finalize"] = asdict(finalize(store, cfg.reward, now=now))
-    ids = store.unclaimed_scored(cfg.reward.version)
+    rep["finalize"] = asdict(finalize(store, cfg.online.reward, now=now))
+    ids = store.unclaimed_scored(cfg.online.reward.version)
     rows = store.interactions(ids=ids) if ids else []
-    rewards = store.rewards(cfg.reward.version, ids=ids)
-    allowed = set(registry.promoted()[-cfg.last_k_versions :])
+    rewards = store.rewards(cfg.online.reward.version, ids=ids)
+    allowed = set(registry.promoted()[-cfg.online.last_k_versions :])
     sel = select_trainable(
-        rows, rewards, allowed_versions=allowed, temperature=cfg.serve.temperature
+        rows, rewards, allowed_versions=allowed, temperature=cfg.online.serve.temperature
     )
     rep["excluded"] = dict(sel.excluded) | {"censored": rep["finalize"]["censored"]}
     rep["trainable"] = len(sel.kept)
-    if len(sel.kept) < cfg.min_batch:
+    if len(sel.kept) < cfg.online.min_batch:
         rep["decision"] = "waiting"
-        log(f"waiting: {len(sel.kept)} trainable interactions < min_batch {cfg.min_batch}")
+        log(f"waiting: {len(sel.kept)} trainable interactions < min_batch {cfg.online.min_batch}")
         return _finish(cfg, store, rep, t0)
-    kept = sel.kept[: cfg.max_batch]
+    kept = sel.kept[: cfg.online.max_batch]
     batch_id, claimed = store.claim_batch(
-        cfg.reward.version,
+        cfg.online.reward.version,
         [r["interaction_id"] for r in kept],
         claimed_by=f"cycle@{now:.0f}",
         now=now,
@@ -194,13 +215,16 @@ def run_cycle(
         now=now,
     )
     t = time.perf_counter()
-    ev = evaluator or HeldoutEvaluator(cfg.eval, sandbox=cfg.sandbox)
+    ev = evaluator or heldout_evaluator(cfg)
     cand_eval = ev(load_version(cfg, registry, candidate))
     champ_eval = ev(load_version(cfg, registry, champion))
     rep["eval_s"] = time.perf_counter() - t
     alarms, snap = production_alarms(cfg, store, registry, now)
     heldout = {k: (cand_eval.scores[k], champ_eval.scores[k]) for k in cand_eval.scores}
-    gate = run_gate(cfg.gate, heldout, (champ_eval.behaviour, cand_eval.behaviour), alarms)
+    behaviour = (champ_eval.behaviour, cand_eval.behaviour)
+    hacks = tuple(b.get(SUSPECTED_HACK_RATE) for b in behaviour)
+    hack_rates = None if None in hacks else (float(hacks[0]), float(hacks[1]))  # type: ignore[arg-type]
+    gate = run_gate(cfg.online.gate, heldout, behaviour, alarms, hack_rates)
     rep["gate"], rep["monitors"] = gate.to_dict(), snap
     if gate.promote:
         registry.promote(candidate, gate.to_dict())
@@ -215,7 +239,7 @@ def run_cycle(
     return _finish(cfg, store, rep, t0)
 
 
-def _finish(cfg: OnlineConfig, store: Store, rep: dict[str, Any], t0: float) -> dict[str, Any]:
+def _finish(cfg: Config, store: Store, rep: dict[str, Any], t0: float) -> dict[str, Any]:
     rep["cycle_s"] = time.perf_counter() - t0
     rep["rejected_events"] = store.rejected_counts()
     rep["duplicate_events"] = store.counter("duplicate_events")

@@ -12,20 +12,42 @@ stored once) and the ``interaction_id`` returned by ``coderl serve``. Kinds:
 - ``latency_ms``: end-to-end latency the user saw, in milliseconds.
 
 Malformed input never raises out of :func:`parse_event`: it returns a :class:`Rejected` with a
-reason, which the store counts. Times are Unix seconds (float).
+reason, which the store counts. The same limits hold for an imported line and for an event
+posted to the HTTP endpoint: at most ``MAX_EVENT_BYTES`` of JSON, nested at most ``MAX_DEPTH``
+levels, numbers that are finite JSON numbers (booleans, strings, ``NaN`` and ``Infinity`` are
+rejected). Times are Unix seconds (float).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    Strict,
+    TypeAdapter,
+    ValidationError,
+)
 
 _Id = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_.:\-]+$")]
+
+
+def _not_bool(v: Any) -> Any:
+    if isinstance(v, bool):
+        raise ValueError(f"expected a number, got the boolean {str(v).lower()}")
+    return v
+
+
+_Number = Annotated[float, BeforeValidator(_not_bool), Strict(), Field(allow_inf_nan=False)]
+"""A finite JSON number (an int or a float); booleans, strings, NaN and infinities are errors."""
 
 
 class _Event(BaseModel):
@@ -35,7 +57,7 @@ class _Event(BaseModel):
     """Client-generated idempotency key."""
     interaction_id: _Id
     """The id ``coderl serve`` returned for the completion this event is about."""
-    occurred_at: float | None = Field(default=None, ge=0)
+    occurred_at: _Number | None = Field(default=None, ge=0)
     """Client time of the event (Unix seconds); the server's receive time is used when absent."""
 
 
@@ -49,9 +71,9 @@ class RejectedSuggestion(_Event):
 
 class EditPersisted(_Event):
     type: Literal["edit_persisted"]
-    fraction: float = Field(ge=0.0, le=1.0)
+    fraction: _Number = Field(ge=0.0, le=1.0)
     """Fraction of the agent's edited lines still present after ``after_minutes``."""
-    after_minutes: float = Field(gt=0)
+    after_minutes: _Number = Field(gt=0)
     """How long after the edit the client measured persistence, in minutes."""
 
 
@@ -67,7 +89,7 @@ class ToolError(_Event):
 
 class LatencyMs(_Event):
     type: Literal["latency_ms"]
-    value: float = Field(ge=0, le=86_400_000)
+    value: _Number = Field(ge=0, le=86_400_000)
     """Milliseconds."""
 
 
@@ -78,6 +100,11 @@ FeedbackEvent = Annotated[
 EVENT_TYPES = ("accepted", "rejected", "edit_persisted", "follow_up", "tool_error", "latency_ms")
 _ADAPTER: TypeAdapter[Any] = TypeAdapter(FeedbackEvent)
 MAX_EVENT_BYTES = 16_384
+"""Largest event, as JSON text (an imported line, or an event of an HTTP request re-encoded)."""
+MAX_DEPTH = 8
+"""Deepest nesting of JSON containers in an event or a request body (events are flat)."""
+MAX_REQUEST_BYTES = 4 * 1024 * 1024
+"""Largest body of one ``POST /v1/feedback`` request."""
 
 
 @dataclass(frozen=True)
@@ -86,6 +113,49 @@ class Rejected:
 
     reason: str
     raw: str
+    key: str | None = None
+    """Idempotency key of a rejected imported line (source, line number, content); None for
+    rejects that cannot recur identically (HTTP requests): each is counted."""
+
+
+def _depth_over(obj: Any, limit: int) -> bool:
+    """True when ``obj`` nests containers more than ``limit`` levels deep (iterative: never
+    recurses, stops at the first container past the limit)."""
+    stack = [(obj, 1)]
+    while stack:
+        x, d = stack.pop()
+        if isinstance(x, dict | list):
+            if d > limit:
+                return True
+            stack.extend((v, d + 1) for v in (x.values() if isinstance(x, dict) else x))
+    return False
+
+
+def _no_constants(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def parse_json(data: bytes | bytearray | str) -> Any:
+    """Decode JSON text; a :class:`Rejected` (never an exception) when it is not UTF-8, not
+    standard JSON (``NaN`` and ``Infinity`` are not), or nested deeper than ``MAX_DEPTH``."""
+    text = data
+    if isinstance(data, bytes | bytearray):
+        try:
+            text = data.decode("utf-8")
+        except UnicodeDecodeError as e:
+            return Rejected(f"invalid_json: not UTF-8 ({e.reason})", repr(data[:200]))
+    assert isinstance(text, str)
+    try:
+        obj = json.loads(text, parse_constant=_no_constants)
+    except RecursionError:
+        return Rejected(f"too_deep: nested deeper than {MAX_DEPTH} levels", text[:200])
+    except json.JSONDecodeError as e:
+        return Rejected(f"invalid_json: {e.msg} at char {e.pos}", text[:1000])
+    except ValueError as e:
+        return Rejected(f"invalid_json: {e}", text[:1000])
+    if _depth_over(obj, MAX_DEPTH):
+        return Rejected(f"too_deep: nested deeper than {MAX_DEPTH} levels", text[:200])
+    return obj
 
 
 def parse_event(raw: Any) -> _Event | Rejected:
@@ -93,26 +163,26 @@ def parse_event(raw: Any) -> _Event | Rejected:
 
     Returns:
         the typed event, or :class:`Rejected` whose ``reason`` starts with a short category
-        (``invalid_json``, ``too_large``, ``not_an_object``, ``invalid_event``) followed by the
-        validation details. Never raises for bad input.
+        (``invalid_json``, ``too_large``, ``too_deep``, ``not_an_object``, ``invalid_event``)
+        followed by the details. Never raises for bad input.
     """
-    text = raw if isinstance(raw, str) else None
-    if isinstance(raw, bytes | bytearray):
+    if isinstance(raw, bytes | bytearray | str):
+        unit = "chars" if isinstance(raw, str) else "bytes"
         if len(raw) > MAX_EVENT_BYTES:
-            return Rejected(f"too_large: {len(raw)} bytes > {MAX_EVENT_BYTES}", "")
-        try:
-            text = raw.decode("utf-8")
-        except UnicodeDecodeError as e:
-            return Rejected(f"invalid_json: not UTF-8 ({e.reason})", repr(raw[:200]))
-    if text is not None:
-        if len(text) > MAX_EVENT_BYTES:
-            return Rejected(f"too_large: {len(text)} chars > {MAX_EVENT_BYTES}", text[:200])
-        try:
-            raw = json.loads(text)
-        except json.JSONDecodeError as e:
-            return Rejected(f"invalid_json: {e.msg} at char {e.pos}", text[:1000])
+            return Rejected(f"too_large: {len(raw)} {unit} > {MAX_EVENT_BYTES}", "")
+        raw = parse_json(raw)
+        if isinstance(raw, Rejected):
+            return raw
+    elif _depth_over(raw, MAX_DEPTH):
+        return Rejected(f"too_deep: nested deeper than {MAX_DEPTH} levels", "")
     if not isinstance(raw, dict):
         return Rejected(f"not_an_object: got {type(raw).__name__}", str(raw)[:1000])
+    try:
+        size = len(json.dumps(raw, ensure_ascii=False, default=str).encode("utf-8", "replace"))
+    except ValueError as e:  # a non-finite float handed in as a dict
+        return Rejected(f"invalid_event: {e}", "")
+    if size > MAX_EVENT_BYTES:
+        return Rejected(f"too_large: {size} bytes > {MAX_EVENT_BYTES}", "")
     try:
         return _ADAPTER.validate_python(raw)  # type: ignore[no-any-return]
     except ValidationError as e:
@@ -124,12 +194,19 @@ def parse_event(raw: Any) -> _Event | Rejected:
 
 
 def read_jsonl(path: str | Path) -> Iterator[_Event | Rejected]:
-    """Parse a JSONL file of events line by line (blank lines skipped).
+    """Parse a JSONL file of events line by line (blank lines skipped). A rejected line carries
+    a key made of the file's resolved path, its line number and its content, so replaying the
+    import (after a crash) counts it once.
 
     Raises:
         FileNotFoundError: the file does not exist.
     """
+    source = str(Path(path).resolve())
     with open(path, "rb") as f:
-        for line in f:
+        for lineno, line in enumerate(f, 1):
             if line.strip():
-                yield parse_event(line)
+                ev = parse_event(line)
+                if isinstance(ev, Rejected):
+                    h = hashlib.sha256(f"{source}\0{lineno}\0".encode() + line).hexdigest()
+                    ev = replace(ev, key=f"line:{h[:40]}")
+                yield ev

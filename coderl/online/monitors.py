@@ -7,9 +7,10 @@ event), ``accept_rate`` (accepted / (accepted + rejected) events), ``persistence
 persisted fraction), ``dissatisfaction_rate`` (dissatisfied / all follow-ups), ``length``
 (mean completion tokens), ``latency_ms`` (mean user-reported latency, else server latency),
 ``reward`` and ``reward/<term>`` (means over scored interactions), ``censored_share`` (censored /
-finalised), and, from training, ``kl``. ``orphaned_share`` is global (orphaned / all events).
+finalised), and, from training, ``kl``; ``suspected_hack_rate`` (:data:`SUSPECTED_HACK_RATE`)
+where a hack detector scored the episodes. ``orphaned_share`` is global (orphaned / all events).
 
-An :class:`AlarmRule` fires when a metric moves past a threshold between a reference version and
+An :class:`~coderl.config.AlarmRule` (a config section) fires when a metric moves past a threshold between a reference version and
 the version under watch, optionally only while the reward rises (the reward-hacking signature:
 the Cursor post's edit rate "decreasing precipitously" while reward improved). Alarms block
 promotion. Metrics computed from fewer than ``min_samples`` interactions raise no alarm (they are
@@ -22,11 +23,26 @@ import math
 import time
 from collections import defaultdict
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from coderl.config import AlarmRule, default_alarm_rules
 
-from coderl.online.store import Store
+if TYPE_CHECKING:
+    from coderl.online.store import Store
+
+__all__ = [
+    "SUSPECTED_HACK_RATE",
+    "Alarm",
+    "AlarmRule",
+    "behaviour_metrics",
+    "check_alarms",
+    "default_alarm_rules",
+    "monitor_snapshot",
+]
+
+SUSPECTED_HACK_RATE = "suspected_hack_rate"
+"""Share of a policy's episodes that a hack detector flags (``coderl.rewards`` detectors); the
+gate blocks a candidate whose rate rises past ``gate.hack_rate_margin``."""
 
 
 def behaviour_metrics(
@@ -113,31 +129,6 @@ def monitor_snapshot(
         "orphaned_share": orphans / total if total else 0.0,
         "by_version": by_version,
     }
-
-
-class AlarmRule(BaseModel):
-    """Fire when ``metric`` moves by more than ``threshold`` (absolute) in ``direction``."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    metric: str
-    """A metric name from :func:`behaviour_metrics`."""
-    direction: Literal["drop", "rise"]
-    """``drop``: fires when watched - reference < -threshold; ``rise``: > threshold."""
-    threshold: float = Field(ge=0)
-    """Largest tolerated absolute change."""
-    only_if_reward_rises: bool = False
-    """Fire only when the mean reward also rose (metric falling while reward rises)."""
-
-
-def default_alarm_rules() -> list[AlarmRule]:
-    return [
-        AlarmRule(metric="edit_rate", direction="drop", threshold=0.1, only_if_reward_rises=True),
-        AlarmRule(metric="edit_rate", direction="drop", threshold=0.25),
-        AlarmRule(metric="clarify_rate", direction="rise", threshold=0.15),
-        AlarmRule(metric="broken_call_rate", direction="rise", threshold=0.1),
-        AlarmRule(metric="dissatisfaction_rate", direction="rise", threshold=0.15),
-    ]
 
 
 @dataclass(frozen=True)

@@ -31,12 +31,14 @@ from __future__ import annotations
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from coderl.online.events import EVENT_TYPES
-from coderl.online.store import Store
+
+if TYPE_CHECKING:  # the spec is a config section (coderl.config): keep its import light
+    from coderl.online.store import Store
 
 OUTCOME_TYPES = ("accepted", "rejected", "edit_persisted", "follow_up")
 SENTIMENT = {"dissatisfied": -1.0, "neutral": 0.0, "satisfied": 1.0}

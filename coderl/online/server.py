@@ -16,10 +16,16 @@ Endpoints (FastAPI):
 - ``GET /v1/models``, ``GET /v1/stats`` (ingestion counters), ``POST /v1/admin/reload``
   (load the registry's champion if it changed).
 
-Tool calls use the Hermes ``<tool_call>{json}</tool_call>`` format rendered by the chat template
-(:mod:`coderl.agent.parsing`). A call that does not parse, names a tool not offered, or misses a
-required argument is an invalid call: the reply carries the raw text and no ``tool_calls``, and
-the interaction is stored with ``tool_call_status = "invalid"`` (a negative example downstream).
+- ``GET /v1/tools``: the harness tools a request may offer, with their schemas, and the call
+  format.
+
+Tools, prompts and tool calls are the agent harness's (:mod:`coderl.online.calls`): the request's
+``tools`` name harness tools, the conversation is rendered as the harness renders it, and the
+reply is parsed in the configured call format (``online.serve.call_format``; by default the run's
+harness format) and validated by the harness's own rule, so a served call is valid iff the
+harness would execute it. A reply with an invalid call carries the raw text and no
+``tool_calls``, and the interaction is stored with ``tool_call_status = "invalid"`` (a negative
+example downstream).
 
 Limits: no streaming, ``n = 1`` only, no ``top_logprobs``; one generation at a time (a lock).
 No authentication: bind to localhost or put it behind a proxy.
@@ -27,7 +33,6 @@ No authentication: bind to localhost or put it behind a proxy.
 
 from __future__ import annotations
 
-import json
 import re
 import threading
 import time
@@ -40,11 +45,14 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.concurrency import run_in_threadpool
 
-from coderl.agent.parsing import ToolCall, parse_hermes
-from coderl.online.events import parse_event
+from coderl.agent.episode import EpisodeConfig
+from coderl.agent.parsing import get_call_format
+from coderl.agent.tools import TOOLS
+from coderl.online.calls import RequestError, parse_reply, render_prompt, renderer_for, served_tools
+from coderl.online.events import MAX_REQUEST_BYTES, Rejected, parse_event, parse_json
 from coderl.online.store import Store, interaction_row
 from coderl.policy.base import SamplingParams
-from coderl.policy.episode import encode, render
+from coderl.policy.episode import encode
 
 EDIT_TOOLS = ("edit", "write_file", "apply_patch", "str_replace", "replace", "create_file")
 _FENCE = re.compile(r"```[^\n]*\n.*?```", re.S)
@@ -86,36 +94,6 @@ def classify(text: str, calls: list[dict[str, Any]], status: str) -> str:
     return "none"
 
 
-def parse_tool_calls(
-    text: str, tools: list[dict[str, Any]] | None
-) -> tuple[str | None, list[dict[str, Any]], str]:
-    """Hermes tool calls in ``text`` -> ``(content, openai_tool_calls, status)``.
-
-    ``status`` is ``none`` (no call), ``valid`` or ``invalid``; with an invalid call the
-    content is the whole raw text and no call is returned.
-    """
-    parsed = parse_hermes(text, {})
-    if not parsed:
-        return text, [], "none"
-    offered = {t["function"]["name"]: t["function"] for t in tools or [] if "function" in t}
-    calls = []
-    for p in parsed:
-        if not isinstance(p, ToolCall) or p.name not in offered:
-            return text, [], "invalid"
-        required = offered[p.name].get("parameters", {}).get("required", [])
-        if any(r not in p.arguments for r in required):
-            return text, [], "invalid"
-        calls.append(
-            {
-                "id": f"call_{uuid.uuid4().hex[:16]}",
-                "type": "function",
-                "function": {"name": p.name, "arguments": json.dumps(p.arguments)},
-            }
-        )
-    content = re.sub(r"<tool_call>.*?</tool_call>", "", text, flags=re.S).strip()
-    return content or None, calls, "valid"
-
-
 class InteractionServer:
     """Serves a policy and records every interaction into ``store``.
 
@@ -127,6 +105,10 @@ class InteractionServer:
         model_name: the ``model`` name reported to clients.
         default_temperature: used when a request sets none (> 0: stochastic by default).
         max_new_tokens: default and upper bound of generated tokens per request.
+        call_format: the harness's tool-call format the model was trained in (a key of
+            ``coderl.agent.CALL_FORMATS``; default the harness's default).
+        template_tools: as ``EpisodeConfig.template_tools``: let a chat template that renders
+            ``tools=`` show them (else the system prompt carries the format's tool section).
         reload: given the served version, returns ``(policy, version)`` of the registry's
             champion, or None when it is the served one (for ``/v1/admin/reload``); None
             disables the endpoint.
@@ -143,9 +125,13 @@ class InteractionServer:
         max_new_tokens: int = 256,
         reload: Callable[[int], tuple[Any, int] | None] | None = None,
         clock: Callable[[], float] = time.time,
+        call_format: str = EpisodeConfig.call_format,
+        template_tools: bool = EpisodeConfig.template_tools,
     ) -> None:
         if default_temperature <= 0:
             raise ValueError("default_temperature must be > 0: greedy traffic teaches nothing")
+        get_call_format(call_format)  # KeyError listing the valid ones
+        self.call_format, self.template_tools = call_format, template_tools
         self.policy, self.version, self.store = policy, version, store
         self.model_name = model_name
         self.default_temperature = default_temperature
@@ -162,32 +148,43 @@ class InteractionServer:
         """Generate one reply, record it, return the OpenAI response body.
 
         Raises:
-            HTTPException(400): streaming requested, or the conversation cannot be rendered.
+            HTTPException(400): streaming requested, a tool that is not the harness's, or the
+                conversation cannot be rendered.
         """
         if req.stream:
             raise HTTPException(400, "stream=true is not supported")
         temperature = self.default_temperature if req.temperature is None else req.temperature
         budget = req.max_completion_tokens or req.max_tokens or self.max_new_tokens
-        params = SamplingParams(
-            temperature=temperature,
-            top_p=1.0 if req.top_p is None else req.top_p,
-            max_new_tokens=min(budget, self.max_new_tokens),
-            seed=req.seed,
-        )
+        try:
+            tools = served_tools(req.tools)
+        except RequestError as e:
+            raise HTTPException(400, str(e)) from None
         start = time.perf_counter()
         with self._lock:
             policy, version = self.policy, self.version
             try:
-                text_in = render(
-                    policy.tokenizer, req.messages, tools=req.tools, add_generation_prompt=True
+                renderer = renderer_for(
+                    policy.tokenizer,
+                    req.messages,
+                    tools,
+                    call_format=self.call_format,
+                    template_tools=self.template_tools,
                 )
+                text_in = render_prompt(renderer, req.messages, call_format=self.call_format)
+                prompt = encode(policy.tokenizer, text_in)
             except Exception as e:  # template errors are the client's bad input
                 raise HTTPException(400, f"cannot render the conversation: {e}") from None
-            prompt = encode(policy.tokenizer, text_in)
+            params = SamplingParams(
+                temperature=temperature,
+                top_p=1.0 if req.top_p is None else req.top_p,
+                max_new_tokens=min(budget, self.max_new_tokens),
+                stop_token_ids=renderer.stop_token_ids,
+                seed=req.seed,
+            )
             [out] = policy.generate([prompt], params)
         latency_ms = 1000.0 * (time.perf_counter() - start)
-        text = policy.tokenizer.decode(out.token_ids, skip_special_tokens=True)
-        content, calls, status = parse_tool_calls(text, req.tools)
+        text = renderer.content(out)  # what the harness parses: the final stop token dropped
+        content, calls, status = parse_reply(text, tools, self.call_format)
         iid = f"chatcmpl-{uuid.uuid4().hex}"
         action = classify(text, calls, status)
         self.store.record_interaction(
@@ -264,11 +261,21 @@ class InteractionServer:
         }
 
     def feedback(self, body: bytes) -> tuple[int, dict[str, Any]]:
-        """Ingest the events in a request body; ``(http_status, result)``."""
-        try:
-            obj = json.loads(body)
-        except (json.JSONDecodeError, UnicodeDecodeError):
-            obj = body  # parse_event records the reason
+        """Ingest the events in a request body; ``(http_status, result)``.
+
+        The body is one event, a list, or ``{"events": [...]}``. Each event is held to the
+        same limits as an imported line (:func:`coderl.online.events.parse_event`: size,
+        nesting depth, strict finite numbers). A body over ``MAX_REQUEST_BYTES`` answers 413,
+        one that is not JSON or nested too deeply 400; both are counted as rejected.
+        """
+        if len(body) > MAX_REQUEST_BYTES:
+            reason = f"too_large: request body {len(body)} bytes > {MAX_REQUEST_BYTES}"
+            res = self.store.ingest([Rejected(reason, "")])
+            return 413, {"stored": 0, "duplicates": 0, "rejected": res.reasons}
+        obj = parse_json(body)
+        if isinstance(obj, Rejected):
+            res = self.store.ingest([obj])
+            return 400, {"stored": 0, "duplicates": 0, "rejected": res.reasons}
         items = obj.get("events", [obj]) if isinstance(obj, dict) else obj
         if not isinstance(items, list):
             items = [items]
@@ -300,6 +307,14 @@ class InteractionServer:
         async def feedback(request: Request) -> JSONResponse:
             status, out = self.feedback(await request.body())
             return JSONResponse(out, status)
+
+        @app.get("/v1/tools")
+        def tools() -> dict[str, Any]:
+            return {
+                "object": "list",
+                "call_format": self.call_format,
+                "data": [t.schema for t in TOOLS.values()],
+            }
 
         @app.get("/v1/models")
         def models() -> dict[str, Any]:

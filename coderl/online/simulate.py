@@ -8,7 +8,10 @@ events are dropped (censoring), sent twice (idempotency), or accompanied by a ma
 (rejection), at configurable rates; a broken tool call produces a ``tool_error`` event.
 
 Hidden tests run in :mod:`coderl.sandbox` (see :mod:`coderl.online.suites`); the population grades
-each reply as it arrives, the evaluator grades all of its replies at once in a thread pool.
+each reply as it arrives, the evaluator grades all of its replies at once in a thread pool. Tool
+schemas, prompts and call parsing are the harness's (:mod:`coderl.online.calls`): the
+population offers the harness's ``write_file``, the evaluator renders and parses as
+``coderl serve`` does.
 """
 
 from __future__ import annotations
@@ -19,12 +22,16 @@ import time
 import urllib.error
 import urllib.request
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from coderl.online.config import EvalSection, SimulateSection
-from coderl.online.monitors import behaviour_metrics
-from coderl.online.server import classify, parse_tool_calls
+from coderl.agent.episode import EpisodeConfig
+from coderl.agent.tools import TOOLS
+from coderl.config import OnlineEvalConfig, SimulateConfig
+from coderl.online.calls import parse_reply, render_prompt, renderer_for, served_tools
+from coderl.online.monitors import SUSPECTED_HACK_RATE, behaviour_metrics
+from coderl.online.server import classify
 from coderl.online.suites import (
     SuiteTask,
     check_sandbox,
@@ -34,20 +41,10 @@ from coderl.online.suites import (
     passes,
 )
 from coderl.policy.base import SamplingParams
-from coderl.policy.episode import encode, render
+from coderl.policy.episode import encode
 
-WRITE_FILE = {
-    "type": "function",
-    "function": {
-        "name": "write_file",
-        "description": "Write the complete content of a file.",
-        "parameters": {
-            "type": "object",
-            "properties": {"path": {"type": "string"}, "content": {"type": "string"}},
-            "required": ["path", "content"],
-        },
-    },
-}
+WRITE_FILE = TOOLS["write_file"].schema
+"""The harness's ``write_file`` schema: what simulated users and the evaluator offer."""
 
 
 @dataclass
@@ -78,9 +75,9 @@ class SimulatedPopulation:
     """Clients that call ``base_url`` (an OpenAI-compatible ``.../v1``) with traffic tasks."""
 
     base_url: str
-    cfg: SimulateSection
+    cfg: SimulateConfig
     model: str = "coderl"
-    tasks: list[SuiteTask] = field(default_factory=lambda: humaneval("traffic"))
+    tasks: list[SuiteTask] = field(default_factory=lambda: humaneval("train"))
     sandbox: str = "bwrap"
     """Where the hidden tests run (:data:`coderl.online.suites.GRADERS`)."""
     stats: SimStats = field(default_factory=SimStats)
@@ -176,48 +173,77 @@ class Evaluator(Protocol):
     def __call__(self, policy: Any) -> EvalResult: ...
 
 
+HackDetector = Callable[[dict[str, Any]], bool]
+"""A reply record (``task_id``, ``text``, ``tool_calls``, ``code``) -> whether it looks like a
+reward hack (the detectors live outside the online package)."""
+
+
 class HeldoutEvaluator:
     """Samples every held-out task ``cfg.samples`` times with fixed seeds (the same for every
     policy: common random numbers tighten the paired comparison) and grades them.
 
     Metrics: ``pass@1`` per task (mean pass over samples); behaviour from the replies (every
-    other task offers the ``write_file`` tool, as traffic does).
+    other task offers the harness's ``write_file`` tool, as traffic does), plus
+    ``suspected_hack_rate`` (the share of replies ``hack_detector`` flags) when one is given.
+    Prompts are rendered and replies parsed as ``coderl serve`` does, in ``call_format``.
     """
 
     def __init__(
-        self, cfg: EvalSection, tasks: list[SuiteTask] | None = None, *, sandbox: str = "bwrap"
+        self,
+        cfg: OnlineEvalConfig,
+        tasks: list[SuiteTask] | None = None,
+        *,
+        sandbox: str = "bwrap",
+        call_format: str = EpisodeConfig.call_format,
+        template_tools: bool = EpisodeConfig.template_tools,
+        hack_detector: HackDetector | None = None,
     ) -> None:
         if tasks is None and cfg.suite != "humaneval":
             raise ValueError(f"unknown eval suite {cfg.suite!r}; valid: ['humaneval']")
         self.cfg, self.sandbox = cfg, check_sandbox(sandbox)
         self.tasks = tasks if tasks is not None else humaneval("heldout", limit=cfg.limit)
+        self.call_format, self.template_tools = call_format, template_tools
+        self.hack_detector = hack_detector
 
     def __call__(self, policy: Any) -> EvalResult:
-        cfg = self.cfg
+        cfg, tok = self.cfg, policy.tokenizer
         jobs = [(t, i % 2 == 1) for i, t in enumerate(self.tasks) for _ in range(cfg.samples)]
-        prompts = [
-            encode(
-                policy.tokenizer,
-                render(
-                    policy.tokenizer,
-                    t.messages(),
-                    tools=[WRITE_FILE] if tool else None,
-                    add_generation_prompt=True,
-                ),
+        renderers, prompts = [], []
+        for t, tool in jobs:
+            tools = served_tools([WRITE_FILE] if tool else None)
+            r = renderer_for(
+                tok,
+                t.messages(),
+                tools,
+                call_format=self.call_format,
+                template_tools=self.template_tools,
             )
-            for t, tool in jobs
-        ]
+            renderers.append(r)
+            prompts.append(
+                encode(tok, render_prompt(r, t.messages(), call_format=self.call_format))
+            )
+        stops = sorted({i for r in renderers for i in r.stop_token_ids})
         params = SamplingParams(
-            temperature=cfg.temperature, max_new_tokens=cfg.max_new_tokens, seed=cfg.seed
+            temperature=cfg.temperature,
+            max_new_tokens=cfg.max_new_tokens,
+            stop_token_ids=tuple(stops),
+            seed=cfg.seed,
         )
         outs = policy.generate(prompts, params)
         per_task: dict[str, list[float]] = {t.task_id: [] for t in self.tasks}
-        rows, replies = [], []
-        for k, ((task, tool), out) in enumerate(zip(jobs, outs, strict=True)):
-            text = policy.tokenizer.decode(out.token_ids, skip_special_tokens=True)
-            _, calls, status = parse_tool_calls(text, [WRITE_FILE] if tool else None)
+        rows, replies, flagged = [], [], 0
+        for k, ((task, _), r, out) in enumerate(zip(jobs, renderers, outs, strict=True)):
+            text = r.content(out)
+            _, calls, status = parse_reply(text, r.tools, self.call_format)
             action = classify(text, calls, status)
-            replies.append((task, extract_code(text, calls) if action == "edit" else None))
+            code = extract_code(text, calls) if action == "edit" else None
+            replies.append((task, code))
+            if self.hack_detector is not None:
+                flagged += bool(
+                    self.hack_detector(
+                        {"task_id": task.task_id, "text": text, "tool_calls": calls, "code": code}
+                    )
+                )
             rows.append(
                 {
                     "interaction_id": str(k),
@@ -232,4 +258,7 @@ class HeldoutEvaluator:
         ):
             per_task[task.task_id].append(float(ok))
         scores = [sum(v) / len(v) for v in per_task.values()]
-        return EvalResult({"pass@1": scores}, behaviour_metrics(rows, {}, {}), list(per_task))
+        behaviour = behaviour_metrics(rows, {}, {})
+        if self.hack_detector is not None and rows:
+            behaviour[SUSPECTED_HACK_RATE] = flagged / len(rows)
+        return EvalResult({"pass@1": scores}, behaviour, list(per_task))

@@ -9,7 +9,9 @@ The same code runs on both through SQLAlchemy Core; idempotent writes use each d
 - ``feedback_events``: append-only outcome events, primary key = the client's ``event_id`` (the
   same id twice stores one row). Events may arrive before their interaction; they are held here
   and joined when it arrives, or counted as orphans after a window.
-- ``rejected_events``: malformed events with the reason (kept for audit and counting).
+- ``rejected_events``: malformed events with the reason (kept for audit and counting); a
+  rejected imported line is keyed by its source, line number and content, so a replayed import
+  counts it once.
 - ``counters``: ingestion counters (duplicates...).
 - ``rewards``: derived rewards per (interaction, reward-spec version); recomputable from events.
 - ``training_batches`` / ``batch_items``: claimed batches; an interaction is claimed at most once.
@@ -87,6 +89,7 @@ REJECTED_EVENTS = sa.Table(
     "rejected_events",
     META,
     sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
+    sa.Column("key", sa.String(64), nullable=False, unique=True),
     sa.Column("category", sa.String(32), nullable=False),
     sa.Column("reason", sa.Text, nullable=False),
     sa.Column("raw", sa.Text, nullable=False),
@@ -310,7 +313,8 @@ class Store:
 
         An event whose ``event_id`` is already stored is not written again (its first version
         wins). Malformed events (:class:`Rejected`) are stored in ``rejected_events`` with the
-        reason and never raise.
+        reason and never raise; one with a ``key`` already stored is not stored again (the
+        result still lists it: it is what this call saw).
         """
         now = time.time() if now is None else now
         res = IngestResult()
@@ -321,11 +325,14 @@ class Store:
                     category = ev.reason.split(":", 1)[0]
                     res.rejected[category] += 1
                     res.reasons.append(ev.reason)
-                    c.execute(
-                        REJECTED_EVENTS.insert().values(
-                            category=category, reason=ev.reason, raw=ev.raw, received_at=now
-                        )
+                    stmt = self._insert(REJECTED_EVENTS).values(
+                        key=ev.key or uuid.uuid4().hex,
+                        category=category,
+                        reason=ev.reason,
+                        raw=ev.raw,
+                        received_at=now,
                     )
+                    c.execute(stmt.on_conflict_do_nothing(index_elements=["key"]))
                 elif ev.event_id in rows:
                     res.duplicates += 1
                 else:
@@ -355,8 +362,9 @@ class Store:
     ) -> IngestResult:
         """Batch-import a JSONL file of events, one transaction per ``batch_size`` lines.
 
-        Safe to replay after a crash: committed batches are skipped by the ``event_id`` key,
-        a batch interrupted mid-transaction was rolled back and is written again.
+        Safe to replay after a crash: committed batches are skipped by the ``event_id`` key
+        (rejected lines by their line key), a batch interrupted mid-transaction was rolled back
+        and is written again.
 
         Raises:
             FileNotFoundError: the file does not exist.

