@@ -101,7 +101,8 @@ def test_cycle_trains_near_on_policy_and_decides_through_the_gate(loop) -> None:
     assert rep["trainable"] == fin["scored"] == rep["batch"]["size"]
     assert rep["decision"] in ("promoted", "rejected")
     t = rep["train"]
-    assert 0 < t["ess_tokens_frac"] <= 1 and 0 < t["ess_seqs_frac"] <= 1
+    # ESS / n <= 1 (Cauchy-Schwarz); weights within float noise of 1 can round a hair above it
+    assert 0 < t["ess_tokens_frac"] <= 1 + 1e-6 and 0 < t["ess_seqs_frac"] <= 1 + 1e-6
     assert {"kl", "clip_frac_high", "iw_max", "train_reward_mean"} <= set(t)
     assert rep["gate"]["comparisons"][0]["n"] == len(TASKS)
     _, registry = open_run(cfg)
