@@ -206,3 +206,5 @@ def test_unknown_finish_reasons_raise(reason):
         ep.add_completion(c)
     assert ep.segment.token_ids == before  # nothing appended
     ep.add_completion(fake_completion(tok, "Done."))  # the builder is still usable
+    with pytest.raises(ValueError, match="unknown finish_reason"):
+        Completion([5], [-0.1], reason, 0)  # an engine adapter cannot even build one

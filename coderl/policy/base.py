@@ -37,10 +37,14 @@ class Completion:
     """Logprob of each sampled token under the distribution it was sampled from."""
     finish_reason: str = "length"
     """``"stop"`` (a stop token was sampled, it is the last id) or ``"length"`` (budget
-    exhausted); any other value (an engine's ``"abort"``, ``"tool_calls"``, ``""``, None) is
-    refused where completions are consumed, see :func:`check_finish_reason`."""
+    exhausted); any other value (an engine's ``"abort"``, ``"tool_calls"``, ``""``, None)
+    raises at construction and again where completions are consumed (the field may be
+    reassigned), see :func:`check_finish_reason`."""
     policy_version: int = 0
     """Weight version that produced these tokens."""
+
+    def __post_init__(self) -> None:
+        check_finish_reason(self)  # at construction too: an engine adapter fails where it maps
 
 
 FINISH_REASONS = ("stop", "length")
