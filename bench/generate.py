@@ -157,7 +157,7 @@ def main() -> None:
     gap = policy.logprob_gap(batch, completions, temperature=1.0)
     print(
         f"sampler/trainer logprob gap over {sum(len(c.token_ids) for c in completions)} tokens: "
-        f"mean {gap['logprob_gap_mean']:.2e}, max {gap['logprob_gap_max']:.2e}"
+        f"mean {gap['logprob_gap']:.2e}, max {gap['logprob_gap_max']:.2e}"
     )
 
 

@@ -8,9 +8,9 @@ backward of their sum, timed over ``--reps`` repetitions after a warm-up (median
 
 - ``hf``: ``model(input_ids, ...)`` -> ``[B, T, V]`` logits, log-softmax at the sampled positions
   (what a trainer does without coderl);
-- ``coderl, no sharing``: :func:`coderl.train.step.forward` with the shared-prefix path off (LM
+- ``coderl, no sharing``: :func:`coderl.policy.forward.forward` with the shared-prefix path off (LM
   head only on the sampled positions);
-- ``coderl``: :func:`coderl.train.step.forward` as used (shared prefix run once per micro-batch).
+- ``coderl``: :func:`coderl.policy.forward.forward` as used (shared prefix run once per micro-batch).
 
 Prints trained tokens (all positions) per second and the ratios to ``hf``, and the max
 |logprob| difference between the paths.
@@ -27,8 +27,8 @@ import time
 
 import torch
 
+import coderl.policy.forward as fwd
 from coderl.policy import LoraSpec, load_policy
-from coderl.train import step
 from coderl.train.batch import build_batch
 from coderl.trajectory import Segment
 
@@ -58,8 +58,8 @@ def hf_logp(model: torch.nn.Module, batch) -> torch.Tensor:
 
 
 def coderl_logp(model: torch.nn.Module, batch, share: bool) -> torch.Tensor:
-    step.MIN_SHARED_CONTEXT = 16 if share else 10**9
-    out = step.forward(model, batch.tokens, temperature=1.0)
+    fwd.MIN_SHARED_CONTEXT = 16 if share else 10**9
+    out = fwd.forward(model, batch.tokens, temperature=1.0)
     return out.logp[:, 1:][batch.tokens.loss_mask[:, 1:] > 0]
 
 

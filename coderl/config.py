@@ -116,8 +116,22 @@ class RewardConfig(_Section):
 class KLConfig(_Section):
     coef: float = Field(0.0, ge=0)
     """KL coefficient beta in the loss (0: no KL in the loss)."""
-    estimator: Literal["k1", "k2", "k3"] = "k3"
-    """Per-token KL estimator, see ``coderl.algorithms.kl_penalty``."""
+    estimator: Literal["k2"] = "k2"
+    """Per-token KL estimator of the loss term: only ``k2``, whose gradient on the policy's own
+    samples is ``grad KL(pi || ref)``; k3 differentiated as a loss follows ``grad KL(ref || pi)``
+    and k1's gradient is 0 in expectation (Tang & Munos 2025; see
+    ``coderl.algorithms.kl_penalty``). For a k1 KL, use ``reward.terms.kl``."""
+
+    @field_validator("estimator", mode="before")
+    @classmethod
+    def _loss_estimator(cls, v: Any) -> Any:
+        if v in ("k1", "k3"):
+            raise ValueError(
+                f"{v} is not a KL loss: its gradient is not grad KL(pi || ref) (k1: 0 in "
+                "expectation, k3: grad KL(ref || pi)); use k2 here, or the k1 KL-in-reward term "
+                "(reward.terms.kl with reward.kl_coef)"
+            )
+        return v
 
 
 class ImportanceConfig(_Section):

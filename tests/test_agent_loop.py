@@ -330,6 +330,33 @@ def test_one_generate_call_serves_different_budgets(tok):
     assert len(short.logprobs) == 3
 
 
+class AbortingPolicy(ScriptedPolicy):
+    """An engine that hands on completions with a finish reason coderl does not know."""
+
+    reason: str | None = "abort"
+
+    def generate(self, prompts, params):
+        out = super().generate(prompts, params)
+        for c in out:
+            c.finish_reason = self.reason
+        return out
+
+
+@pytest.mark.parametrize("reason", ["abort", "tool_calls", "", None])
+def test_unknown_finish_reason_from_the_engine_raises(tok, reason):
+    policy = AbortingPolicy(tok, ["hello world"])
+    policy.reason = reason
+    with pytest.raises(ValueError, match="unknown finish_reason"):
+        sample_batch(policy, [SampleRequest([1, 2], 100, (2,))], EpisodeConfig(), 0)
+
+
+def test_unknown_finish_reason_stops_the_episodes_instead_of_training_on_them(tok, setup):
+    task, sandbox = setup
+    policy = AbortingPolicy(tok, [call("submit", {})])
+    with pytest.raises(ValueError, match="unknown finish_reason 'abort'"):
+        run_episode(policy, task, sandbox(), EpisodeConfig())
+
+
 @pytest.fixture
 def one_torch_thread():
     # On a loaded 2-core box, torch's 2 intra-op threads spin against other processes: a batch

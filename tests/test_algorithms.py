@@ -208,6 +208,71 @@ def test_sgd_step_on_kl_lowers_true_kl(kind):
     assert true_kl().item() < before
 
 
+def _kl_gradients(theta: torch.Tensor, ref_logp: torch.Tensor):
+    """Exact gradients at ``theta`` (policy logits) of KL(pi || ref) and of KL(ref || pi)."""
+    th = theta.clone().requires_grad_(True)
+    lp = th.log_softmax(-1)
+    (rev,) = torch.autograd.grad((lp.exp() * (lp - ref_logp)).sum(), th)
+    th = theta.clone().requires_grad_(True)
+    lp = th.log_softmax(-1)
+    (fwd,) = torch.autograd.grad((ref_logp.exp() * (ref_logp - lp)).sum(), th)
+    return rev, fwd
+
+
+def _estimator_gradient(theta, ref_logp, kind, samples=None):
+    """Gradient of the estimator used as a loss: the mean over ``samples`` drawn from pi, or the
+    exact expectation over pi (each token weighted by its detached probability) if None."""
+    th = theta.clone().requires_grad_(True)
+    lp = th.log_softmax(-1)  # (V,)
+    if samples is None:
+        per = A.kl_penalty(lp[None], ref_logp[None], kind)[0]  # (V,)
+        loss = (lp.exp().detach() * per).sum()
+    else:
+        loss = A.kl_penalty(lp[samples][None], ref_logp[samples][None], kind).mean()
+    (g,) = torch.autograd.grad(loss, th)
+    return g
+
+
+# a two-token policy p = softmax([1, -0.5]) = [0.818, 0.182] against ref = softmax([-0.5, 0.5]) =
+# [0.269, 0.731]: grad KL(pi || ref) = [0.3729, -0.3729], grad KL(ref || pi) = [0.5486, -0.5486]
+TWO_TOKEN = (torch.tensor([1.0, -0.5], dtype=torch.float64), torch.tensor([-0.5, 0.5]))
+THREE_TOKEN = (torch.tensor([0.3, -1.0, 0.8], dtype=torch.float64), torch.tensor([1.0, 0.0, -1.0]))
+
+
+@pytest.mark.parametrize("policy", [TWO_TOKEN, THREE_TOKEN], ids=["2 tokens", "3 tokens"])
+def test_loss_estimator_gradient_is_grad_kl_pi_ref_by_monte_carlo(policy):
+    # The KL loss estimator, differentiated on samples of pi, must follow grad KL(pi || ref); k3
+    # (GRPO's) follows grad KL(ref || pi) instead and k1's gradient is 0 in expectation
+    # (Tang & Munos 2025). 200k samples: Monte Carlo error ~3e-3, the two gradients differ by >0.1.
+    theta, ref_logits = policy
+    ref = ref_logits.double().log_softmax(-1)
+    rev, fwd = _kl_gradients(theta, ref)
+    assert (rev - fwd).norm() > 0.1
+    g = torch.Generator().manual_seed(0)
+    x = torch.multinomial(theta.softmax(-1), 200_000, replacement=True, generator=g)
+    mc = {k: _estimator_gradient(theta, ref, k, x) for k in ("k1", "k2", "k3")}
+    loss_mc = mc[A.KL_LOSS_ESTIMATOR]
+    assert (loss_mc - rev).norm() < 0.02
+    assert (loss_mc - fwd).norm() > 0.1
+    assert (mc["k3"] - fwd).norm() < 0.02  # why k3 is not the loss
+    assert mc["k1"].norm() < 0.02
+    # the exact expectations say the same to float precision
+    exact = {k: _estimator_gradient(theta, ref, k) for k in ("k1", "k2", "k3")}
+    torch.testing.assert_close(exact[A.KL_LOSS_ESTIMATOR], rev, rtol=0, atol=1e-12)
+    torch.testing.assert_close(exact["k3"], fwd, rtol=0, atol=1e-12)
+    torch.testing.assert_close(exact["k1"], torch.zeros_like(rev), rtol=0, atol=1e-12)
+
+
+def test_two_token_kl_gradients_worked():
+    # d/dtheta_0 KL(pi || ref) = p0 p1 (log(p0/r0) - log(p1/r1))
+    #   = 0.8176 * 0.1824 * (log(0.8176/0.2689) - log(0.1824/0.7311)) = 0.1491 * 2.5005 = 0.3729
+    # d/dtheta_0 KL(ref || pi) = p0 - r0 = 0.8176 - 0.2689 = 0.5486
+    theta, ref_logits = TWO_TOKEN
+    rev, fwd = _kl_gradients(theta, ref_logits.double().log_softmax(-1))
+    assert rev[0].item() == pytest.approx(0.3729, abs=1e-4)
+    assert fwd[0].item() == pytest.approx(0.5486, abs=1e-4)
+
+
 def test_kl_unknown_kind():
     with pytest.raises(ValueError, match="k3"):
         A.kl_penalty(torch.zeros(1, 1), torch.zeros(1, 1), "k4")
@@ -303,6 +368,33 @@ def test_policy_loss_importance_weights_scale_tokens():
         weights=torch.tensor([[0.5, 2.0]]),
     )
     assert loss.item() == pytest.approx(-1.25)
+
+
+def test_rejected_tokens_leave_the_normaliser():
+    # ratio 1, A = 1, weights [1, 1, 0, 1] (token 2 rejected by masked importance sampling):
+    # token-mean = -(1 + 1 + 1) / 3 = -1.0, not -(1 + 1 + 0 + 1) / 4 = -0.75; the same loss as
+    # with token 2 masked out
+    lp, old, a = torch.zeros(1, 4), torch.zeros(1, 4), torch.tensor([1.0])
+    w = torch.tensor([[1.0, 1.0, 0.0, 1.0]])
+    loss, m = A.policy_loss(lp, old, a, torch.ones(1, 4), weights=w)
+    assert loss.item() == pytest.approx(-1.0)
+    masked, _ = A.policy_loss(lp, old, a, torch.tensor([[1.0, 1.0, 0.0, 1.0]]))
+    assert loss.item() == masked.item()
+    assert m["ratio_mean"] == 1.0
+    # seq-mean-token-mean: row 1 entirely rejected leaves the row count:
+    # row 0 kept [1, 1, -, 1] -> -1; mean over the one non-empty row = -1.0 (not -0.5)
+    w2 = torch.tensor([[1.0, 1.0, 0.0, 1.0], [0.0, 0.0, 0.0, 0.0]])
+    loss2, _ = A.policy_loss(
+        torch.zeros(2, 4),
+        torch.zeros(2, 4),
+        torch.ones(2),
+        torch.ones(2, 4),
+        weights=w2,
+        agg="seq-mean-token-mean",
+    )
+    assert loss2.item() == pytest.approx(-1.0)
+    with pytest.raises(ValueError, match=">= 0"):
+        A.policy_loss(lp, old, a, torch.ones(1, 4), weights=-w)
 
 
 def test_policy_loss_per_token_advantages():

@@ -38,11 +38,21 @@ def test_overrides_replace_leaves_with_yaml_types():
         ("eval.k=[1, 64]", "eval.k"),
         ("reward.terms={tests: 1, nope: 1}", "reward.terms: unknown terms ['nope']"),
         ("trainer.lr", "not of the form key=value"),
+        ("algorithm.kl.estimator=k3", "algorithm.kl.estimator: k3 is not a KL loss"),
+        ("algorithm.kl.estimator=k1", "algorithm.kl.estimator: k1 is not a KL loss"),
     ],
 )
 def test_bad_config_errors_name_the_key(override, message):
     with pytest.raises(ConfigError, match=message.replace("[", "\\[").replace("]", "\\]")):
         load_config(None, [override])
+
+
+def test_kl_loss_estimator_is_the_one_with_the_right_gradient():
+    from coderl.algorithms import KL_LOSS_ESTIMATOR
+
+    assert KL_LOSS_ESTIMATOR == "k2"  # see test_algorithms: its gradient is grad KL(pi || ref)
+    assert Config().algorithm.kl.estimator == KL_LOSS_ESTIMATOR
+    assert load_config(None, ["algorithm.kl.estimator=k2"]).algorithm.kl.estimator == "k2"
 
 
 def test_impossible_combinations():

@@ -1,6 +1,9 @@
 import pytest
 
-from coderl.eval.passk import bootstrap_ci, paired_difference, summarize
+from coderl.eval.passk import bootstrap_ci, evaluate, paired_difference, summarize
+from coderl.policy.base import SamplingParams
+from coderl.train.env import EpisodeRecord, GradeRecord
+from coderl.trajectory import Trajectory
 
 
 def test_summarize_pass_at_k_and_best_of_n():
@@ -47,3 +50,85 @@ def test_paired_t_lower_hand_worked():
     assert student_t_quantile(0.975, 1) == pytest.approx(12.7062, abs=1e-4)  # t table, df = 1
     with pytest.raises(ValueError, match="at least 2"):
         paired_t_lower([1.0], 2.0)
+
+
+class _Task:
+    def __init__(self, id):
+        self.id = id
+
+
+class _ScriptedEnvironment:
+    """Episode j of task t is resolved iff ``outcomes[t][j]``; ``drop`` lists (task, j) pairs the
+    environment loses (a crashed sandbox); ``reverse`` returns the episodes in reverse order."""
+
+    def __init__(self, outcomes, drop=(), reverse=False):
+        self.outcomes, self.drop, self.reverse = outcomes, set(drop), reverse
+
+    def rollout(self, policy, tasks, params, group_size):
+        eps = [
+            EpisodeRecord(task_id=t.id, trajectory=Trajectory(), answer=self.outcomes[t.id][j])
+            for t in tasks
+            for j in range(group_size)
+            if (t.id, j) not in self.drop
+        ]
+        return eps[::-1] if self.reverse else eps
+
+    def grade(self, tasks, episodes):
+        for t, ep in zip(tasks, episodes, strict=True):
+            assert t.id == ep.task_id  # graded against its own task
+        return [
+            GradeRecord(resolved=ep.answer, fraction_passed=float(ep.answer)) for ep in episodes
+        ]
+
+
+OUTCOMES = {"a": [True, True], "b": [True, False], "c": [True, True]}
+
+
+def _evaluate(env, tasks_per_batch=3):
+    tasks = [_Task(t) for t in OUTCOMES]
+    return evaluate(
+        env,
+        None,
+        tasks,
+        samples=2,
+        ks=[1],
+        params=SamplingParams(),
+        tasks_per_batch=tasks_per_batch,
+    )
+
+
+def test_evaluate_joins_by_task_and_counts_a_dropped_episode_as_a_failure():
+    # b's first episode (a success) is dropped: b = 0 of 2, not 1 of 1, and c keeps its 2 of 2.
+    # By position the 5 grades [a a b c c] would be cut as a=[a a] b=[b c] c=[c]: b would get
+    # c's success and c would lose a sample from its denominator.
+    res = _evaluate(_ScriptedEnvironment(OUTCOMES, drop=[("b", 0)]))
+    per = {t["task_id"]: (t["n"], t["correct"], t["best"]) for t in res.per_task}
+    assert per == {"a": (2, 2, 1.0), "b": (2, 0, 0.0), "c": (2, 2, 1.0)}
+    assert res.pass_at["1"].mean == pytest.approx((1 + 0 + 1) / 3)
+    assert res.dropped_episodes == 1 and res.grading_errors == 0
+    # every episode of a task dropped: n stays 2, nothing correct
+    res = _evaluate(_ScriptedEnvironment(OUTCOMES, drop=[("c", 0), ("c", 1)]), tasks_per_batch=1)
+    assert res.per_task[2] == {"task_id": "c", "n": 2, "correct": 0, "best": 0.0}
+    assert res.dropped_episodes == 2
+
+
+def test_evaluate_does_not_depend_on_episode_order():
+    in_order = _evaluate(_ScriptedEnvironment(OUTCOMES))
+    reversed_ = _evaluate(_ScriptedEnvironment(OUTCOMES, reverse=True))
+    assert in_order.per_task == reversed_.per_task
+    assert [t["correct"] for t in in_order.per_task] == [2, 1, 2]
+
+
+def test_evaluate_refuses_episodes_it_cannot_place():
+    class Extra(_ScriptedEnvironment):
+        def rollout(self, policy, tasks, params, group_size):
+            eps = super().rollout(policy, tasks, params, group_size)
+            return eps + [EpisodeRecord(task_id=self.extra, trajectory=Trajectory(), answer=True)]
+
+    env = Extra(OUTCOMES)
+    env.extra = "zz"
+    with pytest.raises(ValueError, match="not in this batch"):
+        _evaluate(env)
+    env.extra = "a"  # a third episode for a task of n = 2
+    with pytest.raises(ValueError, match="3 episodes for 2 samples"):
+        _evaluate(env)

@@ -32,6 +32,62 @@ def train_steps(policy, batch, steps=2):
         policy.bump_version()
 
 
+def full_logits_logprobs_and_entropy(model, batch, temperature):
+    """The former reference path, as an oracle: the model's full ``[B, T, V]`` logits, tempered
+    log-softmax at every position, shifted so column t is token t (column 0: 0)."""
+    logits = model(
+        input_ids=batch.input_ids,
+        attention_mask=batch.attention_mask,
+        position_ids=batch.position_ids,
+        use_cache=False,
+    ).logits.float()
+    logp_all = (logits[:, :-1] / temperature).log_softmax(-1)  # (B, T-1, V)
+    lp = logp_all.gather(-1, batch.input_ids[:, 1:, None]).squeeze(-1)  # (B, T-1)
+    h = -(logp_all.exp() * logp_all).sum(-1)  # (B, T-1)
+    zero = torch.zeros_like(lp[:, :1])
+    return torch.cat([zero, lp], 1), torch.cat([zero, h], 1)
+
+
+@pytest.mark.parametrize("lora", [LoraSpec(rank=4, alpha=8.0), None], ids=["lora", "full"])
+def test_one_forward_equals_the_full_logits_computation(lora):
+    # reference logprobs, policy logprobs and entropies now come from the one trainer forward
+    # (logits only at sampled positions); they equal the full-logits path within fp32 noise
+    policy = load_policy("tiny-random", lora=lora)
+    batch = rollout_batch(policy)
+    train_steps(policy, batch)  # the policy moves away from the reference
+    m = batch.loss_mask.bool()
+    T = 0.7
+    with torch.no_grad():
+        ref = policy.reference_logprobs(batch, T)
+        out = policy.forward(batch, T, with_entropy=True)
+        if lora is None:
+            ref_old, _ = full_logits_logprobs_and_entropy(policy.reference_model, batch, T)
+        else:
+            with policy.model.disable_adapter():
+                ref_old, _ = full_logits_logprobs_and_entropy(policy.model, batch, T)
+        pol_old, h_old = full_logits_logprobs_and_entropy(policy.model, batch, T)
+    assert (ref[m] - out.logprobs[m]).abs().max() > 1e-2  # two different policies
+    torch.testing.assert_close(ref[m], ref_old[m], rtol=0, atol=1e-5)
+    torch.testing.assert_close(out.logprobs[m], pol_old[m], rtol=0, atol=1e-5)
+    torch.testing.assert_close(out.entropy[m], h_old[m], rtol=0, atol=1e-5)
+    assert not ref[~m].any() and not out.logprobs[~m].any()  # only sampled tokens are scored
+    # whole-sequence logprobs score every token but the first
+    seqs = [PROMPTS[0] + [3, 4, 5], PROMPTS[1]]
+    got = policy.logprobs(seqs, T)
+    want, _ = full_logits_logprobs_and_entropy(
+        policy.model, collate([_context(s) for s in seqs], policy.pad_token_id), T
+    )
+    for g, w, s in zip(got, want, seqs, strict=True):
+        assert g[0] == 0.0
+        torch.testing.assert_close(torch.tensor(g[1:]), w[1 : len(s)], rtol=0, atol=1e-5)
+
+
+def _context(ids):
+    seg = Segment()
+    seg.append_context(ids, kind="prompt")
+    return seg
+
+
 @pytest.mark.parametrize("lora", [LoraSpec(rank=4, alpha=8.0), None], ids=["lora", "full"])
 def test_reference_never_changes_across_optimizer_steps(lora):
     policy = load_policy("tiny-random", lora=lora)

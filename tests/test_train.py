@@ -1,6 +1,7 @@
 """Trainer step and loop on the tiny random model and the in-process toy task."""
 
 import json
+import math
 import signal
 import subprocess
 import sys
@@ -247,7 +248,7 @@ def test_with_an_sft_warm_start_the_model_before_it_is_evaluated_too(tmp_path):
 def test_a_shared_system_prompt_runs_once_and_changes_nothing(monkeypatch):
     # 4 rows share 30 context tokens (a system prompt): the forward runs them once and broadcasts
     # their keys/values; logprobs and LoRA gradients equal the plain forward's up to float order.
-    from coderl.train import step
+    from coderl.policy import forward as fwd
 
     g = torch.Generator().manual_seed(0)
     system = torch.randint(3, 100, (30,), generator=g).tolist()
@@ -260,15 +261,19 @@ def test_a_shared_system_prompt_runs_once_and_changes_nothing(monkeypatch):
         segs.append(seg)
     policy = load_policy("tiny-random", lora=LoraSpec(rank=4))
     batch = build_batch(segs, [1.0, -1.0, 0.5, 2.0], policy.pad_token_id)
+
     # 30 shared tokens, the last of them recomputed per row (it predicts nothing trainable here,
     # but the rule keeps every trainable token's predictor out of the shared part)
-    assert step._shared_context(batch.tokens) == 29
-    assert step._shared_context(build_batch(segs[:1], [1.0], policy.pad_token_id).tokens) == 0
+    def shared(tokens):
+        return fwd._shared_context(tokens, tokens.loss_mask[:, 1:] > 0)
+
+    assert shared(batch.tokens) == 29
+    assert shared(build_batch(segs[:1], [1.0], policy.pad_token_id).tokens) == 0
     results = []
     for threshold in (16, 10**9):  # shared, then plain
-        monkeypatch.setattr(step, "MIN_SHARED_CONTEXT", threshold)
+        monkeypatch.setattr(fwd, "MIN_SHARED_CONTEXT", threshold)
         policy.model.zero_grad()
-        out = step.forward(policy.model, batch.tokens, temperature=0.7)
+        out = fwd.forward(policy.model, batch.tokens, temperature=0.7)
         weights = torch.arange(out.logp.numel(), dtype=torch.float32).view_as(out.logp)
         (out.logp * weights).sum().backward()
         grads = torch.cat([p.grad.flatten() for p in policy.trainable_parameters()])
@@ -278,3 +283,126 @@ def test_a_shared_system_prompt_runs_once_and_changes_nothing(monkeypatch):
     torch.testing.assert_close(lp_shared, lp_plain, rtol=1e-5, atol=1e-5)
     scale = float(g_plain.abs().max())
     torch.testing.assert_close(g_shared, g_plain, rtol=1e-5, atol=1e-5 * scale)
+
+
+def _grads(policy):
+    return torch.cat([p.grad.flatten() for p in policy.trainable_parameters()])
+
+
+def _rejecting_batch(policy):
+    """3 rows (3, 4, 5 sampled tokens) whose behaviour logprobs equal the trainer's, so every
+    importance weight is exp(0) = 1, except: row 0's second sampled token has weight 5 (above
+    the cap 2) and every token of row 2 weight 0.1 (below the low 0.5): 6 of 12 rejected."""
+    from coderl.policy.forward import forward
+
+    batch = build_batch(_segments(3), [1.0, -1.0, 0.5], policy.pad_token_id)
+    t = batch.tokens
+    with torch.no_grad():
+        lp = forward(policy.model, t, temperature=1.0).logp  # (3, T)
+    t.behavior_logprobs.copy_(lp)
+    t.behavior_logprobs[0, 4] -= math.log(5.0)  # w = exp(lp - (lp - log 5)) = 5
+    t.behavior_logprobs[2] -= math.log(0.1) * t.loss_mask[2]  # w = 0.1
+    rejected = torch.zeros_like(t.loss_mask)
+    rejected[0, 4] = 1
+    rejected[2] = t.loss_mask[2]
+    return batch, rejected
+
+
+MASKED_IS = {"mode": "mask", "cap": 2.0, "low": 0.5}
+
+
+def test_masked_importance_sampling_worked_example():
+    # kept: row 0 two tokens (A = 1), row 1 four tokens (A = -1), row 2 none; ratio 1, weight 1:
+    # token-mean pg = (2 * -1 + 4 * +1) / 6 = 0.3333. Counting the 6 rejected tokens in the
+    # denominator (the bug) gives (-2 + 4) / 12 = 0.1667.
+    policy = load_policy("tiny-random", lora=LoraSpec(rank=4))
+    batch, _ = _rejecting_batch(policy)
+    cfg = AlgorithmConfig(old_logp="trainer", importance=MASKED_IS)
+    m = accumulate_gradients(
+        policy.model, batch, cfg, micro_batch_size=3, temperature=1.0, max_len=20
+    )
+    assert m["pg_loss"] == pytest.approx(1 / 3, rel=1e-5)
+    assert m["iw_rejected_frac"] == pytest.approx(0.5)
+    assert m["iw_mean"] == pytest.approx(1.0) and m["iw_max"] == pytest.approx(1.0)
+    # the gap is over every sampled token: |log 5| once, |log 0.1| five times, 0 six times
+    assert m["logprob_gap"] == pytest.approx((math.log(5) + 5 * math.log(10)) / 12, rel=1e-5)
+    assert m["logprob_gap_max"] == pytest.approx(math.log(10), rel=1e-5)
+
+
+@pytest.mark.parametrize("agg", AGGREGATIONS)
+def test_masked_importance_sampling_equals_training_without_the_rejected_tokens(agg):
+    # rejection = the tokens were never in the loss: same gradient as the batch with their loss
+    # mask set to 0 and no weights (the kept weights are exactly 1), for any micro-batch split
+    policy = load_policy("tiny-random", lora=LoraSpec(rank=4))
+    batch, rejected = _rejecting_batch(policy)
+    plain = build_batch(_segments(3), [1.0, -1.0, 0.5], policy.pad_token_id)
+    plain.tokens.loss_mask.mul_(1 - rejected)
+    plain.tokens.behavior_logprobs.copy_(batch.tokens.behavior_logprobs * plain.loss_mask)
+    masked_cfg = AlgorithmConfig(old_logp="trainer", loss_agg=agg, importance=MASKED_IS)
+    off_cfg = AlgorithmConfig(old_logp="trainer", loss_agg=agg, importance={"mode": "off"})
+    results = {}
+    for name, b, cfg, mbs in [
+        ("plain", plain, off_cfg, 3),
+        ("masked", batch, masked_cfg, 3),
+        ("masked, 1 row per micro-batch", batch, masked_cfg, 1),
+    ]:
+        policy.model.zero_grad()
+        m = accumulate_gradients(
+            policy.model, b, cfg, micro_batch_size=mbs, temperature=1.0, max_len=20
+        )
+        results[name] = (_grads(policy), m["loss"])
+    g_ref, loss_ref = results["plain"]
+    assert g_ref.abs().max() > 0
+    scale = float(g_ref.abs().max())
+    for name in ("masked", "masked, 1 row per micro-batch"):
+        g, loss = results[name]
+        torch.testing.assert_close(g, g_ref, rtol=1e-5, atol=1e-5 * scale, msg=name)
+        assert loss == pytest.approx(loss_ref, rel=1e-5, abs=1e-6), name
+
+
+def test_the_trainer_kl_term_is_the_loss_estimator_k2():
+    # with zero advantages the step's gradient is the KL term's alone: it must be the gradient
+    # of the token-mean of k2 = 0.5 (logp - ref)^2, not of k3 (see test_algorithms for why)
+    from coderl.algorithms import aggregate, kl_penalty
+    from coderl.policy.forward import forward
+
+    policy = load_policy("tiny-random", lora=LoraSpec(rank=4))
+    batch = build_batch(_segments(4), [0.0] * 4, policy.pad_token_id)
+    g = torch.Generator().manual_seed(3)
+    with torch.no_grad():
+        lp = forward(policy.model, batch.tokens, temperature=1.0).logp
+    noise = torch.randn(lp.shape, generator=g)
+    batch.ref_logp = (lp - 0.5 * noise.abs()) * batch.loss_mask  # a reference unlike the policy
+    cfg = AlgorithmConfig(old_logp="behaviour", kl={"coef": 1.0})
+    policy.model.zero_grad()
+    m = accumulate_gradients(
+        policy.model, batch, cfg, micro_batch_size=2, temperature=1.0, max_len=20
+    )
+    g_step = _grads(policy)
+    expected = {}
+    for kind in ("k2", "k3"):
+        policy.model.zero_grad()
+        out = forward(policy.model, batch.tokens, temperature=1.0)
+        kl = aggregate(kl_penalty(out.logp, batch.ref_logp, kind), batch.loss_mask, "token-mean")
+        kl.backward()
+        expected[kind] = (_grads(policy), kl.item())
+    scale = float(expected["k2"][0].abs().max())
+    torch.testing.assert_close(g_step, expected["k2"][0], rtol=1e-5, atol=1e-5 * scale)
+    assert m["kl"] == pytest.approx(expected["k2"][1], rel=1e-5)
+    assert (g_step - expected["k3"][0]).abs().max() > 1e-3 * scale
+
+
+@pytest.mark.parametrize("reason", ["abort", "tool_calls", "", None])
+def test_toy_environment_refuses_unknown_finish_reasons(reason):
+    from coderl.policy.base import Completion, SamplingParams
+    from coderl.train.env import ToyEnvironment
+
+    class Engine:
+        version = 0
+
+        def generate(self, prompts, params):
+            return [Completion([5, 6], [-1.0, -1.0], reason, 0) for _ in prompts]
+
+    env = ToyEnvironment()
+    with pytest.raises(ValueError, match="unknown finish_reason"):
+        env.rollout(Engine(), env.tasks("train")[:1], SamplingParams(), 2)

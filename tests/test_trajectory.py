@@ -179,3 +179,32 @@ def test_builder_enforces_turn_order():
         ep.add_completion(fake_completion(tok, "b"))
     with pytest.raises(ValueError, match="at least one"):
         EpisodeBuilder(tok, [])
+
+
+def test_a_stopped_turn_has_exactly_one_end_of_turn_token():
+    # the sampled <|im_end|> closes the turn; the observation delta must not add a second one
+    tok = tiny_tokenizer()
+    ep = EpisodeBuilder(tok, MESSAGES)
+    ep.add_completion(fake_completion(tok, "Done."))
+    ep.add_observation([{"role": "user", "content": "ok"}])
+    seg = ep.segment
+    _, start, end = [s for s in seg.provenance["spans"] if s[0] == "action"][0]
+    assert seg.token_ids[end - 1] == tok.eos_token_id
+    assert seg.token_ids[end] != tok.eos_token_id  # the delta starts after the closing
+
+
+@pytest.mark.parametrize("reason", ["abort", "tool_calls", "", None])
+def test_unknown_finish_reasons_raise(reason):
+    # Treated like "length" they would keep the template's closing after a sampled <|im_end|>
+    # (two end-of-turn tokens in the training context); the builder refuses them instead.
+    tok = tiny_tokenizer()
+    ep = EpisodeBuilder(tok, MESSAGES)
+    c = fake_completion(tok, "Done.")  # ends with the sampled <|im_end|>
+    c.finish_reason = reason
+    before = list(ep.segment.token_ids)
+    with pytest.raises(ValueError, match="unknown finish_reason"):
+        ep.add_completion(c)
+    assert ep.segment.token_ids == before  # nothing appended
+    ep.add_completion(fake_completion(tok, "Done."))  # the builder is still usable
+    with pytest.raises(ValueError, match="unknown finish_reason"):
+        Completion([5], [-0.1], reason, 0)  # an engine adapter cannot even build one

@@ -31,7 +31,7 @@ from coderl.agent.episode import (
     episode_steps,
 )
 from coderl.agent.tools import TOOLS, Tool
-from coderl.policy.base import Completion, Policy, SamplingParams
+from coderl.policy.base import Completion, Policy, SamplingParams, check_finish_reason
 from coderl.sandbox.base import Sandbox
 
 
@@ -53,6 +53,7 @@ def sample_batch(
 
     Raises:
         RuntimeError: the policy returned a different number of completions than prompts.
+        ValueError: a completion's finish reason is not ``"stop"`` or ``"length"``.
     """
     stops = sorted({t for r in requests for t in r.stop_token_ids})
     params = SamplingParams(
@@ -65,7 +66,10 @@ def sample_batch(
     completions = policy.generate([r.prompt_ids for r in requests], params)
     if len(completions) != len(requests):
         raise RuntimeError(f"policy returned {len(completions)} completions for {len(requests)}")
-    return [_cut(c, r.max_new_tokens) for c, r in zip(completions, requests, strict=True)]
+    return [
+        _cut(check_finish_reason(c), r.max_new_tokens)
+        for c, r in zip(completions, requests, strict=True)
+    ]
 
 
 def run_episodes(

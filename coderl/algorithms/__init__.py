@@ -5,6 +5,7 @@ from coderl.algorithms.advantages import gae, group_advantages
 from coderl.algorithms.losses import (
     AGGREGATIONS,
     KL_ESTIMATORS,
+    KL_LOSS_ESTIMATOR,
     aggregate,
     entropy,
     kl_penalty,
@@ -13,11 +14,12 @@ from coderl.algorithms.losses import (
     value_loss,
 )
 from coderl.algorithms.metrics import best_of_n, pass_at_k
-from coderl.algorithms.off_policy import importance_weights
+from coderl.algorithms.off_policy import importance_weights, logprob_gap
 
 __all__ = [
     "AGGREGATIONS",
     "KL_ESTIMATORS",
+    "KL_LOSS_ESTIMATOR",
     "aggregate",
     "best_of_n",
     "entropy",
@@ -25,6 +27,7 @@ __all__ = [
     "group_advantages",
     "importance_weights",
     "kl_penalty",
+    "logprob_gap",
     "pass_at_k",
     "policy_loss",
     "token_logprobs",

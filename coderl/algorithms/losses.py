@@ -21,11 +21,14 @@ def token_logprobs(logits: Tensor, tokens: Tensor, *, temperature: float = 1.0) 
     """Log-probabilities of ``tokens`` under ``softmax(logits / temperature)``.
 
     Temperature scales the logits *before* the softmax, as the sampler does, so these are the
-    logprobs of the distribution a token was actually drawn from.
+    logprobs of the distribution a token was actually drawn from; the arithmetic
+    (``log_softmax`` then ``gather``) is the sampler's too
+    (:func:`coderl.policy.engine.sample_next`), so equal logits give bit-equal logprobs.
 
     Args:
-        logits: ``[B, T, V]`` float; position t holds the logits that predict ``tokens[:, t]``.
-        tokens: ``[B, T]`` int64 token ids.
+        logits: ``[B, T, V]`` float (or any ``[..., V]``); position t holds the logits that
+            predict ``tokens[:, t]``.
+        tokens: ``[B, T]`` int64 token ids (``logits.shape[:-1]``).
         temperature: > 0.
 
     Returns:
@@ -39,36 +42,62 @@ def token_logprobs(logits: Tensor, tokens: Tensor, *, temperature: float = 1.0) 
     if logits.shape[:-1] != tokens.shape:
         raise ValueError(f"logits {tuple(logits.shape)} do not match tokens {tuple(tokens.shape)}")
     dtype = torch.float64 if logits.dtype == torch.float64 else torch.float32
-    scaled = logits.to(dtype) / temperature  # (B, T, V)
-    picked = scaled.gather(-1, tokens.long().unsqueeze(-1)).squeeze(-1)  # (B, T)
-    return picked - torch.logsumexp(scaled, dim=-1)
+    logp = (logits.to(dtype) / temperature).log_softmax(-1)  # (B, T, V), as the sampler computes
+    return logp.gather(-1, tokens.long().unsqueeze(-1)).squeeze(-1)  # (B, T)
 
 
-def entropy(logits: Tensor, mask: Tensor) -> Tensor:
-    """Per-token entropy ``H_t = -sum_v p_v log p_v`` of ``softmax(logits)``.
+def entropy(logits: Tensor, mask: Tensor | None = None) -> Tensor:
+    """Entropy ``H = -sum_v p_v log p_v`` of ``softmax(logits)`` over the last dimension.
+
+    The one entropy of the package: the trainer forward
+    (:func:`coderl.policy.forward.forward`) calls it on tempered logits, so the entropy it
+    reports is that of the distribution each token was sampled from.
 
     Args:
-        logits: ``[B, T, V]`` float.
-        mask: ``[B, T]`` bool or 0/1; positions with 0 get entropy 0.
+        logits: ``[..., V]`` float (e.g. ``[B, T, V]``, or ``[N, V]`` at N sampled positions);
+            divide by the temperature first for the tempered entropy.
+        mask: ``[...]`` bool or 0/1, or None; positions with 0 get entropy 0.
 
     Returns:
-        ``[B, T]`` float32 entropies in nats; reduce them with :func:`aggregate`.
+        ``[...]`` float32 entropies in nats; reduce them with :func:`aggregate`.
     """
-    logp = logits.float().log_softmax(-1)  # (B, T, V)
-    h = -(logp.exp() * logp).sum(-1)  # (B, T)
-    return h * mask.to(h.dtype)
+    logp = logits.float().log_softmax(-1)  # (..., V)
+    h = -(logp.exp() * logp).sum(-1)  # (...)
+    return h if mask is None else h * mask.to(h.dtype)
 
 
 def kl_penalty(logp: Tensor, ref_logp: Tensor, kind: str) -> Tensor:
     """Per-token estimators of KL(policy || reference) from sampled-token logprobs.
 
     With ``log_r = ref_logp - logp`` (Schulman 2020, "Approximating KL Divergence", samples drawn
-    from the policy):
+    from the policy pi):
 
-    - ``"k1"``: ``-log_r`` (unbiased, high variance, can be negative; use it as KL-in-reward);
-    - ``"k2"``: ``0.5 * log_r**2`` (biased, low variance; its gradient is the KL gradient);
-    - ``"k3"``: ``exp(log_r) - 1 - log_r`` (unbiased, always >= 0; GRPO's choice, Shao et al.
-      2024, Eq. 4).
+    - ``"k1"``: ``-log_r`` (unbiased value, high variance, can be negative);
+    - ``"k2"``: ``0.5 * log_r**2`` (biased value, low variance);
+    - ``"k3"``: ``exp(log_r) - 1 - log_r`` (unbiased value, always >= 0; GRPO's choice, Shao et
+      al. 2024, Eq. 4).
+
+    Which one where. An unbiased *value* does not make an unbiased *gradient* when the estimate
+    is differentiated as a loss (Tang & Munos 2025, "On a few pitfalls in KL divergence gradient
+    estimation for RL", arXiv:2506.09477, their first pitfall). With x ~ pi and the sample held fixed:
+
+    - ``grad k2 = (log pi - log ref) grad log pi``, whose expectation is
+      ``grad KL(pi || ref)``: **k2 is the loss estimator** (:data:`KL_LOSS_ESTIMATOR`, what
+      ``algorithm.kl`` puts into the trainer's loss);
+    - ``grad k3 = (1 - ref / pi) grad log pi``, expectation ``-sum_x ref(x) grad log pi(x) =
+      grad KL(ref || pi)``: the *other* direction (Zhang et al. 2025, "On the Design of
+      KL-Regularized Policy Gradient Algorithms for LLM Reasoning", arXiv:2505.17508, show k3 is
+      an unnormalised KL and correct GRPO's KL term);
+    - ``grad k1 = grad log pi``, expectation 0: no regularisation at all.
+
+    k1 and k3 are for values: the KL-in-reward term (k1 summed over an episode's tokens, a
+    detached reward, :func:`coderl.rewards.terms.kl_term`) and logging. Limits of k2 as a loss:
+    per token it gives the gradient of each token's KL at its sampled prefix, not the part that
+    flows through the distribution of later prefixes (Tang & Munos 2025, second pitfall;
+    KL-in-reward carries that part), and it is unbiased only for tokens sampled from the current policy (on
+    later PPO epochs, or under sampler/trainer mismatch, it is off by the importance ratio; Zhang
+    et al. 2025). ``tests/test_algorithms.py`` checks the three expected gradients by Monte Carlo
+    on a small categorical policy.
 
     Clamp: for ``"k3"`` ``log_r`` is clamped to ``[-20, 20]`` before ``exp`` so the value stays
     finite; k1 and k2 are not clamped.
@@ -104,6 +133,10 @@ def _k3(log_r: Tensor) -> Tensor:
 
 
 KL_ESTIMATORS: dict[str, Callable[[Tensor], Tensor]] = {"k1": _k1, "k2": _k2, "k3": _k3}
+
+KL_LOSS_ESTIMATOR = "k2"
+"""The estimator whose gradient, differentiated as a loss on on-policy samples, is
+``grad KL(pi || ref)`` (see :func:`kl_penalty`); the only one ``algorithm.kl`` accepts."""
 
 
 def aggregate(per_token: Tensor, mask: Tensor, mode: str, *, max_len: int | None = None) -> Tensor:
@@ -190,7 +223,11 @@ def policy_loss(
     al. 2025, Sec. 3.1). With ``dual_clip = c > 1`` and ``A < 0`` the loss is further capped at
     ``-c * A`` (Ye et al. 2020, "Mastering Complex Control in MOBA Games", Eq. 5). ``weights``
     multiply the per-token loss as importance weights for sampler/trainer mismatch and staleness
-    (see :func:`importance_weights`; they are treated as constants).
+    (see :func:`importance_weights`; they are treated as constants). A weight of exactly 0 is a
+    rejected token (masked importance sampling): it leaves the loss *and its normaliser*, as if
+    its mask were 0, so rejecting tokens does not shrink the loss of the ones kept (Liu et al.
+    2025, "When Speed Kills Stability: Demystifying RL Collapse from the Training-Inference
+    Mismatch": MIS rejects through the response mask, as verl's rollout correction does).
 
     Args:
         logp: ``[B, T]`` current-policy logprobs of the sampled tokens (requires grad).
@@ -203,7 +240,7 @@ def policy_loss(
         dual_clip: ``c > 1`` or None.
         agg: aggregation mode, see :func:`aggregate`.
         max_len: for ``agg="seq-mean-token-sum-norm"``.
-        weights: ``[B, T]`` per-token importance weights, or None.
+        weights: ``[B, T]`` per-token importance weights (>= 0; 0 rejects the token), or None.
 
     Returns:
         ``(loss, metrics)``: a 0-dim loss; metrics (floats over trainable tokens):
@@ -214,7 +251,7 @@ def policy_loss(
 
     Raises:
         ValueError: ``old_logp`` is None or non-finite at a trainable token (never silently ratio
-            1), bad shapes, ``dual_clip <= 1``, negative clip ranges.
+            1), bad shapes, ``dual_clip <= 1``, negative clip ranges, a negative weight.
     """
     if old_logp is None:
         raise ValueError("old_logp is required: behaviour logprobs are missing")
@@ -231,6 +268,12 @@ def policy_loss(
             f"old_logp is non-finite at trainable token (row {b}, position {t}): "
             f"{old_logp[b, t].item()}; behaviour logprobs must be recorded for every sampled token"
         )
+    if weights is not None:
+        _check_same_shape(logp=logp, weights=weights)
+        weights = weights.detach()
+        if bool((m & (weights < 0)).any()):
+            raise ValueError("importance weights must be >= 0")
+        m = m & (weights > 0)  # rejected tokens leave the normaliser too
     if advantages.dim() == 1:
         advantages = advantages.unsqueeze(-1).expand_as(logp)  # (B,) -> (B, T)
     _check_same_shape(logp=logp, advantages=advantages)
@@ -249,8 +292,7 @@ def policy_loss(
         dual_active = m & (adv < 0) & (per_token > cap)
         per_token = torch.where(adv < 0, torch.minimum(per_token, cap), per_token)
     if weights is not None:
-        _check_same_shape(logp=logp, weights=weights)
-        per_token = per_token * weights.detach()
+        per_token = per_token * weights
     loss = aggregate(per_token, m, agg, max_len=max_len)
 
     with torch.no_grad():

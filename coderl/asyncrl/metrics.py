@@ -8,39 +8,9 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-import torch
-from torch import Tensor
+from coderl.algorithms import logprob_gap
 
-
-def logprob_gap(train_logp: Tensor, behavior_logp: Tensor, mask: Tensor) -> dict[str, float]:
-    """How far the trainer's logprobs are from the sampler's on the sampled tokens.
-
-    Returns ``logprob_gap`` = mean ``|train_logp - behavior_logp|`` and ``logprob_gap_kl`` = mean
-    k3 estimate of KL(behaviour || trainer), ``exp(d) - 1 - d`` with ``d = train - behaviour``
-    (Schulman 2020, "Approximating KL Divergence"), both over tokens where ``mask`` is 1 (0 when
-    there are none). Staleness and sampler/trainer numerics both widen it.
-
-    Args:
-        train_logp, behavior_logp: ``[B, T]`` float logprobs of the same sampled tokens.
-        mask: ``[B, T]`` bool or 0/1.
-
-    Raises:
-        ValueError: shapes differ.
-    """
-    if not (train_logp.shape == behavior_logp.shape == mask.shape):
-        raise ValueError(
-            f"shape mismatch: train {tuple(train_logp.shape)}, behaviour "
-            f"{tuple(behavior_logp.shape)}, mask {tuple(mask.shape)}"
-        )
-    with torch.no_grad():
-        m = mask.to(torch.bool)
-        d = (train_logp.double() - behavior_logp.double())[m]  # (N,)
-        if d.numel() == 0:
-            return {"logprob_gap": 0.0, "logprob_gap_kl": 0.0}
-        return {
-            "logprob_gap": float(d.abs().mean()),
-            "logprob_gap_kl": float((d.clamp(max=20).exp() - 1 - d).mean()),
-        }
+__all__ = ["AsyncMetrics", "logprob_gap"]  # the gap is the package's one (coderl.algorithms)
 
 
 @dataclass

@@ -39,6 +39,8 @@ class EvalResult:
     per_task: list[dict[str, Any]] = field(default_factory=list)
     """``{"task_id", "n", "correct", "best"}`` per task (for paired comparisons)."""
     grading_errors: int = 0
+    dropped_episodes: int = 0
+    """Episodes the environment did not return (counted as failures, in the denominator)."""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -74,29 +76,56 @@ def evaluate(
 ) -> EvalResult:
     """Sample ``samples`` episodes per task with ``env.rollout``, grade them, and summarize.
 
-    Episodes whose grading failed count as incorrect (and are counted in ``grading_errors``): an
-    evaluation must not look better because the grader broke.
+    Episodes are joined to their task by ``task_id``, never by position, so an environment that
+    drops, adds or reorders episodes cannot move a result onto another task. Every task keeps
+    ``n = samples``: an episode the environment did not return counts as a failure (counted in
+    ``dropped_episodes``), and so does one whose grading failed (counted in
+    ``grading_errors``): an evaluation must not look better because the harness or the grader
+    broke.
 
     Args:
         env: a :class:`coderl.train.env.Environment`.
         policy: what ``env.rollout`` samples from.
-        tasks: the split to evaluate.
+        tasks: the split to evaluate (distinct task ids).
         samples: n per task; ks: the k values (each <= n); params: sampling parameters (its seed
             is offset per batch of tasks so results do not depend on batching order).
         tasks_per_batch: tasks rolled out together.
+
+    Raises:
+        ValueError: duplicate task ids, an episode whose ``task_id`` is not a task of its batch,
+            more than ``samples`` episodes for a task, or a grade count that differs from the
+            episode count.
     """
+    if len({t.id for t in tasks}) != len(tasks):
+        raise ValueError("evaluate needs distinct task ids")
     per_task: list[dict[str, Any]] = []
-    errors = 0
+    errors = dropped = 0
     for start in range(0, len(tasks), tasks_per_batch):
         chunk = tasks[start : start + tasks_per_batch]
         seed = None if params.seed is None else params.seed + start
         episodes = env.rollout(policy, chunk, replace(params, seed=seed), samples)
-        owners = [t for t in chunk for _ in range(samples)]
-        grades = env.grade(owners, episodes)
-        for i, task in enumerate(chunk):
-            g = grades[i * samples : (i + 1) * samples]
+        by_id = {t.id: t for t in chunk}
+        stray = sorted({ep.task_id for ep in episodes} - set(by_id))
+        if stray:
+            raise ValueError(f"episodes for tasks not in this batch: {stray}")
+        owners = [by_id[ep.task_id] for ep in episodes]
+        grades = env.grade(owners, episodes) if episodes else []
+        if len(grades) != len(episodes):
+            raise ValueError(f"{len(grades)} grades for {len(episodes)} episodes")
+        joined: dict[str, list[Any]] = {t.id: [] for t in chunk}
+        for ep, g in zip(episodes, grades, strict=True):
+            joined[ep.task_id].append(g)
+        for task in chunk:
+            g = joined[task.id]
+            if len(g) > samples:
+                raise ValueError(f"task {task.id!r}: {len(g)} episodes for {samples} samples")
+            dropped += samples - len(g)
             errors += sum(x.grading_error is not None for x in g)
             ok = [x.resolved and x.grading_error is None for x in g]
-            best = max((x.fraction_passed if x.grading_error is None else 0.0) for x in g)
+            best = max(
+                ((x.fraction_passed if x.grading_error is None else 0.0) for x in g), default=0.0
+            )
             per_task.append({"task_id": task.id, "n": samples, "correct": sum(ok), "best": best})
-    return summarize(per_task, ks, samples, errors)
+    res = summarize(per_task, ks, samples, errors)
+    res.dropped_episodes = dropped
+    return res

@@ -36,9 +36,38 @@ class Completion:
     logprobs: list[float] = field(default_factory=list)
     """Logprob of each sampled token under the distribution it was sampled from."""
     finish_reason: str = "length"
-    """``"stop"`` (a stop token was sampled) or ``"length"`` (budget exhausted)."""
+    """``"stop"`` (a stop token was sampled, it is the last id) or ``"length"`` (budget
+    exhausted); any other value (an engine's ``"abort"``, ``"tool_calls"``, ``""``, None)
+    raises at construction and again where completions are consumed (the field may be
+    reassigned), see :func:`check_finish_reason`."""
     policy_version: int = 0
     """Weight version that produced these tokens."""
+
+    def __post_init__(self) -> None:
+        check_finish_reason(self)  # at construction too: an engine adapter fails where it maps
+
+
+FINISH_REASONS = ("stop", "length")
+"""The finish reasons a :class:`Completion` may carry."""
+
+
+def check_finish_reason(completion: Completion) -> Completion:
+    """``completion`` itself if its ``finish_reason`` is one of :data:`FINISH_REASONS`.
+
+    The reason decides how the training context continues after the sampled ids: after
+    ``"stop"`` the sampled stop token already closes the turn, after ``"length"`` the harness
+    appends the closing. Guessing for any other reason would either train on a context with the
+    end-of-turn token twice or miss it, so it is an engine fault and raises.
+
+    Raises:
+        ValueError: an unknown finish reason (lists the valid ones).
+    """
+    if completion.finish_reason not in FINISH_REASONS:
+        raise ValueError(
+            f"unknown finish_reason {completion.finish_reason!r}; valid: {list(FINISH_REASONS)} "
+            "(an engine that aborts or stops for another reason must not hand the completion on)"
+        )
+    return completion
 
 
 class Engine(Protocol):

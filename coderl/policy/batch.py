@@ -1,4 +1,4 @@
-"""Segments -> padded training tensors, and per-token logprobs of such a batch.
+"""Segments -> padded training tensors (their per-token logprobs: :mod:`coderl.policy.forward`).
 
 Everything in a :class:`TrainBatch` is aligned to *tokens*: column ``t`` describes token
 ``input_ids[:, t]``; its logprob is predicted from the logits at ``t - 1``. The trainer therefore
@@ -18,7 +18,6 @@ from dataclasses import dataclass, fields
 import torch
 from torch import Tensor
 
-from coderl.algorithms import token_logprobs
 from coderl.trajectory import Segment
 
 PAD_SIDES = ("right", "left")
@@ -103,43 +102,3 @@ def collate(
         out.behavior_logprobs[b, cols] = torch.tensor(seg.behavior_logprobs, dtype=torch.float32)
         out.policy_versions[b, cols] = torch.tensor(seg.policy_versions, dtype=torch.long)
     return out
-
-
-def model_logits(model: torch.nn.Module, batch: TrainBatch) -> Tensor:
-    """Full-sequence logits ``[B, T, V]`` (float32) with the batch's explicit positions."""
-    out = model(
-        input_ids=batch.input_ids,
-        attention_mask=batch.attention_mask,
-        position_ids=batch.position_ids,
-        use_cache=False,
-    )
-    return out.logits.float()
-
-
-def shifted_token_logprobs(logits: Tensor, input_ids: Tensor, temperature: float) -> Tensor:
-    """Per-token logprobs aligned to tokens: column ``t`` is ``log p(input_ids[t] | ids[:t])``.
-
-    Uses :func:`coderl.algorithms.token_logprobs` on ``logits[:, :-1] / temperature``; column 0
-    has no prefix and is 0.
-
-    Args:
-        logits: ``[B, T, V]``; input_ids: ``[B, T]`` int64; temperature: > 0.
-
-    Returns:
-        ``[B, T]`` float32 (differentiable through ``logits``).
-    """
-    lp = token_logprobs(logits[:, :-1], input_ids[:, 1:], temperature=temperature)  # (B, T-1)
-    return torch.cat([torch.zeros_like(lp[:, :1]), lp], dim=1)  # (B, T)
-
-
-def shifted_entropy(logits: Tensor, temperature: float) -> Tensor:
-    """Entropy (nats) of the tempered next-token distribution each token was drawn from.
-
-    Column ``t`` is ``H(softmax(logits[:, t - 1] / temperature))``; column 0 is 0.
-
-    Returns:
-        ``[B, T]`` float32.
-    """
-    logp = (logits[:, :-1].float() / temperature).log_softmax(-1)  # (B, T-1, V)
-    h = -(logp.exp() * logp).sum(-1)  # (B, T-1)
-    return torch.cat([torch.zeros_like(h[:, :1]), h], dim=1)

@@ -35,7 +35,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from coderl.policy.base import Completion
+from coderl.policy.base import Completion, check_finish_reason
 from coderl.trajectory import Segment, Trajectory
 
 PLACEHOLDER = "\u2063coderl-placeholder\u2063"
@@ -135,9 +135,12 @@ class EpisodeBuilder:
 
         Raises:
             RuntimeError: two completions in a row without an observation between them.
+            ValueError: a finish reason other than ``"stop"`` or ``"length"``
+                (:func:`coderl.policy.base.check_finish_reason`).
         """
         if self._last is not None:
             raise RuntimeError("add_observation must follow each completion")
+        check_finish_reason(completion)
         self.segment.append_sampled(
             completion.token_ids, completion.logprobs, completion.policy_version
         )

@@ -8,7 +8,9 @@ Who calls what:
 - the trainer: :func:`coderl.policy.batch.collate` then :meth:`LocalPolicy.forward` /
   :meth:`LocalPolicy.forward_logprobs` (with grad), :meth:`LocalPolicy.reference_logprobs`
   (no grad), the optimizer over :meth:`LocalPolicy.trainable_parameters`, then
-  :meth:`LocalPolicy.bump_version` after every optimizer step.
+  :meth:`LocalPolicy.bump_version` after every optimizer step. Every one of these logprobs
+  (and :meth:`LocalPolicy.logprob_gap`) comes from the one trainer forward,
+  :func:`coderl.policy.forward.forward`.
 
 Reference policy: with LoRA it is the same model with the adapter disabled (peft's
 ``disable_adapter``; no second copy in memory); with full fine-tuning it is a frozen deep copy
@@ -29,15 +31,11 @@ import torch
 from peft import LoraConfig, PeftModel, get_peft_model
 from torch import Tensor
 
+from coderl import algorithms as A
 from coderl.policy.base import Completion, Engine, SamplingParams
-from coderl.policy.batch import (
-    TrainBatch,
-    collate,
-    model_logits,
-    shifted_entropy,
-    shifted_token_logprobs,
-)
+from coderl.policy.batch import TrainBatch, collate
 from coderl.policy.engine import TorchEngine
+from coderl.policy.forward import forward
 from coderl.trajectory import Segment
 
 
@@ -67,7 +65,7 @@ class LoraSpec:
 class TokenOutputs:
     """Per-token results of a forward pass, aligned to tokens (see :mod:`coderl.policy.batch`).
 
-    - ``logprobs``: ``[B, T]`` float32, differentiable; column 0 is 0.
+    - ``logprobs``: ``[B, T]`` float32, differentiable; 0 where a token is not scored.
     - ``entropy``: ``[B, T]`` float32 nats of the tempered next-token distribution, or None.
     """
 
@@ -158,26 +156,26 @@ class LocalPolicy:
     def forward(
         self, batch: TrainBatch, temperature: float = 1.0, *, with_entropy: bool = False
     ) -> TokenOutputs:
-        """Differentiable per-token logprobs (and optionally entropy) of a collated batch.
+        """Differentiable per-token logprobs (and optionally entropy) of a collated batch's
+        sampled tokens, from :func:`coderl.policy.forward.forward`.
 
-        ``logprobs[b, t] = log softmax(logits[b, t - 1] / temperature)[input_ids[b, t]]``, the
-        same tempered distribution the sampler drew from; pass the rollout's temperature.
+        ``logprobs[b, t] = log softmax(logits[b, t - 1] / temperature)[input_ids[b, t]]`` where
+        ``loss_mask[b, t]`` is 1, 0 elsewhere: the same tempered distribution the sampler drew
+        from; pass the rollout's temperature.
 
         Args:
             batch: from :func:`coderl.policy.batch.collate`.
             temperature: > 0 (use 1.0 for greedy rollouts).
 
         Returns:
-            :class:`TokenOutputs` with ``[B, T]`` float32 tensors; gradients flow into
-            :meth:`trainable_parameters`.
+            :class:`TokenOutputs` with ``[B, T]`` float32 tensors on the policy's device;
+            gradients flow into :meth:`trainable_parameters`.
 
         Raises:
             ValueError: non-positive temperature.
         """
-        logits = model_logits(self.model, batch.to(self.device))  # (B, T, V)
-        logprobs = shifted_token_logprobs(logits, batch.input_ids.to(self.device), temperature)
-        entropy = shifted_entropy(logits, temperature) if with_entropy else None
-        return TokenOutputs(logprobs=logprobs, entropy=entropy)
+        out = forward(self.model, batch.to(self.device), temperature=temperature)
+        return TokenOutputs(logprobs=out.logp, entropy=out.entropy if with_entropy else None)
 
     def forward_logprobs(self, batch: TrainBatch, temperature: float = 1.0) -> Tensor:
         """``[B, T]`` float32 differentiable logprobs; see :meth:`forward`."""
@@ -185,8 +183,9 @@ class LocalPolicy:
 
     @torch.no_grad()
     def reference_logprobs(self, batch: TrainBatch, temperature: float = 1.0) -> Tensor:
-        """``[B, T]`` float32 logprobs under the reference policy (no grad), aligned as
-        :meth:`forward`'s.
+        """``[B, T]`` float32 logprobs of the sampled tokens under the reference policy (no
+        grad), aligned as :meth:`forward`'s and from the same forward function; on the
+        reference's device.
 
         Raises:
             RuntimeError: the policy was built with ``reference=False``.
@@ -196,11 +195,9 @@ class LocalPolicy:
         if self.reference_model is None:  # LoRA: the base model is the reference
             assert isinstance(self.model, PeftModel)
             with self.model.disable_adapter():
-                logits = model_logits(self.model, batch.to(self.device))
-        else:
-            ref_device = next(self.reference_model.parameters()).device
-            logits = model_logits(self.reference_model, batch.to(ref_device))
-        return shifted_token_logprobs(logits, batch.input_ids.to(logits.device), temperature)
+                return forward(self.model, batch.to(self.device), temperature=temperature).logp
+        ref_device = next(self.reference_model.parameters()).device
+        return forward(self.reference_model, batch.to(ref_device), temperature=temperature).logp
 
     @torch.no_grad()
     def logprobs(
@@ -222,31 +219,47 @@ class LocalPolicy:
                 seg = Segment()
                 seg.append_context(list(s), kind="prompt")
                 segs.append(seg)
-            batch = collate(segs, self.pad_token_id)
-            lp = self.forward_logprobs(batch, temperature)
+            batch = collate(segs, self.pad_token_id).to(self.device)
+            every = (batch.attention_mask > 0) & (batch.position_ids > 0)  # all but token 0
+            lp = forward(self.model, batch, temperature=temperature, at=every).logp
             out.extend(lp[b, : len(s)].tolist() for b, s in enumerate(chunk))
         return out
 
+    @torch.no_grad()
     def logprob_gap(
         self,
         prompts: Sequence[Sequence[int]],
         completions: Sequence[Completion],
         temperature: float = 1.0,
+        *,
+        batch_size: int = 16,
     ) -> dict[str, float]:
-        """Sampler/trainer mismatch: ``|sampler logprob - trainer logprob|`` over sampled tokens.
+        """Sampler/trainer mismatch over the sampled tokens of ``completions``: the trainer
+        forward on prompt + completion, reduced by :func:`coderl.algorithms.logprob_gap`.
 
         Returns:
-            ``{"logprob_gap_mean": ..., "logprob_gap_max": ...}`` in nats; below 1e-3 in fp32
-            with the same weights (see ``tests/test_policy_sampling.py``).
+            ``logprob_gap`` (mean ``|sampler - trainer|`` logprob, nats), ``logprob_gap_max`` and
+            ``logprob_gap_kl``; the gap is below 1e-3 in fp32 with the same weights (see
+            ``tests/test_policy_sampling.py``).
         """
-        seqs = [list(p) + c.token_ids for p, c in zip(prompts, completions, strict=True)]
-        trainer = self.logprobs(seqs, temperature)
-        diffs: list[float] = []
-        for p, c, lp in zip(prompts, completions, trainer, strict=True):
-            diffs.extend(abs(a - b) for a, b in zip(c.logprobs, lp[len(p) :], strict=True))
-        if not diffs:
-            return {"logprob_gap_mean": 0.0, "logprob_gap_max": 0.0}
-        return {"logprob_gap_mean": sum(diffs) / len(diffs), "logprob_gap_max": max(diffs)}
+        train: list[Tensor] = []
+        behaviour: list[Tensor] = []
+        pairs = list(zip(prompts, completions, strict=True))
+        for i in range(0, len(pairs), batch_size):
+            segs = []
+            for p, c in pairs[i : i + batch_size]:
+                seg = Segment()
+                seg.append_context(list(p), kind="prompt")
+                seg.append_sampled(c.token_ids, c.logprobs, c.policy_version)
+                segs.append(seg)
+            batch = collate(segs, self.pad_token_id).to(self.device)
+            lp = forward(self.model, batch, temperature=temperature).logp  # (b, T)
+            m = batch.loss_mask > 0
+            train.append(lp[m])
+            behaviour.append(batch.behavior_logprobs[m])
+        t = torch.cat(train) if train else torch.zeros(0)
+        b = torch.cat(behaviour) if behaviour else torch.zeros(0)
+        return A.logprob_gap(t, b, torch.ones_like(t))
 
     def trainable_parameters(self) -> list[torch.nn.Parameter]:
         """The parameters the optimizer updates (LoRA adapters only, or every weight)."""

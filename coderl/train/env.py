@@ -12,7 +12,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from coderl.config import Config
-from coderl.policy.base import Completion, SamplingParams
+from coderl.policy.base import Completion, SamplingParams, check_finish_reason
 from coderl.trajectory import Segment, Trajectory
 
 
@@ -140,6 +140,7 @@ class ToyEnvironment:
         completions = policy.generate(prompts, params)
         episodes = []
         for i, c in enumerate(completions):
+            check_finish_reason(c)  # "truncated" below must not guess
             seg = Segment()
             seg.append_context(prompts[i], kind="prompt")
             seg.append_sampled(c.token_ids, c.logprobs, c.policy_version)

@@ -15,7 +15,6 @@ many segments or turns the episodes have.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from contextlib import nullcontext
 from dataclasses import dataclass, field
 
 import torch
@@ -23,142 +22,10 @@ from torch import Tensor, nn
 
 from coderl import algorithms as A
 from coderl.config import AlgorithmConfig, TrainerConfig
-from coderl.policy.batch import TrainBatch
-from coderl.policy.kvcache import STATIC_MODEL_TYPES, causal_lm
+from coderl.policy.forward import ForwardOut, forward
 from coderl.train.batch import StepBatch
 
-
-@dataclass
-class ForwardOut:
-    logp: Tensor
-    """``[B, T]`` float32 logprob of token t given tokens < t (0 at t = 0)."""
-    entropy: Tensor
-    """``[B, T]`` float32 entropy (nats) of the distribution that predicts token t."""
-    values: Tensor | None = None
-    """``[B, T]`` value of the state before token t (PPO), else None."""
-
-
-def forward(
-    model: nn.Module,
-    tokens: TrainBatch,
-    *,
-    temperature: float,
-    value_head: nn.Module | None = None,
-    bf16: bool = False,
-    entropy_grad: bool = False,
-) -> ForwardOut:
-    """Per-token logprobs (tempered, as sampled), entropies and values of a causal LM.
-
-    ``model`` is any Hugging Face causal LM (peft-wrapped or not). Column t of ``logp`` and
-    ``entropy`` describes the tempered distribution that predicted token t (the same numbers as
-    :func:`coderl.policy.batch.shifted_token_logprobs` / ``shifted_entropy``), computed only where
-    ``loss_mask`` is 1 and 0 elsewhere. The value head reads the last hidden
-    state at t - 1 with gradients stopped (a linear probe on the policy's features), so the value
-    loss never moves the policy.
-    """
-    ctx = torch.autocast("cpu", dtype=torch.bfloat16) if bf16 else nullcontext()
-    # only sampled tokens need logprobs and entropies: a [N, V] softmax instead of [B, T, V]
-    sampled = tokens.loss_mask[:, 1:] > 0  # (B, T-1) token t+1 is sampled
-    with ctx:
-        last, pred = _sampled_logits(model, tokens, sampled, value_head is not None)
-    pred = pred.float() / temperature  # (N, V) logits that predicted the sampled tokens
-    logp_all = pred.log_softmax(-1)  # (N, V)
-    picked = logp_all.gather(-1, tokens.input_ids[:, 1:][sampled].unsqueeze(-1)).squeeze(-1)
-    logp = pred.new_zeros(tokens.input_ids.shape, dtype=torch.float32)  # (B, T)
-    logp[:, 1:][sampled] = picked
-    with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
-        h = -(logp_all.exp() * logp_all).sum(-1)  # (N,)
-        entropy = torch.zeros_like(logp)
-        entropy[:, 1:][sampled] = h
-    values = None
-    if value_head is not None:
-        assert last is not None
-        h = last[:, :-1].detach().float()  # (B, T-1, H)
-        v = value_head(h).squeeze(-1)  # (B, T-1)
-        values = torch.cat([torch.zeros_like(v[:, :1]), v], dim=1)  # (B, T)
-    return ForwardOut(logp=logp, entropy=entropy, values=values)
-
-
-def _sampled_logits(
-    model: nn.Module, tokens: TrainBatch, sampled: Tensor, want_hidden: bool
-) -> tuple[Tensor | None, Tensor]:
-    """(last hidden state ``[B, T, H]`` or None, logits ``[N, V]`` at the positions that predict
-    the ``N`` sampled tokens). For the Llama-layout models of
-    :data:`coderl.policy.kvcache.STATIC_MODEL_TYPES` (logits = ``lm_head(hidden)``, nothing
-    after it) the LM head runs on those N positions only, not on all B*T: prompt and observation
-    tokens, most of an agent's context, cost no ``[T, V]`` logits forward or backward. Other
-    models go through their own forward."""
-    lm = causal_lm(model)
-    args = {
-        "input_ids": tokens.input_ids,
-        "attention_mask": tokens.attention_mask,
-        "position_ids": tokens.position_ids,
-        "use_cache": False,
-    }
-    if lm.config.model_type in STATIC_MODEL_TYPES:
-        S = 0 if want_hidden else _shared_context(tokens)
-        if S:
-            hidden = _shared_prefix_forward(lm.model, tokens, S)  # (B, T - S, H)
-            sampled = sampled[:, S:]
-        else:
-            hidden = lm.model(**args).last_hidden_state  # (B, T, H), after the final norm
-        # row by row: a row's numbers then do not depend on which rows share its micro-batch
-        rows = [lm.lm_head(hidden[b, :-1][sampled[b]]) for b in range(hidden.shape[0])]
-        return (hidden if want_hidden else None), torch.cat(rows)
-    out = model(**args, output_hidden_states=want_hidden)
-    return (out.hidden_states[-1] if want_hidden else None), out.logits[:, :-1][sampled]
-
-
-MIN_SHARED_CONTEXT = 16
-"""Rows of a micro-batch whose first tokens agree on at least this many context tokens (an agent's
-system prompt and tool definitions) run them through the model once."""
-
-
-def _shared_context(tokens: TrainBatch) -> int:
-    """Length S of the token prefix that every row of the batch shares, starting at position 0
-    (right padding), such that tokens 0..S are all context (no trainable token is predicted from
-    inside the prefix); 0 when below ``MIN_SHARED_CONTEXT`` or for a single row. Every row keeps
-    at least two tokens of its own."""
-    ids, B = tokens.input_ids, tokens.input_ids.shape[0]
-    if B < 2 or bool((tokens.position_ids[:, 0] != 0).any()):
-        return 0
-    same = (
-        (ids == ids[:1]).all(0)
-        & (tokens.loss_mask == 0).all(0)
-        & (tokens.attention_mask > 0).all(0)
-    )
-    # minus one: token S must be context too, its logits come from position S - 1
-    S = int(same.long().cumprod(0).sum()) - 1
-    S = min(S, int(tokens.attention_mask.sum(-1).min()) - 2)
-    return S if S >= MIN_SHARED_CONTEXT else 0
-
-
-def _shared_prefix_forward(decoder: nn.Module, tokens: TrainBatch, S: int) -> Tensor:
-    """Last hidden states ``[B, T - S, H]`` of positions S.. of every row, with the shared first
-    ``S`` tokens run once (batch 1) and their keys and values broadcast to the B rows. The same
-    function of the weights as the plain forward (gradients flow through the broadcast and sum
-    over rows), at ``(B - 1) * S`` fewer token positions; only float summation order differs."""
-    from transformers import DynamicCache
-
-    B = tokens.input_ids.shape[0]
-    cache = DynamicCache()
-    decoder(
-        input_ids=tokens.input_ids[:1, :S],
-        position_ids=tokens.position_ids[:1, :S],
-        cache=cache,
-        use_cache=True,
-    )
-    for layer in cache.layers:
-        layer.keys = layer.keys.expand(B, -1, -1, -1)
-        layer.values = layer.values.expand(B, -1, -1, -1)
-    out = decoder(
-        input_ids=tokens.input_ids[:, S:],
-        attention_mask=tokens.attention_mask,
-        position_ids=tokens.position_ids[:, S:],
-        cache=cache,
-        use_cache=True,
-    )
-    return out.last_hidden_state
+__all__ = ["ForwardOut", "accumulate_gradients", "forward", "optimizer_step", "train_step"]
 
 
 def _normalisers(mask: Tensor) -> dict[str, float]:
@@ -228,8 +95,18 @@ def accumulate_gradients(
     Loss per token (all reduced with ``cfg.loss_agg`` over the whole batch):
     PPO clipped surrogate (:func:`coderl.algorithms.policy_loss`) with importance weights
     ``exp(old_logp - behaviour_logp)`` when ``cfg.old_logp == "trainer"``,
-    ``+ kl.coef * KL`` (:func:`coderl.algorithms.kl_penalty`, needs ``batch.ref_logp``),
-    ``- entropy_coef * H``, and ``+ value_coef * value_loss`` when ``batch.returns`` is set.
+    ``+ kl.coef * k2`` (:func:`coderl.algorithms.kl_penalty` with
+    :data:`coderl.algorithms.KL_LOSS_ESTIMATOR`, the estimator whose gradient is
+    ``grad KL(pi || ref)``; needs ``batch.ref_logp``), ``- entropy_coef * H``, and
+    ``+ value_coef * value_loss`` when ``batch.returns`` is set.
+
+    Masked importance sampling (``cfg.importance.mode == "mask"``): tokens whose weight falls
+    outside the band are rejected, i.e. removed from the mask of every term *and* from the
+    normaliser (Liu et al. 2025, "When Speed Kills Stability", MIS; verl's rollout correction
+    does the same through its response mask), so the loss of the kept tokens does not shrink
+    with the number rejected. The rejections must be known before the first backward (they set
+    the batch normaliser), so on the first epoch a no-grad forward fills ``old_logp_cache``
+    first; this costs one extra forward in mask mode only.
 
     Args:
         model: the policy (a causal LM).
@@ -244,10 +121,13 @@ def accumulate_gradients(
         bf16: bf16 autocast of the forward pass.
 
     Returns:
-        Metrics averaged over sampled tokens: ``loss``, ``pg_loss``, ``kl``, ``entropy``,
+        Metrics averaged over the tokens in the loss: ``loss``, ``pg_loss``, ``kl``, ``entropy``,
         ``clip_frac_low``, ``clip_frac_high``, ``dual_clip_frac``, ``approx_kl``,
-        ``ratio_mean``, ``ratio_max``, ``iw_mean``, ``iw_max``, ``logprob_gap`` (mean
-        |trainer - sampler| logprob), ``value_loss``.
+        ``ratio_mean``, ``ratio_max``, ``iw_mean``, ``iw_max``, ``value_loss``;
+        ``iw_rejected_frac`` (sampled tokens rejected by masked importance sampling); and over
+        every sampled token, the sampler/trainer gap of :func:`coderl.algorithms.logprob_gap`
+        (``logprob_gap``, ``logprob_gap_max``, ``logprob_gap_kl``) at the weights before the
+        update.
 
     Raises:
         ValueError: KL in the loss without ``batch.ref_logp``, or value targets without a head.
@@ -257,15 +137,11 @@ def accumulate_gradients(
     if batch.returns is not None and value_head is None:
         raise ValueError("the batch holds value targets (PPO) but no value head was given")
     agg = cfg.loss_agg
-    full = _normalisers(batch.loss_mask)[_NORMALISED_BY[agg]]
-    totals = _Totals()
     cache = {} if old_logp_cache is None else old_logp_cache
-    for i, mb in _micro_batches(batch, micro_batch_size):
-        mask = mb.loss_mask
-        share = _normalisers(mask)[_NORMALISED_BY[agg]] / max(full, 1.0)
-        if share == 0:
-            continue
-        out = forward(
+    weighted = cfg.old_logp == "trainer" and cfg.importance.mode != "off"
+
+    def run(mb: StepBatch) -> ForwardOut:
+        return forward(
             model,
             mb.tokens,
             temperature=temperature,
@@ -273,22 +149,35 @@ def accumulate_gradients(
             bf16=bf16,
             entropy_grad=cfg.entropy_coef > 0,
         )
+
+    masks: dict[int, Tensor] = {}  # micro-batch -> loss mask with the rejected tokens removed
+    if weighted and cfg.importance.mode == "mask":
+        with torch.no_grad():
+            for i, mb in _micro_batches(batch, micro_batch_size):
+                if i not in cache:
+                    cache[i] = run(mb).logp
+                w = _importance_weights(cfg, cache[i], mb)
+                masks[i] = mb.loss_mask * (w > 0)
+    full = sum(
+        _normalisers(masks.get(i, mb.loss_mask))[_NORMALISED_BY[agg]]
+        for i, mb in _micro_batches(batch, micro_batch_size)
+    )
+    totals = _Totals()
+    gap_parts: list[tuple[Tensor, Tensor]] = []  # (trainer, behaviour) logprobs of sampled tokens
+    for i, mb in _micro_batches(batch, micro_batch_size):
+        mask = masks.get(i, mb.loss_mask)
+        sampled = mb.loss_mask > 0
+        share = _normalisers(mask)[_NORMALISED_BY[agg]] / max(full, 1.0)
+        if share == 0:
+            if i in cache:  # every token rejected: still part of the gap
+                gap_parts.append((cache[i][sampled], mb.tokens.behavior_logprobs[sampled]))
+            continue
+        out = run(mb)
         if cfg.old_logp == "trainer":
             old = cache.setdefault(i, out.logp.detach())
         else:
             old = mb.tokens.behavior_logprobs
-        weights = None
-        if cfg.old_logp == "trainer" and cfg.importance.mode != "off":
-            imp = cfg.importance
-            weights = A.importance_weights(
-                old,
-                mb.tokens.behavior_logprobs,
-                mask,
-                level=imp.level,
-                mode=imp.mode,
-                cap=imp.cap,
-                low=imp.low,
-            )
+        weights = _importance_weights(cfg, old, mb) if weighted else None
         pg, m = A.policy_loss(
             out.logp,
             old,
@@ -320,10 +209,8 @@ def accumulate_gradients(
             loss = loss + cfg.value_coef * vloss
         (loss * share).backward()
         with torch.no_grad():
-            n = float(mask.sum())
-            gap = ((out.logp.detach() - mb.tokens.behavior_logprobs).abs() * mask).sum() / max(
-                n, 1.0
-            )
+            keep = mask > 0
+            n = float(keep.sum())
             w = weights if weights is not None else mask.float()
             m.update(
                 loss=float(loss),
@@ -331,12 +218,34 @@ def accumulate_gradients(
                 kl=float(kl),
                 entropy=float(ent),
                 value_loss=float(vloss),
-                logprob_gap=float(gap),
                 iw_mean=float((w * mask).sum() / max(n, 1.0)),
-                iw_max=float(w[mask].max()) if n else 1.0,
+                iw_max=float(w[keep].max()) if n else 1.0,
             )
+            before = old if cfg.old_logp == "trainer" else out.logp.detach()
+            gap_parts.append((before[sampled], mb.tokens.behavior_logprobs[sampled]))
         totals.add(m, n, share)
-    return totals.means()
+    metrics = totals.means()
+    sampled_total = float(batch.loss_mask.sum())
+    kept_total = sum(float(mk.sum()) for mk in masks.values()) if masks else sampled_total
+    metrics["iw_rejected_frac"] = 1.0 - kept_total / sampled_total if sampled_total else 0.0
+    if gap_parts:
+        train_lp, behaviour_lp = (torch.cat(x) for x in zip(*gap_parts, strict=True))
+        metrics.update(A.logprob_gap(train_lp, behaviour_lp, torch.ones_like(train_lp)))
+    return metrics
+
+
+def _importance_weights(cfg: AlgorithmConfig, old: Tensor, mb: StepBatch) -> Tensor:
+    """``[B, T]`` weights ``old / behaviour`` of a micro-batch per ``cfg.importance``."""
+    imp = cfg.importance
+    return A.importance_weights(
+        old,
+        mb.tokens.behavior_logprobs,
+        mb.loss_mask,
+        level=imp.level,
+        mode=imp.mode,
+        cap=imp.cap,
+        low=imp.low,
+    )
 
 
 def optimizer_step(
