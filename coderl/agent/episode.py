@@ -13,6 +13,8 @@ the task, with that summary appended to the task message. Each window is one tra
 The summary turn sees the last turn's observations, so it may run past ``context_budget`` by
 them (each at most ``tools.max_observation_chars`` characters), the instruction and
 ``summary_max_tokens``: keep the budget that far below the model's real context length.
+A summary so long that the window it opens cannot fit one more turn ends the episode with
+``finish_reason="context"``: the policy's own doing, graded and scored like any other ending.
 """
 
 from __future__ import annotations
@@ -39,7 +41,9 @@ from coderl.policy.episode import EpisodeBuilder, encode
 from coderl.sandbox.base import Sandbox
 from coderl.trajectory import Trajectory
 
-FinishReason = Literal["submitted", "max_turns", "max_tokens", "broken_calls", "error"]
+FinishReason = Literal["submitted", "max_turns", "max_tokens", "broken_calls", "context", "error"]
+"""``context``: the model's own self-summary left the next window no room for a turn (an
+agent-caused ending, scored); ``error``: the harness raised (infrastructure, masked)."""
 
 DEFAULT_INSTRUCTIONS = (
     "You are a coding agent working in a repository at the workspace root. Use the tools to "
@@ -341,6 +345,8 @@ def _loop(st: _State, tools: Mapping[str, Tool]) -> Generator[Any, Any, FinishRe
         max_new = min(cfg.max_tokens_per_turn, left)
         if (n := st.context_len()) + max_new > cfg.context_budget:
             if not st.sampled:
+                if st.stats.summaries:  # the policy's summary filled the window it opened
+                    return "context"
                 raise ValueError(
                     f"a fresh context window ({n} tokens) plus one turn ({max_new}) "
                     f"exceeds context_budget={cfg.context_budget}"

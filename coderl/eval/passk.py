@@ -116,7 +116,7 @@ def evaluate(
     evaluation must not look better because the grader broke.
 
     Args:
-        env: a :class:`coderl.train.env.Environment`.
+        env: a :class:`coderl.envs.Environment`.
         policy: what ``env.rollout`` samples from.
         tasks: the split to evaluate.
         samples: n per task; ks: the k values (each <= n); params: sampling parameters (its seed

@@ -1,8 +1,9 @@
 """Environments over the agent harness: HumanEval function tasks and synthesised repository
 bug-fix tasks. Each episode runs in its own sandbox (:mod:`coderl.sandbox`), many at once
 (:func:`coderl.agent.run_episodes`), and is graded in a fresh sandbox by
-:func:`coderl.tasks.grading.grade` (hidden tests; infrastructure failures become
-``grading_error`` and the sample is masked).
+:func:`coderl.tasks.grading.grade` (hidden tests). An episode the harness could not finish
+(``finish_reason="error"``: an unexpected exception) is an ``infra`` failure and is masked; a grade
+carries the grader's own failure kind (``infra`` when it names none).
 
 Limits: sandboxes are started and closed here, one per episode; the repository environment of a
 ``repo`` task must already be built (``coderl tasks build-env``).
@@ -19,15 +20,21 @@ from typing import Any
 from coderl.agent.episode import EpisodeConfig
 from coderl.agent.runner import run_episodes
 from coderl.config import Config
+from coderl.envs.base import EpisodeRecord, GradeRecord, SamplingPolicy
 from coderl.policy.base import SamplingParams
 from coderl.tasks.spec import Task
-from coderl.train.env import EpisodeRecord, GradeRecord, SamplingPolicy
 
 TRUNCATED = ("max_turns", "max_tokens")
 """Finish reasons that mean a budget ran out (not a submit or a broken-call stop)."""
 
 
-def _sandbox_for(task: Task) -> Any:
+def _last_line(text: str | None) -> str:
+    lines = [line for line in (text or "").splitlines() if line.strip()]
+    return lines[-1].strip() if lines else "harness error"
+
+
+def sandbox_for(task: Task) -> Any:
+    """A fresh sandbox holding the task's workspace (the caller closes it)."""
     from coderl.sandbox import Sandbox
 
     if task.kind == "function":
@@ -82,7 +89,7 @@ class AgentEnvironment:
         try:
             for t in tasks:
                 for _ in range(group_size):
-                    jobs.append((t, _sandbox_for(t)))
+                    jobs.append((t, sandbox_for(t)))
             episodes = run_episodes(
                 policy, jobs, self.episode_config(params), max_workers=self.cfg.rollout.concurrency
             )
@@ -100,6 +107,8 @@ class AgentEnvironment:
                 no_action_turns=ep.stats.no_action_turns,
                 summaries=ep.stats.summaries,
                 answer=ep.diff,
+                failure="infra" if ep.stats.finish_reason == "error" else None,
+                failure_reason=_last_line(ep.error) if ep.stats.finish_reason == "error" else "",
             )
             for ep in episodes
         ]
@@ -110,7 +119,8 @@ class AgentEnvironment:
         def one(pair: tuple[Task, EpisodeRecord]) -> GradeRecord:
             task, ep = pair
             g = grade(task, ep.answer or "", timeout=self.grade_timeout_s)
-            return GradeRecord(g.resolved, g.fraction_passed, g.grading_error)
+            kind = getattr(g, "failure_kind", None)  # the grader's attribution, when it gives one
+            return GradeRecord(g.resolved, g.fraction_passed, g.grading_error, failure_kind=kind)
 
         with ThreadPoolExecutor(self.cfg.rollout.concurrency) as pool:
             return list(pool.map(one, zip(tasks, episodes, strict=True)))
