@@ -200,6 +200,10 @@ class Episode:
     stats: EpisodeStats
     error: str | None = None
     """Traceback when ``finish_reason`` is ``error``."""
+    failure: Literal["infra", "agent"] | None = None
+    """Who caused ``error``: ``infra`` (the harness or the sandbox raised) or ``agent`` (a
+    workspace the policy made that the diff cannot walk: a tree too deep, an undecodable
+    name); None without an error."""
 
 
 @dataclass
@@ -379,8 +383,10 @@ def episode_steps(
     """The episode as a generator of requests (see the module docstring); returns the Episode.
 
     Errors inside the episode (a template that cannot be rendered exactly, a context budget too
-    small for the prompt) end it with ``finish_reason="error"`` and the traceback in
-    ``Episode.error``; the trajectory up to that point is kept. Errors of the requests themselves
+    small for the prompt) end it with ``finish_reason="error"``, the traceback in
+    ``Episode.error`` and ``Episode.failure="infra"``; a diff that fails on a workspace the
+    policy made (``RecursionError``, ``UnicodeError``) is ``failure="agent"`` (scored, not
+    masked); the trajectory up to that point is kept. Errors of the requests themselves
     (``policy.generate`` failing) propagate from the runner.
 
     Raises:
@@ -403,10 +409,14 @@ def episode_steps(
     except Exception:  # noqa: BLE001 - one broken episode must not take down a batch of rollouts
         episode.stats.finish_reason = "error"
         episode.error = traceback.format_exc()
+        episode.failure = "infra"
     try:
         episode.diff = yield ToolRequest(sandbox.diff)
-    except Exception:  # noqa: BLE001 - without a diff the episode cannot be graded
+    except Exception as e:  # noqa: BLE001 - without a diff the episode cannot be graded
         episode.stats.finish_reason = "error"
         episode.error = (episode.error or "") + traceback.format_exc()
+        if episode.failure is None:
+            agent_made = isinstance(e, RecursionError | UnicodeError)
+            episode.failure = "agent" if agent_made else "infra"
     episode.stats.wall_time_s = time.monotonic() - start
     return episode
