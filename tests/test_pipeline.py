@@ -230,3 +230,35 @@ def test_no_import_circles_through_the_drivers_and_no_module_over_600_lines():
     for m in mods:
         if m.startswith(DRIVERS):
             assert len(mods[m].read_text().splitlines()) <= 600, m
+
+
+def test_a_sandbox_that_cannot_start_masks_its_episodes_and_the_rest_run(monkeypatch):
+    from coderl.agent.parsing import CALL_FORMATS
+    from coderl.agent.scripted import ScriptedPolicy
+    from coderl.envs import agent as agent_env
+    from coderl.policy.base import SamplingParams
+    from coderl.policy.tiny import tiny_tokenizer
+
+    cfg = load_config(
+        Path(__file__).parent.parent / "configs" / "default.yaml", ["model.name=tiny-random"]
+    )
+    env = agent_env.humaneval_environment(cfg)
+    tasks = env.tasks("train")[:2]
+    real = agent_env.sandbox_for
+
+    def flaky(task):
+        if task.id == tasks[1].id:
+            raise RuntimeError("bubblewrap is missing")
+        return real(task)
+
+    monkeypatch.setattr(agent_env, "sandbox_for", flaky)
+    submit = CALL_FORMATS[env.episode_config(SamplingParams()).call_format].format_call
+    policy = ScriptedPolicy(tiny_tokenizer(), lambda prompt: submit("submit", {}))
+    records = env.rollout(policy, tasks, SamplingParams(seed=0), 2)
+    assert [r.task_id for r in records] == [tasks[0].id] * 2 + [tasks[1].id] * 2
+    assert [r.failure for r in records] == [None, None, "infra", "infra"]
+    assert "bubblewrap is missing" in records[2].failure_reason
+    owners = [t for t in tasks for _ in range(2)]
+    s = P.score(env, policy, cfg, owners, [P.group_key(t.id, 0) for t in owners], records)
+    assert s.rewards.valid == [True, True, False, False]
+    assert P.step_metrics(s.infos, cfg)["infra_failed_rate"] == 0.5
