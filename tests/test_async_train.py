@@ -142,7 +142,7 @@ def test_episodes_of_a_crashing_harness_are_masked_out_of_the_loss(
         assert set(rows) <= fine and not set(rows) & crashed
         assert m["infra_failed_rate"] == pytest.approx(3 / 8)
         assert m["masked_rate"] == pytest.approx(3 / 8) and m["alarm/masked"] == 1.0
-        assert m["agent_failed_rate"] == 0.0
+        assert m["agent_failed_rate"] == 0.0 and m["reward/masked"] == 3
         assert m["resolved_rate"] < 1.0  # the crashed "solves" are not counted either
 
 

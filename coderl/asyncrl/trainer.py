@@ -25,6 +25,7 @@ import math
 from pathlib import Path
 from typing import Any
 
+from coderl.asyncrl.buffer import TaskStream
 from coderl.asyncrl.loop import AsyncRunner
 from coderl.asyncrl.types import BetweenTurns, Episode, Group, Job, Weights
 from coderl.config import AsyncConfig, Config, dump_config, load_config
@@ -35,6 +36,16 @@ from coderl.train.checkpoint import ensure_new_run, load_trainable, trainable_st
 from coderl.train.metrics import MetricsLogger
 from coderl.train.run import build_policy, restore, save, setup_run
 from coderl.train.step import train_step
+
+
+def task_stream(tasks: list[Any], seed: int) -> TaskStream:
+    """Index -> ``(task.id, task)``: the task order of ``coderl train``
+    (:meth:`coderl.train.pipeline.TaskSampler.at`).
+
+    Raises:
+        ValueError: ``tasks`` is empty.
+    """
+    return P.TaskSampler(tasks, seed).at
 
 
 def check_supported(cfg: Config) -> None:

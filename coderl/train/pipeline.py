@@ -401,7 +401,7 @@ def step_metrics(infos: list[dict[str, Any]], cfg: Config) -> dict[str, float]:
 
     ``reward/*`` and ``resolved_rate`` are over valid (unmasked) episodes; ``episode/*`` are per
     episode; ``infra_failed_rate``, ``agent_failed_rate`` and ``masked_rate`` are shares of all
-    the step's episodes. When ``masked_rate > reward.mask_alarm_rate`` a warning is logged
+    the step's episodes (``reward/masked`` and ``reward/grading_errors``: counts). When ``masked_rate > reward.mask_alarm_rate`` a warning is logged
     (logger ``coderl.train``) and ``alarm/masked`` is 1.
     """
     n = len(infos)
@@ -424,6 +424,8 @@ def step_metrics(infos: list[dict[str, Any]], cfg: Config) -> dict[str, float]:
     m["infra_failed_rate"] = infra / d
     m["agent_failed_rate"] = sum(x["failure"] == "agent" for x in infos) / d
     m["masked_rate"] = (n - len(valid)) / d
+    m["reward/masked"] = float(n - len(valid))
+    m["reward/grading_errors"] = float(infra)  # infra failures reach the rewards as these
     alarm = n > 0 and m["masked_rate"] > cfg.reward.mask_alarm_rate
     m["alarm/masked"] = float(alarm)
     if alarm:
