@@ -97,6 +97,24 @@ def test_ledger_resample_goes_first_with_a_new_seed_and_state_requeues_outstandi
         TaskLedger(TASKS, seed=4).load_state_dict(state)
 
 
+def test_rollouts_are_blocks_of_first_attempts_seeded_like_coderl_train_steps():
+    from coderl.train.pipeline import rollout_seed
+
+    ledger = TaskLedger(TASKS, seed=3, tasks_per_rollout=2)
+    block = ledger.next_rollout(4)  # never past its block of 2
+    assert [j.index for j in block] == [0, 1]
+    assert {j.seed for j in block} == {rollout_seed(3, 0)}  # coderl train's step-0 seed
+    ledger.resample(block[1])
+    retry = ledger.next_rollout(2)  # a re-sample goes alone, with a seed no block has
+    assert [(j.index, j.attempt) for j in retry] == [(1, 1)]
+    assert retry[0].seed not in {rollout_seed(3, b) for b in range(100)}
+    assert [j.index for j in ledger.next_rollout(1)] == [2]  # cut by the limit...
+    assert [j.index for j in ledger.next_rollout(2)] == [3]  # ...the rest of its block alone
+    assert [j.seed for j in ledger.next_rollout(2)] == [rollout_seed(3, 2)] * 2
+    with pytest.raises(ValueError, match="tasks_per_rollout"):
+        TaskLedger(TASKS, seed=3).load_state_dict(ledger.state_dict())
+
+
 def test_admission_bounds_staleness_by_the_oldest_token():
     buf = EpisodeBuffer(max_staleness=2)
     buf.put(group(0, [3, 3]))  # at version 5: 5 - 3 = 2 -> admitted
@@ -118,6 +136,14 @@ def test_buffer_rejects_groups_without_versioned_tokens():
     with pytest.raises(ValueError, match="policy version -1"):
         buf.put(group(1, [-1, 4]))
     assert len(buf) == 0
+    # every episode masked before it sampled anything (a sandbox that never started): the
+    # worker's version bounds its staleness; it is admitted and contributes nothing to the loss
+    crashed = Group(Job(2, {}, "t2", 0), [Episode("t2", Trajectory(), math.nan, {"valid": False})])
+    with pytest.raises(ValueError, match="no sampled token"):
+        buf.put(crashed)  # the worker's version is unknown
+    crashed.version = 4
+    buf.put(crashed)
+    assert buf.evict_stale(4) == [] and buf.take(1, 4) == [crashed]
 
 
 def test_take_prefers_the_stalest_groups_and_returns_them_in_task_order():
