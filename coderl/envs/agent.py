@@ -20,7 +20,7 @@ from typing import Any
 from coderl.agent.episode import EpisodeConfig
 from coderl.agent.runner import run_episodes
 from coderl.config import Config
-from coderl.envs.base import EpisodeRecord, GradeRecord, SamplingPolicy
+from coderl.envs.base import EpisodeRecord, FailureKind, GradeRecord, SamplingPolicy
 from coderl.policy.base import SamplingParams
 from coderl.tasks.spec import Task
 from coderl.trajectory import Trajectory
@@ -38,7 +38,7 @@ def _record(ep: Any) -> EpisodeRecord:
     """The driver's view of a harness episode (``finish_reason="error"``: an infra failure unless
     the harness names the agent)."""
     error = ep.stats.finish_reason == "error"
-    failure = (ep.failure or "infra") if error else None
+    failure: FailureKind | None = (ep.failure or "infra") if error else None
     return EpisodeRecord(
         task_id=ep.task_id,
         trajectory=ep.trajectory,

@@ -358,18 +358,18 @@ def make_batch(
         if value_head is None:
             raise ValueError("algorithm.advantage=gae needs a value head")
         mbs = cfg.trainer.micro_batch_size
+        parts = []
         with torch.no_grad():
-            values = torch.cat(
-                [
-                    forward(
-                        policy.model,
-                        batch.rows(i, i + mbs).tokens,
-                        temperature=cfg.rollout.temperature,
-                        value_head=value_head,
-                    ).values
-                    for i in range(0, batch.size, mbs)
-                ]
-            )
+            for i in range(0, batch.size, mbs):
+                out = forward(
+                    policy.model,
+                    batch.rows(i, i + mbs).tokens,
+                    temperature=cfg.rollout.temperature,
+                    value_head=value_head,
+                )
+                assert out.values is not None  # a value head was given
+                parts.append(out.values)
+        values = torch.cat(parts)  # (B, T)
         values = values * batch.loss_mask
         batch.advantages, batch.returns = gae_advantages(
             torch.tensor(seg_reward),
