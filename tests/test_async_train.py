@@ -195,3 +195,27 @@ def test_cli_registers_train_async():
 
     args = build_parser().parse_args(["train-async", "c.yaml", "async.max_staleness=1", "--resume"])
     assert (args.config, args.overrides, args.resume) == ("c.yaml", ["async.max_staleness=1"], True)
+
+
+def test_the_learner_masks_infra_failures_of_any_sampler(tmp_path, monkeypatch):
+    # a sampler that is not the pipeline's (no pipeline info) still gets the one masking rule
+    import coderl.asyncrl.trainer as T
+    from coderl.asyncrl.types import Group, Job
+
+    cfg = load_config(TOY, [*OVERRIDES, f"run_dir={tmp_path}"])
+    learner, sampler = T.TrainLearner(cfg), T.EnvSampler(cfg)
+    sampler.load_weights(0, learner.weights())
+    task_id, task = T.task_stream(learner.run.env.tasks("train"), 0)(0)
+    job = Job(0, task, task_id, seed=1)
+    episodes = sampler.rollout(job, lambda: 0)
+    for i, ep in enumerate(episodes):
+        ep.info = [{"finish_reason": "error"}, {"failure": "infra"}, {}, {}][i]
+    rows: list = []
+    real = T.train_step
+    monkeypatch.setattr(
+        T,
+        "train_step",
+        lambda m, o, s, batch, *a, **kw: rows.append(batch.size) or real(m, o, s, batch, *a, **kw),
+    )
+    metrics = learner.train_step([Group(job, episodes, version=0)])
+    assert rows == [2] and metrics["infra_failed_rate"] == 0.5 and metrics["reward/masked"] == 2

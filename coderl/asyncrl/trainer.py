@@ -125,20 +125,23 @@ class EnvSampler:
 
 
 def _info(ep: Episode) -> dict[str, Any]:
-    """The episode's pipeline info; a sampler that gives none gets the minimal one (valid iff
-    its reward is finite)."""
+    """The episode's pipeline info; a sampler that gives none gets the minimal one, by the
+    pipeline's rule: masked when its reward is not finite, its info says ``valid: False``, or it
+    failed for an infra reason (``failure="infra"`` or ``finish_reason="error"``)."""
     if "breakdown" in ep.info:
         return ep.info
-    sampled = len(ep.sampled_versions())
+    info = ep.info
+    failure = info.get("failure") or ("infra" if info.get("finish_reason") == "error" else None)
+    valid = bool(info.get("valid", True)) and math.isfinite(ep.reward) and failure != "infra"
     return {
-        "valid": bool(ep.info.get("valid", True)) and math.isfinite(ep.reward),
+        "valid": valid,
         "total": ep.reward,
-        "resolved": bool(ep.info.get("resolved", False)),
-        "failure": ep.info.get("failure"),
-        "failure_reason": ep.info.get("failure_reason", ""),
-        "sampled_tokens": sampled,
+        "resolved": bool(info.get("resolved", False)),
+        "failure": failure,
+        "failure_reason": info.get("failure_reason", ""),
+        "sampled_tokens": len(ep.sampled_versions()),
         "truncated": False,
-        "turns": int(ep.info.get("turns", 1)),
+        "turns": int(info.get("turns", 1)),
         "segments": len(ep.trajectory.segments),
         "broken_tool_calls": 0,
         "no_action_turns": 0,

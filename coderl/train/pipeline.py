@@ -419,7 +419,7 @@ def step_metrics(infos: list[dict[str, Any]], cfg: Config) -> dict[str, float]:
     m["episode/truncated_rate"] = sum(x["truncated"] for x in infos) / d
     m["episode/summaries"] = sum(x["summaries"] for x in infos) / d
     for name in cfg.reward.terms:
-        m[f"reward/{name}"] = _mean([x["breakdown"][name] for x in valid])
+        m[f"reward/{name}"] = _mean([x["breakdown"][name] for x in valid if name in x["breakdown"]])
     infra = sum(x["failure"] == "infra" for x in infos)
     m["infra_failed_rate"] = infra / d
     m["agent_failed_rate"] = sum(x["failure"] == "agent" for x in infos) / d
