@@ -46,10 +46,9 @@ def run_arm(args: argparse.Namespace, max_staleness: int, seed: int) -> dict[str
         groups_per_step=args.groups,
         max_staleness=max_staleness,
         stale_policy=args.stale_policy,
-        seed=seed,
         poll_s=0.01,
     )
-    with AsyncRunner(cfg, learner, sampler, tasks) as runner:
+    with AsyncRunner(cfg, learner, sampler, tasks, seed=seed) as runner:
         summary = runner.run(args.steps)
     summary["final_reward"] = learner.expected_reward()
     return summary

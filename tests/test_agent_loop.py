@@ -173,6 +173,18 @@ def test_a_failing_sandbox_ends_the_episode_with_error(tok, setup):
     ep = run_episode(policy, task, box, EpisodeConfig())
     assert ep.stats.finish_reason == "error" and "SandboxError" in ep.error
     assert ep.tool_calls == [] and ep.stats.turns == 1
+    assert ep.failure == "infra"  # masked by the trainer
+
+
+def test_a_workspace_the_diff_cannot_walk_is_the_agents_failure(tok, setup):
+    # 1,100 nested directories: the diff raises RecursionError; the policy made that state, so
+    # the episode is an agent failure (scored on an empty diff), never an infra mask
+    task, sandbox = setup
+    deep = "python3 -c \"import os; [(os.mkdir('x'), os.chdir('x')) for _ in range(1100)]\""
+    policy = ScriptedPolicy(tok, [call("run", {"command": deep}) + call("submit", {})])
+    ep = run_episode(policy, task, sandbox(), EpisodeConfig())
+    assert ep.stats.finish_reason == "error" and "RecursionError" in ep.error
+    assert ep.failure == "agent" and ep.diff == ""
 
 
 def test_xml_calls_on_a_template_with_its_own_tool_format(setup):
@@ -234,6 +246,23 @@ def test_context_budget_too_small_for_the_prompt_is_an_error(tok, setup):
     ep = run_episode(ScriptedPolicy(tok, []), task, sandbox(), EpisodeConfig(context_budget=100))
     assert ep.stats.finish_reason == "error" and "context_budget=100" in ep.error
     assert len(ep.trajectory.segments) == 1 and ep.diff == ""
+
+
+def test_a_self_summary_too_long_for_the_next_window_is_a_context_ending(tok, setup):
+    # the policy's summary fills the window it opens: an agent-caused ending ("context"),
+    # graded and scored like any other; before, it raised and the episode was masked as "error"
+    task, sandbox = setup
+    big = "python3 -c \"print('ab ' * 600)\""
+    cfg = EpisodeConfig(max_tokens_per_turn=100, summary_max_tokens=400)
+    probe = run_episode(ScriptedPolicy(tok, [call("submit", {})]), task, sandbox("p"), cfg)
+    prompt_len = len(probe.trajectory.segments[0].token_ids) - len(
+        reply_ids(tok, call("submit", {}))
+    )
+    cfg.context_budget = prompt_len + 450
+    replies = iter([call("run", {"command": big}), "lots of words " * 400])
+    ep = run_episode(ScriptedPolicy(tok, lambda prompt: next(replies)), task, sandbox(), cfg)
+    assert ep.stats.finish_reason == "context" and ep.error is None and ep.failure is None
+    assert ep.stats.summaries == 1 and len(ep.trajectory.segments) == 2
 
 
 def test_self_summarization_crossing_the_budget_twice_gives_three_segments(tok, setup):

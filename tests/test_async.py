@@ -19,11 +19,13 @@ from coderl.asyncrl import (
     TaskLedger,
     cycle_tasks,
     logprob_gap,
-    run_sync,
 )
 from coderl.asyncrl.local import WorkerError
 from coderl.asyncrl.toy import ToyLearner, ToySampler, toy_tasks
 from coderl.asyncrl.types import Episode, Group, Job
+from coderl.asyncrl.weights import MemoryWeightStore as _Store
+from coderl.asyncrl.worker import RolloutWorker
+from coderl.config import ConfigError
 from coderl.trajectory import Segment, Trajectory
 
 K, V = 6, 6  # toy tasks and vocabulary
@@ -32,6 +34,23 @@ TASKS = cycle_tasks(toy_tasks(K, V))
 
 def sampler(delay_s: float = 0.0, sigma: float = 0.0) -> functools.partial[ToySampler]:
     return functools.partial(ToySampler, K, V, group_size=4, delay_s=delay_s, delay_sigma=sigma)
+
+
+def sync_reference(learner, make_sampler, tasks, *, num_steps, groups_per_step, seed=0):
+    """The toy's synchronous oracle, in one thread: sample a batch with the current weights,
+    train on it, repeat. Returns (per-step learner metrics, trained task indices)."""
+    ledger = TaskLedger(tasks, seed=seed)
+    store = _Store()
+    worker = RolloutWorker("sync", make_sampler(), store, turn_sync=False)
+    history, trained = [], []
+    while learner.version < num_steps:
+        store.publish(learner.version, learner.weights())
+        batch = [worker.run(ledger.next_job()) for _ in range(groups_per_step)]
+        history.append(dict(learner.train_step(batch)))
+        for g in batch:
+            ledger.consumed(g.job)
+            trained.append(g.job.index)
+    return history, trained
 
 
 def group(index: int, versions: list[int], mask: list[int] | None = None) -> Group:
@@ -43,12 +62,14 @@ def group(index: int, versions: list[int], mask: list[int] | None = None) -> Gro
 
 # ---------------------------------------------------------------- config
 def test_config_rejects_unknown_keys_and_bad_values():
-    with pytest.raises(ValueError, match="unknown async keys \\['max_stale'\\]"):
+    with pytest.raises(ConfigError, match="unknown key 'async.max_stale'"):
         AsyncConfig.from_dict({"max_stale": 1})
-    with pytest.raises(ValueError, match="valid: \\['drop', 'resample'\\]"):
-        AsyncConfig(stale_policy="forget")
-    with pytest.raises(ValueError, match="max_staleness must be >= 0"):
-        AsyncConfig(max_staleness=-1)
+    with pytest.raises(ConfigError, match="async.stale_policy: Input should be 'drop' or"):
+        AsyncConfig.from_dict({"stale_policy": "forget"})
+    with pytest.raises(ConfigError, match="async.max_staleness: Input should be greater than"):
+        AsyncConfig.from_dict({"max_staleness": -1})
+    with pytest.raises(ConfigError, match="tasks_per_rollout=3 must divide"):
+        AsyncConfig.from_dict({"groups_per_step": 4, "tasks_per_rollout": 3})
     assert AsyncConfig.from_dict({"max_staleness": 0}).max_staleness == 0
 
 
@@ -76,6 +97,24 @@ def test_ledger_resample_goes_first_with_a_new_seed_and_state_requeues_outstandi
         TaskLedger(TASKS, seed=4).load_state_dict(state)
 
 
+def test_rollouts_are_blocks_of_first_attempts_seeded_like_coderl_train_steps():
+    from coderl.train.pipeline import rollout_seed
+
+    ledger = TaskLedger(TASKS, seed=3, tasks_per_rollout=2)
+    block = ledger.next_rollout(4)  # never past its block of 2
+    assert [j.index for j in block] == [0, 1]
+    assert {j.seed for j in block} == {rollout_seed(3, 0)}  # coderl train's step-0 seed
+    ledger.resample(block[1])
+    retry = ledger.next_rollout(2)  # a re-sample goes alone, with a seed no block has
+    assert [(j.index, j.attempt) for j in retry] == [(1, 1)]
+    assert retry[0].seed not in {rollout_seed(3, b) for b in range(100)}
+    assert [j.index for j in ledger.next_rollout(1)] == [2]  # cut by the limit...
+    assert [j.index for j in ledger.next_rollout(2)] == [3]  # ...the rest of its block alone
+    assert [j.seed for j in ledger.next_rollout(2)] == [rollout_seed(3, 2)] * 2
+    with pytest.raises(ValueError, match="tasks_per_rollout"):
+        TaskLedger(TASKS, seed=3).load_state_dict(ledger.state_dict())
+
+
 def test_admission_bounds_staleness_by_the_oldest_token():
     buf = EpisodeBuffer(max_staleness=2)
     buf.put(group(0, [3, 3]))  # at version 5: 5 - 3 = 2 -> admitted
@@ -97,6 +136,14 @@ def test_buffer_rejects_groups_without_versioned_tokens():
     with pytest.raises(ValueError, match="policy version -1"):
         buf.put(group(1, [-1, 4]))
     assert len(buf) == 0
+    # every episode masked before it sampled anything (a sandbox that never started): the
+    # worker's version bounds its staleness; it is admitted and contributes nothing to the loss
+    crashed = Group(Job(2, {}, "t2", 0), [Episode("t2", Trajectory(), math.nan, {"valid": False})])
+    with pytest.raises(ValueError, match="no sampled token"):
+        buf.put(crashed)  # the worker's version is unknown
+    crashed.version = 4
+    buf.put(crashed)
+    assert buf.evict_stale(4) == [] and buf.take(1, 4) == [crashed]
 
 
 def test_take_prefers_the_stalest_groups_and_returns_them_in_task_order():
@@ -148,7 +195,7 @@ def test_logprob_gap_worked_example():
 # ---------------------------------------------------------------- the loop
 def test_max_staleness_zero_reproduces_the_synchronous_loop_exactly():
     sync = ToyLearner(K, V)
-    history, trained = run_sync(sync, sampler(), TASKS, num_steps=6, groups_per_step=3)
+    history, trained = sync_reference(sync, sampler(), TASKS, num_steps=6, groups_per_step=3)
     learner = ToyLearner(K, V)
     cfg = AsyncConfig(max_staleness=0, groups_per_step=3, num_workers=3)
     # random per-group latency: workers finish out of order, the result must not change
@@ -246,7 +293,7 @@ class VersionRecorder(ToyLearner):
 def test_turn_level_weight_sync_mixes_versions_inside_an_episode():
     learner = VersionRecorder(K, V)
     cfg = AsyncConfig(max_staleness=2, groups_per_step=1, num_workers=2, weight_sync="turn")
-    make = functools.partial(ToySampler, K, V, group_size=1, turns=4, delay_s=0.003)
+    make = functools.partial(ToySampler, K, V, group_size=1, turns=4, delay_s=0.02)
     with AsyncRunner(cfg, learner, make, TASKS) as runner:
         runner.run(20)
     assert any(len(vs) > 1 for vs in learner.seen)
@@ -332,7 +379,7 @@ def test_unknown_backend_lists_the_valid_ones():
 
 def test_process_workers_reproduce_the_synchronous_loop():
     sync = ToyLearner(K, V)
-    _, trained = run_sync(sync, sampler(), TASKS, num_steps=3, groups_per_step=2)
+    _, trained = sync_reference(sync, sampler(), TASKS, num_steps=3, groups_per_step=2)
     learner = ToyLearner(K, V)
     cfg = AsyncConfig(max_staleness=0, groups_per_step=2, num_workers=2, local_mode="process")
     with AsyncRunner(cfg, learner, sampler(), TASKS) as runner:

@@ -1,8 +1,8 @@
 import pytest
 
+from coderl.envs.base import EpisodeRecord, GradeRecord
 from coderl.eval.passk import bootstrap_ci, evaluate, paired_difference, summarize
 from coderl.policy.base import SamplingParams
-from coderl.train.env import EpisodeRecord, GradeRecord
 from coderl.trajectory import Trajectory
 
 

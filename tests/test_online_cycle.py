@@ -236,7 +236,7 @@ def test_demo_preset_and_cli_instantiate() -> None:
 
 
 def test_online_suites_are_the_offline_humaneval_split() -> None:
-    from coderl.config import OnlineEvalConfig
+    from coderl.config.online import OnlineEvalConfig
     from coderl.online.suites import humaneval
     from coderl.tasks.humaneval import humaneval_tasks
 

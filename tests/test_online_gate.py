@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from coderl.config import GateConfig
+from coderl.config.online import GateConfig
 from coderl.online.events import parse_event
 from coderl.online.gate import paired_noninferiority, run_gate
 from coderl.online.monitors import AlarmRule, check_alarms, monitor_snapshot
@@ -442,7 +442,7 @@ def test_a_rise_in_the_suspected_hack_rate_blocks_promotion() -> None:
 
 
 def test_the_evaluator_reports_the_hack_rate_its_detector_gives() -> None:
-    from coderl.config import OnlineEvalConfig
+    from coderl.config.online import OnlineEvalConfig
     from coderl.online.monitors import SUSPECTED_HACK_RATE
     from coderl.online.simulate import HeldoutEvaluator
     from coderl.online.suites import SuiteTask

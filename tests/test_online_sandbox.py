@@ -170,7 +170,7 @@ def test_the_heldout_evaluator_scores_a_lone_surrogate_reply() -> None:
     import json
 
     from coderl.agent.parsing import CALL_FORMATS
-    from coderl.config import OnlineEvalConfig
+    from coderl.config.online import OnlineEvalConfig
     from coderl.online.simulate import HeldoutEvaluator
     from coderl.policy import load_policy
     from coderl.policy.base import Completion

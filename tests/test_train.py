@@ -394,8 +394,8 @@ def test_the_trainer_kl_term_is_the_loss_estimator_k2():
 
 @pytest.mark.parametrize("reason", ["abort", "tool_calls", "", None])
 def test_toy_environment_refuses_unknown_finish_reasons(reason):
+    from coderl.envs.toy import ToyEnvironment
     from coderl.policy.base import Completion, SamplingParams
-    from coderl.train.env import ToyEnvironment
 
     class Engine:
         version = 0

@@ -3,10 +3,10 @@
 from pathlib import Path
 
 from coderl.config import load_config
+from coderl.envs import build_environment
 from coderl.train.batch import build_batch
-from coderl.train.env import build_environment
-from coderl.train.loop import build_policy
 from coderl.train.optim import build_optimizer
+from coderl.train.run import build_policy
 from coderl.train.sft import nll_step, oracle_segments
 
 DEFAULT = Path(__file__).parent.parent / "configs" / "default.yaml"

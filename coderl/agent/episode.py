@@ -13,6 +13,8 @@ the task, with that summary appended to the task message. Each window is one tra
 The summary turn sees the last turn's observations, so it may run past ``context_budget`` by
 them (each at most ``tools.max_observation_chars`` characters), the instruction and
 ``summary_max_tokens``: keep the budget that far below the model's real context length.
+A summary so long that the window it opens cannot fit one more turn ends the episode with
+``finish_reason="context"``: the policy's own doing, graded and scored like any other ending.
 """
 
 from __future__ import annotations
@@ -39,7 +41,9 @@ from coderl.policy.episode import EpisodeBuilder, encode
 from coderl.sandbox.base import Sandbox
 from coderl.trajectory import Trajectory
 
-FinishReason = Literal["submitted", "max_turns", "max_tokens", "broken_calls", "error"]
+FinishReason = Literal["submitted", "max_turns", "max_tokens", "broken_calls", "context", "error"]
+"""``context``: the model's own self-summary left the next window no room for a turn (an
+agent-caused ending, scored); ``error``: the harness raised (infrastructure, masked)."""
 
 DEFAULT_INSTRUCTIONS = (
     "You are a coding agent working in a repository at the workspace root. Use the tools to "
@@ -196,6 +200,10 @@ class Episode:
     stats: EpisodeStats
     error: str | None = None
     """Traceback when ``finish_reason`` is ``error``."""
+    failure: Literal["infra", "agent"] | None = None
+    """Who caused ``error``: ``infra`` (the harness or the sandbox raised) or ``agent`` (a
+    workspace the policy made that the diff cannot walk: a tree too deep, an undecodable
+    name); None without an error."""
 
 
 @dataclass
@@ -341,6 +349,8 @@ def _loop(st: _State, tools: Mapping[str, Tool]) -> Generator[Any, Any, FinishRe
         max_new = min(cfg.max_tokens_per_turn, left)
         if (n := st.context_len()) + max_new > cfg.context_budget:
             if not st.sampled:
+                if st.stats.summaries:  # the policy's summary filled the window it opened
+                    return "context"
                 raise ValueError(
                     f"a fresh context window ({n} tokens) plus one turn ({max_new}) "
                     f"exceeds context_budget={cfg.context_budget}"
@@ -373,8 +383,10 @@ def episode_steps(
     """The episode as a generator of requests (see the module docstring); returns the Episode.
 
     Errors inside the episode (a template that cannot be rendered exactly, a context budget too
-    small for the prompt) end it with ``finish_reason="error"`` and the traceback in
-    ``Episode.error``; the trajectory up to that point is kept. Errors of the requests themselves
+    small for the prompt) end it with ``finish_reason="error"``, the traceback in
+    ``Episode.error`` and ``Episode.failure="infra"``; a diff that fails on a workspace the
+    policy made (``RecursionError``, ``UnicodeError``) is ``failure="agent"`` (scored, not
+    masked); the trajectory up to that point is kept. Errors of the requests themselves
     (``policy.generate`` failing) propagate from the runner.
 
     Raises:
@@ -397,10 +409,14 @@ def episode_steps(
     except Exception:  # noqa: BLE001 - one broken episode must not take down a batch of rollouts
         episode.stats.finish_reason = "error"
         episode.error = traceback.format_exc()
+        episode.failure = "infra"
     try:
         episode.diff = yield ToolRequest(sandbox.diff)
-    except Exception:  # noqa: BLE001 - without a diff the episode cannot be graded
+    except Exception as e:  # noqa: BLE001 - without a diff the episode cannot be graded
         episode.stats.finish_reason = "error"
         episode.error = (episode.error or "") + traceback.format_exc()
+        if episode.failure is None:
+            agent_made = isinstance(e, RecursionError | UnicodeError)
+            episode.failure = "agent" if agent_made else "infra"
     episode.stats.wall_time_s = time.monotonic() - start
     return episode

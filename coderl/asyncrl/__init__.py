@@ -6,15 +6,17 @@ control (``version - oldest_version <= max_staleness``), corrects for staleness 
 weights on the stored behaviour logprobs, and publishes new weights under a new version.
 
 Not here: the trainer step itself (a :class:`Learner`), the agent harness and graders (inside a
-:class:`Sampler`). Ray is imported only by the ``ray`` backend.
+:class:`Sampler`); the real ones (:mod:`coderl.asyncrl.trainer`) are the pipeline of
+``coderl train`` (:mod:`coderl.train.pipeline`). The configuration is the ``async`` section of the
+one config tree (:class:`coderl.config.AsyncConfig`). Ray is imported only by the ``ray`` backend.
 """
 
 from coderl.asyncrl.buffer import EpisodeBuffer, TaskLedger, cycle_tasks, job_seed
-from coderl.asyncrl.config import AsyncConfig
-from coderl.asyncrl.loop import BACKENDS, AsyncRunner, make_backend, run_sync
+from coderl.asyncrl.loop import BACKENDS, AsyncRunner, make_backend
 from coderl.asyncrl.metrics import AsyncMetrics, logprob_gap
 from coderl.asyncrl.types import Episode, Group, Job, Learner, Sampler, Weights
 from coderl.asyncrl.weights import FileWeightStore, MemoryWeightStore
+from coderl.config import AsyncConfig
 
 __all__ = [
     "BACKENDS",
@@ -35,5 +37,4 @@ __all__ = [
     "job_seed",
     "logprob_gap",
     "make_backend",
-    "run_sync",
 ]

@@ -19,15 +19,24 @@ from collections.abc import Callable
 from typing import Any
 
 from coderl.asyncrl.types import Group, Job
+from coderl.train.pipeline import rollout_seed
 
 TaskStream = Callable[[int], tuple[str, Any]]
 """Task index -> ``(task_id, task)``; deterministic, defined for every index >= 0."""
 
 
-def job_seed(run_seed: int, index: int, attempt: int) -> int:
+def job_seed(run_seed: int, index: int, attempt: int, tasks_per_rollout: int = 1) -> int:
     """Sampling seed of a job: a pure function of (run seed, task index, attempt), so that the
-    same job samples the same tokens whichever worker runs it and however the run was resumed."""
-    return (run_seed * 1_000_003 + index * 97 + attempt) % (2**31 - 1)
+    same job samples the same tokens whichever worker runs it and however the run was resumed.
+
+    A first attempt takes the seed of its rollout block (task indices ``[b * n, (b + 1) * n)``
+    with ``n = tasks_per_rollout``), ``rollout_seed(run_seed, b)``: the seed ``coderl train``
+    gives step ``b`` when ``n`` is its tasks per step. A re-sample (``attempt >= 1``) rolls out
+    alone with ``rollout_seed(run_seed, index, attempt)``, which no block seed equals.
+    """
+    if attempt == 0:
+        return rollout_seed(run_seed, index // tasks_per_rollout)
+    return rollout_seed(run_seed, index, attempt)
 
 
 def cycle_tasks(tasks: list[tuple[str, Any]]) -> TaskStream:
@@ -44,15 +53,21 @@ def cycle_tasks(tasks: list[tuple[str, Any]]) -> TaskStream:
 class TaskLedger:
     """Issues jobs in task-stream order and tracks the outstanding ones."""
 
-    def __init__(self, stream: TaskStream, *, seed: int = 0) -> None:
+    def __init__(self, stream: TaskStream, *, seed: int = 0, tasks_per_rollout: int = 1) -> None:
+        if tasks_per_rollout < 1:
+            raise ValueError(f"tasks_per_rollout must be >= 1, got {tasks_per_rollout}")
         self.stream = stream
         self.seed = seed
+        self.tasks_per_rollout = tasks_per_rollout
         self.next_index = 0
         """Index of the next fresh task in the stream."""
         self.retry: deque[tuple[int, int]] = deque()
         """(index, attempt) to issue before fresh tasks: re-samples and resumed jobs."""
         self.outstanding: dict[int, Job] = {}
         """Issued jobs not yet trained on or dropped, by task index."""
+
+    def _peek(self) -> tuple[int, int]:
+        return self.retry[0] if self.retry else (self.next_index, 0)
 
     def next_job(self) -> Job:
         """The next job: a queued retry if any, else the next fresh task."""
@@ -62,9 +77,28 @@ class TaskLedger:
             index, attempt = self.next_index, 0
             self.next_index += 1
         task_id, task = self.stream(index)
-        job = Job(index, task, task_id, job_seed(self.seed, index, attempt), attempt)
+        seed = job_seed(self.seed, index, attempt, self.tasks_per_rollout)
+        job = Job(index, task, task_id, seed, attempt)
         self.outstanding[index] = job
         return job
+
+    def next_rollout(self, limit: int) -> list[Job]:
+        """The next jobs to roll out together (at most ``limit``, at least one): first attempts
+        of one rollout block, in index order; a re-sample goes alone.
+
+        Raises:
+            ValueError: ``limit < 1``.
+        """
+        if limit < 1:
+            raise ValueError(f"limit must be >= 1, got {limit}")
+        jobs = [self.next_job()]
+        n, first = self.tasks_per_rollout, jobs[0]
+        while first.attempt == 0 and len(jobs) < limit:
+            index, attempt = self._peek()
+            if attempt != 0 or index // n != first.index // n or index != jobs[-1].index + 1:
+                break
+            jobs.append(self.next_job())
+        return jobs
 
     def _pop(self, job: Job) -> None:
         if job.index not in self.outstanding:
@@ -94,6 +128,7 @@ class TaskLedger:
             "next_index": self.next_index,
             "retry": [list(p) for p in pending],
             "seed": self.seed,
+            "tasks_per_rollout": self.tasks_per_rollout,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -104,6 +139,11 @@ class TaskLedger:
         """
         if state["seed"] != self.seed:
             raise ValueError(f"ledger seed {state['seed']} differs from this run's {self.seed}")
+        if state.get("tasks_per_rollout", 1) != self.tasks_per_rollout:
+            raise ValueError(
+                f"ledger tasks_per_rollout {state.get('tasks_per_rollout', 1)} differs from this "
+                f"run's {self.tasks_per_rollout} (the seeds of its first attempts would change)"
+            )
         self.next_index = int(state["next_index"])
         self.retry = deque((int(i), int(a)) for i, a in state["retry"])
         self.outstanding = {}

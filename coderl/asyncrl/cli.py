@@ -1,7 +1,8 @@
 """``coderl train-async CONFIG [key=value ...]``: asynchronous training with bounded staleness.
 
-The config is the ``coderl train`` tree plus an optional ``async:`` section
-(:class:`coderl.asyncrl.AsyncConfig`); ``async.max_staleness=1`` and the like override it.
+The config is the ``coderl train`` tree, whose ``async:`` section
+(:class:`coderl.config.AsyncConfig`) this command reads; ``async.max_staleness=1`` and the like
+override it.
 """
 
 from __future__ import annotations
@@ -12,10 +13,11 @@ from rich.console import Console
 
 
 def run(args: argparse.Namespace) -> int:
-    from coderl.asyncrl.trainer import load_configs, train_async  # heavy imports, on use only
+    from coderl.asyncrl.trainer import train_async  # heavy imports, on use only
+    from coderl.config import load_config
 
-    cfg, acfg = load_configs(args.config, args.overrides)
-    summary = train_async(cfg, acfg, resume=args.resume)
+    cfg = load_config(args.config, args.overrides)
+    summary = train_async(cfg, resume=args.resume)
     console = Console()
     console.print(f"[bold]async run finished[/] in {cfg.run_dir}")
     for key, value in summary.items():

@@ -43,13 +43,14 @@ def _serve(
     jobs: Any,
     results: Any,
 ) -> None:
-    """Worker main loop: job in, group (or the error) out, until the stop sentinel."""
+    """Worker main loop: a rollout's jobs in, their groups (or the error) out, until the stop
+    sentinel."""
     try:
         with _BUILD_LOCK:
             sampler = make()
         worker = RolloutWorker(worker_name, sampler, store, turn_sync=turn_sync)
-        while (job := jobs.get()) is not _STOP:
-            results.put(worker.run(job))
+        while (rollout := jobs.get()) is not _STOP:
+            results.put(worker.run_rollout(rollout))
     except BaseException:  # the domain: a worker's failure is reported to the trainer
         results.put(WorkerError(f"rollout worker {worker_name} failed:\n{traceback.format_exc()}"))
 
@@ -118,8 +119,9 @@ class LocalBackend:
     def publish(self, version: int, weights: Weights) -> None:
         self.store.publish(version, weights)
 
-    def submit(self, job: Job) -> None:
-        self._jobs.put(job)
+    def submit(self, jobs: list[Job]) -> None:
+        """Queue one rollout (its jobs run together on one worker)."""
+        self._jobs.put(list(jobs))
 
     def poll(self, timeout: float) -> list[Group]:
         """Finished groups: waits up to ``timeout`` seconds for the first, then takes what is there.
@@ -133,7 +135,7 @@ class LocalBackend:
             while True:
                 if isinstance(item, WorkerError):
                     raise item
-                out.append(item)
+                out.extend(item)
                 item = self._results.get_nowait()
         except queue.Empty:
             return out

@@ -9,9 +9,14 @@ Per iteration the trainer (this thread):
 3. when ``groups_per_step`` admitted groups wait, takes one optimizer step and publishes the new
    weights under ``version + 1``.
 
+Jobs go out in rollouts: the first attempts of one block of ``tasks_per_rollout`` consecutive
+tasks are rolled out together by one worker in one batched call (a re-sample goes alone); see
+:func:`coderl.asyncrl.buffer.job_seed` for their seeds.
+
 With ``max_staleness=0`` only ``groups_per_step`` groups are ever outstanding and they are issued
-after the weights they must use were published, so the run is the synchronous loop
-(:func:`run_sync`) exactly: same tasks, same seeds, same versions, same batches (tested).
+after the weights they must use were published; with ``tasks_per_rollout = groups_per_step =
+tasks.tasks_per_step`` each step is one rollout seeded as ``coderl train`` seeds that step, so the
+run is ``coderl train`` exactly: same tasks, samples, batches and weights (tested against it).
 
 A checkpoint (:meth:`AsyncRunner.state_dict`) may be taken with groups in flight; they are saved as
 tasks to re-issue, so a resumed run neither skips nor repeats a task (tested). Their partial work
@@ -26,12 +31,10 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from coderl.asyncrl.buffer import EpisodeBuffer, TaskLedger, TaskStream
-from coderl.asyncrl.config import AsyncConfig
 from coderl.asyncrl.local import LocalBackend
 from coderl.asyncrl.metrics import AsyncMetrics
 from coderl.asyncrl.types import Group, Job, Learner, SamplerFactory, Weights
-from coderl.asyncrl.weights import MemoryWeightStore
-from coderl.asyncrl.worker import RolloutWorker
+from coderl.config import AsyncConfig
 
 
 class RolloutBackend(Protocol):
@@ -40,7 +43,10 @@ class RolloutBackend(Protocol):
     num_workers: int
 
     def publish(self, version: int, weights: Weights) -> None: ...
-    def submit(self, job: Job) -> None: ...
+    def submit(self, jobs: list[Job]) -> None:
+        """Queue one rollout: ``jobs`` run together on one worker."""
+        ...
+
     def poll(self, timeout: float) -> list[Group]: ...
     def close(self) -> None: ...
 
@@ -75,7 +81,15 @@ StepHook = Callable[["AsyncRunner", dict[str, float]], None]
 
 
 class AsyncRunner:
-    """Runs ``learner`` on groups produced by rollout workers, with bounded staleness."""
+    """Runs ``learner`` on groups produced by rollout workers, with bounded staleness.
+
+    Args:
+        cfg: the async section; ``groups_per_step`` must be set (``tasks_per_rollout`` None: 1).
+        seed: the run seed (job seeds derive from it).
+
+    Raises:
+        ValueError: ``cfg.groups_per_step`` is None, or ``tasks_per_rollout`` does not divide it.
+    """
 
     def __init__(
         self,
@@ -84,13 +98,23 @@ class AsyncRunner:
         make_sampler: SamplerFactory,
         tasks: TaskStream,
         *,
+        seed: int = 0,
         backend: RolloutBackend | None = None,
         on_step: StepHook | None = None,
     ) -> None:
+        if cfg.groups_per_step is None:
+            raise ValueError("async.groups_per_step must be set (train_async resolves it)")
+        self.rollout_size = cfg.tasks_per_rollout or 1
+        if cfg.groups_per_step % self.rollout_size:
+            raise ValueError(
+                f"async.tasks_per_rollout={self.rollout_size} must divide "
+                f"async.groups_per_step={cfg.groups_per_step}"
+            )
         self.cfg = cfg
+        self.groups_per_step: int = cfg.groups_per_step
         self.learner = learner
         self.make_sampler = make_sampler
-        self.ledger = TaskLedger(tasks, seed=cfg.seed)
+        self.ledger = TaskLedger(tasks, seed=seed, tasks_per_rollout=self.rollout_size)
         self.buffer = EpisodeBuffer(cfg.max_staleness)
         self.backend = backend
         self.on_step = on_step
@@ -130,7 +154,7 @@ class AsyncRunner:
         if self.learner.version > self._published:
             self.backend.publish(self.learner.version, self.learner.weights())
             self._published = self.learner.version
-        B = self.cfg.groups_per_step
+        B = self.groups_per_step
         cap = (self.cfg.max_staleness + 1) * B
         while self.learner.version < num_steps:
             self._fill(cap)
@@ -151,8 +175,8 @@ class AsyncRunner:
 
     def _fill(self, cap: int) -> None:
         assert self.backend is not None
-        while len(self.ledger.outstanding) < cap:
-            self.backend.submit(self.ledger.next_job())
+        while (room := cap - len(self.ledger.outstanding)) > 0:
+            self.backend.submit(self.ledger.next_rollout(min(room, self.rollout_size)))
 
     def _receive(self, group: Group) -> None:
         self.metrics.trajectories_generated += len(group.episodes)
@@ -210,29 +234,3 @@ class AsyncRunner:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-def run_sync(
-    learner: Learner,
-    make_sampler: SamplerFactory,
-    tasks: TaskStream,
-    *,
-    num_steps: int,
-    groups_per_step: int,
-    seed: int = 0,
-) -> tuple[list[dict[str, float]], list[int]]:
-    """The synchronous reference loop, in one thread: sample a batch with the current weights,
-    train on it, repeat. Returns (per-step learner metrics, trained task indices)."""
-    ledger = TaskLedger(tasks, seed=seed)
-    store = MemoryWeightStore()
-    worker = RolloutWorker("sync", make_sampler(), store, turn_sync=False)
-    history: list[dict[str, float]] = []
-    trained: list[int] = []
-    while learner.version < num_steps:
-        store.publish(learner.version, learner.weights())
-        batch = [worker.run(ledger.next_job()) for _ in range(groups_per_step)]
-        history.append(dict(learner.train_step(batch)))
-        for group in batch:
-            ledger.consumed(group.job)
-            trained.append(group.job.index)
-    return history, trained

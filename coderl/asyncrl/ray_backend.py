@@ -20,9 +20,9 @@ from typing import Any
 
 import ray
 
-from coderl.asyncrl.config import AsyncConfig
 from coderl.asyncrl.types import Grader, Group, Job, Learner, SamplerFactory, Weights
 from coderl.asyncrl.worker import RolloutWorker
+from coderl.config import AsyncConfig
 
 # descendants of this process that existed before ensure_ray() started Ray (never reaped)
 _PIDS_BEFORE_RAY: set[int] = set()
@@ -135,19 +135,22 @@ class _RolloutActor:
     ) -> None:
         self.worker = RolloutWorker(name, make_sampler(), store, turn_sync=turn_sync)
 
-    def run(self, job: Job) -> Group:
-        return self.worker.run(job)
+    def run(self, jobs: list[Job]) -> list[Group]:
+        return self.worker.run_rollout(jobs)
 
 
 class _GraderActor:
     def __init__(self, make_grader: Callable[[], Grader]) -> None:
         self.grader = make_grader()
 
-    def grade(self, group: Group) -> Group:
-        started = time.monotonic()
-        graded = self.grader.grade(group)
-        graded.duration_s += time.monotonic() - started
-        return graded
+    def grade(self, groups: list[Group]) -> list[Group]:
+        out = []
+        for group in groups:
+            started = time.monotonic()
+            graded = self.grader.grade(group)
+            graded.duration_s += time.monotonic() - started
+            out.append(graded)
+        return out
 
 
 class RayBackend:
@@ -189,7 +192,7 @@ class RayBackend:
         grader = ray.remote(_GraderActor).options(num_cpus=cfg.ray_worker_cpus)
         self.graders = [grader.remote(make_grader) for _ in range(cfg.ray_num_graders)]
         self._idle: deque[Any] = deque(self.workers)
-        self._queue: deque[Job] = deque()
+        self._queue: deque[list[Job]] = deque()  # rollouts waiting for a worker
         self._rollouts: dict[Any, Any] = {}  # rollout ref -> the worker running it
         self._results: list[Any] = []  # refs of finished (graded) groups
         self._next_grader = 0
@@ -197,8 +200,8 @@ class RayBackend:
     def publish(self, version: int, weights: Weights) -> None:
         self.store.publish(version, weights)
 
-    def submit(self, job: Job) -> None:
-        self._queue.append(job)
+    def submit(self, jobs: list[Job]) -> None:
+        self._queue.append(list(jobs))
         self._dispatch()
 
     def _dispatch(self) -> None:
@@ -234,7 +237,7 @@ class RayBackend:
             return []
         ready, rest = ray.wait(self._results, num_returns=len(self._results), timeout=0)
         self._results = rest
-        return list(ray.get(ready))
+        return [g for groups in ray.get(ready) for g in groups]
 
     def close(self) -> None:
         """Kill the actors; shut Ray down if this backend started it."""

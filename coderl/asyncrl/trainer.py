@@ -1,19 +1,21 @@
-"""The real trainer and environment of :mod:`coderl.train` behind the async seams.
+"""The real trainer and environment behind the async seams, all through
+:mod:`coderl.train.pipeline` (the same reward samples, masks, advantages, batch and metrics as
+``coderl train``) and :mod:`coderl.train.run` (the same task order, checkpoints and resume).
 
 - :class:`EnvSampler` (a :class:`Sampler`): its own policy copy plus the configured environment;
-  one job = ``rollout.group_size`` episodes of one task through ``env.rollout`` (the harness),
-  graded by ``env.grade`` and rewarded by :func:`coderl.rewards.compute_rewards`. Weights are
-  picked up between turns by wrapping the policy: every ``generate`` call (one turn of the
-  group's episodes) first asks for newer weights when ``weight_sync="turn"``.
-- :class:`TrainLearner` (a :class:`Learner`): :func:`coderl.train.loop.make_batch` (advantages by
-  group) and :func:`coderl.train.step.train_step`, whose importance weights
-  (``algorithm.importance``, ``algorithm.old_logp="trainer"``) correct for staleness with the
-  stored behaviour logprobs (AReaL's decoupled objective, Fu et al. 2025, Eq. 5).
-- :func:`train_async`: ``coderl train-async``, the async counterpart of ``coderl train`` writing
-  the same ``metrics.jsonl``, TensorBoard logs and checkpoints (plus the task ledger).
+  one rollout = ``rollout.group_size`` episodes of each of its jobs' tasks through ``env.rollout``
+  (the harness), scored by :func:`coderl.train.pipeline.score` (grading, failure attribution,
+  rewards). Weights are picked up between turns by wrapping the policy: every ``generate`` call
+  (one turn of the rollout's episodes) first asks for newer weights when ``weight_sync="turn"``.
+- :class:`TrainLearner` (a :class:`Learner`): :func:`coderl.train.pipeline.make_batch` (advantages
+  by group, masked episodes left out) and :func:`coderl.train.step.train_step`, whose importance
+  weights (``algorithm.importance``, ``algorithm.old_logp="trainer"``) correct for staleness with
+  the stored behaviour logprobs (AReaL's decoupled objective, Fu et al. 2025, Eq. 5).
+- :func:`train_async`: ``coderl train-async``, writing the same ``metrics.jsonl``, TensorBoard logs
+  and checkpoints as ``coderl train`` (plus the task ledger).
 
-Not supported yet (they raise): the KL reward term (it needs reference logprobs on the worker)
-and dynamic sampling (zero-variance group filtering) of the synchronous loop.
+Not supported (it raises): dynamic sampling (zero-variance group filtering) of ``coderl train``.
+No held-out evaluation runs during an async run: evaluate its checkpoints with ``coderl eval``.
 """
 
 from __future__ import annotations
@@ -23,57 +25,46 @@ import math
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-import yaml
-
 from coderl.asyncrl.buffer import TaskStream
-from coderl.asyncrl.config import AsyncConfig
 from coderl.asyncrl.loop import AsyncRunner
 from coderl.asyncrl.types import BetweenTurns, Episode, Group, Job, Weights
-from coderl.config import Config, apply_override, build_config, dump_config
+from coderl.config import AsyncConfig, Config, dump_config, load_config
+from coderl.envs import build_environment
 from coderl.policy.base import Completion, SamplingParams
-from coderl.rewards import RewardResult, RewardSample, compute_rewards
-from coderl.train.checkpoint import (
-    ensure_new_run,
-    latest_checkpoint,
-    load_checkpoint,
-    load_trainable,
-    save_checkpoint,
-    trainable_state,
-)
-from coderl.train.env import EpisodeRecord, build_environment
-from coderl.train.loop import build_policy, make_batch, setup_run
+from coderl.train import pipeline as P
+from coderl.train.checkpoint import ensure_new_run, load_trainable, trainable_state
 from coderl.train.metrics import MetricsLogger
+from coderl.train.run import build_policy, restore, save, setup_run
 from coderl.train.step import train_step
 
 
-def check_supported(cfg: Config) -> None:
-    """Raises ValueError for settings of the synchronous loop that the async one lacks."""
-    if "kl" in cfg.reward.terms and cfg.reward.kl_coef > 0:
-        raise ValueError("reward.terms.kl is not supported by train-async; use algorithm.kl.coef")
-    if cfg.dynamic_sampling.mode != "off":
-        raise ValueError("dynamic_sampling is not supported by train-async; set it to 'off'")
-
-
 def task_stream(tasks: list[Any], seed: int) -> TaskStream:
-    """Index -> ``(task.id, task)``: each epoch a permutation seeded by (seed, epoch), the order
-    recipe of :class:`coderl.train.loop.TaskSampler`.
+    """Index -> ``(task.id, task)``: the task order of ``coderl train``
+    (:meth:`coderl.train.pipeline.TaskSampler.at`).
 
     Raises:
         ValueError: ``tasks`` is empty.
     """
-    if not tasks:
-        raise ValueError("the training split holds no tasks")
-    orders: dict[int, list[int]] = {}
+    return P.TaskSampler(tasks, seed).at
 
-    def at(i: int) -> tuple[str, Any]:
-        epoch, pos = divmod(i, len(tasks))
-        if epoch not in orders:
-            orders[epoch] = np.random.default_rng([seed, epoch]).permutation(len(tasks)).tolist()
-        task = tasks[orders[epoch][pos]]
-        return task.id, task
 
-    return at
+def check_supported(cfg: Config) -> None:
+    """Raises ValueError for settings of ``coderl train`` that the async driver lacks."""
+    if cfg.dynamic_sampling.mode != "off":
+        raise ValueError("dynamic_sampling is not supported by train-async; set it to 'off'")
+
+
+def resolve(cfg: Config) -> AsyncConfig:
+    """``cfg.async_`` with its defaults filled from the training config: ``groups_per_step`` and
+    ``tasks_per_rollout`` default to ``tasks.tasks_per_step`` (one step = one rollout, seeded as
+    ``coderl train`` seeds it)."""
+    a, n = cfg.async_, cfg.tasks.tasks_per_step
+    return a.model_copy(
+        update={
+            "groups_per_step": a.groups_per_step or n,
+            "tasks_per_rollout": a.tasks_per_rollout or n,
+        }
+    )
 
 
 class _TurnSyncPolicy:
@@ -110,43 +101,57 @@ class EnvSampler:
         self.policy.version = version
 
     def rollout(self, job: Job, between_turns: BetweenTurns) -> list[Episode]:
+        return self.rollout_batch([job], between_turns)[0]
+
+    def rollout_batch(self, jobs: list[Job], between_turns: BetweenTurns) -> list[list[Episode]]:
+        """The jobs' groups from one ``env.rollout`` call seeded by ``jobs[0].seed``; each
+        episode's ``info`` is :func:`coderl.train.pipeline.episode_info` (validity, failure kind,
+        reward breakdown) and its ``reward`` the total (NaN where masked)."""
         cfg, G = self.cfg, self.cfg.rollout.group_size
-        r = cfg.rollout
-        params = SamplingParams(r.temperature, r.top_p, r.max_new_tokens, seed=job.seed)
-        records = self.env.rollout(
-            _TurnSyncPolicy(self.policy, between_turns), [job.task], params, G
-        )
-        grades = self.env.grade([job.task] * G, records)
-        budget, ease = self.env.token_budget(), self.env.ease(job.task)
-        samples = [
-            RewardSample(
-                task_id=ep.task_id,
-                resolved=g.resolved,
-                fraction_passed=g.fraction_passed,
-                grading_error=g.grading_error,
-                sampled_tokens=sum(s.num_trainable for s in ep.trajectory.segments),
-                token_budget=budget,
-                broken_tool_calls=ep.broken_tool_calls,
-                ease=ease,
-            )
-            for ep, g in zip(records, grades, strict=True)
-        ]
-        rewards = compute_rewards(samples, cfg.reward)
-        return [
-            Episode(
-                ep.task_id,
-                ep.trajectory,
-                total,
-                {"valid": ok, "resolved": g.resolved, "turns": ep.turns, "breakdown": b},
-            )
-            for ep, g, total, ok, b in zip(
-                records, grades, rewards.totals, rewards.valid, rewards.breakdown, strict=True
+        tasks = [j.task for j in jobs]
+        params = P.sampling_params(cfg, jobs[0].seed)
+        policy = _TurnSyncPolicy(self.policy, between_turns)
+        records = self.env.rollout(policy, tasks, params, G)
+        owners = [t for t in tasks for _ in range(G)]
+        keys = [P.group_key(j.task_id, j.index) for j in jobs for _ in range(G)]
+        scored = P.score(self.env, self.policy, cfg, owners, keys, records)
+        episodes = [
+            Episode(ep.task_id, ep.trajectory, total, info)
+            for ep, total, info in zip(
+                scored.episodes, scored.rewards.totals, scored.infos, strict=True
             )
         ]
+        return [episodes[k * G : (k + 1) * G] for k in range(len(jobs))]
+
+
+def _info(ep: Episode) -> dict[str, Any]:
+    """The episode's pipeline info; a sampler that gives none gets the minimal one, by the
+    pipeline's rule: masked when its reward is not finite, its info says ``valid: False``, or it
+    failed for an infra reason (``failure="infra"`` or ``finish_reason="error"``)."""
+    if "breakdown" in ep.info:
+        return ep.info
+    info = ep.info
+    failure = info.get("failure") or ("infra" if info.get("finish_reason") == "error" else None)
+    valid = bool(info.get("valid", True)) and math.isfinite(ep.reward) and failure != "infra"
+    return {
+        "valid": valid,
+        "total": ep.reward,
+        "resolved": bool(info.get("resolved", False)),
+        "failure": failure,
+        "failure_reason": info.get("failure_reason", ""),
+        "sampled_tokens": len(ep.sampled_versions()),
+        "truncated": False,
+        "turns": int(info.get("turns", 1)),
+        "segments": len(ep.trajectory.segments),
+        "broken_tool_calls": 0,
+        "no_action_turns": 0,
+        "summaries": 0,
+        "breakdown": {},
+    }
 
 
 class TrainLearner:
-    """Trainer side: the synchronous loop's batch building and trainer step on async groups."""
+    """Trainer side: the pipeline's batch building and the trainer step on async groups."""
 
     def __init__(self, cfg: Config) -> None:
         check_supported(cfg)
@@ -158,32 +163,41 @@ class TrainLearner:
 
     def train_step(self, groups: list[Group]) -> dict[str, float]:
         """One optimizer step; every group keeps its own advantage baseline (the same task may
-        appear twice in an async batch, from different epochs)."""
-        run = self.run
+        appear twice in an async batch, from different epochs); masked episodes (infra failures,
+        reward-term failures) are left out of the loss and of their group's baseline."""
+        run, cfg = self.run, self.run.cfg
         eps = [(g, ep) for g in groups for ep in g.episodes]
-        records = [EpisodeRecord(f"{ep.task_id}#{g.job.index}", ep.trajectory) for g, ep in eps]
-        valid = [bool(ep.info.get("valid", True)) for _, ep in eps]
-        totals = [ep.reward for _, ep in eps]
-        rewards = RewardResult(totals, valid, [{} for _ in eps])
-        batch = make_batch(run, records, rewards)
-        metrics: dict[str, float] = {"optimizer_steps": 0.0}
-        if batch is not None:
-            metrics = train_step(
-                run.policy.model,
-                run.optimizer,
-                run.scheduler,
-                batch,
-                run.cfg.algorithm,
-                run.cfg.trainer,
-                temperature=run.cfg.rollout.temperature,
-                max_len=run.env.token_budget(),
-                value_head=run.value_head,
+        infos = [_info(ep) for _, ep in eps]
+        metrics: dict[str, float] = P.step_metrics(infos, cfg)
+        batch = P.make_batch(
+            cfg,
+            run.policy,
+            run.value_head,
+            [ep.trajectory for _, ep in eps],
+            [ep.reward for _, ep in eps],
+            [bool(x["valid"]) for x in infos],
+            [P.group_key(ep.task_id, g.job.index) for g, ep in eps],
+        )
+        if batch is None:
+            metrics.update(optimizer_steps=0.0, sequences=0.0, trained_tokens=0.0)
+        else:
+            metrics.update(P.advantage_metrics(batch))
+            metrics.update(
+                train_step(
+                    run.policy.model,
+                    run.optimizer,
+                    run.scheduler,
+                    batch,
+                    cfg.algorithm,
+                    cfg.trainer,
+                    temperature=cfg.rollout.temperature,
+                    max_len=run.env.token_budget(),
+                    value_head=run.value_head,
+                )
             )
-        ok = [t for t, v in zip(totals, valid, strict=True) if v]
-        metrics["reward/mean"] = float(np.mean(ok)) if ok else math.nan
-        metrics["resolved_rate"] = float(np.mean([bool(ep.info.get("resolved")) for _, ep in eps]))
         run.policy.bump_version()  # a step with no valid episode still advances the version
         run.step += 1
+        metrics["policy_version"] = float(run.policy.version)
         return metrics
 
     def weights(self) -> Weights:
@@ -211,72 +225,57 @@ class TrainLearner:
 
 
 def load_configs(path: str | None, overrides: list[str]) -> tuple[Config, AsyncConfig]:
-    """The training config plus its ``async`` section, from a YAML preset and ``key=value``
-    overrides (``async.max_staleness=1`` goes to the async section).
+    """:func:`coderl.config.load_config` and its resolved ``async`` section (:func:`resolve`).
 
     Raises:
-        ValueError (ConfigError): a missing file, unknown keys or bad values in either part.
+        ConfigError: a missing file, unknown keys or bad values (naming the dotted key).
     """
-    tree: dict[str, Any] = {}
-    if path is not None:
-        p = Path(path)
-        if not p.is_file():
-            raise ValueError(f"config file {str(p)!r} does not exist")
-        tree = yaml.safe_load(p.read_text()) or {}
-    async_tree = dict(tree.pop("async", None) or {})
-    for ov in overrides:
-        if ov.startswith("async."):
-            apply_override(async_tree, ov.removeprefix("async."))
-        else:
-            apply_override(tree, ov)
-    return build_config(tree), AsyncConfig.from_dict(async_tree)
+    cfg = load_config(path, overrides)
+    return cfg, resolve(cfg)
 
 
-def train_async(cfg: Config, acfg: AsyncConfig, *, resume: bool = False) -> dict[str, Any]:
-    """Train ``cfg.trainer.steps`` steps asynchronously; logs like ``coderl train`` and writes
-    checkpoints every ``trainer.checkpoint_every`` steps with the task ledger in ``state.json``.
-    Returns the run summary (staleness histogram, dropped groups, idle fractions...).
+def _cursor(runner: AsyncRunner) -> int:
+    """Tasks trained on or dropped so far (``coderl train``'s data cursor at a step boundary)."""
+    ledger = runner.ledger
+    return ledger.next_index - len(ledger.outstanding) - len(ledger.retry)
+
+
+def train_async(
+    cfg: Config, acfg: AsyncConfig | None = None, *, resume: bool = False
+) -> dict[str, Any]:
+    """Train ``cfg.trainer.steps`` steps asynchronously with ``acfg`` (None: ``cfg.async_``,
+    resolved); logs like ``coderl train`` and writes checkpoints every
+    ``trainer.checkpoint_every`` steps with the task ledger in ``state.json``. Returns the run
+    summary (staleness histogram, dropped groups, idle fractions...).
 
     Raises:
-        ValueError: unsupported settings (see :func:`check_supported`).
+        ValueError: unsupported settings (see :func:`check_supported`), or ``resume`` from a
+            checkpoint of ``coderl train`` (no task ledger).
         FileNotFoundError: ``resume`` without a complete checkpoint.
         FileExistsError: not ``resume`` and ``cfg.run_dir`` holds a previous run's checkpoints.
     """
+    acfg = resolve(cfg.model_copy(update={"async_": acfg})) if acfg else resolve(cfg)
     run_dir = Path(cfg.run_dir)
     if not resume:
         ensure_new_run(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "config.yaml").write_text(dump_config(cfg) + yaml.safe_dump({"async": vars(acfg)}))
+    (run_dir / "config.yaml").write_text(dump_config(cfg.model_copy(update={"async_": acfg})))
     learner = TrainLearner(cfg)
     run = learner.run
-    tasks = task_stream(run.env.tasks(cfg.tasks.train_split)[: cfg.tasks.limit], cfg.seed)
 
     def on_step(runner: AsyncRunner, metrics: dict[str, float]) -> None:
         summary = runner.summary()
         extra = {f"async/{k}": float(v) for k, v in summary.items() if not isinstance(v, dict)}
         logger.log(run.step, {**metrics, **extra})
         if run.step % cfg.trainer.checkpoint_every == 0 or run.step == cfg.trainer.steps:
-            save_checkpoint(
-                cfg.run_dir,
-                run.step,
-                model=run.policy.model,
-                optimizer=run.optimizer,
-                scheduler=run.scheduler,
-                value_head=run.value_head,
-                state={"version": run.policy.version, "ledger": runner.ledger.state_dict()},
-                keep=cfg.trainer.keep_checkpoints,
-            )
+            run.sampler.position = _cursor(runner)
+            save(run, ledger=runner.ledger.state_dict())
 
-    runner = AsyncRunner(acfg, learner, _SamplerFactory(cfg), tasks, on_step=on_step)
+    runner = AsyncRunner(
+        acfg, learner, _SamplerFactory(cfg), run.sampler.at, seed=cfg.seed, on_step=on_step
+    )
     if resume:
-        state = load_checkpoint(
-            latest_checkpoint(cfg.run_dir),
-            model=run.policy.model,
-            optimizer=run.optimizer,
-            scheduler=run.scheduler,
-            value_head=run.value_head,
-        )
-        run.step, run.policy.version = state["step"], state["version"]
+        state = restore(run)
         if "ledger" not in state:
             raise ValueError(
                 f"{cfg.run_dir} was written by the synchronous `coderl train` (its checkpoint has "

@@ -78,14 +78,25 @@ class Group:
     duration_s: float = 0.0
     """Wall seconds the worker spent on the group (rollout and grading)."""
 
+    version: int = -1
+    """Version of the weights the worker held when it started the group (-1: unknown)."""
+
     def oldest_version(self) -> int:
-        """Minimum policy version over every sampled token of every episode.
+        """Minimum policy version over every sampled token of every episode; for a group whose
+        every episode is masked (``info["valid"]`` False) and holds no sampled token (a harness
+        that crashed before sampling), the worker's ``version``.
 
         Raises:
-            ValueError: the group holds no sampled token (nothing to bound staleness by).
+            ValueError: the group holds no sampled token and is not entirely masked with a known
+                version (nothing to bound staleness by).
         """
         versions = [v for ep in self.episodes for v in ep.sampled_versions()]
         if not versions:
+            masked = bool(self.episodes) and all(
+                ep.info.get("valid") is False for ep in self.episodes
+            )
+            if masked and self.version >= 0:
+                return self.version
             raise ValueError(f"group for task {self.job.task_id!r} has no sampled token")
         if min(versions) < 0:
             raise ValueError(
@@ -112,6 +123,14 @@ class Sampler(Protocol):
 
     def rollout(self, job: Job, between_turns: BetweenTurns) -> list[Episode]:
         """Run and grade one group of episodes for ``job.task``, seeded by ``job.seed``."""
+        ...
+
+
+class BatchSampler(Sampler, Protocol):
+    """A sampler that can roll out several jobs in one batched call (``tasks_per_rollout > 1``)."""
+
+    def rollout_batch(self, jobs: list[Job], between_turns: BetweenTurns) -> list[list[Episode]]:
+        """One group per job, in order; all sampled together with ``jobs[0].seed``."""
         ...
 
 

@@ -38,9 +38,32 @@ class RolloutWorker:
         Raises:
             LookupError: no weights were ever published.
         """
+        return self.run_rollout([job])[0]
+
+    def run_rollout(self, jobs: list[Job]) -> list[Group]:
+        """Pick up new weights, then run and grade the groups of ``jobs`` in one rollout (one
+        job: ``sampler.rollout``; several: ``sampler.rollout_batch``). Each group is charged an
+        equal share of the wall time.
+
+        Raises:
+            LookupError: no weights were ever published.
+            TypeError: several jobs and a sampler without ``rollout_batch``.
+        """
         started = time.monotonic()
         if self.sync() < 0:
             raise LookupError("no weights published before the first job")
+        version = self.version
         between_turns = self.sync if self.turn_sync else self._current
-        episodes = self.sampler.rollout(job, between_turns)
-        return Group(job, episodes, self.name, started, time.monotonic() - started)
+        if len(jobs) == 1:
+            groups = [self.sampler.rollout(jobs[0], between_turns)]
+        elif hasattr(self.sampler, "rollout_batch"):
+            groups = self.sampler.rollout_batch(jobs, between_turns)
+        else:
+            raise TypeError(
+                f"{type(self.sampler).__name__} has no rollout_batch: set tasks_per_rollout=1"
+            )
+        share = (time.monotonic() - started) / len(jobs)
+        return [
+            Group(job, episodes, self.name, started, share, version)
+            for job, episodes in zip(jobs, groups, strict=True)
+        ]

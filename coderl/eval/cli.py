@@ -26,7 +26,7 @@ def _split_args(items: list[str]) -> tuple[str | None, int | None, list[str]]:
 
 def run(args: argparse.Namespace) -> int:
     from coderl.train.checkpoint import latest_checkpoint, load_checkpoint
-    from coderl.train.loop import run_eval, setup_run
+    from coderl.train.run import run_eval, setup_run
 
     ckpt = Path(args.checkpoint)
     if not (ckpt / "state.json").is_file():

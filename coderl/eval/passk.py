@@ -84,7 +84,7 @@ def evaluate(
     broke.
 
     Args:
-        env: a :class:`coderl.train.env.Environment`.
+        env: a :class:`coderl.envs.Environment`.
         policy: what ``env.rollout`` samples from.
         tasks: the split to evaluate (distinct task ids).
         samples: n per task; ks: the k values (each <= n); params: sampling parameters (its seed

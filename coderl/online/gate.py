@@ -38,7 +38,7 @@ from dataclasses import asdict, dataclass, field
 from statistics import NormalDist
 from typing import Any
 
-from coderl.config import AlarmRule, GateConfig
+from coderl.config.online import AlarmRule, GateConfig
 from coderl.online.monitors import SUSPECTED_HACK_RATE, Alarm, check_alarms
 from coderl.stats import paired_binary_lower, paired_t_lower, score_resolution, student_t_quantile
 

@@ -25,7 +25,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from coderl.config import AlarmRule, default_alarm_rules
+from coderl.config.online import AlarmRule, default_alarm_rules
 
 if TYPE_CHECKING:
     from coderl.online.store import Store

@@ -28,7 +28,7 @@ from typing import Any, Protocol
 
 from coderl.agent.episode import EpisodeConfig
 from coderl.agent.tools import TOOLS
-from coderl.config import OnlineEvalConfig, SimulateConfig
+from coderl.config.online import OnlineEvalConfig, SimulateConfig
 from coderl.online.calls import parse_reply, render_prompt, renderer_for, served_tools
 from coderl.online.monitors import SUSPECTED_HACK_RATE, behaviour_metrics
 from coderl.online.server import classify

@@ -34,10 +34,10 @@ from coderl.policy.local import LocalPolicy
 from coderl.train.batch import StepBatch, build_batch
 from coderl.train.checkpoint import trainable_state
 from coderl.train.optim import build_optimizer
+from coderl.train.run import SFT_WEIGHTS, build_policy
 from coderl.train.step import forward
 from coderl.trajectory import Segment
 
-SFT_WEIGHTS = "sft/trainable.safetensors"
 ORACLE_TURN_TOKENS = 4096
 """Token budget of an oracle turn (the gold file can be longer than an RL turn's budget)."""
 
@@ -84,8 +84,8 @@ def oracle_message(task: Any, call_format: str = "hermes") -> str:
 
 def oracle_segments(cfg: Config, policy: LocalPolicy, tasks: list[Any]) -> list[Segment]:
     """Token-exact segments of oracle episodes for ``tasks`` (one episode each)."""
-    from coderl.train.agent_env import _sandbox_for
-    from coderl.train.env import build_environment
+    from coderl.envs import build_environment
+    from coderl.envs.agent import sandbox_for
 
     env = build_environment(cfg)
     if not hasattr(env, "episode_config"):
@@ -108,7 +108,7 @@ def oracle_segments(cfg: Config, policy: LocalPolicy, tasks: list[Any]) -> list[
         return oracle_message(task, ecfg.call_format)
 
     script = ScriptedPolicy(policy.tokenizer, reply)
-    jobs = [(t, _sandbox_for(t)) for t in tasks]
+    jobs = [(t, sandbox_for(t)) for t in tasks]
     try:
         episodes = run_episodes(script, jobs, ecfg, max_workers=cfg.rollout.concurrency)
     finally:
@@ -148,8 +148,7 @@ def nll_step(
 
 def run_sft(cfg: Config, policy: LocalPolicy | None = None) -> Path:
     """Fine-tune on oracle episodes of the training split; returns the weights file."""
-    from coderl.train.env import build_environment
-    from coderl.train.loop import build_policy
+    from coderl.envs import build_environment
 
     policy = policy or build_policy(cfg)
     tasks = build_environment(cfg).tasks(cfg.tasks.train_split)[: cfg.sft.limit]

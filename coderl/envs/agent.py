@@ -1,8 +1,9 @@
 """Environments over the agent harness: HumanEval function tasks and synthesised repository
 bug-fix tasks. Each episode runs in its own sandbox (:mod:`coderl.sandbox`), many at once
 (:func:`coderl.agent.run_episodes`), and is graded in a fresh sandbox by
-:func:`coderl.tasks.grading.grade` (hidden tests; infrastructure failures become
-``grading_error`` and the sample is masked).
+:func:`coderl.tasks.grading.grade` (hidden tests). An episode the harness could not finish
+(``finish_reason="error"``: an unexpected exception) is an ``infra`` failure and is masked; a grade
+carries the grader's own failure kind (``infra`` when it names none).
 
 Limits: sandboxes are started and closed here, one per episode; the repository environment of a
 ``repo`` task must already be built (``coderl tasks build-env``).
@@ -19,15 +20,42 @@ from typing import Any
 from coderl.agent.episode import EpisodeConfig
 from coderl.agent.runner import run_episodes
 from coderl.config import Config
+from coderl.envs.base import EpisodeRecord, FailureKind, GradeRecord, SamplingPolicy
 from coderl.policy.base import SamplingParams
 from coderl.tasks.spec import Task
-from coderl.train.env import EpisodeRecord, GradeRecord, SamplingPolicy
+from coderl.trajectory import Trajectory
 
 TRUNCATED = ("max_turns", "max_tokens")
 """Finish reasons that mean a budget ran out (not a submit or a broken-call stop)."""
 
 
-def _sandbox_for(task: Task) -> Any:
+def _last_line(text: str | None) -> str:
+    lines = [line for line in (text or "").splitlines() if line.strip()]
+    return lines[-1].strip() if lines else "harness error"
+
+
+def _record(ep: Any) -> EpisodeRecord:
+    """The driver's view of a harness episode (``finish_reason="error"``: an infra failure unless
+    the harness names the agent)."""
+    error = ep.stats.finish_reason == "error"
+    failure: FailureKind | None = (ep.failure or "infra") if error else None
+    return EpisodeRecord(
+        task_id=ep.task_id,
+        trajectory=ep.trajectory,
+        finish_reason=ep.stats.finish_reason,
+        turns=ep.stats.turns,
+        truncated=ep.stats.finish_reason in TRUNCATED,
+        broken_tool_calls=ep.stats.broken_tool_calls,
+        no_action_turns=ep.stats.no_action_turns,
+        summaries=ep.stats.summaries,
+        answer=ep.diff,
+        failure=failure,
+        failure_reason=_last_line(ep.error) if error else "",
+    )
+
+
+def sandbox_for(task: Task) -> Any:
+    """A fresh sandbox holding the task's workspace (the caller closes it)."""
     from coderl.sandbox import Sandbox
 
     if task.kind == "function":
@@ -78,30 +106,38 @@ class AgentEnvironment:
     def rollout(
         self, policy: SamplingPolicy, tasks: list[Any], params: SamplingParams, group_size: int
     ) -> list[EpisodeRecord]:
-        jobs = []
+        """Episodes in task-major order. An episode whose sandbox cannot start (the task's
+        environment is missing, the sandbox fails) is an ``infra`` failure with an empty
+        trajectory; the others run."""
+        owners = [t for t in tasks for _ in range(group_size)]
+        started: dict[int, Any] = {}
+        failed: dict[int, str] = {}
         try:
-            for t in tasks:
-                for _ in range(group_size):
-                    jobs.append((t, _sandbox_for(t)))
-            episodes = run_episodes(
-                policy, jobs, self.episode_config(params), max_workers=self.cfg.rollout.concurrency
+            for i, t in enumerate(owners):
+                try:
+                    started[i] = sandbox_for(t)
+                except Exception as e:  # noqa: BLE001 - infrastructure: masked and counted
+                    failed[i] = f"sandbox could not start: {type(e).__name__}: {e}"
+            ran = iter(
+                run_episodes(
+                    policy,
+                    [(owners[i], sb) for i, sb in started.items()],
+                    self.episode_config(params),
+                    max_workers=self.cfg.rollout.concurrency,
+                )
+                if started
+                else []
             )
         finally:
-            for _, sb in jobs:
+            for sb in started.values():
                 sb.close()
         return [
-            EpisodeRecord(
-                task_id=ep.task_id,
-                trajectory=ep.trajectory,
-                finish_reason=ep.stats.finish_reason,
-                turns=ep.stats.turns,
-                truncated=ep.stats.finish_reason in TRUNCATED,
-                broken_tool_calls=ep.stats.broken_tool_calls,
-                no_action_turns=ep.stats.no_action_turns,
-                summaries=ep.stats.summaries,
-                answer=ep.diff,
+            _record(next(ran))
+            if i in started
+            else EpisodeRecord(
+                owners[i].id, Trajectory(), "error", 0, failure="infra", failure_reason=failed[i]
             )
-            for ep in episodes
+            for i in range(len(owners))
         ]
 
     def grade(self, tasks: list[Any], episodes: list[EpisodeRecord]) -> list[GradeRecord]:
@@ -109,8 +145,16 @@ class AgentEnvironment:
 
         def one(pair: tuple[Task, EpisodeRecord]) -> GradeRecord:
             task, ep = pair
-            g = grade(task, ep.answer or "", timeout=self.grade_timeout_s)
-            return GradeRecord(g.resolved, g.fraction_passed, g.grading_error)
+            if ep.failure == "infra" and not ep.trajectory.segments:
+                return GradeRecord(grading_error="not graded: the episode never ran")
+            try:
+                g = grade(task, ep.answer or "", timeout=self.grade_timeout_s)
+            except Exception as e:  # noqa: BLE001 - a grader bug is infrastructure: masked
+                return GradeRecord(
+                    grading_error=f"grader raised {type(e).__name__}: {e}", failure_kind="infra"
+                )
+            kind = getattr(g, "failure_kind", None)  # the grader's attribution, when it gives one
+            return GradeRecord(g.resolved, g.fraction_passed, g.grading_error, failure_kind=kind)
 
         with ThreadPoolExecutor(self.cfg.rollout.concurrency) as pool:
             return list(pool.map(one, zip(tasks, episodes, strict=True)))

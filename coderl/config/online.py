@@ -1,0 +1,187 @@
+"""The ``online`` section: ``coderl serve`` and ``coderl online`` (serving, rewards from events,
+the gate, monitors, the simulated population)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import ConfigDict, Field, field_validator, model_validator
+
+from coderl.config._base import _Section
+from coderl.online.rewards import RewardSpec
+
+
+class AlarmRule(_Section):
+    """Fire when ``metric`` moves by more than ``threshold`` (absolute) in ``direction``."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
+
+    metric: str
+    """A metric name from ``coderl.online.monitors.behaviour_metrics``."""
+    direction: Literal["drop", "rise"]
+    """``drop``: fires when watched - reference < -threshold; ``rise``: > threshold."""
+    threshold: float = Field(ge=0)
+    """Largest tolerated absolute change."""
+    only_if_reward_rises: bool = False
+    """Fire only when the mean reward also rose (metric falling while reward rises)."""
+
+
+def default_alarm_rules() -> list[AlarmRule]:
+    """The default alarms: the edit rate falling (faster while reward rises: the Cursor post's
+    reward-hacking signature), clarifying questions, broken calls or dissatisfaction rising."""
+    return [
+        AlarmRule(metric="edit_rate", direction="drop", threshold=0.1, only_if_reward_rises=True),
+        AlarmRule(metric="edit_rate", direction="drop", threshold=0.25),
+        AlarmRule(metric="clarify_rate", direction="rise", threshold=0.15),
+        AlarmRule(metric="broken_call_rate", direction="rise", threshold=0.1),
+        AlarmRule(metric="dissatisfaction_rate", direction="rise", threshold=0.15),
+    ]
+
+
+class ServeConfig(_Section):
+    host: str = "127.0.0.1"
+    """Interface to bind (keep loopback unless a proxy adds authentication)."""
+    port: int = Field(8000, ge=0, le=65535)
+    """TCP port (0: any free port)."""
+    temperature: float = Field(0.8, gt=0)
+    """Default sampling temperature (> 0: greedy traffic teaches nothing); also the training
+    temperature (interactions sampled at another temperature are excluded)."""
+    max_new_tokens: int = Field(128, ge=1)
+    """Default and maximum completion tokens per request."""
+    call_format: str | None = None
+    """Tool-call format of served replies, a key of ``coderl.agent.CALL_FORMATS`` (None: the
+    run's harness format, ``tasks.options.episode.call_format``, else the harness default)."""
+
+    @field_validator("call_format")
+    @classmethod
+    def _known_format(cls, v: str | None) -> str | None:
+        if v is not None:
+            from coderl.agent.parsing import get_call_format  # lazy: the harness
+
+            try:
+                get_call_format(v)
+            except KeyError as e:
+                raise ValueError(e.args[0]) from None
+        return v
+
+
+class OnlineEvalConfig(_Section):
+    suite: str = "humaneval"
+    """Held-out suite (``humaneval``: its held-out split, the one offline evaluation uses)."""
+    limit: int | None = Field(None, ge=2)
+    """First N held-out tasks (None: all 64); at least 2 (the gate's t bound needs a variance)."""
+    samples: int = Field(1, ge=1)
+    """Samples per task; the per-task score is their mean pass rate (pass@1 estimate)."""
+    temperature: float = Field(0.8, gt=0)
+    """Eval sampling temperature; both policies get the same seeds (paired comparison)."""
+    max_new_tokens: int = Field(128, ge=1)
+    """Completion budget per eval sample."""
+    seed: int = 1234
+    """Base seed of the eval samples."""
+
+
+class GateConfig(_Section):
+    margins: dict[str, float] = Field(default_factory=lambda: {"pass@1": 0.05})
+    """Non-inferiority margin per held-out metric (absolute, in the metric's units)."""
+    alpha: float = Field(default=0.05, gt=0, lt=0.5)
+    """One-sided level of the non-inferiority test (0.05: a 95 % lower confidence bound)."""
+    behaviour_rules: list[AlarmRule] = Field(default_factory=default_alarm_rules)
+    """Alarm rules applied to held-out behaviour (candidate vs champion)."""
+    min_samples: int = Field(default=8, ge=1)
+    """Fewest held-out episodes for a behaviour check to count."""
+    hack_rate_margin: float = Field(default=0.0, ge=0, le=1)
+    """Largest tolerated rise of the held-out ``suspected_hack_rate`` (candidate minus
+    champion, absolute); a larger rise blocks promotion like an alarm."""
+
+
+class MonitorConfig(_Section):
+    window_s: float = Field(6 * 3600.0, gt=0)
+    """Trailing window of the monitors, seconds."""
+    rules: list[AlarmRule] = Field(default_factory=default_alarm_rules)
+    """Alarm rules on live traffic (watched = champion, reference = its predecessor)."""
+    min_samples: int = Field(20, ge=1)
+    """Fewest interactions per version and population for an alarm to be checked."""
+
+
+class SimulateConfig(_Section):
+    enabled: bool = False
+    """``coderl online run`` serves in-process and drives this population before each cycle."""
+    clients: int = Field(4, ge=1)
+    """Simulated users; client i belongs to population ``org-{i % populations}``."""
+    populations: int = Field(2, ge=1)
+    """Number of populations (segments for monitors and the running baseline)."""
+    interactions_per_cycle: int = Field(16, ge=1)
+    """Requests the population sends before each cycle."""
+    tool_share: float = Field(0.5, ge=0, le=1)
+    """Share of requests that offer the harness's ``write_file`` tool."""
+    drop_rate: float = Field(0.1, ge=0, le=1)
+    """Share of interactions whose outcome events are never sent (censored when they edit)."""
+    duplicate_rate: float = Field(0.1, ge=0, le=1)
+    """Share of events sent twice (idempotency)."""
+    malformed_rate: float = Field(0.05, ge=0, le=1)
+    """Share of interactions that also send a malformed event (rejected and counted)."""
+    seed: int = 0
+    """Seed of the population's choices and of the sampling seeds it sends."""
+
+
+class OnlineConfig(_Section):
+    """``coderl serve`` and ``coderl online``: the policy is ``model`` (version 0), the update
+    uses ``algorithm`` (``advantage`` unused: see ``online.advantage``) and ``trainer``
+    (``steps`` trainer steps per cycle); the registry, reports and the default SQLite database
+    live in ``run_dir``."""
+
+    database: str | None = None
+    """SQLAlchemy URL (``postgresql+psycopg://...``); None: SQLite at ``run_dir/online.db``."""
+    serve: ServeConfig = Field(default_factory=ServeConfig)
+    """The OpenAI-compatible endpoint."""
+    reward: RewardSpec = Field(default_factory=RewardSpec)
+    """Versioned reward spec (events -> reward)."""
+    advantage: str = "running-segment"
+    """Single-sample baseline: ``batch-norm`` or ``running-segment`` (group-normalised methods
+    are rejected: production gives one sample per context)."""
+    baseline_alpha: float = Field(0.1, gt=0, le=1)
+    """EMA rate of the running per-segment baseline."""
+    last_k_versions: int = Field(2, ge=1)
+    """Train only on traffic of the last K promoted versions (near on-policy)."""
+    min_batch: int = Field(8, ge=1)
+    """Fewest trainable interactions for a cycle to train (otherwise it waits)."""
+    max_batch: int = Field(64, ge=1)
+    """Most interactions claimed per cycle."""
+    eval: OnlineEvalConfig = Field(default_factory=OnlineEvalConfig)
+    """Held-out evaluation of candidate and champion."""
+    gate: GateConfig = Field(default_factory=GateConfig)
+    """Non-inferiority margins and behaviour checks."""
+    monitors: MonitorConfig = Field(default_factory=MonitorConfig)
+    """Live-traffic monitors and alarms."""
+    simulate: SimulateConfig = Field(default_factory=SimulateConfig)
+    """The simulated client population (demo and tests)."""
+    sandbox: str = "bwrap"
+    """Where the hidden tests of the simulated population and the held-out eval run the model's
+    code: ``bwrap`` (coderl.sandbox, isolated) or ``local`` (a plain subprocess with your
+    permissions, filesystem and network: NOT isolated, warns; only for trusted models on hosts
+    without bubblewrap)."""
+    cycles: int = Field(1, ge=1)
+    """Cycles of ``coderl online run``."""
+    interval_s: float = Field(0.0, ge=0)
+    """Seconds between cycle starts in ``coderl online run`` (0: back to back)."""
+
+    @field_validator("advantage")
+    @classmethod
+    def _single_sample(cls, v: str) -> str:
+        from coderl.online.baselines import check_baseline  # lazy: torch
+
+        check_baseline(v)
+        return v
+
+    @field_validator("sandbox")
+    @classmethod
+    def _known_sandbox(cls, v: str) -> str:
+        from coderl.online.suites import check_sandbox  # lazy: the graders
+
+        return check_sandbox(v)
+
+    @model_validator(mode="after")
+    def _check(self) -> OnlineConfig:
+        if self.min_batch > self.max_batch:
+            raise ValueError(f"min_batch={self.min_batch} > max_batch={self.max_batch}")
+        return self

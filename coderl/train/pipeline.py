@@ -1,0 +1,443 @@
+"""The one rollout-to-batch pipeline that every driver calls (``coderl train``, the async rollout
+workers and learner of ``coderl train-async``, the online update)::
+
+    tasks   = TaskSampler(...).take(n)                       # the task order, one recipe
+    records = env.rollout(policy, tasks, params(seed), G)    # rollout_seed(run seed, unit, attempt)
+    scored  = score(env, policy, cfg, tasks, keys, records)  # grade -> attribute -> reward samples
+    batch   = make_batch(cfg, policy, value_head, ...)       # advantages over valid samples
+    metrics = step_metrics(infos, cfg)                       # same names in every driver
+
+Masks, all of them here: a sample is left out of the loss when its episode or its grade failed for
+an ``infra`` reason (harness exception, grader bug, missing environment; see
+:mod:`coderl.envs.base`), or when a reward term crashed or timed out on it
+(:func:`coderl.rewards.compute_rewards`). An ``agent`` failure (broken calls that end the episode,
+a self-summary that leaves no room, a grade the agent's own code broke) is **not** masked: it is
+scored like a wrong answer, so no action of the policy can turn its sample into "no number".
+
+Groups that lose members are **renormalised, not refilled**: advantages are computed over the
+remaining valid members of each group (their mean, and std for GRPO); a group left with one member
+gets advantage 0 (:func:`coderl.algorithms.group_advantages`). A group is keyed by task and its
+position in the task stream (``group_key``), so the same task drawn twice keeps two baselines.
+
+Every step logs ``infra_failed_rate`` and ``agent_failed_rate`` (shares of the step's episodes)
+and ``masked_rate`` (infra and reward-term masks together); above ``reward.mask_alarm_rate`` the
+step logs a warning and ``alarm/masked=1``.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from coderl.config import Config
+from coderl.envs.base import Environment, EpisodeRecord, FailureKind, GradeRecord
+from coderl.policy.base import SamplingParams
+from coderl.rewards import RewardResult, RewardSample, compute_rewards
+from coderl.train.advantages import episode_advantages, gae_advantages
+from coderl.train.batch import StepBatch, build_batch
+from coderl.train.step import forward
+from coderl.trajectory import Trajectory
+
+log = logging.getLogger("coderl.train")
+
+AGENT_ENDINGS = {
+    "broken_calls": "the episode ended on repeated broken tool calls",
+    "context": "the policy's self-summary left the next context window no room for a turn",
+}
+"""Finish reasons that the policy caused and that end an episode early: scored, never masked."""
+
+
+def rollout_seed(run_seed: int, unit: int, attempt: int = 0) -> int:
+    """Sampling seed of one rollout (one ``env.rollout`` call): ``coderl train`` uses
+    (step, dynamic-sampling round), the async ledger (rollout block, re-sample attempt). A pure
+    function, so a resumed run samples what the uninterrupted one would have."""
+    return run_seed * 7919 + unit * 101 + attempt
+
+
+def group_key(task_id: str, position: int) -> str:
+    """The advantage group of the episodes of the task at ``position`` in the task stream."""
+    return f"{task_id}#{position}"
+
+
+class TaskSampler:
+    """An endless stream of a split's tasks: each epoch a fresh permutation seeded by
+    (seed, epoch). ``position`` (tasks handed out so far) is the whole data cursor; ``at(i)`` is
+    the i-th task of the stream (the async ledger's task stream).
+
+    Raises:
+        ValueError: ``tasks`` is empty.
+    """
+
+    def __init__(self, tasks: list[Any], seed: int, position: int = 0):
+        if not tasks:
+            raise ValueError("the training split holds no tasks")
+        self.tasks, self.seed, self.position = tasks, seed, position
+        self._orders: dict[int, list[int]] = {}
+
+    def _order(self, epoch: int) -> list[int]:
+        if epoch not in self._orders:
+            rng = np.random.default_rng([self.seed, epoch])
+            self._orders = {epoch: rng.permutation(len(self.tasks)).tolist()}
+        return self._orders[epoch]
+
+    def at(self, i: int) -> tuple[str, Any]:
+        """``(task.id, task)`` of stream index ``i`` (does not move the cursor)."""
+        epoch, pos = divmod(i, len(self.tasks))
+        task = self.tasks[self._order(epoch)[pos]]
+        return task.id, task
+
+    def take(self, n: int) -> list[tuple[int, Any]]:
+        """The next ``n`` tasks with their stream positions; advances the cursor."""
+        out = [(self.position + k, self.at(self.position + k)[1]) for k in range(n)]
+        self.position += n
+        return out
+
+    def next(self, n: int) -> list[Any]:
+        """The next ``n`` tasks; advances the cursor."""
+        return [t for _, t in self.take(n)]
+
+
+def sampling_params(cfg: Config, seed: int, temperature: float | None = None) -> SamplingParams:
+    """Rollout sampling parameters of ``cfg.rollout`` (``temperature`` overrides, for eval)."""
+    r = cfg.rollout
+    t = r.temperature if temperature is None else temperature
+    return SamplingParams(temperature=t, top_p=r.top_p, max_new_tokens=r.max_new_tokens, seed=seed)
+
+
+def attribute(ep: EpisodeRecord, grade: GradeRecord) -> tuple[FailureKind | None, str]:
+    """Who made this episode yield no reward: ``("infra", reason)``, ``("agent", reason)`` or
+    ``(None, "")``. Infra wins over agent (a sample the infrastructure broke is never scored).
+
+    Rules: the episode's own ``failure`` if set; else ``finish_reason="error"`` is infra (an
+    unexpected harness exception) and the endings in ``AGENT_ENDINGS`` are agent. A
+    ``grading_error`` takes the grade's ``failure_kind``, ``infra`` when it names none.
+    """
+    kinds: list[tuple[FailureKind, str]] = []
+    if ep.failure is not None:
+        kinds.append((ep.failure, ep.failure_reason or f"episode: {ep.finish_reason}"))
+    elif ep.finish_reason == "error":
+        kinds.append(("infra", f"episode error: {ep.failure_reason or 'harness error'}"))
+    elif ep.finish_reason in AGENT_ENDINGS:
+        kinds.append(("agent", f"episode {ep.finish_reason}: {AGENT_ENDINGS[ep.finish_reason]}"))
+    if grade.grading_error is not None or grade.failure_kind is not None:
+        kind: FailureKind = grade.failure_kind or "infra"
+        kinds.append((kind, f"grading: {grade.grading_error or 'no verdict'}"))
+    for wanted in ("infra", "agent"):
+        for kind, reason in kinds:
+            if kind == wanted:
+                return kind, reason
+    return None, ""
+
+
+def reward_samples(
+    env: Environment,
+    tasks: list[Any],
+    keys: list[str],
+    episodes: list[EpisodeRecord],
+    grades: list[GradeRecord],
+    failures: list[tuple[FailureKind | None, str]],
+) -> list[RewardSample]:
+    """What the reward terms see of each graded episode. An infra failure becomes the sample's
+    ``grading_error`` (masked by :func:`coderl.rewards.compute_rewards`); an agent failure of the
+    grade is a failed grade (not resolved, nothing passed) and is scored.
+
+    Args:
+        tasks: each episode's task; keys: each episode's advantage group (:func:`group_key`).
+    """
+    budget = env.token_budget()
+    out = []
+    for task, key, ep, g, (kind, reason) in zip(
+        tasks, keys, episodes, grades, failures, strict=True
+    ):
+        graded = g.grading_error is None and g.failure_kind is None
+        out.append(
+            RewardSample(
+                task_id=key,
+                resolved=g.resolved if graded else False,
+                fraction_passed=g.fraction_passed if graded else 0.0,
+                grading_error=reason if kind == "infra" else None,
+                sampled_tokens=sum(s.num_trainable for s in ep.trajectory.segments),
+                token_budget=budget,
+                broken_tool_calls=ep.broken_tool_calls,
+                ease=env.ease(task),
+            )
+        )
+    return out
+
+
+@torch.no_grad()
+def reference_logprobs(policy: Any, cfg: Config, batch: StepBatch) -> torch.Tensor:
+    """``[B, T]`` reference-policy logprobs of the batch's tokens, micro-batched."""
+    mbs, t = cfg.trainer.micro_batch_size, cfg.rollout.temperature
+    parts = [
+        policy.reference_logprobs(batch.rows(i, i + mbs).tokens, t)
+        for i in range(0, batch.size, mbs)
+    ]
+    return torch.cat(parts)
+
+
+def fill_kl_k1(
+    policy: Any, cfg: Config, episodes: list[EpisodeRecord], samples: list[RewardSample]
+) -> None:
+    """k1 = sum over sampled tokens of (behaviour logp - reference logp), per episode, for the
+    KL reward term (episodes without sampled tokens keep 0)."""
+    segs = [
+        (i, s)
+        for i, ep in enumerate(episodes)
+        for s in ep.trajectory.segments
+        if s.num_trainable > 0
+    ]
+    if not segs:
+        return
+    batch = build_batch([s for _, s in segs], [0.0] * len(segs), policy.pad_token_id)
+    ref = reference_logprobs(policy, cfg, batch)
+    k1 = ((batch.tokens.behavior_logprobs - ref) * batch.tokens.loss_mask).sum(-1)  # (B,)
+    for (i, _), v in zip(segs, k1.tolist(), strict=True):
+        samples[i].kl_k1 += v
+
+
+@dataclass
+class Scored:
+    """A graded, rewarded rollout: one entry per episode in every list."""
+
+    episodes: list[EpisodeRecord]
+    keys: list[str]
+    """Advantage group of each episode (:func:`group_key`)."""
+    samples: list[RewardSample]
+    rewards: RewardResult
+    failures: list[tuple[FailureKind | None, str]]
+    """(kind, reason) per episode, see :func:`attribute`."""
+    grading_s: float = 0.0
+    infos: list[dict[str, Any]] = field(default_factory=list)
+    """Per episode: what :func:`step_metrics` reads (plain values: it crosses processes)."""
+
+
+def episode_info(
+    ep: EpisodeRecord,
+    sample: RewardSample,
+    total: float,
+    valid: bool,
+    breakdown: dict[str, float],
+    failure: tuple[FailureKind | None, str],
+) -> dict[str, Any]:
+    """The plain-data summary of one scored episode (see :func:`step_metrics`)."""
+    return {
+        "valid": bool(valid),
+        "total": float(total),
+        "resolved": bool(sample.resolved),
+        "failure": failure[0],
+        "failure_reason": failure[1],
+        "sampled_tokens": sample.sampled_tokens,
+        "truncated": bool(ep.truncated),
+        "turns": ep.turns,
+        "segments": len(ep.trajectory.segments),
+        "broken_tool_calls": ep.broken_tool_calls,
+        "no_action_turns": ep.no_action_turns,
+        "summaries": ep.summaries,
+        "breakdown": dict(breakdown),
+    }
+
+
+def score(
+    env: Environment,
+    policy: Any,
+    cfg: Config,
+    tasks: list[Any],
+    keys: list[str],
+    episodes: list[EpisodeRecord],
+) -> Scored:
+    """Grade ``episodes`` (``tasks`` and ``keys``: per episode), attribute failures, build the
+    reward samples with every mask and compute the rewards.
+
+    Raises:
+        ValueError: list lengths differ (from the strict zips).
+    """
+    t0 = time.perf_counter()
+    grades = env.grade(tasks, episodes)
+    failures = [attribute(ep, g) for ep, g in zip(episodes, grades, strict=True)]
+    samples = reward_samples(env, tasks, keys, episodes, grades, failures)
+    if "kl" in cfg.reward.terms and cfg.reward.kl_coef > 0:
+        fill_kl_k1(policy, cfg, episodes, samples)
+    grading_s = time.perf_counter() - t0
+    return rescore(
+        Scored(episodes, keys, samples, RewardResult([], [], []), failures, grading_s), cfg
+    )
+
+
+def rescore(scored: Scored, cfg: Config) -> Scored:
+    """Rewards (and per-episode infos) of ``scored``'s samples computed together: group pass
+    rates are per group, so a subset's rewards are recomputed over that subset."""
+    rewards = compute_rewards(scored.samples, cfg.reward)
+    scored.rewards = rewards
+    scored.infos = [
+        episode_info(ep, s, tot, ok, b, f)
+        for ep, s, tot, ok, b, f in zip(
+            scored.episodes,
+            scored.samples,
+            rewards.totals,
+            rewards.valid,
+            rewards.breakdown,
+            scored.failures,
+            strict=True,
+        )
+    ]
+    return scored
+
+
+def select(scored: Scored, keep: list[int]) -> Scored:
+    """The episodes at indices ``keep`` (rewards not recomputed: call :func:`rescore`)."""
+    return Scored(
+        [scored.episodes[i] for i in keep],
+        [scored.keys[i] for i in keep],
+        [scored.samples[i] for i in keep],
+        RewardResult([], [], []),
+        [scored.failures[i] for i in keep],
+        scored.grading_s,
+    )
+
+
+def zero_variance_groups(keys: list[str], rewards: RewardResult) -> set[str]:
+    """Groups whose valid rewards are all equal (or that have fewer than 2 valid members)."""
+    by_group: dict[str, list[float]] = {}
+    for k, r, ok in zip(keys, rewards.totals, rewards.valid, strict=True):
+        if ok:
+            by_group.setdefault(k, []).append(r)
+    return {k for k, rs in by_group.items() if len(rs) < 2 or max(rs) - min(rs) < 1e-12}
+
+
+def make_batch(
+    cfg: Config,
+    policy: Any,
+    value_head: nn.Module | None,
+    trajectories: list[Trajectory],
+    totals: list[float],
+    valid: list[bool],
+    keys: list[str],
+) -> StepBatch | None:
+    """Advantages and the token batch of every valid episode's segments (None: no valid one).
+
+    Group estimators (GRPO, Dr. GRPO, RLOO; :func:`coderl.train.advantages.episode_advantages`)
+    see only the valid members of each group (renormalised, see the module docstring); every
+    segment of an episode carries its advantage. GAE (PPO) puts the outcome reward on each
+    episode's last segment and needs ``value_head``. With ``algorithm.kl.coef > 0`` the batch
+    carries reference logprobs.
+
+    Args:
+        trajectories, totals, valid, keys: per episode (reward totals are NaN where invalid).
+    """
+    keep = [i for i, ok in enumerate(valid) if ok]
+    if not keep:
+        return None
+    gae = cfg.algorithm.advantage == "gae"
+    if not gae:
+        ids = {k: j for j, k in enumerate(sorted({keys[i] for i in keep}))}
+        a = episode_advantages(
+            cfg.algorithm.advantage,
+            [totals[i] for i in keep],
+            [ids[keys[i]] for i in keep],
+            [True] * len(keep),
+        )
+    segs, adv, seg_reward = [], [], []
+    for j, i in enumerate(keep):
+        segments = trajectories[i].segments
+        for k, s in enumerate(segments):
+            segs.append(s)
+            adv.append(0.0 if gae else float(a[j]))
+            seg_reward.append(totals[i] if k == len(segments) - 1 else 0.0)
+    batch = build_batch(segs, adv, policy.pad_token_id)
+    if cfg.algorithm.kl.coef > 0:
+        batch.ref_logp = reference_logprobs(policy, cfg, batch)
+    if gae:
+        if value_head is None:
+            raise ValueError("algorithm.advantage=gae needs a value head")
+        mbs = cfg.trainer.micro_batch_size
+        parts = []
+        with torch.no_grad():
+            for i in range(0, batch.size, mbs):
+                out = forward(
+                    policy.model,
+                    batch.rows(i, i + mbs).tokens,
+                    temperature=cfg.rollout.temperature,
+                    value_head=value_head,
+                )
+                assert out.values is not None  # a value head was given
+                parts.append(out.values)
+        values = torch.cat(parts)  # (B, T)
+        values = values * batch.loss_mask
+        batch.advantages, batch.returns = gae_advantages(
+            torch.tensor(seg_reward),
+            values,
+            batch.loss_mask,
+            gamma=cfg.algorithm.gamma,
+            lam=cfg.algorithm.lam,
+        )
+        batch.old_values = values
+    return batch
+
+
+def advantage_metrics(batch: StepBatch) -> dict[str, float]:
+    adv = batch.advantages if batch.advantages.dim() == 1 else batch.advantages[batch.loss_mask]
+    return {
+        "advantage/mean": float(adv.mean()),
+        "advantage/std": float(adv.std()) if adv.numel() > 1 else 0.0,
+        "advantage/abs_max": float(adv.abs().max()),
+        "advantage/zero_frac": float((adv == 0).float().mean()),
+    }
+
+
+def _mean(xs: list[float]) -> float:
+    return float(np.mean(xs)) if xs else math.nan
+
+
+def step_metrics(infos: list[dict[str, Any]], cfg: Config) -> dict[str, float]:
+    """Per-step episode, reward and failure metrics of a step's episodes (any driver).
+
+    ``reward/*`` and ``resolved_rate`` are over valid (unmasked) episodes; ``episode/*`` are per
+    episode; ``infra_failed_rate``, ``agent_failed_rate`` and ``masked_rate`` are shares of all
+    the step's episodes (``reward/masked`` and ``reward/grading_errors``: counts). When ``masked_rate > reward.mask_alarm_rate`` a warning is logged
+    (logger ``coderl.train``) and ``alarm/masked`` is 1.
+    """
+    n = len(infos)
+    d = max(n, 1)
+    valid = [x for x in infos if x["valid"]]
+    totals = [x["total"] for x in valid]
+    m: dict[str, float] = {
+        "reward/mean": _mean(totals),
+        "reward/std": float(np.std(totals)) if totals else math.nan,
+        "episodes": float(n),
+        "resolved_rate": _mean([float(x["resolved"]) for x in valid]),
+    }
+    for key in ("sampled_tokens", "turns", "segments", "broken_tool_calls", "no_action_turns"):
+        m[f"episode/{key}"] = sum(x[key] for x in infos) / d
+    m["episode/truncated_rate"] = sum(x["truncated"] for x in infos) / d
+    m["episode/summaries"] = sum(x["summaries"] for x in infos) / d
+    for name in cfg.reward.terms:
+        m[f"reward/{name}"] = _mean([x["breakdown"][name] for x in valid if name in x["breakdown"]])
+    infra = sum(x["failure"] == "infra" for x in infos)
+    m["infra_failed_rate"] = infra / d
+    m["agent_failed_rate"] = sum(x["failure"] == "agent" for x in infos) / d
+    m["masked_rate"] = (n - len(valid)) / d
+    m["reward/masked"] = float(n - len(valid))
+    m["reward/grading_errors"] = float(infra)  # infra failures reach the rewards as these
+    alarm = n > 0 and m["masked_rate"] > cfg.reward.mask_alarm_rate
+    m["alarm/masked"] = float(alarm)
+    if alarm:
+        reasons = sorted({x["failure_reason"] for x in infos if x["failure"] == "infra"})
+        log.warning(
+            "masked share %.3f above reward.mask_alarm_rate=%g (%d of %d episodes: %d infra "
+            "failures, the rest reward-term failures); infra reasons: %s",
+            m["masked_rate"],
+            cfg.reward.mask_alarm_rate,
+            n - len(valid),
+            n,
+            infra,
+            "; ".join(reasons[:5]) or "-",
+        )
+    return m

@@ -1,0 +1,157 @@
+"""What a training run holds between steps, and the one way to build, checkpoint, restore and
+evaluate it; shared by ``coderl train``, ``coderl train-async``, ``coderl sft`` and
+``coderl eval`` (none of them imports another's recipe).
+
+A checkpoint's ``state.json`` holds ``step``, ``version`` (the policy's weights version) and
+``cursor`` (tasks handed out so far); the async driver adds its task ``ledger``.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from safetensors.torch import load_file
+from torch import nn
+
+from coderl.config import Config
+from coderl.envs import Environment, build_environment
+from coderl.policy.loading import load_policy
+from coderl.policy.local import LocalPolicy, LoraSpec
+from coderl.train.checkpoint import (
+    latest_checkpoint,
+    load_checkpoint,
+    load_trainable,
+    save_checkpoint,
+)
+from coderl.train.optim import build_optimizer
+from coderl.train.pipeline import TaskSampler, sampling_params
+
+SFT_WEIGHTS = "sft/trainable.safetensors"
+"""Where ``coderl sft`` writes its weights under the run directory; RL starts from them."""
+EVAL_SEED_OFFSET = 1_000_003
+
+
+def build_policy(cfg: Config) -> LocalPolicy:
+    """The policy of ``cfg.model``: LoRA adapters (reference = adapter disabled) or full
+    fine-tuning (reference = a frozen copy)."""
+    m = cfg.model
+    lora = LoraSpec(rank=m.lora_r, alpha=m.lora_alpha, dropout=m.lora_dropout) if m.lora else None
+    torch.manual_seed(m.seed)  # LoRA initialisation
+    return load_policy(m.name, lora=lora, seed=m.seed)
+
+
+@dataclass
+class Run:
+    """Everything a training run holds between steps."""
+
+    cfg: Config
+    env: Environment
+    policy: LocalPolicy
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LambdaLR
+    sampler: TaskSampler
+    """The task order and data cursor (the async driver's ledger reads tasks from it too)."""
+    value_head: nn.Module | None = None
+    step: int = 0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def setup_run(cfg: Config, *, resume: bool = False, load_sft: bool = True) -> Run:
+    """Build policy, environment, optimizer and data cursor; restore them from the latest
+    checkpoint of ``cfg.run_dir`` when ``resume``.
+
+    Raises:
+        FileNotFoundError: ``resume`` and the run has no complete checkpoint.
+    """
+    random.seed(cfg.seed)
+    np.random.seed(cfg.seed)
+    torch.manual_seed(cfg.seed)
+    env = build_environment(cfg)
+    policy = build_policy(cfg)
+    groups: list[dict[str, Any]] = [{"params": policy.trainable_parameters()}]
+    value_head = None
+    if cfg.algorithm.advantage == "gae":
+        torch.manual_seed(cfg.seed)
+        value_head = nn.Linear(policy.model.config.hidden_size, 1)
+        groups.append({"params": list(value_head.parameters()), "lr": cfg.algorithm.value_lr})
+    optimizer, scheduler = build_optimizer(groups, cfg.trainer)
+    run = Run(
+        cfg,
+        env,
+        policy,
+        optimizer,
+        scheduler,
+        TaskSampler(env.tasks(cfg.tasks.train_split)[: cfg.tasks.limit], cfg.seed),
+        value_head,
+    )
+    if load_sft and not resume:
+        load_sft_weights(run)  # start RL from the SFT warm start
+    if resume:
+        restore(run)
+    return run
+
+
+def save(run: Run, **state: Any) -> Path:
+    """Checkpoint ``run`` at its step (``state``: extra JSON entries, e.g. the async ledger)."""
+    return save_checkpoint(
+        run.cfg.run_dir,
+        run.step,
+        model=run.policy.model,
+        optimizer=run.optimizer,
+        scheduler=run.scheduler,
+        value_head=run.value_head,
+        state={"cursor": run.sampler.position, "version": run.policy.version, **state},
+        keep=run.cfg.trainer.keep_checkpoints,
+    )
+
+
+def restore(run: Run) -> dict[str, Any]:
+    """Load the latest checkpoint of ``run.cfg.run_dir`` into ``run``; returns its state.
+
+    Raises:
+        FileNotFoundError: no complete checkpoint.
+    """
+    state = load_checkpoint(
+        latest_checkpoint(run.cfg.run_dir),
+        model=run.policy.model,
+        optimizer=run.optimizer,
+        scheduler=run.scheduler,
+        value_head=run.value_head,
+    )
+    run.step, run.policy.version = int(state["step"]), int(state["version"])
+    run.sampler.position = int(state.get("cursor", 0))
+    return state
+
+
+def load_sft_weights(run: Run) -> bool:
+    """Load the SFT warm start (``RUN_DIR/sft/trainable.safetensors``) into the policy when SFT
+    is enabled and its weights exist; returns whether it did."""
+    sft = Path(run.cfg.run_dir) / SFT_WEIGHTS
+    if not (run.cfg.sft.enabled and sft.is_file()):
+        return False
+    load_trainable(run.policy.model, load_file(str(sft)))
+    return True
+
+
+def run_eval(run: Run, split: str | None = None) -> dict[str, Any]:
+    """Held-out evaluation with the eval config (same seeds every time: before/after pairs)."""
+    from coderl.eval.passk import evaluate
+
+    cfg = run.cfg
+    tasks = run.env.tasks(split or cfg.tasks.heldout_split)[: cfg.eval.tasks]
+    params = sampling_params(cfg, cfg.seed + EVAL_SEED_OFFSET, cfg.eval.temperature)
+    res = evaluate(
+        run.env,
+        run.policy,
+        tasks,
+        samples=cfg.eval.samples,
+        ks=cfg.eval.k,
+        params=params,
+        tasks_per_batch=max(1, cfg.eval.batch_episodes // cfg.eval.samples),
+    )
+    return res.to_dict()
