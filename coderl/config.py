@@ -221,6 +221,38 @@ class SFTConfig(_Section):
     """Use only the first N training tasks as demonstrations (None: all)."""
 
 
+class EngineConfig(_Section):
+    kind: Literal["torch", "vllm"] = "torch"
+    """Rollout engine: ``torch`` (coderl's in-process sampler) or ``vllm`` (a vLLM server; LoRA
+    weights synced per version, see ``coderl.policy.rollout``)."""
+    url: str | None = None
+    """URL of a running vLLM server (e.g. on a GPU node); None: coderl starts one from
+    ``.venv-vllm`` (``make vllm``) and stops it at the end."""
+    python: str | None = None
+    """Interpreter that starts the server (None: ``$CODERL_VLLM_PYTHON`` or ``.venv-vllm``)."""
+    dtype: Literal["float32", "bfloat16"] = "float32"
+    """Weight dtype of a server coderl starts."""
+    max_model_len: int = Field(2048, ge=64)
+    """Context length (prompt + completion) of a server coderl starts."""
+    kv_cache_gib: int = Field(2, ge=1)
+    """KV-cache memory of a server coderl starts on CPU (``VLLM_CPU_KVCACHE_SPACE``)."""
+    served_name: str = "coderl-base"
+    """The server's name for the base model."""
+    ready_timeout_s: float = Field(300.0, gt=0)
+    """How long to wait for a started server to answer ``/health``."""
+    request_timeout_s: float = Field(600.0, gt=0)
+    """HTTP timeout of one request."""
+    canary_max_gap: float | None = Field(None, gt=0)
+    """Largest mean |logprob gap| (nats) between engine and trainer on the probe after a sync;
+    more stops the run. None: 1e-3 with ``dtype=float32``, 5e-2 with ``bfloat16``."""
+
+    def canary_gap(self) -> float:
+        """``canary_max_gap`` with its dtype default filled in."""
+        if self.canary_max_gap is not None:
+            return self.canary_max_gap
+        return 1e-3 if self.dtype == "float32" else 5e-2
+
+
 class Config(_Section):
     seed: int = 0
     """Seed for task order, sampling and every RNG the run uses."""
@@ -235,6 +267,7 @@ class Config(_Section):
     dynamic_sampling: DynamicSamplingConfig = Field(default_factory=DynamicSamplingConfig)
     eval: EvalConfig = Field(default_factory=EvalConfig)
     sft: SFTConfig = Field(default_factory=SFTConfig)
+    engine: EngineConfig = Field(default_factory=EngineConfig)
     tensorboard: bool = True
     """Also log metrics to TensorBoard (``run_dir/tb``)."""
     progress: bool = True
