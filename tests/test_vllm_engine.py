@@ -206,9 +206,9 @@ def test_bad_input_prompt_too_long_unknown_version_unknown_model(server, tmp_pat
         engine.generate([[5, 6]], SamplingParams(max_new_tokens=4), version=5)
     with pytest.raises(EngineError, match="not 'nope'"):
         VLLMEngine(server.url, policy.eos_token_ids, served_name="nope")
+    monkeypatch.setattr(engine, "write_adapter", lambda p: tmp_path / "no-such-adapter")
+    policy.bump_version()
     with pytest.raises(EngineError, match="load_lora_adapter answered 4"):
-        monkeypatch.setattr(engine, "write_adapter", lambda p: tmp_path / "no-such-adapter")
-        policy.bump_version()
         rollout.sync(policy)
 
 
@@ -281,3 +281,21 @@ def test_server_killed_mid_rollout_clear_error_and_no_orphan(tmp_path):
     while _group(pgid) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert _group(pgid) == []
+
+
+@pytest.mark.slow
+def test_smollm2_episodes_step_and_sync_through_vllm(tmp_path):
+    """The real default model (GGUF, dequantized) served by vLLM: token-exact episodes, one
+    optimizer step, a sync the canary accepts, and rollouts of the new version."""
+    policy = load_policy("smollm2-135m", lora=LoraSpec(rank=16), reference=False)
+    rollout = build_engine(_cfg(tmp_path, max_model_len=2048, ready_timeout_s=300), policy)
+    try:
+        params = SamplingParams(temperature=1.0, max_new_tokens=32, seed=0)
+        segments = _run_episodes(rollout, policy, n=2, turns=2, params=params)
+        assert max(_trainer_gaps(policy, segments, 1.0)) < 1e-3
+        _step(policy, segments, lr=1e-3)
+        assert rollout.sync(policy)["engine/canary_gap"] < 1e-3
+        new = _run_episodes(rollout, policy, n=2, turns=2, params=params)
+        assert max(_trainer_gaps(policy, new, 1.0)) < 1e-3
+    finally:
+        rollout.close()
