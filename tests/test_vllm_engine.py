@@ -134,6 +134,8 @@ def test_after_a_step_and_sync_the_engine_serves_the_new_weights(server, tmp_pat
     segments = _run_episodes(rollout, policy, n=2, turns=2, params=params)
     before = engine.score(probe)
     old_name = engine._names[0]
+    old_path = engine._paths[old_name]
+    assert old_path.is_dir()
     _step(policy, segments)
     metrics = rollout.sync(policy)
     assert metrics["engine/canary_gap"] < 1e-3
@@ -150,6 +152,7 @@ def test_after_a_step_and_sync_the_engine_serves_the_new_weights(server, tmp_pat
     assert engine.served_versions() == [1]
     served = {m["id"] for m in engine._request("GET", "/v1/models")["data"]}
     assert old_name not in served and engine._names[1] in served
+    assert not old_path.exists()  # and its files deleted
 
 
 def test_a_skipped_sync_stops_the_next_rollout(server, tmp_path):

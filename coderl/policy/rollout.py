@@ -25,6 +25,7 @@ skipped), so a run never trains on rollouts it believes are newer than they are.
 
 from __future__ import annotations
 
+import shutil
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -74,10 +75,11 @@ class TorchRollout:
 class VLLMRollout:
     """A :class:`~coderl.policy.vllm_engine.VLLMEngine` serving ``policy``'s synced versions."""
 
-    def __init__(self, policy: LocalPolicy, engine: Any):
+    def __init__(self, policy: LocalPolicy, engine: Any, *, cleanup: tuple[Path, ...] = ()):
         self.policy = policy
         self.engine = engine
         self.tokenizer = policy.tokenizer
+        self.cleanup = cleanup  # directories deleted by close (the served model's copy)
         self.sync(policy)
 
     @property
@@ -109,7 +111,10 @@ class VLLMRollout:
         return {"engine/canary_gap": float(self.engine.sync(policy))}
 
     def close(self) -> None:
+        """Stop the server this engine started (if any) and delete what it wrote."""
         self.engine.close()
+        for path in self.cleanup:
+            shutil.rmtree(path, ignore_errors=True)
 
 
 def _torch(cfg: Config, policy: LocalPolicy, training: bool) -> RolloutEngine:
@@ -130,8 +135,10 @@ def _vllm(cfg: Config, policy: LocalPolicy, training: bool) -> RolloutEngine:
     work.mkdir(parents=True, exist_ok=True)
     server = None
     url = e.url
+    cleanup: tuple[Path, ...] = ()
     if url is None:
         model_dir = write_base_model(policy, tempfile.mkdtemp(prefix="model-", dir=work))
+        cleanup = (model_dir,)
         server = VLLMServer(
             model_dir,
             work / "server.log",
@@ -153,10 +160,12 @@ def _vllm(cfg: Config, policy: LocalPolicy, training: bool) -> RolloutEngine:
             server=server,
             timeout_s=e.request_timeout_s,
         )
-        return VLLMRollout(policy, engine)
+        return VLLMRollout(policy, engine, cleanup=cleanup)
     except BaseException:
         if server is not None:
             server.stop()
+        for path in cleanup:
+            shutil.rmtree(path, ignore_errors=True)
         raise
 
 
