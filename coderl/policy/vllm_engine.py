@@ -150,7 +150,7 @@ class VLLMEngine:
     def _server_state(self) -> str:
         if self.server is None:
             return ""
-        code = self.server.exit_code()
+        code = self.server.exit_code(wait_s=3.0)  # a dropped connection comes just before the exit
         state = "running" if code is None else f"exited with code {code}"
         return f"; the server process {state}{self.server.last_log_lines()}"
 

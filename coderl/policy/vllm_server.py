@@ -208,9 +208,14 @@ class VLLMServer:
         """Whether the server process is still running."""
         return self.proc is not None and self.proc.poll() is None
 
-    def exit_code(self) -> int | None:
-        """The server's exit code once it has exited, else None."""
-        return None if self.proc is None else self.proc.poll()
+    def exit_code(self, wait_s: float = 0.0) -> int | None:
+        """The server's exit code once it has exited (waiting up to ``wait_s``), else None."""
+        if self.proc is None:
+            return None
+        try:
+            return self.proc.wait(timeout=wait_s) if wait_s > 0 else self.proc.poll()
+        except subprocess.TimeoutExpired:
+            return None
 
     def last_log_lines(self, n: int = 25) -> str:
         """The last ``n`` lines of the server's log, formatted to end an error message."""
