@@ -13,6 +13,8 @@ from __future__ import annotations
 import os
 import signal
 import stat
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -241,11 +243,48 @@ def _fake_python(tmp: Path, body: str) -> Path:
 
 
 def test_a_server_that_never_becomes_ready_times_out_with_its_last_log_lines(tmp_path):
-    fake = _fake_python(tmp_path, "echo loading weights; echo stuck in warm-up; exec sleep 600")
-    srv = VLLMServer(tmp_path, tmp_path / "server.log", python=fake)
+    body = f"echo $$ > {tmp_path}/pid; echo loading weights; echo stuck in warm-up; sleep 600"
+    srv = VLLMServer(tmp_path, tmp_path / "server.log", python=_fake_python(tmp_path, body))
     with pytest.raises(ServerError, match="(?s)not ready after 3 s.*stuck in warm-up"):
         srv.start(timeout_s=3)
     assert srv.proc is None
+    assert _group(int((tmp_path / "pid").read_text())) == []  # the shell and its sleep are gone
+
+
+# A stand-in server: answers /health, then sleeps in a child process (like vLLM's engine core).
+HEALTHY = """
+import http.server, subprocess, sys
+subprocess.Popen(["sleep", "600"])
+class H(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200); self.end_headers()
+    def log_message(self, *a):
+        pass
+port = int(sys.argv[sys.argv.index("--port") + 1])
+http.server.HTTPServer(("127.0.0.1", port), H).serve_forever()
+"""
+
+PARENT = """
+import sys
+from coderl.policy.vllm_server import VLLMServer
+srv = VLLMServer(sys.argv[1], sys.argv[1] + "/server.log", python=sys.argv[2]).start(30)
+print(srv.proc.pid, flush=True)
+# exits without stop(): atexit must end the server's process group
+"""
+
+
+def test_a_started_server_is_stopped_at_interpreter_exit(tmp_path):
+    (tmp_path / "fake.py").write_text(HEALTHY)
+    fake = _fake_python(tmp_path, f'shift 2; exec {sys.executable} {tmp_path}/fake.py "$@"')
+    out = subprocess.run(
+        [sys.executable, "-c", PARENT, str(tmp_path), str(fake)],
+        capture_output=True, text=True, timeout=60, check=True,
+    )  # fmt: skip
+    pgid = int(out.stdout.split()[0])
+    deadline = time.monotonic() + 10
+    while _group(pgid) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert _group(pgid) == []
 
 
 def test_a_server_that_exits_reports_its_code_and_log(tmp_path):
