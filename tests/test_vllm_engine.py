@@ -155,6 +155,12 @@ def test_after_a_step_and_sync_the_engine_serves_the_new_weights(server, tmp_pat
     served = {m["id"] for m in engine._request("GET", "/v1/models")["data"]}
     assert old_name not in served and engine._names[1] in served
     assert not old_path.exists()  # and its files deleted
+    # weights changed outside a step (an SFT warm start, a resume): re-sync the same version
+    first = engine._names[1]
+    rollout.sync(policy)
+    assert engine.served_versions() == [1] and engine._names[1] != first
+    served = {m["id"] for m in engine._request("GET", "/v1/models")["data"]}
+    assert first not in served and engine._names[1] in served
 
 
 def test_a_skipped_sync_stops_the_next_rollout(server, tmp_path):

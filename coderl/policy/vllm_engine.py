@@ -126,7 +126,7 @@ class VLLMEngine:
         """Mean |logprob gap| of the last canary (nats)."""
         self._names: dict[int, str] = {}  # version -> model name (adapter, or the base)
         self._paths: dict[str, Path] = {}  # adapter name -> its directory (deleted on unload)
-        self._inflight: Counter[int] = Counter()
+        self._inflight: Counter[str] = Counter()  # model name -> requests in flight
         self._lock = threading.Lock()
         self._syncs = 0
         models = self._request("GET", "/v1/models")
@@ -185,7 +185,7 @@ class VLLMEngine:
             if v is None or v not in self._names:
                 raise ValueError(f"version {v} is not served (synced: {sorted(self._names)})")
             name = self._names[v]
-            self._inflight[v] += 1
+            self._inflight[name] += 1
         try:
             workers = min(len(prompts), self.max_concurrency)
             with ThreadPoolExecutor(max_workers=workers) as pool:
@@ -195,7 +195,7 @@ class VLLMEngine:
                 out = [f.result() for f in futures]
         finally:
             with self._lock:
-                self._inflight[v] -= 1
+                self._inflight[name] -= 1
             self._unload_unused()
         for c in out:
             c.policy_version = v
@@ -324,7 +324,9 @@ class VLLMEngine:
         self.last_canary_gap = gap
         if not gap <= self.canary_max_gap:  # also catches NaN
             if name != self.served_name:
-                self._unload(name)
+                with self._lock:
+                    path = self._paths.pop(name, None)
+                self._unload(name, path)
             raise CanaryError(
                 f"sync canary: the engine's weights for version {version} (model {name!r}) "
                 f"disagree with the trainer's: mean |logprob gap| {gap:.3g} nats on the "
@@ -335,20 +337,18 @@ class VLLMEngine:
         return gap
 
     def _unload_unused(self) -> None:
-        """Unload adapters of versions older than the current one that no request uses."""
+        """Unload every adapter but the current version's that no request in flight uses (older
+        versions, and an adapter a re-sync of the same version replaced)."""
         with self._lock:
-            stale = [
-                v
-                for v, name in self._names.items()
-                if v != self.version and self._inflight[v] == 0 and name != self.served_name
-            ]
-            names = [self._names.pop(v) for v in stale]
-        for name in names:
-            self._unload(name)
+            current = self._names.get(self.version) if self.version is not None else None
+            names = [n for n in self._paths if n != current and self._inflight[n] == 0]
+            self._names = {v: n for v, n in self._names.items() if n not in names}
+            paths = {n: self._paths.pop(n) for n in names}  # claimed: no other thread unloads it
+        for name, path in paths.items():
+            self._unload(name, path)
 
-    def _unload(self, name: str) -> None:
+    def _unload(self, name: str, path: Path | None) -> None:
         self._request("POST", "/v1/unload_lora_adapter", {"lora_name": name})
-        path = self._paths.pop(name, None)
         if path is not None and path.is_relative_to(self.adapter_dir):
             shutil.rmtree(path, ignore_errors=True)
 
