@@ -301,7 +301,7 @@ def test_a_server_that_exits_reports_its_code_and_log(tmp_path):
 
 
 def test_server_killed_mid_rollout_clear_error_and_no_orphan(tmp_path):
-    # Last: its own server (through build_engine, as the loop starts it), killed under load.
+    # Its own server (through build_engine, as the loop starts it), killed under load.
     policy = _policy()
     rollout = build_engine(_cfg(tmp_path / "run", ready_timeout_s=240), policy)
     server = rollout.engine.server
@@ -347,3 +347,18 @@ def test_smollm2_episodes_step_and_sync_through_vllm(tmp_path):
         assert max(_trainer_gaps(policy, new, 1.0)) < 1e-3
     finally:
         rollout.close()
+
+
+def test_an_environment_rolls_out_through_the_vllm_engine(server, tmp_path):
+    # What the loop will hand environments: the rollout engine as their SamplingPolicy.
+    from coderl.train.env import ToyEnvironment
+
+    policy = _policy()
+    rollout = _rollout(server, policy, tmp_path)
+    env = ToyEnvironment(max_new_tokens=8)
+    tasks = env.tasks("train")[:2]
+    episodes = env.rollout(rollout, tasks, SamplingParams(max_new_tokens=8, seed=0), 3)
+    assert [e.task_id for e in episodes] == [t.id for t in tasks for _ in range(3)]
+    segments = [e.trajectory.segments[0] for e in episodes]
+    assert max(_trainer_gaps(policy, segments, 1.0)) < 1e-3
+    assert len(env.grade([t for t in tasks for _ in range(3)], episodes)) == 6
