@@ -43,7 +43,8 @@ class StaleEngineError(RuntimeError):
 class RolloutEngine(Protocol):
     """What the loop holds: a :class:`~coderl.train.env.SamplingPolicy` that can be synced."""
 
-    version: int
+    @property
+    def version(self) -> int: ...  # the weight version ``generate`` samples with
 
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Completion]: ...
     def sync(self, policy: LocalPolicy) -> dict[str, float]: ...

@@ -196,7 +196,7 @@ class VLLMEngine:
         finally:
             with self._lock:
                 self._inflight[name] -= 1
-            self._unload_unused()
+        self._unload_unused()  # not on failure: a dead server must not mask the first error
         for c in out:
             c.policy_version = v
         return out
@@ -216,7 +216,12 @@ class VLLMEngine:
             "return_tokens_as_token_ids": True,
             "stop_token_ids": stops,
             "ignore_eos": params.ignore_eos,
+            # explicit, so no default from the model's generation_config or the server applies
+            "top_k": 0,
+            "min_p": 0.0,
             "repetition_penalty": 1.0,
+            "presence_penalty": 0.0,
+            "frequency_penalty": 0.0,
             "skip_special_tokens": False,
         }
         if params.seed is not None:
@@ -318,7 +323,7 @@ class VLLMEngine:
     def _canary(self, policy: Any, name: str, version: int) -> float:
         probe = canary_probe(policy.tokenizer)
         engine = self._score(name, probe)
-        trainer = policy.logprobs([probe], 1.0)[0]
+        trainer: list[float] = policy.logprobs([probe], 1.0)[0]
         gaps = [abs(a - b) for a, b in zip(engine[1:], trainer[1:], strict=True)]
         gap = sum(gaps) / len(gaps)
         self.last_canary_gap = gap

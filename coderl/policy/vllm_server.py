@@ -150,6 +150,7 @@ class VLLMServer:
             "--host", "127.0.0.1", "--port", str(self.port),
             "--dtype", dtype, "--enforce-eager", "--max-model-len", str(max_model_len),
             "--logprobs-mode", "processed_logprobs",
+            "--generation-config", "vllm",  # no sampling defaults from the model directory
         ]  # fmt: skip
         if max_lora_rank is not None:
             rank = str(lora_rank_bound(max_lora_rank))
