@@ -100,6 +100,7 @@ class AgentEnvironment:
                 no_action_turns=ep.stats.no_action_turns,
                 summaries=ep.stats.summaries,
                 answer=ep.diff,
+                episode=ep,
             )
             for ep in episodes
         ]

@@ -36,6 +36,8 @@ class EpisodeRecord:
     """Self-summarisations (context resets)."""
     answer: Any = None
     """What the grader needs (a diff, a solution file, sampled tokens)."""
+    episode: Any = None
+    """The harness's ``coderl.agent.episode.Episode`` (tool log, transcripts), when there is one."""
 
 
 @dataclass
