@@ -17,7 +17,8 @@ one grade runs three programs in separate sandboxes:
    limits into fresh builtin objects. The check's own ``assert``\\ s decide. The judge's stdout is
    trusted because no candidate code runs there. If the check's inputs depend on earlier answers
    (call i differs from the recording) the replay stops as ``diverged`` with the new inputs, and
-   rounds 2-3 repeat, at most ``MAX_ROUNDS`` times (then the grade is a failure).
+   rounds 2-3 repeat, at most ``MAX_ROUNDS`` times (then the grade is a failure). All rounds
+   share one wall-clock budget, the grade's ``timeout`` (the judge always gets at least 1 s).
 
 Both judge runs see the task's prompt (its helper functions, e.g. ``encode_cyclic``) as the check's
 globals, never the candidate's versions of them. ``random`` is seeded the same in record and
@@ -45,6 +46,7 @@ import os
 import shlex
 import tempfile
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -87,6 +89,7 @@ def check_function(
     """
     entry = str(task.extra["entry_point"])
     calls = recorded_calls(task, base, factory, timeout)
+    deadline = time.monotonic() + timeout  # every round of candidate and judge runs fits in it
     with tempfile.TemporaryDirectory(prefix="coderl-fn-") as tmp:
         inp, judge_dir = Path(tmp) / "input", Path(tmp) / "judge"
         inp.mkdir()
@@ -105,12 +108,13 @@ def check_function(
                     return "failed", f"the diff does not apply: {applied.stderr[-200:]}"
             for n in range(MAX_ROUNDS):
                 (inp / f"calls-{n}.json").write_text(json.dumps(calls))
+                left = deadline - time.monotonic()
                 res = cand.exec(
                     f"cd /testbed && python3 -I /coderl/fncheck/callee.py "
                     f"/coderl/input/calls-{n}.json {shlex.quote(entry)}",
-                    timeout=timeout,
+                    timeout=max(left, 0.1),
                 )
-                if res.timed_out:
+                if res.timed_out or time.monotonic() >= deadline:
                     return "failed", "the candidate timed out"
                 if res.truncated:
                     return "failed", "the candidate printed more than the output limit"
@@ -118,7 +122,7 @@ def check_function(
                 (judge_dir / "outputs.txt").write_bytes(encode_text(res.stdout))
                 if judge is None:
                     judge = _judge_sandbox(base, judge_dir, factory, timeout)
-                verdict = _run_judge(judge, "replay", entry, timeout)
+                verdict = _run_judge(judge, "replay", entry, max(deadline - time.monotonic(), 1.0))
                 if verdict["verdict"] != "diverged":
                     return verdict["verdict"], verdict["detail"]
                 calls = verdict["calls"]
