@@ -101,6 +101,10 @@ ATTACKS = {
     "kill_the_shell": "    import os, signal\n    os.kill(os.getppid(), signal.SIGKILL)\n    return True\n",
     "detached_writer": "    import os, time\n    if os.fork() == 0:\n        os.setsid()\n"
     "        time.sleep(0.5)\n        _spray()\n        os._exit(0)\n    return True\n" + SPRAY,
+    # hold processes and CPU past the answer, hoping the judge's sandbox cannot start (a mask)
+    "lingering_processes": "    return True\nimport os, time\nfor _ in range(50):\n"
+    "    try:\n        if os.fork() == 0:\n            os.setsid()\n"
+    "            while True:\n                pass\n    except OSError:\n        break\n",
     "deep_nested_answer": "    x = []\n    for _ in range(100000):\n        x = [x]\n    return x\n",
     "huge_answer": "    return 'y' * (64 * 1024 * 1024)\n",
     "generator_answer": "    return (x for x in [True])\n",

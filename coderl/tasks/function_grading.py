@@ -11,7 +11,8 @@ one grade runs three programs in separate sandboxes:
 2. **candidate** (the agent's workspace with its diff applied): ``fncheck/callee.py`` calls the
    candidate's function on those inputs, in order, and prints its return values (or the exception
    it raised). This sandbox holds the inputs only: no test source, no expected value, no verdict
-   channel; whatever it prints is simply the candidate's answer.
+   channel; whatever it prints is simply the candidate's answer. It is closed before the
+   judge starts, so nothing the candidate leaves running shares the machine with the judge.
 3. **replay** (a fresh judge sandbox over the pristine prompt): the check runs again; its i-th call
    must carry the i-th recorded input and receives the candidate's i-th answer, decoded with
    limits into fresh builtin objects. The check's own ``assert``\\ s decide. The judge's stdout is
@@ -94,32 +95,16 @@ def check_function(
         inp, judge_dir = Path(tmp) / "input", Path(tmp) / "judge"
         inp.mkdir()
         _judge_files(task, judge_dir)
-        (inp / "agent.diff").write_bytes(encode_text(diff))
-        limits = _limits(timeout, output_bytes=CANDIDATE_OUTPUT_BYTES)
-        ro = {"/coderl/fncheck": str(FNCHECK_DIR), "/coderl/input": str(inp)}
-        cand = factory(
-            base, limits=limits, env=SANDBOX_ENV, ro_mounts=ro, rw_mounts={}, network=False
-        )
+        (inp / "agent.diff").write_bytes(encode_text(diff) if diff.strip() else b"")
         judge: Sandbox | None = None
         try:
-            if diff.strip():
-                applied = cand.exec("cd /testbed && git apply /coderl/input/agent.diff", timeout=30)
-                if applied.exit_code != 0:
-                    return "failed", f"the diff does not apply: {applied.stderr[-200:]}"
             for n in range(MAX_ROUNDS):
                 (inp / f"calls-{n}.json").write_text(json.dumps(calls))
-                left = deadline - time.monotonic()
-                res = cand.exec(
-                    f"cd /testbed && python3 -I /coderl/fncheck/callee.py "
-                    f"/coderl/input/calls-{n}.json {shlex.quote(entry)}",
-                    timeout=max(left, 0.1),
-                )
-                if res.timed_out or time.monotonic() >= deadline:
-                    return "failed", "the candidate timed out"
-                if res.truncated:
-                    return "failed", "the candidate printed more than the output limit"
+                answers, why = _answers(base, inp, n, entry, factory, timeout, deadline)
+                if answers is None:
+                    return "failed", why
                 (judge_dir / "calls.json").write_text(json.dumps(calls))
-                (judge_dir / "outputs.txt").write_bytes(encode_text(res.stdout))
+                (judge_dir / "outputs.txt").write_bytes(encode_text(answers))
                 if judge is None:
                     judge = _judge_sandbox(base, judge_dir, factory, timeout)
                 verdict = _run_judge(judge, "replay", entry, max(deadline - time.monotonic(), 1.0))
@@ -131,9 +116,41 @@ def check_function(
                 f"the check's inputs still depended on answers after {MAX_ROUNDS} rounds",
             )
         finally:
-            cand.close()
             if judge is not None:
                 judge.close()
+
+
+def _answers(
+    base: Path,
+    inp: Path,
+    n: int,
+    entry: str,
+    factory: SandboxFactory,
+    timeout: float,
+    deadline: float,
+) -> tuple[str | None, str]:
+    """The candidate's stdout for round ``n``'s inputs, or ``(None, why it failed)``. Runs in a
+    sandbox of its own that is closed before the judge starts, so nothing the candidate leaves
+    running (a fork bomb that holds the process limit, a busy loop) coexists with the judge."""
+    limits = _limits(timeout, output_bytes=CANDIDATE_OUTPUT_BYTES)
+    ro = {"/coderl/fncheck": str(FNCHECK_DIR), "/coderl/input": str(inp)}
+    with factory(
+        base, limits=limits, env=SANDBOX_ENV, ro_mounts=ro, rw_mounts={}, network=False
+    ) as cand:
+        if (inp / "agent.diff").stat().st_size:
+            applied = cand.exec("cd /testbed && git apply /coderl/input/agent.diff", timeout=30)
+            if applied.exit_code != 0:
+                return None, f"the diff does not apply: {applied.stderr[-200:]}"
+        res = cand.exec(
+            f"cd /testbed && python3 -I /coderl/fncheck/callee.py "
+            f"/coderl/input/calls-{n}.json {shlex.quote(entry)}",
+            timeout=max(deadline - time.monotonic(), 0.1),
+        )
+    if res.timed_out or time.monotonic() >= deadline:
+        return None, "the candidate timed out"
+    if res.truncated:
+        return None, "the candidate printed more than the output limit"
+    return res.stdout, ""
 
 
 def recorded_calls(task: Task, base: Path, factory: SandboxFactory, timeout: float) -> list[Any]:
