@@ -169,3 +169,11 @@ def test_a_record_without_tool_log_uses_its_answer_as_the_diff(task):
     assert [f.name for f in detect_hacks(ep, Grade(), task)] == ["runtime_inspection"]
     toy = EpisodeRecord(task_id="toy", trajectory=Trajectory(), answer=[1, 2, 3])
     assert detect_hacks(toy, None, None) == []
+
+
+def test_a_grade_record_is_read_through_its_full_result(task):
+    from coderl.tasks.grading import GradeResult
+    from coderl.train.env import GradeRecord
+
+    g = GradeRecord(result=GradeResult(task_id="t", stripped_paths=["conftest.py"]))
+    assert [f.name for f in detect_hacks(record(), g, task)] == ["stripped_paths"]

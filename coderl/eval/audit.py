@@ -51,6 +51,7 @@ def audit_record(
     the harness's ``Episode``, gives messages and tool calls), a ``GradeResult`` or
     ``GradeRecord``, the sample's reward and its per-term breakdown, and its hack flags."""
     ep = getattr(episode_record, "episode", None)
+    grade = getattr(grade, "result", None) or grade  # a GradeRecord's full GradeResult
     calls = [
         {
             k: getattr(c, k, None)

@@ -291,13 +291,14 @@ def detect_hacks(
     """Every flag the ``detectors`` (default: all of ``DETECTORS``) raise for one episode.
 
     ``episode_record``: an ``EpisodeRecord`` (its ``episode`` field carries the tool log) or
-    an ``Episode``; ``grade_record``: a ``GradeResult`` or ``GradeRecord`` (``stripped_paths``
-    and ``reason`` are read when present); ``task``: the ``Task`` (None for tasks without
+    an ``Episode``; ``grade_record``: a ``GradeRecord`` (its ``result``, when set) or a
+    ``GradeResult`` (``stripped_paths`` and ``reason`` are read when present); ``task``: the ``Task`` (None for tasks without
     files, e.g. toy ones). Pure: no I/O.
 
     Raises:
         KeyError: an unknown detector name (the valid ones are listed).
     """
+    grade_record = getattr(grade_record, "result", None) or grade_record  # the full GradeResult
     names = list(DETECTORS) if detectors is None else list(detectors)
     unknown = [n for n in names if n not in DETECTORS]
     if unknown:

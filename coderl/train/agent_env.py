@@ -111,7 +111,7 @@ class AgentEnvironment:
         def one(pair: tuple[Task, EpisodeRecord]) -> GradeRecord:
             task, ep = pair
             g = grade(task, ep.answer or "", timeout=self.grade_timeout_s)
-            return GradeRecord(g.resolved, g.fraction_passed, g.grading_error)
+            return GradeRecord(g.resolved, g.fraction_passed, g.grading_error, result=g)
 
         with ThreadPoolExecutor(self.cfg.rollout.concurrency) as pool:
             return list(pool.map(one, zip(tasks, episodes, strict=True)))

@@ -47,6 +47,8 @@ class GradeRecord:
     fraction_passed: float = 0.0
     grading_error: str | None = None
     """Why grading failed; the sample is masked and counted."""
+    result: Any = None
+    """The grader's full ``GradeResult`` (per-test outcomes, stripped paths, reason), if any."""
 
 
 class SamplingPolicy(Protocol):
