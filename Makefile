@@ -44,6 +44,11 @@ sysdeps:
 	  (apt-get install -y -qq bubblewrap util-linux procps >/dev/null 2>&1 || \
 	   (apt-get update -qq >/dev/null && apt-get install -y -qq bubblewrap util-linux procps >/dev/null)) || \
 	  echo "WARNING: could not install bubblewrap; sandbox tests will fail"; }
+	@(command -v chromium && command -v chromedriver) >/dev/null || { \
+	  echo "installing chromium, chromium-driver (Debian packages) for the audit page's browser test"; \
+	  (apt-get install -y -qq chromium chromium-driver >/dev/null 2>&1 || \
+	   (apt-get update -qq >/dev/null && apt-get install -y -qq chromium chromium-driver >/dev/null)) || \
+	  echo "WARNING: could not install chromium; the browser test fails under CI=true"; }
 	@ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || { \
 	  echo "installing postgresql (Debian package) for the online storage tests"; \
 	  (apt-get install -y -qq postgresql >/dev/null 2>&1 || \

@@ -176,13 +176,28 @@ def test_a_failing_sandbox_ends_the_episode_with_error(tok, setup):
     assert ep.failure == "infra"  # masked by the trainer
 
 
-def test_a_workspace_the_diff_cannot_walk_is_the_agents_failure(tok, setup):
-    # 1,100 nested directories: the diff raises RecursionError; the policy made that state, so
-    # the episode is an agent failure (scored on an empty diff), never an infra mask
+def test_a_deep_workspace_is_graded_not_masked(tok, setup):
+    # 1,100 nested directories: the diff walk is iterative and depth-capped, so the episode ends
+    # normally (the deep files are left out of the diff) instead of as a masked error
     task, sandbox = setup
     deep = "python3 -c \"import os; [(os.mkdir('x'), os.chdir('x')) for _ in range(1100)]\""
     policy = ScriptedPolicy(tok, [call("run", {"command": deep}) + call("submit", {})])
     ep = run_episode(policy, task, sandbox(), EpisodeConfig())
+    assert ep.stats.finish_reason == "submitted" and ep.failure is None
+
+
+def test_a_workspace_the_diff_cannot_walk_is_the_agents_failure(tok, setup, monkeypatch):
+    # should a workspace the policy made still defeat the diff (RecursionError, UnicodeError),
+    # the episode is an agent failure (scored on an empty diff), never an infra mask
+    task, sandbox = setup
+    box = sandbox()
+
+    def unwalkable():
+        raise RecursionError("maximum recursion depth exceeded")
+
+    monkeypatch.setattr(box, "diff", unwalkable)
+    policy = ScriptedPolicy(tok, [call("submit", {})])
+    ep = run_episode(policy, task, box, EpisodeConfig())
     assert ep.stats.finish_reason == "error" and "RecursionError" in ep.error
     assert ep.failure == "agent" and ep.diff == ""
 

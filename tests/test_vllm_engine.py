@@ -351,7 +351,7 @@ def test_smollm2_episodes_step_and_sync_through_vllm(tmp_path):
 
 def test_an_environment_rolls_out_through_the_vllm_engine(server, tmp_path):
     # What the loop will hand environments: the rollout engine as their SamplingPolicy.
-    from coderl.train.env import ToyEnvironment
+    from coderl.envs.toy import ToyEnvironment
 
     policy = _policy()
     rollout = _rollout(server, policy, tmp_path)

@@ -35,6 +35,7 @@ from coderl.agent.tools import (
     ToolConfig,
     ToolContext,
     execute,
+    printable,
     resolve_tools,
 )
 from coderl.policy.episode import EpisodeBuilder, encode
@@ -311,6 +312,7 @@ def _run_calls(st: _State, text: str, tools: Mapping[str, Tool]) -> list[ToolCal
             outcome = execute(call.tool, call.arguments, st.ctx)
             obs, duration = outcome.observation, outcome.duration_s
             status = "ok" if outcome.ok else "tool_error"
+        obs = printable(obs)  # a lone surrogate echoed from the arguments must not crash encoding
         records.append(
             ToolCallRecord(turn, name, args, parsed.text, obs, status, started, duration)  # type: ignore[arg-type]
         )

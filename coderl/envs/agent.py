@@ -49,6 +49,7 @@ def _record(ep: Any) -> EpisodeRecord:
         no_action_turns=ep.stats.no_action_turns,
         summaries=ep.stats.summaries,
         answer=ep.diff,
+        episode=ep,
         failure=failure,
         failure_reason=_last_line(ep.error) if error else "",
     )
@@ -154,7 +155,9 @@ class AgentEnvironment:
                     grading_error=f"grader raised {type(e).__name__}: {e}", failure_kind="infra"
                 )
             kind = getattr(g, "failure_kind", None)  # the grader's attribution, when it gives one
-            return GradeRecord(g.resolved, g.fraction_passed, g.grading_error, failure_kind=kind)
+            return GradeRecord(
+                g.resolved, g.fraction_passed, g.grading_error, failure_kind=kind, result=g
+            )
 
         with ThreadPoolExecutor(self.cfg.rollout.concurrency) as pool:
             return list(pool.map(one, zip(tasks, episodes, strict=True)))

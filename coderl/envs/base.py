@@ -49,6 +49,8 @@ class EpisodeRecord:
     """Self-summarisations (context resets)."""
     answer: Any = None
     """What the grader needs (a diff, a solution file, sampled tokens)."""
+    episode: Any = None
+    """The harness's ``coderl.agent.episode.Episode`` (tool log, transcripts), when there is one."""
     failure: FailureKind | None = None
     """Who caused the episode to fail (None: it did not fail, or let the pipeline decide from
     ``finish_reason``)."""
@@ -66,6 +68,8 @@ class GradeRecord:
     masked and counted; with ``"agent"`` it is scored as a failure."""
     failure_kind: FailureKind | None = None
     """Who caused ``grading_error`` (None with an error: ``infra``)."""
+    result: Any = None
+    """The grader's full ``GradeResult`` (per-test outcomes, stripped paths, reason), if any."""
 
 
 class SamplingPolicy(Protocol):

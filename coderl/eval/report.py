@@ -1,6 +1,7 @@
 """``coderl report RUN_DIR``: PNG plots and one HTML page from a run's ``metrics.jsonl`` and
 ``eval.jsonl`` (reward, held-out pass@1, best-of-n, KL, entropy, length, broken calls, time
-split). Uses matplotlib's Agg backend (no display needed)."""
+split), and the audit page of the top-reward and flagged trajectories from ``audit.jsonl``
+(:mod:`coderl.eval.audit`). Uses matplotlib's Agg backend (no display needed)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
+from coderl.eval.audit import write_audit_page  # noqa: E402
 from coderl.train.metrics import read_jsonl  # noqa: E402
 
 # plot file -> (title, metric keys drawn on it); the one list of what the report shows
@@ -77,7 +79,8 @@ def _summary_rows(evals: list[dict[str, Any]]) -> str:
 
 
 def write_report(run_dir: str | Path) -> Path:
-    """Write ``RUN_DIR/report/*.png`` and ``RUN_DIR/report/index.html``; returns the page.
+    """Write ``RUN_DIR/report/*.png``, ``RUN_DIR/report/index.html`` and, when the run kept
+    trajectories, ``RUN_DIR/report/audit.html``; returns the index page.
 
     Raises:
         FileNotFoundError: ``run_dir`` has neither ``metrics.jsonl`` nor ``eval.jsonl``.
@@ -106,6 +109,12 @@ def write_report(run_dir: str | Path) -> Path:
         "</figcaption></figure>"
         for n, t in images
     )
+    audit = write_audit_page(run)
+    audit_link = (
+        '<p><a href="audit.html">Audit: top-reward and flagged trajectories</a></p>'
+        if audit
+        else ""
+    )
     last = metrics[-1] if metrics else {}
     page = f"""<!doctype html>
 <html><head><meta charset="utf-8"><title>coderl run {html.escape(run.name)}</title>
@@ -113,6 +122,7 @@ def write_report(run_dir: str | Path) -> Path:
 td{{padding:0.2em 0.8em;border-bottom:1px solid #ddd}}</style></head><body>
 <h1>coderl run: {html.escape(str(run))}</h1>
 <p>{len(metrics)} training steps logged; last step {last.get("step", "-")}.</p>
+{audit_link}
 <h2>Held-out evaluation (95% bootstrap CIs over tasks)</h2>
 <table>{_summary_rows(evals) or "<tr><td>no evaluation logged</td></tr>"}</table>
 <h2>Training curves</h2>

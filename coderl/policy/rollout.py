@@ -1,6 +1,6 @@
 """What rollouts sample from: :func:`build_engine` turns ``cfg.engine`` and the loaded policy into a
 :class:`RolloutEngine`, the object environments call (``generate`` + ``version``, the
-:class:`coderl.train.env.SamplingPolicy` protocol) plus ``sync`` after every optimizer step and
+:class:`coderl.envs.base.SamplingPolicy` protocol) plus ``sync`` after every optimizer step and
 ``close`` at the end.
 
 ``ENGINES`` maps ``engine.kind`` to a builder; it is the only place a name selects one:
@@ -41,7 +41,7 @@ class StaleEngineError(RuntimeError):
 
 
 class RolloutEngine(Protocol):
-    """What the loop holds: a :class:`~coderl.train.env.SamplingPolicy` that can be synced."""
+    """What the loop holds: a :class:`~coderl.envs.base.SamplingPolicy` that can be synced."""
 
     @property
     def version(self) -> int: ...  # the weight version ``generate`` samples with

@@ -75,7 +75,7 @@ from coderl.sandbox.files import FileOps
 from coderl.sandbox.process import BwrapProcess
 from coderl.sandbox.shell import Shell, init_script, restore_script
 from coderl.sandbox.spawn import has_controlling_terminal, new_stage, spawn
-from coderl.sandbox.workspace import overlay_diff, tree_diff
+from coderl.sandbox.workspace import overlay_diff, remove_tree, tree_diff
 
 WORKDIR = "/testbed"
 HOME = "/home/sandbox"
@@ -386,12 +386,8 @@ def _remove_scratch(scratch: Path, *, mounted: bool) -> None:
     (an rw mount of a host directory) must never be walked into; the workspace's files vanish
     with the tmpfs. Rootless scratch directories hold no mounts and are deleted recursively.
     """
-    if not mounted:
-        for dirpath, dirnames, _ in os.walk(scratch):  # a sandbox may leave 000 directories
-            for name in dirnames:
-                if not os.path.islink(os.path.join(dirpath, name)):
-                    os.chmod(os.path.join(dirpath, name), 0o700)
-        shutil.rmtree(scratch)
+    if not mounted:  # remove_tree makes 000 directories traversable and does not recurse
+        remove_tree(scratch)
         return
     mounts.umount(str(scratch))
     try:

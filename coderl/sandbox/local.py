@@ -17,6 +17,7 @@ that leaves the process group (``setsid``) survives a timeout; no process limit 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -30,7 +31,7 @@ from pathlib import Path
 from coderl.sandbox.base import DIFF_EXCLUDES, ExecResult, Limits, Sandbox, SandboxError
 from coderl.sandbox.files import FileOps
 from coderl.sandbox.shell import Shell, init_script, restore_script
-from coderl.sandbox.workspace import tree_diff
+from coderl.sandbox.workspace import remove_tree, tree_diff
 
 
 class UnisolatedSandboxWarning(UserWarning):
@@ -141,7 +142,8 @@ class LocalSandbox(Sandbox):
             self._closed = True
             if self._shell is not None:
                 self._shell.kill()
-            shutil.rmtree(self.tmp, ignore_errors=True)
+            with contextlib.suppress(OSError):  # a deep tree too: rmtree would recurse
+                remove_tree(self.tmp)
 
 
 def _kill_group(proc: subprocess.Popen[bytes], ctl_r: int) -> None:

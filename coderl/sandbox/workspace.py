@@ -9,6 +9,12 @@ and opaque directories"). Copy workspaces are diffed by walking both trees.
 The sandbox may still be running while the host reads its files, so every path is opened
 component by component relative to directory fds with O_NOFOLLOW: a symlink swapped into the
 workspace is reported as a symlink and never followed out of it.
+
+Limits: the walk is iterative and holds one directory fd per level; directories more than
+``MAX_DEPTH`` levels below the workspace root are not entered, so changes there are left out of
+the diff (a tree 1,000+ levels deep costs the agent those files, never the harness a crash). File
+names that are not UTF-8 come back with ``surrogateescape`` (write the diff with that handler to
+get the original bytes).
 """
 
 from __future__ import annotations
@@ -23,6 +29,8 @@ from pathlib import Path
 
 MAX_TEXT_BYTES = 2 * 1024**2
 """Files larger than this are reported like binary files (noted, not diffed)."""
+MAX_DEPTH = 128
+"""Deepest directory level the diff walks into (the workspace root is level 0)."""
 
 
 @dataclass(frozen=True)
@@ -80,19 +88,33 @@ def tree_diff(base: Path, tree: Path, exclude: Sequence[str]) -> str:
 
 def _walk_upper(upper: Path) -> Iterator[tuple[str, str, Entry | None]]:
     """(relative path, "file" | "whiteout" | "opaque", entry) for each change in ``upper``."""
-    for dirpath, dirnames, filenames, dirfd in os.fwalk(upper, follow_symlinks=False):
-        rel_dir = os.path.relpath(dirpath, upper)
-        rel_dir = "" if rel_dir == "." else rel_dir
-        for name in dirnames:
-            if _is_opaque(name, dirfd):
-                yield os.path.join(rel_dir, name), "opaque", None
-        for name in filenames:
-            rel = os.path.join(rel_dir, name)
-            st = os.stat(name, dir_fd=dirfd, follow_symlinks=False)
-            if stat.S_ISCHR(st.st_mode) and st.st_rdev == 0:
-                yield rel, "whiteout", None
-            elif stat.S_ISREG(st.st_mode) or stat.S_ISLNK(st.st_mode):
-                yield rel, "file", _entry(name, dirfd, st)
+    upper_fd = os.open(upper, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        for rel_dir, dirnames, filenames, dirfd in _fwalk(upper_fd, ""):
+            for name in dirnames:
+                if _is_opaque(name, dirfd):
+                    yield os.path.join(rel_dir, name), "opaque", None
+            for name in filenames:
+                found = _stat_entry(name, dirfd)
+                if found is not None:
+                    yield os.path.join(rel_dir, name), *found
+    finally:
+        os.close(upper_fd)
+
+
+def _stat_entry(name: str, dirfd: int) -> tuple[str, Entry | None] | None:
+    """("whiteout", None) or ("file", entry) for a name in an upper directory; None for other
+    file types and for a file that vanished or changed type while being read (the sandbox may
+    still be running: a race it causes must not crash the diff)."""
+    try:
+        st = os.stat(name, dir_fd=dirfd, follow_symlinks=False)
+        if stat.S_ISCHR(st.st_mode) and st.st_rdev == 0:
+            return "whiteout", None
+        if stat.S_ISREG(st.st_mode) or stat.S_ISLNK(st.st_mode):
+            return "file", _entry(name, dirfd, st)
+    except OSError:
+        pass
+    return None
 
 
 def _is_opaque(name: str, dirfd: int) -> bool:
@@ -151,16 +173,61 @@ def _walk_tree(root_fd: int, rel: str) -> Iterator[tuple[str, Entry]]:
         return
     top = os.open(rel or ".", os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=root_fd)
     try:
-        for dirpath, _dirs, filenames, dirfd in os.fwalk(".", dir_fd=top, follow_symlinks=False):
+        for rel_dir, _dirs, filenames, dirfd in _fwalk(top, rel, rel.count("/") + bool(rel)):
             for name in filenames:
-                st = os.stat(name, dir_fd=dirfd, follow_symlinks=False)
-                if stat.S_ISREG(st.st_mode) or stat.S_ISLNK(st.st_mode):
-                    yield (
-                        os.path.normpath(os.path.join(rel, dirpath, name)),
-                        _entry(name, dirfd, st),
-                    )
+                found = _stat_entry(name, dirfd)
+                if found is not None and found[1] is not None:
+                    yield os.path.join(rel_dir, name), found[1]
     finally:
         os.close(top)
+
+
+def _fwalk(
+    dir_fd: int, rel: str, depth: int = 0
+) -> Iterator[tuple[str, list[str], list[str], int]]:
+    """``os.fwalk(follow_symlinks=False)`` from an open directory, without recursion: yields
+    ``(rel_dir, dirnames, filenames, dirfd)`` top-down, never entering a level past
+    ``MAX_DEPTH`` (``depth`` is the level of ``dir_fd``). Holds one fd per level; the caller's
+    ``dir_fd`` stays open. Unreadable subdirectories are skipped."""
+    stack: list[tuple[str, int, Iterator[str]]] = []
+    current: tuple[str, int] | None = (rel, os.dup(dir_fd))
+    try:
+        while True:
+            if current is not None:
+                rel_dir, fd = current
+                stack.append((rel_dir, fd, iter(())))
+                current = None
+                dirs, files = _scan(fd)
+                yield rel_dir, dirs, files, fd
+                if depth + len(stack) <= MAX_DEPTH:
+                    stack[-1] = (rel_dir, fd, iter(dirs))
+            if not stack:
+                return
+            rel_dir, fd, pending = stack[-1]
+            name = next(pending, None)
+            if name is None:
+                stack.pop()
+                os.close(fd)
+                continue
+            try:
+                sub = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)
+            except OSError:  # replaced by a symlink or a file meanwhile, or unreadable
+                continue
+            current = (os.path.join(rel_dir, name) if rel_dir else name, sub)
+    finally:
+        for _, fd, _ in stack:
+            os.close(fd)
+        if current is not None:
+            os.close(current[1])
+
+
+def _scan(fd: int) -> tuple[list[str], list[str]]:
+    """(subdirectory names, other names) of the directory open as ``fd``."""
+    dirs, files = [], []
+    with os.scandir(fd) as entries:
+        for e in entries:
+            (dirs if e.is_dir(follow_symlinks=False) else files).append(e.name)
+    return dirs, files
 
 
 def _excluded(rel: str, exclude: Sequence[str]) -> bool:
@@ -221,3 +288,41 @@ def _lines(text: str) -> list[str]:
     lines = [line + "\n" for line in text.split("\n")]
     lines[-1] = lines[-1][:-1]
     return lines if lines[-1] else lines[:-1]
+
+
+def remove_tree(path: str | os.PathLike[str]) -> None:
+    """Delete ``path`` and everything below it, like ``shutil.rmtree``, but without recursion
+    and without long paths (Python 3.11's ``rmtree`` and ``os.walk`` recurse, so a tree 1,000+
+    levels deep raises RecursionError). Holds one directory fd at a time, walking back up
+    through ``..``: only for trees no process is changing any more (a closed sandbox's).
+    Directories without permissions are made traversable first. Raises OSError.
+    """
+    path = os.fspath(path)
+    flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW
+    fd = os.open(path, flags)
+    names: list[str] = []  # the directories entered below ``path``, outermost first
+    try:
+        while True:
+            child = None
+            with os.scandir(fd) as entries:
+                for e in entries:
+                    if e.is_dir(follow_symlinks=False):
+                        child = e.name
+                        break
+                    os.unlink(e.name, dir_fd=fd)
+            if child is not None:
+                os.chmod(child, 0o700, dir_fd=fd)
+                nxt = os.open(child, flags, dir_fd=fd)
+                os.close(fd)
+                fd = nxt
+                names.append(child)
+                continue
+            if not names:
+                break
+            up = os.open("..", flags, dir_fd=fd)
+            os.close(fd)
+            fd = up
+            os.rmdir(names.pop(), dir_fd=fd)
+    finally:
+        os.close(fd)
+    os.rmdir(path)

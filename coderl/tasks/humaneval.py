@@ -14,7 +14,8 @@ harder problems than it trains on).
 
 Two modes grade the same way: single-turn (:func:`grade_completion`, the completion is the
 function body appended to the prompt) and agent mode (:func:`grade_function` on the diff the agent
-made to ``solution.py`` with the usual tools).
+made to ``solution.py`` with the usual tools). The check runs out of the candidate's reach
+(:mod:`coderl.tasks.function_grading` says how, and what it does not defend).
 """
 
 from __future__ import annotations
@@ -22,16 +23,15 @@ from __future__ import annotations
 import functools
 import hashlib
 import random
-import secrets
 import shutil
 import tempfile
 import time
 from pathlib import Path
 
-from coderl.sandbox.base import Limits
+from coderl.tasks.function_grading import check_function, encode_text
 from coderl.tasks.grading import GradeResult, strip_protected
 from coderl.tasks.patches import make_diff
-from coderl.tasks.runner import PLUGIN_DIR, SANDBOX_ENV, SandboxFactory, default_factory
+from coderl.tasks.runner import SandboxFactory, default_factory
 from coderl.tasks.snapshot import cache_dir, normalize_modes
 from coderl.tasks.spec import Task
 
@@ -132,7 +132,7 @@ def workspace_base(task: Task, *, cache: Path | None = None) -> Path:
         staging = Path(tempfile.mkdtemp(dir=cache, prefix=".base-"))
         for rel, text in task.workspace_files.items():
             (staging / rel).parent.mkdir(parents=True, exist_ok=True)
-            (staging / rel).write_text(text)
+            (staging / rel).write_bytes(encode_text(text))
         normalize_modes(staging)
         target.parent.mkdir(parents=True, exist_ok=True)
         try:
@@ -152,10 +152,13 @@ def grade_completion(task: Task, completion: str, **kwargs: object) -> GradeResu
 def grade_function(
     task: Task, agent_diff: str, *, factory: SandboxFactory | None = None, timeout: float = 30.0
 ) -> GradeResult:
-    """Grade a function task in a fresh sandbox: apply the diff (hidden test names and protected
-    paths stripped), then run the hidden ``check`` with ``coderl_check.py``.
+    """Grade a function task: apply the diff (hidden test names and protected paths stripped) in
+    a fresh sandbox, compute the candidate's answers there, and judge them with the hidden
+    ``check`` in a sandbox that never runs candidate code
+    (:mod:`coderl.tasks.function_grading`).
 
-    Never raises for the agent's failures; infrastructure failures set ``grading_error``.
+    Never raises for the agent's failures; infrastructure failures (a sandbox that cannot start,
+    a gold solution that fails its own check) set ``grading_error``.
     """
     start = time.monotonic()
     result = GradeResult(task_id=task.id)
@@ -163,52 +166,13 @@ def grade_function(
     diff, result.stripped_paths = strip_protected(agent_diff, extra)
     try:
         factory = factory or default_factory()
-        base = workspace_base(task)
-        verdict = _run_check(task, base, diff, factory, timeout)
+        outcome, detail = check_function(task, workspace_base(task), diff, factory, timeout)
     except Exception as e:  # sandbox or grader failure: mask, never score
         result.grading_error = f"{type(e).__name__}: {e}"
         return result
-    outcome, detail = verdict
-    result.tampered = outcome == "tampered"
     result.tests = {TEST_ID: "passed" if outcome == "passed" else "failed"}
     result.resolved = outcome == "passed"
     result.fraction_passed = result.fail_to_pass_passed = float(result.resolved)
     result.reason = "" if result.resolved else f"{outcome}: {detail}".strip()
     result.duration_s = time.monotonic() - start
     return result
-
-
-def _run_check(
-    task: Task, base: Path, diff: str, factory: SandboxFactory, timeout: float
-) -> tuple[str, str]:
-    entry = task.extra["entry_point"]
-    with tempfile.TemporaryDirectory(prefix="coderl-fn-") as tmp:
-        hidden = Path(tmp) / "hidden"
-        hidden.mkdir()
-        for rel, text in task.hidden_tests.items():
-            (hidden / Path(rel).name).write_text(text)
-        (hidden / "agent.diff").write_text(diff)
-        ro = {"/coderl/plugin": str(PLUGIN_DIR), "/coderl/hidden": str(hidden)}
-        limits = Limits(timeout_s=timeout, cpu_s=int(timeout) + 5, memory_bytes=2 * 1024**3)
-        sb = factory(
-            base, limits=limits, env=SANDBOX_ENV, ro_mounts=ro, rw_mounts={}, network=False
-        )
-        try:
-            if diff.strip():
-                applied = sb.exec("cd /testbed && git apply /coderl/hidden/agent.diff", timeout=30)
-                if applied.exit_code != 0:
-                    return "failed", f"the diff does not apply: {applied.stderr[-200:]}"
-            nonce = secrets.token_hex(8)
-            test_file = Path(next(iter(task.hidden_tests))).name
-            cmd = (
-                f"cd /testbed && printf '%s\\n' {nonce} | python3 -P /coderl/plugin/coderl_check.py "
-                f"/coderl/hidden/{test_file} {entry}"
-            )
-            res = sb.exec(cmd, timeout=timeout)
-        finally:
-            sb.close()
-    for line in res.stdout.splitlines():
-        parts = line.split(" ", 3)
-        if len(parts) >= 3 and parts[0] == "CODERL-CHECK" and parts[1] == nonce:
-            return parts[2], parts[3] if len(parts) > 3 else ""
-    return "failed", "timed out" if res.timed_out else "no verdict (crash or exit)"

