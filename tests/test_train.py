@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from coderl.config import AlgorithmConfig, load_config
+from coderl.eval.audit import read_audit_records
 from coderl.policy.batch import collate
 from coderl.policy.loading import load_policy
 from coderl.policy.local import LoraSpec
@@ -204,6 +205,9 @@ def test_resume_after_kill_9_equals_an_uninterrupted_run(tmp_path):
     sa = json.loads((ref_dir / "checkpoints" / "step-000004" / "state.json").read_text())
     sb = json.loads((cut_dir / "checkpoints" / "step-000004" / "state.json").read_text())
     assert sa == sb  # same step, data cursor (task order) and policy version
+    # the audit records the killed run wrote after its checkpoint were cut, not duplicated
+    audit = [read_audit_records(d) for d in (ref_dir, cut_dir)]
+    assert [r["step"] for r in audit[1]] == [1, 1, 2, 2, 3, 3, 4, 4] and audit[0] == audit[1]
     oa = torch.load(ref_dir / "checkpoints" / "step-000004" / "optimizer.pt")
     ob = torch.load(cut_dir / "checkpoints" / "step-000004" / "optimizer.pt")
     assert [s["step"] for s in oa["state"].values()] == [s["step"] for s in ob["state"].values()]

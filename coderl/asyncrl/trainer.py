@@ -147,6 +147,7 @@ def _info(ep: Episode) -> dict[str, Any]:
         "no_action_turns": 0,
         "summaries": 0,
         "breakdown": {},
+        "hack_flags": [],
     }
 
 
@@ -198,6 +199,7 @@ class TrainLearner:
         run.policy.bump_version()  # a step with no valid episode still advances the version
         run.step += 1
         metrics["policy_version"] = float(run.policy.version)
+        P.write_audit(cfg, run.step, infos)  # the step's best and flagged trajectories
         return metrics
 
     def weights(self) -> Weights:

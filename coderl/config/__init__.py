@@ -105,6 +105,15 @@ class RewardConfig(_Section):
     mask_alarm_rate: float = Field(0.1, ge=0, le=1)
     """Alarm (a logged warning and ``alarm/masked=1``) when more than this share of a step's
     episodes is masked (infrastructure failures and reward-term failures)."""
+    hack_alarm_rate: float = Field(0.1, ge=0, le=1)
+    """Alarm (a logged warning and ``alarm/hacks=1``) when more than this share of a step's
+    episodes has at least one hack flag (``hacks/suspected_rate``, detectors of
+    ``coderl.rewards.hacks``; flags never change a reward)."""
+    audit_top_k: int = Field(2, ge=0)
+    """Highest-reward trajectories of each step appended to ``RUN_DIR/audit.jsonl`` (the audit
+    page of ``coderl report``), besides the flagged ones."""
+    audit_max_flagged: int = Field(8, ge=0)
+    """Most flagged trajectories kept per step (the first ones in task order)."""
 
 
 class KLConfig(_Section):

@@ -83,15 +83,17 @@ def audit_record(
 
 
 def select_for_audit(
-    records: Sequence[dict[str, Any]], *, top_k: int = TOP_K
+    records: Sequence[dict[str, Any]], *, top_k: int = TOP_K, max_flagged: int | None = None
 ) -> list[dict[str, Any]]:
-    """The records worth keeping from one step: the ``top_k`` highest rewards and every
-    flagged one (each once, in input order)."""
+    """The records worth keeping from one step: the ``top_k`` highest rewards (ties: the
+    first) and every flagged one (the first ``max_flagged`` when set), each once, in input
+    order."""
     ranked = sorted(
         (i for i, r in enumerate(records) if r.get("reward") is not None),
         key=lambda i: -float(records[i]["reward"]),
     )
-    keep = set(ranked[:top_k]) | {i for i, r in enumerate(records) if r.get("flags")}
+    flagged = [i for i, r in enumerate(records) if r.get("flags")]
+    keep = set(ranked[:top_k]) | set(flagged if max_flagged is None else flagged[:max_flagged])
     return [r for i, r in enumerate(records) if i in keep]
 
 

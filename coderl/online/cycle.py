@@ -37,6 +37,7 @@ from coderl.online.simulate import Evaluator, HeldoutEvaluator
 from coderl.online.store import Store
 from coderl.online.update import select_trainable, update
 from coderl.policy import LoraSpec, load_policy
+from coderl.rewards.hacks import reply_detector
 
 
 def database_url(cfg: Config) -> str:
@@ -85,14 +86,18 @@ def open_run(cfg: Config) -> tuple[Store, Registry]:
 
 
 def heldout_evaluator(cfg: Config) -> HeldoutEvaluator:
-    """The held-out evaluator of ``online.eval``, in the served call format."""
+    """The held-out evaluator of ``online.eval``, in the served call format, with the hack
+    detectors of :mod:`coderl.rewards.hacks` on every reply (:func:`reply_detector`), so the
+    gate compares the champion's and the candidate's ``suspected_hack_rate``."""
     call_format, template_tools = harness_format(cfg)
-    return HeldoutEvaluator(
+    ev = HeldoutEvaluator(
         cfg.online.eval,
         sandbox=cfg.online.sandbox,
         call_format=call_format,
         template_tools=template_tools,
     )
+    ev.hack_detector = reply_detector({t.task_id: t.task for t in ev.tasks})
+    return ev
 
 
 def production_alarms(

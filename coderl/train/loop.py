@@ -9,6 +9,7 @@ One step, top to bottom (:func:`training_step`)::
     batch    = pipeline.make_batch(...)                      # advantages over valid members
     metrics  = train_step(...)                               # algorithm-blind; one optimizer step
     policy.bump_version()                                    # new weights version
+    pipeline.write_audit(...)                                # best and hack-flagged -> audit.jsonl
 
 Everything a resumed run needs is in the checkpoint (:mod:`coderl.train.run`); sampling seeds
 derive from (run seed, step), so a resumed run samples exactly what the uninterrupted one would
@@ -70,7 +71,7 @@ def collect(run: Run, step: int) -> tuple[P.Scored, dict[str, float]]:
         if kept is None:
             kept = part
         else:
-            for name in ("episodes", "keys", "samples", "failures"):
+            for name in ("episodes", "keys", "samples", "failures", "grades", "flags"):
                 getattr(kept, name).extend(getattr(part, name))
         wanted = len(flat)
         if dynamic != "resample" or wanted == 0:
@@ -123,6 +124,7 @@ def training_step(run: Run) -> dict[str, float]:
     )
     metrics["policy_version"] = float(run.policy.version)
     run.step += 1
+    P.write_audit(cfg, run.step, scored.infos)  # the step's best and flagged trajectories
     return metrics
 
 

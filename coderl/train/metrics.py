@@ -1,7 +1,7 @@
 """Metrics logging: one JSON line per step (``metrics.jsonl``), evaluation lines
 (``eval.jsonl``), the same scalars in TensorBoard (``tb/``), and a progress bar with ETA.
 
-On resume the JSONL files are cut back to the checkpoint's step, so a resumed run's files equal
+On resume the JSONL files (with the pipeline's ``audit.jsonl``) are cut back to the checkpoint's step, so a resumed run's files equal
 an uninterrupted run's.
 """
 
@@ -20,6 +20,8 @@ from rich.progress import (
     TimeElapsedColumn,
     TimeRemainingColumn,
 )
+
+from coderl.eval.audit import AUDIT_FILE
 
 
 def _truncate_jsonl(path: Path, last_step: int) -> None:
@@ -56,11 +58,12 @@ class MetricsLogger:
         self.dir.mkdir(parents=True, exist_ok=True)
         self.metrics_path = self.dir / "metrics.jsonl"
         self.eval_path = self.dir / "eval.jsonl"
+        audit = self.dir / AUDIT_FILE  # written by the pipeline, cut on resume like the rest
         if resume_step == 0:
-            for p in (self.metrics_path, self.eval_path):
+            for p in (self.metrics_path, self.eval_path, audit):
                 p.unlink(missing_ok=True)
-        _truncate_jsonl(self.metrics_path, resume_step)
-        _truncate_jsonl(self.eval_path, resume_step)
+        for p in (self.metrics_path, self.eval_path, audit):
+            _truncate_jsonl(p, resume_step)
         self.tb = None
         if tensorboard:
             from torch.utils.tensorboard import SummaryWriter

@@ -22,6 +22,14 @@ position in the task stream (``group_key``), so the same task drawn twice keeps 
 Every step logs ``infra_failed_rate`` and ``agent_failed_rate`` (shares of the step's episodes)
 and ``masked_rate`` (infra and reward-term masks together); above ``reward.mask_alarm_rate`` the
 step logs a warning and ``alarm/masked=1``.
+
+Hack detectors (:mod:`coderl.rewards.hacks`) read every graded episode's tool log and diff. They
+only observe: no reward, mask, sample or random draw depends on them. Every step logs
+``hacks/suspected_rate`` (share of episodes with a flag) and ``hacks/<detector>`` (share each
+detector flagged), with ``alarm/hacks=1`` and a warning above ``reward.hack_alarm_rate``; the
+step's ``reward.audit_top_k`` highest-reward and (up to ``reward.audit_max_flagged``) flagged
+trajectories are appended to ``RUN_DIR/audit.jsonl`` (:func:`write_audit`), which
+``coderl report`` renders as the audit page.
 """
 
 from __future__ import annotations
@@ -29,7 +37,8 @@ from __future__ import annotations
 import logging
 import math
 import time
-from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
@@ -38,8 +47,10 @@ from torch import nn
 
 from coderl.config import Config
 from coderl.envs.base import Environment, EpisodeRecord, FailureKind, GradeRecord
+from coderl.eval.audit import audit_record, select_for_audit, write_audit_records
 from coderl.policy.base import SamplingParams
 from coderl.rewards import RewardResult, RewardSample, compute_rewards
+from coderl.rewards.hacks import HackFlag, detect_hacks, flag_counts, suspected_hack_rate
 from coderl.train.advantages import episode_advantages, gae_advantages
 from coderl.train.batch import StepBatch, build_batch
 from coderl.train.step import forward
@@ -217,6 +228,9 @@ class Scored:
     grading_s: float = 0.0
     infos: list[dict[str, Any]] = field(default_factory=list)
     """Per episode: what :func:`step_metrics` reads (plain values: it crosses processes)."""
+    grades: list[GradeRecord] = field(default_factory=list)
+    flags: list[list[HackFlag]] = field(default_factory=list)
+    """Hack flags per episode (:func:`coderl.rewards.hacks.detect_hacks`)."""
 
 
 def episode_info(
@@ -226,8 +240,11 @@ def episode_info(
     valid: bool,
     breakdown: dict[str, float],
     failure: tuple[FailureKind | None, str],
+    flags: Sequence[HackFlag] = (),
 ) -> dict[str, Any]:
-    """The plain-data summary of one scored episode (see :func:`step_metrics`)."""
+    """The plain-data summary of one scored episode (see :func:`step_metrics`); an ``audit``
+    entry (an :func:`coderl.eval.audit.audit_record`) is added by :func:`rescore` to the
+    episodes worth auditing."""
     return {
         "valid": bool(valid),
         "total": float(total),
@@ -242,6 +259,7 @@ def episode_info(
         "no_action_turns": ep.no_action_turns,
         "summaries": ep.summaries,
         "breakdown": dict(breakdown),
+        "hack_flags": [asdict(f) for f in flags],
     }
 
 
@@ -253,8 +271,9 @@ def score(
     keys: list[str],
     episodes: list[EpisodeRecord],
 ) -> Scored:
-    """Grade ``episodes`` (``tasks`` and ``keys``: per episode), attribute failures, build the
-    reward samples with every mask and compute the rewards.
+    """Grade ``episodes`` (``tasks`` and ``keys``: per episode), attribute failures, run the
+    hack detectors (observers only), build the reward samples with every mask and compute the
+    rewards.
 
     Raises:
         ValueError: list lengths differ (from the strict zips).
@@ -266,29 +285,59 @@ def score(
     if "kl" in cfg.reward.terms and cfg.reward.kl_coef > 0:
         fill_kl_k1(policy, cfg, episodes, samples)
     grading_s = time.perf_counter() - t0
+    flags = [detect_hacks(ep, g, t) for ep, g, t in zip(episodes, grades, tasks, strict=True)]
+    empty = RewardResult([], [], [])
     return rescore(
-        Scored(episodes, keys, samples, RewardResult([], [], []), failures, grading_s), cfg
+        Scored(episodes, keys, samples, empty, failures, grading_s, [], grades, flags), cfg
     )
 
 
 def rescore(scored: Scored, cfg: Config) -> Scored:
     """Rewards (and per-episode infos) of ``scored``'s samples computed together: group pass
-    rates are per group, so a subset's rewards are recomputed over that subset."""
+    rates are per group, so a subset's rewards are recomputed over that subset. The episodes
+    that :func:`write_audit` may keep (the ``reward.audit_top_k`` best and the first
+    ``reward.audit_max_flagged`` flagged of this set) get their audit record in ``info["audit"]``,
+    so it travels with the info to an async learner."""
     rewards = compute_rewards(scored.samples, cfg.reward)
     scored.rewards = rewards
-    scored.infos = [
-        episode_info(ep, s, tot, ok, b, f)
-        for ep, s, tot, ok, b, f in zip(
+    rows = list(
+        zip(
             scored.episodes,
             scored.samples,
             rewards.totals,
             rewards.valid,
             rewards.breakdown,
             scored.failures,
+            scored.grades,
+            scored.flags,
             strict=True,
         )
+    )
+    scored.infos = [episode_info(ep, s, tot, ok, b, f, fl) for ep, s, tot, ok, b, f, _, fl in rows]
+    audits = [
+        audit_record(ep, g, step=0, reward=tot, breakdown=b, flags=fl)
+        for ep, _, tot, _, b, _, g, fl in rows
     ]
+    chosen = {id(r) for r in _for_audit(audits, cfg)}
+    for info, rec in zip(scored.infos, audits, strict=True):
+        if id(rec) in chosen:
+            info["audit"] = rec
     return scored
+
+
+def _for_audit(records: list[dict[str, Any]], cfg: Config) -> list[dict[str, Any]]:
+    r = cfg.reward
+    return select_for_audit(records, top_k=r.audit_top_k, max_flagged=r.audit_max_flagged)
+
+
+def write_audit(cfg: Config, step: int, infos: list[dict[str, Any]]) -> int:
+    """Append the step's audit records (the ``reward.audit_top_k`` highest rewards and the first
+    ``reward.audit_max_flagged`` flagged episodes among ``infos`` that carry one) to
+    ``cfg.run_dir``'s ``audit.jsonl``, stamped with ``step``; returns how many."""
+    chosen = _for_audit([x["audit"] for x in infos if "audit" in x], cfg)
+    if chosen:
+        write_audit_records(cfg.run_dir, step, chosen)
+    return len(chosen)
 
 
 def select(scored: Scored, keep: list[int]) -> Scored:
@@ -300,6 +349,9 @@ def select(scored: Scored, keep: list[int]) -> Scored:
         RewardResult([], [], []),
         [scored.failures[i] for i in keep],
         scored.grading_s,
+        [],
+        [scored.grades[i] for i in keep],
+        [scored.flags[i] for i in keep],
     )
 
 
@@ -402,7 +454,9 @@ def step_metrics(infos: list[dict[str, Any]], cfg: Config) -> dict[str, float]:
     ``reward/*`` and ``resolved_rate`` are over valid (unmasked) episodes; ``episode/*`` are per
     episode; ``infra_failed_rate``, ``agent_failed_rate`` and ``masked_rate`` are shares of all
     the step's episodes (``reward/masked`` and ``reward/grading_errors``: counts). When ``masked_rate > reward.mask_alarm_rate`` a warning is logged
-    (logger ``coderl.train``) and ``alarm/masked`` is 1.
+    (logger ``coderl.train``) and ``alarm/masked`` is 1. ``hacks/suspected_rate`` and
+    ``hacks/<detector>`` are shares of all the step's episodes (from each info's ``hack_flags``);
+    above ``reward.hack_alarm_rate``, ``alarm/hacks`` is 1 with a warning.
     """
     n = len(infos)
     d = max(n, 1)
@@ -426,18 +480,45 @@ def step_metrics(infos: list[dict[str, Any]], cfg: Config) -> dict[str, float]:
     m["masked_rate"] = (n - len(valid)) / d
     m["reward/masked"] = float(n - len(valid))
     m["reward/grading_errors"] = float(infra)  # infra failures reach the rewards as these
-    alarm = n > 0 and m["masked_rate"] > cfg.reward.mask_alarm_rate
-    m["alarm/masked"] = float(alarm)
-    if alarm:
-        reasons = sorted({x["failure_reason"] for x in infos if x["failure"] == "infra"})
-        log.warning(
-            "masked share %.3f above reward.mask_alarm_rate=%g (%d of %d episodes: %d infra "
-            "failures, the rest reward-term failures); infra reasons: %s",
-            m["masked_rate"],
-            cfg.reward.mask_alarm_rate,
-            n - len(valid),
-            n,
-            infra,
-            "; ".join(reasons[:5]) or "-",
-        )
+    masked_reasons = sorted({x["failure_reason"] for x in infos if x["failure"] == "infra"})
+    _alarm(
+        m,
+        "masked",
+        m["masked_rate"],
+        "reward.mask_alarm_rate",
+        cfg.reward.mask_alarm_rate,
+        lambda: (
+            f"{n - len(valid)} of {n} episodes: {infra} infra failures, the rest "
+            f"reward-term failures; infra reasons: {'; '.join(masked_reasons[:5]) or '-'}"
+        ),
+    )
+    flags = [[HackFlag(**f) for f in x["hack_flags"]] for x in infos]
+    m["hacks/suspected_rate"] = suspected_hack_rate(flags)
+    counts = flag_counts(flags)
+    for name, count in counts.items():
+        m[f"hacks/{name}"] = count / d
+    evidence = [f"{f.name}: {f.evidence}" for fl in flags for f in fl]
+    _alarm(
+        m,
+        "hacks",
+        m["hacks/suspected_rate"],
+        "reward.hack_alarm_rate",
+        cfg.reward.hack_alarm_rate,
+        lambda: (
+            f"{sum(bool(f) for f in flags)} of {n} episodes flagged: "
+            + ", ".join(f"{k} {v}" for k, v in counts.items() if v)
+            + f"; first evidence: {'; '.join(evidence[:3])}"
+        ),
+    )
     return m
+
+
+def _alarm(
+    m: dict[str, float], name: str, share: float, knob: str, limit: float, detail: Callable[[], str]
+) -> None:
+    """The step alarm ``name``: ``alarm/<name>`` is 1 (and a warning names ``knob`` and
+    ``detail()``) when ``share`` is above ``limit``, else 0."""
+    on = share > limit
+    m[f"alarm/{name}"] = float(on)
+    if on:
+        log.warning("%s share %.3f above %s=%g (%s)", name, share, knob, limit, detail())
