@@ -29,9 +29,12 @@ from typing import Any, Protocol
 from coderl.sandbox.base import Limits
 from coderl.tasks.detect import InstallPlan, ProjectInfo, detect, propose_install_plans
 from coderl.tasks.runner import (
+    RUN_OUTPUT_BYTES,
     SANDBOX_ENV,
+    SITE,
     SandboxFactory,
     TestRun,
+    conftests_of,
     default_factory,
     mounts,
     run_dirs,
@@ -40,8 +43,9 @@ from coderl.tasks.runner import (
 from coderl.tasks.snapshot import cache_dir, parse_spec, snapshot_spec
 
 BUILD_LIMITS = Limits(timeout_s=900.0, cpu_s=900, memory_bytes=4 * 1024**3)
-TEST_LIMITS = Limits(timeout_s=600.0, cpu_s=600, memory_bytes=4 * 1024**3)
-SITE = "/venv/lib/python3.11/site-packages"
+TEST_LIMITS = Limits(
+    timeout_s=600.0, cpu_s=600, memory_bytes=4 * 1024**3, output_bytes=RUN_OUTPUT_BYTES
+)
 
 
 class BuildError(RuntimeError):
@@ -213,20 +217,20 @@ def _test(
     trace: bool,
     inifile: str | None = None,
 ) -> TestRun:
-    with run_dirs() as (inp, res):
-        ro, rw = mounts(inp, res, venv)
+    with run_dirs() as inp:
+        ro = mounts(inp, venv)
         sb = factory(
-            base, limits=TEST_LIMITS, env=SANDBOX_ENV, ro_mounts=ro, rw_mounts=rw, network=False
+            base, limits=TEST_LIMITS, env=SANDBOX_ENV, ro_mounts=ro, rw_mounts={}, network=False
         )
         try:
             return run_pytest(
                 sb,
                 inp,
-                res,
                 paths=paths,
                 trace=trace,
                 timeout=TEST_LIMITS.timeout_s,
                 inifile=inifile,
+                allowed_conftests=conftests_of(base),
             )
         finally:
             sb.close()

@@ -29,24 +29,33 @@ hard, not impossible.
 
 from __future__ import annotations
 
+import errno
 import fnmatch
+import hashlib
+import os
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
 from coderl.sandbox.base import Limits
 from coderl.tasks.envbuild import EnvRecord, find_env
-from coderl.tasks.patches import materialize, split_diff
+from coderl.tasks.holdout import build_rollout_base
+from coderl.tasks.patches import PatchError, apply_to_copy, materialize, split_diff
 from coderl.tasks.runner import (
+    RUN_OUTPUT_BYTES,
     SANDBOX_ENV,
     SandboxFactory,
+    conftests_of,
     default_factory,
     mounts,
     run_dirs,
     run_pytest,
     tampering,
 )
+from coderl.tasks.snapshot import cache_dir
 from coderl.tasks.spec import Task
 
 PROTECTED_PATTERNS: tuple[str, ...] = (
@@ -69,6 +78,12 @@ PROTECTED_PATTERNS: tuple[str, ...] = (
     "**/*.pyc",
     "**/.pytest_cache/**",
     ".hypothesis/**",
+    "**/*.dist-info",
+    "**/*.dist-info/**",
+    "**/*.egg-info",
+    "**/*.egg-info/**",
+    "**/*.egg-link",
+    "**/.git/**",
 )
 SHADOW_NAMES = frozenset(sys.stdlib_module_names) | {
     "pytest",
@@ -76,6 +91,7 @@ SHADOW_NAMES = frozenset(sys.stdlib_module_names) | {
     "pluggy",
     "py",
     "coderl_results",
+    "coderl_boot",
 }
 
 
@@ -94,7 +110,12 @@ class GradeResult:
     fail_to_pass_passed: float = 0.0
     """Fraction of the FAIL_TO_PASS tests that passed; 0.0 whenever ``tampered``."""
     grading_error: str | None = None
-    """Set when the grader itself failed: mask the sample, do not score it."""
+    """Set only for infrastructure failures (the grader itself failed): mask, do not score."""
+    failure_kind: Literal["infra", "agent"] | None = None
+    """Why there is no reward: ``infra`` (sandbox could not start, environment missing, grader
+    bug; ``grading_error`` says which; the sample is masked) or ``agent`` (anything the graded
+    code or diff caused: unresolved, tampering, crash, timeout, garbage; scored as a failure).
+    ``None`` when resolved."""
     reason: str = ""
     """Why the task is not resolved (first cause), empty when resolved."""
     tampered: bool = False
@@ -132,7 +153,11 @@ def is_protected(
 def strip_protected(
     diff: str, extra: tuple[str, ...] | list[str] = (), source_roots: tuple[str, ...] = (".",)
 ) -> tuple[str, list[str]]:
-    """Remove every per-file chunk that touches a protected path; returns ``(diff, removed)``."""
+    """Remove every per-file chunk that touches a protected path; returns ``(diff, removed)``.
+
+    A text parse of the diff: used only for function tasks, whose sandbox holds nothing but the
+    solution file. Repository tasks decide on the tree git produced (``patches.apply_to_copy``).
+    """
     kept, removed = [], []
     for path, chunk in split_diff(diff):
         touched = [path] + [
@@ -161,18 +186,29 @@ def _summarise(result: GradeResult, task: Task, outcomes: dict[str, str]) -> Gra
     return result
 
 
+def rollout_base(task: Task, env: EnvRecord | None = None) -> Path:
+    """The read-only base of ``task``'s rollout workspace: its starting state without the
+    held-out test functions and without caches, VCS data or egg-info (``coderl.tasks.holdout``).
+    Cached under ``<cache>/bases``. Raises KeyError (environment not built) or PatchError."""
+    env = env or find_env(task.env_id)
+    start = materialize(Path(env.snapshot), task.bug_patch)
+    key = hashlib.sha256("\0".join([start.name, *task.held_out_tests]).encode()).hexdigest()[:16]
+    return build_rollout_base(start, task.held_out_tests, cache_dir() / "bases" / f"{key}-rollout")
+
+
 def rollout_sandbox_args(task: Task) -> tuple[Path, dict[str, str]]:
     """``(base, ro_mounts)`` for the rollout sandbox of ``task``:
-    ``Sandbox.create(base, ro_mounts=ro_mounts)`` gives the agent the task's starting state at
-    ``/testbed`` with the environment's virtualenv at ``/venv`` (repo tasks; run the tests with
-    ``/venv/bin/python -m pytest``). Raises KeyError when the environment is not built.
+    ``Sandbox.create(base, ro_mounts=ro_mounts)`` gives the agent the task's rollout workspace
+    (:func:`rollout_base`) at ``/testbed`` with the environment's virtualenv at ``/venv`` (repo
+    tasks; run the tests with ``/venv/bin/python -m pytest``). Raises KeyError when the
+    environment is not built.
     """
     if task.kind == "function":
         from coderl.tasks.humaneval import workspace_base
 
         return workspace_base(task), {}
     env = find_env(task.env_id)
-    return materialize(Path(env.snapshot), task.bug_patch), {"/venv": env.venv}
+    return rollout_base(task, env), {"/venv": env.venv}
 
 
 def grade(
@@ -183,77 +219,102 @@ def grade(
     factory: SandboxFactory | None = None,
     timeout: float = 300.0,
 ) -> GradeResult:
-    """Grade ``agent_diff`` (a unified diff against the task's starting state).
+    """Grade ``agent_diff`` (a unified diff against the task's rollout workspace).
 
-    Never raises for anything the agent did; infrastructure failures become ``grading_error``.
+    Never raises for anything the agent did: that is a scored failure (``failure_kind="agent"``);
+    infrastructure failures set ``grading_error`` (``failure_kind="infra"``).
     ``function`` tasks are delegated to :func:`coderl.tasks.humaneval.grade_function`.
     """
     if task.kind == "function":
         from coderl.tasks.humaneval import grade_function
 
-        return grade_function(task, agent_diff, factory=factory, timeout=timeout)
+        return _attribute(grade_function(task, agent_diff, factory=factory, timeout=timeout))
     start = time.monotonic()
     result = GradeResult(task_id=task.id)
     try:
         env = env or find_env(task.env_id)
         factory = factory or default_factory()
-        base = materialize(Path(env.snapshot), task.bug_patch)
+        base = rollout_base(task, env)
     except Exception as e:  # the grader could not set up: mask, never score
         result.grading_error = f"setup: {type(e).__name__}: {e}"
-        return result
-    roots = (".",) if env.info.get("source_root", ".") == "." else (".", env.info["source_root"])
-    diff, result.stripped_paths = strip_protected(agent_diff, task.protected_paths, roots)
+        return _attribute(result)
     try:
-        _run(task, env, base, diff, factory, timeout, result)
+        with tempfile.TemporaryDirectory(dir=cache_dir(), prefix=".grade-") as tmp:
+            tree = Path(tmp) / "tree"
+            tree.mkdir()
+            _grade_tree(task, env, base, agent_diff, tree, factory, timeout, result)
     except Exception as e:  # sandbox failure or grader bug: infrastructure, not the agent
         result.grading_error = f"sandbox: {type(e).__name__}: {e}"
     result.duration_s = time.monotonic() - start
+    return _attribute(result)
+
+
+def _attribute(result: GradeResult) -> GradeResult:
+    if result.grading_error is not None:
+        result.failure_kind = "infra"
+    elif not result.resolved:
+        result.failure_kind = "agent"
     return result
 
 
-def _run(
+def _shown(path: str) -> str:
+    """A path as text that always encodes (non-UTF-8 bytes as ``\\xNN``)."""
+    return os.fsencode(path).decode("utf-8", "backslashreplace")
+
+
+def _grade_tree(
     task: Task,
     env: EnvRecord,
     base: Path,
-    diff: str,
+    agent_diff: str,
+    tree: Path,
     factory: SandboxFactory,
     timeout: float,
     result: GradeResult,
 ) -> None:
-    with run_dirs() as (inp, res):
-        ro, rw = mounts(inp, res, Path(env.venv))
-        for rel in env.test_paths:  # pristine tests, read-only over the workspace copies
-            ro[f"/testbed/{rel}"] = str(Path(env.snapshot) / rel)
-        (inp / "agent.diff").write_text(diff)
-        limits = Limits(timeout_s=timeout, cpu_s=int(timeout) + 30, memory_bytes=4 * 1024**3)
+    roots = (".",) if env.info.get("source_root", ".") == "." else (".", env.info["source_root"])
+    extra = [*task.protected_paths, *env.test_paths, *(f"{p}/**" for p in env.test_paths)]
+    try:
+        _, stripped = apply_to_copy(base, agent_diff, lambda p: is_protected(p, extra, roots), tree)
+    except PatchError as e:
+        result.reason = f"the diff does not apply: {str(e)[-300:]}"
+        _summarise(result, task, {})
+        return
+    except OSError as e:
+        if e.errno in (errno.ENOSPC, errno.EDQUOT, errno.ENOMEM):
+            raise
+        result.reason = f"the workspace cannot be read back: {type(e).__name__}: {e}"[:400]
+        _summarise(result, task, {})
+        return
+    result.stripped_paths = [_shown(p) for p in stripped]
+    snapshot = Path(env.snapshot)
+    ro = {}
+    for rel in [*env.test_paths, *_egg_info(snapshot)]:  # pristine, read-only over the tree
+        ro[f"/testbed/{rel}"] = str(snapshot / rel)
+    with run_dirs() as inp:
+        ro.update(mounts(inp, Path(env.venv)))
+        limits = Limits(
+            timeout_s=timeout,
+            cpu_s=int(timeout) + 30,
+            memory_bytes=4 * 1024**3,
+            output_bytes=RUN_OUTPUT_BYTES,
+        )
         sb = factory(
-            base, limits=limits, env=SANDBOX_ENV, ro_mounts=ro, rw_mounts=rw, network=False
+            tree, limits=limits, env=SANDBOX_ENV, ro_mounts=ro, rw_mounts={}, network=False
         )
         try:
-            if diff.strip():
-                applied = sb.exec(
-                    "cd /testbed && git apply --whitespace=nowarn /coderl/input/agent.diff",
-                    timeout=60,
-                )
-                if applied.exit_code != 0:
-                    result.reason = (
-                        f"the diff does not apply: {(applied.stderr or applied.stdout)[-300:]}"
-                    )
-                    _summarise(result, task, {})
-                    return
-            select = list(dict.fromkeys(task.FAIL_TO_PASS + task.PASS_TO_PASS))
             run = run_pytest(
                 sb,
                 inp,
-                res,
                 paths=env.test_paths,
-                select=select,
+                select=list(dict.fromkeys(task.FAIL_TO_PASS + task.PASS_TO_PASS)),
                 canaries=env.canaries_ok,
                 timeout=timeout,
                 inifile=env.info.get("pytest_config"),
+                allowed_conftests=conftests_of(tree),
             )
         finally:
-            sb.close()
+            sb.close()  # every process of the sandbox is gone before the verdict is used
     run.tampered = sorted(set(run.tampered) - set(env.baseline_tampered))
     why = tampering(run, canaries=env.canaries_ok)
     if why:
@@ -262,8 +323,18 @@ def _run(
     elif run.results_missing:
         timed_out = run.exec is not None and run.exec.timed_out
         result.reason = (
-            "test run timed out" if timed_out else "pytest wrote no results (crash or exit)"
+            "test run timed out"
+            if timed_out
+            else "pytest streamed no complete verdict (crash, exit or a garbled stream)"
         )
     elif not run.outcomes:
         result.reason = "no test ran (collection error, or an exit during collection)"
     _summarise(result, task, {} if run.results_missing else run.outcomes)
+
+
+def _egg_info(snapshot: Path) -> list[str]:
+    """``*.egg-info`` directories at the top of ``snapshot`` or of a ``src`` layout: left out of
+    rollout workspaces, mounted back read-only at grading (package metadata tests may read)."""
+    found = [p for p in snapshot.glob("*.egg-info") if p.is_dir()]
+    found += [p for p in snapshot.glob("src/*.egg-info") if p.is_dir()]
+    return sorted(p.relative_to(snapshot).as_posix() for p in found)

@@ -26,9 +26,11 @@ from coderl.tasks.grading import PROTECTED_PATTERNS, is_protected
 from coderl.tasks.mutate import Mutant, first_line, functions, mutants_of
 from coderl.tasks.patches import make_diff, materialize
 from coderl.tasks.runner import (
+    RUN_OUTPUT_BYTES,
     SANDBOX_ENV,
     SandboxFactory,
     TestRun,
+    conftests_of,
     default_factory,
     mounts,
     run_dirs,
@@ -113,17 +115,22 @@ def _interleave_operators(mutants: list[Mutant], rng: random.Random) -> list[Mut
 def _run(
     env: EnvRecord, base: Path, select: list[str], factory: SandboxFactory, timeout: float
 ) -> TestRun:
-    limits = Limits(timeout_s=timeout, cpu_s=int(timeout) + 30, memory_bytes=4 * 1024**3)
-    with run_dirs() as (inp, res):
-        ro, rw = mounts(inp, res, Path(env.venv))
+    limits = Limits(
+        timeout_s=timeout,
+        cpu_s=int(timeout) + 30,
+        memory_bytes=4 * 1024**3,
+        output_bytes=RUN_OUTPUT_BYTES,
+    )
+    with run_dirs() as inp:
+        ro = mounts(inp, Path(env.venv))
         sb = factory(
-            base, limits=limits, env=SANDBOX_ENV, ro_mounts=ro, rw_mounts=rw, network=False
+            base, limits=limits, env=SANDBOX_ENV, ro_mounts=ro, rw_mounts={}, network=False
         )
         try:
             return run_pytest(
                 sb,
                 inp,
-                res,
+                allowed_conftests=conftests_of(base),
                 paths=env.test_paths,
                 select=select,
                 canaries=False,
