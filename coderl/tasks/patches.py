@@ -283,6 +283,12 @@ def apply_to_copy(
             _restore(base, dest, rel)
         else:
             _remove(dest / rel)
+            parent = (dest / rel).parent
+            while parent != dest and not (base / parent.relative_to(dest)).exists():
+                if any(parent.iterdir()):
+                    break
+                parent.rmdir()  # a directory git made only for the removed file
+                parent = parent.parent
     for rel, st in _entries(dest).items():
         linked = rel in base_entries and st.st_ino == base_entries[rel].st_ino
         if not linked and stat.S_ISREG(st.st_mode):
