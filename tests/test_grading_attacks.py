@@ -348,3 +348,76 @@ def test_infinite_loop_is_a_timeout_not_a_mask(env, task):
     result = grade(task, diff, env=env, timeout=8)
     assert_scored_failure(task, result)
     assert result.reason == "test run timed out"
+
+
+def _one_line_change(gold: str) -> tuple[int, str, str] | None:
+    """``(0-based line, buggy line, fixed line)`` of a gold patch that changes one statement."""
+    lines = gold.splitlines()
+    minus = [ln[1:] for ln in lines if ln.startswith("-") and not ln.startswith("---")]
+    plus = [ln[1:] for ln in lines if ln.startswith("+") and not ln.startswith("+++")]
+    if len(minus) != 1 or len(plus) != 1 or minus[0].rstrip().endswith(":"):
+        return None
+    hunk = next(i for i, ln in enumerate(lines) if ln.startswith("@@"))
+    start = int(lines[hunk].split()[1].split(",")[0][1:])
+    offset = next(i for i, ln in enumerate(lines[hunk + 1 :]) if ln.startswith("-"))
+    return start - 1 + offset, minus[0], plus[0]
+
+
+def test_a_fix_that_special_cases_the_visible_tests_does_not_resolve(env, tasks):
+    """The gold fix, applied only when a visible FAIL_TO_PASS test is on the stack: it passes
+    every failing test the agent can run, and the held-out ones still catch it."""
+    task, change, visible = None, None, set()
+    for t in tasks:
+        shown = set(t.FAIL_TO_PASS) - set(t.held_out_tests)
+        if shown and set(t.FAIL_TO_PASS) & set(t.held_out_tests) and _one_line_change(t.gold_patch):
+            task, change, visible = t, _one_line_change(t.gold_patch), shown
+            break
+    assert task is not None, "data/tasks/ci.jsonl needs a task with visible and held-out F2P tests"
+    at, buggy, fixed = change
+    indent = buggy[: len(buggy) - len(buggy.lstrip())]
+    names = sorted({v.split("::")[-1].split("[")[0] for v in visible})
+    special = (
+        f"{indent}if _coderl_seen_by_agent():\n{indent}    {fixed.strip()}\n"
+        f"{indent}else:\n{indent}    {buggy.strip()}"
+    )
+    helper = (
+        "\n\ndef _coderl_seen_by_agent():\n    import sys\n    f = sys._getframe(1)\n"
+        f"    while f is not None:\n        if f.f_code.co_name in {names!r}:\n"
+        "            return True\n        f = f.f_back\n    return False\n"
+    )
+    path = task.extra["file"]
+
+    def act(sb):
+        lines = sb.read_text(path).split("\n")
+        assert lines[at] == buggy
+        lines[at] = special
+        sb.write_text(path, "\n".join(lines) + helper)
+
+    base, ro = rollout_base(task, env), {"/venv": env.venv}
+    with Sandbox.create(base, ro_mounts=ro) as sb:
+        act(sb)
+        ids = " ".join(sorted(visible))
+        res = sb.exec(f"/venv/bin/python -m pytest -q -p no:cacheprovider {ids}")
+        assert res.exit_code == 0, res.stdout[-500:]  # every failing test the agent sees passes
+        diff = sb.diff()
+    result = grade(task, diff, env=env)
+    assert result.grading_error is None and result.failure_kind == "agent"
+    assert not result.resolved, result.reason
+    assert all(result.tests[v] == "passed" for v in visible)
+    hidden = set(task.FAIL_TO_PASS) & set(task.held_out_tests)
+    assert any(result.tests[h] != "passed" for h in hidden)
+
+
+def test_gold_fix_in_a_workspace_with_odd_names_and_deep_trees_still_resolves(env, task):
+    """Non-UTF-8 file names and a directory 1,100 levels deep are graded normally."""
+    deep = "/".join(["d"] * 1100)
+
+    def act(sb):
+        sb.exec(
+            f"mkdir -p {deep} && echo 'y = 1' > {deep}/x.py && printf 'z = 1\\n' > $'caf\\xe9.py'"
+        )
+
+    diff = episode(env, task, act) + task.gold_patch
+    result = grade(task, diff, env=env)
+    assert result.grading_error is None and result.failure_kind is None
+    assert result.resolved, result.reason

@@ -78,11 +78,53 @@ def tree_diff(base: Path, tree: Path, exclude: Sequence[str]) -> str:
     return _render(changes, exclude)
 
 
+def _open_dir(root_fd: int, rel: str) -> int:
+    """A descriptor of directory ``rel`` below ``root_fd``, opened component by component with
+    O_NOFOLLOW (a symlink anywhere on the way raises OSError)."""
+    fd = os.dup(root_fd)
+    for part in rel.split("/") if rel else []:
+        try:
+            nxt = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)
+        finally:
+            os.close(fd)
+        fd = nxt
+    return fd
+
+
+def _fwalk(root_fd: int, start: str = "") -> Iterator[tuple[str, list[str], list[str], int]]:
+    """``os.fwalk(follow_symlinks=False)`` below ``root_fd/start`` without recursion, so a tree
+    of any depth is walked (``os.fwalk`` recurses once per level before Python 3.12): yields
+    ``(rel_dir, dirnames, filenames, dirfd)``, ``dirfd`` valid until the next item. At most one
+    directory descriptor is open at a time (each is reopened from the root)."""
+    stack = [start]
+    while stack:
+        rel = stack.pop()
+        try:
+            fd = _open_dir(root_fd, rel)
+        except OSError:  # replaced by a file or a symlink meanwhile: nothing below it
+            continue
+        try:
+            dirs, files = [], []
+            with os.scandir(fd) as it:
+                for e in it:
+                    (dirs if e.is_dir(follow_symlinks=False) else files).append(e.name)
+            yield rel, dirs, files, fd
+            stack.extend(f"{rel}/{d}" if rel else d for d in reversed(dirs))
+        finally:
+            os.close(fd)
+
+
 def _walk_upper(upper: Path) -> Iterator[tuple[str, str, Entry | None]]:
     """(relative path, "file" | "whiteout" | "opaque", entry) for each change in ``upper``."""
-    for dirpath, dirnames, filenames, dirfd in os.fwalk(upper, follow_symlinks=False):
-        rel_dir = os.path.relpath(dirpath, upper)
-        rel_dir = "" if rel_dir == "." else rel_dir
+    upper_fd = os.open(upper, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        yield from _walk_upper_fd(upper_fd)
+    finally:
+        os.close(upper_fd)
+
+
+def _walk_upper_fd(upper_fd: int) -> Iterator[tuple[str, str, Entry | None]]:
+    for rel_dir, dirnames, filenames, dirfd in _fwalk(upper_fd):
         for name in dirnames:
             if _is_opaque(name, dirfd):
                 yield os.path.join(rel_dir, name), "opaque", None
@@ -149,18 +191,11 @@ def _walk_tree(root_fd: int, rel: str) -> Iterator[tuple[str, Entry]]:
         yield rel, found
     if found != "dir":
         return
-    top = os.open(rel or ".", os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=root_fd)
-    try:
-        for dirpath, _dirs, filenames, dirfd in os.fwalk(".", dir_fd=top, follow_symlinks=False):
-            for name in filenames:
-                st = os.stat(name, dir_fd=dirfd, follow_symlinks=False)
-                if stat.S_ISREG(st.st_mode) or stat.S_ISLNK(st.st_mode):
-                    yield (
-                        os.path.normpath(os.path.join(rel, dirpath, name)),
-                        _entry(name, dirfd, st),
-                    )
-    finally:
-        os.close(top)
+    for rel_dir, _dirs, filenames, dirfd in _fwalk(root_fd, rel):
+        for name in filenames:
+            st = os.stat(name, dir_fd=dirfd, follow_symlinks=False)
+            if stat.S_ISREG(st.st_mode) or stat.S_ISLNK(st.st_mode):
+                yield (f"{rel_dir}/{name}" if rel_dir else name), _entry(name, dirfd, st)
 
 
 def _excluded(rel: str, exclude: Sequence[str]) -> bool:
@@ -194,7 +229,7 @@ def _text(entry: Entry | None) -> str | None:
 
 def _file_diff(rel: str, old: Entry | None, new: Entry | None) -> str:
     """git-style diff of one path: headers, then hunks or a ``Binary files ... differ`` note."""
-    head = f"diff --git a/{rel} b/{rel}\n"
+    head = f"diff --git {_quote('a/' + rel)} {_quote('b/' + rel)}\n"
     if old is None and new is not None:
         head += f"new file mode {new.mode:o}\n"
     elif new is None and old is not None:
@@ -204,8 +239,8 @@ def _file_diff(rel: str, old: Entry | None, new: Entry | None) -> str:
     if old is not None and new is not None and old.data == new.data:
         return head
     a, b = _text(old), _text(new)
-    src = f"a/{rel}" if old is not None else "/dev/null"
-    dst = f"b/{rel}" if new is not None else "/dev/null"
+    src = _quote(f"a/{rel}") if old is not None else "/dev/null"
+    dst = _quote(f"b/{rel}") if new is not None else "/dev/null"
     if a is None or b is None:
         return head + f"Binary files {src} and {dst} differ\n"
     if a == b:  # empty file created or deleted
@@ -214,6 +249,28 @@ def _file_diff(rel: str, old: Entry | None, new: Entry | None) -> str:
     for line in difflib.unified_diff(_lines(a), _lines(b), src, dst):
         body.append(line if line.endswith("\n") else line + "\n\\ No newline at end of file\n")
     return head + "".join(body)
+
+
+_ESCAPES = {7: "a", 8: "b", 9: "t", 10: "n", 11: "v", 12: "f", 13: "r", 34: '"', 92: "\\"}
+
+
+def _quote(path: str) -> str:
+    """A path as git writes it in diff headers: as is when plain printable ASCII, else in double
+    quotes with C escapes and octal bytes (names that are not UTF-8 included: ``os`` hands them
+    over with surrogate escapes), so the diff text is always ASCII-safe and ``git apply``
+    reads back the exact bytes."""
+    raw = os.fsencode(path)
+    if all(0x20 <= b < 0x7F and b not in (34, 92) for b in raw):
+        return path
+    out = []
+    for b in raw:
+        if b in _ESCAPES:
+            out.append("\\" + _ESCAPES[b])
+        elif 0x20 <= b < 0x7F:
+            out.append(chr(b))
+        else:
+            out.append(f"\\{b:03o}")
+    return '"' + "".join(out) + '"'
 
 
 def _lines(text: str) -> list[str]:

@@ -43,7 +43,7 @@ from typing import Literal
 from coderl.sandbox.base import Limits
 from coderl.tasks.envbuild import EnvRecord, find_env
 from coderl.tasks.holdout import build_rollout_base
-from coderl.tasks.patches import PatchError, apply_to_copy, materialize, split_diff
+from coderl.tasks.patches import PatchError, apply_to_copy, materialize, remove_tree, split_diff
 from coderl.tasks.runner import (
     RUN_OUTPUT_BYTES,
     SANDBOX_ENV,
@@ -238,13 +238,15 @@ def grade(
     except Exception as e:  # the grader could not set up: mask, never score
         result.grading_error = f"setup: {type(e).__name__}: {e}"
         return _attribute(result)
+    tmp = Path(tempfile.mkdtemp(dir=cache_dir(), prefix=".grade-"))
     try:
-        with tempfile.TemporaryDirectory(dir=cache_dir(), prefix=".grade-") as tmp:
-            tree = Path(tmp) / "tree"
-            tree.mkdir()
-            _grade_tree(task, env, base, agent_diff, tree, factory, timeout, result)
+        tree = tmp / "tree"
+        tree.mkdir()
+        _grade_tree(task, env, base, agent_diff, tree, factory, timeout, result)
     except Exception as e:  # sandbox failure or grader bug: infrastructure, not the agent
         result.grading_error = f"sandbox: {type(e).__name__}: {e}"
+    finally:
+        remove_tree(tmp)  # iterative: the agent's tree may be 1,000+ levels deep
     result.duration_s = time.monotonic() - start
     return _attribute(result)
 

@@ -208,9 +208,27 @@ def _same(a: Path, b: Path, sa: os.stat_result, sb: os.stat_result) -> bool:
     return a.read_bytes() == b.read_bytes()
 
 
+def remove_tree(root: Path) -> None:
+    """``shutil.rmtree`` without recursion (it recurses once per level before Python 3.12, so a
+    tree 1,000+ levels deep raised RecursionError). Never follows symlinks."""
+    stack = [(str(root), False)]
+    while stack:
+        path, emptied = stack.pop()
+        if emptied:
+            os.rmdir(path)
+            continue
+        stack.append((path, True))
+        with os.scandir(path) as it:
+            for entry in it:
+                if entry.is_dir(follow_symlinks=False):
+                    stack.append((entry.path, False))
+                else:
+                    os.unlink(entry.path)
+
+
 def _remove(path: Path) -> None:
     if path.is_dir() and not path.is_symlink():
-        shutil.rmtree(path)
+        remove_tree(path)
     elif path.exists() or path.is_symlink():
         path.unlink()
 
