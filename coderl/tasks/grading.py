@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import errno
 import fnmatch
-import hashlib
 import os
 import sys
 import tempfile
@@ -42,8 +41,8 @@ from typing import Literal
 
 from coderl.sandbox.base import Limits
 from coderl.tasks.envbuild import EnvRecord, find_env
-from coderl.tasks.holdout import build_rollout_base
-from coderl.tasks.patches import PatchError, apply_to_copy, materialize, remove_tree, split_diff
+from coderl.tasks.holdout import rollout_workspace
+from coderl.tasks.patches import PatchError, apply_to_copy, remove_tree, split_diff
 from coderl.tasks.runner import (
     RUN_OUTPUT_BYTES,
     SANDBOX_ENV,
@@ -191,9 +190,7 @@ def rollout_base(task: Task, env: EnvRecord | None = None) -> Path:
     held-out test functions and without caches, VCS data or egg-info (``coderl.tasks.holdout``).
     Cached under ``<cache>/bases``. Raises KeyError (environment not built) or PatchError."""
     env = env or find_env(task.env_id)
-    start = materialize(Path(env.snapshot), task.bug_patch)
-    key = hashlib.sha256("\0".join([start.name, *task.held_out_tests]).encode()).hexdigest()[:16]
-    return build_rollout_base(start, task.held_out_tests, cache_dir() / "bases" / f"{key}-rollout")
+    return rollout_workspace(Path(env.snapshot), task.bug_patch, task.held_out_tests)
 
 
 def rollout_sandbox_args(task: Task) -> tuple[Path, dict[str, str]]:
