@@ -6,7 +6,7 @@ import stat
 import pytest
 
 from coderl.tasks.grading import is_protected, strip_protected
-from coderl.tasks.patches import PatchError, apply_to_copy, make_diff
+from coderl.tasks.patches import PatchError, apply_to_copy, make_diff, remove_tree
 
 
 @pytest.mark.parametrize(
@@ -191,6 +191,9 @@ def test_non_utf8_names_and_very_deep_trees_are_read_back(tmp_path):
         'diff --git "a/pkg/caf\\351.py" "b/pkg/caf\\351.py"\nnew file mode 100644\n--- /dev/null\n'
         '+++ "b/pkg/caf\\351.py"\n@@ -0,0 +1 @@\n+z = 1\n'
     )
-    _, tree, changed, stripped = _apply(tmp_path, diff)
-    assert stripped == [] and len(changed) == 2
-    assert os.fsencode("pkg/caf\udce9.py") in [os.fsencode(c) for c in changed]
+    try:
+        _, tree, changed, stripped = _apply(tmp_path, diff)
+        assert stripped == [] and len(changed) == 2
+        assert os.fsencode("pkg/caf\udce9.py") in [os.fsencode(c) for c in changed]
+    finally:  # pytest's own clean-up of old temporary directories recurses once per level
+        remove_tree(tmp_path / "tree")
