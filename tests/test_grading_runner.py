@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import stat
 from pathlib import Path
 
 import pytest
@@ -136,3 +137,25 @@ def test_failure_attribution(env, task):
         agent = grade(task, diff, env=env)
         assert agent.failure_kind == "agent" and agent.grading_error is None
     assert grade(task, task.gold_patch, env=env).failure_kind is None
+
+
+def test_no_set_id_bit_written_through_a_mount_reaches_the_host(tmp_path):
+    """A sandbox may set mode bits on files in a read-write mount (an env build's virtualenv);
+    ``clear_setid`` (run after every such build) leaves none on the host."""
+    from coderl.tasks.snapshot import clear_setid
+
+    out = tmp_path / "rw"
+    out.mkdir()
+    out.chmod(0o777)
+    base = tmp_path / "base"
+    base.mkdir()
+    with Sandbox.create(base, rw_mounts={"/out": str(out)}) as sb:
+        res = sb.exec(
+            "cp /bin/true /out/x && chmod 6755 /out/x && mkdir -p /out/d && chmod 3777 /out/d"
+        )
+        assert res.exit_code == 0, res.stderr
+    modes = [os.stat(out / n).st_mode for n in ("x", "d")]
+    assert any(m & (stat.S_ISUID | stat.S_ISGID) for m in modes)  # the attack lands...
+    assert clear_setid(out) == 2
+    for n in ("x", "d"):  # ...and is cleared
+        assert not os.stat(out / n).st_mode & (stat.S_ISUID | stat.S_ISGID | stat.S_ISVTX)

@@ -40,7 +40,7 @@ from coderl.tasks.runner import (
     run_dirs,
     run_pytest,
 )
-from coderl.tasks.snapshot import cache_dir, parse_spec, snapshot_spec
+from coderl.tasks.snapshot import cache_dir, clear_setid, parse_spec, snapshot_spec
 
 BUILD_LIMITS = Limits(timeout_s=900.0, cpu_s=900, memory_bytes=4 * 1024**3)
 TEST_LIMITS = Limits(
@@ -207,6 +207,8 @@ def _install(
         return "", ""
     finally:
         sb.close()
+        clear_setid(venv)  # written by the sandbox on the host: no set-id bit may stay
+        clear_setid(pip_cache)
 
 
 def _test(

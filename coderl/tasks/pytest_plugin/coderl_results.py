@@ -26,13 +26,17 @@ process under test: code running there can defeat them (see ``coderl.tasks.gradi
 
 from __future__ import annotations
 
+import ast
+import io
 import json
 import os
 import random
 import sys
+import types
 import unittest
 from typing import Any
 
+import _pytest.assertion.rewrite
 import _pytest.main
 import _pytest.python
 import _pytest.reports
@@ -50,7 +54,7 @@ _COLLECT_ERRORS: list[str] = []
 _TAMPERED: list[str] = []
 _TEST_CODE: dict[str, tuple[object, object]] = {}
 _CANARY_IDS: set[str] = set()
-_write, _dumps, _getattr = os.write, json.dumps, getattr
+_write, _dumps, _getattr, _open = os.write, json.dumps, getattr, io.open
 _TRUSTED_PREFIXES = ("/venv/", "/coderl/plugin/", sys.base_prefix + "/lib/", "/usr/lib/python3")
 
 
@@ -142,11 +146,54 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         items[pos:pos] = new
 
 
+def _pristine_code(path: str, config: pytest.Config) -> dict[tuple[str, int], set[bytes]]:
+    """(name, first line) -> bytecode of every function compiled from the file at ``path``
+    itself, plain and with pytest's assertion rewriting (what a test module runs)."""
+    with _open(path, "rb") as f:
+        source = f.read()
+    out: dict[tuple[str, int], set[bytes]] = {}
+    for rewrite in (False, True):
+        tree = ast.parse(source, path)
+        if rewrite:
+            _pytest.assertion.rewrite.rewrite_asserts(tree, source, path, config)
+        stack = [compile(tree, path, "exec", dont_inherit=True)]
+        while stack:
+            code = stack.pop()
+            out.setdefault((code.co_name, code.co_firstlineno), set()).add(code.co_code)
+            stack.extend(c for c in code.co_consts if isinstance(c, types.CodeType))
+    return out
+
+
+def _defined_in_module(item: pytest.Item, fn: object) -> bool:
+    module = _getattr(item, "module", None)
+    return (
+        module is not None
+        and _getattr(fn, "__module__", None) == module.__name__
+        and "<locals>" not in str(_getattr(fn, "__qualname__", "<locals>"))
+    )
+
+
 def pytest_collection_finish(session: pytest.Session) -> None:
+    """Record each test's function and code; a function defined in its test module must have
+    the bytecode of that file as it is on disk (the pristine copy mounted read-only), so a
+    module rewritten on import (a forged ``.pyc``, an import hook) is caught."""
+    pristine: dict[str, dict[tuple[str, int], set[bytes]]] = {}
     for item in session.items:
         obj = _getattr(item, "obj", None)
         fn = _getattr(obj, "__func__", obj)
-        _TEST_CODE[item.nodeid] = (fn, _getattr(fn, "__code__", None))
+        code = _getattr(fn, "__code__", None)
+        _TEST_CODE[item.nodeid] = (fn, code)
+        if item.nodeid in _CANARY_IDS or code is None or not _defined_in_module(item, fn):
+            continue
+        path = str(item.path)
+        try:
+            if path not in pristine:
+                pristine[path] = _pristine_code(path, session.config)
+        except (OSError, SyntaxError, ValueError) as e:
+            _TAMPERED.append(f"test file unreadable: {path}: {type(e).__name__}")
+            continue
+        if code.co_code not in pristine[path].get((code.co_name, code.co_firstlineno), ()):
+            _TAMPERED.append(f"test code: {item.nodeid}")
 
 
 def pytest_collectreport(report: pytest.CollectReport) -> None:
