@@ -197,3 +197,25 @@ def test_non_utf8_names_and_very_deep_trees_are_read_back(tmp_path):
         assert os.fsencode("pkg/caf\udce9.py") in [os.fsencode(c) for c in changed]
     finally:  # pytest's own clean-up of old temporary directories recurses once per level
         remove_tree(tmp_path / "tree")
+
+
+def test_a_test_file_replaced_by_a_directory_is_restored(tmp_path):
+    diff = (
+        "diff --git a/setup.cfg b/setup.cfg\ndeleted file mode 100644\n--- a/setup.cfg\n"
+        "+++ /dev/null\n@@ -1,2 +0,0 @@\n-[metadata]\n-name = pkg\n"
+        + _new_file("a/setup.cfg/x", "b/setup.cfg/x", "y\n")
+    )
+    base, tree, changed, stripped = _apply(tmp_path, diff)
+    assert stripped == ["setup.cfg"] and changed == []
+    assert (tree / "setup.cfg").is_file() and os.stat(tree / "setup.cfg").st_ino == (
+        os.stat(base / "setup.cfg").st_ino
+    )
+
+
+def test_binary_patches_are_refused(tmp_path):
+    binary = (
+        "diff --git a/pkg/blob b/pkg/blob\nnew file mode 100644\nindex 0000000..1111111\n"
+        "GIT binary patch\nliteral 5\nMcmZ?wbYx)T000\n\nliteral 0\nHcmV?d00001\n\n"
+    )
+    with pytest.raises(PatchError, match="binary"):
+        _apply(tmp_path, binary)

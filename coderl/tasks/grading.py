@@ -1,30 +1,57 @@
-"""Hack-resistant grading of an agent's diff against a task's hidden tests.
+"""Hack-resistant grading of an agent's diff against a task's tests, held-out ones included.
 
 Every grade runs in a fresh sandbox, never the rollout's. Repo tasks:
 
-1. the base is the task's starting state (env snapshot + ``bug_patch``), read-only below a
-   copy-on-write workspace at ``/testbed``;
-2. the agent's diff is applied after protected paths are removed from it (test files, every
-   ``conftest.py``, pytest/tox/setup.cfg/pyproject configuration, ``*.pth``,
-   ``sitecustomize``/``usercustomize``, caches, and top-level modules that would shadow the
-   standard library or pytest);
-3. the pristine test files of the snapshot are mounted read-only over the workspace's test paths,
-   so neither the diff nor code running at test time can change them;
-4. the FAIL_TO_PASS and PASS_TO_PASS ids run under pytest with ``PYTHONHASHSEED=0``, no cache
-   provider, no network and a timeout; results go to a mount outside the workspace;
-5. a test counts only if it reports an explicit pass (missing, errored, skipped or not collected
-   = fail), and must-fail canary tests must fail (else the run was tampered with).
+1. the base is the task's rollout workspace (``rollout_base``: env snapshot + ``bug_patch``,
+   without the held-out test functions, caches, VCS data or egg-info; ``coderl.tasks.holdout``);
+2. the agent's diff is applied by ``git apply`` on the host to a hard-linked copy of that base
+   (``patches.apply_to_copy``); every path git changed is compared with the base and each
+   protected one is put back (test files and the env's test paths, every ``conftest.py``,
+   pytest/tox/setup.cfg/pyproject configuration, ``*.pth``, ``sitecustomize``/``usercustomize``,
+   ``*.dist-info``/``*.egg-info``, caches, and top-level modules that would shadow the standard
+   library or pytest). The decision is made on the tree git produced, so no quoting, escaping
+   or header trick in the diff text can get a protected path through; modes end 0644/0755;
+3. the pristine test paths and egg-info of the snapshot are mounted read-only over the tree, so
+   the held-out tests are back and neither the diff nor code running at test time can change
+   them; the sandbox has no read-write mount at all and no network;
+4. pytest starts through ``coderl_boot`` (``-S -P -B``: no ``sitecustomize``, ``usercustomize``
+   or workspace ``.pth``; ``PYTEST_DISABLE_PLUGIN_AUTOLOAD``: no entry point from the workspace;
+   the virtualenv's own plugins by explicit ``-p``), with the FAIL_TO_PASS and PASS_TO_PASS ids,
+   ``PYTHONHASHSEED=0``, no cache provider and a timeout that kills the whole sandbox;
+5. the verdict is streamed, MAC-signed, on a descriptor no subprocess inherits, keyed by a secret
+   that reaches pytest through a FIFO before any workspace code runs (``coderl.tasks.runner``);
+   the sandbox is closed before the stream is read back, lines that do not verify are skipped
+   unparsed, and only a stream closed by the plugin's end record counts;
+6. a test counts only if it reports an explicit pass (missing, errored, skipped or not collected
+   = fail); must-fail canaries, named like the real tests and placed among them, must fail; the
+   plugin's integrity checks (runner and plugin functions and their code unchanged, no hook from
+   outside the virtualenv/stdlib/pristine conftests, test functions unchanged and equal to the
+   bytecode of their pristine file) must be clean. Otherwise the run is ``tampered``.
 
 ``resolved`` follows SWE-bench (Jimenez et al., 2024, section 2.1): every FAIL_TO_PASS and every
-PASS_TO_PASS test passes. Infrastructure failures (the sandbox could not start, the grader itself
-raised) set ``grading_error``: the sample must be masked, never scored 0. Failures caused by the
-agent's code (crash, ``sys.exit`` at import, timeout, a diff that does not apply) are ordinary
-failures, so crashing the grader can never earn a masked sample.
+PASS_TO_PASS test passes. ``failure_kind`` says why there is no reward: ``infra`` (the sandbox
+could not start, the environment is missing, the grader itself raised; ``grading_error`` is set
+and the sample must be masked) or ``agent`` (anything the diff or the code under test caused:
+unresolved, tampering, a crash, ``sys.exit`` at import, a timeout, a diff git refuses, a garbled
+or forged verdict stream, file names that are not UTF-8, trees 1,000+ levels deep). Agent
+failures are ordinary scored failures, so no action of the policy can earn a masked sample.
 
-Not protected against: code under test that reads the per-run nonce out of the pytest process and
-forges the results file, or that recognises and special-cases the canary tests; a test suite that
-does not exercise the bug. The canaries and the tripwire in the results plugin make the former
-hard, not impossible.
+Not defended (the tests run in the same process as the code under test, which is what a
+repository suite needs):
+- code under test that finds the results plugin's signer object and counters in its own
+  process memory (``gc``, frames) can emit a correctly signed stream; the integrity checks are
+  tripwires inside that process and can be disarmed by code that knows them (it can also give
+  a forged code object a trusted ``co_filename``);
+- canaries are indistinguishable by name and position, but code that compares the collected
+  tests with the test files' text on disk (pristine at grading) can tell them apart;
+- held-out tests are absent from the rollout, but the problem statement may quote a failing
+  held-out test, and a task whose failing tests all sit in inherited methods (visible in the
+  base class) holds none of them out; task files without ``held_out_tests`` get a choice that
+  ignores this;
+- the kernel is shared with the host (see ``coderl.sandbox.bwrap``), and a diff is applied by
+  ``git apply`` on the host (git refuses paths outside the tree and through symlinks; binary
+  patches and diffs over 16 MiB are refused);
+- a test suite that does not exercise the bug.
 """
 
 from __future__ import annotations

@@ -256,7 +256,8 @@ def apply_to_copy(
     replaces a file by unlinking it first, so ``base`` is never written through the links; it
     refuses paths outside ``dest`` and paths through symbolic links. File modes end 0644/0755
     (no setuid bit survives). Raises PatchError when git refuses the diff, it is larger than
-    ``MAX_AGENT_DIFF_BYTES`` or git takes more than a minute (all the agent's doing).
+    ``MAX_AGENT_DIFF_BYTES``, holds a ``GIT binary patch`` (a compressed literal could fill the
+    host's disk) or git takes more than a minute (all the agent's doing).
     """
     base_entries = _entries(base)
     for rel in base_entries:
@@ -267,6 +268,10 @@ def apply_to_copy(
     data = diff.encode("utf-8", "surrogateescape")
     if len(data) > MAX_AGENT_DIFF_BYTES:
         raise PatchError(f"the diff is larger than {MAX_AGENT_DIFF_BYTES} bytes")
+    if re.search(rb"^GIT binary patch", data, re.MULTILINE):
+        # compressed literals could inflate to any size on the host; workspace diffs never
+        # carry them (Sandbox.diff notes binary files instead of dumping them)
+        raise PatchError("binary patches are not applied")
     env = {
         "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
         "GIT_CEILING_DIRECTORIES": str(dest.resolve().parent),
@@ -287,14 +292,7 @@ def apply_to_copy(
         raise PatchError("git apply took longer than 60 s") from None
     if proc.returncode != 0:
         raise PatchError(proc.stderr.decode("utf-8", "replace").strip()[-2000:])
-    after = _entries(dest)
-    changed = sorted(
-        rel
-        for rel in set(base_entries) | set(after)
-        if rel not in base_entries
-        or rel not in after
-        or not _same(base / rel, dest / rel, base_entries[rel], after[rel])
-    )
+    changed = _changed(base, dest, base_entries)
     stripped = [rel for rel in changed if protected(rel)]
     for rel in stripped:
         if rel in base_entries:
@@ -311,4 +309,15 @@ def apply_to_copy(
         linked = rel in base_entries and st.st_ino == base_entries[rel].st_ino
         if not linked and stat.S_ISREG(st.st_mode):
             os.chmod(dest / rel, 0o755 if st.st_mode & 0o111 else 0o644)
-    return [r for r in changed if r not in stripped], stripped
+    return (_changed(base, dest, base_entries) if stripped else changed), stripped
+
+
+def _changed(base: Path, tree: Path, base_entries: dict[str, os.stat_result]) -> list[str]:
+    after = _entries(tree)
+    return sorted(
+        rel
+        for rel in set(base_entries) | set(after)
+        if rel not in base_entries
+        or rel not in after
+        or not _same(base / rel, tree / rel, base_entries[rel], after[rel])
+    )
