@@ -142,6 +142,27 @@ def _watch(frame, event, arg):
 _sys.setprofile(_watch)
 """
 
+PATCH_REPORT_PROPERTY = """
+import _pytest.reports as _r
+_r.BaseReport.passed = property(lambda self: True)
+"""
+
+# Not a function, so no tripwire watches it: the must-fail canaries catch it.
+FORCE_RESULTS_STATE = """
+import sys as _sys
+class _Entry(dict):
+    def __setitem__(self, key, value):
+        super().__setitem__(key, "passed" if key == "outcome" else value)
+class _Forced(dict):
+    def setdefault(self, key, default=None):
+        if key not in self:
+            self[key] = _Entry(default or {})
+        return self[key]
+_plugin = _sys.modules.get("coderl_results")
+if _plugin is not None:
+    _plugin._RESULTS = _Forced()
+"""
+
 PATCH_RESULTS_PLUGIN = """
 import sys as _sys
 _plugin = _sys.modules.get("coderl_results")
@@ -325,6 +346,14 @@ ATTACKS = {
     "swap_test_code_before_collection_ends": (
         lambda m: at_import(m, SWAP_TEST_CODE_AT_IMPORT),
         "test code: test_six.py::",
+    ),
+    "patch_report_property": (
+        lambda m: at_import(m, PATCH_REPORT_PROPERTY),
+        "replaced: _pytest.reports.BaseReport.passed",
+    ),
+    "force_results_plugin_state": (
+        lambda m: at_import(m, FORCE_RESULTS_STATE),
+        "a must-fail canary passed",
     ),
     "patch_results_plugin": (
         lambda m: at_import(m, PATCH_RESULTS_PLUGIN),

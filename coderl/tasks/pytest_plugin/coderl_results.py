@@ -78,6 +78,10 @@ def _watch_targets() -> dict[str, tuple[object, object]]:
                     for attr, value in vars(obj).items():
                         if callable(value) or isinstance(value, (classmethod, staticmethod)):
                             add(f"{mod.__name__}.{name}.{attr}", value)
+                        elif isinstance(value, property):  # e.g. BaseReport.passed
+                            getter = _getattr(value, "fget", None)
+                            code = _getattr(getter, "__code__", None)
+                            targets[f"{mod.__name__}.{name}.{attr}"] = (value, code)
     for name, obj in list(globals().items()):
         if callable(obj) and _getattr(obj, "__module__", None) == __name__:
             add(f"coderl_results.{name}", obj)
