@@ -468,3 +468,16 @@ def test_gold_fix_in_a_workspace_with_odd_names_and_deep_trees_still_resolves(en
     result = grade(task, diff, env=env)
     assert result.grading_error is None and result.failure_kind is None
     assert result.resolved, result.reason
+
+
+def test_training_rollouts_see_the_rollout_workspace(env, task):
+    """The trainer's rollout sandboxes hold neither the held-out tests nor the egg-info."""
+    from coderl.train.agent_env import _sandbox_for
+
+    held = {i.split("::")[-1].split("[")[0] for i in task.held_out_tests}
+    with _sandbox_for(task) as sb:
+        source = sb.read_text("test_six.py")
+        listing = sb.exec("ls -a /testbed").stdout
+    defined = {ln.split("(")[0].split()[-1] for ln in source.splitlines() if "def test_" in ln}
+    assert held and not held & defined
+    assert "six.egg-info" not in listing and "test_six.py" in listing
