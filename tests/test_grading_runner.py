@@ -159,3 +159,30 @@ def test_no_set_id_bit_written_through_a_mount_reaches_the_host(tmp_path):
     assert clear_setid(out) == 2
     for n in ("x", "d"):  # ...and is cleared
         assert not os.stat(out / n).st_mode & (stat.S_ISUID | stat.S_ISGID | stat.S_ISVTX)
+
+
+def test_canaries_look_like_real_tests_and_run_among_them(env, task, monkeypatch):
+    import coderl.tasks.runner as runner
+
+    seen: list[list[dict]] = []
+    real_read = runner.read_stream
+
+    def spy(stdout, key):
+        records = real_read(stdout, key)
+        seen.append(records)
+        return records
+
+    monkeypatch.setattr(runner, "read_stream", spy)
+    select = [t for t in env.passing if t not in task.held_out_tests]
+    with run_dirs() as inp:
+        ro = mounts(inp, Path(env.venv))
+        with Sandbox.create(rollout_base(task, env), ro_mounts=ro) as sb:
+            run = run_pytest(sb, inp, paths=env.test_paths, select=select, timeout=120)
+    assert run.canaries_ok and len(run.canaries) == 5
+    order = [r["id"] for r in seen[0][:-1]]
+    positions = [order.index(c) for c in run.canaries]
+    assert max(positions) < len(order) - 5 or min(positions) < len(order) // 2  # not all last
+    for node_id in run.canaries:  # in a real test module, named from the real tests' words
+        assert node_id.startswith("test_six.py::Test") or node_id.startswith("test_six.py::test_")
+        assert "canary" not in node_id and "coderl" not in node_id
+    assert set(run.canary_expected.values()) == {"passed", "failed"}
