@@ -154,8 +154,11 @@ def _entry(name: str, dirfd: int, st: os.stat_result) -> Entry:
     if stat.S_ISLNK(st.st_mode):
         return Entry(0o120000, os.readlink(name, dir_fd=dirfd).encode())
     mode = 0o100755 if st.st_mode & 0o100 else 0o100644
-    fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW, dir_fd=dirfd)
+    # O_NONBLOCK: a file swapped for a FIFO since the stat must not block the host
+    fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=dirfd)
     with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return Entry(mode, b"")
         return Entry(mode, f.read(MAX_TEXT_BYTES + 1))
 
 
