@@ -96,13 +96,16 @@ class TestRun:
     canary_expected: dict[str, str] = field(default_factory=dict)
     """Canary node id -> the outcome it must have (``passed`` or ``failed``)."""
     canaries_ok: bool = True
-    """The must-fail canaries failed and the must-pass canary passed."""
+    """Every canary reported, the must-fail ones failed and the must-pass ones passed."""
     tampered: list[str] = field(default_factory=list)
-    """pytest/unittest functions that were replaced during the run."""
+    """The plugin's integrity findings: replaced runner/plugin functions or code objects
+    (``module.name``), foreign hooks (``hook NAME: file``), changed test code (``test code:
+    node id``)."""
     collect_errors: list[str] = field(default_factory=list)
     """Collection errors (module that failed to import, with the error text)."""
     results_missing: bool = False
-    """The plugin wrote no results (pytest crashed, was killed, or exited at import)."""
+    """No complete, verified verdict stream (pytest crashed, was killed, exited at import, or
+    the stream was cut or garbled)."""
     exec: ExecResult | None = None
     """The raw command result (exit code, output tails, duration, timeout flag)."""
 
