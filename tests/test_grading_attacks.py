@@ -370,6 +370,10 @@ ATTACKS = {
     "egg_info_entry_point": (lambda m: _entry_point("egg"), "stripped"),
     "setup_cfg_addopts_plugin": (lambda m: _setup_cfg_addopts, "stripped"),
     "sitecustomize_as_package": (lambda m: _sitecustomize_package, "unfixed"),
+    "shadow_a_venv_module": (
+        lambda m: lambda sb: sb.write_text("pygments/__init__.py", SITECUSTOMIZE_PACKAGE),
+        "stripped",
+    ),
 }
 
 

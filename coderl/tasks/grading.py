@@ -153,9 +153,14 @@ class GradeResult:
 
 
 def is_protected(
-    path: str, extra: tuple[str, ...] | list[str] = (), source_roots: tuple[str, ...] = (".",)
+    path: str,
+    extra: tuple[str, ...] | list[str] = (),
+    source_roots: tuple[str, ...] = (".",),
+    shadow: frozenset[str] = frozenset(),
 ) -> bool:
-    """Whether a workspace-relative path may not be changed by the agent."""
+    """Whether a workspace-relative path may not be changed by the agent: it matches a pattern
+    of ``PROTECTED_PATTERNS`` or ``extra``, or its top-level module name (under a source root)
+    is in ``SHADOW_NAMES`` or ``shadow`` (e.g. the virtualenv's modules, :func:`venv_modules`)."""
     path = path.lstrip("/")
     for pattern in (*PROTECTED_PATTERNS, *extra):
         if fnmatch.fnmatch(path, pattern):
@@ -171,9 +176,27 @@ def is_protected(
         if rel is not None:
             top = rel.split("/")[0]
             name = top[:-3] if top.endswith(".py") and "/" not in rel else top
-            if name in SHADOW_NAMES:
+            if name in SHADOW_NAMES or name in shadow:
                 return True
     return False
+
+
+def venv_modules(env: EnvRecord) -> frozenset[str]:
+    """Top-level module names installed in ``env``'s virtualenv (pytest's own dependencies and
+    the project's): a workspace module of that name would shadow them once pytest puts the
+    rootdir first on ``sys.path``. The project itself is uninstalled, so it is not among them."""
+    site = Path(env.venv) / "lib" / "python3.11" / "site-packages"
+    names: set[str] = set()
+    try:
+        entries = list(os.scandir(site))
+    except OSError:
+        return frozenset()
+    for entry in entries:
+        name = entry.name
+        if name.endswith((".dist-info", ".egg-info", ".pth")) or name == "__pycache__":
+            continue
+        names.add(name.split(".")[0] if not entry.is_dir() else name)
+    return frozenset(names - set(env.info.get("top_level", [])) - {""})
 
 
 def strip_protected(
@@ -301,7 +324,10 @@ def _grade_tree(
     roots = (".",) if env.info.get("source_root", ".") == "." else (".", env.info["source_root"])
     extra = [*task.protected_paths, *env.test_paths, *(f"{p}/**" for p in env.test_paths)]
     try:
-        _, stripped = apply_to_copy(base, agent_diff, lambda p: is_protected(p, extra, roots), tree)
+        shadow = venv_modules(env)
+        _, stripped = apply_to_copy(
+            base, agent_diff, lambda p: is_protected(p, extra, roots, shadow), tree
+        )
     except PatchError as e:
         result.reason = f"the diff does not apply: {str(e)[-300:]}"
         _summarise(result, task, {})
