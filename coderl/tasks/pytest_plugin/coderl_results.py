@@ -196,8 +196,26 @@ def pytest_collection_finish(session: pytest.Session) -> None:
         except (OSError, SyntaxError, ValueError) as e:
             _TAMPERED.append(f"test file unreadable: {path}: {type(e).__name__}")
             continue
-        if code.co_code not in pristine[path].get((code.co_name, code.co_firstlineno), ()):
+        if not _matches(code, pristine[path]) and (
+            code.co_filename == path or not _matches(_unwrapped_code(fn), pristine[path])
+        ):
             _TAMPERED.append(f"test code: {item.nodeid}")
+
+
+def _matches(code: Any, pristine: dict[tuple[str, int], set[bytes]]) -> bool:
+    if code is None:
+        return False
+    return code.co_code in pristine.get((code.co_name, code.co_firstlineno), ())
+
+
+def _unwrapped_code(fn: object) -> Any:
+    """The code of the function a decorator (``functools.wraps``: ``mock.patch``...) wraps."""
+    for _ in range(20):
+        inner = _getattr(fn, "__wrapped__", None)
+        if inner is None:
+            break
+        fn = inner
+    return _getattr(_getattr(fn, "__func__", fn), "__code__", None)
 
 
 def pytest_collectreport(report: pytest.CollectReport) -> None:
