@@ -11,6 +11,11 @@ The project itself is installed (to pull in its dependencies) and then uninstall
 file in the virtualenv puts the workspace's source root (``/testbed`` or ``/testbed/src``) on
 ``sys.path`` after site-packages, so the code under test is always the workspace copy.
 
+Not bounded: the install sandbox (the repository's own build, network on) writes the virtualenv
+and the pip cache to host directories, whose size ``Limits.disk_bytes`` does not cover; set-id
+bits it leaves there are cleared afterwards (``snapshot.clear_setid``). Test runs have no
+writable host mount.
+
 The steps are pluggable through :class:`BuildPolicy` (explore, propose the next install plan,
 choose test paths); ``BUILDERS`` maps names to policies and the rule-based one is the default.
 """
