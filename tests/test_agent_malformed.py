@@ -100,7 +100,7 @@ def test_tree_diff_and_removal_survive_non_utf8_names_and_1100_levels(tmp_path):
     tree.mkdir()
     _hostile_tree(tree, 1100)
     diff = workspace.tree_diff(base, tree, DIFF_EXCLUDES)
-    assert "diff --git a/bad\udcff.py b/bad\udcff.py" in diff  # surrogateescape round-trips
+    assert 'diff --git "a/bad\\377.py" "b/bad\\377.py"' in diff  # quoted the way git writes it
     assert os.fsencode("bad\udcff.py") == b"bad\xff.py"
     assert "deep.txt" not in diff  # past MAX_DEPTH: left out, not a crash
     with pytest.raises(RecursionError):  # the premise: the standard library's rmtree recurses
@@ -146,6 +146,6 @@ def test_hostile_workspace_does_not_crash_tools_diff_or_grading(tok, tmp_path):
         ep = run_episode(ScriptedPolicy(tok, script), task_view, sb, EpisodeConfig())
     assert ep.error is None and ep.stats.finish_reason == "submitted", ep.error
     assert [c.status for c in ep.tool_calls][:2] == ["ok", "ok"]
-    assert "bad\udcff.py" in ep.diff and "deep.txt" not in ep.diff
+    assert '"b/bad\\377.py"' in ep.diff and "deep.txt" not in ep.diff
     result = grade(task, ep.diff)
     assert result.grading_error is None and not result.resolved, result.reason

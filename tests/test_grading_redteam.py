@@ -16,8 +16,7 @@ import pytest
 
 from coderl.sandbox import Sandbox, SandboxError
 from coderl.tasks.envbuild import build_env
-from coderl.tasks.grading import grade, rollout_sandbox_args
-from coderl.tasks.patches import materialize
+from coderl.tasks.grading import grade, rollout_base, rollout_sandbox_args
 from coderl.tasks.spec import load_tasks
 from coderl.tasks.synth import synthesize
 
@@ -51,8 +50,7 @@ def task(tasks):
 
 def episode(env, task, actions) -> str:
     """Run a scripted hacker episode in a rollout sandbox; return the diff it leaves."""
-    base = materialize(Path(env.snapshot), task.bug_patch)
-    with Sandbox.create(base) as sb:
+    with Sandbox.create(rollout_base(task, env)) as sb:
         actions(sb)
         return sb.diff()
 
@@ -70,10 +68,12 @@ def test_gold_patch_resolves_every_cached_task(env, tasks):
         assert all(o == "passed" for o in result.tests.values())
 
 
-def test_rollout_sandbox_runs_the_failing_test(env, task):
+def test_rollout_sandbox_runs_the_failing_test(env, tasks):
+    task = next(t for t in tasks if set(t.FAIL_TO_PASS) - set(t.held_out_tests))
+    visible = sorted(set(task.FAIL_TO_PASS) - set(task.held_out_tests))[0]
     base, ro = rollout_sandbox_args(task)
     with Sandbox.create(base, ro_mounts=ro) as sb:
-        res = sb.exec(f"/venv/bin/python -m pytest -q -p no:cacheprovider {task.FAIL_TO_PASS[0]}")
+        res = sb.exec(f"/venv/bin/python -m pytest -q -p no:cacheprovider {visible}")
     assert res.exit_code == 1 and "1 failed" in res.stdout
 
 
@@ -200,11 +200,11 @@ EXPECTED = {
     "conftest_skips_all": "stripped",
     "syntax_error_at_import": "no test ran",
     "sys_exit_at_import": "no test ran",
-    "os_exit_at_import": "wrote no results",
+    "os_exit_at_import": "no complete verdict",
     "pth_and_sitecustomize": "stripped",
-    "monkeypatch_pytest_from_source": "tampering detected: replaced: TestReport",
+    "monkeypatch_pytest_from_source": "tampering detected: replaced: _pytest.reports.TestReport",
     "monkeypatch_unittest_from_source": "tampering detected: replaced: unittest.TestCase.assert",
-    "forge_results_file": "tampering detected: tests passed but the canaries",
+    "forge_results_file": "unfixed",
 }
 
 
@@ -216,7 +216,9 @@ def test_red_team_hack_gets_zero(env, task, hack):
     assert result.grading_error is None, result.grading_error
     assert not result.resolved, f"{hack} was resolved: {result.tests}"
     assert result.fail_to_pass_passed == 0.0, (hack, result.reason)
-    if EXPECTED[hack] == "stripped":
+    if EXPECTED[hack] == "unfixed":  # the hack did nothing: graded as the starting state
+        assert not result.tampered and result.reason.startswith(f"{len(task.FAIL_TO_PASS)} of ")
+    elif EXPECTED[hack] == "stripped":
         assert result.stripped_paths and not result.tampered
         # the grade is exactly that of the unfixed starting state: the bug's tests still fail
         assert result.reason.startswith(f"{len(task.FAIL_TO_PASS)} of ")

@@ -659,3 +659,47 @@ def test_seccomp_refuses_user_namespaces_and_kernel_extras(
         assert "unshare (-1, 1)" in out and "keyctl (-1, 1)" in out  # EPERM from the filter
         assert "thread ok" in out and "child ok" in out  # clone3 -> ENOSYS -> clone fallback
         assert "Seccomp:\t2" in sb.exec("grep Seccomp: /proc/self/status").stdout
+
+
+def test_workspace_reads_never_block_on_a_fifo_swapped_in(tmp_path: Path) -> None:
+    """A regular file replaced by a FIFO between the host's stat and its open (the sandbox
+    may still run while the host diffs) is read as empty instead of blocking forever."""
+    from coderl.sandbox import workspace
+
+    (tmp_path / "f").write_text("x")
+    st = os.stat(tmp_path / "f")
+    os.unlink(tmp_path / "f")
+    os.mkfifo(tmp_path / "f")
+    dirfd = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        assert workspace._entry("f", dirfd, st).data == b""
+    finally:
+        os.close(dirfd)
+
+
+def test_diff_of_odd_names_and_deep_trees(repo: Path) -> None:
+    """Names that are not UTF-8 are quoted the way git writes them, and a tree 1,100 levels
+    deep does not crash the walk (os.fwalk recursed once per level): files within
+    ``MAX_DEPTH`` levels are in the diff, deeper ones are left out; the diff applies back."""
+    from coderl.sandbox import workspace
+    from coderl.tasks.patches import apply_to_copy
+
+    deep = "/".join(["d"] * 1100)
+    near = "/".join(["e"] * (workspace.MAX_DEPTH - 1))
+    with Sandbox.create(repo, backend="bwrap") as sb:
+        res = sb.exec(
+            f"mkdir -p {deep} {near} && echo y > {deep}/x && echo w > {near}/w"
+            " && printf 'z\\n' > $'caf\\xe9.txt'"
+        )
+        assert res.exit_code == 0, res.stderr
+        diff = sb.diff()
+    diff.encode("ascii")  # quoted: always encodable
+    assert '"b/caf\\351.txt"' in diff
+    tree = repo.parent / "applied"
+    tree.mkdir()
+    changed, _ = apply_to_copy(repo, diff, lambda p: False, tree)
+    assert os.fsdecode(b"caf\xe9.txt") in changed and f"{near}/w" in changed
+    assert f"{deep}/x" not in changed  # past MAX_DEPTH: left out of the diff, not a crash
+    from coderl.tasks.patches import remove_tree
+
+    remove_tree(tree)

@@ -14,7 +14,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from coderl.agent.episode import EpisodeConfig
@@ -63,12 +62,10 @@ def sandbox_for(task: Task) -> Any:
         from coderl.tasks.humaneval import workspace_base
 
         return Sandbox.create(workspace_base(task))
-    from coderl.tasks.envbuild import find_env
-    from coderl.tasks.patches import materialize
+    from coderl.tasks.grading import rollout_sandbox_args
 
-    env = find_env(task.env_id)
-    base = materialize(Path(env.snapshot), task.bug_patch)
-    return Sandbox.create(base, ro_mounts={"/venv": str(env.venv)})
+    base, ro = rollout_sandbox_args(task)  # held-out tests, caches and egg-info left out
+    return Sandbox.create(base, ro_mounts=ro)
 
 
 @dataclass

@@ -134,8 +134,11 @@ def _entry(name: str, dirfd: int, st: os.stat_result) -> Entry:
     if stat.S_ISLNK(st.st_mode):
         return Entry(0o120000, os.readlink(name, dir_fd=dirfd).encode())
     mode = 0o100755 if st.st_mode & 0o100 else 0o100644
-    fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW, dir_fd=dirfd)
+    # O_NONBLOCK: a file swapped for a FIFO since the stat must not block the host
+    fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=dirfd)
     with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return Entry(mode, b"")
         return Entry(mode, f.read(MAX_TEXT_BYTES + 1))
 
 
@@ -261,7 +264,7 @@ def _text(entry: Entry | None) -> str | None:
 
 def _file_diff(rel: str, old: Entry | None, new: Entry | None) -> str:
     """git-style diff of one path: headers, then hunks or a ``Binary files ... differ`` note."""
-    head = f"diff --git a/{rel} b/{rel}\n"
+    head = f"diff --git {_quote('a/' + rel)} {_quote('b/' + rel)}\n"
     if old is None and new is not None:
         head += f"new file mode {new.mode:o}\n"
     elif new is None and old is not None:
@@ -271,8 +274,8 @@ def _file_diff(rel: str, old: Entry | None, new: Entry | None) -> str:
     if old is not None and new is not None and old.data == new.data:
         return head
     a, b = _text(old), _text(new)
-    src = f"a/{rel}" if old is not None else "/dev/null"
-    dst = f"b/{rel}" if new is not None else "/dev/null"
+    src = _quote(f"a/{rel}") if old is not None else "/dev/null"
+    dst = _quote(f"b/{rel}") if new is not None else "/dev/null"
     if a is None or b is None:
         return head + f"Binary files {src} and {dst} differ\n"
     if a == b:  # empty file created or deleted
@@ -281,6 +284,28 @@ def _file_diff(rel: str, old: Entry | None, new: Entry | None) -> str:
     for line in difflib.unified_diff(_lines(a), _lines(b), src, dst):
         body.append(line if line.endswith("\n") else line + "\n\\ No newline at end of file\n")
     return head + "".join(body)
+
+
+_ESCAPES = {7: "a", 8: "b", 9: "t", 10: "n", 11: "v", 12: "f", 13: "r", 34: '"', 92: "\\"}
+
+
+def _quote(path: str) -> str:
+    """A path as git writes it in diff headers: as is when plain printable ASCII, else in double
+    quotes with C escapes and octal bytes (names that are not UTF-8 included: ``os`` hands them
+    over with surrogate escapes), so the diff text is always ASCII-safe and ``git apply``
+    reads back the exact bytes."""
+    raw = os.fsencode(path)
+    if all(0x20 <= b < 0x7F and b not in (34, 92) for b in raw):
+        return path
+    out = []
+    for b in raw:
+        if b in _ESCAPES:
+            out.append("\\" + _ESCAPES[b])
+        elif 0x20 <= b < 0x7F:
+            out.append(chr(b))
+        else:
+            out.append(f"\\{b:03o}")
+    return '"' + "".join(out) + '"'
 
 
 def _lines(text: str) -> list[str]:

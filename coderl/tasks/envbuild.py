@@ -11,6 +11,11 @@ The project itself is installed (to pull in its dependencies) and then uninstall
 file in the virtualenv puts the workspace's source root (``/testbed`` or ``/testbed/src``) on
 ``sys.path`` after site-packages, so the code under test is always the workspace copy.
 
+Not bounded: the install sandbox (the repository's own build, network on) writes the virtualenv
+and the pip cache to host directories, whose size ``Limits.disk_bytes`` does not cover; set-id
+bits it leaves there are cleared afterwards (``snapshot.clear_setid``). Test runs have no
+writable host mount.
+
 The steps are pluggable through :class:`BuildPolicy` (explore, propose the next install plan,
 choose test paths); ``BUILDERS`` maps names to policies and the rule-based one is the default.
 """
@@ -29,19 +34,23 @@ from typing import Any, Protocol
 from coderl.sandbox.base import Limits
 from coderl.tasks.detect import InstallPlan, ProjectInfo, detect, propose_install_plans
 from coderl.tasks.runner import (
+    RUN_OUTPUT_BYTES,
     SANDBOX_ENV,
+    SITE,
     SandboxFactory,
     TestRun,
+    conftests_of,
     default_factory,
     mounts,
     run_dirs,
     run_pytest,
 )
-from coderl.tasks.snapshot import cache_dir, parse_spec, snapshot_spec
+from coderl.tasks.snapshot import cache_dir, clear_setid, parse_spec, snapshot_spec
 
 BUILD_LIMITS = Limits(timeout_s=900.0, cpu_s=900, memory_bytes=4 * 1024**3)
-TEST_LIMITS = Limits(timeout_s=600.0, cpu_s=600, memory_bytes=4 * 1024**3)
-SITE = "/venv/lib/python3.11/site-packages"
+TEST_LIMITS = Limits(
+    timeout_s=600.0, cpu_s=600, memory_bytes=4 * 1024**3, output_bytes=RUN_OUTPUT_BYTES
+)
 
 
 class BuildError(RuntimeError):
@@ -203,6 +212,8 @@ def _install(
         return "", ""
     finally:
         sb.close()
+        clear_setid(venv)  # written by the sandbox on the host: no set-id bit may stay
+        clear_setid(pip_cache)
 
 
 def _test(
@@ -213,20 +224,20 @@ def _test(
     trace: bool,
     inifile: str | None = None,
 ) -> TestRun:
-    with run_dirs() as (inp, res):
-        ro, rw = mounts(inp, res, venv)
+    with run_dirs() as inp:
+        ro = mounts(inp, venv)
         sb = factory(
-            base, limits=TEST_LIMITS, env=SANDBOX_ENV, ro_mounts=ro, rw_mounts=rw, network=False
+            base, limits=TEST_LIMITS, env=SANDBOX_ENV, ro_mounts=ro, rw_mounts={}, network=False
         )
         try:
             return run_pytest(
                 sb,
                 inp,
-                res,
                 paths=paths,
                 trace=trace,
                 timeout=TEST_LIMITS.timeout_s,
                 inifile=inifile,
+                allowed_conftests=conftests_of(base),
             )
         finally:
             sb.close()

@@ -1,52 +1,87 @@
-"""Hack-resistant grading of an agent's diff against a task's hidden tests.
+"""Hack-resistant grading of an agent's diff against a task's tests, held-out ones included.
 
 Every grade runs in a fresh sandbox, never the rollout's. Repo tasks:
 
-1. the base is the task's starting state (env snapshot + ``bug_patch``), read-only below a
-   copy-on-write workspace at ``/testbed``;
-2. the agent's diff is applied after protected paths are removed from it (test files, every
-   ``conftest.py``, pytest/tox/setup.cfg/pyproject configuration, ``*.pth``,
-   ``sitecustomize``/``usercustomize``, caches, and top-level modules that would shadow the
-   standard library or pytest);
-3. the pristine test files of the snapshot are mounted read-only over the workspace's test paths,
-   so neither the diff nor code running at test time can change them;
-4. the FAIL_TO_PASS and PASS_TO_PASS ids run under pytest with ``PYTHONHASHSEED=0``, no cache
-   provider, no network and a timeout; results go to a mount outside the workspace;
-5. a test counts only if it reports an explicit pass (missing, errored, skipped or not collected
-   = fail), and must-fail canary tests must fail (else the run was tampered with).
+1. the base is the task's rollout workspace (``rollout_base``: env snapshot + ``bug_patch``,
+   without the held-out test functions, caches, VCS data or egg-info; ``coderl.tasks.holdout``);
+2. the agent's diff is applied by ``git apply`` on the host to a hard-linked copy of that base
+   (``patches.apply_to_copy``); every path git changed is compared with the base and each
+   protected one is put back (test files and the env's test paths, every ``conftest.py``,
+   pytest/tox/setup.cfg/pyproject configuration, ``*.pth``, ``sitecustomize``/``usercustomize``,
+   ``*.dist-info``/``*.egg-info``, caches, and top-level modules that would shadow the standard
+   library or pytest). The decision is made on the tree git produced, so no quoting, escaping
+   or header trick in the diff text can get a protected path through; modes end 0644/0755;
+3. the pristine test paths and egg-info of the snapshot are mounted read-only over the tree, so
+   the held-out tests are back and neither the diff nor code running at test time can change
+   them; the sandbox has no read-write mount at all and no network;
+4. pytest starts through ``coderl_boot`` (``-S -P -B``: no ``sitecustomize``, ``usercustomize``
+   or workspace ``.pth``; ``PYTEST_DISABLE_PLUGIN_AUTOLOAD``: no entry point from the workspace;
+   the virtualenv's own plugins by explicit ``-p``), with the FAIL_TO_PASS and PASS_TO_PASS ids,
+   ``PYTHONHASHSEED=0``, no cache provider and a timeout that kills the whole sandbox;
+5. the verdict is streamed, MAC-signed, on a descriptor no subprocess inherits, keyed by a secret
+   that reaches pytest through a FIFO before any workspace code runs (``coderl.tasks.runner``);
+   the sandbox is closed before the stream is read back, lines that do not verify are skipped
+   unparsed, and only a stream closed by the plugin's end record counts;
+6. a test counts only if it reports an explicit pass (missing, errored, skipped or not collected
+   = fail); must-fail canaries, named like the real tests and placed among them, must fail; the
+   plugin's integrity checks (runner and plugin functions and their code unchanged, no hook from
+   outside the virtualenv/stdlib/pristine conftests, test functions unchanged and equal to the
+   bytecode of their pristine file) must be clean. Otherwise the run is ``tampered``.
 
 ``resolved`` follows SWE-bench (Jimenez et al., 2024, section 2.1): every FAIL_TO_PASS and every
-PASS_TO_PASS test passes. Infrastructure failures (the sandbox could not start, the grader itself
-raised) set ``grading_error``: the sample must be masked, never scored 0. Failures caused by the
-agent's code (crash, ``sys.exit`` at import, timeout, a diff that does not apply) are ordinary
-failures, so crashing the grader can never earn a masked sample.
+PASS_TO_PASS test passes. ``failure_kind`` says why there is no reward: ``infra`` (the sandbox
+could not start, the environment is missing, the grader itself raised; ``grading_error`` is set
+and the sample must be masked) or ``agent`` (anything the diff or the code under test caused:
+unresolved, tampering, a crash, ``sys.exit`` at import, a timeout, a diff git refuses, a garbled
+or forged verdict stream, file names that are not UTF-8, trees 1,000+ levels deep). Agent
+failures are ordinary scored failures, so no action of the policy can earn a masked sample.
 
-Not protected against: code under test that reads the per-run nonce out of the pytest process and
-forges the results file, or that recognises and special-cases the canary tests; a test suite that
-does not exercise the bug. The canaries and the tripwire in the results plugin make the former
-hard, not impossible.
+Not defended (the tests run in the same process as the code under test, which is what a
+repository suite needs):
+- code under test that finds the results plugin's signer object and counters in its own
+  process memory (``gc``, frames) can emit a correctly signed stream; the integrity checks are
+  tripwires inside that process and can be disarmed by code that knows them (it can also give
+  a forged code object a trusted ``co_filename``);
+- canaries are indistinguishable by name and position, but code that compares the collected
+  tests with the test files' text on disk (pristine at grading) can tell them apart;
+- held-out tests are absent from the rollout, but the problem statement may quote a failing
+  held-out test, and a task whose failing tests all sit in inherited methods (visible in the
+  base class) holds none of them out; task files without ``held_out_tests`` get a choice that
+  ignores this;
+- the kernel is shared with the host (see ``coderl.sandbox.bwrap``), and a diff is applied by
+  ``git apply`` on the host (git refuses paths outside the tree and through symlinks; binary
+  patches and diffs over 16 MiB are refused);
+- a test suite that does not exercise the bug.
 """
 
 from __future__ import annotations
 
+import errno
 import fnmatch
+import os
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
 from coderl.sandbox.base import Limits
 from coderl.tasks.envbuild import EnvRecord, find_env
-from coderl.tasks.patches import materialize, split_diff
+from coderl.tasks.holdout import rollout_workspace
+from coderl.tasks.patches import PatchError, apply_to_copy, remove_tree, split_diff
 from coderl.tasks.runner import (
+    RUN_OUTPUT_BYTES,
     SANDBOX_ENV,
     SandboxFactory,
+    conftests_of,
     default_factory,
     mounts,
     run_dirs,
     run_pytest,
     tampering,
 )
+from coderl.tasks.snapshot import cache_dir
 from coderl.tasks.spec import Task
 
 PROTECTED_PATTERNS: tuple[str, ...] = (
@@ -69,6 +104,12 @@ PROTECTED_PATTERNS: tuple[str, ...] = (
     "**/*.pyc",
     "**/.pytest_cache/**",
     ".hypothesis/**",
+    "**/*.dist-info",
+    "**/*.dist-info/**",
+    "**/*.egg-info",
+    "**/*.egg-info/**",
+    "**/*.egg-link",
+    "**/.git/**",
 )
 SHADOW_NAMES = frozenset(sys.stdlib_module_names) | {
     "pytest",
@@ -76,6 +117,7 @@ SHADOW_NAMES = frozenset(sys.stdlib_module_names) | {
     "pluggy",
     "py",
     "coderl_results",
+    "coderl_boot",
 }
 
 
@@ -94,7 +136,12 @@ class GradeResult:
     fail_to_pass_passed: float = 0.0
     """Fraction of the FAIL_TO_PASS tests that passed; 0.0 whenever ``tampered``."""
     grading_error: str | None = None
-    """Set when the grader itself failed: mask the sample, do not score it."""
+    """Set only for infrastructure failures (the grader itself failed): mask, do not score."""
+    failure_kind: Literal["infra", "agent"] | None = None
+    """Why there is no reward: ``infra`` (sandbox could not start, environment missing, grader
+    bug; ``grading_error`` says which; the sample is masked) or ``agent`` (anything the graded
+    code or diff caused: unresolved, tampering, crash, timeout, garbage; scored as a failure).
+    ``None`` when resolved."""
     reason: str = ""
     """Why the task is not resolved (first cause), empty when resolved."""
     tampered: bool = False
@@ -106,9 +153,14 @@ class GradeResult:
 
 
 def is_protected(
-    path: str, extra: tuple[str, ...] | list[str] = (), source_roots: tuple[str, ...] = (".",)
+    path: str,
+    extra: tuple[str, ...] | list[str] = (),
+    source_roots: tuple[str, ...] = (".",),
+    shadow: frozenset[str] = frozenset(),
 ) -> bool:
-    """Whether a workspace-relative path may not be changed by the agent."""
+    """Whether a workspace-relative path may not be changed by the agent: it matches a pattern
+    of ``PROTECTED_PATTERNS`` or ``extra``, or its top-level module name (under a source root)
+    is in ``SHADOW_NAMES`` or ``shadow`` (e.g. the virtualenv's modules, :func:`venv_modules`)."""
     path = path.lstrip("/")
     for pattern in (*PROTECTED_PATTERNS, *extra):
         if fnmatch.fnmatch(path, pattern):
@@ -124,15 +176,37 @@ def is_protected(
         if rel is not None:
             top = rel.split("/")[0]
             name = top[:-3] if top.endswith(".py") and "/" not in rel else top
-            if name in SHADOW_NAMES:
+            if name in SHADOW_NAMES or name in shadow:
                 return True
     return False
+
+
+def venv_modules(env: EnvRecord) -> frozenset[str]:
+    """Top-level module names installed in ``env``'s virtualenv (pytest's own dependencies and
+    the project's): a workspace module of that name would shadow them once pytest puts the
+    rootdir first on ``sys.path``. The project itself is uninstalled, so it is not among them."""
+    site = Path(env.venv) / "lib" / "python3.11" / "site-packages"
+    names: set[str] = set()
+    try:
+        entries = list(os.scandir(site))
+    except OSError:
+        return frozenset()
+    for entry in entries:
+        name = entry.name
+        if name.endswith((".dist-info", ".egg-info", ".pth")) or name == "__pycache__":
+            continue
+        names.add(name.split(".")[0] if not entry.is_dir() else name)
+    return frozenset(names - set(env.info.get("top_level", [])) - {""})
 
 
 def strip_protected(
     diff: str, extra: tuple[str, ...] | list[str] = (), source_roots: tuple[str, ...] = (".",)
 ) -> tuple[str, list[str]]:
-    """Remove every per-file chunk that touches a protected path; returns ``(diff, removed)``."""
+    """Remove every per-file chunk that touches a protected path; returns ``(diff, removed)``.
+
+    A text parse of the diff: used only for function tasks, whose sandbox holds nothing but the
+    solution file. Repository tasks decide on the tree git produced (``patches.apply_to_copy``).
+    """
     kept, removed = [], []
     for path, chunk in split_diff(diff):
         touched = [path] + [
@@ -161,18 +235,27 @@ def _summarise(result: GradeResult, task: Task, outcomes: dict[str, str]) -> Gra
     return result
 
 
+def rollout_base(task: Task, env: EnvRecord | None = None) -> Path:
+    """The read-only base of ``task``'s rollout workspace: its starting state without the
+    held-out test functions and without caches, VCS data or egg-info (``coderl.tasks.holdout``).
+    Cached under ``<cache>/bases``. Raises KeyError (environment not built) or PatchError."""
+    env = env or find_env(task.env_id)
+    return rollout_workspace(Path(env.snapshot), task.bug_patch, task.held_out_tests)
+
+
 def rollout_sandbox_args(task: Task) -> tuple[Path, dict[str, str]]:
     """``(base, ro_mounts)`` for the rollout sandbox of ``task``:
-    ``Sandbox.create(base, ro_mounts=ro_mounts)`` gives the agent the task's starting state at
-    ``/testbed`` with the environment's virtualenv at ``/venv`` (repo tasks; run the tests with
-    ``/venv/bin/python -m pytest``). Raises KeyError when the environment is not built.
+    ``Sandbox.create(base, ro_mounts=ro_mounts)`` gives the agent the task's rollout workspace
+    (:func:`rollout_base`) at ``/testbed`` with the environment's virtualenv at ``/venv`` (repo
+    tasks; run the tests with ``/venv/bin/python -m pytest``). Raises KeyError when the
+    environment is not built.
     """
     if task.kind == "function":
         from coderl.tasks.humaneval import workspace_base
 
         return workspace_base(task), {}
     env = find_env(task.env_id)
-    return materialize(Path(env.snapshot), task.bug_patch), {"/venv": env.venv}
+    return rollout_base(task, env), {"/venv": env.venv}
 
 
 def grade(
@@ -183,77 +266,107 @@ def grade(
     factory: SandboxFactory | None = None,
     timeout: float = 300.0,
 ) -> GradeResult:
-    """Grade ``agent_diff`` (a unified diff against the task's starting state).
+    """Grade ``agent_diff`` (a unified diff against the task's rollout workspace).
 
-    Never raises for anything the agent did; infrastructure failures become ``grading_error``.
+    Never raises for anything the agent did: that is a scored failure (``failure_kind="agent"``);
+    infrastructure failures set ``grading_error`` (``failure_kind="infra"``).
     ``function`` tasks are delegated to :func:`coderl.tasks.humaneval.grade_function`.
     """
     if task.kind == "function":
         from coderl.tasks.humaneval import grade_function
 
-        return grade_function(task, agent_diff, factory=factory, timeout=timeout)
+        return _attribute(grade_function(task, agent_diff, factory=factory, timeout=timeout))
     start = time.monotonic()
     result = GradeResult(task_id=task.id)
     try:
         env = env or find_env(task.env_id)
         factory = factory or default_factory()
-        base = materialize(Path(env.snapshot), task.bug_patch)
+        base = rollout_base(task, env)
     except Exception as e:  # the grader could not set up: mask, never score
         result.grading_error = f"setup: {type(e).__name__}: {e}"
-        return result
-    roots = (".",) if env.info.get("source_root", ".") == "." else (".", env.info["source_root"])
-    diff, result.stripped_paths = strip_protected(agent_diff, task.protected_paths, roots)
+        return _attribute(result)
+    tmp = Path(tempfile.mkdtemp(dir=cache_dir(), prefix=".grade-"))
     try:
-        _run(task, env, base, diff, factory, timeout, result)
+        tree = tmp / "tree"
+        tree.mkdir()
+        _grade_tree(task, env, base, agent_diff, tree, factory, timeout, result)
     except Exception as e:  # sandbox failure or grader bug: infrastructure, not the agent
         result.grading_error = f"sandbox: {type(e).__name__}: {e}"
+    finally:
+        remove_tree(tmp)  # iterative: the agent's tree may be 1,000+ levels deep
     result.duration_s = time.monotonic() - start
+    return _attribute(result)
+
+
+def _attribute(result: GradeResult) -> GradeResult:
+    if result.grading_error is not None:
+        result.failure_kind = "infra"
+    elif not result.resolved:
+        result.failure_kind = "agent"
     return result
 
 
-def _run(
+def _shown(path: str) -> str:
+    """A path as text that always encodes (non-UTF-8 bytes as ``\\xNN``)."""
+    return os.fsencode(path).decode("utf-8", "backslashreplace")
+
+
+def _grade_tree(
     task: Task,
     env: EnvRecord,
     base: Path,
-    diff: str,
+    agent_diff: str,
+    tree: Path,
     factory: SandboxFactory,
     timeout: float,
     result: GradeResult,
 ) -> None:
-    with run_dirs() as (inp, res):
-        ro, rw = mounts(inp, res, Path(env.venv))
-        for rel in env.test_paths:  # pristine tests, read-only over the workspace copies
-            ro[f"/testbed/{rel}"] = str(Path(env.snapshot) / rel)
-        (inp / "agent.diff").write_text(diff)
-        limits = Limits(timeout_s=timeout, cpu_s=int(timeout) + 30, memory_bytes=4 * 1024**3)
+    roots = (".",) if env.info.get("source_root", ".") == "." else (".", env.info["source_root"])
+    extra = [*task.protected_paths, *env.test_paths, *(f"{p}/**" for p in env.test_paths)]
+    try:
+        shadow = venv_modules(env)
+        _, stripped = apply_to_copy(
+            base, agent_diff, lambda p: is_protected(p, extra, roots, shadow), tree
+        )
+    except PatchError as e:
+        result.reason = f"the diff does not apply: {str(e)[-300:]}"
+        _summarise(result, task, {})
+        return
+    except OSError as e:
+        if e.errno in (errno.ENOSPC, errno.EDQUOT, errno.ENOMEM):
+            raise
+        result.reason = f"the workspace cannot be read back: {type(e).__name__}: {e}"[:400]
+        _summarise(result, task, {})
+        return
+    result.stripped_paths = [_shown(p) for p in stripped]
+    snapshot = Path(env.snapshot)
+    ro = {}
+    for rel in [*env.test_paths, *_egg_info(snapshot)]:  # pristine, read-only over the tree
+        ro[f"/testbed/{rel}"] = str(snapshot / rel)
+    with run_dirs() as inp:
+        ro.update(mounts(inp, Path(env.venv)))
+        limits = Limits(
+            timeout_s=timeout,
+            cpu_s=int(timeout) + 30,
+            memory_bytes=4 * 1024**3,
+            output_bytes=RUN_OUTPUT_BYTES,
+        )
         sb = factory(
-            base, limits=limits, env=SANDBOX_ENV, ro_mounts=ro, rw_mounts=rw, network=False
+            tree, limits=limits, env=SANDBOX_ENV, ro_mounts=ro, rw_mounts={}, network=False
         )
         try:
-            if diff.strip():
-                applied = sb.exec(
-                    "cd /testbed && git apply --whitespace=nowarn /coderl/input/agent.diff",
-                    timeout=60,
-                )
-                if applied.exit_code != 0:
-                    result.reason = (
-                        f"the diff does not apply: {(applied.stderr or applied.stdout)[-300:]}"
-                    )
-                    _summarise(result, task, {})
-                    return
-            select = list(dict.fromkeys(task.FAIL_TO_PASS + task.PASS_TO_PASS))
             run = run_pytest(
                 sb,
                 inp,
-                res,
                 paths=env.test_paths,
-                select=select,
+                select=list(dict.fromkeys(task.FAIL_TO_PASS + task.PASS_TO_PASS)),
                 canaries=env.canaries_ok,
                 timeout=timeout,
                 inifile=env.info.get("pytest_config"),
+                allowed_conftests=conftests_of(tree),
             )
         finally:
-            sb.close()
+            sb.close()  # every process of the sandbox is gone before the verdict is used
     run.tampered = sorted(set(run.tampered) - set(env.baseline_tampered))
     why = tampering(run, canaries=env.canaries_ok)
     if why:
@@ -262,8 +375,18 @@ def _run(
     elif run.results_missing:
         timed_out = run.exec is not None and run.exec.timed_out
         result.reason = (
-            "test run timed out" if timed_out else "pytest wrote no results (crash or exit)"
+            "test run timed out"
+            if timed_out
+            else "pytest streamed no complete verdict (crash, exit or a garbled stream)"
         )
     elif not run.outcomes:
         result.reason = "no test ran (collection error, or an exit during collection)"
     _summarise(result, task, {} if run.results_missing else run.outcomes)
+
+
+def _egg_info(snapshot: Path) -> list[str]:
+    """``*.egg-info`` directories at the top of ``snapshot`` or of a ``src`` layout: left out of
+    rollout workspaces, mounted back read-only at grading (package metadata tests may read)."""
+    found = [p for p in snapshot.glob("*.egg-info") if p.is_dir()]
+    found += [p for p in snapshot.glob("src/*.egg-info") if p.is_dir()]
+    return sorted(p.relative_to(snapshot).as_posix() for p in found)

@@ -15,8 +15,10 @@ import hashlib
 import os
 import re
 import shutil
+import stat
 import subprocess
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 from coderl.tasks.snapshot import cache_dir, normalize_modes
@@ -168,3 +170,154 @@ def materialize(snapshot: Path, bug_patch: str, *, cache: Path | None = None) ->
     except OSError:  # another process materialised it first
         shutil.rmtree(staging, ignore_errors=True)
     return target
+
+
+MAX_AGENT_DIFF_BYTES = 16 * 1024**2
+"""Largest agent diff applied (bytes); a larger one is the agent's failure."""
+
+
+def _entries(root: Path) -> dict[str, os.stat_result]:
+    """Relative path -> lstat of every file and symlink below ``root`` (not directories).
+
+    Iterative (no recursion limit: a tree 1,000+ levels deep is walked), never follows links;
+    names that are not UTF-8 come back with surrogate escapes, as ``os`` gives them.
+    """
+    out: dict[str, os.stat_result] = {}
+    stack = [""]
+    while stack:
+        rel = stack.pop()
+        with os.scandir(os.path.join(root, rel) if rel else root) as it:
+            for entry in it:
+                sub = f"{rel}/{entry.name}" if rel else entry.name
+                if entry.is_dir(follow_symlinks=False):
+                    stack.append(sub)
+                else:
+                    out[sub] = entry.stat(follow_symlinks=False)
+    return out
+
+
+def _same(a: Path, b: Path, sa: os.stat_result, sb: os.stat_result) -> bool:
+    if (sa.st_ino, sa.st_dev) == (sb.st_ino, sb.st_dev):
+        return True
+    if stat.S_IFMT(sa.st_mode) != stat.S_IFMT(sb.st_mode):
+        return False
+    if stat.S_ISLNK(sa.st_mode):
+        return os.readlink(a) == os.readlink(b)
+    if (sa.st_mode & 0o111 != 0) != (sb.st_mode & 0o111 != 0) or sa.st_size != sb.st_size:
+        return False
+    return a.read_bytes() == b.read_bytes()
+
+
+def remove_tree(root: Path) -> None:
+    """``shutil.rmtree`` without recursion (it recurses once per level before Python 3.12, so a
+    tree 1,000+ levels deep raised RecursionError). Never follows symlinks."""
+    stack = [(str(root), False)]
+    while stack:
+        path, emptied = stack.pop()
+        if emptied:
+            os.rmdir(path)
+            continue
+        stack.append((path, True))
+        with os.scandir(path) as it:
+            for entry in it:
+                if entry.is_dir(follow_symlinks=False):
+                    stack.append((entry.path, False))
+                else:
+                    os.unlink(entry.path)
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        remove_tree(path)
+    elif path.exists() or path.is_symlink():
+        path.unlink()
+
+
+def _restore(base: Path, tree: Path, rel: str) -> None:
+    """Put ``base/rel`` back at ``tree/rel`` (a hard link), clearing whatever is in the way."""
+    parent = tree
+    for part in Path(rel).parts[:-1]:
+        parent = parent / part
+        if parent.is_symlink() or (parent.exists() and not parent.is_dir()):
+            parent.unlink()
+        parent.mkdir(exist_ok=True)
+    _remove(tree / rel)
+    os.link(base / rel, tree / rel, follow_symlinks=False)
+
+
+def apply_to_copy(
+    base: Path, diff: str, protected: Callable[[str], bool], dest: Path
+) -> tuple[list[str], list[str]]:
+    """Apply ``diff`` to ``dest``, a hard-linked copy of ``base``, then undo every change git made
+    to a ``protected`` path; returns ``(changed, stripped)`` workspace-relative paths.
+
+    The paths are decided on the tree git produced (every file compared with ``base``), not on
+    the diff's text, so no quoting, escaping or header trick can hide a path. ``git apply``
+    replaces a file by unlinking it first, so ``base`` is never written through the links; it
+    refuses paths outside ``dest`` and paths through symbolic links. File modes end 0644/0755
+    (no setuid bit survives). Raises PatchError when git refuses the diff, it is larger than
+    ``MAX_AGENT_DIFF_BYTES``, holds a ``GIT binary patch`` (a compressed literal could fill the
+    host's disk) or git takes more than a minute (all the agent's doing).
+    """
+    base_entries = _entries(base)
+    for rel in base_entries:
+        (dest / rel).parent.mkdir(parents=True, exist_ok=True)
+        os.link(base / rel, dest / rel, follow_symlinks=False)
+    if not diff.strip():
+        return [], []
+    data = diff.encode("utf-8", "surrogateescape")
+    if len(data) > MAX_AGENT_DIFF_BYTES:
+        raise PatchError(f"the diff is larger than {MAX_AGENT_DIFF_BYTES} bytes")
+    if re.search(rb"^GIT binary patch", data, re.MULTILINE):
+        # compressed literals could inflate to any size on the host; workspace diffs never
+        # carry them (Sandbox.diff notes binary files instead of dumping them)
+        raise PatchError("binary patches are not applied")
+    env = {
+        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+        "GIT_CEILING_DIRECTORIES": str(dest.resolve().parent),
+        "GIT_CONFIG_NOSYSTEM": "1",
+        "GIT_CONFIG_GLOBAL": os.devnull,
+        "HOME": str(dest),
+    }
+    try:
+        proc = subprocess.run(
+            ["git", "apply", "--whitespace=nowarn", "-"],
+            cwd=dest,
+            input=data,
+            capture_output=True,
+            env=env,
+            timeout=60,
+        )
+    except subprocess.TimeoutExpired:
+        raise PatchError("git apply took longer than 60 s") from None
+    if proc.returncode != 0:
+        raise PatchError(proc.stderr.decode("utf-8", "replace").strip()[-2000:])
+    changed = _changed(base, dest, base_entries)
+    stripped = [rel for rel in changed if protected(rel)]
+    for rel in stripped:
+        if rel in base_entries:
+            _restore(base, dest, rel)
+        else:
+            _remove(dest / rel)
+            parent = (dest / rel).parent
+            while parent != dest and not (base / parent.relative_to(dest)).exists():
+                if any(parent.iterdir()):
+                    break
+                parent.rmdir()  # a directory git made only for the removed file
+                parent = parent.parent
+    for rel, st in _entries(dest).items():
+        linked = rel in base_entries and st.st_ino == base_entries[rel].st_ino
+        if not linked and stat.S_ISREG(st.st_mode):
+            os.chmod(dest / rel, 0o755 if st.st_mode & 0o111 else 0o644)
+    return (_changed(base, dest, base_entries) if stripped else changed), stripped
+
+
+def _changed(base: Path, tree: Path, base_entries: dict[str, os.stat_result]) -> list[str]:
+    after = _entries(tree)
+    return sorted(
+        rel
+        for rel in set(base_entries) | set(after)
+        if rel not in base_entries
+        or rel not in after
+        or not _same(base / rel, tree / rel, base_entries[rel], after[rel])
+    )

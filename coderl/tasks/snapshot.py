@@ -15,6 +15,7 @@ import hashlib
 import os
 import re
 import shutil
+import stat
 import tarfile
 import tempfile
 import zipfile
@@ -140,6 +141,27 @@ def normalize_modes(root: Path) -> None:
             if not p.is_symlink():
                 p.chmod(0o755 if os.access(p, os.X_OK) else 0o644)
     root.chmod(0o755)
+
+
+def clear_setid(root: Path) -> int:
+    """Clear setuid, setgid and sticky bits below ``root`` (symlinks untouched, no recursion
+    limit); returns how many entries changed. Run on every tree a sandbox wrote to a host
+    directory (a virtualenv built in a sandbox), so no set-id file reaches the host."""
+    changed = 0
+    stack = [str(root)]
+    while stack:
+        here = stack.pop()
+        with os.scandir(here) as it:
+            for entry in it:
+                st = entry.stat(follow_symlinks=False)
+                if stat.S_ISLNK(st.st_mode):
+                    continue
+                if st.st_mode & (stat.S_ISUID | stat.S_ISGID | stat.S_ISVTX):
+                    os.chmod(entry.path, stat.S_IMODE(st.st_mode) & 0o777)
+                    changed += 1
+                if entry.is_dir(follow_symlinks=False):
+                    stack.append(entry.path)
+    return changed
 
 
 def snapshot_dir(source: Path, *, cache: Path | None = None) -> tuple[str, Path]:

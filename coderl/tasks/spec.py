@@ -18,7 +18,9 @@ import json
 from pathlib import Path
 from typing import IO, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from coderl.tasks.holdout import choose_held_out
 
 SCHEMA_VERSION: Literal[1] = 1
 
@@ -69,6 +71,10 @@ class Task(BaseModel):
     hidden_tests: dict[str, str] = Field(default_factory=dict)
     """Hidden test files, workspace-relative path -> pristine text; mounted read-only at grading.
     For repo tasks this is empty and the env snapshot's own test files are the pristine copies."""
+    held_out_tests: list[str] = Field(default_factory=list)
+    """Repo tasks: the FAIL_TO_PASS/PASS_TO_PASS ids whose test functions are left out of the
+    rollout workspace and run only at grading (``coderl.tasks.holdout``). A task file written
+    before this field existed gets ``holdout.choose_held_out`` of its test lists (deterministic)."""
     protected_paths: list[str] = Field(default_factory=list)
     """Extra glob patterns (beyond ``grading.PROTECTED_PATTERNS``) stripped from the agent's diff."""
     bug_patch: str = ""
@@ -87,6 +93,15 @@ class Task(BaseModel):
     """Training never sees ``heldout`` tasks."""
     extra: dict[str, Any] = Field(default_factory=dict)
     """Kind-specific data (HumanEval: prompt, entry point, test code)."""
+
+    @model_validator(mode="after")
+    def _held_out(self) -> Task:
+        if self.kind == "repo" and "held_out_tests" not in self.model_fields_set:
+            self.held_out_tests = choose_held_out(self.id, self.FAIL_TO_PASS, self.PASS_TO_PASS)
+        unknown = set(self.held_out_tests) - set(self.FAIL_TO_PASS) - set(self.PASS_TO_PASS)
+        if unknown:
+            raise ValueError(f"held_out_tests not among the task's tests: {sorted(unknown)[:3]}")
+        return self
 
 
 def _field_of(err: ValidationError) -> tuple[str, str]:

@@ -23,12 +23,15 @@ from pathlib import Path
 from coderl.sandbox.base import Limits
 from coderl.tasks.envbuild import EnvRecord
 from coderl.tasks.grading import PROTECTED_PATTERNS, is_protected
+from coderl.tasks.holdout import choose_held_out, hideable_in
 from coderl.tasks.mutate import Mutant, first_line, functions, mutants_of
 from coderl.tasks.patches import make_diff, materialize
 from coderl.tasks.runner import (
+    RUN_OUTPUT_BYTES,
     SANDBOX_ENV,
     SandboxFactory,
     TestRun,
+    conftests_of,
     default_factory,
     mounts,
     run_dirs,
@@ -113,17 +116,22 @@ def _interleave_operators(mutants: list[Mutant], rng: random.Random) -> list[Mut
 def _run(
     env: EnvRecord, base: Path, select: list[str], factory: SandboxFactory, timeout: float
 ) -> TestRun:
-    limits = Limits(timeout_s=timeout, cpu_s=int(timeout) + 30, memory_bytes=4 * 1024**3)
-    with run_dirs() as (inp, res):
-        ro, rw = mounts(inp, res, Path(env.venv))
+    limits = Limits(
+        timeout_s=timeout,
+        cpu_s=int(timeout) + 30,
+        memory_bytes=4 * 1024**3,
+        output_bytes=RUN_OUTPUT_BYTES,
+    )
+    with run_dirs() as inp:
+        ro = mounts(inp, Path(env.venv))
         sb = factory(
-            base, limits=limits, env=SANDBOX_ENV, ro_mounts=ro, rw_mounts=rw, network=False
+            base, limits=limits, env=SANDBOX_ENV, ro_mounts=ro, rw_mounts={}, network=False
         )
         try:
             return run_pytest(
                 sb,
                 inp,
-                res,
+                allowed_conftests=conftests_of(base),
                 paths=env.test_paths,
                 select=select,
                 canaries=False,
@@ -159,17 +167,21 @@ def try_candidate(
     if not p2p:
         return "every test fails (the mutant breaks import)"
     gold = make_diff(cand.path, cand.mutant.source, cand.original)
-    statement = write_statement(
-        f"{env.name} {env.version}", {t: run.longreprs.get(t, "") for t in f2p}
-    )
     digest = hashlib.sha256(bug_patch.encode()).hexdigest()[:10]
+    task_id = f"{env.name}-{env.version}/{digest}"
+    held_out = choose_held_out(task_id, f2p, p2p, hideable_in(Path(env.snapshot)))
+    shown = [t for t in f2p if t not in held_out] or f2p  # quote held-out tests only if no other
+    statement = write_statement(
+        f"{env.name} {env.version}", {t: run.longreprs.get(t, "") for t in shown}
+    )
     return Task(
-        id=f"{env.name}-{env.version}/{digest}",
+        id=task_id,
         kind="repo",
         env_id=env.env_id,
         problem_statement=statement,
         FAIL_TO_PASS=f2p,
         PASS_TO_PASS=p2p,
+        held_out_tests=held_out,
         bug_patch=bug_patch,
         gold_patch=gold,
         protected_paths=[f"{p}/**" if not p.endswith(".py") else p for p in env.test_paths],

@@ -1,82 +1,229 @@
-"""pytest plugin that records per-test outcomes to a JSON file outside the workspace.
+"""pytest plugin that streams per-test outcomes to the grader as tests finish.
 
-Loaded inside a sandbox with ``-p coderl_results`` (this directory is mounted read-only and put on
-``PYTHONPATH``); it imports nothing from coderl. Environment variables:
+Started by ``coderl_boot`` (never by ``-p`` from the environment, never autoloaded); it imports
+nothing from coderl. ``start(signer, fd, spec)`` hands it:
 
-- ``CODERL_RESULTS``: where to write ``{"tests": {nodeid: {"outcome", "longrepr"}}, ...}``.
-- ``CODERL_SELECT``: optional file of node ids, one a line; other collected items are deselected.
-- ``CODERL_TRACE_ROOT``: optional directory; when set, each test records which functions defined
-  under it were called (``[relpath, first line]`` pairs, via ``sys.setprofile``).
+- ``signer``: an HMAC-SHA256 object keyed with the run's secret (the key itself is dropped);
+- ``fd``: the verdict stream (the shell's stdout), a descriptor no subprocess inherits;
+- ``spec``: ``select`` (node ids to keep; others are deselected), ``canaries`` (must-pass and
+  must-fail tests to place among the real ones), ``trace_root`` (record which functions under it
+  each test called), ``allowed_conftests`` (the conftest files that may register hooks).
 
-Outcomes are ``passed`` only when setup, call and teardown all passed; otherwise ``failed``,
-``error`` (setup/teardown), ``skipped``, ``xfailed`` or ``xpassed``. Tests that never report are
-absent, and the grader counts absence as failure.
+Stream: one line per record, ``<hex MAC> <json>``, each JSON object carrying ``seq`` (0, 1, ...).
+``{"t": "test", "id", "outcome", "longrepr", "trace"}`` is written when a test's teardown ends;
+``{"t": "end", "n", "tampered", "collect_errors", "exitstatus"}`` closes the stream at session
+finish. Outcomes are ``passed`` only when setup, call and teardown all passed; otherwise
+``failed``, ``error`` (setup/teardown, or a call that never ran), ``skipped``, ``xfailed`` or
+``xpassed``.
 
-It also notes whether pytest's or unittest's machinery was replaced during the run (identity of
-key functions at configure time vs. at the end): code under test that monkeypatches them is
-reported in ``tampered``. This is a tripwire, not a boundary: code in the same process can defeat
-it, which is why the grader also runs must-fail canary tests.
+Integrity checks (reported in ``tampered``): pytest's, pluggy's and unittest's running machinery
+and this plugin's own functions are the same objects with the same code at the end as when this
+module was imported (before any workspace code ran); every hook implementation comes from the
+virtualenv, the standard library, this directory or an allowed conftest; each test function is
+the object collected and keeps its code object until it runs. These are tripwires inside the
+process under test: code running there can defeat them (see ``coderl.tasks.grading``).
 """
 
 from __future__ import annotations
 
+import ast
+import io
 import json
 import os
+import random
 import sys
+import types
 import unittest
 from typing import Any
 
+import _pytest.assertion.rewrite
+import _pytest.main
 import _pytest.python
 import _pytest.reports
 import _pytest.runner
+import _pytest.unittest
+import pluggy._callers
+import pluggy._hooks
 import pytest
 
+SPEC: dict[str, Any] = {}
+_STATE: dict[str, Any] = {"seq": 0, "fd": -1, "signer": None}
 _RESULTS: dict[str, dict[str, Any]] = {}
 _TRACE: dict[str, set[tuple[str, int]]] = {}
-_WATCHED: dict[str, object] = {}
 _COLLECT_ERRORS: list[str] = []
+_TAMPERED: list[str] = []
+_TEST_CODE: dict[str, tuple[object, object]] = {}
+_CANARY_IDS: set[str] = set()
+_write, _dumps, _getattr, _open = os.write, json.dumps, getattr, io.open
+_TRUSTED_PREFIXES = ("/venv/", "/coderl/plugin/", sys.base_prefix + "/lib/", "/usr/lib/python3")
 
 
-def _watch_targets() -> dict[str, object]:
-    targets: dict[str, object] = {}
+def _watch_targets() -> dict[str, tuple[object, object]]:
+    """Name -> (object, its code object or None) for the functions a tamperer would replace."""
+    targets: dict[str, tuple[object, object]] = {}
+
+    def add(name: str, obj: object) -> None:
+        fn = _getattr(obj, "__func__", obj)
+        targets[name] = (obj, _getattr(fn, "__code__", None))
+
     for name in dir(unittest.TestCase):
         if name.startswith(("assert", "fail", "run", "_call", "_callTestMethod")):
-            targets[f"unittest.TestCase.{name}"] = getattr(unittest.TestCase, name)
-    for mod in (_pytest.runner, _pytest.python, _pytest.reports):
+            add(f"unittest.TestCase.{name}", _getattr(unittest.TestCase, name))
+    mods = (_pytest.runner, _pytest.python, _pytest.reports, _pytest.main, _pytest.unittest)
+    for mod in (*mods, pluggy._callers, pluggy._hooks):
         for name, obj in vars(mod).items():
             if callable(obj) and not name.startswith("__"):
-                targets[f"{mod.__name__}.{name}"] = obj
-    for name, obj in vars(_pytest.reports.TestReport).items():
-        targets[f"TestReport.{name}"] = obj
-    targets["pytest.fail"] = pytest.fail
-    targets["pytest.skip"] = pytest.skip
-    targets["sys.exit"] = sys.exit
-    targets["os._exit"] = os._exit
+                add(f"{mod.__name__}.{name}", obj)
+                if isinstance(obj, type) and obj.__module__ == mod.__name__:
+                    for attr, value in vars(obj).items():
+                        if callable(value) or isinstance(value, (classmethod, staticmethod)):
+                            add(f"{mod.__name__}.{name}.{attr}", value)
+                        elif isinstance(value, property):  # e.g. BaseReport.passed
+                            getter = _getattr(value, "fget", None)
+                            code = _getattr(getter, "__code__", None)
+                            targets[f"{mod.__name__}.{name}.{attr}"] = (value, code)
+    for name, obj in list(globals().items()):
+        if callable(obj) and _getattr(obj, "__module__", None) == __name__:
+            add(f"coderl_results.{name}", obj)
+    for name in ("fail", "skip", "exit"):
+        add(f"pytest.{name}", _getattr(pytest, name))
+    add("sys.exit", sys.exit)
+    add("os._exit", os._exit)
     return targets
 
 
-def pytest_configure(config: pytest.Config) -> None:
+_WATCHED: dict[str, tuple[object, object]] = {}
+
+
+def start(signer: Any, fd: int, spec: dict[str, Any]) -> None:
+    """Called once by ``coderl_boot`` before pytest starts."""
+    _STATE.update(signer=signer, fd=fd)
+    SPEC.update(spec)
     _WATCHED.update(_watch_targets())
 
 
+def _emit(record: dict[str, Any]) -> None:
+    record["seq"] = _STATE["seq"]
+    _STATE["seq"] += 1
+    line = _dumps(record, separators=(",", ":")).encode()
+    mac = _STATE["signer"].copy()
+    mac.update(line)
+    data = mac.hexdigest().encode() + b" " + line + b"\n"
+    while data:
+        data = data[_write(_STATE["fd"], data) :]
+
+
+# --- selection and canaries -----------------------------------------------------------------
+
+
+def _canary_items(module: pytest.Module, canary: dict[str, Any]) -> list[pytest.Item]:
+    namespace: dict[str, Any] = {"unittest": unittest}
+    exec(compile(canary["source"], str(module.path), "exec"), namespace)
+    obj = namespace[canary["name"]]
+    if canary["kind"] == "ufail":
+        parent = _pytest.unittest.UnitTestCase.from_parent(module, name=canary["name"])
+        parent._obj = obj  # not an attribute of the module: pytest would look it up there
+        return [it for it in parent.collect() if isinstance(it, pytest.Item)]
+    return [pytest.Function.from_parent(module, name=canary["name"], callobj=obj)]
+
+
+@pytest.hookimpl(trylast=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    select = os.environ.get("CODERL_SELECT")
-    if not select:
-        return
-    with open(select, encoding="utf-8") as f:
-        wanted = {line.strip() for line in f if line.strip()}
-    keep = [it for it in items if it.nodeid in wanted or "coderl_canary" in it.nodeid]
-    drop = [it for it in items if it not in keep]
-    # canaries run last, after the code under test had every chance to patch things
-    keep.sort(key=lambda it: "coderl_canary" in it.nodeid)
-    items[:] = keep
-    if drop:
-        config.hook.pytest_deselected(items=drop)
+    wanted = SPEC.get("select")
+    if wanted is not None:
+        keep_ids = set(wanted)
+        keep = [it for it in items if it.nodeid in keep_ids]
+        drop = [it for it in items if it.nodeid not in keep_ids]
+        items[:] = keep
+        if drop:
+            config.hook.pytest_deselected(items=drop)
+    modules: list[pytest.Module] = []
+    for it in items:
+        mod = it.getparent(pytest.Module)
+        if mod is not None and mod not in modules:
+            modules.append(mod)
+    rng = random.Random(SPEC.get("seed", 0))
+    for canary in SPEC.get("canaries", []) if modules else []:
+        new = _canary_items(modules[rng.randrange(len(modules))], canary)
+        _CANARY_IDS.update(it.nodeid for it in new)
+        pos = rng.randrange(len(items) + 1)
+        items[pos:pos] = new
+
+
+def _pristine_code(path: str, config: pytest.Config) -> dict[tuple[str, int], set[bytes]]:
+    """(name, first line) -> bytecode of every function compiled from the file at ``path``
+    itself, plain and with pytest's assertion rewriting (what a test module runs)."""
+    with _open(path, "rb") as f:
+        source = f.read()
+    out: dict[tuple[str, int], set[bytes]] = {}
+    for rewrite in (False, True):
+        tree = ast.parse(source, path)
+        if rewrite:
+            _pytest.assertion.rewrite.rewrite_asserts(tree, source, path, config)
+        stack = [compile(tree, path, "exec", dont_inherit=True)]
+        while stack:
+            code = stack.pop()
+            out.setdefault((code.co_name, code.co_firstlineno), set()).add(code.co_code)
+            stack.extend(c for c in code.co_consts if isinstance(c, types.CodeType))
+    return out
+
+
+def _defined_in_module(item: pytest.Item, fn: object) -> bool:
+    module = _getattr(item, "module", None)
+    return (
+        module is not None
+        and _getattr(fn, "__module__", None) == module.__name__
+        and "<locals>" not in str(_getattr(fn, "__qualname__", "<locals>"))
+    )
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Record each test's function and code; a function defined in its test module must have
+    the bytecode of that file as it is on disk (the pristine copy mounted read-only), so a
+    module rewritten on import (a forged ``.pyc``, an import hook) is caught."""
+    pristine: dict[str, dict[tuple[str, int], set[bytes]]] = {}
+    for item in session.items:
+        obj = _getattr(item, "obj", None)
+        fn = _getattr(obj, "__func__", obj)
+        code = _getattr(fn, "__code__", None)
+        _TEST_CODE[item.nodeid] = (fn, code)
+        if item.nodeid in _CANARY_IDS or code is None or not _defined_in_module(item, fn):
+            continue
+        path = str(item.path)
+        try:
+            if path not in pristine:
+                pristine[path] = _pristine_code(path, session.config)
+        except (OSError, SyntaxError, ValueError) as e:
+            _TAMPERED.append(f"test file unreadable: {path}: {type(e).__name__}")
+            continue
+        if not _matches(code, pristine[path]) and (
+            code.co_filename == path or not _matches(_unwrapped_code(fn), pristine[path])
+        ):
+            _TAMPERED.append(f"test code: {item.nodeid}")
+
+
+def _matches(code: Any, pristine: dict[tuple[str, int], set[bytes]]) -> bool:
+    if code is None:
+        return False
+    return code.co_code in pristine.get((code.co_name, code.co_firstlineno), ())
+
+
+def _unwrapped_code(fn: object) -> Any:
+    """The code of the function a decorator (``functools.wraps``: ``mock.patch``...) wraps."""
+    for _ in range(20):
+        inner = _getattr(fn, "__wrapped__", None)
+        if inner is None:
+            break
+        fn = inner
+    return _getattr(_getattr(fn, "__func__", fn), "__code__", None)
 
 
 def pytest_collectreport(report: pytest.CollectReport) -> None:
     if report.failed:
         _COLLECT_ERRORS.append(f"{report.nodeid}: {str(report.longrepr)[-2000:]}")
+
+
+# --- outcomes -------------------------------------------------------------------------------
 
 
 def _outcome(report: pytest.TestReport) -> str:
@@ -89,6 +236,16 @@ def _outcome(report: pytest.TestReport) -> str:
     return "failed" if report.when == "call" else "error"
 
 
+def _check_test_code(item: pytest.Item) -> None:
+    recorded = _TEST_CODE.get(item.nodeid)
+    if recorded is None:
+        return
+    obj = _getattr(item, "obj", None)
+    fn = _getattr(obj, "__func__", obj)
+    if fn is not recorded[0] or _getattr(fn, "__code__", None) is not recorded[1]:
+        _TAMPERED.append(f"test code: {item.nodeid}")
+
+
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     entry = _RESULTS.setdefault(report.nodeid, {"outcome": "passed", "longrepr": ""})
     outcome = _outcome(report)
@@ -97,6 +254,19 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
         entry["longrepr"] = str(report.longrepr)[-4000:] if report.longrepr else ""
     if report.when == "call":
         entry["called"] = True
+    if report.when == "teardown":
+        if entry["outcome"] == "passed" and not entry.get("called"):
+            entry["outcome"] = "error"  # the call phase never ran (e.g. setup skipped it)
+        trace = sorted(_TRACE.pop(report.nodeid, ()))
+        _emit(
+            {
+                "t": "test",
+                "id": report.nodeid,
+                "outcome": entry["outcome"],
+                "longrepr": entry["longrepr"],
+                "trace": trace,
+            }
+        )
 
 
 def _make_profiler(root: str, bucket: set[tuple[str, int]]) -> Any:
@@ -111,9 +281,10 @@ def _make_profiler(root: str, bucket: set[tuple[str, int]]) -> Any:
     return profile
 
 
-@pytest.hookimpl(hookwrapper=True)
+@pytest.hookimpl(hookwrapper=True, tryfirst=True)
 def pytest_runtest_call(item: pytest.Item) -> Any:
-    root = os.environ.get("CODERL_TRACE_ROOT")
+    _check_test_code(item)
+    root = SPEC.get("trace_root")
     if not root:
         yield
         return
@@ -125,25 +296,50 @@ def pytest_runtest_call(item: pytest.Item) -> Any:
         sys.setprofile(None)
 
 
-def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
-    path = os.environ.get("CODERL_RESULTS")
-    if not path:
-        return
+# --- integrity at the end -------------------------------------------------------------------
+
+
+def _foreign_hooks(config: pytest.Config) -> list[str]:
+    """Hook implementations whose code lies outside the trusted trees and allowed conftests."""
+    allowed = set(SPEC.get("allowed_conftests", []))
+    out: list[str] = []
+    for name in dir(config.hook):
+        caller = _getattr(config.hook, name, None)
+        if not hasattr(caller, "get_hookimpls"):
+            continue
+        for impl in caller.get_hookimpls():
+            code = _getattr(impl.function, "__code__", None)
+            filename = _getattr(code, "co_filename", None)
+            if filename is None:
+                out.append(f"hook {name}: {impl.plugin_name} (no code)")
+            elif not filename.startswith(_TRUSTED_PREFIXES) and filename not in allowed:
+                out.append(f"hook {name}: {filename}")
+    return out
+
+
+def _tampered(session: pytest.Session) -> list[str]:
     now = _watch_targets()
-    tampered = sorted(k for k, v in _WATCHED.items() if now.get(k) is not v)
-    for entry in _RESULTS.values():
-        # a test whose call phase never ran (e.g. setup skipped it) is not a pass
-        if entry["outcome"] == "passed" and not entry.pop("called", False):
-            entry["outcome"] = "error"
-        entry.pop("called", None)
-    out = {
-        "tests": _RESULTS,
-        "exitstatus": int(exitstatus),
-        "tampered": tampered,
-        "collect_errors": _COLLECT_ERRORS,
-        "trace": {k: sorted(v) for k, v in _TRACE.items()},
-    }
-    tmp = path + ".tmp"
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(out, f)
-    os.replace(tmp, path)
+    found = [
+        k
+        for k, (obj, code) in _WATCHED.items()
+        if k not in now or now[k][0] is not obj or now[k][1] is not code
+    ]
+    found += _foreign_hooks(session.config)
+    for item in session.items:
+        _check_test_code(item)
+    found += _TAMPERED
+    return sorted(set(found))
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    if _STATE["signer"] is None:
+        return
+    _emit(
+        {
+            "t": "end",
+            "n": _STATE["seq"],
+            "tampered": _tampered(session),
+            "collect_errors": _COLLECT_ERRORS,
+            "exitstatus": int(exitstatus),
+        }
+    )
