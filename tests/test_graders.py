@@ -322,3 +322,53 @@ def test_registered_judge_term_with_a_random_model_masks_instead_of_scoring(tmp_
     judge = next(g for (kind, _), g in graders_terms._GRADERS.items() if kind == "judge")
     assert res.valid == [False] and res.counts["masked"] == 1
     assert judge.counts["malformed"] == 1 and judge.counts["judged"] == 2
+
+
+def test_rm_cli_train_probe_and_report_section(tmp_path, capsys):
+    """``coderl rm train`` on outcome pairs, the rm as ``reward.terms.rm``, ``coderl graders
+    probe --grader rm`` and the report's graders section, on a tiny backbone."""
+    from coderl.cli import main
+    from coderl.config import load_config
+    from coderl.graders.pairs import write_episodes
+    from coderl.graders.report import html_section
+
+    views = [EpisodeView(f"t/{i // 2}", f"task {i // 2}", DIFF if i % 2 else DIFF.replace("+", "+#"))
+             for i in range(12)]  # fmt: skip
+    eps = tmp_path / "episodes.jsonl"
+    write_episodes(eps, views, [bool(i % 2) for i in range(12)])
+    ckpt = tmp_path / "rm"
+    rc = main(["rm", "train", "--episodes", str(eps), "--backbone", "tiny-random", "--out",
+               str(ckpt), "--steps", "2", "--lora-rank", "4", "--max-len", "64", "--heldout", "0.3"])  # fmt: skip
+    assert rc == 0 and (ckpt / "rm.safetensors").is_file()
+    result = json.loads((ckpt / "rm_eval.json").read_text())
+    assert result["train_pairs"] + result["n"] == 6
+    cfg = load_config(None, ["reward.terms={tests: 1.0, rm: 1.0}", f"reward.rm.checkpoint={ckpt}",
+                             "reward.term_timeout_s=120"])  # fmt: skip
+    res = compute_rewards(
+        [RewardSample("t/0", diff=DIFF), RewardSample("t/1", diff="")], cfg.reward
+    )
+    assert all(res.valid) and all(0 < b["rm"] < 1 for b in res.breakdown)
+    out = tmp_path / "probes.jsonl"
+    rc = main(["graders", "probe", str(eps), f"reward.rm.checkpoint={ckpt}", "--grader", "rm",
+               "--out", str(out)])  # fmt: skip
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [r["probe"] for r in rows] == list(PROBES) and rc == (
+        1 if any(r["flagged"] for r in rows) else 0
+    )
+    assert "Probes: rm" in html_section(tmp_path, [], out)
+    assert "graders_criteria.png" in html_section(
+        tmp_path,
+        [{"step": 1, "reward/judge/minimal": 0.5}, {"step": 2, "reward/judge/minimal": 0.7}],
+        out,
+    )
+
+
+def test_probe_schedule_for_the_training_loop():
+    from coderl.config import load_config
+    from coderl.graders.probes import maybe_probe
+
+    cfg = load_config(None, ["graders.probe_every=2", "graders.probes=[injection_comment]"])
+    assert maybe_probe(1, cfg, NaiveGrader(), _views()) == {}
+    m = maybe_probe(2, cfg, NaiveGrader(), _views())
+    assert m["graders/probe/injection_comment/flagged"] == 1.0 and m["graders/probe/flagged"] == 1.0
+    assert maybe_probe(2, load_config(), NaiveGrader(), _views()) == {}  # probe_every=0: never

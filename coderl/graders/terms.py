@@ -19,7 +19,7 @@ cannot turn a failing patch into reward.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from coderl.graders.judge import EpisodeView
@@ -125,8 +125,3 @@ def rm_term(samples: list[RewardSample], cfg: RewardConfig) -> list[float]:
         "rm", cfg.rm, lambda: RewardModelGrader.load(cfg.rm.checkpoint, squash=cfg.rm.squash)
     )
     return grader_term(rm)(samples, cfg)
-
-
-def scores_of(grader: Any, views: Sequence[EpisodeView]) -> list[float]:
-    """Scores of any grader (``score(views) -> list[float]``, NaN: masked)."""
-    return [float(x) for x in grader.score(views)]
