@@ -372,3 +372,18 @@ def test_probe_schedule_for_the_training_loop():
     m = maybe_probe(2, cfg, NaiveGrader(), _views())
     assert m["graders/probe/injection_comment/flagged"] == 1.0 and m["graders/probe/flagged"] == 1.0
     assert maybe_probe(2, load_config(), NaiveGrader(), _views()) == {}  # probe_every=0: never
+
+
+def test_learned_fields_from_pipeline_records():
+    from types import SimpleNamespace as NS
+
+    from coderl.graders.terms import learned_fields
+
+    call = NS(turn=1, name="edit", arguments={"path": "m.py"}, status="ok")
+    ep = NS(answer="ignored", episode=NS(diff=DIFF, tool_calls=[call]))
+    grade = NS(resolved=False, result=NS(tests={"t::a": "passed", "t::b": "failed"}))
+    f = learned_fields(NS(problem_statement="fix f"), ep, grade)
+    assert f == {"statement": "fix f", "diff": DIFF, "tool_log": "turn 1: edit(path='m.py') -> ok",
+                 "tests_report": "not resolved: 1/2 tests passed; not passing: t::b"}  # fmt: skip
+    bare = learned_fields(NS(), NS(answer=DIFF, episode=None), NS(resolved=True, result=None))
+    assert bare == {"statement": "", "diff": DIFF, "tool_log": "", "tests_report": ""}

@@ -39,6 +39,27 @@ def view_of(s: RewardSample) -> EpisodeView:
     return EpisodeView(s.task_id, s.statement, s.diff, s.tool_log, s.tests_report)
 
 
+def learned_fields(task: Any, episode: Any, grade: Any) -> dict[str, str]:
+    """The :class:`~coderl.rewards.terms.RewardSample` fields learned graders read, from a task
+    (its ``problem_statement``), an ``EpisodeRecord`` (``answer`` when it is a diff string, the
+    harness episode's ``diff`` and ``tool_calls``) and a ``GradeRecord`` (its ``result.tests``).
+    Missing parts give empty strings; a driver without them still gets a valid sample."""
+    from coderl.graders.judge import tests_report, tool_log_summary
+
+    harness = getattr(episode, "episode", None)
+    diff = getattr(harness, "diff", None)
+    if diff is None:
+        diff = episode.answer if isinstance(episode.answer, str) else ""
+    result = getattr(grade, "result", None)
+    outcomes = getattr(result, "tests", None)
+    return {
+        "statement": str(getattr(task, "problem_statement", "") or ""),
+        "diff": diff,
+        "tool_log": tool_log_summary(harness.tool_calls) if harness is not None else "",
+        "tests_report": tests_report(outcomes, grade.resolved) if outcomes else "",
+    }
+
+
 def grader_term(grader: Any, prefix: str = "judge") -> Term:
     """A reward term from a grader object (a :class:`~coderl.graders.judge.Judge` or a
     :class:`~coderl.graders.rm.RewardModelGrader`). A judge's per-criterion scores go into

@@ -48,6 +48,7 @@ from torch import nn
 from coderl.config import Config
 from coderl.envs.base import Environment, EpisodeRecord, FailureKind, GradeRecord
 from coderl.eval.audit import audit_record, select_for_audit, write_audit_records
+from coderl.graders.terms import learned_fields
 from coderl.policy.base import SamplingParams
 from coderl.rewards import RewardResult, RewardSample, compute_rewards
 from coderl.rewards.hacks import HackFlag, detect_hacks, flag_counts, suspected_hack_rate
@@ -178,6 +179,7 @@ def reward_samples(
                 token_budget=budget,
                 broken_tool_calls=ep.broken_tool_calls,
                 ease=env.ease(task),
+                **learned_fields(task, ep, g),  # what a judge or reward model reads
             )
         )
     return out
