@@ -174,6 +174,8 @@ class Judge:
     counts: Counter[str] = field(default_factory=Counter)
     """``judged`` (replies generated), ``cached`` (read back), ``retried``, ``malformed``
     (masked after the retry)."""
+    malformed_replies: list[str] = field(default_factory=list, repr=False)
+    """The last few replies that broke the schema (at most 8), to see what a judge writes."""
     _recent: dict[str, Judgement | None] = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
@@ -223,6 +225,7 @@ class Judge:
                     out[i] = parsers[i](text)
                 except MalformedJudgement:
                     failed.append(i)
+                    self.malformed_replies = [*self.malformed_replies[-7:], text]
                     continue
                 if self.cache is not None:
                     self.cache.put(self.rubric.version, self.model_id, keys[i], out[i])
