@@ -56,7 +56,9 @@ def main() -> None:
     out = {"agreement": agreement_with_tests(scores, resolved), "counts": dict(judge.counts)}
     out["judge_s"] = time.perf_counter() - t0
     if args.probe_n:
-        res = run_probes(judge, [v for v, ok in zip(views, resolved) if ok][: args.probe_n])
+        res = run_probes(
+            judge, [v for v, ok in zip(views, resolved, strict=True) if ok][: args.probe_n]
+        )
         out["probes"] = [r.__dict__ for r in res]
     out["counts_after_probes"] = dict(judge.counts)
     out["malformed_replies"] = judge.malformed_replies
