@@ -387,3 +387,17 @@ def test_learned_fields_from_pipeline_records():
                  "tests_report": "not resolved: 1/2 tests passed; not passing: t::b"}  # fmt: skip
     bare = learned_fields(NS(), NS(answer=DIFF, episode=None), NS(resolved=True, result=None))
     assert bare == {"statement": "", "diff": DIFF, "tool_log": "", "tests_report": ""}
+
+
+def test_step_metrics_log_judge_criteria_over_valid_episodes():
+    from coderl.config import load_config
+    from coderl.train.pipeline import step_metrics
+
+    def info(valid, minimal):
+        return {"valid": valid, "total": 1.0, "resolved": True, "failure": None,
+                "failure_reason": "", "sampled_tokens": 1, "truncated": False, "turns": 1,
+                "segments": 1, "broken_tool_calls": 0, "no_action_turns": 0, "summaries": 0,
+                "breakdown": {"tests": 1.0, "judge/minimal": minimal}}  # fmt: skip
+
+    m = step_metrics([info(True, 0.25), info(True, 0.75), info(False, 1.0)], load_config())
+    assert m["reward/judge/minimal"] == pytest.approx(0.5)
