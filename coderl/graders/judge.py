@@ -197,7 +197,7 @@ class Judge:
         return [self.tokenizer.decode(o.token_ids, skip_special_tokens=True) for o in outs]
 
     def _run(
-        self, chats: list[list[dict[str, str]]], parsers: list[Callable[[str], Any]]
+        self, chats: list[list[dict[str, str]]], parsers: Sequence[Callable[[str], Any]]
     ) -> list[Any | None]:
         """Parsed replies of ``chats`` (``parsers[i]`` parses reply i; None where malformed
         twice), through the cache; all chats of one attempt go to the engine in one call."""

@@ -77,10 +77,11 @@ class RewardModel(nn.Module):
         lora = LoraSpec(rank=spec.lora_rank, alpha=spec.lora_alpha) if spec.lora_rank else None
         policy = load_policy(spec.backbone, lora=lora, reference=False, seed=spec.seed)
         self.spec = spec
-        self.backbone = policy.model
+        backbone: Any = policy.model
+        self.backbone = backbone
         self.tokenizer = policy.tokenizer
         self.pad_id = int(policy.pad_token_id)
-        hidden = int(self.backbone.config.hidden_size)
+        hidden = int(backbone.config.hidden_size)
         gen = torch.Generator().manual_seed(spec.seed)
         self.head = nn.Linear(hidden, 1)
         with torch.no_grad():
@@ -93,7 +94,8 @@ class RewardModel(nn.Module):
         h = out.hidden_states[-1]  # (B, T, H)
         last = mask.sum(-1) - 1  # (B,)
         h_last = h[torch.arange(ids.shape[0], device=ids.device), last]  # (B, H)
-        return self.head(h_last).squeeze(-1)  # (B,)
+        r: Tensor = self.head(h_last).squeeze(-1)  # (B,)
+        return r
 
     def encode(self, item: str | Sequence[int]) -> list[int]:
         """Token ids of a text (or ids as given), cut to ``max_len`` (head and tail kept)."""
@@ -219,7 +221,7 @@ def train_rm(
         r = model(*model.batch([p.chosen for p in mb] + [p.rejected for p in mb]))  # (2P,)
         loss = bt_loss(r[: len(mb)], r[len(mb) :])
         opt.zero_grad()
-        loss.backward()
+        loss.backward()  # type: ignore[no-untyped-call]
         opt.step()
         losses.append(float(loss.detach()))
     model.eval()

@@ -135,7 +135,7 @@ def _objects(text: str) -> list[Any]:
     return out
 
 
-def _one_object(text: str) -> dict[str, Any]:
+def _one_object(text: str) -> Any:
     objs = _objects(text)
     if len(objs) != 1:
         raise MalformedJudgement(f"expected exactly one JSON object, found {len(objs)}")

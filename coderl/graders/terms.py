@@ -142,7 +142,6 @@ def rm_term(samples: list[RewardSample], cfg: RewardConfig) -> list[float]:
         raise ValueError("reward.terms.rm needs reward.rm.checkpoint (a `coderl rm train` output)")
     from coderl.graders.rm import RewardModelGrader
 
-    rm = _cached(
-        "rm", cfg.rm, lambda: RewardModelGrader.load(cfg.rm.checkpoint, squash=cfg.rm.squash)
-    )
+    ckpt = cfg.rm.checkpoint
+    rm = _cached("rm", cfg.rm, lambda: RewardModelGrader.load(ckpt, squash=cfg.rm.squash))
     return grader_term(rm)(samples, cfg)
