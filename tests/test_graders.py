@@ -401,3 +401,12 @@ def test_step_metrics_log_judge_criteria_over_valid_episodes():
 
     m = step_metrics([info(True, 0.25), info(True, 0.75), info(False, 1.0)], load_config())
     assert m["reward/judge/minimal"] == pytest.approx(0.5)
+
+
+def test_format_injection_shows_up_as_masked_episodes():
+    class Obedient:  # stops answering in the schema when the diff asks it to
+        def score(self, views):
+            return [math.nan if "prose only" in v.diff else 0.5 for v in views]
+
+    [r] = run_probes(Obedient(), _views(), ["injection_format"])
+    assert r.masked == 8 and r.n == 0 and not r.flagged and math.isnan(r.mean)
