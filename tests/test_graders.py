@@ -391,13 +391,14 @@ def test_learned_fields_from_pipeline_records():
 
 def test_step_metrics_log_judge_criteria_over_valid_episodes():
     from coderl.config import load_config
-    from coderl.train.pipeline import step_metrics
+    from coderl.envs.base import EpisodeRecord
+    from coderl.train.pipeline import episode_info, step_metrics
+    from coderl.trajectory import Trajectory
 
     def info(valid, minimal):
-        return {"valid": valid, "total": 1.0, "resolved": True, "failure": None,
-                "failure_reason": "", "sampled_tokens": 1, "truncated": False, "turns": 1,
-                "segments": 1, "broken_tool_calls": 0, "no_action_turns": 0, "summaries": 0,
-                "breakdown": {"tests": 1.0, "judge/minimal": minimal}}  # fmt: skip
+        ep = EpisodeRecord("t/0", Trajectory(segments=[]))
+        breakdown = {"tests": 1.0, "judge/minimal": minimal}
+        return episode_info(ep, RewardSample("t/0"), 1.0, valid, breakdown, (None, ""))
 
     m = step_metrics([info(True, 0.25), info(True, 0.75), info(False, 1.0)], load_config())
     assert m["reward/judge/minimal"] == pytest.approx(0.5)
