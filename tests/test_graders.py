@@ -411,3 +411,10 @@ def test_format_injection_shows_up_as_masked_episodes():
 
     [r] = run_probes(Obedient(), _views(), ["injection_format"])
     assert r.masked == 8 and r.n == 0 and not r.flagged and math.isnan(r.mean)
+
+
+def test_rm_term_without_a_checkpoint_is_a_config_error():
+    from coderl.config import ConfigError, load_config
+
+    with pytest.raises(ConfigError, match="reward.rm.checkpoint"):
+        load_config(None, ["reward.terms={tests: 1.0, rm: 1.0}"])

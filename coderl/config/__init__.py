@@ -335,6 +335,10 @@ class Config(_Section):
             raise ValueError(
                 f"reward.terms: unknown terms {unknown}; valid: {sorted(REWARD_TERMS)}"
             )
+        if "rm" in rew.terms and not rew.rm.checkpoint:  # else every sample would be masked
+            raise ValueError(
+                "reward.terms.rm needs reward.rm.checkpoint (a `coderl rm train` output)"
+            )
         if alg.advantage != "gae" and self.rollout.group_size < 2:
             raise ValueError(
                 f"rollout.group_size={self.rollout.group_size}: advantage "
