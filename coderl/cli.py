@@ -21,6 +21,8 @@ COMMANDS: dict[str, str] = {
     "online": "coderl.online.cli",
     "train-async": "coderl.asyncrl.cli",
     "agent": "coderl.agent.cli",
+    "rm": "coderl.graders.rm_cli",
+    "graders": "coderl.graders.cli",
 }
 
 

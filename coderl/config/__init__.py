@@ -24,6 +24,7 @@ from pydantic import (
 from coderl.config._base import ConfigError, _error_message, _Section
 from coderl.config.asyncrl import AsyncConfig
 from coderl.config.online import OnlineConfig
+from coderl.graders.settings import GradersConfig, JudgeConfig, RMConfig
 
 
 class ModelConfig(_Section):
@@ -114,6 +115,13 @@ class RewardConfig(_Section):
     page of ``coderl report``), besides the flagged ones."""
     audit_max_flagged: int = Field(8, ge=0)
     """Most flagged trajectories kept per step (the first ones in task order)."""
+    learned_requires_tests: bool = False
+    """Learned terms (``judge``, ``rm``) count only on samples whose tests pass (0 elsewhere):
+    they rank correct solutions and cannot turn a failing patch into reward."""
+    judge: JudgeConfig = Field(default_factory=JudgeConfig)
+    """Rubric LLM judge; used when ``judge`` is in ``terms``."""
+    rm: RMConfig = Field(default_factory=RMConfig)
+    """Reward model from preferences; used when ``rm`` is in ``terms``."""
 
 
 class KLConfig(_Section):
@@ -310,6 +318,8 @@ class Config(_Section):
     """The ``async:`` section, read by ``coderl train-async`` (``async.max_staleness=0``...)."""
     engine: EngineConfig = Field(default_factory=EngineConfig)
     """The rollout engine (``torch`` in-process, or a ``vllm`` server)."""
+    graders: GradersConfig = Field(default_factory=GradersConfig)
+    """Gameability probes of the learned graders (``coderl graders probe``)."""
     tensorboard: bool = True
     """Also log metrics to TensorBoard (``run_dir/tb``)."""
     progress: bool = True
@@ -324,6 +334,10 @@ class Config(_Section):
         if unknown:
             raise ValueError(
                 f"reward.terms: unknown terms {unknown}; valid: {sorted(REWARD_TERMS)}"
+            )
+        if "rm" in rew.terms and not rew.rm.checkpoint:  # else every sample would be masked
+            raise ValueError(
+                "reward.terms.rm needs reward.rm.checkpoint (a `coderl rm train` output)"
             )
         if alg.advantage != "gae" and self.rollout.group_size < 2:
             raise ValueError(

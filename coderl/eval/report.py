@@ -16,6 +16,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 from coderl.eval.audit import write_audit_page  # noqa: E402
+from coderl.graders.report import html_section  # noqa: E402
 from coderl.train.metrics import read_jsonl  # noqa: E402
 
 # plot file -> (title, metric keys drawn on it); the one list of what the report shows
@@ -116,6 +117,7 @@ def write_report(run_dir: str | Path) -> Path:
         else ""
     )
     last = metrics[-1] if metrics else {}
+    graders = html_section(out, metrics, run / "probes.jsonl")  # empty without learned graders
     page = f"""<!doctype html>
 <html><head><meta charset="utf-8"><title>coderl run {html.escape(run.name)}</title>
 <style>body{{font-family:sans-serif;margin:2em}}figure{{display:inline-block;margin:0.5em}}
@@ -127,6 +129,7 @@ td{{padding:0.2em 0.8em;border-bottom:1px solid #ddd}}</style></head><body>
 <table>{_summary_rows(evals) or "<tr><td>no evaluation logged</td></tr>"}</table>
 <h2>Training curves</h2>
 {figs}
+{graders}
 </body></html>
 """
     index = out / "index.html"

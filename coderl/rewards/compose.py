@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from coderl.config import RewardConfig
+from coderl.graders.terms import LEARNED_TERMS, tests_gated
 from coderl.rewards.terms import REWARD_TERMS, RewardSample, Term
 
 
@@ -30,7 +31,8 @@ class RewardResult:
     valid: list[bool]
     """False where grading failed or a term crashed or timed out for the sample."""
     breakdown: list[dict[str, float]]
-    """Per sample: term name -> weighted value (NaN for a term that failed on the sample)."""
+    """Per sample: term name -> weighted value (NaN for a term that failed on the sample),
+    plus the sample's ``details`` (e.g. ``judge/<criterion>``, not part of the total)."""
     counts: dict[str, int] = field(default_factory=dict)
     """``grading_errors``, ``term_errors``, ``term_timeouts``, ``masked``."""
     errors: list[str] = field(default_factory=list)
@@ -147,13 +149,17 @@ def compute_rewards(
     )
     result.counts.update(term_errors=0, term_timeouts=0)
     for name, weight in cfg.terms.items():
-        values = _run_term(name, registry[name], samples, cfg, result) if n else []
+        term = registry[name]
+        if cfg.learned_requires_tests and name in LEARNED_TERMS:
+            term = tests_gated(term)  # a learned grader cannot reward a failing patch
+        values = _run_term(name, term, samples, cfg, result) if n else []
         for i, v in enumerate(values):
             result.breakdown[i][name] = weight * v
             if math.isnan(v):
                 result.valid[i] = False
     for i in range(n):
         total = sum(result.breakdown[i].values())
+        result.breakdown[i].update(samples[i].details)  # per-criterion scores, not in the total
         result.totals[i] = total if result.valid[i] else math.nan
     result.counts["masked"] = sum(not v for v in result.valid)
     return result

@@ -8,7 +8,7 @@ and sums them, keeps the per-term breakdown, and masks samples whose term raised
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from coderl.config import RewardConfig
 
@@ -37,6 +37,17 @@ class RewardSample:
     """Fraction of the task's gradable episodes that resolved it (filled in by compute_rewards)."""
     kl_k1: float = 0.0
     """Sum over sampled tokens of ``logp - ref_logp`` (k1 estimate of KL to the reference)."""
+    statement: str = ""
+    """Task statement (read by the learned graders, ``judge`` and ``rm``)."""
+    diff: str = ""
+    """The episode's final diff (learned graders)."""
+    tool_log: str = ""
+    """Tool-call summary, ``coderl.graders.judge.tool_log_summary`` (learned graders)."""
+    tests_report: str = ""
+    """Test outcomes in words, ``coderl.graders.judge.tests_report`` (learned graders)."""
+    details: dict[str, float] = field(default_factory=dict)
+    """Extra per-sample numbers a term reports (``judge/<criterion>``); copied into the reward
+    breakdown, never summed into the total."""
 
 
 Term = Callable[[list[RewardSample], RewardConfig], list[float]]
@@ -92,9 +103,25 @@ def kl_term(samples: list[RewardSample], cfg: RewardConfig) -> list[float]:
     return [-cfg.kl_coef * s.kl_k1 for s in samples]
 
 
+def judge_term(samples: list[RewardSample], cfg: RewardConfig) -> list[float]:
+    """Rubric LLM judge, :func:`coderl.graders.terms.judge_term`."""
+    from coderl.graders.terms import judge_term as term  # lazy: loads a model
+
+    return term(samples, cfg)
+
+
+def rm_term(samples: list[RewardSample], cfg: RewardConfig) -> list[float]:
+    """Reward model from preferences, :func:`coderl.graders.terms.rm_term`."""
+    from coderl.graders.terms import rm_term as term  # lazy: loads a model
+
+    return term(samples, cfg)
+
+
 REWARD_TERMS: dict[str, Term] = {
     "tests": tests_term,
     "broken_calls": broken_calls_term,
     "length": length_term,
     "kl": kl_term,
+    "judge": judge_term,
+    "rm": rm_term,
 }

@@ -48,6 +48,8 @@ from torch import nn
 from coderl.config import Config
 from coderl.envs.base import Environment, EpisodeRecord, FailureKind, GradeRecord
 from coderl.eval.audit import audit_record, select_for_audit, write_audit_records
+from coderl.graders.report import criteria_metrics
+from coderl.graders.terms import learned_fields
 from coderl.policy.base import SamplingParams
 from coderl.rewards import RewardResult, RewardSample, compute_rewards
 from coderl.rewards.hacks import HackFlag, detect_hacks, flag_counts, suspected_hack_rate
@@ -178,6 +180,7 @@ def reward_samples(
                 token_budget=budget,
                 broken_tool_calls=ep.broken_tool_calls,
                 ease=env.ease(task),
+                **learned_fields(task, ep, g),  # what a judge or reward model reads
             )
         )
     return out
@@ -474,6 +477,7 @@ def step_metrics(infos: list[dict[str, Any]], cfg: Config) -> dict[str, float]:
     m["episode/summaries"] = sum(x["summaries"] for x in infos) / d
     for name in cfg.reward.terms:
         m[f"reward/{name}"] = _mean([x["breakdown"][name] for x in valid if name in x["breakdown"]])
+    m.update(criteria_metrics([x["breakdown"] for x in infos], [x["valid"] for x in infos]))
     infra = sum(x["failure"] == "infra" for x in infos)
     m["infra_failed_rate"] = infra / d
     m["agent_failed_rate"] = sum(x["failure"] == "agent" for x in infos) / d

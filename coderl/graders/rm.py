@@ -1,0 +1,255 @@
+"""A reward model from preferences: a scalar head on a causal LM backbone, trained with the
+Bradley-Terry loss on (chosen, rejected) pairs.
+
+``r(x) = w . h_T(x) + b``, where ``h_T`` is the backbone's last-layer hidden state at the last
+token of ``x``. Training minimises the Bradley-Terry negative log-likelihood (Bradley & Terry 1952,
+"Rank Analysis of Incomplete Block Designs", Biometrika 39; as the reward-model loss of Ouyang et
+al. 2022, InstructGPT, Sec. 3.5, Eq. 1)::
+
+    loss = -mean_pairs log sigmoid(r(chosen) - r(rejected))
+
+The backbone is trained with LoRA (peft; only the adapter and the head learn) or fully. Held-out
+accuracy is the fraction of pairs with ``r(chosen) > r(rejected)`` with Wilson's 95% interval
+(:func:`coderl.stats.wilson_interval`); the split keeps every pair of one context on one side.
+Checkpoints: ``rm.safetensors`` (the trainable weights and the head) and ``rm.json`` (how to
+rebuild the backbone); loading rebuilds the backbone from its spec and loads those weights.
+
+Limits: sequences longer than ``max_len`` keep their first and last ``max_len // 2`` tokens; no
+padding-free packing; a full fine-tune checkpoint holds every weight.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import zlib
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from safetensors.torch import load_file, save_file
+from torch import Tensor, nn
+
+from coderl.graders.judge import EpisodeView
+from coderl.graders.pairs import PreferencePair, render_episode
+from coderl.stats import wilson_interval
+
+
+def bt_loss(r_chosen: Tensor, r_rejected: Tensor) -> Tensor:
+    """Bradley-Terry loss ``-mean log sigmoid(r_chosen - r_rejected)`` (module docstring).
+
+    Args:
+        r_chosen, r_rejected: (P,) float rewards of the two sides of P pairs.
+
+    Returns:
+        () float tensor.
+    """
+    return -F.logsigmoid(r_chosen - r_rejected).mean()
+
+
+@dataclass
+class RMSpec:
+    """How to rebuild a reward model's backbone (stored as ``rm.json``)."""
+
+    backbone: str
+    """Model name or path for :func:`coderl.policy.loading.load_policy`."""
+    lora_rank: int | None = 16
+    """LoRA rank; None: full fine-tune."""
+    lora_alpha: float = 32.0
+    seed: int = 0
+    """Weight seed (``tiny-random``) and head initialisation."""
+    max_len: int = 512
+    """Tokens per scored sequence."""
+
+
+class RewardModel(nn.Module):
+    """Backbone + scalar head; ``forward(ids, mask) -> (B,)`` rewards."""
+
+    def __init__(self, spec: RMSpec) -> None:
+        super().__init__()
+        from coderl.policy.loading import load_policy
+        from coderl.policy.local import LoraSpec
+
+        lora = LoraSpec(rank=spec.lora_rank, alpha=spec.lora_alpha) if spec.lora_rank else None
+        policy = load_policy(spec.backbone, lora=lora, reference=False, seed=spec.seed)
+        self.spec = spec
+        backbone: Any = policy.model
+        self.backbone = backbone
+        self.tokenizer = policy.tokenizer
+        self.pad_id = int(policy.pad_token_id)
+        hidden = int(backbone.config.hidden_size)
+        gen = torch.Generator().manual_seed(spec.seed)
+        self.head = nn.Linear(hidden, 1)
+        with torch.no_grad():
+            self.head.weight.copy_(torch.randn(1, hidden, generator=gen) / math.sqrt(hidden))
+            self.head.bias.zero_()
+
+    def forward(self, ids: Tensor, mask: Tensor) -> Tensor:
+        """ids, mask: (B, T) long, right-padded; returns (B,) float rewards."""
+        out = self.backbone(input_ids=ids, attention_mask=mask, output_hidden_states=True)
+        h = out.hidden_states[-1]  # (B, T, H)
+        last = mask.sum(-1) - 1  # (B,)
+        h_last = h[torch.arange(ids.shape[0], device=ids.device), last]  # (B, H)
+        r: Tensor = self.head(h_last).squeeze(-1)  # (B,)
+        return r
+
+    def encode(self, item: str | Sequence[int]) -> list[int]:
+        """Token ids of a text (or ids as given), cut to ``max_len`` (head and tail kept)."""
+        ids = list(item) if not isinstance(item, str) else self.tokenizer(item)["input_ids"]
+        n = self.spec.max_len
+        if len(ids) > n:
+            ids = ids[: n // 2] + ids[len(ids) - (n - n // 2) :]
+        return ids or [self.pad_id]
+
+    def batch(self, items: Sequence[str | Sequence[int]]) -> tuple[Tensor, Tensor]:
+        """Right-padded (B, T) ids and mask."""
+        seqs = [self.encode(x) for x in items]
+        t = max(len(s) for s in seqs)
+        ids = torch.full((len(seqs), t), self.pad_id, dtype=torch.long)
+        mask = torch.zeros((len(seqs), t), dtype=torch.long)
+        for i, s in enumerate(seqs):
+            ids[i, : len(s)] = torch.tensor(s)
+            mask[i, : len(s)] = 1
+        return ids, mask
+
+    @torch.no_grad()
+    def rewards(self, items: Sequence[str | Sequence[int]], batch_size: int = 8) -> list[float]:
+        self.eval()
+        out: list[float] = []
+        for i in range(0, len(items), batch_size):
+            out += self(*self.batch(items[i : i + batch_size])).tolist()
+        return out
+
+    def trainable_state(self) -> dict[str, Tensor]:
+        return {
+            n: p.detach().clone().contiguous()
+            for n, p in self.named_parameters()
+            if p.requires_grad
+        }
+
+    def save(self, out_dir: str | Path) -> Path:
+        """Write ``rm.safetensors`` and ``rm.json`` to ``out_dir``; returns it."""
+        d = Path(out_dir)
+        d.mkdir(parents=True, exist_ok=True)
+        save_file(self.trainable_state(), str(d / "rm.safetensors"))
+        (d / "rm.json").write_text(json.dumps(asdict(self.spec), indent=1))
+        return d
+
+    @classmethod
+    def load(cls, ckpt_dir: str | Path) -> RewardModel:
+        """Rebuild from ``rm.json`` and load ``rm.safetensors``.
+
+        Raises:
+            FileNotFoundError: a file is missing.
+            ValueError: the weights do not match the rebuilt model's trainable parameters.
+        """
+        d = Path(ckpt_dir)
+        for f in ("rm.json", "rm.safetensors"):
+            if not (d / f).is_file():
+                raise FileNotFoundError(f"{d / f} does not exist (not a `coderl rm train` output)")
+        model = cls(RMSpec(**json.loads((d / "rm.json").read_text())))
+        state = load_file(str(d / "rm.safetensors"))
+        want = set(model.trainable_state())
+        if set(state) != want:
+            raise ValueError(
+                f"{d}: weights do not match the model: missing {sorted(want - set(state))[:5]}, "
+                f"unexpected {sorted(set(state) - want)[:5]}"
+            )
+        model.load_state_dict(state, strict=False)
+        return model.eval()
+
+
+def split_pairs(
+    pairs: Sequence[PreferencePair], heldout_fraction: float = 0.2
+) -> tuple[list[PreferencePair], list[PreferencePair]]:
+    """(train, held-out) by a hash of the context id, so a context never straddles the split."""
+    held = [p for p in pairs if zlib.crc32(p.context_id.encode()) % 1000 < heldout_fraction * 1000]
+    ids = {id(p) for p in held}
+    return [p for p in pairs if id(p) not in ids], held
+
+
+@dataclass
+class PairwiseAccuracy:
+    n: int
+    correct: int
+    """Pairs with r(chosen) > r(rejected) (ties count as wrong)."""
+    accuracy: float
+    lo: float
+    hi: float
+    """Wilson 95% interval of the accuracy."""
+
+
+def pairwise_accuracy(model: RewardModel, pairs: Sequence[PreferencePair]) -> PairwiseAccuracy:
+    """Held-out pairwise accuracy with its Wilson interval (NaN fields when no pairs)."""
+    if not pairs:
+        return PairwiseAccuracy(0, 0, math.nan, math.nan, math.nan)
+    rc = model.rewards([p.chosen for p in pairs])
+    rr = model.rewards([p.rejected for p in pairs])
+    k = sum(a > b for a, b in zip(rc, rr, strict=True))
+    lo, hi = wilson_interval(k, len(pairs), 1.959964)
+    return PairwiseAccuracy(len(pairs), k, k / len(pairs), max(lo, 0.0), min(hi, 1.0))
+
+
+def train_rm(
+    model: RewardModel,
+    pairs: Sequence[PreferencePair],
+    *,
+    steps: int = 100,
+    batch_size: int = 8,
+    lr: float = 1e-4,
+    seed: int = 0,
+) -> list[float]:
+    """AdamW on the Bradley-Terry loss over random minibatches of ``pairs``; returns the loss
+    per step.
+
+    Raises:
+        ValueError: no pairs.
+    """
+    if not pairs:
+        raise ValueError("train_rm needs at least one preference pair")
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
+    rng = random.Random(seed)
+    losses = []
+    model.train()
+    for _ in range(steps):
+        mb = rng.sample(list(pairs), min(batch_size, len(pairs)))
+        r = model(*model.batch([p.chosen for p in mb] + [p.rejected for p in mb]))  # (2P,)
+        loss = bt_loss(r[: len(mb)], r[len(mb) :])
+        opt.zero_grad()
+        loss.backward()  # type: ignore[no-untyped-call]
+        opt.step()
+        losses.append(float(loss.detach()))
+    model.eval()
+    return losses
+
+
+@dataclass
+class RewardModelGrader:
+    """A trained reward model as a grader: ``score(views)`` renders each episode
+    (:func:`coderl.graders.pairs.render_episode`) and returns ``sigmoid(r)`` (or ``r``)."""
+
+    model: RewardModel
+    squash: bool = True
+
+    @classmethod
+    def load(cls, ckpt_dir: str | Path, *, squash: bool = True) -> RewardModelGrader:
+        return cls(RewardModel.load(ckpt_dir), squash)
+
+    def score(self, views: Sequence[EpisodeView]) -> list[float]:
+        if not views:
+            return []
+        r = self.model.rewards([render_episode(v) for v in views])
+        return [1 / (1 + math.exp(-x)) if self.squash else x for x in r]
+
+
+def summary(acc: PairwiseAccuracy, losses: Sequence[float]) -> dict[str, Any]:
+    """What ``coderl rm train`` / ``eval`` print and store."""
+    out: dict[str, Any] = asdict(acc)
+    if losses:
+        out["first_loss"], out["last_loss"] = losses[0], losses[-1]
+    return out

@@ -1,0 +1,100 @@
+"""``coderl rm train`` / ``coderl rm eval``: a Bradley-Terry reward model from preference pairs.
+
+Pairs come from any of ``--pairs`` (labelled JSONL), ``--episodes`` (resolved over unresolved
+episodes of the same task) and ``--store`` (kept over discarded completions in the online store);
+see :mod:`coderl.graders.pairs`. ``train`` splits them by context, trains, writes the checkpoint
+and ``rm_eval.json`` (held-out pairwise accuracy with its Wilson 95% interval); ``eval`` scores a
+checkpoint on all the pairs given.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from coderl.graders.pairs import (
+    PreferencePair,
+    pairs_from_jsonl,
+    pairs_from_outcomes,
+    pairs_from_store,
+    read_episodes,
+)
+
+
+def _pairs(args: argparse.Namespace) -> list[PreferencePair]:
+    out: list[PreferencePair] = []
+    if args.pairs:
+        out += pairs_from_jsonl(args.pairs)
+    if args.episodes:
+        out += pairs_from_outcomes(*read_episodes(args.episodes))
+    if args.store:
+        from coderl.online.store import Store
+
+        store = Store(args.store)
+        try:
+            out += pairs_from_store(store)
+        finally:
+            store.close()
+    if not out:
+        raise ValueError("no preference pairs: give --pairs, --episodes or --store with data")
+    return out
+
+
+def train(args: argparse.Namespace) -> int:
+    from coderl.graders.rm import (
+        RewardModel,
+        RMSpec,
+        pairwise_accuracy,
+        split_pairs,
+        summary,
+        train_rm,
+    )
+
+    pairs = _pairs(args)
+    tr, held = split_pairs(pairs, args.heldout)
+    if not tr:
+        raise ValueError(f"all {len(pairs)} pairs fell in the held-out split; lower --heldout")
+    spec = RMSpec(args.backbone, args.lora_rank or None, seed=args.seed, max_len=args.max_len)
+    model = RewardModel(spec)
+    losses = train_rm(model, tr, steps=args.steps, batch_size=args.batch_size, lr=args.lr)
+    out = model.save(args.out)
+    result = {"train_pairs": len(tr), **summary(pairwise_accuracy(model, held), losses)}
+    (out / "rm_eval.json").write_text(json.dumps(result, indent=1))
+    print(json.dumps(result, indent=1))
+    return 0
+
+
+def evaluate(args: argparse.Namespace) -> int:
+    from coderl.graders.rm import RewardModel, pairwise_accuracy, summary
+
+    model = RewardModel.load(args.checkpoint)
+    print(json.dumps(summary(pairwise_accuracy(model, _pairs(args)), []), indent=1))
+    return 0
+
+
+def _sources(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--pairs", help="JSONL of labelled pairs {context, chosen, rejected}")
+    p.add_argument("--episodes", help="episodes JSONL (resolved over unresolved, same task)")
+    p.add_argument("--store", help="online store URL (sqlite:///... or postgresql://...)")
+
+
+def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = sub.add_parser("rm", help="train / evaluate a reward model from preferences")
+    rm = p.add_subparsers(dest="rm_command", metavar="ACTION", required=True)
+    t = rm.add_parser("train", help="Bradley-Terry training with a held-out accuracy")
+    _sources(t)
+    t.add_argument("--backbone", default="smollm2-135m", help="model name or path")
+    t.add_argument("--out", type=Path, required=True, help="checkpoint directory")
+    t.add_argument("--lora-rank", type=int, default=16, help="LoRA rank; 0: full fine-tune")
+    t.add_argument("--steps", type=int, default=200)
+    t.add_argument("--batch-size", type=int, default=8, help="pairs per step")
+    t.add_argument("--lr", type=float, default=1e-4)
+    t.add_argument("--max-len", type=int, default=512, help="tokens per scored sequence")
+    t.add_argument("--heldout", type=float, default=0.2, help="held-out fraction of contexts")
+    t.add_argument("--seed", type=int, default=0)
+    t.set_defaults(func=train)
+    e = rm.add_parser("eval", help="pairwise accuracy of a checkpoint on pairs")
+    e.add_argument("checkpoint", type=Path)
+    _sources(e)
+    e.set_defaults(func=evaluate)
