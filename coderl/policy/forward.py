@@ -79,7 +79,8 @@ def forward(
         raise ValueError(f"at {tuple(score.shape)} does not match {tuple(tokens.input_ids.shape)}")
     if bool(((score > 0) & (tokens.position_ids == 0)).any()):
         raise ValueError("a scored token has no prefix (position 0): nothing predicts it")
-    ctx = torch.autocast("cpu", dtype=torch.bfloat16) if bf16 else nullcontext()
+    device_type = tokens.input_ids.device.type  # autocast of the device the batch is on
+    ctx = torch.autocast(device_type, dtype=torch.bfloat16) if bf16 else nullcontext()
     scored = score[:, 1:] > 0  # (B, T-1): token t+1 is scored, predicted at t
     with ctx:
         last, pred = _scored_logits(model, tokens, scored, value_head is not None)

@@ -59,9 +59,9 @@ def outcome_token_rewards(mask: Tensor, rewards: Tensor) -> Tensor:
         rewards: ``[B]`` float, the outcome reward of each row's episode.
     """
     T = mask.shape[1]
-    pos = torch.arange(T).expand_as(mask)
+    pos = torch.arange(T, device=mask.device).expand_as(mask)
     last = torch.where(mask, pos, torch.full_like(pos, -1)).max(dim=1).values  # (B,)
-    out = torch.zeros(mask.shape, dtype=torch.float32)
+    out = torch.zeros(mask.shape, dtype=torch.float32, device=mask.device)
     rows = (last >= 0).nonzero().squeeze(1)
     out[rows, last[rows]] = rewards[rows].float()
     return out

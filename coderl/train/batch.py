@@ -41,6 +41,23 @@ class StepBatch:
         """``[B, T]`` bool, True on sampled tokens."""
         return self.tokens.loss_mask > 0
 
+    def to(self, device: torch.device | str) -> StepBatch:
+        """The same batch with every tensor on ``device``."""
+        extra = {
+            name: (v.to(device) if v is not None else None)
+            for name in ("advantages", "ref_logp", "old_values", "returns")
+            for v in [getattr(self, name)]
+        }
+        return StepBatch(tokens=self.tokens.to(device), **extra)
+
+    def tensors(self) -> dict[str, Tensor]:
+        """Every tensor of the batch by name (``tokens.*`` and the RL fields that are set)."""
+        out = {f"tokens.{f.name}": getattr(self.tokens, f.name) for f in fields(self.tokens)}
+        for name in ("advantages", "ref_logp", "old_values", "returns"):
+            if getattr(self, name) is not None:
+                out[name] = getattr(self, name)
+        return out
+
     def rows(self, start: int, stop: int) -> StepBatch:
         """Rows ``start:stop`` with the same padded length T."""
         tok = TrainBatch(

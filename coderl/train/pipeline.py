@@ -211,6 +211,7 @@ def fill_kl_k1(
     if not segs:
         return
     batch = build_batch([s for _, s in segs], [0.0] * len(segs), policy.pad_token_id)
+    batch = batch.to(policy.device)
     ref = reference_logprobs(policy, cfg, batch)
     k1 = ((batch.tokens.behavior_logprobs - ref) * batch.tokens.loss_mask).sum(-1)  # (B,)
     for (i, _), v in zip(segs, k1.tolist(), strict=True):
@@ -406,7 +407,7 @@ def make_batch(
             segs.append(s)
             adv.append(0.0 if gae else float(a[j]))
             seg_reward.append(totals[i] if k == len(segments) - 1 else 0.0)
-    batch = build_batch(segs, adv, policy.pad_token_id)
+    batch = build_batch(segs, adv, policy.pad_token_id).to(policy.device)  # trainer.device
     if cfg.algorithm.kl.coef > 0:
         batch.ref_logp = reference_logprobs(policy, cfg, batch)
     if gae:
@@ -427,7 +428,7 @@ def make_batch(
         values = torch.cat(parts)  # (B, T)
         values = values * batch.loss_mask
         batch.advantages, batch.returns = gae_advantages(
-            torch.tensor(seg_reward),
+            torch.tensor(seg_reward, device=values.device),
             values,
             batch.loss_mask,
             gamma=cfg.algorithm.gamma,

@@ -2,6 +2,15 @@
 evaluate it; shared by ``coderl train``, ``coderl train-async``, ``coderl sft`` and
 ``coderl eval`` (none of them imports another's recipe).
 
+The run's rollout engine (:func:`coderl.policy.rollout.build_engine`, ``cfg.engine``) is built
+last, from the weights the run starts with; every later change of the weights outside a step (the
+SFT warm start, a restore) re-syncs it, and the loop syncs it after every optimizer step.
+
+Every tensor follows ``trainer.device`` (:func:`resolve_device`): the policy and its reference,
+the value head, the optimizer state (created on its parameters' device; restored state is cast
+there by ``torch.optim.Optimizer.load_state_dict``) and each step's batch
+(:func:`coderl.train.pipeline.make_batch`).
+
 A checkpoint's ``state.json`` holds ``step``, ``version`` (the policy's weights version) and
 ``cursor`` (tasks handed out so far); the async driver adds its task ``ledger``.
 """
@@ -22,6 +31,7 @@ from coderl.config import Config
 from coderl.envs import Environment, build_environment
 from coderl.policy.loading import load_policy
 from coderl.policy.local import LocalPolicy, LoraSpec
+from coderl.policy.rollout import RolloutEngine, build_engine
 from coderl.train.checkpoint import (
     latest_checkpoint,
     load_checkpoint,
@@ -36,13 +46,29 @@ SFT_WEIGHTS = "sft/trainable.safetensors"
 EVAL_SEED_OFFSET = 1_000_003
 
 
+def resolve_device(name: str) -> torch.device:
+    """The torch device of ``trainer.device``: ``"auto"`` is ``cuda`` when a CUDA device is
+    visible, else ``cpu``; anything else is passed to :class:`torch.device` (``"cpu"``,
+    ``"cuda"``, ``"cuda:1"``; ``"meta"`` places tensors without data, for placement tests).
+
+    Raises:
+        RuntimeError: a CUDA device is named and none is available (torch's own error text).
+    """
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(name)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError(f"trainer.device={name!r} but torch sees no CUDA device")
+    return device
+
+
 def build_policy(cfg: Config) -> LocalPolicy:
-    """The policy of ``cfg.model``: LoRA adapters (reference = adapter disabled) or full
-    fine-tuning (reference = a frozen copy)."""
+    """The policy of ``cfg.model`` on ``trainer.device``: LoRA adapters (reference = adapter
+    disabled) or full fine-tuning (reference = a frozen copy on the same device)."""
     m = cfg.model
     lora = LoraSpec(rank=m.lora_r, alpha=m.lora_alpha, dropout=m.lora_dropout) if m.lora else None
     torch.manual_seed(m.seed)  # LoRA initialisation
-    return load_policy(m.name, lora=lora, seed=m.seed)
+    return load_policy(m.name, lora=lora, seed=m.seed, device=resolve_device(cfg.trainer.device))
 
 
 @dataclass
@@ -58,15 +84,24 @@ class Run:
     """The task order and data cursor (the async driver's ledger reads tasks from it too)."""
     value_head: nn.Module | None = None
     step: int = 0
+    engine: RolloutEngine | None = None
+    """What rollouts sample from (``cfg.engine``); synced after every weight change. None until
+    :func:`setup_run` builds it (or when built with ``engine=False``)."""
     extra: dict[str, Any] = field(default_factory=dict)
 
 
-def setup_run(cfg: Config, *, resume: bool = False, load_sft: bool = True) -> Run:
+def setup_run(
+    cfg: Config, *, resume: bool = False, load_sft: bool = True, engine: bool = True
+) -> Run:
     """Build policy, environment, optimizer and data cursor; restore them from the latest
-    checkpoint of ``cfg.run_dir`` when ``resume``.
+    checkpoint of ``cfg.run_dir`` when ``resume``; then the rollout engine (``engine=False``:
+    none, e.g. to load other weights first and build an evaluation engine). The caller closes
+    ``run.engine`` (:func:`close_run`).
 
     Raises:
         FileNotFoundError: ``resume`` and the run has no complete checkpoint.
+        ValueError, coderl.policy.vllm_server.ServerError, coderl.policy.vllm_engine.CanaryError:
+            from :func:`coderl.policy.rollout.build_engine`.
     """
     random.seed(cfg.seed)
     np.random.seed(cfg.seed)
@@ -77,7 +112,7 @@ def setup_run(cfg: Config, *, resume: bool = False, load_sft: bool = True) -> Ru
     value_head = None
     if cfg.algorithm.advantage == "gae":
         torch.manual_seed(cfg.seed)
-        value_head = nn.Linear(policy.model.config.hidden_size, 1)
+        value_head = nn.Linear(policy.model.config.hidden_size, 1).to(policy.device)
         groups.append({"params": list(value_head.parameters()), "lr": cfg.algorithm.value_lr})
     optimizer, scheduler = build_optimizer(groups, cfg.trainer)
     run = Run(
@@ -93,7 +128,26 @@ def setup_run(cfg: Config, *, resume: bool = False, load_sft: bool = True) -> Ru
         load_sft_weights(run)  # start RL from the SFT warm start
     if resume:
         restore(run)
+    if engine:
+        run.engine = build_engine(cfg, policy)  # its first sync: the weights the run starts with
     return run
+
+
+def close_run(run: Run) -> None:
+    """Close the run's engine (a vLLM server coderl started is stopped); idempotent."""
+    if run.engine is not None:
+        run.engine.close()
+        run.engine = None
+
+
+def sync_engine(run: Run) -> dict[str, float]:
+    """Push the policy's current weights to the run's engine (canary-checked); its metrics
+    (``engine/canary_gap`` for vLLM, none for torch; nothing without an engine).
+
+    Raises:
+        coderl.policy.vllm_engine.CanaryError: the engine serves other weights.
+    """
+    return run.engine.sync(run.policy) if run.engine is not None else {}
 
 
 def save(run: Run, **state: Any) -> Path:
@@ -125,6 +179,7 @@ def restore(run: Run) -> dict[str, Any]:
     )
     run.step, run.policy.version = int(state["step"]), int(state["version"])
     run.sampler.position = int(state.get("cursor", 0))
+    sync_engine(run)
     return state
 
 
@@ -135,11 +190,13 @@ def load_sft_weights(run: Run) -> bool:
     if not (run.cfg.sft.enabled and sft.is_file()):
         return False
     load_trainable(run.policy.model, load_file(str(sft)))
+    sync_engine(run)
     return True
 
 
 def run_eval(run: Run, split: str | None = None) -> dict[str, Any]:
-    """Held-out evaluation with the eval config (same seeds every time: before/after pairs)."""
+    """Held-out evaluation with the eval config (same seeds every time: before/after pairs),
+    sampled through ``run.engine`` (the policy's own sampler when the run has none)."""
     from coderl.eval.passk import evaluate
 
     cfg = run.cfg
@@ -147,7 +204,7 @@ def run_eval(run: Run, split: str | None = None) -> dict[str, Any]:
     params = sampling_params(cfg, cfg.seed + EVAL_SEED_OFFSET, cfg.eval.temperature)
     res = evaluate(
         run.env,
-        run.policy,
+        run.engine if run.engine is not None else run.policy,
         tasks,
         samples=cfg.eval.samples,
         ks=cfg.eval.k,

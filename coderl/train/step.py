@@ -194,13 +194,13 @@ def accumulate_gradients(
         ent = A.aggregate(out.entropy, mask, agg, max_len=max_len)
         if cfg.entropy_coef > 0:
             loss = loss - cfg.entropy_coef * ent
-        kl = torch.zeros(())
+        kl = torch.zeros((), device=out.logp.device)
         if mb.ref_logp is not None:
             kl_tok = A.kl_penalty(out.logp, mb.ref_logp, cfg.kl.estimator)
             kl = A.aggregate(kl_tok, mask, agg, max_len=max_len)
             if cfg.kl.coef > 0:
                 loss = loss + cfg.kl.coef * kl
-        vloss = torch.zeros(())
+        vloss = torch.zeros((), device=out.logp.device)
         if out.values is not None:
             assert mb.old_values is not None and mb.returns is not None
             vloss = A.value_loss(
