@@ -27,12 +27,13 @@ from coderl.config import Config
 from coderl.policy import EpisodeBuilder, LoraSpec, SamplingParams, collate, load_policy
 from coderl.policy.rollout import StaleEngineError, VLLMRollout, build_engine
 from coderl.policy.vllm_engine import CanaryError, EngineError, VLLMEngine, canary_probe
-from coderl.policy.vllm_server import ServerError, VLLMServer, write_base_model
+from coderl.policy.vllm_server import ServerError, VLLMServer, vllm_python, write_base_model
 
-VENV_PYTHON = Path(__file__).resolve().parents[1] / ".venv-vllm" / "bin" / "python"
-if not VENV_PYTHON.is_file():
+try:
+    VENV_PYTHON = vllm_python()  # $CODERL_VLLM_PYTHON or .venv-vllm
+except FileNotFoundError as err:
     if os.environ.get("CI") == "true":
-        pytest.fail(f"{VENV_PYTHON} missing: CI must build it (make vllm)", pytrace=False)
+        pytest.fail(f"{err}: CI must build it (make vllm)", pytrace=False)
     pytest.skip("no .venv-vllm: run `make vllm`", allow_module_level=True)
 
 LORA = LoraSpec(rank=8)
@@ -362,3 +363,203 @@ def test_an_environment_rolls_out_through_the_vllm_engine(server, tmp_path):
     segments = [e.trajectory.segments[0] for e in episodes]
     assert max(_trainer_gaps(policy, segments, 1.0)) < 1e-3
     assert len(env.grade([t for t in tasks for _ in range(3)], episodes)) == 6
+
+
+# --- the drivers on vLLM: coderl train (and its resume), train-async, serve --------------------
+
+TOY = Path(__file__).resolve().parents[1] / "configs" / "toy.yaml"
+TRAIN = [
+    "progress=false", "tensorboard=false", "eval.before_after=false",
+    "model.lora=true", "model.lora_r=8", "trainer.lr=0.05", "trainer.steps=6",
+    "trainer.checkpoint_every=1", "trainer.keep_checkpoints=10", "rollout.group_size=4",
+    "rollout.max_new_tokens=4", "engine.kind=vllm", f"engine.max_model_len={MAX_LEN}",
+    "engine.kv_cache_gib=1",
+]  # fmt: skip
+VOLATILE = ("time/", "tokens_per_s/")
+
+
+def _stable(rows):
+    return [{k: v for k, v in r.items() if not k.startswith(VOLATILE)} for r in rows]
+
+
+def _state(run_dir: Path, step: int) -> dict:
+    import json
+
+    return json.loads((run_dir / "checkpoints" / f"step-{step:06d}" / "state.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(server, tmp_path_factory):
+    """``coderl train`` on the toy task through the module's vLLM server (``engine.url``)."""
+    from coderl.config import load_config
+    from coderl.train.loop import train
+
+    run_dir = tmp_path_factory.mktemp("ref")
+    train(load_config(TOY, [*TRAIN, f"run_dir={run_dir}", f"engine.url={server.url}"]))
+    return run_dir
+
+
+def test_train_samples_through_vllm_and_syncs_every_step(uninterrupted):
+    from coderl.train.metrics import read_jsonl
+
+    rows = read_jsonl(uninterrupted / "metrics.jsonl")
+    assert [r["step"] for r in rows] == [1, 2, 3, 4, 5, 6]
+    for r in rows:  # every new version was canary-checked, and rollouts are the trainer's
+        assert 0 <= r["engine/canary_gap"] < 1e-3 and r["logprob_gap"] < 1e-3, r
+    assert rows[-1]["policy_version"] == 6
+    assert len({r["loss"] for r in rows}) > 1  # it trained (the adapter moved)
+
+
+def test_server_killed_mid_training_then_resume_loses_and_repeats_nothing(
+    server, uninterrupted, tmp_path
+):
+    from coderl.config import load_config
+    from coderl.train.loop import train
+    from coderl.train.metrics import read_jsonl
+
+    cut = tmp_path / "cut"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "coderl", "train", str(TOY), *TRAIN, f"run_dir={cut}",
+         "engine.ready_timeout_s=240", "--no-report"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    marker = cut / "checkpoints" / "step-000002" / "state.json"
+    deadline = time.monotonic() + 300
+    while not marker.exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.02)
+    vllm = [c for c in psutil.Process(proc.pid).children() if "vllm" in " ".join(c.cmdline())]
+    assert len(vllm) == 1, "the trainer should have started one vLLM server"
+    pgid = vllm[0].pid
+    os.killpg(pgid, signal.SIGKILL)  # the server dies (OOM killer, a crash) mid-run
+    _, stderr = proc.communicate(timeout=120)
+    assert proc.returncode != 0
+    assert "EngineError" in stderr and "exited with code -9" in stderr, stderr[-3000:]
+    assert _group(pgid) == []  # nothing of the server is left
+    done = sorted(p.name for p in (cut / "checkpoints").iterdir() if p.name.startswith("step-"))
+    assert "step-000006" not in done  # it really stopped mid-run
+
+    # resume (through the module's server: the same engine, the same seeds)
+    train(load_config(TOY, [*TRAIN, f"run_dir={cut}", f"engine.url={server.url}"]), resume=True)
+    ref, got = read_jsonl(uninterrupted / "metrics.jsonl"), read_jsonl(cut / "metrics.jsonl")
+    assert [r["step"] for r in got] == [1, 2, 3, 4, 5, 6]  # nothing lost, nothing twice
+    assert _state(cut, 6) == _state(uninterrupted, 6)  # step, task cursor, version
+    for ra, rb in zip(_stable(ref), _stable(got), strict=True):
+        assert ra.keys() == rb.keys()
+        for k in ra:  # the same tasks, samples and updates as the run that never died
+            assert rb[k] == pytest.approx(ra[k], rel=1e-4, abs=1e-6), (ra["step"], k)
+
+
+def test_train_async_at_staleness_zero_reproduces_train_on_vllm(server, uninterrupted, tmp_path):
+    from coderl.asyncrl.trainer import train_async
+    from coderl.config import load_config
+    from coderl.train.metrics import read_jsonl
+
+    cfg = load_config(
+        TOY, [*TRAIN, f"run_dir={tmp_path}", f"engine.url={server.url}", "async.max_staleness=0"]
+    )
+    train_async(cfg)
+    ref, got = read_jsonl(uninterrupted / "metrics.jsonl"), read_jsonl(tmp_path / "metrics.jsonl")
+    assert [r["step"] for r in got] == [1, 2, 3, 4, 5, 6]
+    for key in ("loss", "reward/mean", "advantage/std", "logprob_gap", "engine/canary_gap"):
+        assert [r[key] for r in got] == pytest.approx([r[key] for r in ref], rel=1e-4, abs=1e-6)
+    assert _state(tmp_path, 6)["cursor"] == _state(uninterrupted, 6)["cursor"]
+
+
+def test_train_async_thread_workers_share_the_learners_server(server, tmp_path, monkeypatch):
+    from coderl.asyncrl.trainer import train_async
+    from coderl.config import load_config
+    from coderl.policy.local import LocalPolicy
+    from coderl.train.metrics import read_jsonl
+
+    def in_process(*a, **k):
+        raise AssertionError("a worker sampled in process instead of through vLLM")
+
+    monkeypatch.setattr(LocalPolicy, "generate", in_process)
+    common = [*TRAIN, f"run_dir={tmp_path}", f"engine.url={server.url}", "trainer.steps=4"]
+    over = [*common, "async.max_staleness=1", "async.num_workers=2", "async.tasks_per_rollout=1"]
+    summary = train_async(load_config(TOY, over))
+    assert summary["steps"] == 4
+    rows = read_jsonl(tmp_path / "metrics.jsonl")
+    assert all(0 <= r["engine/canary_gap"] < 1e-3 for r in rows)
+    # process workers cannot share the learner's client: refused up front, naming the way
+    with pytest.raises(ValueError, match="local_mode=thread"):
+        train_async(
+            load_config(TOY, [*common, f"run_dir={tmp_path / 'p'}", "async.local_mode=process"])
+        )
+
+
+def test_shared_engine_holds_a_workers_version_through_later_syncs(server, tmp_path):
+    policy = _policy()
+    rollout = _rollout(server, policy, tmp_path)
+    worker = rollout.pinned()
+    assert worker.load(0) == 0
+    params = SamplingParams(max_new_tokens=8, seed=0)
+    segments = _run_episodes(worker_view(worker, policy), policy, 1, 1, params)
+    _step(policy, segments)
+    rollout.sync(policy)  # the learner moves on to version 1; the worker still samples 0
+    assert rollout.engine.served_versions() == [0, 1]
+    (c,) = worker.generate([[5, 6, 7]], SamplingParams(max_new_tokens=4, seed=0))
+    assert c.policy_version == 0
+    _step(policy, segments)
+    rollout.sync(policy)  # version 2; the worker asks for 1, already unloaded: it gets 2
+    assert worker.load(1) == 2 and rollout.engine.served_versions() == [2]  # 0 released
+    worker.close()
+
+
+def worker_view(worker, policy):
+    """A worker's client with the policy's tokenizer, as the harness sees it."""
+
+    class View:
+        tokenizer = policy.tokenizer
+        version = property(lambda self: worker.version)
+
+        def generate(self, prompts, params):
+            return worker.generate(prompts, params)
+
+    return View()
+
+
+def test_serve_records_what_the_vllm_engine_served(server, tmp_path):
+    from openai import OpenAI
+
+    from coderl.online.server import BackgroundServer, InteractionServer
+    from coderl.online.store import Store
+
+    policy = _policy()
+    rollout = _rollout(server, policy, tmp_path)
+    store = Store(f"sqlite:///{tmp_path / 'online.db'}")
+    srv = InteractionServer(rollout, store, version=5, model_name="tiny", max_new_tokens=12)
+    bg = BackgroundServer(srv.app())
+    try:
+        client = OpenAI(base_url=bg.base_url, api_key="unused")
+
+        def ask():
+            r = client.chat.completions.create(
+                model="tiny", messages=[{"role": "user", "content": "fix the bug"}],
+                logprobs=True, seed=7,
+            )  # fmt: skip
+            [row] = store.interactions(ids=[r.id])
+            seq = row["prompt_token_ids"] + row["completion_token_ids"]
+            n = len(row["prompt_token_ids"])
+            return r, row, seq, n
+
+        r, row, seq, n = ask()
+        assert row["policy_version"] == 5
+        lps = [c.logprob for c in r.choices[0].logprobs.content]
+        assert lps == pytest.approx(row["behaviour_logprobs"])
+        [trainer] = policy.logprobs([seq], temperature=0.8)  # the engine's logprobs are exact
+        assert trainer[n:] == pytest.approx(row["behaviour_logprobs"], abs=1e-3)
+        # a reload: another champion's adapter synced into the same engine, served from then on
+        other = _policy()
+        with torch.no_grad():
+            for name, p in other.model.named_parameters():
+                if "lora_B" in name:
+                    p.add_(torch.randn_like(p), alpha=0.5)
+        rollout.retarget(other)
+        srv.swap(rollout, 6)
+        r, row, seq, n = ask()
+        assert row["policy_version"] == 6
+        [trainer] = other.logprobs([seq], temperature=0.8)
+        assert trainer[n:] == pytest.approx(row["behaviour_logprobs"], abs=1e-3)
+    finally:
+        bg.stop()

@@ -14,6 +14,13 @@
 - :func:`train_async`: ``coderl train-async``, writing the same ``metrics.jsonl``, TensorBoard logs
   and checkpoints as ``coderl train`` (plus the task ledger).
 
+With ``engine.kind=vllm`` the learner owns the rollout engine (:attr:`coderl.train.run.Run.engine`,
+one vLLM server) and syncs it after every step, before the new version is published; the workers
+(``async.local_mode=thread``) sample through that one server, each holding the version it loaded
+(:class:`coderl.policy.rollout.PinnedVersion`), so vLLM batches all workers' requests
+continuously. Process and Ray workers cannot share it yet (the adapter of each version is known
+only to the learner's client): those settings raise.
+
 Not supported (it raises): dynamic sampling (zero-variance group filtering) of ``coderl train``.
 No held-out evaluation runs during an async run: evaluate its checkpoints with ``coderl eval``.
 """
@@ -34,7 +41,7 @@ from coderl.policy.base import Completion, SamplingParams
 from coderl.train import pipeline as P
 from coderl.train.checkpoint import ensure_new_run, load_trainable, trainable_state
 from coderl.train.metrics import MetricsLogger
-from coderl.train.run import build_policy, restore, save, setup_run
+from coderl.train.run import build_policy, close_run, restore, save, setup_run, sync_engine
 from coderl.train.step import train_step
 
 
@@ -52,6 +59,13 @@ def check_supported(cfg: Config) -> None:
     """Raises ValueError for settings of ``coderl train`` that the async driver lacks."""
     if cfg.dynamic_sampling.mode != "off":
         raise ValueError("dynamic_sampling is not supported by train-async; set it to 'off'")
+    a = cfg.async_
+    if cfg.engine.kind == "vllm" and (a.backend, a.local_mode) != ("local", "thread"):
+        raise ValueError(
+            f"engine.kind=vllm with async.backend={a.backend} (local_mode={a.local_mode}): the "
+            "workers share the learner's vLLM server only as threads; set async.backend=local "
+            "async.local_mode=thread, or engine.kind=torch for process or Ray workers"
+        )
 
 
 def resolve(cfg: Config) -> AsyncConfig:
@@ -68,19 +82,20 @@ def resolve(cfg: Config) -> AsyncConfig:
 
 
 class _TurnSyncPolicy:
-    """The worker's policy as the harness sees it: each ``generate`` (one turn) first calls
-    ``between_turns``, which loads newer weights when turn-level sync is on."""
+    """The worker's sampler as the harness sees it: each ``generate`` (one turn) first calls
+    ``between_turns``, which loads newer weights when turn-level sync is on; anything else
+    (the tokenizer) comes from the worker's policy."""
 
-    def __init__(self, policy: Any, between_turns: BetweenTurns) -> None:
-        self._policy, self._between_turns = policy, between_turns
+    def __init__(self, sampler: Any, policy: Any, between_turns: BetweenTurns) -> None:
+        self._sampler, self._policy, self._between_turns = sampler, policy, between_turns
 
     @property
     def version(self) -> int:
-        return int(self._policy.version)
+        return int(self._sampler.version)
 
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Completion]:
         self._between_turns()
-        out: list[Completion] = self._policy.generate(prompts, params)
+        out: list[Completion] = self._sampler.generate(prompts, params)
         return out
 
     def __getattr__(self, name: str) -> Any:
@@ -88,15 +103,29 @@ class _TurnSyncPolicy:
 
 
 class EnvSampler:
-    """Rollout side on the configured policy and environment (one per worker)."""
+    """Rollout side on the configured policy and environment (one per worker).
 
-    def __init__(self, cfg: Config) -> None:
+    Args:
+        shared: with ``engine.kind=vllm``, the learner's engine
+            (:class:`coderl.policy.rollout.VLLMRollout`): this worker samples through it and
+            keeps its own policy copy only for the tokenizer and the reference (KL reward).
+    """
+
+    def __init__(self, cfg: Config, shared: Any = None) -> None:
         check_supported(cfg)
+        if cfg.engine.kind == "vllm" and shared is None:
+            raise ValueError("engine.kind=vllm: the worker needs the learner's engine (shared=)")
         self.cfg = cfg
         self.env = build_environment(cfg)
         self.policy = build_policy(cfg)
+        self.client = shared.pinned() if cfg.engine.kind == "vllm" else None
 
     def load_weights(self, version: int, weights: Weights) -> None:
+        """Torch: copy ``weights`` into the worker's policy. vLLM: hold ``version`` on the
+        shared server (the learner synced it before publishing); the weights are not needed."""
+        if self.client is not None:
+            self.policy.version = self.client.load(version)
+            return
         load_trainable(self.policy.model, weights)
         self.policy.version = version
 
@@ -110,7 +139,7 @@ class EnvSampler:
         cfg, G = self.cfg, self.cfg.rollout.group_size
         tasks = [j.task for j in jobs]
         params = P.sampling_params(cfg, jobs[0].seed)
-        policy = _TurnSyncPolicy(self.policy, between_turns)
+        policy = _TurnSyncPolicy(self.client or self.policy, self.policy, between_turns)
         records = self.env.rollout(policy, tasks, params, G)
         owners = [t for t in tasks for _ in range(G)]
         keys = [P.group_key(j.task_id, j.index) for j in jobs for _ in range(G)]
@@ -198,6 +227,7 @@ class TrainLearner:
             )
         run.policy.bump_version()  # a step with no valid episode still advances the version
         run.step += 1
+        metrics.update(sync_engine(run))  # served before the runner publishes the version
         metrics["policy_version"] = float(run.policy.version)
         P.write_audit(cfg, run.step, infos)  # the step's best and flagged trajectories
         return metrics
@@ -224,6 +254,7 @@ class TrainLearner:
         if run.value_head is not None:
             run.value_head.load_state_dict(state["value_head"])
         run.policy.version, run.step = int(state["version"]), int(state["step"])
+        sync_engine(run)
 
 
 def load_configs(path: str | None, overrides: list[str]) -> tuple[Config, AsyncConfig]:
@@ -273,30 +304,37 @@ def train_async(
             run.sampler.position = _cursor(runner)
             save(run, ledger=runner.ledger.state_dict())
 
-    runner = AsyncRunner(
-        acfg, learner, _SamplerFactory(cfg), run.sampler.at, seed=cfg.seed, on_step=on_step
-    )
-    if resume:
-        state = restore(run)
-        if "ledger" not in state:
-            raise ValueError(
-                f"{cfg.run_dir} was written by the synchronous `coderl train` (its checkpoint has "
-                "no task ledger); continue it with `coderl train --resume`, or start train-async "
-                "in another run_dir"
-            )
-        runner.ledger.load_state_dict(state["ledger"])
-    logger = MetricsLogger(run_dir, resume_step=run.step, tensorboard=cfg.tensorboard)
-    with runner:
-        summary = runner.run(cfg.trainer.steps)
-    logger.close()
+    try:
+        shared = run.engine if cfg.engine.kind == "vllm" else None  # the workers' one server
+        runner = AsyncRunner(
+            acfg, learner, _SamplerFactory(cfg, shared), run.sampler.at, seed=cfg.seed,
+            on_step=on_step,
+        )  # fmt: skip
+        if resume:
+            state = restore(run)
+            if "ledger" not in state:
+                raise ValueError(
+                    f"{cfg.run_dir} was written by the synchronous `coderl train` (its checkpoint "
+                    "has no task ledger); continue it with `coderl train --resume`, or start "
+                    "train-async in another run_dir"
+                )
+            runner.ledger.load_state_dict(state["ledger"])
+        logger = MetricsLogger(run_dir, resume_step=run.step, tensorboard=cfg.tensorboard)
+        with runner:
+            summary = runner.run(cfg.trainer.steps)
+        logger.close()
+    finally:
+        close_run(run)  # a vLLM server coderl started stops, whatever happened
     return summary
 
 
 class _SamplerFactory:
-    """Picklable ``() -> EnvSampler`` for process and Ray workers."""
+    """Picklable ``() -> EnvSampler`` for process and Ray workers (``shared``, the learner's
+    vLLM engine, is only for thread workers and does not pickle)."""
 
-    def __init__(self, cfg: Config) -> None:
+    def __init__(self, cfg: Config, shared: Any = None) -> None:
         self.cfg = cfg
+        self.shared = shared
 
     def __call__(self) -> EnvSampler:
-        return EnvSampler(self.cfg)
+        return EnvSampler(self.cfg, self.shared)

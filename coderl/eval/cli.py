@@ -25,8 +25,9 @@ def _split_args(items: list[str]) -> tuple[str | None, int | None, list[str]]:
 
 
 def run(args: argparse.Namespace) -> int:
+    from coderl.policy.rollout import build_engine
     from coderl.train.checkpoint import latest_checkpoint, load_checkpoint
-    from coderl.train.run import run_eval, setup_run
+    from coderl.train.run import close_run, run_eval, setup_run
 
     ckpt = Path(args.checkpoint)
     if not (ckpt / "state.json").is_file():
@@ -41,10 +42,14 @@ def run(args: argparse.Namespace) -> int:
     if k:
         overrides += [f"eval.samples={k}", f"eval.k={sorted({1, k})}"]
     cfg = load_config(run_dir / "config.yaml", overrides)
-    run_ = setup_run(cfg)
+    run_ = setup_run(cfg, engine=False)
     if not args.base:
         load_checkpoint(ckpt, model=run_.policy.model, restore_rng=False)
-    result = run_eval(run_, split or None)
+    run_.engine = build_engine(cfg, run_.policy, training=False)  # engine.kind, these weights
+    try:
+        result = run_eval(run_, split or None)
+    finally:
+        close_run(run_)
     out = {"checkpoint": str(ckpt), "base": args.base, "split": split or cfg.tasks.heldout_split}
     print(json.dumps({**out, **{k_: v for k_, v in result.items() if k_ != "per_task"}}, indent=1))
     return 0

@@ -98,8 +98,10 @@ class InteractionServer:
     """Serves a policy and records every interaction into ``store``.
 
     Args:
-        policy: a :class:`coderl.policy.local.LocalPolicy` (tokenizer with a chat template,
-            ``generate`` with exact logprobs).
+        policy: what samples: a rollout engine (:func:`coderl.policy.rollout.build_engine`:
+            the in-process sampler or a vLLM server) or a
+            :class:`coderl.policy.local.LocalPolicy`; it needs a tokenizer with a chat template
+            and ``generate`` with exact logprobs.
         store: where interactions and events go.
         version: the registry version of the served weights (recorded per interaction).
         model_name: the ``model`` name reported to clients.

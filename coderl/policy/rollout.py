@@ -48,6 +48,7 @@ class RolloutEngine(Protocol):
 
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Completion]: ...
     def sync(self, policy: LocalPolicy) -> dict[str, float]: ...
+    def retarget(self, policy: LocalPolicy) -> dict[str, float]: ...
     def close(self) -> None: ...
 
 
@@ -67,6 +68,11 @@ class TorchRollout:
 
     def sync(self, policy: LocalPolicy) -> dict[str, float]:
         """Nothing to move: the sampler reads the live weights. Returns no metric."""
+        return {}
+
+    def retarget(self, policy: LocalPolicy) -> dict[str, float]:
+        """Sample from another policy from now on (``coderl serve`` loading a new champion)."""
+        self.policy, self.tokenizer = policy, policy.tokenizer
         return {}
 
     def close(self) -> None:
@@ -111,11 +117,64 @@ class VLLMRollout:
         """
         return {"engine/canary_gap": float(self.engine.sync(policy))}
 
+    def retarget(self, policy: LocalPolicy) -> dict[str, float]:
+        """Serve another policy (same base model) from now on: its adapter is synced under its
+        version, canary-checked (``coderl serve`` loading a new champion).
+
+        Raises:
+            coderl.policy.vllm_engine.CanaryError: the engine serves other weights.
+        """
+        metrics = self.sync(policy)
+        self.policy, self.tokenizer = policy, policy.tokenizer
+        return metrics
+
+    def pinned(self) -> PinnedVersion:
+        """A client that samples a version it holds, for a rollout worker of ``coderl
+        train-async`` (the learner keeps syncing this engine; workers share its server)."""
+        return PinnedVersion(self.engine)
+
     def close(self) -> None:
         """Stop the server this engine started (if any) and delete what it wrote."""
         self.engine.close()
         for path in self.cleanup:
             shutil.rmtree(path, ignore_errors=True)
+
+
+class PinnedVersion:
+    """One async worker's view of a shared vLLM engine: it samples the version it was last
+    :meth:`load`-ed with, held so that the learner's later syncs do not unload it mid-episode.
+
+    The workers of one run share this engine's server and its continuous batching: requests of
+    every worker (and every turn) are batched together by vLLM, not only within a group.
+    """
+
+    def __init__(self, engine: Any):
+        self.engine = engine
+        self._held: int | None = None
+
+    @property
+    def version(self) -> int:
+        if self._held is None:
+            raise LookupError("no version loaded")
+        return self._held
+
+    def load(self, version: int) -> int:
+        """Hold ``version`` (or a newer one, see ``VLLMEngine.hold``), release the previous one;
+        returns the version now held (tokens sampled from now on carry it)."""
+        held = self.engine.hold(version)
+        previous, self._held = self._held, held
+        if previous is not None:
+            self.engine.release(previous)
+        return held
+
+    def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Completion]:
+        return list(self.engine.generate(prompts, params, version=self.version))
+
+    def close(self) -> None:
+        """Release the held version (the server belongs to the learner's engine)."""
+        if self._held is not None:
+            self.engine.release(self._held)
+            self._held = None
 
 
 def _torch(cfg: Config, policy: LocalPolicy, training: bool) -> RolloutEngine:

@@ -357,6 +357,32 @@ class VLLMEngine:
         if path is not None and path.is_relative_to(self.adapter_dir):
             shutil.rmtree(path, ignore_errors=True)
 
+    def hold(self, version: int) -> int:
+        """Keep ``version``'s weights loaded until :meth:`release` (an async worker samples one
+        version through several calls and turns). When ``version`` was already replaced and
+        unloaded (the learner synced twice before the worker picked it up), the newest served
+        version is held instead: never an older one.
+
+        Returns:
+            The version held (``version`` or newer).
+
+        Raises:
+            ValueError: nothing at ``version`` or newer is served.
+        """
+        with self._lock:
+            newer = [v for v in self._names if v >= version]
+            if not newer:
+                raise ValueError(f"version {version} is not served (synced: {sorted(self._names)})")
+            held = version if version in self._names else max(newer)
+            self._inflight[self._names[held]] += 1
+            return held
+
+    def release(self, version: int) -> None:
+        """Undo one :meth:`hold` of ``version``; its adapter is unloaded once unused and old."""
+        with self._lock:
+            self._inflight[self._names[version]] -= 1
+        self._unload_unused()
+
     def served_versions(self) -> list[int]:
         """Versions requests can name now (the current one and any still in use)."""
         with self._lock:

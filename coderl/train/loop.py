@@ -3,17 +3,19 @@
 One step, top to bottom (:func:`training_step`)::
 
     tasks    = run.sampler.take(tasks_per_step)              # data cursor, exact on resume
-    episodes = env.rollout(policy, tasks, params, G)         # seed rollout_seed(seed, step, round)
+    episodes = env.rollout(engine, tasks, params, G)         # seed rollout_seed(seed, step, round)
     scored   = pipeline.score(...)                           # grade, attribute failures, rewards
     (dynamic sampling: drop or resample zero-variance groups, counted)
     batch    = pipeline.make_batch(...)                      # advantages over valid members
     metrics  = train_step(...)                               # algorithm-blind; one optimizer step
     policy.bump_version()                                    # new weights version
+    engine.sync(policy)                                      # vllm: adapter loaded, canary
     pipeline.write_audit(...)                                # best and hack-flagged -> audit.jsonl
 
 Everything a resumed run needs is in the checkpoint (:mod:`coderl.train.run`); sampling seeds
 derive from (run seed, step), so a resumed run samples exactly what the uninterrupted one would
-have. ``coderl train-async`` with ``async.max_staleness=0`` reproduces this loop exactly.
+have (with ``engine.kind=vllm`` too: its requests are seeded). ``coderl train-async`` with
+``async.max_staleness=0`` reproduces this loop exactly.
 """
 
 from __future__ import annotations
@@ -29,10 +31,12 @@ from coderl.train.run import (
     SFT_WEIGHTS,
     Run,
     build_policy,
+    close_run,
     load_sft_weights,
     run_eval,
     save,
     setup_run,
+    sync_engine,
 )
 from coderl.train.step import train_step
 
@@ -56,7 +60,8 @@ def collect(run: Run, step: int) -> tuple[P.Scored, dict[str, float]]:
         tasks = [t for _, t in drawn]
         t0 = time.perf_counter()
         params = P.sampling_params(cfg, P.rollout_seed(cfg.seed, step, rnd))
-        episodes = run.env.rollout(run.policy, tasks, params, G)
+        assert run.engine is not None  # setup_run built it
+        episodes = run.env.rollout(run.engine, tasks, params, G)
         stats["time/rollout"] += time.perf_counter() - t0
         owners = [t for t in tasks for _ in range(G)]
         keys = [P.group_key(t.id, pos) for pos, t in drawn for _ in range(G)]
@@ -117,6 +122,9 @@ def training_step(run: Run) -> dict[str, float]:
         )
     run.policy.bump_version()  # every step is a version, with or without an update
     metrics["time/train"] = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    metrics.update(sync_engine(run))  # before any rollout of the new version
+    metrics["time/sync"] = time.perf_counter() - t0
     sampled = metrics["episode/sampled_tokens"] * metrics["episodes"]
     metrics["tokens_per_s/rollout"] = sampled / max(metrics["time/rollout"], 1e-9)
     metrics["tokens_per_s/train"] = metrics.get("trained_tokens", 0.0) / max(
@@ -144,6 +152,15 @@ def train(cfg: Config, *, resume: bool = False) -> Path:
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.yaml").write_text(dump_config(cfg))
     run = setup_run(cfg, resume=resume, load_sft=False)
+    try:
+        _train(run, resume)
+    finally:
+        close_run(run)  # a vLLM server coderl started stops, whatever happened
+    return run_dir
+
+
+def _train(run: Run, resume: bool) -> None:
+    cfg, run_dir = run.cfg, Path(run.cfg.run_dir)
     logger = MetricsLogger(run_dir, resume_step=run.step, tensorboard=cfg.tensorboard)
     if run.step == 0 and not resume:
         warm = Path(cfg.run_dir) / SFT_WEIGHTS
@@ -167,4 +184,3 @@ def train(cfg: Config, *, resume: bool = False) -> Path:
             if run.step % cfg.trainer.checkpoint_every == 0 or last:
                 save(run)
     logger.close()
-    return run_dir
