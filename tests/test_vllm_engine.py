@@ -563,3 +563,24 @@ def test_serve_records_what_the_vllm_engine_served(server, tmp_path):
         assert trainer[n:] == pytest.approx(row["behaviour_logprobs"], abs=1e-3)
     finally:
         bg.stop()
+
+
+def test_coderl_eval_of_a_vllm_run_samples_through_vllm(server, uninterrupted, capsys, monkeypatch):
+    import argparse
+    import json
+
+    from coderl.eval.cli import run
+    from coderl.policy.local import LocalPolicy
+
+    def in_process(*a, **k):
+        raise AssertionError("eval sampled in process instead of through vLLM")
+
+    monkeypatch.setattr(LocalPolicy, "generate", in_process)
+    results = []
+    for _ in range(2):  # the run's config.yaml names engine.kind=vllm and the server's URL
+        args = argparse.Namespace(checkpoint=str(uninterrupted), overrides=["k=4"], base=False)
+        assert run(args) == 0
+        results.append(json.loads(capsys.readouterr().out))
+    assert results[0]["checkpoint"].endswith("step-000006")
+    assert results[0]["samples"] == 4 and results[0]["dropped_episodes"] == 0
+    assert results[0] == results[1]  # seeded requests: the same evaluation twice
