@@ -584,3 +584,31 @@ def test_coderl_eval_of_a_vllm_run_samples_through_vllm(server, uninterrupted, c
     assert results[0]["checkpoint"].endswith("step-000006")
     assert results[0]["samples"] == 4 and results[0]["dropped_episodes"] == 0
     assert results[0] == results[1]  # seeded requests: the same evaluation twice
+
+
+def test_an_sft_warm_start_reaches_the_engine_before_any_rollout(server, tmp_path):
+    from safetensors.torch import save_file
+
+    from coderl.config import load_config
+    from coderl.train.checkpoint import trainable_state
+    from coderl.train.run import SFT_WEIGHTS, close_run, load_sft_weights, setup_run
+
+    cfg = load_config(
+        TOY, [*TRAIN, f"run_dir={tmp_path}", f"engine.url={server.url}", "sft.enabled=true"]
+    )
+    run = setup_run(cfg, load_sft=False)
+    try:
+        engine, probe = run.engine.engine, canary_probe(run.policy.tokenizer)
+        base = engine.score(probe)
+        sft = {
+            k: v + 0.05 * torch.randn_like(v) for k, v in trainable_state(run.policy.model).items()
+        }
+        (tmp_path / SFT_WEIGHTS).parent.mkdir(parents=True)
+        save_file(sft, str(tmp_path / SFT_WEIGHTS))
+        assert load_sft_weights(run)  # the warm start: same version 0, new weights, re-synced
+        served, trainer = engine.score(probe), run.policy.logprobs([probe])[0]
+        assert max(abs(a - b) for a, b in zip(served[1:], trainer[1:], strict=True)) < 1e-3
+        assert max(abs(a - b) for a, b in zip(served[1:], base[1:], strict=True)) > 1e-2
+        assert engine.served_versions() == [0]
+    finally:
+        close_run(run)
