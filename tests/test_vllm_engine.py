@@ -494,7 +494,7 @@ def test_shared_engine_holds_a_workers_version_through_later_syncs(server, tmp_p
     worker = rollout.pinned()
     assert worker.load(0) == 0
     params = SamplingParams(max_new_tokens=8, seed=0)
-    segments = _run_episodes(worker_view(worker, policy), policy, 1, 1, params)
+    segments = _run_episodes(_worker_view(worker, policy), policy, 1, 1, params)
     _step(policy, segments)
     rollout.sync(policy)  # the learner moves on to version 1; the worker still samples 0
     assert rollout.engine.served_versions() == [0, 1]
@@ -506,7 +506,7 @@ def test_shared_engine_holds_a_workers_version_through_later_syncs(server, tmp_p
     worker.close()
 
 
-def worker_view(worker, policy):
+def _worker_view(worker, policy):
     """A worker's client with the policy's tokenizer, as the harness sees it."""
 
     class View:

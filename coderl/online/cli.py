@@ -55,13 +55,16 @@ def cmd_run(args: argparse.Namespace) -> int:
             if server is not None and rep["decision"] == "promoted":
                 _, registry = open_run(cfg)
                 v = rep["champion_after"]
-                server.swap(load_version(cfg, registry, v), v)
+                server.policy.retarget(load_version(cfg, registry, v))  # same engine
+                server.swap(server.policy, v)
                 console.print(f"now serving version {v}")
             if i + 1 < cfg.online.cycles:
                 time.sleep(max(0.0, cfg.online.interval_s - (time.time() - start)))
     finally:
         if bg is not None:
             bg.stop()
+        if server is not None:
+            server.policy.close()  # the serving engine (a vLLM server coderl started stops)
     console.print(
         f"cycle time: mean {sum(times) / len(times):.1f} s, max {max(times):.1f} s "
         f"over {len(times)} cycles"

@@ -21,6 +21,11 @@ The loop's contract, for either kind::
 
 ``generate`` refuses to sample when the policy has moved past the engine's version (a sync was
 skipped), so a run never trains on rollouts it believes are newer than they are.
+
+Two more users of the same engine: ``coderl train-async`` hands each thread worker
+``engine.pinned()`` (:class:`PinnedVersion`, it samples the version it holds while the learner
+syncs newer ones), and ``coderl serve`` calls ``engine.retarget(policy)`` to serve a new champion
+from the same server.
 """
 
 from __future__ import annotations
