@@ -116,10 +116,8 @@ def test_episodes_of_a_crashing_harness_are_masked_out_of_the_loss(
     # trainer step must hold exactly the other episodes, and the step counts the crashes as infra
     recorded.crash_every = 3
     seen: list = []
-    import coderl.asyncrl.trainer as async_trainer
-    import coderl.train.loop as loop
+    import coderl.train.run as module  # both drivers update through run.optimize
 
-    module = loop if driver == "train" else async_trainer
     real = module.train_step
 
     def spy(model, opt, sched, batch, *a, **kw):
@@ -210,10 +208,12 @@ def test_the_learner_masks_infra_failures_of_any_sampler(tmp_path, monkeypatch):
     episodes = sampler.rollout(job, lambda: 0)
     for i, ep in enumerate(episodes):
         ep.info = [{"finish_reason": "error"}, {"failure": "infra"}, {}, {}][i]
+    import coderl.train.run as R  # the one update both drivers call
+
     rows: list = []
-    real = T.train_step
+    real = R.train_step
     monkeypatch.setattr(
-        T,
+        R,
         "train_step",
         lambda m, o, s, batch, *a, **kw: rows.append(batch.size) or real(m, o, s, batch, *a, **kw),
     )

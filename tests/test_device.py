@@ -48,13 +48,15 @@ def test_a_cpu_step_keeps_every_tensor_on_the_configured_device(tmp_path, monkey
          "rollout.group_size=2", *overrides],
     )  # fmt: skip
     seen = []
-    real = loop.train_step
+    import coderl.train.run as run_module  # the one update both drivers call
+
+    real = run_module.train_step
 
     def spy(model, optimizer, scheduler, batch, *a, **k):
         seen.append(batch)
         return real(model, optimizer, scheduler, batch, *a, **k)
 
-    monkeypatch.setattr(loop, "train_step", spy)
+    monkeypatch.setattr(run_module, "train_step", spy)
     run = setup_run(cfg)
     loop.training_step(run)
     want = torch.device("cpu")

@@ -41,8 +41,15 @@ from coderl.policy.base import Completion, SamplingParams
 from coderl.train import pipeline as P
 from coderl.train.checkpoint import ensure_new_run, load_trainable, trainable_state
 from coderl.train.metrics import MetricsLogger
-from coderl.train.run import build_policy, close_run, restore, save, setup_run, sync_engine
-from coderl.train.step import train_step
+from coderl.train.run import (
+    build_policy,
+    close_run,
+    optimize,
+    restore,
+    save,
+    setup_run,
+    sync_engine,
+)
 
 
 def task_stream(tasks: list[Any], seed: int) -> TaskStream:
@@ -208,23 +215,7 @@ class TrainLearner:
             [bool(x["valid"]) for x in infos],
             [P.group_key(ep.task_id, g.job.index) for g, ep in eps],
         )
-        if batch is None:
-            metrics.update(optimizer_steps=0.0, sequences=0.0, trained_tokens=0.0)
-        else:
-            metrics.update(P.advantage_metrics(batch))
-            metrics.update(
-                train_step(
-                    run.policy.model,
-                    run.optimizer,
-                    run.scheduler,
-                    batch,
-                    cfg.algorithm,
-                    cfg.trainer,
-                    temperature=cfg.rollout.temperature,
-                    max_len=run.env.token_budget(),
-                    value_head=run.value_head,
-                )
-            )
+        metrics.update(optimize(run, batch))
         run.policy.bump_version()  # a step with no valid episode still advances the version
         run.step += 1
         metrics.update(sync_engine(run))  # served before the runner publishes the version

@@ -7,7 +7,7 @@ One step, top to bottom (:func:`training_step`)::
     scored   = pipeline.score(...)                           # grade, attribute failures, rewards
     (dynamic sampling: drop or resample zero-variance groups, counted)
     batch    = pipeline.make_batch(...)                      # advantages over valid members
-    metrics  = train_step(...)                               # algorithm-blind; one optimizer step
+    metrics  = optimize(run, batch)                          # algorithm-blind train_step; one optimizer step
     policy.bump_version()                                    # new weights version
     engine.sync(policy)                                      # vllm: adapter loaded, canary
     pipeline.write_audit(...)                                # best and hack-flagged -> audit.jsonl
@@ -33,12 +33,12 @@ from coderl.train.run import (
     build_policy,
     close_run,
     load_sft_weights,
+    optimize,
     run_eval,
     save,
     setup_run,
     sync_engine,
 )
-from coderl.train.step import train_step
 
 # the recipe's own functions, and the run pieces it composes (their home: coderl.train.run)
 __all__ = ["Run", "build_policy", "collect", "run_eval", "setup_run", "train", "training_step"]
@@ -103,23 +103,7 @@ def training_step(run: Run) -> dict[str, float]:
         scored.rewards.valid,
         scored.keys,
     )
-    if batch is None:
-        metrics.update(optimizer_steps=0.0, sequences=0.0, trained_tokens=0.0)
-    else:
-        metrics.update(P.advantage_metrics(batch))
-        metrics.update(
-            train_step(
-                run.policy.model,
-                run.optimizer,
-                run.scheduler,
-                batch,
-                cfg.algorithm,
-                cfg.trainer,
-                temperature=cfg.rollout.temperature,
-                max_len=run.env.token_budget(),
-                value_head=run.value_head,
-            )
-        )
+    metrics.update(optimize(run, batch))
     run.policy.bump_version()  # every step is a version, with or without an update
     metrics["time/train"] = time.perf_counter() - t0
     t0 = time.perf_counter()

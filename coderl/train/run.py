@@ -32,6 +32,7 @@ from coderl.envs import Environment, build_environment
 from coderl.policy.loading import load_policy
 from coderl.policy.local import LocalPolicy, LoraSpec
 from coderl.policy.rollout import RolloutEngine, build_engine
+from coderl.train.batch import StepBatch
 from coderl.train.checkpoint import (
     latest_checkpoint,
     load_checkpoint,
@@ -39,7 +40,8 @@ from coderl.train.checkpoint import (
     save_checkpoint,
 )
 from coderl.train.optim import build_optimizer
-from coderl.train.pipeline import TaskSampler, sampling_params
+from coderl.train.pipeline import TaskSampler, advantage_metrics, sampling_params
+from coderl.train.step import train_step
 
 SFT_WEIGHTS = "sft/trainable.safetensors"
 """Where ``coderl sft`` writes its weights under the run directory; RL starts from them."""
@@ -212,3 +214,27 @@ def run_eval(run: Run, split: str | None = None) -> dict[str, Any]:
         tasks_per_batch=max(1, cfg.eval.batch_episodes // cfg.eval.samples),
     )
     return res.to_dict()
+
+
+def optimize(run: Run, batch: StepBatch | None) -> dict[str, float]:
+    """One optimizer step on ``batch`` (the algorithm-blind :func:`coderl.train.step.train_step`)
+    with its advantage metrics; ``None`` (no valid episode) logs an empty step. The one update
+    both drivers call; the caller bumps the version and syncs the engine."""
+    if batch is None:
+        return {"optimizer_steps": 0.0, "sequences": 0.0, "trained_tokens": 0.0}
+    cfg = run.cfg
+    metrics = advantage_metrics(batch)
+    metrics.update(
+        train_step(
+            run.policy.model,
+            run.optimizer,
+            run.scheduler,
+            batch,
+            cfg.algorithm,
+            cfg.trainer,
+            temperature=cfg.rollout.temperature,
+            max_len=run.env.token_budget(),
+            value_head=run.value_head,
+        )
+    )
+    return metrics
