@@ -1,4 +1,4 @@
-"""``coderl tasks``: build-env, synth, validate, stats, humaneval.
+"""``coderl tasks``: build-env, synth, validate, stats, import, export, humaneval.
 
 Examples::
 
@@ -6,6 +6,8 @@ Examples::
     coderl tasks synth toolz --n 40 --out data/tasks/toolz.jsonl.gz
     coderl tasks validate data/tasks/toolz.jsonl.gz --out data/tasks/toolz.jsonl.gz
     coderl tasks stats data/tasks/*.jsonl.gz
+    coderl tasks import swe-gym.jsonl --format swebench --env toolz --out tasks.jsonl.gz
+    coderl tasks export data/tasks/ci.jsonl --format swebench --out ci-swebench.jsonl
     coderl tasks humaneval --split heldout --out humaneval-heldout.jsonl
 """
 
@@ -129,6 +131,34 @@ def cmd_humaneval(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_import(args: argparse.Namespace) -> int:
+    from coderl.tasks.envbuild import find_env
+    from coderl.tasks.spec import dump_tasks
+    from coderl.tasks.swebench import FORMATS
+
+    if args.format not in FORMATS:
+        raise SystemExit(f"unknown format {args.format!r}; valid: {sorted(FORMATS)}")
+    reader = FORMATS[args.format][0]
+    env = find_env(args.env) if args.env else None
+    tasks = reader(args.file, env=env)
+    dump_tasks(tasks, args.out)
+    print(f"{len(tasks)} tasks ({args.format}) -> {args.out}")
+    return 0
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    from coderl.tasks.spec import load_tasks
+    from coderl.tasks.swebench import FORMATS
+
+    if args.format not in FORMATS:
+        raise SystemExit(f"unknown format {args.format!r}; valid: {sorted(FORMATS)}")
+    writer = FORMATS[args.format][1]
+    tasks = [t for path in args.files for t in load_tasks(path)]
+    n = writer(tasks, args.out)
+    print(f"{n} instances ({args.format}) -> {args.out}")
+    return 0
+
+
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     parser = sub.add_parser("tasks", help="tasks from real repositories, HumanEval, grading")
     tsub = parser.add_subparsers(dest="tasks_command", metavar="ACTION", required=True)
@@ -159,6 +189,19 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = tsub.add_parser("stats", help="per-repo counts and mutation kinds")
     p.add_argument("files", nargs="+")
     p.set_defaults(func=cmd_stats)
+
+    p = tsub.add_parser("import", help="read tasks in another format (SWE-bench instances)")
+    p.add_argument("file", help="JSONL(.gz) or JSON array of instances")
+    p.add_argument("--format", default="swebench", help="see swebench.FORMATS")
+    p.add_argument("--env", help="environment of every instance (env id, NAME==VERSION, NAME)")
+    p.add_argument("--out", required=True, help="coderl task JSONL(.gz)")
+    p.set_defaults(func=cmd_import)
+
+    p = tsub.add_parser("export", help="write coderl tasks in another format (SWE-bench)")
+    p.add_argument("files", nargs="+", help="coderl task JSONL(.gz) files")
+    p.add_argument("--format", default="swebench", help="see swebench.FORMATS")
+    p.add_argument("--out", required=True, help=".json (array) or .jsonl(.gz)")
+    p.set_defaults(func=cmd_export)
 
     p = tsub.add_parser("humaneval", help="write HumanEval function tasks (train or heldout)")
     p.add_argument("--split", choices=["train", "heldout", "all"], default="train")
