@@ -15,10 +15,10 @@ from coderl.tasks.grading import grade
 from coderl.tasks.patches import make_diff
 from coderl.tasks.spec import TaskFileError, load_tasks
 from coderl.tasks.swebench import (
+    check_test_patch,
     export_swebench,
     from_instance,
     import_swebench,
-    check_test_patch,
     to_instance,
 )
 
