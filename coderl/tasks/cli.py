@@ -32,19 +32,26 @@ def _specs(args: argparse.Namespace) -> list[str]:
     return specs
 
 
+def _print_failure(spec: str, error: str, step: str, attempts: list[dict[str, object]]) -> None:
+    last = (error.strip().splitlines() or ["?"])[-1]
+    print(f"FAILED {spec}: step {step}: {last}", flush=True)
+    for a in attempts:
+        print(f"  tried {a['plan']}: stopped at {a['step']}", flush=True)
+
+
 def cmd_build_env(args: argparse.Namespace) -> int:
     from coderl.tasks.envbuild import BuildError, build_env
 
+    specs = _specs(args)
+    if args.from_file or args.ledger:
+        return _build_many(args, specs)
     failures = 0
-    for spec in _specs(args):
+    for spec in specs:
         try:
             rec = build_env(spec, builder=args.builder)
         except BuildError as e:  # report why, keep going with the others
             failures += 1
-            last = (e.error.strip().splitlines() or ["?"])[-1]
-            print(f"FAILED {spec}: step {e.step}: {last}", flush=True)
-            for a in e.attempts:
-                print(f"  tried {a['plan']}: stopped at {a['step']}", flush=True)
+            _print_failure(spec, e.error, e.step, e.attempts)
             continue
         print(
             f"built {rec.env_id}: plan {rec.install_plan}, {len(rec.passing)} passing, "
@@ -52,6 +59,43 @@ def cmd_build_env(args: argparse.Namespace) -> int:
             flush=True,
         )
     return 1 if failures else 0
+
+
+def _build_many(args: argparse.Namespace, specs: list[str]) -> int:
+    """``--from``/``--ledger``: resumable builds, ``--jobs`` at a time, one ledger row each."""
+    import json
+
+    from coderl.tasks.envbuild import BUILDERS, build_env
+    from coderl.tasks.ledger import build_many, finished, summary
+
+    ledger = Path(args.ledger or f"{args.from_file}.ledger.jsonl")
+    if args.builder not in BUILDERS:  # fail before anything is built
+        raise SystemExit(f"unknown builder {args.builder!r}; valid: {sorted(BUILDERS)}")
+    if args.builder == "model" and args.jobs > 1:
+        raise SystemExit("--builder model builds one repository at a time (one model)")
+
+    def show(row: dict[str, object]) -> None:
+        if row["status"] == "failed":
+            print(f"FAILED {row['spec']}: step {row['step']}: {row['error']}", flush=True)
+        else:
+            print(
+                f"built {row['spec']} ({row['builder']}, plan {row['plan']}) in "
+                f"{row['time_s']:.0f} s: {row['passing']} passing, "
+                f"{row['flaky_dropped']} flaky dropped",
+                flush=True,
+            )
+
+    build_many(
+        specs,
+        lambda spec: build_env(spec, builder=args.builder),
+        ledger,
+        jobs=args.jobs,
+        retry_failed=args.retry_failed,
+        log=show,
+    )
+    rows = list(finished(ledger).values())
+    print(f"ledger {ledger}: {json.dumps(summary(rows))}")
+    return 1 if any(r["status"] == "failed" and r["spec"] in specs for r in rows) else 0
 
 
 def cmd_synth(args: argparse.Namespace) -> int:
@@ -167,6 +211,9 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("spec", nargs="*", help="NAME==VERSION (sdist from PyPI) or a directory")
     p.add_argument("--from", dest="from_file", help="file of specs, one a line (# comments)")
     p.add_argument("--builder", default="rules", help="build policy (see envbuild.BUILDERS)")
+    p.add_argument("--ledger", help="JSONL ledger (default: FILE.ledger.jsonl with --from)")
+    p.add_argument("--jobs", type=int, default=1, help="builds at a time (with a ledger)")
+    p.add_argument("--retry-failed", action="store_true", help="rebuild specs that failed")
     p.set_defaults(func=cmd_build_env)
 
     p = tsub.add_parser("synth", help="synthesise bug-fix tasks in a built environment")

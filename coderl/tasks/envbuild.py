@@ -17,6 +17,7 @@ choose test paths); ``BUILDERS`` maps names to policies and the rule-based one i
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import shutil
@@ -136,13 +137,19 @@ class RuleBasedPolicy:
         return list(info.test_dirs)
 
 
-def demo_model_builder() -> BuildPolicy:
-    """:class:`coderl.tasks.buildpolicy.ModelBuildPolicy` with the demo model (SmolLM2-135M),
-    the rule-based builder as its fallback."""
+@functools.cache
+def _demo_policy() -> Any:
     from coderl.policy import load_policy
+
+    return load_policy("smollm2-135m", reference=False)
+
+
+def demo_model_builder() -> BuildPolicy:
+    """:class:`coderl.tasks.buildpolicy.ModelBuildPolicy` with the demo model (SmolLM2-135M,
+    loaded once per process), the rule-based builder as its fallback."""
     from coderl.tasks.buildpolicy import ModelBuildPolicy
 
-    return ModelBuildPolicy(load_policy("smollm2-135m", reference=False))
+    return ModelBuildPolicy(_demo_policy())
 
 
 BUILDERS: dict[str, Callable[[], BuildPolicy]] = {
