@@ -22,7 +22,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from coderl.tasks.envbuild import build_env
+from coderl.tasks.buildpolicy import build_function
 from coderl.tasks.ledger import build_many, finished, summary
 
 
@@ -46,9 +46,7 @@ def main() -> None:
             if line.split("#")[0].strip()
         ]
         start = time.monotonic()
-        new = build_many(
-            specs, lambda s: build_env(s, builder=args.builder), ledger, jobs=args.jobs
-        )
+        new = build_many(specs, build_function(args.builder), ledger, jobs=args.jobs)
         wall = time.monotonic() - start
     rows = list(finished(ledger).values())
     s = summary(rows)

@@ -16,7 +16,7 @@ from coderl.agent.parsing import CALL_FORMATS
 from coderl.agent.scripted import ScriptedPolicy
 from coderl.policy.tiny import tiny_tokenizer
 from coderl.sandbox import Sandbox, SandboxError
-from coderl.tasks.buildpolicy import ModelBuildPolicy, build_statement
+from coderl.tasks.buildpolicy import ModelBuildPolicy, build_statement, build_with_model
 from coderl.tasks.detect import InstallPlan, detect
 from coderl.tasks.envbuild import BuildError, RuleBasedPolicy, build_env
 
@@ -165,3 +165,42 @@ def test_the_rules_take_over_after_the_model_attempts(tmp_path):
     # the statement names the earlier attempts, their commands and their errors
     text = build_statement(info, [{"plan": "model[0]", "commands": ["pip x"], "step": "test"}], [])
     assert "Earlier attempt model[0] ran: pip x" in text and "no test passed" in text
+
+
+WRITTEN = (
+    "from ring import rotate\n\n\n"
+    "def test_rotate():\n    assert rotate([1, 2, 3], 1) == [2, 3, 1]\n\n\n"
+    "def test_callable():\n    assert callable(rotate)\n\n\n"
+    "def test_wrong():\n    assert rotate([1, 2], 1) == [1, 2]\n"
+)
+
+
+def test_written_tests_are_kept_only_if_they_pass_and_catch_a_synthesised_bug(tmp_path, tok):
+    repo = make_repo(tmp_path / "repo")
+    shutil.rmtree(repo / "tests")  # a repository without tests
+    script = [
+        call("run", {"command": GOOD}),
+        call("write_file", {"path": "tests/test_written.py", "content": WRITTEN}),
+        call("run", {"command": "/venv/bin/python -m pytest -q tests"}),
+        call("submit", {}),
+    ]
+    cache = tmp_path / "cache"
+    env = build_with_model(str(repo), ScriptedPolicy(tok, script), cache=cache, cfg=CFG)
+    written = env.info["written_tests"]
+    # passes and fails on a mutant: kept; passes on every mutant: dropped; fails on the original
+    assert env.passing == ["tests/test_written.py::test_rotate"]
+    assert written["dropped_no_bug_caught"] == ["tests/test_written.py::test_callable"]
+    assert written["failing_on_original"] == ["tests/test_written.py::test_wrong"]
+    assert written["files"] == ["tests/test_written.py"] and written["mutants_tried"] >= 1
+    assert (Path(env.snapshot) / "tests/test_written.py").read_text() == WRITTEN
+    assert env.install_plan == "model[0]" and env.install_commands == [GOOD]
+    assert not (repo / "tests").exists()  # the source directory is not touched
+
+    useless = [call("run", {"command": GOOD})]
+    useless += [
+        call("write_file", {"path": "tests/test_w.py", "content": "def test_t():\n    assert 1\n"})
+    ]
+    useless += [call("submit", {})]
+    with pytest.raises(BuildError, match="failed on") as err:
+        build_with_model(str(repo), ScriptedPolicy(tok, useless), cache=cache, cfg=CFG)
+    assert err.value.step == "write-tests"

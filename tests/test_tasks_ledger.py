@@ -155,3 +155,15 @@ def test_killed_mid_way_and_restarted_builds_each_repository_once(tmp_path, jobs
     rows = [r for r in read_ledger(ledger) if r["status"] == "built"]
     assert sorted(r["spec"] for r in rows) == [f"r{i}" for i in range(6)]
     assert json.loads(ledger.read_text().splitlines()[-1])["status"] == "built"
+
+
+def test_cli_refuses_unknown_builders_and_parallel_model_builds(tmp_path):
+    from coderl.cli import main
+
+    repos = tmp_path / "repos.txt"
+    repos.write_text("# a comment\nsix==1.17.0\n")
+    with pytest.raises(SystemExit, match="valid: \\['model', 'rules'\\]"):
+        main(["tasks", "build-env", "--from", str(repos), "--builder", "llm"])
+    with pytest.raises(SystemExit, match="one repository at a time"):
+        main(["tasks", "build-env", "--from", str(repos), "--builder", "model", "--jobs", "2"])
+    assert not (tmp_path / "repos.txt.ledger.jsonl").exists()

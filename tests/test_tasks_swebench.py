@@ -215,3 +215,16 @@ def test_instances_from_a_local_snapshot_grade_the_same_after_a_round_trip(tmp_p
     (gold_resolved, *_), (empty_resolved, f2p, tests, error) = before
     assert gold_resolved and not empty_resolved and error is None
     assert f2p == 0.0 and tests["tests/test_calc.py::test_sub"] == "passed"
+
+
+def test_cli_export_then_import_gives_back_the_same_task_file(tmp_path, capsys):
+    from coderl.cli import main
+
+    out = tmp_path / "ci.json"
+    assert main(["tasks", "export", str(CI_TASKS), "--format", "swebench", "--out", str(out)]) == 0
+    assert isinstance(json.loads(out.read_text()), list)
+    back = tmp_path / "ci.jsonl"
+    assert main(["tasks", "import", str(out), "--out", str(back)]) == 0
+    assert back.read_bytes() == CI_TASKS.read_bytes()
+    with pytest.raises(SystemExit, match="valid: \\['swebench'\\]"):
+        main(["tasks", "import", str(out), "--format", "r2e", "--out", str(back)])

@@ -24,8 +24,11 @@ effect the episode relied on: the validation then fails and the attempt is recor
 
 from __future__ import annotations
 
+import hashlib
+import json
 import shutil
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -34,11 +37,8 @@ from coderl.agent.episode import Episode, EpisodeConfig, SimpleTask
 from coderl.agent.runner import run_episode
 from coderl.policy.base import Policy
 from coderl.tasks.detect import InstallPlan, ProjectInfo, detect
-from coderl.tasks.envbuild import (
-    BUILD_LIMITS,
-    BuildPolicy,
-    RuleBasedPolicy,
-)
+from coderl.tasks.envbuild import BUILD_LIMITS, BuildPolicy, EnvRecord, RuleBasedPolicy
+from coderl.tasks.patches import apply_patch, make_diff, materialize, split_diff
 from coderl.tasks.runner import SANDBOX_ENV, SandboxFactory, default_factory
 from coderl.tasks.snapshot import cache_dir
 
@@ -193,3 +193,178 @@ def run_build_episode(
             sb.close()
     finally:
         shutil.rmtree(venv, ignore_errors=True)
+
+
+WRITE_TESTS = (
+    "This repository has no tests. Install it and what it needs into /venv, then write pytest "
+    "tests for its public functions into files under tests/ (for example "
+    "tests/test_written.py), importing the package as its users would. A test is kept only if "
+    "it passes on this code and fails when a small bug is put into the code it calls, so test "
+    "exact results. Run them with `/venv/bin/python -m pytest -q tests` and call submit when "
+    "they pass."
+)
+
+
+@dataclass
+class _FirstPlan:
+    """Replays one known plan first, then the fallback's plans (a :class:`BuildPolicy`)."""
+
+    plan: InstallPlan
+    fallback: BuildPolicy
+    _used: bool = False
+
+    def explore(self, root: Path) -> ProjectInfo:
+        return detect(root)
+
+    def test_paths(self, info: ProjectInfo) -> list[str]:
+        return list(info.test_dirs)
+
+    def propose(self, info: ProjectInfo, attempts: list[dict[str, Any]]) -> InstallPlan | None:
+        if not self._used:
+            self._used = True
+            return self.plan
+        return self.fallback.propose(info, [a for a in attempts if a["plan"] != self.plan.name])
+
+
+def written_test_chunks(diff: str) -> dict[str, str]:
+    """Path -> diff chunk of every test file an episode's diff *adds*; changes to other files
+    are not taken, so the code under test stays the original."""
+    from coderl.tasks.detect import _is_test_path
+
+    return {
+        rel: chunk
+        for rel, chunk in split_diff(diff)
+        if _is_test_path(rel) and rel.endswith(".py") and "\n--- /dev/null" in chunk
+    }
+
+
+def write_tests(
+    spec: str,
+    policy: Policy,
+    *,
+    cfg: EpisodeConfig | None = None,
+    max_mutants: int = 12,
+    seed: int = 0,
+    factory: SandboxFactory | None = None,
+    cache: Path | None = None,
+) -> EnvRecord:
+    """Environment for a repository without tests: the model installs it and writes tests.
+
+    One build episode (:data:`WRITE_TESTS`); the test files it added are put into a copy of the
+    snapshot, which is built with the episode's install commands first (then the rules); tests
+    that pass twice are the candidates. Up to ``max_mutants`` synthesised bugs
+    (:func:`coderl.tasks.synth.candidates`: mutants of functions the tests call) are run
+    against them: only tests that fail on at least one are kept in ``EnvRecord.passing``; the
+    others stay in the files but are never used as FAIL_TO_PASS or PASS_TO_PASS.
+    ``info["written_tests"]`` records the files, the kept and dropped tests, the mutants tried.
+
+    Raises:
+        BuildError: ``write-tests`` (no test file written, or no written test catches a bug),
+            or whatever :func:`build_env` raises for the copy.
+    """
+    import random
+
+    from coderl.tasks.envbuild import BuildError, build_env
+    from coderl.tasks.snapshot import parse_spec, snapshot_spec
+    from coderl.tasks.synth import _run as run_selected
+    from coderl.tasks.synth import candidates
+
+    cache = cache or cache_dir()
+    try:
+        digest, snapshot = snapshot_spec(spec, cache=cache)
+    except (RuntimeError, FileNotFoundError, OSError) as e:
+        raise BuildError(spec, "download", str(e)) from e
+    info = detect(snapshot)
+    task = SimpleTask(
+        "build/write-tests", WRITE_TESTS + "\n\n" + build_statement(info, [], []), "build"
+    )
+    episode = run_build_episode(policy, task, snapshot, cfg or EpisodeConfig(max_turns=30), factory)
+    files = written_test_chunks(episode.diff)
+    commands = install_commands(episode)
+    if not files:
+        raise BuildError(spec, "write-tests", "the model wrote no test file", [])
+    pinned = parse_spec(spec)
+    name = pinned[0] if pinned else Path(spec).resolve().name
+    key = hashlib.sha256(json.dumps([digest, sorted(files.items())]).encode()).hexdigest()[:12]
+    derived = cache / "written" / key / name
+    if not derived.exists():
+        staging = Path(tempfile.mkdtemp(dir=cache, prefix=".written-"))
+        shutil.copytree(snapshot, staging / name)
+        apply_patch(staging / name, "".join(files.values()))
+        derived.parent.mkdir(parents=True, exist_ok=True)
+        (staging / name).chmod(0o755)
+        (staging / name).rename(derived)
+        shutil.rmtree(staging, ignore_errors=True)
+    first = _FirstPlan(InstallPlan("model[0]", tuple(commands)), RuleBasedPolicy())
+    env = build_env(str(derived), factory=factory, cache=cache, build_policy=first)
+    if "written_tests" in env.info:  # reused: the filter already ran
+        return env
+    factory = factory or default_factory()
+    killed: set[str] = set()
+    tried = 0
+    for cand in candidates(env, random.Random(seed)):
+        if tried >= max_mutants:
+            break
+        tried += 1
+        bug = make_diff(cand.path, cand.original, cand.mutant.source)
+        run = run_selected(env, materialize(Path(env.snapshot), bug), env.passing, factory, 60.0)
+        if not run.results_missing:  # a crashed run tells nothing about single tests
+            killed |= {t for t in env.passing if not run.passed(t)}
+    kept = [t for t in env.passing if t in killed]
+    dropped = [t for t in env.passing if t not in killed]
+    if not kept:
+        why = f"none of {len(env.passing)} passing written tests failed on {tried} synthesised bugs"
+        raise BuildError(spec, "write-tests", why, env.attempts)
+    env.passing = kept
+    env.info["written_tests"] = {
+        "files": sorted(files),
+        "kept": kept,
+        "dropped_no_bug_caught": dropped,
+        "failing_on_original": list(env.failing),
+        "mutants_tried": tried,
+    }
+    env.save(Path(env.venv).parent / "env.json")
+    return env
+
+
+def build_with_model(
+    spec: str,
+    policy: Policy,
+    *,
+    cfg: EpisodeConfig | None = None,
+    factory: SandboxFactory | None = None,
+    cache: Path | None = None,
+    **options: Any,
+) -> EnvRecord:
+    """``build-env --builder model``: :func:`write_tests` when the repository has no tests,
+    else :func:`build_env` with a :class:`ModelBuildPolicy` (``options`` go to it)."""
+    from coderl.tasks.envbuild import BuildError, build_env
+    from coderl.tasks.snapshot import snapshot_spec
+
+    try:
+        _, snapshot = snapshot_spec(spec, cache=cache)
+    except (RuntimeError, FileNotFoundError, OSError) as e:
+        raise BuildError(spec, "download", str(e)) from e
+    if not detect(snapshot).test_dirs:
+        return write_tests(spec, policy, cfg=cfg, factory=factory, cache=cache)
+    if cfg is not None:
+        options["cfg"] = cfg
+    builder = ModelBuildPolicy(policy, factory=factory, **options)
+    return build_env(spec, factory=factory, cache=cache, build_policy=builder)
+
+
+def build_function(name: str) -> Callable[[str], EnvRecord]:
+    """spec -> built environment for the builder ``name`` (a key of ``envbuild.BUILDERS``):
+    ``rules`` is :func:`build_env`; ``model`` is :func:`build_with_model` with the demo model,
+    which also writes tests for a repository without any.
+
+    Raises:
+        KeyError: an unknown name (the message lists the valid ones).
+    """
+    from coderl.tasks.envbuild import BUILDERS, build_env, demo_policy
+
+    if name not in BUILDERS:
+        raise KeyError(f"unknown builder {name!r}; valid: {sorted(BUILDERS)}")
+    if name == "model":
+        return lambda spec: build_with_model(spec, demo_policy())
+    return lambda spec: build_env(spec, builder=name)

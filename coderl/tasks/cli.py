@@ -14,10 +14,15 @@ Examples::
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from rich.console import Console
 from rich.table import Table
+
+if TYPE_CHECKING:
+    from coderl.tasks.envbuild import EnvRecord
 
 
 def _specs(args: argparse.Namespace) -> list[str]:
@@ -39,16 +44,26 @@ def _print_failure(spec: str, error: str, step: str, attempts: list[dict[str, ob
         print(f"  tried {a['plan']}: stopped at {a['step']}", flush=True)
 
 
+def _builder(name: str) -> Callable[[str], EnvRecord]:
+    from coderl.tasks.buildpolicy import build_function
+
+    try:
+        return build_function(name)
+    except KeyError as e:  # fail before anything is built
+        raise SystemExit(e.args[0]) from None
+
+
 def cmd_build_env(args: argparse.Namespace) -> int:
-    from coderl.tasks.envbuild import BuildError, build_env
+    from coderl.tasks.envbuild import BuildError
 
     specs = _specs(args)
+    build = _builder(args.builder)
     if args.from_file or args.ledger:
-        return _build_many(args, specs)
+        return _build_many(args, specs, build)
     failures = 0
     for spec in specs:
         try:
-            rec = build_env(spec, builder=args.builder)
+            rec = build(spec)
         except BuildError as e:  # report why, keep going with the others
             failures += 1
             _print_failure(spec, e.error, e.step, e.attempts)
@@ -61,16 +76,15 @@ def cmd_build_env(args: argparse.Namespace) -> int:
     return 1 if failures else 0
 
 
-def _build_many(args: argparse.Namespace, specs: list[str]) -> int:
+def _build_many(
+    args: argparse.Namespace, specs: list[str], build: Callable[[str], EnvRecord]
+) -> int:
     """``--from``/``--ledger``: resumable builds, ``--jobs`` at a time, one ledger row each."""
     import json
 
-    from coderl.tasks.envbuild import BUILDERS, build_env
     from coderl.tasks.ledger import build_many, finished, summary
 
     ledger = Path(args.ledger or f"{args.from_file}.ledger.jsonl")
-    if args.builder not in BUILDERS:  # fail before anything is built
-        raise SystemExit(f"unknown builder {args.builder!r}; valid: {sorted(BUILDERS)}")
     if args.builder == "model" and args.jobs > 1:
         raise SystemExit("--builder model builds one repository at a time (one model)")
 
@@ -87,7 +101,7 @@ def _build_many(args: argparse.Namespace, specs: list[str]) -> int:
 
     build_many(
         specs,
-        lambda spec: build_env(spec, builder=args.builder),
+        build,
         ledger,
         jobs=args.jobs,
         retry_failed=args.retry_failed,

@@ -138,7 +138,8 @@ class RuleBasedPolicy:
 
 
 @functools.cache
-def _demo_policy() -> Any:
+def demo_policy() -> Any:
+    """The demo model (SmolLM2-135M-Instruct), loaded once per process."""
     from coderl.policy import load_policy
 
     return load_policy("smollm2-135m", reference=False)
@@ -149,7 +150,7 @@ def demo_model_builder() -> BuildPolicy:
     loaded once per process), the rule-based builder as its fallback."""
     from coderl.tasks.buildpolicy import ModelBuildPolicy
 
-    return ModelBuildPolicy(_demo_policy())
+    return ModelBuildPolicy(demo_policy())
 
 
 BUILDERS: dict[str, Callable[[], BuildPolicy]] = {
