@@ -105,6 +105,8 @@ def test_failed_install_is_read_and_retried_and_the_replay_validates(tmp_path, t
     after_bad = tok.decode(policy.prompts[3])
     assert "exit code 1" in after_bad and "coderl-no-such-distribution-4711" in after_bad
     ran = builder.log[0]["ran"]
+    assert builder.log[0]["said"][2].startswith("The tests need pytest")
+    assert builder.log[0]["finish"] == "submitted"
     assert [status for cmd, status in ran if cmd in (BAD, GOOD)] == ["exit code 1", "exit code 0"]
     test_status = [s for c, s in ran if "pytest -q tests" in c]
     assert test_status == ["exit code 0"]  # the tests passed in the model's own sandbox

@@ -116,8 +116,9 @@ class ModelBuildPolicy:
     factory: SandboxFactory | None = None
     """Creates the build sandboxes (default ``coderl.sandbox.Sandbox.create``)."""
     log: list[dict[str, Any]] = field(default_factory=list)
-    """One entry per model episode: finish reason, every command run with its status line."""
-    _root: Path | None = None
+    """One entry per model episode: finish reason, turns, every command run with its status
+    line, the install commands taken, and the start of each assistant message."""
+    _root: Path | None = field(default=None, init=False, repr=False)
 
     def explore(self, root: Path) -> ProjectInfo:
         self._root = root
@@ -153,6 +154,12 @@ class ModelBuildPolicy:
                     if c.name == "run"
                 ],
                 "install_commands": commands,
+                "said": [
+                    m["content"][:400]
+                    for window in episode.transcripts
+                    for m in window
+                    if m["role"] == "assistant"
+                ],
             }
         )
         return commands
@@ -211,7 +218,7 @@ class _FirstPlan:
 
     plan: InstallPlan
     fallback: BuildPolicy
-    _used: bool = False
+    _used: bool = field(default=False, init=False)
 
     def explore(self, root: Path) -> ProjectInfo:
         return detect(root)
