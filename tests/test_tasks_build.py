@@ -97,7 +97,7 @@ def test_rule_policy_proposes_each_plan_once_then_gives_up(tmp_path):
     assert isinstance(policy, RuleBasedPolicy)
     with pytest.raises(KeyError, match="valid"):
         get_builder("llm")
-    assert list(BUILDERS) == ["rules"]
+    assert list(BUILDERS) == ["rules", "model"]
 
 
 def test_snapshot_is_content_addressed(tmp_path):

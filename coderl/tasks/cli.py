@@ -1,4 +1,4 @@
-"""``coderl tasks``: build-env, synth, validate, stats, humaneval.
+"""``coderl tasks``: build-env, synth, validate, stats, import, export, humaneval.
 
 Examples::
 
@@ -6,16 +6,23 @@ Examples::
     coderl tasks synth toolz --n 40 --out data/tasks/toolz.jsonl.gz
     coderl tasks validate data/tasks/toolz.jsonl.gz --out data/tasks/toolz.jsonl.gz
     coderl tasks stats data/tasks/*.jsonl.gz
+    coderl tasks import swe-gym.jsonl --format swebench --env toolz --out tasks.jsonl.gz
+    coderl tasks export data/tasks/ci.jsonl --format swebench --out ci-swebench.jsonl
     coderl tasks humaneval --split heldout --out humaneval-heldout.jsonl
 """
 
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from rich.console import Console
 from rich.table import Table
+
+if TYPE_CHECKING:
+    from coderl.tasks.envbuild import EnvRecord
 
 
 def _specs(args: argparse.Namespace) -> list[str]:
@@ -30,19 +37,36 @@ def _specs(args: argparse.Namespace) -> list[str]:
     return specs
 
 
-def cmd_build_env(args: argparse.Namespace) -> int:
-    from coderl.tasks.envbuild import BuildError, build_env
+def _print_failure(spec: str, error: str, step: str, attempts: list[dict[str, object]]) -> None:
+    last = (error.strip().splitlines() or ["?"])[-1]
+    print(f"FAILED {spec}: step {step}: {last}", flush=True)
+    for a in attempts:
+        print(f"  tried {a['plan']}: stopped at {a['step']}", flush=True)
 
+
+def _builder(name: str) -> Callable[[str], EnvRecord]:
+    from coderl.tasks.buildpolicy import build_function
+
+    try:
+        return build_function(name)
+    except KeyError as e:  # fail before anything is built
+        raise SystemExit(e.args[0]) from None
+
+
+def cmd_build_env(args: argparse.Namespace) -> int:
+    from coderl.tasks.envbuild import BuildError
+
+    specs = _specs(args)
+    build = _builder(args.builder)
+    if args.from_file or args.ledger:
+        return _build_many(args, specs, build)
     failures = 0
-    for spec in _specs(args):
+    for spec in specs:
         try:
-            rec = build_env(spec, builder=args.builder)
+            rec = build(spec)
         except BuildError as e:  # report why, keep going with the others
             failures += 1
-            last = (e.error.strip().splitlines() or ["?"])[-1]
-            print(f"FAILED {spec}: step {e.step}: {last}", flush=True)
-            for a in e.attempts:
-                print(f"  tried {a['plan']}: stopped at {a['step']}", flush=True)
+            _print_failure(spec, e.error, e.step, e.attempts)
             continue
         print(
             f"built {rec.env_id}: plan {rec.install_plan}, {len(rec.passing)} passing, "
@@ -50,6 +74,42 @@ def cmd_build_env(args: argparse.Namespace) -> int:
             flush=True,
         )
     return 1 if failures else 0
+
+
+def _build_many(
+    args: argparse.Namespace, specs: list[str], build: Callable[[str], EnvRecord]
+) -> int:
+    """``--from``/``--ledger``: resumable builds, ``--jobs`` at a time, one ledger row each."""
+    import json
+
+    from coderl.tasks.ledger import build_many, finished, summary
+
+    ledger = Path(args.ledger or f"{args.from_file}.ledger.jsonl")
+    if args.builder == "model" and args.jobs > 1:
+        raise SystemExit("--builder model builds one repository at a time (one model)")
+
+    def show(row: dict[str, object]) -> None:
+        if row["status"] == "failed":
+            print(f"FAILED {row['spec']}: step {row['step']}: {row['error']}", flush=True)
+        else:
+            print(
+                f"built {row['spec']} ({row['builder']}, plan {row['plan']}) in "
+                f"{row['time_s']:.0f} s: {row['passing']} passing, "
+                f"{row['flaky_dropped']} flaky dropped",
+                flush=True,
+            )
+
+    build_many(
+        specs,
+        build,
+        ledger,
+        jobs=args.jobs,
+        retry_failed=args.retry_failed,
+        log=show,
+    )
+    rows = list(finished(ledger).values())
+    print(f"ledger {ledger}: {json.dumps(summary(rows))}")
+    return 1 if any(r["status"] == "failed" and r["spec"] in specs for r in rows) else 0
 
 
 def cmd_synth(args: argparse.Namespace) -> int:
@@ -129,6 +189,34 @@ def cmd_humaneval(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_import(args: argparse.Namespace) -> int:
+    from coderl.tasks.envbuild import find_env
+    from coderl.tasks.spec import dump_tasks
+    from coderl.tasks.swebench import FORMATS
+
+    if args.format not in FORMATS:
+        raise SystemExit(f"unknown format {args.format!r}; valid: {sorted(FORMATS)}")
+    reader = FORMATS[args.format][0]
+    env = find_env(args.env) if args.env else None
+    tasks = reader(args.file, env=env)
+    dump_tasks(tasks, args.out)
+    print(f"{len(tasks)} tasks ({args.format}) -> {args.out}")
+    return 0
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    from coderl.tasks.spec import load_tasks
+    from coderl.tasks.swebench import FORMATS
+
+    if args.format not in FORMATS:
+        raise SystemExit(f"unknown format {args.format!r}; valid: {sorted(FORMATS)}")
+    writer = FORMATS[args.format][1]
+    tasks = [t for path in args.files for t in load_tasks(path)]
+    n = writer(tasks, args.out)
+    print(f"{n} instances ({args.format}) -> {args.out}")
+    return 0
+
+
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     parser = sub.add_parser("tasks", help="tasks from real repositories, HumanEval, grading")
     tsub = parser.add_subparsers(dest="tasks_command", metavar="ACTION", required=True)
@@ -137,6 +225,9 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("spec", nargs="*", help="NAME==VERSION (sdist from PyPI) or a directory")
     p.add_argument("--from", dest="from_file", help="file of specs, one a line (# comments)")
     p.add_argument("--builder", default="rules", help="build policy (see envbuild.BUILDERS)")
+    p.add_argument("--ledger", help="JSONL ledger (default: FILE.ledger.jsonl with --from)")
+    p.add_argument("--jobs", type=int, default=1, help="builds at a time (with a ledger)")
+    p.add_argument("--retry-failed", action="store_true", help="rebuild specs that failed")
     p.set_defaults(func=cmd_build_env)
 
     p = tsub.add_parser("synth", help="synthesise bug-fix tasks in a built environment")
@@ -159,6 +250,19 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = tsub.add_parser("stats", help="per-repo counts and mutation kinds")
     p.add_argument("files", nargs="+")
     p.set_defaults(func=cmd_stats)
+
+    p = tsub.add_parser("import", help="read tasks in another format (SWE-bench instances)")
+    p.add_argument("file", help="JSONL(.gz) or JSON array of instances")
+    p.add_argument("--format", default="swebench", help="see swebench.FORMATS")
+    p.add_argument("--env", help="environment of every instance (env id, NAME==VERSION, NAME)")
+    p.add_argument("--out", required=True, help="coderl task JSONL(.gz)")
+    p.set_defaults(func=cmd_import)
+
+    p = tsub.add_parser("export", help="write coderl tasks in another format (SWE-bench)")
+    p.add_argument("files", nargs="+", help="coderl task JSONL(.gz) files")
+    p.add_argument("--format", default="swebench", help="see swebench.FORMATS")
+    p.add_argument("--out", required=True, help=".json (array) or .jsonl(.gz)")
+    p.set_defaults(func=cmd_export)
 
     p = tsub.add_parser("humaneval", help="write HumanEval function tasks (train or heldout)")
     p.add_argument("--split", choices=["train", "heldout", "all"], default="train")

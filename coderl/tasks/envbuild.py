@@ -22,10 +22,12 @@ choose test paths); ``BUILDERS`` maps names to policies and the rule-based one i
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import shutil
 import tempfile
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from email.parser import Parser
 from pathlib import Path
@@ -61,7 +63,11 @@ class BuildError(RuntimeError):
     ):
         self.spec, self.step, self.error = spec, step, error
         self.attempts = attempts or []
-        super().__init__(f"{spec}: {step} failed: {error}")
+        tried = "".join(
+            f"\n  attempt {i + 1}: {a.get('plan')}: stopped at {a.get('step')}"
+            for i, a in enumerate(self.attempts)
+        )
+        super().__init__(f"{spec}: {step} failed: {error}{tried}")
 
 
 @dataclass
@@ -140,7 +146,26 @@ class RuleBasedPolicy:
         return list(info.test_dirs)
 
 
-BUILDERS: dict[str, type[RuleBasedPolicy]] = {"rules": RuleBasedPolicy}
+@functools.cache
+def demo_policy() -> Any:
+    """The demo model (SmolLM2-135M-Instruct), loaded once per process."""
+    from coderl.policy import load_policy
+
+    return load_policy("smollm2-135m", reference=False)
+
+
+def demo_model_builder() -> BuildPolicy:
+    """:class:`coderl.tasks.buildpolicy.ModelBuildPolicy` with the demo model (SmolLM2-135M,
+    loaded once per process), the rule-based builder as its fallback."""
+    from coderl.tasks.buildpolicy import ModelBuildPolicy
+
+    return ModelBuildPolicy(demo_policy())
+
+
+BUILDERS: dict[str, Callable[[], BuildPolicy]] = {
+    "rules": RuleBasedPolicy,
+    "model": demo_model_builder,
+}
 
 
 def get_builder(name: str) -> BuildPolicy:
@@ -276,7 +301,9 @@ def _attempt_builds(
         venv = work / f"venv-{len(attempts)}"
         step, error = _install(factory, snapshot, venv, plan, info, dist)
         if step:
-            attempts.append({"plan": plan.name, "step": step, "error": error})
+            attempts.append(
+                {"plan": plan.name, "commands": list(plan.commands), "step": step, "error": error}
+            )
             shutil.rmtree(venv, ignore_errors=True)
             continue
         run = _test(factory, snapshot, venv, paths, trace=True, inifile=info.pytest_config)
@@ -284,6 +311,7 @@ def _attempt_builds(
         attempts.append(
             {
                 "plan": plan.name,
+                "commands": list(plan.commands),
                 "step": "test",
                 "passed": n_pass,
                 "collect_errors": len(run.collect_errors),
@@ -312,19 +340,22 @@ def build_env(
     builder: str = "rules",
     factory: SandboxFactory | None = None,
     cache: Path | None = None,
+    build_policy: BuildPolicy | None = None,
 ) -> EnvRecord:
     """Build (or reuse) the environment for ``spec`` (``NAME==VERSION`` or a local directory).
+
+    ``build_policy`` (e.g. a ``ModelBuildPolicy`` around an engine) replaces ``builder``.
 
     Raises:
         BuildError: naming the failing step (download, explore, venv, install[i], import X, test)
             and the error tail; ``attempts`` holds every plan tried.
     """
     cache = cache or cache_dir()
-    policy = get_builder(builder)
     for existing in sorted((cache / "envs").glob("*/env.json")):
         record = EnvRecord.load(existing)
         if record.spec == spec and Path(record.venv).is_dir():
             return record
+    policy = build_policy or get_builder(builder)
     factory = factory or default_factory()
     try:
         digest, snapshot = snapshot_spec(spec, cache=cache)
