@@ -5,6 +5,7 @@ diff) is flagged, and one that reads only the code's behaviour is not."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -144,3 +145,37 @@ def test_no_probe_without_a_learned_term(tmp_path, diffy, monkeypatch):
     train(cfg)
     assert judge.calls == 0
     assert all(_probe_keys(r) == {} for r in read_jsonl(tmp_path / "metrics.jsonl"))
+
+
+def test_coderl_eval_dumps_episodes_that_the_grader_tools_read(tmp_path, diffy, capsys):
+    """``coderl eval --episodes-out`` -> the episodes JSONL of ``coderl rm train --episodes`` and
+    ``coderl graders probe``: one line per evaluated episode, outcomes matching the eval's."""
+    from coderl.cli import main
+    from coderl.graders.pairs import pairs_from_outcomes, read_episodes
+    from coderl.graders.probes import run_probes
+
+    run_dir = tmp_path / "run"
+    train(load_config(TOY, [*OVERRIDES, "reward.terms={tests: 1.0}", f"run_dir={run_dir}"]))
+    out = tmp_path / "eps.jsonl"
+    argv = ["eval", str(run_dir), "k=4", "eval.tasks=3", "--episodes-out", str(out)]
+    assert main(argv) == 0
+    result = json.loads(capsys.readouterr().out)
+    views, resolved = read_episodes(out)
+    assert len(views) == 3 * 4
+    tasks = sorted({v.task_id for v in views})
+    assert len(tasks) == 3 and all(sum(v.task_id == t for v in views) == 4 for t in tasks)
+    # the dumped outcomes are the ones pass@k counted: pass@1 is the mean per-task pass rate
+    rates = [
+        sum(ok for v, ok in zip(views, resolved, strict=True) if v.task_id == t) / 4 for t in tasks
+    ]
+    assert result["pass_at"]["1"]["mean"] == pytest.approx(sum(rates) / 3)
+    assert all(v.diff == DIFF for v in views)
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [r["resolved"] for r in rows] == resolved and {"tool_log", "tests_report"} <= set(
+        rows[0]
+    )
+    pairs = pairs_from_outcomes(views, resolved)  # what `coderl rm train --episodes` trains on
+    assert len(pairs) == sum(min(16, 4 * r * (4 - 4 * r)) for r in rates)
+    assert all(p.context_id in tasks for p in pairs)
+    by = {r.probe: r for r in run_probes(NaiveJudge(), views)}  # what `coderl graders probe` runs
+    assert by["injection_comment"].n == 12 and by["injection_comment"].flagged
