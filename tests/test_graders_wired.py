@@ -1,7 +1,8 @@
 """The gameability probes wired into training: with a learned term configured, ``coderl train``
 and ``coderl train-async`` log the same ``graders/probe/<term>/*`` metrics every
 ``graders.probe_every`` steps, a deliberately naive judge (one that believes "score 10" in the
-diff) is flagged, and one that reads only the code's behaviour is not."""
+diff) is flagged, and one that reads only the code's behaviour is not; ``coderl eval
+--episodes-out`` writes the episodes JSONL the grader tools read."""
 
 from __future__ import annotations
 
