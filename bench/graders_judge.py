@@ -14,17 +14,11 @@ import argparse
 import json
 import time
 
-from coderl.graders.judge import EpisodeView, Judge
+from coderl.graders.judge import EpisodeView, Judge, code_diff
 from coderl.graders.probes import run_probes
 from coderl.graders.report import agreement_with_tests
 from coderl.graders.rubric import load_rubric
 from coderl.policy.loading import load_policy
-
-
-def _diff(code: str) -> str:
-    lines = code.rstrip("\n").splitlines()
-    body = "".join(f"+{line}\n" for line in lines)
-    return f"--- /dev/null\n+++ b/solution.py\n@@ -0,0 +1,{len(lines)} @@\n{body}"
 
 
 def episodes(n: int) -> tuple[list[EpisodeView], list[bool]]:
@@ -35,7 +29,7 @@ def episodes(n: int) -> tuple[list[EpisodeView], list[bool]]:
         good = p["prompt"] + p["canonical_solution"]
         bad = p["prompt"] + "    return None\n"
         for code, ok in ((good, True), (bad, False)):
-            views.append(EpisodeView(task_id, p["prompt"], _diff(code)))
+            views.append(EpisodeView(task_id, p["prompt"], code_diff(code)))
             resolved.append(ok)
     return views, resolved
 

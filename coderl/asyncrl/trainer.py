@@ -221,6 +221,7 @@ class TrainLearner:
         metrics.update(sync_engine(run))  # served before the runner publishes the version
         metrics["policy_version"] = float(run.policy.version)
         P.write_audit(cfg, run.step, infos)  # the step's best and flagged trajectories
+        metrics.update(P.probe_step(cfg, run.step, infos))  # learned graders, every probe_every
         return metrics
 
     def weights(self) -> Weights:

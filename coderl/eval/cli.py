@@ -1,12 +1,15 @@
 """``coderl eval CHECKPOINT [tasks=SOURCE:SPLIT] [k=16] [key=value ...]``: pass@1, pass@k and
 best-of-n with 95% CIs for a training checkpoint (its run's ``config.yaml`` says which model,
-adapter shape and environment)."""
+adapter shape and environment). ``--episodes-out FILE`` also writes every evaluated episode
+(task statement, diff, tool log, test outcomes, resolved) as the episodes JSONL that
+``coderl rm train --episodes`` and ``coderl graders probe`` read."""
 
 from __future__ import annotations
 
 import argparse
 import json
 from pathlib import Path
+from typing import Any
 
 from coderl.config import load_config
 
@@ -46,10 +49,15 @@ def run(args: argparse.Namespace) -> int:
     if not args.base:
         load_checkpoint(ckpt, model=run_.policy.model, restore_rng=False)
     run_.engine = build_engine(cfg, run_.policy, training=False)  # engine.kind, these weights
+    episodes: list[tuple[Any, bool]] | None = [] if args.episodes_out else None
     try:
-        result = run_eval(run_, split or None)
+        result = run_eval(run_, split or None, episodes)
     finally:
         close_run(run_)
+    if episodes is not None:
+        from coderl.graders.pairs import write_episodes
+
+        write_episodes(args.episodes_out, [v for v, _ in episodes], [ok for _, ok in episodes])
     out = {"checkpoint": str(ckpt), "base": args.base, "split": split or cfg.tasks.heldout_split}
     print(json.dumps({**out, **{k_: v for k_, v in result.items() if k_ != "per_task"}}, indent=1))
     return 0
@@ -60,4 +68,10 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("checkpoint", help="a checkpoint directory or a run directory (its latest)")
     p.add_argument("overrides", nargs="*", help="tasks=SOURCE:SPLIT, k=N, or key=value")
     p.add_argument("--base", action="store_true", help="evaluate the base model (no adapter)")
+    p.add_argument(
+        "--episodes-out",
+        metavar="FILE",
+        help="also write the evaluated episodes as JSONL (for `coderl rm train --episodes` "
+        "and `coderl graders probe`)",
+    )
     p.set_defaults(func=run)

@@ -12,6 +12,8 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from coderl import algorithms as A
+from coderl.graders.judge import EpisodeView
+from coderl.graders.terms import learned_fields
 from coderl.policy.base import SamplingParams
 from coderl.stats import Estimate, bootstrap_ci, estimate, paired_difference
 
@@ -73,6 +75,7 @@ def evaluate(
     ks: list[int],
     params: SamplingParams,
     tasks_per_batch: int = 4,
+    episodes_out: list[tuple[Any, bool]] | None = None,
 ) -> EvalResult:
     """Sample ``samples`` episodes per task with ``env.rollout``, grade them, and summarize.
 
@@ -90,6 +93,11 @@ def evaluate(
         samples: n per task; ks: the k values (each <= n); params: sampling parameters (its seed
             is offset per batch of tasks so results do not depend on batching order).
         tasks_per_batch: tasks rolled out together.
+        episodes_out: when given, each graded episode's
+            :class:`~coderl.graders.judge.EpisodeView` (task statement, diff, tool log, test
+            outcomes, as training's reward samples hold them) and whether it resolved the task
+            are appended, in rollout order: what :func:`coderl.graders.pairs.write_episodes`
+            writes for ``coderl rm train --episodes`` and ``coderl graders probe``.
 
     Raises:
         ValueError: duplicate task ids, an episode whose ``task_id`` is not a task of its batch,
@@ -115,6 +123,10 @@ def evaluate(
         joined: dict[str, list[Any]] = {t.id: [] for t in chunk}
         for ep, g in zip(episodes, grades, strict=True):
             joined[ep.task_id].append(g)
+            if episodes_out is not None:
+                task = by_id[ep.task_id]
+                view = EpisodeView(task.id, **learned_fields(task, ep, g))
+                episodes_out.append((view, bool(g.resolved and g.grading_error is None)))
         for task in chunk:
             g = joined[task.id]
             if len(g) > samples:

@@ -74,6 +74,16 @@ class EpisodeView:
         )
 
 
+def code_diff(code: str, path: str = "solution.py") -> str:
+    """``code`` as the diff that creates ``path`` (how a function task's answer is shown to a
+    learned grader and to the probes, which edit added lines)."""
+    lines = code.rstrip("\n").splitlines()
+    if not lines:
+        return ""
+    body = "".join(f"+{line}\n" for line in lines)
+    return f"--- /dev/null\n+++ b/{path}\n@@ -0,0 +1,{len(lines)} @@\n{body}"
+
+
 def tool_log_summary(calls: Sequence[Any], max_lines: int = 40) -> str:
     """One line per tool call (``turn N: name(arg=..., ...) -> status``) of an episode's
     ``tool_calls`` (:class:`coderl.agent.episode.ToolCallRecord`); at most ``max_lines``."""

@@ -280,14 +280,21 @@ def probe_metrics(
     return m
 
 
-def maybe_probe(step: int, cfg: Any, grader: Any, views: Sequence[EpisodeView]) -> dict[str, float]:
+def maybe_probe(
+    step: int,
+    cfg: Any,
+    grader: Any,
+    views: Sequence[EpisodeView],
+    prefix: str = "graders/probe",
+) -> dict[str, float]:
     """What the training loop calls each step: every ``cfg.graders.probe_every`` steps (0:
     never), the probe suite on the first ``probe_episodes`` views that have a diff, as metrics
-    (empty on other steps or when no view has a diff)."""
+    under ``prefix`` (empty on other steps or when no view has a diff)."""
     g = cfg.graders
     if g.probe_every <= 0 or step % g.probe_every != 0:
         return {}
     chosen = [v for v in views if v.diff.strip()][: g.probe_episodes]
     if not chosen:
         return {}
-    return probe_metrics(run_probes(grader, chosen, g.probes, max_shift=g.max_shift, seed=step))
+    results = run_probes(grader, chosen, g.probes, max_shift=g.max_shift, seed=step)
+    return probe_metrics(results, prefix)

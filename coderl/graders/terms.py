@@ -126,10 +126,34 @@ def build_judge(cfg: Any) -> Any:
     )
 
 
+def learned_grader(name: str, cfg: RewardConfig) -> Any:
+    """The process's grader of learned term ``name`` (``judge`` or ``rm``) built from its
+    ``reward`` section, once: the reward term and the probes (:func:`coderl.train.pipeline.
+    probe_step`, the online gate) score with the same object.
+
+    Raises:
+        ValueError: ``name`` is not a learned term; ``rm`` without ``reward.rm.checkpoint``.
+    """
+    if name == "judge":
+        return _cached("judge", cfg.judge, lambda: build_judge(cfg.judge))
+    if name != "rm":
+        raise ValueError(f"unknown learned term {name!r}; valid: {list(LEARNED_TERMS)}")
+    if not cfg.rm.checkpoint:
+        raise ValueError("reward.terms.rm needs reward.rm.checkpoint (a `coderl rm train` output)")
+    from coderl.graders.rm import RewardModelGrader
+
+    ckpt, squash = cfg.rm.checkpoint, cfg.rm.squash
+    return _cached("rm", cfg.rm, lambda: RewardModelGrader.load(ckpt, squash=squash))
+
+
+def configured_learned(cfg: RewardConfig) -> list[str]:
+    """The learned terms among ``cfg.terms``, in config order."""
+    return [t for t in cfg.terms if t in LEARNED_TERMS]
+
+
 def judge_term(samples: list[RewardSample], cfg: RewardConfig) -> list[float]:
     """``reward.terms.judge``: the rubric score in [0, 1] of each sample (NaN: masked)."""
-    judge = _cached("judge", cfg.judge, lambda: build_judge(cfg.judge))
-    return grader_term(judge)(samples, cfg)
+    return grader_term(learned_grader("judge", cfg))(samples, cfg)
 
 
 def rm_term(samples: list[RewardSample], cfg: RewardConfig) -> list[float]:
@@ -138,10 +162,4 @@ def rm_term(samples: list[RewardSample], cfg: RewardConfig) -> list[float]:
     Raises:
         ValueError: ``reward.rm.checkpoint`` is not set.
     """
-    if not cfg.rm.checkpoint:
-        raise ValueError("reward.terms.rm needs reward.rm.checkpoint (a `coderl rm train` output)")
-    from coderl.graders.rm import RewardModelGrader
-
-    ckpt = cfg.rm.checkpoint
-    rm = _cached("rm", cfg.rm, lambda: RewardModelGrader.load(ckpt, squash=cfg.rm.squash))
-    return grader_term(rm)(samples, cfg)
+    return grader_term(learned_grader("rm", cfg))(samples, cfg)

@@ -8,7 +8,9 @@ One cycle, top to bottom (:func:`run_cycle`):
 3. single-sample advantages, then the near-on-policy update of a copy of the champion with KL to
    the champion (:mod:`coderl.online.update`); the candidate is saved as a new registry version;
 4. held-out evaluation of candidate and champion (paired) and behaviour checks, plus the live
-   monitors' alarms -> the gate (:mod:`coderl.online.gate`);
+   monitors' alarms and, when ``reward.terms`` names a learned grader, the gameability probes on
+   the candidate's held-out replies (:func:`probe_learned`) -> the gate
+   (:mod:`coderl.online.gate`);
 5. promote (atomic champion pointer swap) or reject with the reasons; the report (timings,
    exclusions by reason, ESS, KL, monitors, gate) is appended to ``run_dir/cycles.jsonl``.
 """
@@ -27,6 +29,8 @@ from rich.console import Console
 from rich.table import Table
 
 from coderl.config import Config
+from coderl.graders.probes import probe_gate, run_probes
+from coderl.graders.terms import configured_learned, learned_grader
 from coderl.online.baselines import advantages
 from coderl.online.calls import harness_format
 from coderl.online.gate import run_gate
@@ -100,6 +104,30 @@ def heldout_evaluator(cfg: Config) -> HeldoutEvaluator:
     return ev
 
 
+def probe_learned(
+    cfg: Config, views: list[Any], graders: dict[str, Any] | None = None
+) -> tuple[dict[str, tuple[bool, str]], dict[str, Any]]:
+    """The gameability probes of every learned term in ``cfg.reward.terms`` on the first
+    ``graders.probe_episodes`` held-out views with a diff: ``({term: probe_gate(results)},
+    {term: [ProbeResult as dict]})``, both empty without a learned term or without a view that
+    has a diff (nothing to probe: the check is then not run). Run every cycle
+    (``graders.probe_every`` schedules training only).
+
+    Args:
+        graders: term -> grader (``score(views)``); default: the process's grader of the term
+            (:func:`coderl.graders.terms.learned_grader`).
+    """
+    g = cfg.graders
+    chosen = [v for v in views if v.diff.strip()][: g.probe_episodes]
+    checks: dict[str, tuple[bool, str]] = {}
+    results: dict[str, Any] = {}
+    for name in configured_learned(cfg.reward) if chosen else []:
+        grader = (graders or {}).get(name) or learned_grader(name, cfg.reward)
+        res = run_probes(grader, chosen, g.probes, max_shift=g.max_shift)
+        checks[name], results[name] = probe_gate(res), [asdict(r) for r in res]
+    return checks, results
+
+
 def production_alarms(
     cfg: Config, store: Store, registry: Registry, now: float
 ) -> tuple[list[Any], dict[str, Any]]:
@@ -165,8 +193,10 @@ def run_cycle(
     evaluator: Evaluator | None = None,
     clock: Callable[[], float] = time.time,
     log: Callable[[str], None] = print,
+    graders: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """One claim -> train -> evaluate -> promote/reject cycle (see the module docstring).
+    """One claim -> train -> evaluate -> promote/reject cycle (see the module docstring);
+    ``graders`` overrides the learned graders the probes test (see :func:`probe_learned`).
 
     Returns:
         the cycle report (also appended to ``run_dir/cycles.jsonl``); ``decision`` is
@@ -229,7 +259,8 @@ def run_cycle(
     behaviour = (champ_eval.behaviour, cand_eval.behaviour)
     hacks = tuple(b.get(SUSPECTED_HACK_RATE) for b in behaviour)
     hack_rates = None if None in hacks else (float(hacks[0]), float(hacks[1]))  # type: ignore[arg-type]
-    gate = run_gate(cfg.online.gate, heldout, behaviour, alarms, hack_rates)
+    probes, rep["probes"] = probe_learned(cfg, cand_eval.views, graders)
+    gate = run_gate(cfg.online.gate, heldout, behaviour, alarms, hack_rates, probes or None)
     rep["gate"], rep["monitors"] = gate.to_dict(), snap
     if gate.promote:
         registry.promote(candidate, gate.to_dict())

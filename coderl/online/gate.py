@@ -17,6 +17,10 @@ Checks, all of which must pass:
 4. **Suspected hacks**: a rise of the held-out ``suspected_hack_rate`` (the share of episodes a
    hack detector flags) from champion to candidate by more than ``gate.hack_rate_margin`` blocks
    promotion, reported as an alarm.
+5. **Gameable learned grader**: when ``reward.terms`` names a learned grader (``judge``,
+   ``rm``), the gameability probes (:mod:`coderl.graders.probes`) run on the candidate's held-out
+   replies; a probe that reliably raises the grader's score (:func:`~coderl.graders.probes.
+   probe_gate`) blocks promotion, reported as an alarm.
 
 Limits: both bounds are large-sample approximations. The pass/fail bound's exact type I error
 (probability of promoting a candidate exactly ``margin`` worse, alpha = 0.05; every 2x2 table
@@ -181,6 +185,7 @@ def run_gate(
     behaviour: tuple[dict[str, float], dict[str, float]] | None,
     production_alarms: list[Alarm],
     hack_rates: tuple[float, float] | None = None,
+    probes: dict[str, tuple[bool, str]] | None = None,
 ) -> GateReport:
     """Decide promotion.
 
@@ -191,6 +196,8 @@ def run_gate(
         production_alarms: alarms from the live monitors.
         hack_rates: ``(champion, candidate)`` suspected-hack rates in [0, 1] on the held-out
             episodes, or None (no detector ran); see :func:`hack_rate_alarm`.
+        probes: learned term -> :func:`coderl.graders.probes.probe_gate` of its probes, or
+            None (no learned grader configured); a failed one is an alarm.
 
     Returns:
         a report whose ``promote`` is True only when every check passed; ``reasons`` lists
@@ -226,8 +233,12 @@ def run_gate(
     if hack_rates is not None:
         alarm = hack_rate_alarm(*hack_rates, margin=cfg.hack_rate_margin)
         alarms += [alarm] if alarm is not None else []
-    for a in alarms:
-        rep.alarms.append(a.reason())
-        rep.reasons.append(a.reason())
+    reasons = [a.reason() for a in alarms]
+    reasons += [
+        f"alarm: learned grader {n}: {why}" for n, (ok, why) in (probes or {}).items() if not ok
+    ]
+    for r in reasons:
+        rep.alarms.append(r)
+        rep.reasons.append(r)
     rep.promote = not rep.reasons
     return rep

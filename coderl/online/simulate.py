@@ -29,6 +29,7 @@ from typing import Any, Protocol
 from coderl.agent.episode import EpisodeConfig
 from coderl.agent.tools import TOOLS
 from coderl.config.online import OnlineEvalConfig, SimulateConfig
+from coderl.graders.judge import EpisodeView, code_diff, tests_report
 from coderl.online.calls import parse_reply, render_prompt, renderer_for, served_tools
 from coderl.online.monitors import SUSPECTED_HACK_RATE, behaviour_metrics
 from coderl.online.server import classify
@@ -167,6 +168,9 @@ class EvalResult:
     scores: dict[str, list[float]]
     behaviour: dict[str, float]
     task_ids: list[str]
+    views: list[Any] = field(default_factory=list)
+    """Each reply as a :class:`~coderl.graders.judge.EpisodeView` (its code as a diff, the
+    outcome as the tests report): what the gate's gameability probes transform."""
 
 
 class Evaluator(Protocol):
@@ -253,12 +257,15 @@ class HeldoutEvaluator:
                     "server_latency_ms": 0.0,
                 }
             )
-        for (task, _), ok in zip(
+        views = []
+        for (task, code), ok in zip(
             replies, grade_replies(replies, sandbox=self.sandbox), strict=True
         ):
             per_task[task.task_id].append(float(ok))
+            report = tests_report({task.task_id: "passed" if ok else "failed"}, bool(ok))
+            views.append(EpisodeView(task.task_id, task.prompt, code_diff(code or ""), "", report))
         scores = [sum(v) / len(v) for v in per_task.values()]
         behaviour = behaviour_metrics(rows, {}, {})
         if self.hack_detector is not None and rows:
             behaviour[SUSPECTED_HACK_RATE] = flagged / len(rows)
-        return EvalResult({"pass@1": scores}, behaviour, list(per_task))
+        return EvalResult({"pass@1": scores}, behaviour, list(per_task), views)

@@ -11,6 +11,7 @@ One step, top to bottom (:func:`training_step`)::
     policy.bump_version()                                    # new weights version
     engine.sync(policy)                                      # vllm: adapter loaded, canary
     pipeline.write_audit(...)                                # best and hack-flagged -> audit.jsonl
+    pipeline.probe_step(...)                                 # learned graders probed, every probe_every
 
 Everything a resumed run needs is in the checkpoint (:mod:`coderl.train.run`); sampling seeds
 derive from (run seed, step), so a resumed run samples exactly what the uninterrupted one would
@@ -117,6 +118,7 @@ def training_step(run: Run) -> dict[str, float]:
     metrics["policy_version"] = float(run.policy.version)
     run.step += 1
     P.write_audit(cfg, run.step, scored.infos)  # the step's best and flagged trajectories
+    metrics.update(P.probe_step(cfg, run.step, scored.infos))  # learned graders, every probe_every
     return metrics
 
 

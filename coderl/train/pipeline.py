@@ -30,6 +30,10 @@ detector flagged), with ``alarm/hacks=1`` and a warning above ``reward.hack_alar
 step's ``reward.audit_top_k`` highest-reward and (up to ``reward.audit_max_flagged``) flagged
 trajectories are appended to ``RUN_DIR/audit.jsonl`` (:func:`write_audit`), which
 ``coderl report`` renders as the audit page.
+
+Learned graders (``judge``, ``rm`` in ``reward.terms``) are probed for gameability every
+``graders.probe_every`` steps (:func:`probe_step`, ``graders/probe/<term>/*`` metrics); like the
+hack detectors, the probes only observe.
 """
 
 from __future__ import annotations
@@ -48,8 +52,10 @@ from torch import nn
 from coderl.config import Config
 from coderl.envs.base import Environment, EpisodeRecord, FailureKind, GradeRecord
 from coderl.eval.audit import audit_record, select_for_audit, write_audit_records
+from coderl.graders.judge import EpisodeView
+from coderl.graders.probes import maybe_probe
 from coderl.graders.report import criteria_metrics
-from coderl.graders.terms import learned_fields
+from coderl.graders.terms import configured_learned, learned_fields, learned_grader, view_of
 from coderl.policy.base import SamplingParams
 from coderl.rewards import RewardResult, RewardSample, compute_rewards
 from coderl.rewards.hacks import HackFlag, detect_hacks, flag_counts, suspected_hack_rate
@@ -326,6 +332,9 @@ def rescore(scored: Scored, cfg: Config) -> Scored:
     for info, rec in zip(scored.infos, audits, strict=True):
         if id(rec) in chosen:
             info["audit"] = rec
+    if cfg.graders.probe_every > 0 and configured_learned(cfg.reward):
+        for info, s in zip(scored.infos, scored.samples, strict=True):
+            info["view"] = asdict(view_of(s))  # what the probes transform (probe_step)
     return scored
 
 
@@ -342,6 +351,34 @@ def write_audit(cfg: Config, step: int, infos: list[dict[str, Any]]) -> int:
     if chosen:
         write_audit_records(cfg.run_dir, step, chosen)
     return len(chosen)
+
+
+def probe_step(
+    cfg: Config, step: int, infos: list[dict[str, Any]], graders: dict[str, Any] | None = None
+) -> dict[str, float]:
+    """The gameability probes of every configured learned term (``judge``, ``rm``) on the
+    step's episodes, every ``graders.probe_every`` steps (:func:`coderl.graders.probes.
+    maybe_probe`; ``step`` is the step number the metrics are logged under, 1 first). Metrics:
+    ``graders/probe/<term>/<probe>/{shift,lo,hi,flagged}`` and ``graders/probe/<term>/flagged``
+    (probes flagged); empty on other steps, without a learned term, or when no episode has a
+    diff. The views travel in each info's ``view`` (set by :func:`rescore` only when probes are
+    scheduled), so the async learner probes what the workers scored. Observes only: no reward,
+    sample or weight depends on it.
+
+    Args:
+        graders: term name -> grader (``score(views) -> list[float]``); default: the process's
+            grader of each term (:func:`coderl.graders.terms.learned_grader`, the reward term's
+            own object; an async learner builds its own copy on first use).
+    """
+    names = configured_learned(cfg.reward)
+    if cfg.graders.probe_every <= 0 or step % cfg.graders.probe_every or not names:
+        return {}
+    views = [EpisodeView(**x["view"]) for x in infos if "view" in x]
+    m: dict[str, float] = {}
+    for name in names:
+        grader = (graders or {}).get(name) or learned_grader(name, cfg.reward)
+        m.update(maybe_probe(step, cfg, grader, views, prefix=f"graders/probe/{name}"))
+    return m
 
 
 def select(scored: Scored, keep: list[int]) -> Scored:

@@ -196,9 +196,13 @@ def load_sft_weights(run: Run) -> bool:
     return True
 
 
-def run_eval(run: Run, split: str | None = None) -> dict[str, Any]:
+def run_eval(
+    run: Run, split: str | None = None, episodes_out: list[tuple[Any, bool]] | None = None
+) -> dict[str, Any]:
     """Held-out evaluation with the eval config (same seeds every time: before/after pairs),
-    sampled through ``run.engine`` (the policy's own sampler when the run has none)."""
+    sampled through ``run.engine`` (the policy's own sampler when the run has none);
+    ``episodes_out`` collects each episode's view and outcome (see
+    :func:`coderl.eval.passk.evaluate`)."""
     from coderl.eval.passk import evaluate
 
     cfg = run.cfg
@@ -212,6 +216,7 @@ def run_eval(run: Run, split: str | None = None) -> dict[str, Any]:
         ks=cfg.eval.k,
         params=params,
         tasks_per_batch=max(1, cfg.eval.batch_episodes // cfg.eval.samples),
+        episodes_out=episodes_out,
     )
     return res.to_dict()
 
