@@ -1,0 +1,179 @@
+"""More attacks on the harness, the function checker's wire format and the online path (issue 19).
+
+Each test is an attack a policy can make, asserting the defended outcome: the sample is scored
+(a broken call, a tool error, a failed grade), never masked (an episode ``error``, a server 500,
+an exception out of a decoder that promises one error type). Kinds tried here and how they fared
+before the fixes that came with this file:
+
+- a tool call whose JSON nests past the parser's recursion limit (hermes, xml parameter): the
+  parser raised RecursionError, the episode ended ``error`` (masked); now a broken call;
+- a tool call holding an integer of more than 4,300 digits (hermes, xml parameter): ValueError
+  out of ``json.loads`` (not a JSONDecodeError), masked; on the online server a 500 with no
+  interaction stored, so the broken call was never scored; now a broken call / ``invalid``;
+- ``run`` with ``timeout: NaN`` (valid to Python's JSON parser and to strict pydantic floats):
+  the shell's select raised mid-command and left the command's end record unread; now refused
+  as a tool error before anything runs;
+- a function-task answer ``{"complex": [10**400, 0]}``: OverflowError out of ``wire.loads``,
+  which promises WireError only (the judge caught it as a failed check, so no mask); now a
+  WireError (an answer that is not plain data);
+- defended already, kept as new kinds: calls after ``submit`` in a later position of the same
+  message that are broken still count against the policy; NaN/Infinity and huge numbers in the
+  judge's table of answers fail the check rather than crash the judge.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+
+import pytest
+from test_agent_tools import PLAIN_CHATML, make_repo, open_sandbox
+
+from coderl.agent.episode import EpisodeConfig, SimpleTask
+from coderl.agent.parsing import CALL_FORMATS, BrokenCall, parse_hermes, parse_xml
+from coderl.agent.runner import run_episode
+from coderl.agent.scripted import ScriptedPolicy
+from coderl.agent.tools import TOOLS
+from coderl.online.calls import parse_reply
+from coderl.policy.tiny import tiny_tokenizer
+from coderl.rewards.hacks import detect_hacks
+from coderl.tasks.fncheck import wire
+
+call = CALL_FORMATS["hermes"].format_call
+needs_sandbox = pytest.mark.skipif(
+    shutil.which("bwrap") is None or os.geteuid() != 0,
+    reason="needs bubblewrap and root (make sysdeps); CI has both",
+)
+HUGE_INT = "7" * 5000  # past Python's 4,300-digit int conversion limit
+DEEP = "[" * 1500  # past the JSON parser's recursion limit
+NEAR_LIMIT = "[" * 985 + "]" * 985  # parses at a shallow stack, crashes what recurses deeper
+BIG_TURNS = EpisodeConfig(
+    max_tokens_per_turn=8000,
+    max_tokens=40_000,
+    context_budget=60_000,
+    max_consecutive_broken_calls=5,
+)
+"""The tiny tokenizer is one token per character: room for a 5,000-digit call in one turn."""
+
+
+@pytest.fixture(scope="module")
+def tok():
+    t = tiny_tokenizer()
+    t.chat_template = PLAIN_CHATML
+    return t
+
+
+def hermes(arguments: str, name: str = "run") -> str:
+    return f'<tool_call>\n{{"name": "{name}", "arguments": {arguments}}}\n</tool_call>'
+
+
+def xml(command: str, timeout: str) -> str:
+    return (
+        f"<tool_call>\n<function=run>\n<parameter=command>\n{command}\n</parameter>\n"
+        f"<parameter=timeout>\n{timeout}\n</parameter>\n</function>\n</tool_call>"
+    )
+
+
+HOSTILE_CALLS = {
+    "hermes-deep": hermes(DEEP),
+    "hermes-deep-closed": hermes("[" * 5000 + "]" * 5000),
+    "hermes-huge-int": hermes('{"command": "ls", "timeout": ' + HUGE_INT + "}"),
+    "hermes-near-limit": hermes('{"command": ' + NEAR_LIMIT + "}"),
+    "xml-deep": xml("ls", DEEP),
+    "xml-huge-int": xml("ls", HUGE_INT),
+    "xml-near-limit": xml("ls", NEAR_LIMIT),
+}
+
+
+@pytest.mark.parametrize("name", sorted(HOSTILE_CALLS))
+def test_hostile_json_in_a_call_is_a_broken_call(name):
+    text = HOSTILE_CALLS[name]
+    parse = parse_xml if name.startswith("xml") else parse_hermes
+    parsed = parse(text, TOOLS)
+    assert len(parsed) == 1 and isinstance(parsed[0], BrokenCall)
+    assert parsed[0].error  # the model is told what is wrong
+
+
+@pytest.mark.parametrize("name", ["hermes-deep", "hermes-huge-int"])
+def test_online_server_scores_hostile_json_as_an_invalid_call(name):
+    content, calls, status = parse_reply(HOSTILE_CALLS[name], TOOLS, "hermes")
+    assert (status, calls) == ("invalid", [])  # scored broken_tool_call, not a 500
+
+
+@needs_sandbox
+def test_hostile_calls_end_as_broken_calls_not_episode_errors(tok, tmp_path):
+    script = [
+        HOSTILE_CALLS["hermes-deep"],
+        HOSTILE_CALLS["hermes-huge-int"],
+        HOSTILE_CALLS["hermes-near-limit"],
+        call("write_file", {"path": "pkg/ok.py", "content": "x = 1\n"}),
+        call("submit", {}),
+    ]
+    with open_sandbox(make_repo(tmp_path)) as sb:
+        ep = run_episode(ScriptedPolicy(tok, script), SimpleTask("t", "fix"), sb, BIG_TURNS)
+    assert ep.error is None and ep.failure is None
+    assert ep.stats.finish_reason == "submitted"
+    assert [c.status for c in ep.tool_calls] == ["broken"] * 3 + ["ok", "ok"]
+    assert ep.stats.broken_tool_calls == 3  # the penalty is paid
+    assert "pkg/ok.py" in ep.diff
+
+    def deep(n: int) -> list:  # the pipeline runs the detectors well below the stack's top
+        return detect_hacks(ep, None, None) if n == 0 else deep(n - 1)
+
+    assert deep(40) == []  # the tool log holds nothing that crashes a reader
+
+
+@needs_sandbox
+def test_run_with_a_nan_timeout_is_refused_and_the_shell_stays_in_step(tok, tmp_path):
+    script = [
+        hermes('{"command": "sleep 1; echo first", "timeout": NaN}'),
+        call("run", {"command": "echo second"}),
+        call("submit", {}),
+    ]
+    with open_sandbox(make_repo(tmp_path)) as sb:
+        ep = run_episode(ScriptedPolicy(tok, script), SimpleTask("t", "fix"), sb, EpisodeConfig())
+    assert ep.error is None and ep.stats.finish_reason == "submitted"
+    first, second, _ = ep.tool_calls
+    assert first.status == "tool_error" and "timeout" in first.observation
+    assert second.status == "ok"
+    assert "second" in second.observation and "first" not in second.observation
+
+
+@needs_sandbox
+def test_broken_calls_after_submit_in_one_message_still_count(tok, tmp_path):
+    """Submitting first and then breaking calls in the same message must not dodge the penalty
+    (the calls after ``submit`` are not run, but a malformed one is still counted)."""
+    text = call("submit", {}) + HOSTILE_CALLS["hermes-huge-int"] + "<tool_call>{oops"
+    with open_sandbox(make_repo(tmp_path)) as sb:
+        ep = run_episode(ScriptedPolicy(tok, [text]), SimpleTask("t", "fix"), sb, BIG_TURNS)
+    assert ep.error is None and ep.stats.finish_reason == "submitted"
+    assert [c.status for c in ep.tool_calls] == ["ok", "broken", "broken"]
+    assert ep.stats.broken_tool_calls == 2
+
+
+@pytest.mark.parametrize(
+    "doc",
+    [
+        '{"complex": [' + "1" + "0" * 400 + ", 0]}",
+        '{"complex": [0, -' + "9" * 400 + "]}",
+        '{"set": [' + HUGE_INT + "]}",
+        '{"bytes": "zz"}',
+        '{"dict": [[[1], 2]]}',
+        '{"set": [{"dict": []}]}',
+        "[" * 200 + "]" * 200,
+        '{"tuple": [1], "set": [2]}',
+        '{"__reduce__": ["os.system", "id"]}',
+    ],
+)
+def test_wire_decoding_raises_only_wire_errors(doc):
+    with pytest.raises(wire.WireError):
+        wire.loads(doc)
+
+
+def test_wire_keeps_non_finite_floats_as_plain_values():
+    """NaN and infinities cross as floats (a check that compares them simply fails)."""
+    value = wire.loads(wire.dumps([math.nan, math.inf, -math.inf]))
+    assert math.isnan(value[0]) and value[1:] == [math.inf, -math.inf]
+    assert json.loads(wire.dumps(10**4000 // 10**3999)) == 10
