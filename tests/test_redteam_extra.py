@@ -177,3 +177,26 @@ def test_wire_keeps_non_finite_floats_as_plain_values():
     value = wire.loads(wire.dumps([math.nan, math.inf, -math.inf]))
     assert math.isnan(value[0]) and value[1:] == [math.inf, -math.inf]
     assert json.loads(wire.dumps(10**4000 // 10**3999)) == 10
+
+
+@needs_sandbox
+def test_one_turn_of_many_reads_cannot_flood_the_next_prompt(tok, tmp_path):
+    """40 cheap reads of a big file in one message: each returns up to max_observation_chars,
+    so unbounded they would add 40 x 8,000 characters to the summary prompt (past a real
+    engine's context length, failing the whole batch). Only ``max_calls_per_turn`` run."""
+    base = make_repo(tmp_path)
+    (base / "big.txt").write_text("line of text\n" * 5000)
+    many = "".join(call("read_file", {"path": "big.txt"}) for _ in range(40))
+    cfg = EpisodeConfig(max_tokens_per_turn=4000, context_budget=400_000, max_tokens=40_000)
+    with open_sandbox(base) as sb:
+        ep = run_episode(
+            ScriptedPolicy(tok, [many, call("submit", {})]), SimpleTask("t", "fix"), sb, cfg
+        )
+    assert ep.error is None and ep.stats.finish_reason == "submitted"
+    first_turn = [c for c in ep.tool_calls if c.turn == 1]
+    assert len(first_turn) == 40
+    assert [c.status for c in first_turn].count("ok") == cfg.max_calls_per_turn
+    assert all(c.status == "not_run" for c in first_turn[cfg.max_calls_per_turn :])
+    shown = sum(len(c.observation) for c in first_turn)
+    assert shown <= cfg.max_calls_per_turn * cfg.tools.max_observation_chars + 40 * 100
+    assert ep.stats.broken_tool_calls == 0  # calling too often is not a malformed call
