@@ -10,6 +10,14 @@ before the fixes that came with this file:
 - a tool call holding an integer of more than 4,300 digits (hermes, xml parameter): ValueError
   out of ``json.loads`` (not a JSONDecodeError), masked; on the online server a 500 with no
   interaction stored, so the broken call was never scored; now a broken call / ``invalid``;
+- arguments nested ~985 levels (parse at a shallow stack): a broken call, but its arguments were
+  kept in the tool log, and the hack detectors (run unguarded in the training pipeline, a few
+  frames deeper) raised RecursionError: the whole step crashed; now arguments nested past
+  ``MAX_ARGUMENT_DEPTH`` are a broken call and never reach the log;
+- one message of 40 cheap ``read_file`` calls of a big file: each returns up to 8,000
+  characters, so one turn could add ~320,000 characters to the summary prompt, past a real
+  engine's context length (``policy.generate`` raising fails the whole rollout batch); now at
+  most ``EpisodeConfig.max_calls_per_turn`` calls run per turn, the rest are ``not_run``;
 - ``run`` with ``timeout: NaN`` (valid to Python's JSON parser and to strict pydantic floats):
   the shell's select raised mid-command and left the command's end record unread; now refused
   as a tool error before anything runs;
@@ -96,7 +104,7 @@ def test_hostile_json_in_a_call_is_a_broken_call(name):
     assert parsed[0].error  # the model is told what is wrong
 
 
-@pytest.mark.parametrize("name", ["hermes-deep", "hermes-huge-int"])
+@pytest.mark.parametrize("name", ["hermes-deep", "hermes-huge-int", "hermes-near-limit"])
 def test_online_server_scores_hostile_json_as_an_invalid_call(name):
     content, calls, status = parse_reply(HOSTILE_CALLS[name], TOOLS, "hermes")
     assert (status, calls) == ("invalid", [])  # scored broken_tool_call, not a 500
