@@ -24,9 +24,11 @@ before the fixes that came with this file:
 - a function-task answer ``{"complex": [10**400, 0]}``: OverflowError out of ``wire.loads``,
   which promises WireError only (the judge caught it as a failed check, so no mask); now a
   WireError (an answer that is not plain data);
-- defended already, kept as new kinds: calls after ``submit`` in a later position of the same
-  message that are broken still count against the policy; NaN/Infinity and huge numbers in the
-  judge's table of answers fail the check rather than crash the judge.
+- broken calls after ``submit`` in the same message (one a 5,000-digit int): the int crashed the
+  parser, so the whole episode was masked and the penalty dodged; now both count as broken;
+- defended already, kept as new kinds: NaN and infinities cross the wire as plain floats (a check
+  comparing them just fails), and malformed wire documents (bad hex, unhashable keys, two tags,
+  unknown tags such as ``__reduce__``) raise WireError.
 """
 
 from __future__ import annotations
