@@ -29,6 +29,8 @@ before the fixes that came with this file:
 - defended already, kept as new kinds: NaN and infinities cross the wire as plain floats (a check
   comparing them just fails), and malformed wire documents (bad hex, unhashable keys, two tags,
   unknown tags such as ``__reduce__``) raise WireError.
+- defended already: sabotage of the tools' shared shell (``exit``, redefining its end-record
+  function, closing its stdout, SIGSTOP) is an ordinary observation; the shell comes back.
 """
 
 from __future__ import annotations
@@ -210,3 +212,27 @@ def test_one_turn_of_many_reads_cannot_flood_the_next_prompt(tok, tmp_path):
     shown = sum(len(c.observation) for c in first_turn)
     assert shown <= cfg.max_calls_per_turn * cfg.tools.max_observation_chars + 40 * 100
     assert ep.stats.broken_tool_calls == 0  # calling too often is not a malformed call
+
+
+@needs_sandbox
+def test_sabotaging_the_tool_shell_is_the_policys_loss_not_a_mask(tok, tmp_path):
+    """The policy can wreck the shell the tools share (exit, forge the end-record function,
+    close its own stdout, stop itself): each is an ordinary observation, the shell comes back,
+    and the episode still ends, with its diff, as a scored one."""
+    script = [
+        call("run", {"command": "exit 3"}),
+        call("run", {"command": "__coderl_done() { :; }", "timeout": 1}),
+        call("run", {"command": "exec 1>&- 2>&-"}),
+        call("run", {"command": "kill -STOP $$", "timeout": 1}),
+        call("write_file", {"path": "pkg/after.py", "content": "z = 3\n"}),
+        call("run", {"command": "echo alive"}),
+        call("submit", {}),
+    ]
+    with open_sandbox(make_repo(tmp_path)) as sb:
+        ep = run_episode(ScriptedPolicy(tok, script), SimpleTask("t", "fix"), sb, EpisodeConfig())
+    assert ep.error is None and ep.failure is None
+    assert ep.stats.finish_reason == "submitted" and ep.stats.broken_tool_calls == 0
+    assert "exit code 3" in ep.tool_calls[0].observation
+    assert "timed out" in ep.tool_calls[1].observation  # its own end record never came
+    assert "alive" in ep.tool_calls[5].observation
+    assert "pkg/after.py" in ep.diff
