@@ -101,6 +101,12 @@ class EpisodeConfig:
     """Generated tokens for one summary."""
     max_consecutive_broken_calls: int = 3
     """The episode ends (``broken_calls``) after this many malformed calls in a row."""
+    max_calls_per_turn: int = 16
+    """Tool calls run per assistant turn; later ones in the same message are ``not_run``. Each
+    run call can return ``tools.max_observation_chars``, so this bounds what one turn adds to
+    the window (and to the summary prompt, which may exceed ``context_budget`` by it): without
+    it a turn of many cheap ``read_file`` calls could push a prompt past the engine's context
+    length, which fails the whole batch of rollouts."""
     call_format: str = "hermes"
     """Tool-call format, a key of ``CALL_FORMATS``."""
     template_tools: bool = True
@@ -138,6 +144,7 @@ class EpisodeConfig:
             "context_budget",
             "summary_max_tokens",
             "max_consecutive_broken_calls",
+            "max_calls_per_turn",
             "temperature",
         )
         bad = {k: getattr(self, k) for k in positive if not getattr(self, k) > 0}
@@ -166,7 +173,8 @@ class ToolCallRecord:
     observation: str
     """What the model was shown for it."""
     status: Literal["ok", "tool_error", "broken", "not_run"]
-    """``broken``: malformed, unknown tool or bad arguments; ``not_run``: after ``submit``."""
+    """``broken``: malformed, unknown tool or bad arguments; ``not_run``: after ``submit``, or
+    past ``EpisodeConfig.max_calls_per_turn``."""
     started_s: float
     """Start time (seconds since the episode began)."""
     duration_s: float
@@ -296,9 +304,11 @@ class _State:
 
 
 def _run_calls(st: _State, text: str, tools: Mapping[str, Tool]) -> list[ToolCallRecord]:
-    """Parse and run the calls of one assistant message, in order; nothing after ``submit``."""
+    """Parse and run the calls of one assistant message, in order; nothing after ``submit`` or
+    past ``max_calls_per_turn`` calls run."""
     records = []
     turn = st.stats.turns
+    ran = 0
     for parsed in get_call_format(st.cfg.call_format).parse(text, tools):
         started = time.monotonic() - st.start
         name = parsed.name if isinstance(parsed, ToolCall) else None
@@ -308,7 +318,11 @@ def _run_calls(st: _State, text: str, tools: Mapping[str, Tool]) -> list[ToolCal
             obs, status, duration = f"Error: {call.error}", "broken", 0.0
         elif st.ctx.submitted:
             obs, status, duration = "Not run: the task was already submitted.", "not_run", 0.0
+        elif ran >= st.cfg.max_calls_per_turn:
+            obs = f"Not run: at most {ran} tool calls run per turn; call it again next turn."
+            status, duration = "not_run", 0.0
         else:
+            ran += 1
             outcome = execute(call.tool, call.arguments, st.ctx)
             obs, duration = outcome.observation, outcome.duration_s
             status = "ok" if outcome.ok else "tool_error"

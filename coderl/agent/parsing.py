@@ -52,6 +52,22 @@ class BrokenCall:
 ParsedCall = ToolCall | BrokenCall
 
 _OPEN, _CLOSE = "<tool_call>", "</tool_call>"
+MAX_ARGUMENT_DEPTH = 16
+"""Deepest nesting of lists and objects inside a call's arguments; deeper is a broken call. No
+tool takes nested values, and what reads the tool log later (hack detectors, reports) recurses:
+arguments nested just under the JSON parser's limit would crash them there instead."""
+
+
+def _too_deep(value: Any, limit: int = MAX_ARGUMENT_DEPTH) -> bool:
+    """Whether ``value`` (parsed JSON) nests lists/objects more than ``limit`` levels below it."""
+    stack = [(value, 0)]
+    while stack:
+        v, depth = stack.pop()
+        if isinstance(v, dict | list):
+            if depth > limit:
+                return True
+            stack.extend((c, depth + 1) for c in (v.values() if isinstance(v, dict) else v))
+    return False
 
 
 def _blocks(text: str) -> list[tuple[str, str | None]]:
@@ -84,7 +100,7 @@ def parse_hermes(text: str, tools: Mapping[str, Tool]) -> list[ParsedCall]:
             continue
         try:
             obj = json.loads(body)
-        except json.JSONDecodeError as e:
+        except (ValueError, RecursionError) as e:  # also: nesting or an int past the limits
             calls.append(BrokenCall(raw, f"the tool call is not valid JSON ({e})"))
             continue
         if not isinstance(obj, dict) or set(obj) != {"name", "arguments"}:
@@ -94,6 +110,8 @@ def parse_hermes(text: str, tools: Mapping[str, Tool]) -> list[ParsedCall]:
             )
         elif not isinstance(obj["name"], str) or not isinstance(obj["arguments"], dict):
             calls.append(BrokenCall(raw, '"name" must be a string and "arguments" an object'))
+        elif _too_deep(obj["arguments"]):
+            calls.append(BrokenCall(raw, f"arguments nested over {MAX_ARGUMENT_DEPTH} levels"))
         else:
             calls.append(ToolCall(obj["name"], obj["arguments"], raw))
     return calls
@@ -149,8 +167,11 @@ def parse_xml(text: str, tools: Mapping[str, Tool]) -> list[ParsedCall]:
         try:
             for key, value in _PARAMETER.findall(inner):
                 args[key] = _xml_value(value, props.get(key, {}).get("type"))
-        except json.JSONDecodeError as e:
+        except (ValueError, RecursionError) as e:  # nesting or an int past the limits too
             calls.append(BrokenCall(raw, f"parameter '{key}' is not a valid JSON value ({e})"))
+            continue
+        if _too_deep(args):
+            calls.append(BrokenCall(raw, f"arguments nested over {MAX_ARGUMENT_DEPTH} levels"))
             continue
         calls.append(ToolCall(name, args, raw))
     return calls

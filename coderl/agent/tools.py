@@ -214,7 +214,7 @@ def run(ctx: ToolContext, command: str, timeout: float | None = None) -> str:
     """
     cfg = ctx.config
     limit = cfg.timeout_s.get("run", 60.0) if timeout is None else timeout
-    if limit <= 0:
+    if not limit > 0:  # NaN is valid JSON to Python and a float to pydantic
         raise ToolError(f"timeout must be positive, got {timeout}")
     limit = min(limit, cfg.max_run_timeout_s)
     res = ctx.sandbox.exec(command, timeout=limit)

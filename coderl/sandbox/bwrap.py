@@ -330,7 +330,7 @@ class BwrapSandbox(Sandbox):
 
     def exec(self, cmd: str, *, timeout: float | None = None) -> ExecResult:
         limit = self.limits.timeout_s if timeout is None else timeout
-        if limit <= 0:
+        if not limit > 0:  # NaN too: a NaN deadline breaks the shell's select mid-command
             raise ValueError(f"timeout must be positive, got {limit}")
         with self._lock:
             shell = self._ensure_shell()

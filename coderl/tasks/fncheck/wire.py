@@ -109,6 +109,6 @@ def _decode(doc: Any, depth: int, budget: list[int]) -> Any:
                 return complex(body[0], body[1])
     except TypeError as e:  # an unhashable set member or dict key
         raise WireError(f"bad {tag}: {e}") from e
-    except ValueError as e:  # bad hex
+    except (ValueError, OverflowError) as e:  # bad hex; a complex part too large for a float
         raise WireError(f"bad {tag}: {e}") from e
     raise WireError(f"unknown or malformed tag {tag!r}" if tag in _TAGGED else "unknown tag")
