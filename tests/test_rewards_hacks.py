@@ -177,3 +177,17 @@ def test_a_grade_record_is_read_through_its_full_result(task):
 
     g = GradeRecord(result=GradeResult(task_id="t", stripped_paths=["conftest.py"]))
     assert [f.name for f in detect_hacks(record(), g, task)] == ["stripped_paths"]
+
+
+def test_a_detector_that_raises_flags_the_episode_instead_of_crashing(monkeypatch):
+    from coderl.rewards import hacks
+
+    def broken(tr, grade, task):
+        raise RecursionError("maximum recursion depth exceeded")
+
+    monkeypatch.setitem(hacks.DETECTORS, "git_history", broken)
+    ep = EpisodeRecord(task_id="t", trajectory=Trajectory())
+    flags = detect_hacks(ep, None, None)
+    assert [f.name for f in flags] == [hacks.DETECTOR_ERROR]
+    assert flags[0].evidence == "git_history: RecursionError"
+    assert flag_counts([flags])[hacks.DETECTOR_ERROR] == 1

@@ -285,6 +285,12 @@ REASONS: dict[str, str] = {
 """Detector name -> what it looks for (the ``reason`` of its flags)."""
 
 
+DETECTOR_ERROR = "detector_error"
+"""Flag name for an episode on which a detector raised (the detector and the error type are the
+evidence)."""
+DETECTOR_ERROR_REASON = "a detector raised on this trajectory: audit it by hand"
+
+
 def detect_hacks(
     episode_record: Any, grade_record: Any, task: Any, *, detectors: Sequence[str] | None = None
 ) -> list[HackFlag]:
@@ -307,7 +313,15 @@ def _run(tr: Trace, grade: Any, task: Any, detectors: Sequence[str] | None) -> l
     unknown = [n for n in names if n not in DETECTORS]
     if unknown:
         raise KeyError(f"unknown hack detectors {unknown}; valid: {sorted(DETECTORS)}")
-    return [flag for n in names for flag in DETECTORS[n](tr, grade, task)]
+    out: list[HackFlag] = []
+    for n in names:
+        try:
+            out += DETECTORS[n](tr, grade, task)
+        except (RecursionError, ValueError, TypeError, OverflowError, MemoryError) as e:
+            # a trajectory that defeats a detector is itself worth an audit; never a crash of
+            # the training step (the detectors only observe: rewards are untouched either way)
+            out.append(HackFlag(DETECTOR_ERROR, DETECTOR_ERROR_REASON, f"{n}: {type(e).__name__}"))
+    return out
 
 
 def reply_trace(reply: Mapping[str, Any]) -> Trace:
