@@ -58,9 +58,11 @@ tool takes nested values, and what reads the tool log later (hack detectors, rep
 arguments nested just under the JSON parser's limit would crash them there instead."""
 
 
-def _too_deep(value: Any, limit: int = MAX_ARGUMENT_DEPTH) -> bool:
-    """Whether ``value`` (parsed JSON) nests lists/objects more than ``limit`` levels below it."""
-    stack = [(value, 0)]
+def nesting_exceeds(value: Any, limit: int) -> bool:
+    """Whether parsed JSON ``value`` nests lists/objects more than ``limit`` levels deep (a
+    top-level container is level 1). Iterative: never recurses, stops at the first container
+    past the limit. Shared by the call parser and the online event limits."""
+    stack = [(value, 1)]
     while stack:
         v, depth = stack.pop()
         if isinstance(v, dict | list):
@@ -68,6 +70,11 @@ def _too_deep(value: Any, limit: int = MAX_ARGUMENT_DEPTH) -> bool:
                 return True
             stack.extend((c, depth + 1) for c in (v.values() if isinstance(v, dict) else v))
     return False
+
+
+def _too_deep(arguments: Any) -> bool:
+    """Arguments nested more than ``MAX_ARGUMENT_DEPTH`` levels below the arguments object."""
+    return nesting_exceeds(arguments, MAX_ARGUMENT_DEPTH + 1)
 
 
 def _blocks(text: str) -> list[tuple[str, str | None]]:

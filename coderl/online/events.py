@@ -37,6 +37,8 @@ from pydantic import (
     ValidationError,
 )
 
+from coderl.agent.parsing import nesting_exceeds
+
 _Id = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_.:\-]+$")]
 
 
@@ -118,19 +120,6 @@ class Rejected:
     rejects that cannot recur identically (HTTP requests): each is counted."""
 
 
-def _depth_over(obj: Any, limit: int) -> bool:
-    """True when ``obj`` nests containers more than ``limit`` levels deep (iterative: never
-    recurses, stops at the first container past the limit)."""
-    stack = [(obj, 1)]
-    while stack:
-        x, d = stack.pop()
-        if isinstance(x, dict | list):
-            if d > limit:
-                return True
-            stack.extend((v, d + 1) for v in (x.values() if isinstance(x, dict) else x))
-    return False
-
-
 def _no_constants(name: str) -> Any:
     raise ValueError(f"{name} is not a JSON number")
 
@@ -153,7 +142,7 @@ def parse_json(data: bytes | bytearray | str) -> Any:
         return Rejected(f"invalid_json: {e.msg} at char {e.pos}", text[:1000])
     except ValueError as e:
         return Rejected(f"invalid_json: {e}", text[:1000])
-    if _depth_over(obj, MAX_DEPTH):
+    if nesting_exceeds(obj, MAX_DEPTH):
         return Rejected(f"too_deep: nested deeper than {MAX_DEPTH} levels", text[:200])
     return obj
 
@@ -173,7 +162,7 @@ def parse_event(raw: Any) -> _Event | Rejected:
         raw = parse_json(raw)
         if isinstance(raw, Rejected):
             return raw
-    elif _depth_over(raw, MAX_DEPTH):
+    elif nesting_exceeds(raw, MAX_DEPTH):
         return Rejected(f"too_deep: nested deeper than {MAX_DEPTH} levels", "")
     if not isinstance(raw, dict):
         return Rejected(f"not_an_object: got {type(raw).__name__}", str(raw)[:1000])
