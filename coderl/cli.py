@@ -54,7 +54,9 @@ def main(argv: list[str] | None = None) -> int:
         if isinstance(overrides, list) and all("=" in a and not a.startswith("-") for a in extra):
             overrides += extra
         else:
-            parser.error(f"unrecognized arguments: {' '.join(extra)}")
+            parser.error(
+                f"unrecognized arguments: {' '.join(extra)} (see coderl {args.command} --help)"
+            )
     if args.command is None:
         parser.print_help()
         return 0
