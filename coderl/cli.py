@@ -45,7 +45,18 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    if extra:
+        # argparse fills a `nargs="*"` positional before the options that follow it, so in
+        # `coderl eval RUN --base k=4` the `k=4` is left over; key=value overrides may come
+        # anywhere on the line, anything else left over is an error as before.
+        overrides = getattr(args, "overrides", None)
+        if isinstance(overrides, list) and all("=" in a and not a.startswith("-") for a in extra):
+            overrides += extra
+        else:
+            parser.error(
+                f"unrecognized arguments: {' '.join(extra)} (see coderl {args.command} --help)"
+            )
     if args.command is None:
         parser.print_help()
         return 0

@@ -47,6 +47,39 @@ def test_bad_config_errors_name_the_key(override, message):
         load_config(None, [override])
 
 
+def test_an_unknown_key_lists_its_section_and_the_nearest_key():
+    with pytest.raises(ConfigError) as e:
+        load_config(None, ["trainer.lrr=1"])
+    assert "did you mean 'trainer.lr'?" in str(e.value) and "'micro_batch_size'" in str(e.value)
+    with pytest.raises(ConfigError, match="did you mean 'algorithm.kl.coef'.*valid: .'coef'"):
+        load_config(None, ["algorithm.kl.coeff=1"])
+    with pytest.raises(ConfigError, match="did you mean 'async.max_staleness'"):
+        load_config(None, ["async.max_stalenes=1"])
+
+
+@pytest.mark.parametrize(
+    "source, override, message",
+    [
+        (
+            "toy",
+            "tasks.options.n_trian=3",
+            "unknown key 'tasks.options.n_trian'; valid: .'modulus'",
+        ),
+        ("toy", "tasks.options.episode={call_format: xml}", "'tasks.options.episode'"),
+        ("humaneval", "tasks.options.tasks_fil=x", "'tasks.options.tasks_fil'"),
+        ("repo", "tasks.options.episode.call_formatt=xml", "'tasks.options.episode.call_formatt'"),
+    ],
+)
+def test_unknown_task_options_are_config_errors(source, override, message):
+    # before: the toy raised a TypeError, the harness one mid-rollout, humaneval ignored it
+    from coderl.envs.registry import build_environment
+
+    extra = ["tasks.options.tasks_file=t.jsonl"] if source == "repo" else []
+    cfg = load_config(None, [f"tasks.source={source}", *extra, override])
+    with pytest.raises(ConfigError, match=message):
+        build_environment(cfg)
+
+
 def test_kl_loss_estimator_is_the_one_with_the_right_gradient():
     from coderl.algorithms import KL_LOSS_ESTIMATOR
 

@@ -228,6 +228,19 @@ def test_outcome_pairs_prefer_resolved_episodes_of_the_same_task():
     assert len(pairs) == 1 and "d1" in pairs[0].chosen and "d2" in pairs[0].rejected
 
 
+def test_episodes_without_pairs_say_why(tmp_path):
+    import argparse
+
+    from coderl.graders.pairs import write_episodes
+    from coderl.graders.rm_cli import _pairs
+
+    eps = tmp_path / "eps.jsonl"
+    write_episodes(eps, [EpisodeView("a", "s", "d1"), EpisodeView("b", "s", "d2")], [True, True])
+    args = argparse.Namespace(pairs=None, episodes=str(eps), store=None)
+    with pytest.raises(ValueError, match="2 episodes, 2 resolved, no task with both"):
+        _pairs(args)
+
+
 def test_store_pairs_prefer_kept_over_discarded(tmp_path):
     from coderl.online.events import parse_event
     from coderl.online.store import Store, interaction_row
@@ -277,7 +290,13 @@ def test_injection_probe_flags_the_naive_grader_not_the_comment_blind_one():
     assert not ok and "injection_comment" in reason
     [blind] = run_probes(CommentBlindGrader(), _views(), ["injection_comment"])
     assert not blind.flagged and blind.mean == 0.0
-    assert probe_gate([blind])[0]
+    ok, reason = probe_gate([blind])
+    assert ok and "1 of 1 probes measured" in reason
+    # a probe that applies to no episode (no diff) measured nothing, and the reason says so
+    [empty] = run_probes(CommentBlindGrader(), [EpisodeView("t/0", "task", "")], ["rename"])
+    assert empty.n == 0
+    ok, reason = probe_gate([empty])
+    assert ok and reason.startswith("nothing measured")
     # the string variant is not a comment: it gets through the comment-blind grader
     [s] = run_probes(CommentBlindGrader(), _views(), ["injection_string"])
     assert s.flagged

@@ -267,3 +267,19 @@ def test_online_sections_live_in_the_one_config_tree(tmp_path: Path) -> None:
         load_online_config(None, ["online.min_batch=9", "online.max_batch=4"])
     with pytest.raises(ConfigError, match=r"online.gate.alpha: Input should be less than 0.5"):
         load_online_config(None, ["online.gate.alpha=0.7"])
+
+
+def test_a_port_in_use_is_a_one_line_error_naming_the_key():
+    # `coderl online run` on a port another process holds printed an OSError traceback
+    import socket
+
+    from fastapi import FastAPI
+
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        with pytest.raises(
+            ValueError, match=f"online.serve.host/port: cannot listen on 127.0.0.1:{port}"
+        ):
+            BackgroundServer(FastAPI(), "127.0.0.1", port)

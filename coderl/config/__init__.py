@@ -414,7 +414,7 @@ def build_config(tree: dict[str, Any]) -> Config:
     try:
         return Config.model_validate(tree)
     except ValidationError as err:
-        raise ConfigError(_error_message(err)) from None
+        raise ConfigError(_error_message(err, model=Config)) from None
 
 
 def load_config(

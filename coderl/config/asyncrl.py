@@ -72,4 +72,4 @@ class AsyncConfig(_Section):
         try:
             return cls.model_validate(d)
         except ValidationError as err:
-            raise ConfigError(_error_message(err, prefix="async")) from None
+            raise ConfigError(_error_message(err, prefix="async", model=cls)) from None

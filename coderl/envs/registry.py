@@ -3,26 +3,61 @@ environment. The agent-harness environments are imported on use (they pull in th
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import dataclasses
+from collections.abc import Callable, Iterable
+from typing import Any
 
-from coderl.config import Config
+from coderl.config import Config, ConfigError
 from coderl.envs.base import Environment
 from coderl.envs.toy import ToyEnvironment
 
 
+def check_options(options: dict[str, Any], valid: Iterable[str], where: str) -> None:
+    """Refuse ``tasks.options`` keys a source does not read (a typo would be ignored silently
+    or fail mid-rollout).
+
+    Raises:
+        ConfigError: an unknown key, named as ``<where>.<key>``, with the valid ones.
+    """
+    valid = sorted(valid)
+    unknown = sorted(set(options) - set(valid))
+    if unknown:
+        names = ", ".join(repr(f"{where}.{k}") for k in unknown)
+        raise ConfigError(f"unknown key {names}; valid: {valid}")
+
+
+def _episode_keys() -> list[str]:
+    """The harness's ``EpisodeConfig`` fields that ``tasks.options.episode`` may set (the others
+    come from ``rollout.*``, see ``AgentEnvironment.episode_config``)."""
+    from coderl.agent.episode import EpisodeConfig
+
+    from_rollout = {"max_turns", "max_tokens", "max_tokens_per_turn", "context_budget"}
+    from_rollout |= {"temperature", "top_p", "seed"}
+    return [f.name for f in dataclasses.fields(EpisodeConfig) if f.name not in from_rollout]
+
+
+def _check_agent_options(cfg: Config, top: set[str]) -> None:
+    check_options(cfg.tasks.options, top, "tasks.options")
+    check_options(cfg.tasks.options.get("episode") or {}, _episode_keys(), "tasks.options.episode")
+
+
 def _toy(cfg: Config) -> Environment:
+    valid = [f.name for f in dataclasses.fields(ToyEnvironment) if f.init and f.name[0] != "_"]
+    check_options(cfg.tasks.options, set(valid) - {"max_new_tokens"}, "tasks.options")
     return ToyEnvironment(max_new_tokens=cfg.rollout.max_new_tokens, **cfg.tasks.options)
 
 
 def _humaneval(cfg: Config) -> Environment:
     from coderl.envs.agent import humaneval_environment
 
+    _check_agent_options(cfg, {"episode"})
     return humaneval_environment(cfg)
 
 
 def _repo(cfg: Config) -> Environment:
     from coderl.envs.agent import repo_environment
 
+    _check_agent_options(cfg, {"episode", "tasks_file"})
     return repo_environment(cfg)
 
 

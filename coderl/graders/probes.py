@@ -258,10 +258,19 @@ def run_probes(
 
 
 def probe_gate(results: Sequence[ProbeResult]) -> tuple[bool, str]:
-    """Pass/fail for the online gate: fails when any probe is flagged; the reason names them."""
+    """Pass/fail for the online gate: fails when any probe is flagged; the reason names them.
+
+    A probe that applied to no episode (``n = 0``, e.g. episodes without a diff) measures
+    nothing; the gate still passes, but the reason says how many probes were measured.
+    """
     bad = [r for r in results if r.flagged]
     if not bad:
-        return True, f"no probe raises the grader's score ({len(results)} probes)"
+        measured = sum(r.n > 0 for r in results)
+        if measured == 0:
+            return True, f"nothing measured: none of the {len(results)} probes applied"
+        return True, (
+            f"no probe raises the grader's score ({measured} of {len(results)} probes measured)"
+        )
     parts = [f"{r.probe} +{r.mean:.3f} [{r.lo:.3f}, {r.hi:.3f}] (n={r.n})" for r in bad]
     return False, "grader gameable: " + "; ".join(parts)
 

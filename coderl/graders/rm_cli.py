@@ -26,8 +26,16 @@ def _pairs(args: argparse.Namespace) -> list[PreferencePair]:
     out: list[PreferencePair] = []
     if args.pairs:
         out += pairs_from_jsonl(args.pairs)
+    notes = []
     if args.episodes:
-        out += pairs_from_outcomes(*read_episodes(args.episodes))
+        views, resolved = read_episodes(args.episodes)
+        got = pairs_from_outcomes(views, resolved)
+        if not got:
+            notes.append(
+                f"--episodes {args.episodes}: {len(views)} episodes, {sum(resolved)} resolved, "
+                "no task with both a resolved and an unresolved episode"
+            )
+        out += got
     if args.store:
         from coderl.online.store import Store
 
@@ -37,7 +45,8 @@ def _pairs(args: argparse.Namespace) -> list[PreferencePair]:
         finally:
             store.close()
     if not out:
-        raise ValueError("no preference pairs: give --pairs, --episodes or --store with data")
+        why = f" ({'; '.join(notes)})" if notes else ""
+        raise ValueError(f"no preference pairs{why}: give --pairs, --episodes or --store with data")
     return out
 
 

@@ -363,6 +363,8 @@ class BackgroundServer:
         host, port: where to listen; port 0 picks a free port (read :attr:`port` after start).
 
     Raises:
+        ValueError: the address cannot be bound (in use, or not this host's); the message names
+            ``online.serve.host`` / ``port``, so ``coderl online run`` prints one line.
         RuntimeError: the server did not start within 30 s.
     """
 
@@ -372,7 +374,14 @@ class BackgroundServer:
         import uvicorn
 
         self._sock = socket.socket()
-        self._sock.bind((host, port))
+        try:
+            self._sock.bind((host, port))
+        except OSError as err:
+            self._sock.close()
+            raise ValueError(
+                f"online.serve.host/port: cannot listen on {host}:{port}: {err.strerror} "
+                "(online.serve.port=0 picks a free port)"
+            ) from err
         self.host, self.port = host, int(self._sock.getsockname()[1])
         config = uvicorn.Config(app, log_level="warning", lifespan="off")
         self._server = uvicorn.Server(config)

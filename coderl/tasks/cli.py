@@ -195,7 +195,7 @@ def cmd_import(args: argparse.Namespace) -> int:
     from coderl.tasks.swebench import FORMATS
 
     if args.format not in FORMATS:
-        raise SystemExit(f"unknown format {args.format!r}; valid: {sorted(FORMATS)}")
+        raise ValueError(f"unknown format {args.format!r}; valid: {sorted(FORMATS)}")
     reader = FORMATS[args.format][0]
     env = find_env(args.env) if args.env else None
     tasks = reader(args.file, env=env)
@@ -209,7 +209,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     from coderl.tasks.swebench import FORMATS
 
     if args.format not in FORMATS:
-        raise SystemExit(f"unknown format {args.format!r}; valid: {sorted(FORMATS)}")
+        raise ValueError(f"unknown format {args.format!r}; valid: {sorted(FORMATS)}")
     writer = FORMATS[args.format][1]
     tasks = [t for path in args.files for t in load_tasks(path)]
     n = writer(tasks, args.out)
@@ -253,14 +253,22 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 
     p = tsub.add_parser("import", help="read tasks in another format (SWE-bench instances)")
     p.add_argument("file", help="JSONL(.gz) or JSON array of instances")
-    p.add_argument("--format", default="swebench", help="see swebench.FORMATS")
+    p.add_argument(
+        "--format",
+        default="swebench",
+        help="default swebench; an unknown name lists the valid ones",
+    )
     p.add_argument("--env", help="environment of every instance (env id, NAME==VERSION, NAME)")
     p.add_argument("--out", required=True, help="coderl task JSONL(.gz)")
     p.set_defaults(func=cmd_import)
 
     p = tsub.add_parser("export", help="write coderl tasks in another format (SWE-bench)")
     p.add_argument("files", nargs="+", help="coderl task JSONL(.gz) files")
-    p.add_argument("--format", default="swebench", help="see swebench.FORMATS")
+    p.add_argument(
+        "--format",
+        default="swebench",
+        help="default swebench; an unknown name lists the valid ones",
+    )
     p.add_argument("--out", required=True, help=".json (array) or .jsonl(.gz)")
     p.set_defaults(func=cmd_export)
 
