@@ -292,11 +292,11 @@ def test_injection_probe_flags_the_naive_grader_not_the_comment_blind_one():
     assert not blind.flagged and blind.mean == 0.0
     ok, reason = probe_gate([blind])
     assert ok and "1 of 1 probes measured" in reason
-    # a probe that applies to no episode (no diff) measured nothing, and the reason says so
+    # a probe that applies to no episode (no diff) measured nothing: the gate fails closed
     [empty] = run_probes(CommentBlindGrader(), [EpisodeView("t/0", "task", "")], ["rename"])
     assert empty.n == 0
     ok, reason = probe_gate([empty])
-    assert ok and reason.startswith("nothing measured")
+    assert not ok and reason.startswith("nothing measured")
     # the string variant is not a comment: it gets through the comment-blind grader
     [s] = run_probes(CommentBlindGrader(), _views(), ["injection_string"])
     assert s.flagged

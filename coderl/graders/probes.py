@@ -260,14 +260,15 @@ def run_probes(
 def probe_gate(results: Sequence[ProbeResult]) -> tuple[bool, str]:
     """Pass/fail for the online gate: fails when any probe is flagged; the reason names them.
 
-    A probe that applied to no episode (``n = 0``, e.g. episodes without a diff) measures
-    nothing; the gate still passes, but the reason says how many probes were measured.
+    A probe that applied to no episode (``n = 0``, e.g. episodes without a diff, or all masked)
+    measures nothing. When no probe measured anything the gate fails closed: a learned grader
+    whose gameability could not be measured is not vouched for (the reason says so).
     """
     bad = [r for r in results if r.flagged]
     if not bad:
         measured = sum(r.n > 0 for r in results)
         if measured == 0:
-            return True, f"nothing measured: none of the {len(results)} probes applied"
+            return False, f"nothing measured: none of the {len(results)} probes applied"
         return True, (
             f"no probe raises the grader's score ({measured} of {len(results)} probes measured)"
         )
