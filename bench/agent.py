@@ -8,10 +8,13 @@ Two workloads, each run both ways in the same process on the same tasks:
 - ``tools``: a ScriptedPolicy whose episodes each run ``sleep --tool-s`` twice then submit; the
   gain comes from running tool calls in a thread pool (sandboxes in parallel).
 
-Prints wall time, generated tokens and turns per arm and the speed-up of the concurrent arm.
+Prints wall time, generated tokens, turns, episodes per second per arm and the speed-up of the
+concurrent arm. ``--engine torch,vllm`` runs the sampling workload once per rollout engine
+(``coderl.policy.rollout.build_engine``; ``vllm`` starts a server from ``.venv-vllm``) in the
+same run, so the engines' episodes per second compare directly.
 
-    .venv/bin/python bench/agent.py                # 8 episodes
-    .venv/bin/python bench/agent.py --episodes 16 --model smollm2-135m
+    .venv/bin/python bench/agent.py                # 8 episodes, torch engine
+    .venv/bin/python bench/agent.py --episodes 16 --model smollm2-135m --engine torch,vllm
 """
 
 from __future__ import annotations
@@ -31,7 +34,9 @@ from rich.table import Table
 
 from coderl.agent import EpisodeConfig, ScriptedPolicy, SimpleTask, run_episode, run_episodes
 from coderl.agent.parsing import format_hermes
+from coderl.config import load_config
 from coderl.policy import load_policy
+from coderl.policy.rollout import build_engine
 from coderl.sandbox import Sandbox
 
 
@@ -84,6 +89,9 @@ def main() -> None:
         "--tool-s", type=float, default=0.5, help="seconds each scripted tool call sleeps"
     )
     ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
+    ap.add_argument(
+        "--engine", default="torch", help="comma-separated rollout engines: torch, vllm"
+    )
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
 
@@ -101,7 +109,14 @@ def main() -> None:
         instructions="Fix the bug.",
         seed=0,
     )
-    results = {"sampling": run_both(policy, base, args.episodes, cfg)}
+    results = {}
+    for kind in args.engine.split(","):
+        over = [f"model.name={args.model}", "model.lora=false", f"engine.kind={kind}"]
+        engine = build_engine(load_config(None, over), policy, training=False)
+        try:
+            results[f"sampling ({kind})"] = run_both(engine, base, args.episodes, cfg)
+        finally:
+            engine.close()
 
     sleep = format_hermes("run", {"command": f"sleep {args.tool_s}"})
     script = [sleep, sleep, format_hermes("submit", {})]
@@ -117,7 +132,8 @@ def main() -> None:
     table = Table(
         title=f"{args.episodes} episodes, model {args.model}, {args.threads} torch thread(s)"
     )
-    for col in ("workload", "arm", "wall s", "turns", "tokens", "tokens/s", "speed-up"):
+    cols = ("workload", "arm", "wall s", "turns", "tokens", "tokens/s", "episodes/s", "speed-up")
+    for col in cols:
         table.add_column(col, justify="right")
     for workload, (seq, conc) in results.items():
         for row in (seq, conc):
@@ -129,6 +145,7 @@ def main() -> None:
                 str(row["turns"]),
                 str(row["tokens"]),
                 f"{float(row['tokens']) / float(row['wall_s']):.1f}",
+                f"{args.episodes / float(row['wall_s']):.2f}",
                 f"{speed:.2f}x",
             )
     Console().print(table)
