@@ -578,7 +578,9 @@ def test_coderl_eval_of_a_vllm_run_samples_through_vllm(server, uninterrupted, c
     monkeypatch.setattr(LocalPolicy, "generate", in_process)
     results = []
     for _ in range(2):  # the run's config.yaml names engine.kind=vllm and the server's URL
-        args = argparse.Namespace(checkpoint=str(uninterrupted), overrides=["k=4"], base=False)
+        args = argparse.Namespace(
+            checkpoint=str(uninterrupted), overrides=["k=4"], base=False, episodes_out=None
+        )
         assert run(args) == 0
         results.append(json.loads(capsys.readouterr().out))
     assert results[0]["checkpoint"].endswith("step-000006")
