@@ -16,7 +16,7 @@ from __future__ import annotations
 import argparse
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 from rich.table import Table
@@ -189,14 +189,21 @@ def cmd_humaneval(args: argparse.Namespace) -> int:
     return 0
 
 
+def _format(name: str) -> tuple[Any, Any]:
+    """(reader, writer) of a task format; raises ValueError naming the valid ones."""
+    from coderl.tasks.swebench import FORMATS
+
+    if name not in FORMATS:
+        raise ValueError(f"unknown format {name!r}; valid: {sorted(FORMATS)}")
+    reader, writer = FORMATS[name]
+    return reader, writer
+
+
 def cmd_import(args: argparse.Namespace) -> int:
     from coderl.tasks.envbuild import find_env
     from coderl.tasks.spec import dump_tasks
-    from coderl.tasks.swebench import FORMATS
 
-    if args.format not in FORMATS:
-        raise ValueError(f"unknown format {args.format!r}; valid: {sorted(FORMATS)}")
-    reader = FORMATS[args.format][0]
+    reader, _ = _format(args.format)
     env = find_env(args.env) if args.env else None
     tasks = reader(args.file, env=env)
     dump_tasks(tasks, args.out)
@@ -206,11 +213,8 @@ def cmd_import(args: argparse.Namespace) -> int:
 
 def cmd_export(args: argparse.Namespace) -> int:
     from coderl.tasks.spec import load_tasks
-    from coderl.tasks.swebench import FORMATS
 
-    if args.format not in FORMATS:
-        raise ValueError(f"unknown format {args.format!r}; valid: {sorted(FORMATS)}")
-    writer = FORMATS[args.format][1]
+    _, writer = _format(args.format)
     tasks = [t for path in args.files for t in load_tasks(path)]
     n = writer(tasks, args.out)
     print(f"{n} instances ({args.format}) -> {args.out}")
