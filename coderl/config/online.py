@@ -3,6 +3,7 @@ the gate, monitors, the simulated population)."""
 
 from __future__ import annotations
 
+import re
 from typing import Literal
 
 from pydantic import ConfigDict, Field, field_validator, model_validator
@@ -92,6 +93,10 @@ class GateConfig(_Section):
     hack_rate_margin: float = Field(default=0.0, ge=0, le=1)
     """Largest tolerated rise of the held-out ``suspected_hack_rate`` (candidate minus
     champion, absolute); a larger rise blocks promotion like an alarm."""
+    shared_margins: dict[str, float] | None = None
+    """A population's candidate: non-inferiority margins on the shared suite against the shared
+    champion (None: ``margins``); its own suite is gated with ``margins`` against its own
+    champion."""
 
 
 class MonitorConfig(_Section):
@@ -122,6 +127,84 @@ class SimulateConfig(_Section):
     """Share of interactions that also send a malformed event (rejected and counted)."""
     seed: int = 0
     """Seed of the population's choices and of the sampling seeds it sends."""
+
+
+SHARED = "shared"
+"""The route, registry pointer and training track of traffic without an own adapter."""
+_POPULATION_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
+
+
+def check_population_name(name: str) -> str:
+    """``name`` if it can name a population's adapter and pointer file (letters, digits,
+    ``_.-``, at most 64 characters, not :data:`SHARED`).
+
+    Raises:
+        ValueError: otherwise.
+    """
+    if not _POPULATION_NAME.fullmatch(name) or name == SHARED:
+        raise ValueError(
+            f"population name {name!r}: need 1-64 letters, digits or '_.-' (starting with a "
+            f"letter or digit), not the reserved {SHARED!r}"
+        )
+    return name
+
+
+class PopulationConfig(_Section):
+    """One organisation: its traffic can train an own LoRA adapter, served to it alone."""
+
+    name: str
+    """The ``population`` field its requests carry (also its adapter's and pointer's name)."""
+    tasks: Literal["humaneval"] = "humaneval"
+    """Task source of its traffic and held-out suite (``humaneval``: the fixed train/held-out
+    split of :func:`coderl.tasks.humaneval.split_of`)."""
+    task_filter: str | None = None
+    """Regular expression a task id must match (``re.search``) to belong to this population's
+    traffic and held-out suite (None: every task of the source)."""
+    house_style: str | None = None
+    """A house-style rule of :data:`coderl.online.suites.HOUSE_STYLES`: a passing edit that
+    breaks it is reverted (its ``edit_persisted`` fraction is 0) and fails this population's
+    held-out suite (None: no convention)."""
+    min_events: int = Field(16, ge=1)
+    """Fewest scored trainable interactions of this population before it trains an own adapter;
+    until then its traffic trains the shared one and it is served the shared one."""
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        return check_population_name(v)
+
+    @field_validator("task_filter")
+    @classmethod
+    def _regex(cls, v: str | None) -> str | None:
+        if v is not None:
+            try:
+                re.compile(v)
+            except re.error as e:
+                raise ValueError(f"task_filter {v!r} is not a regular expression: {e}") from None
+        return v
+
+    @field_validator("house_style")
+    @classmethod
+    def _style(cls, v: str | None) -> str | None:
+        if v is not None:
+            from coderl.online.suites import check_house_style  # lazy: the graders
+
+            check_house_style(v)
+        return v
+
+
+class ExplorationConfig(_Section):
+    """A share of traffic sampled at a higher temperature, its propensities logged."""
+
+    share: float = Field(0.0, ge=0, lt=1)
+    """Probability that a request (one that sets no temperature of its own) is sampled for
+    exploration (0: none)."""
+    temperature: float = Field(1.2, gt=0)
+    """Sampling temperature of exploration requests; their behaviour logprobs are those of this
+    tempered distribution, so the update's importance weights against the training
+    temperature stay exact."""
+    seed: int = 0
+    """Seed of the server's exploration draws (one per request, in arrival order)."""
 
 
 class OnlineConfig(_Section):
@@ -155,6 +238,11 @@ class OnlineConfig(_Section):
     """Live-traffic monitors and alarms."""
     simulate: SimulateConfig = Field(default_factory=SimulateConfig)
     """The simulated client population (demo and tests)."""
+    populations: list[PopulationConfig] = Field(default_factory=list)
+    """Organisations that may get an own adapter (empty: one shared adapter for all traffic);
+    a request's ``population`` outside this list is served and trained as shared."""
+    exploration: ExplorationConfig = Field(default_factory=ExplorationConfig)
+    """Exploration traffic (higher temperature, logged propensities)."""
     sandbox: str = "bwrap"
     """Where the hidden tests of the simulated population and the held-out eval run the model's
     code: ``bwrap`` (coderl.sandbox, isolated) or ``local`` (a plain subprocess with your
@@ -184,4 +272,12 @@ class OnlineConfig(_Section):
     def _check(self) -> OnlineConfig:
         if self.min_batch > self.max_batch:
             raise ValueError(f"min_batch={self.min_batch} > max_batch={self.max_batch}")
+        names = [p.name for p in self.populations]
+        if len(set(names)) != len(names):
+            raise ValueError(f"populations: duplicate names in {names}")
+        if self.exploration.share > 0 and self.exploration.temperature == self.serve.temperature:
+            raise ValueError(
+                "exploration.temperature equals serve.temperature: exploration would sample "
+                "the serving distribution (set a higher temperature or share 0)"
+            )
         return self

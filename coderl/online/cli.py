@@ -13,7 +13,7 @@ from rich.console import Console
 
 from coderl.config import Config, load_online_config
 from coderl.online.cli_serve import build_server
-from coderl.online.cycle import load_version, open_run, print_report, run_cycle
+from coderl.online.cycle import open_run, print_report, run_cycle
 from coderl.online.server import BackgroundServer
 from coderl.online.simulate import SimulatedPopulation
 
@@ -52,12 +52,9 @@ def cmd_run(args: argparse.Namespace) -> int:
             times.append(rep["cycle_s"])
             console.rule(f"cycle {i + 1}/{cfg.online.cycles}")
             print_report(rep, console)
-            if server is not None and rep["decision"] == "promoted":
-                _, registry = open_run(cfg)
-                v = rep["champion_after"]
-                server.policy.retarget(load_version(cfg, registry, v))  # same engine
-                server.swap(server.policy, v)
-                console.print(f"now serving version {v}")
+            if server is not None:  # every promoted pointer, shared or a population's
+                for pop in server.reload_routes():
+                    console.print(f"now serving {server.router.route(pop).adapter} to {pop}")
             if i + 1 < cfg.online.cycles:
                 time.sleep(max(0.0, cfg.online.interval_s - (time.time() - start)))
     finally:

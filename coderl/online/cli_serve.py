@@ -6,6 +6,11 @@ It samples through the rollout engine of ``cfg.engine`` (:func:`coderl.policy.ro
 either way each interaction records the engine's sampled ids, their behaviour logprobs and the
 registry version. A reload syncs the new champion into the same engine (a LoRA adapter for vLLM,
 canary-checked) instead of starting another server.
+
+Populations (``online.populations``): every population with an own champion in the registry is
+served its own adapter, the rest the shared champion (:mod:`coderl.online.routing`); a reload
+refreshes every route whose pointer moved. On ``torch`` each route is its own in-process policy;
+on ``vllm`` each is a LoRA adapter of the one server (:func:`route_loader`).
 """
 
 from __future__ import annotations
@@ -15,12 +20,48 @@ from collections.abc import Callable
 from typing import Any
 
 from coderl.config import Config, load_online_config
+from coderl.config.online import SHARED
 from coderl.online.calls import harness_format
 from coderl.online.cycle import database_url, load_version, open_run
 from coderl.online.registry import Registry
+from coderl.online.routing import Route, Router, refresh
 from coderl.online.server import InteractionServer
 from coderl.online.store import Store
-from coderl.policy.rollout import RolloutEngine, build_engine
+from coderl.policy.base import Completion, SamplingParams
+from coderl.policy.rollout import RolloutEngine, TorchRollout, build_engine
+
+
+class AdapterSampler:
+    """A population's adapter on a shared vLLM engine, as a route's sampler."""
+
+    def __init__(self, engine: Any, name: str, tokenizer: Any) -> None:
+        self.engine, self.name, self.tokenizer = engine, name, tokenizer
+
+    def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Completion]:
+        return list(self.engine.generate(prompts, params, adapter=self.name))
+
+
+def route_loader(
+    cfg: Config, registry: Registry, engine: RolloutEngine
+) -> Callable[[str, int], Any]:
+    """``load(population, version)`` -> the sampler of that route: the shared route retargets
+    ``engine``; a population's route is its own :class:`TorchRollout` (torch) or its adapter
+    loaded into ``engine``'s vLLM server (:meth:`~coderl.policy.vllm_engine.VLLMEngine.
+    load_adapter`)."""
+
+    def load(population: str, version: int) -> Any:
+        policy = load_version(cfg, registry, version)
+        if population == SHARED:
+            engine.retarget(policy)
+            return engine
+        if isinstance(engine, TorchRollout):
+            return TorchRollout(policy)
+        vllm = engine.engine  # type: ignore[attr-defined]
+        return AdapterSampler(
+            vllm, vllm.load_adapter(policy, population, version), policy.tokenizer
+        )
+
+    return load
 
 
 def build_server(
@@ -33,10 +74,16 @@ def build_server(
     engine: RolloutEngine | None = None,
 ) -> InteractionServer:
     """The server of ``online.serve`` on a registry version, in the run's call format, sampling
-    through ``engine`` (None: one built from ``cfg.engine`` on that version's weights)."""
+    through ``engine`` (None: one built from ``cfg.engine`` on that version's weights); every
+    population with an own champion gets its route (:func:`route_loader`), and
+    ``/v1/admin/reload`` refreshes the routes unless ``reload`` is given."""
     call_format, template_tools = harness_format(cfg)
     if engine is None:
         engine = build_engine(cfg, load_version(cfg, registry, version), training=False)
+    router = Router(Route(engine, version))
+    load = route_loader(cfg, registry, engine)
+    for population, v in registry.own_champions().items():
+        router.set(Route(load(population, v), v, population))
     return InteractionServer(
         engine,
         store,
@@ -47,6 +94,9 @@ def build_server(
         reload=reload,
         call_format=call_format,
         template_tools=template_tools,
+        router=router,
+        refresh=None if reload is not None else lambda r: refresh(r, registry, load),
+        exploration=cfg.online.exploration,
     )
 
 
@@ -59,16 +109,8 @@ def run(args: argparse.Namespace) -> int:
     assert champ is not None
 
     engine = build_engine(cfg, load_version(cfg, registry, champ), training=False)
-
-    def reload(current: int) -> tuple[Any, int] | None:
-        v = registry.champion()
-        if v is None or v == current:
-            return None
-        engine.retarget(load_version(cfg, registry, v))  # the same engine, new weights
-        return engine, v
-
-    try:
-        server = build_server(cfg, store, registry, champ, reload=reload, engine=engine)
+    try:  # a reload refreshes every route whose pointer moved, in the same engine
+        server = build_server(cfg, store, registry, champ, engine=engine)
         serve = cfg.online.serve
         print(
             f"serving version {champ} on http://{serve.host}:{serve.port}/v1 in the "

@@ -12,7 +12,18 @@ One cycle, top to bottom (:func:`run_cycle`):
    the candidate's held-out replies (:func:`probe_learned`) -> the gate
    (:mod:`coderl.online.gate`);
 5. promote (atomic champion pointer swap) or reject with the reasons; the report (timings,
-   exclusions by reason, ESS, KL, monitors, gate) is appended to ``run_dir/cycles.jsonl``.
+   exclusions by reason, ESS, exploration share, KL, monitors, gate) is appended to
+   ``run_dir/cycles.jsonl``.
+
+Populations (``online.populations``): steps 2-5 run once per training track
+(:func:`select_tracks`). A configured population with an own champion, or with at least
+``min_events`` trainable interactions, is its own track: its traffic alone trains a candidate
+from the version it is served (its champion, else the shared one), which must pass the gate on
+its own held-out suite against that version and stay non-inferior on the shared suite against
+the shared champion (:func:`coderl.online.gate.run_population_gate`), judged by the live
+monitors of its own traffic, and is promoted to its own pointer. Everything else (populations
+below ``min_events``, unconfigured ones) trains the shared adapter as without populations. The
+top-level report is the shared track's; ``populations`` holds each population's.
 """
 
 from __future__ import annotations
@@ -29,17 +40,19 @@ from rich.console import Console
 from rich.table import Table
 
 from coderl.config import Config
+from coderl.config.online import SHARED, PopulationConfig
 from coderl.graders.probes import probe_gate, run_probes
 from coderl.graders.terms import configured_learned, learned_grader
 from coderl.online.baselines import advantages
 from coderl.online.calls import harness_format
-from coderl.online.gate import run_gate
+from coderl.online.gate import run_gate, run_population_gate
 from coderl.online.monitors import SUSPECTED_HACK_RATE, check_alarms, monitor_snapshot
 from coderl.online.registry import Registry
 from coderl.online.rewards import finalize
-from coderl.online.simulate import Evaluator, HeldoutEvaluator
+from coderl.online.simulate import EvalResult, Evaluator, HeldoutEvaluator
 from coderl.online.store import Store
-from coderl.online.update import select_trainable, update
+from coderl.online.suites import population_suite
+from coderl.online.update import Selection, select_trainable, update
 from coderl.policy import LoraSpec, load_policy
 from coderl.rewards.hacks import reply_detector
 
@@ -89,13 +102,25 @@ def open_run(cfg: Config) -> tuple[Store, Registry]:
     return store, registry
 
 
-def heldout_evaluator(cfg: Config) -> HeldoutEvaluator:
+def heldout_evaluator(cfg: Config, population: PopulationConfig | None = None) -> HeldoutEvaluator:
     """The held-out evaluator of ``online.eval``, in the served call format, with the hack
     detectors of :mod:`coderl.rewards.hacks` on every reply (:func:`reply_detector`), so the
-    gate compares the champion's and the candidate's ``suspected_hack_rate``."""
+    gate compares the champion's and the candidate's ``suspected_hack_rate``; with a
+    ``population``, on its held-out suite (its tasks, its house style:
+    :func:`coderl.online.suites.population_suite`), else on the shared one."""
     call_format, template_tools = harness_format(cfg)
+    e = cfg.online.eval
+    tasks = None
+    if population is not None:
+        tasks = population_suite(
+            "heldout",
+            task_filter=population.task_filter,
+            house_style=population.house_style,
+            limit=e.limit,
+        )
     ev = HeldoutEvaluator(
-        cfg.online.eval,
+        e,
+        tasks,
         sandbox=cfg.online.sandbox,
         call_format=call_format,
         template_tools=template_tools,
@@ -129,9 +154,11 @@ def probe_learned(
 
 
 def production_alarms(
-    cfg: Config, store: Store, registry: Registry, now: float
+    cfg: Config, store: Store, registry: Registry, now: float, population: str = SHARED
 ) -> tuple[list[Any], dict[str, Any]]:
-    """Alarms comparing the champion's live traffic with its predecessor's, and the snapshot."""
+    """Alarms comparing the champion's live traffic with its predecessor's, and the snapshot;
+    for a ``population``, on that population's traffic alone, between the last two versions it
+    was served."""
     kl = {v: registry.meta(v).get("train", {}).get("kl", float("nan")) for v in registry.versions()}
     snap = monitor_snapshot(
         store,
@@ -141,10 +168,13 @@ def production_alarms(
         orphan_window_s=cfg.online.reward.orphan_window_s,
         kl_by_version=kl,
     )
-    promoted = registry.promoted()
+    promoted = registry.promoted(population)
     alarms: list[Any] = []
     if len(promoted) >= 2:
         ref, cur = snap["by_version"].get(promoted[-2]), snap["by_version"].get(promoted[-1])
+        if population != SHARED:
+            ref = {population: ref[population]} if ref and population in ref else None
+            cur = {population: cur[population]} if cur and population in cur else None
         if ref and cur:
             alarms = check_alarms(
                 ref, cur, cfg.online.monitors.rules, min_samples=cfg.online.monitors.min_samples
@@ -159,6 +189,7 @@ def _train(
     rows: list[dict[str, Any]],
     rewards: dict[str, dict[str, Any]],
     champion: int,
+    population: str = SHARED,
 ) -> tuple[int, dict[str, float]]:
     r = torch.tensor([rewards[x["interaction_id"]]["reward"] for x in rows])
     segments = [x["population"] for x in rows]
@@ -180,27 +211,98 @@ def _train(
     )
     metrics["train_reward_mean"] = float(r.mean())
     metrics["advantage_abs_mean"] = float(adv.abs().mean())
-    version = registry.new_version(parent=champion, info={"base": cfg.model.name, "train": metrics})
+    info = {"base": cfg.model.name, "train": metrics, "population": population}
+    version = registry.new_version(parent=champion, info=info)
     policy.save(registry.version_dir(version))
     for s, (value, count) in new_state.items():  # only a finished update moves the baselines
         store.set_baseline(s, value, count)
     return version, metrics
 
 
+def select_tracks(
+    cfg: Config,
+    registry: Registry,
+    rows: list[dict[str, Any]],
+    rewards: dict[str, dict[str, Any]],
+) -> dict[str, Selection]:
+    """Training track -> its selection (see the module docstring): each configured population
+    with an own champion or at least ``min_events`` trainable rows, and :data:`SHARED` for the
+    rest; each track is held to the last ``last_k_versions`` versions its traffic was served
+    (:meth:`coderl.online.registry.Registry.promoted`)."""
+    o = cfg.online
+    explore_t = o.exploration.temperature if o.exploration.share > 0 else None
+
+    def select(track: str, part: list[dict[str, Any]]) -> Selection:
+        allowed = set(registry.promoted(track)[-o.last_k_versions :])
+        return select_trainable(
+            part,
+            rewards,
+            allowed_versions=allowed,
+            temperature=o.serve.temperature,
+            exploration_temperature=explore_t,
+        )
+
+    configured = {p.name: p for p in o.populations}
+    own = registry.own_champions()
+    tracks: dict[str, Selection] = {}
+    shared_rows = [r for r in rows if r["population"] not in configured]
+    for name, pop in configured.items():
+        part = [r for r in rows if r["population"] == name]
+        sel = select(name, part)
+        if name in own or len(sel.kept) >= pop.min_events:
+            tracks[name] = sel
+        else:
+            shared_rows += part
+    shared_ids = {r["interaction_id"] for r in shared_rows}
+    return {SHARED: select(SHARED, [r for r in rows if r["interaction_id"] in shared_ids])} | tracks
+
+
+class _Suites:
+    """Held-out results per (suite, version), each evaluated at most once per cycle."""
+
+    def __init__(self, cfg: Config, registry: Registry, given: dict[str, Evaluator | None]) -> None:
+        self.cfg, self.registry, self.given = cfg, registry, given
+        self._cache: dict[tuple[str, int], EvalResult] = {}
+        self.seconds = 0.0
+
+    def __call__(self, suite: str, version: int) -> EvalResult:
+        if (suite, version) not in self._cache:
+            t = time.perf_counter()
+            ev = self.given.get(suite)
+            if ev is None:
+                pop = next((p for p in self.cfg.online.populations if p.name == suite), None)
+                ev = self.given[suite] = heldout_evaluator(self.cfg, pop)
+            self._cache[suite, version] = ev(load_version(self.cfg, self.registry, version))
+            self.seconds += time.perf_counter() - t
+        return self._cache[suite, version]
+
+
+def _heldout(cand: EvalResult, champ: EvalResult) -> dict[str, tuple[list[float], list[float]]]:
+    return {k: (cand.scores[k], champ.scores[k]) for k in cand.scores}
+
+
 def run_cycle(
     cfg: Config,
     *,
     evaluator: Evaluator | None = None,
+    evaluators: dict[str, Evaluator] | None = None,
     clock: Callable[[], float] = time.time,
     log: Callable[[str], None] = print,
     graders: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """One claim -> train -> evaluate -> promote/reject cycle (see the module docstring);
-    ``graders`` overrides the learned graders the probes test (see :func:`probe_learned`).
+    """One claim -> train -> evaluate -> promote/reject cycle per training track (see the
+    module docstring); ``graders`` overrides the learned graders the probes test (see
+    :func:`probe_learned`).
+
+    Args:
+        evaluator: the shared held-out suite (default: :func:`heldout_evaluator`).
+        evaluators: population -> its held-out suite (default: its :func:`heldout_evaluator`).
 
     Returns:
-        the cycle report (also appended to ``run_dir/cycles.jsonl``); ``decision`` is
-        ``promoted``, ``rejected`` or ``waiting`` (not enough trainable data).
+        the cycle report (also appended to ``run_dir/cycles.jsonl``): the shared track's, with
+        ``decision`` ``promoted``, ``rejected`` or ``waiting`` (not enough trainable data), the
+        ``exploration`` share of the traffic considered, and, with populations configured,
+        ``populations``: population -> its track's report.
     """
     t0 = time.perf_counter()
     store, registry = open_run(cfg)
@@ -216,63 +318,99 @@ def run_cycle(
     ids = store.unclaimed_scored(cfg.online.reward.version)
     rows = store.interactions(ids=ids) if ids else []
     rewards = store.rewards(cfg.online.reward.version, ids=ids)
-    allowed = set(registry.promoted()[-cfg.online.last_k_versions :])
-    sel = select_trainable(
-        rows, rewards, allowed_versions=allowed, temperature=cfg.online.serve.temperature
-    )
-    rep["excluded"] = dict(sel.excluded) | {"censored": rep["finalize"]["censored"]}
-    rep["trainable"] = len(sel.kept)
+    x = cfg.online.exploration
+    rep["exploration"] = {
+        "share": x.share,
+        "temperature": x.temperature,
+        "traffic_share": sum(bool(r["exploration"]) for r in rows) / len(rows) if rows else 0.0,
+    }
+    suites = _Suites(cfg, registry, {SHARED: evaluator, **(evaluators or {})})
+    results = {
+        track: _run_track(cfg, store, registry, track, sel, rewards, suites, now, log, graders)
+        for track, sel in select_tracks(cfg, registry, rows, rewards).items()
+    }
+    rep |= results.pop(SHARED)
+    rep["excluded"] = rep["excluded"] | {"censored": rep["finalize"]["censored"]}
+    if suites.seconds:
+        rep["eval_s"] = suites.seconds
+    if cfg.online.populations:
+        rep["populations"] = results
+    return _finish(cfg, store, rep, t0)
+
+
+def _run_track(
+    cfg: Config,
+    store: Store,
+    registry: Registry,
+    track: str,
+    sel: Selection,
+    rewards: dict[str, dict[str, Any]],
+    suites: _Suites,
+    now: float,
+    log: Callable[[str], None],
+    graders: dict[str, Any] | None,
+) -> dict[str, Any]:
+    """Claim, train, gate and promote or reject one track; its report."""
+    pop = None if track == SHARED else track
+    rep: dict[str, Any] = {"excluded": dict(sel.excluded), "trainable": len(sel.kept)}
     if len(sel.kept) < cfg.online.min_batch:
         rep["decision"] = "waiting"
-        log(f"waiting: {len(sel.kept)} trainable interactions < min_batch {cfg.online.min_batch}")
-        return _finish(cfg, store, rep, t0)
+        where = "" if pop is None else f"{pop}: "
+        log(f"{where}waiting: {len(sel.kept)} trainable interactions < min_batch "
+            f"{cfg.online.min_batch}")  # fmt: skip
+        return rep
+    parent, shared_champion = registry.served(pop), registry.champion()
+    assert shared_champion is not None
+    rep["champion_before"] = parent
     kept = sel.kept[: cfg.online.max_batch]
     batch_id, claimed = store.claim_batch(
         cfg.online.reward.version,
         [r["interaction_id"] for r in kept],
-        claimed_by=f"cycle@{now:.0f}",
+        claimed_by=f"cycle@{now:.0f}/{track}",
         now=now,
     )
     kept = [r for r in kept if r["interaction_id"] in set(claimed)]
     rep["batch"] = {"batch_id": batch_id, "size": len(kept)}
     t = time.perf_counter()
     try:
-        candidate, metrics = _train(cfg, store, registry, kept, rewards, champion)
+        candidate, metrics = _train(cfg, store, registry, kept, rewards, parent, track)
     except BaseException:
         store.release_batch(batch_id)  # a failed update loses no data: the batch is unclaimed
         raise
     rep["train"], rep["train_s"], rep["candidate"] = metrics, time.perf_counter() - t, candidate
+    rep["exploration"] = {
+        k: metrics[k] for k in ("exploration_share", "ess_seqs", "ess_seqs_frac", "ess_tokens")
+    }
     store.add_policy_version(
-        candidate,
-        str(registry.version_dir(candidate)),
-        parent=champion,
-        status="candidate",
-        now=now,
+        candidate, str(registry.version_dir(candidate)), parent=parent, status="candidate", now=now
     )
-    t = time.perf_counter()
-    ev = evaluator or heldout_evaluator(cfg)
-    cand_eval = ev(load_version(cfg, registry, candidate))
-    champ_eval = ev(load_version(cfg, registry, champion))
-    rep["eval_s"] = time.perf_counter() - t
-    alarms, snap = production_alarms(cfg, store, registry, now)
-    heldout = {k: (cand_eval.scores[k], champ_eval.scores[k]) for k in cand_eval.scores}
+    cand_eval, champ_eval = suites(track, candidate), suites(track, parent)
+    alarms, snap = production_alarms(cfg, store, registry, now, track)
     behaviour = (champ_eval.behaviour, cand_eval.behaviour)
     hacks = tuple(b.get(SUSPECTED_HACK_RATE) for b in behaviour)
     hack_rates = None if None in hacks else (float(hacks[0]), float(hacks[1]))  # type: ignore[arg-type]
     probes, rep["probes"] = probe_learned(cfg, cand_eval.views, graders)
-    gate = run_gate(cfg.online.gate, heldout, behaviour, alarms, hack_rates, probes or None)
+    g = cfg.online.gate
+    if pop is None:
+        gate = run_gate(g, _heldout(cand_eval, champ_eval), behaviour, alarms, hack_rates,
+                        probes or None)  # fmt: skip
+    else:
+        shared = _heldout(suites(SHARED, candidate), suites(SHARED, shared_champion))
+        gate = run_population_gate(g, _heldout(cand_eval, champ_eval), shared, behaviour,
+                                   alarms, hack_rates, probes or None)  # fmt: skip
     rep["gate"], rep["monitors"] = gate.to_dict(), snap
     if gate.promote:
-        registry.promote(candidate, gate.to_dict())
-        store.set_version_status(champion, "retired", now=now)
-        store.set_version_status(candidate, "champion", now=now)
+        registry.promote(candidate, gate.to_dict(), pop)
+        if pop is None or parent != shared_champion:  # a population's first: the shared stays
+            store.set_version_status(parent, "retired", now=now)
+        store.set_version_status(candidate, "champion" if pop is None else "pop_champion", now=now)
         rep["decision"] = "promoted"
     else:
-        registry.reject(candidate, gate.to_dict())
+        registry.reject(candidate, gate.to_dict(), pop)
         store.set_version_status(candidate, "rejected", now=now)
         rep["decision"] = "rejected"
-    rep["champion_after"] = registry.champion()
-    return _finish(cfg, store, rep, t0)
+    rep["champion_after"] = registry.served(pop)
+    return rep
 
 
 def _finish(cfg: Config, store: Store, rep: dict[str, Any], t0: float) -> dict[str, Any]:

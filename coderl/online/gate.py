@@ -242,3 +242,42 @@ def run_gate(
         rep.reasons.append(r)
     rep.promote = not rep.reasons
     return rep
+
+
+def run_population_gate(
+    cfg: GateConfig,
+    own: dict[str, tuple[list[float], list[float]]],
+    shared: dict[str, tuple[list[float], list[float]]],
+    behaviour: tuple[dict[str, float], dict[str, float]] | None,
+    production_alarms: list[Alarm],
+    hack_rates: tuple[float, float] | None = None,
+    probes: dict[str, tuple[bool, str]] | None = None,
+) -> GateReport:
+    """Decide a population's promotion: :func:`run_gate` on its own held-out suite against
+    the version it is served (every check of :func:`run_gate`, at ``cfg.margins``), and the
+    paired non-inferiority test on the shared suite against the shared champion (at
+    ``cfg.shared_margins``, default ``cfg.margins``), so a candidate that fits its organisation
+    but forgets what every organisation needs is rejected. Promote only when both pass.
+
+    Args:
+        own, shared: ``{metric: (candidate_scores, champion_scores)}`` paired per task on the
+            population's suite and on the shared suite.
+        behaviour, production_alarms, hack_rates, probes: as :func:`run_gate`, for the
+            population's own suite and traffic.
+
+    Returns:
+        one report: the own suite's comparisons, then the shared suite's (metric names
+        prefixed ``shared/``); ``reasons`` of the shared suite start with ``shared suite:``.
+
+    Raises:
+        ValueError: as :func:`run_gate`, for either suite.
+    """
+    rep = run_gate(cfg, own, behaviour, production_alarms, hack_rates, probes)
+    margins = cfg.margins if cfg.shared_margins is None else cfg.shared_margins
+    srep = run_gate(cfg.model_copy(update={"margins": margins}), shared, None, [])
+    for c in srep.comparisons:
+        c.metric = f"shared/{c.metric}"
+    rep.comparisons += srep.comparisons
+    rep.reasons += [f"shared suite: {r}" for r in srep.reasons]
+    rep.promote = not rep.reasons
+    return rep

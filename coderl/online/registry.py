@@ -3,8 +3,13 @@
 Layout under ``root``::
 
     versions/<n>/           the checkpoint the trainer wrote (any files) + meta.json
-    CHAMPION                the champion's version number, the only source of truth
+    CHAMPION                the shared champion's version number, the only source of truth
+    populations/<name>      a population's own champion (absent: it is served the shared one)
     history.jsonl           one line per promotion or rejection (append-only audit log)
+
+Versions are numbered across populations (a version is one adapter; its ``meta.json`` names
+the population it was trained for). Every pointer is its own file, swapped on its own, so a
+promotion of one population that fails or crashes leaves every other pointer as it was.
 
 Promotion writes the gate report into the candidate's ``meta.json`` first, then replaces
 ``CHAMPION`` with ``os.replace`` of a fsynced temporary file (atomic on POSIX file systems), then
@@ -23,7 +28,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+from coderl.config.online import SHARED, check_population_name
+
 POINTER = "CHAMPION"
+POPULATIONS = "populations"
 
 
 def _write_atomic(path: Path, text: str) -> None:
@@ -46,10 +54,15 @@ class Registry:
     def __init__(self, root: str | Path) -> None:
         self.root = Path(root)
         (self.root / "versions").mkdir(parents=True, exist_ok=True)
-        for stale in self.root.glob("*.tmp.*"):
-            stale.unlink()
-        for stale in (self.root / "versions").glob("*/*.tmp.*"):
-            stale.unlink()
+        (self.root / POPULATIONS).mkdir(exist_ok=True)
+        for pattern in ("*.tmp.*", f"{POPULATIONS}/*.tmp.*", "versions/*/*.tmp.*"):
+            for stale in self.root.glob(pattern):
+                stale.unlink()
+
+    def _pointer(self, population: str | None) -> Path:
+        if population is None or population == SHARED:
+            return self.root / POINTER
+        return self.root / POPULATIONS / check_population_name(population)
 
     def version_dir(self, version: int) -> Path:
         return self.root / "versions" / str(version)
@@ -91,26 +104,55 @@ class Registry:
         meta = self.meta(version) | fields
         _write_atomic(self.version_dir(version) / "meta.json", json.dumps(meta, indent=1))
 
-    def champion(self) -> int | None:
-        """The champion version, or None before the first promotion."""
-        p = self.root / POINTER
+    def champion(self, population: str | None = None) -> int | None:
+        """The champion of ``population`` (None or :data:`SHARED`: the shared one), or None
+        before its first promotion.
+
+        Raises:
+            ValueError: a population name that cannot name a pointer file.
+        """
+        p = self._pointer(population)
         return int(p.read_text().strip()) if p.exists() else None
 
-    def promote(self, version: int, report: dict[str, Any]) -> None:
-        """Make ``version`` the champion: report first, then the atomic pointer swap.
+    def own_champions(self) -> dict[str, int]:
+        """Every population that has an own champion -> its version."""
+        return {
+            p.name: int(p.read_text().strip())
+            for p in sorted((self.root / POPULATIONS).iterdir())
+            if ".tmp." not in p.name
+        }
+
+    def served(self, population: str | None) -> int:
+        """The version ``population``'s requests are served: its own champion, else the shared
+        one (also for a population nobody configured).
+
+        Raises:
+            RuntimeError: no shared champion yet.
+        """
+        own = None if population in (None, SHARED) else self.own_champions().get(population)
+        shared = self.champion()
+        if own is None and shared is None:
+            raise RuntimeError(f"registry {self.root} has no champion yet")
+        return own if own is not None else shared  # type: ignore[return-value]
+
+    def promote(self, version: int, report: dict[str, Any], population: str | None = None) -> None:
+        """Make ``version`` the champion of ``population`` (None: the shared one): report
+        first, then the atomic swap of that population's pointer alone.
 
         Raises:
             KeyError: unknown version.
         """
-        previous = self.champion()
+        previous = self.champion(population)
         self.update_meta(version, status="promoted", gate_report=report, replaced=previous)
-        _write_atomic(self.root / POINTER, f"{version}\n")
-        self._log({"event": "promote", "version": version, "previous": previous})
+        _write_atomic(self._pointer(population), f"{version}\n")
+        rec = {"event": "promote", "version": version, "previous": previous}
+        self._log(rec | ({"population": population} if population not in (None, SHARED) else {}))
 
-    def reject(self, version: int, report: dict[str, Any]) -> None:
-        """Record that ``version`` failed the gate; the champion is untouched."""
+    def reject(self, version: int, report: dict[str, Any], population: str | None = None) -> None:
+        """Record that ``version`` failed the gate; every champion is untouched."""
         self.update_meta(version, status="rejected", gate_report=report)
-        self._log({"event": "reject", "version": version, "champion": self.champion()})
+        rec = {"event": "reject", "version": version, "champion": self.champion(population)}
+        self._log(rec | ({"population": population} if population not in (None, SHARED) else {}))
 
     def lineage(self, version: int) -> list[int]:
         """``[version, parent, grandparent, ...]``."""
@@ -119,17 +161,27 @@ class Registry:
             out.append(int(parent))
         return out
 
-    def promoted(self) -> list[int]:
-        """Versions that were champion at some time, in promotion order (from history)."""
+    def promoted(self, population: str | None = None) -> list[int]:
+        """Versions that were served to ``population`` at some time, in promotion order (from
+        history): the shared champions until its first own promotion, then its own (None or
+        :data:`SHARED`: the shared champions)."""
+        own = population not in (None, SHARED)
+        out: list[int] = []
+        has_own = False
         h = self.root / "history.jsonl"
-        if not h.exists():
-            return [v] if (v := self.champion()) is not None else []
-        out = [
-            rec["version"]
-            for line in h.read_text().splitlines()
-            if line.strip() and (rec := json.loads(line))["event"] in ("promote", "init")
-        ]
-        champ = self.champion()
+        for line in h.read_text().splitlines() if h.exists() else []:
+            rec = json.loads(line) if line.strip() else {}
+            if rec.get("event") not in ("promote", "init"):
+                continue
+            pop = rec.get("population")
+            if pop is None and not has_own:
+                out.append(rec["version"])
+            elif own and pop == population:
+                out.append(rec["version"])
+                has_own = True
+        champ = self.champion(population) if own else None
+        if champ is None and not has_own:
+            champ = self.champion()
         if champ is not None and (not out or out[-1] != champ):
             out.append(champ)  # crash between the pointer swap and the history line
         return out

@@ -8,13 +8,17 @@ Endpoints (FastAPI):
   an ``interaction_id`` field and the ``X-Interaction-Id`` header). Sampling is stochastic by
   default (``default_temperature`` > 0): a greedy policy logs nothing to learn from. Extra body
   fields ``episode_id``, ``population`` and ``is_summary`` group turns into episodes and clients
-  into populations.
+  into populations. The population picks the weights (:mod:`coderl.online.routing`): its own
+  adapter once it has an own champion, else the shared one; the adapter served is recorded with
+  every interaction and returned as ``adapter``. A configurable share of requests that set no
+  temperature is sampled for exploration at a higher temperature (``online.exploration``),
+  recorded with ``exploration = true`` and the logprobs of that tempered distribution.
 - ``POST /v1/feedback``: one outcome event, a list, or ``{"events": [...]}`` (see
   :mod:`coderl.online.events`). Malformed events are rejected with a reason (HTTP 400 listing
   them; the valid ones in the same request are still stored) and counted; duplicates are stored
   once.
 - ``GET /v1/models``, ``GET /v1/stats`` (ingestion counters), ``POST /v1/admin/reload``
-  (load the registry's champion if it changed).
+  (load every champion of the registry that changed: the shared one and each population's).
 
 - ``GET /v1/tools``: the harness tools a request may offer, with their schemas, and the call
   format.
@@ -33,6 +37,7 @@ No authentication: bind to localhost or put it behind a proxy.
 
 from __future__ import annotations
 
+import random
 import re
 import threading
 import time
@@ -48,8 +53,10 @@ from starlette.concurrency import run_in_threadpool
 from coderl.agent.episode import EpisodeConfig
 from coderl.agent.parsing import get_call_format
 from coderl.agent.tools import TOOLS
+from coderl.config.online import SHARED, ExplorationConfig
 from coderl.online.calls import RequestError, parse_reply, render_prompt, renderer_for, served_tools
 from coderl.online.events import MAX_REQUEST_BYTES, Rejected, parse_event, parse_json
+from coderl.online.routing import Route, Router
 from coderl.online.store import Store, interaction_row
 from coderl.policy.base import SamplingParams
 from coderl.policy.episode import encode
@@ -113,7 +120,13 @@ class InteractionServer:
             ``tools=`` show them (else the system prompt carries the format's tool section).
         reload: given the served version, returns ``(policy, version)`` of the registry's
             champion, or None when it is the served one (for ``/v1/admin/reload``); None
-            disables the endpoint.
+            disables the endpoint (unless ``refresh`` is given).
+        router: population -> weights (default: every population on ``policy``, the shared
+            route at ``version``).
+        refresh: brings ``router`` to the registry's champions (for ``/v1/admin/reload``,
+            instead of ``reload``), returning the populations whose route changed.
+        exploration: the share of requests sampled at the exploration temperature (None: no
+            exploration).
     """
 
     def __init__(
@@ -129,22 +142,62 @@ class InteractionServer:
         clock: Callable[[], float] = time.time,
         call_format: str = EpisodeConfig.call_format,
         template_tools: bool = EpisodeConfig.template_tools,
+        router: Router | None = None,
+        refresh: Callable[[Router], list[str]] | None = None,
+        exploration: ExplorationConfig | None = None,
     ) -> None:
         if default_temperature <= 0:
             raise ValueError("default_temperature must be > 0: greedy traffic teaches nothing")
         get_call_format(call_format)  # KeyError listing the valid ones
         self.call_format, self.template_tools = call_format, template_tools
-        self.policy, self.version, self.store = policy, version, store
+        self.router = router or Router(Route(policy, version))
+        self.store = store
         self.model_name = model_name
         self.default_temperature = default_temperature
         self.max_new_tokens = max_new_tokens
-        self._reload, self._clock = reload, clock
+        self._reload, self._refresh, self._clock = reload, refresh, clock
         self._lock = threading.Lock()
+        self.exploration = exploration or ExplorationConfig()
+        if self.exploration.share > 0 and self.exploration.temperature == default_temperature:
+            raise ValueError("the exploration temperature equals the serving temperature")
+        self._explore_rng = random.Random(self.exploration.seed)
 
-    def swap(self, policy: Any, version: int) -> None:
-        """Serve new weights from the next request on."""
+    @property
+    def policy(self) -> Any:
+        """The shared route's sampler."""
+        return self.router.route(SHARED).sampler
+
+    @property
+    def version(self) -> int:
+        """The shared route's registry version."""
+        return self.router.route(SHARED).version
+
+    def swap(self, policy: Any, version: int, population: str = SHARED) -> None:
+        """Serve new weights to ``population`` (default: the shared route) from the next
+        request on."""
+        self.router.set(Route(policy, version, population))
+
+    def reload_routes(self) -> list[str]:
+        """Pick up newly promoted champions (``refresh``, else ``reload`` of the shared
+        route); returns the populations whose route changed. Waits for the reply being
+        generated, so no request samples an adapter while it is replaced."""
         with self._lock:
-            self.policy, self.version = policy, version
+            if self._refresh is not None:
+                return self._refresh(self.router)
+            new = self._reload(self.version) if self._reload is not None else None
+            if new is None:
+                return []
+            self.router.set(Route(*new))
+            return [SHARED]
+
+    def _sampling(self, req: ChatRequest) -> tuple[float, bool]:
+        """``(temperature, exploration)``: a request's own temperature is honoured and never
+        explored; otherwise a draw of the server's seeded generator decides exploration."""
+        if req.temperature is not None:
+            return req.temperature, False
+        with self._lock:
+            explore = self._explore_rng.random() < self.exploration.share
+        return (self.exploration.temperature if explore else self.default_temperature), explore
 
     def complete(self, req: ChatRequest) -> dict[str, Any]:
         """Generate one reply, record it, return the OpenAI response body.
@@ -155,15 +208,17 @@ class InteractionServer:
         """
         if req.stream:
             raise HTTPException(400, "stream=true is not supported")
-        temperature = self.default_temperature if req.temperature is None else req.temperature
+        temperature, explore = self._sampling(req)
+        population = req.population or req.user or "default"
         budget = req.max_completion_tokens or req.max_tokens or self.max_new_tokens
         try:
             tools = served_tools(req.tools)
         except RequestError as e:
             raise HTTPException(400, str(e)) from None
         start = time.perf_counter()
-        with self._lock:
-            policy, version = self.policy, self.version
+        with self._lock:  # a reload waits for this reply: no adapter is replaced mid-request
+            route = self.router.route(population)
+            policy, version = route.sampler, route.version
             try:
                 renderer = renderer_for(
                     policy.tokenizer,
@@ -199,7 +254,9 @@ class InteractionServer:
                 behaviour_logprobs=out.logprobs,
                 temperature=temperature,
                 episode_id=req.episode_id,
-                population=req.population or req.user or "default",
+                population=population,
+                adapter=route.adapter,
+                exploration=explore,
                 action=action,
                 tool_call_status=status,
                 top_p=params.top_p,
@@ -212,7 +269,8 @@ class InteractionServer:
                 response_text=text,
             )
         )
-        return self._response(iid, req, policy.tokenizer, len(prompt), out, content, calls, version)
+        body = self._response(iid, req, policy.tokenizer, len(prompt), out, content, calls, version)
+        return body | {"adapter": route.adapter}
 
     def _response(
         self,
@@ -345,12 +403,11 @@ class InteractionServer:
 
         @app.post("/v1/admin/reload")
         def reload() -> dict[str, Any]:
-            if self._reload is None:
+            if self._refresh is None and self._reload is None:
                 raise HTTPException(404, "reload is not configured")
-            new = self._reload(self.version)
-            if new is not None:
-                self.swap(*new)
-            return {"policy_version": self.version}
+            changed = self.reload_routes()
+            adapters = {p: r.adapter for p, r in self.router.routes().items()}
+            return {"policy_version": self.version, "adapters": adapters, "changed": changed}
 
         return app
 

@@ -5,7 +5,9 @@ The same code runs on both through SQLAlchemy Core; idempotent writes use each d
 
 - ``policy_versions``: weight versions that served traffic (lineage, status).
 - ``interactions``: one row per chat completion: exact prompt/completion token ids, per-token
-  behaviour logprobs, sampling settings, policy version, the detected action.
+  behaviour logprobs, sampling settings, policy version, the adapter served (``shared@v3``,
+  ``org-a@v5``: the route and its version), whether it was exploration traffic, the detected
+  action.
 - ``feedback_events``: append-only outcome events, primary key = the client's ``event_id`` (the
   same id twice stores one row). Events may arrive before their interaction; they are held here
   and joined when it arrives, or counted as orphans after a window.
@@ -69,6 +71,8 @@ INTERACTIONS = sa.Table(
     sa.Column("action", sa.String(16), nullable=False),
     sa.Column("tool_call_status", sa.String(16), nullable=False),
     sa.Column("is_summary", sa.Boolean, nullable=False, default=False),
+    sa.Column("adapter", sa.String(160), nullable=False, default="shared"),
+    sa.Column("exploration", sa.Boolean, nullable=False, default=False),
     sa.Column("server_latency_ms", sa.Float, nullable=False),
     sa.Column("request", sa.JSON, nullable=False),
     sa.Column("response_text", sa.Text, nullable=False),
@@ -186,6 +190,8 @@ def interaction_row(
         "action": action,
         "tool_call_status": tool_call_status,
         "is_summary": False,
+        "adapter": f"shared@v{policy_version}",
+        "exploration": False,
         "server_latency_ms": 0.0,
         "request": {},
         "response_text": "",

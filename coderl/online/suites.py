@@ -15,6 +15,10 @@ return values only; a check that accepts a wrong candidate counts as tampering).
 are graded concurrently in a thread pool. See :mod:`coderl.sandbox.bwrap` for what the sandbox
 does not isolate (the shared kernel, per-process rather than per-sandbox memory limits).
 
+House styles (:data:`HOUSE_STYLES`): a population's convention, checked statically on the reply's
+code with :mod:`ast` (parsed, never run); a task carrying a ``style`` passes only when its hidden
+tests pass and the code keeps the convention. :func:`population_suite` gives a population's tasks.
+
 ``sandbox="local"`` (config ``sandbox: local``) runs the hidden tests in a plain ``python``
 subprocess instead: NOT isolated (the caller's permissions, filesystem and network), for hosts
 without bubblewrap and models you trust as much as your own code; it warns on use.
@@ -22,6 +26,7 @@ without bubblewrap and models you trust as much as your own code; it warns on us
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import re
@@ -32,7 +37,7 @@ import tempfile
 import warnings
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cached_property
 from pathlib import Path
 from typing import Any
@@ -62,6 +67,8 @@ class SuiteTask:
     entry_point: str
     canonical_solution: str
     """A reference body (appended to ``prompt``); the graded task's gold patch."""
+    style: str | None = None
+    """A key of :data:`HOUSE_STYLES` the reply's code must also keep to pass (None: none)."""
 
     @cached_property
     def task(self) -> Task:
@@ -96,6 +103,91 @@ def humaneval(split: str, *, limit: int | None = None) -> list[SuiteTask]:
             out.append(
                 SuiteTask(tid, p["prompt"], p["test"], p["entry_point"], p["canonical_solution"])
             )
+    return out[:limit]
+
+
+def _functions(tree: ast.AST) -> list[ast.FunctionDef | ast.AsyncFunctionDef]:
+    return [n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef)]
+
+
+def _typed(tree: ast.AST) -> bool:
+    fns = _functions(tree)
+    args = [a for f in fns for a in (*f.args.posonlyargs, *f.args.args, *f.args.kwonlyargs)]
+    return bool(fns) and all(f.returns is not None for f in fns) and all(a.annotation for a in args)
+
+
+def _no_print(tree: ast.AST) -> bool:
+    return not any(
+        isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id == "print"
+        for n in ast.walk(tree)
+    )
+
+
+def _documented(tree: ast.AST) -> bool:
+    fns = _functions(tree)
+    return bool(fns) and all(ast.get_docstring(f) for f in fns)
+
+
+HOUSE_STYLES: dict[str, Callable[[ast.AST], bool]] = {
+    "type_hints": _typed,
+    "no_print": _no_print,
+    "docstrings": _documented,
+}
+"""House-style rule -> check of a parsed reply: ``type_hints`` (every function annotates every
+argument and its return), ``no_print`` (no call of ``print``), ``docstrings`` (every function
+has one). A convention a model can learn from its organisation's reverted edits."""
+
+
+def check_house_style(name: str) -> str:
+    """``name`` if it is a key of :data:`HOUSE_STYLES`; ValueError listing them otherwise."""
+    if name not in HOUSE_STYLES:
+        raise ValueError(f"unknown house style {name!r}; valid: {sorted(HOUSE_STYLES)}")
+    return name
+
+
+def keeps_house_style(style: str | None, code: str | None) -> bool:
+    """Whether ``code`` keeps ``style`` (None: always); code that does not parse does not.
+
+    Raises:
+        ValueError: unknown style.
+    """
+    if style is None:
+        return True
+    rule = HOUSE_STYLES[check_house_style(style)]
+    try:
+        tree = ast.parse(code or "")
+    except (SyntaxError, ValueError):  # ValueError: a NUL byte
+        return False
+    return rule(tree)
+
+
+def population_suite(
+    split: str,
+    *,
+    task_filter: str | None = None,
+    house_style: str | None = None,
+    limit: int | None = None,
+    tasks: Sequence[SuiteTask] | None = None,
+) -> list[SuiteTask]:
+    """A population's tasks of one HumanEval split: those whose id matches ``task_filter``
+    (``re.search``), each carrying ``house_style``, the first ``limit`` of them.
+
+    Args:
+        tasks: the source instead of :func:`humaneval` of ``split`` (tests).
+
+    Raises:
+        ValueError: unknown split or style, or no task matches the filter.
+    """
+    if house_style is not None:
+        check_house_style(house_style)
+    source = list(tasks) if tasks is not None else humaneval(split)
+    out = [
+        replace(t, style=house_style)
+        for t in source
+        if task_filter is None or re.search(task_filter, t.task_id)
+    ]
+    if not out:
+        raise ValueError(f"task_filter {task_filter!r} matches no task of split {split!r}")
     return out[:limit]
 
 
@@ -230,7 +322,8 @@ def grade_replies(
         with ThreadPoolExecutor(max_workers=n, thread_name_prefix="coderl-grade") as pool:
             results = list(pool.map(one, todo))
     for i, ok in zip(todo, results, strict=True):
-        out[i] = ok
+        task, code = replies[i]
+        out[i] = ok and keeps_house_style(task.style, code)
     return out
 
 

@@ -6,8 +6,11 @@ Only interactions that can be trained on exactly are kept; everything else is co
 - ``stale_version``: served by a version outside the last K promoted ones (near on-policy: the
   data must come from a policy close to the one being trained);
 - ``greedy``: sampled at temperature 0 (its logprobs are not those of a sampling distribution);
-- ``other_temperature``: sampled at a temperature other than the training temperature (the
-  ratio needs the same tempered distribution on both sides);
+- ``other_temperature``: sampled at a temperature the client chose, other than the training
+  temperature. Exploration traffic (``exploration = true``, sampled by the server at
+  ``online.exploration.temperature``) is kept: its logged logprobs are those of the tempered
+  distribution it was drawn from, so ``pi_train(a) / mu_explore(a)`` is the exact importance
+  ratio of what was sampled;
 - ``top_p``: nucleus-truncated sampling (the logged logprobs are not the sampling distribution);
 - ``missing_logprobs``: no behaviour logprobs logged;
 - ``empty``: no completion tokens.
@@ -18,7 +21,8 @@ weights ``min(pi_old / pi_behaviour, cap)`` against the logged behaviour logprob
 (:func:`coderl.algorithms.importance_weights`; decoupled PPO, Hilton et al. 2022, "Batch
 size-invariance for policy optimization", Sec. 3), and a KL penalty to the current champion
 (a frozen copy). The effective sample size of the importance weights is logged,
-``ESS = (sum w)^2 / sum w^2`` (Kong 1992; Liu 1996, Eq. 2), per token and per sequence.
+``ESS = (sum w)^2 / sum w^2`` (Kish 1965, "Survey Sampling", Sec. 11.7; Kong 1992; Liu 1996,
+Eq. 2), per token and per sequence, and the share of exploration rows in the batch.
 """
 
 from __future__ import annotations
@@ -51,9 +55,16 @@ def select_trainable(
     *,
     allowed_versions: set[int],
     temperature: float,
+    exploration_temperature: float | None = None,
 ) -> Selection:
     """Split interaction rows into trainable ones and exclusions counted by reason (see the
-    module docstring)."""
+    module docstring).
+
+    Args:
+        exploration_temperature: the server's exploration temperature; rows flagged
+            ``exploration`` at it are kept (None: exploration rows are held to ``temperature``
+            like the rest).
+    """
     sel = Selection()
     for r in rows:
         rw = rewards.get(r["interaction_id"])
@@ -65,7 +76,11 @@ def select_trainable(
             reason = "stale_version"
         elif r["temperature"] == 0:
             reason = "greedy"
-        elif abs(r["temperature"] - temperature) > 1e-9:
+        elif abs(r["temperature"] - temperature) > 1e-9 and not (
+            r.get("exploration")
+            and exploration_temperature is not None
+            and abs(r["temperature"] - exploration_temperature) <= 1e-9
+        ):
             reason = "other_temperature"
         elif r["top_p"] < 1.0:
             reason = "top_p"
@@ -111,6 +126,27 @@ def effective_sample_size(weights: Tensor, mask: Tensor) -> dict[str, float]:
     }
 
 
+@torch.no_grad()
+def behaviour_weights(
+    policy: Any, batch: StepBatch, algorithm: AlgorithmConfig, temperature: float
+) -> Tensor:
+    """The update's importance weights against the logged behaviour logprobs, ``[B, T]``
+    float32: the policy's logprobs of the sampled tokens at the training ``temperature`` minus
+    the logged ones, exponentiated and truncated (or masked) as ``algorithm.importance`` says
+    (:func:`coderl.algorithms.importance_weights`); 0 off the loss mask."""
+    old = policy.forward(batch.tokens, temperature).logprobs
+    imp = algorithm.importance
+    return A.importance_weights(
+        old,
+        batch.tokens.behavior_logprobs,
+        batch.loss_mask,
+        level=imp.level,
+        mode="truncate" if imp.mode == "off" else imp.mode,
+        cap=imp.cap,
+        low=imp.low,
+    )
+
+
 def update(
     policy: Any,
     champion: Any,
@@ -132,7 +168,9 @@ def update(
         max_len: the generation budget (constant of ``seq-mean-token-sum-norm``).
 
     Returns:
-        the trainer's metrics of the last step, plus the ESS metrics of the first.
+        the trainer's metrics of the last step, plus the ESS metrics of the importance
+        weights before the first (:func:`behaviour_weights`, :func:`effective_sample_size`)
+        and ``exploration_share``, the share of exploration rows.
 
     Raises:
         ValueError: no rows, or ``len(advantages) != len(rows)``.
@@ -143,18 +181,9 @@ def update(
     batch: StepBatch = build_batch(segs, advantages.tolist(), policy.pad_token_id)
     with torch.no_grad():
         batch.ref_logp = champion.forward(batch.tokens, temperature).logprobs
-        old = policy.forward(batch.tokens, temperature).logprobs
-        imp = algorithm.importance
-        w = A.importance_weights(
-            old,
-            batch.tokens.behavior_logprobs,
-            batch.loss_mask,
-            level=imp.level,
-            mode="truncate" if imp.mode == "off" else imp.mode,
-            cap=imp.cap,
-            low=imp.low,
-        )
+    w = behaviour_weights(policy, batch, algorithm, temperature)  # (B, T)
     metrics = effective_sample_size(w, batch.loss_mask)
+    metrics["exploration_share"] = sum(bool(r.get("exploration")) for r in rows) / len(rows)
     opt, sched = build_optimizer([{"params": policy.trainable_parameters()}], trainer)
     policy.model.train(False)  # no dropout: sampling and training see the same function
     for _ in range(trainer.steps):

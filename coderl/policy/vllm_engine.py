@@ -19,6 +19,12 @@ version, so no rollout of the bad one is ever produced. Measured when the weight
 2e-7 (tiny-random) and 8e-6 (SmolLM2-135M) nats; a bf16 server against the fp32 trainer, 3.3e-2
 (SmolLM2), so in bf16 the canary catches a wrong or missing adapter but not a slightly stale one.
 
+Per-population adapters (``coderl serve`` with ``online.populations``): :meth:`VLLMEngine.
+load_adapter` loads a population's champion next to the synced versions under a name of its own
+(``<tag>-<population>-v<version>-s<n>``), canary-checked, and keeps it loaded until that
+population's next adapter replaces it; ``generate(..., adapter=name)`` samples with it. The
+synced default version is untouched, and vLLM batches requests of different adapters together.
+
 Differences from :class:`~coderl.policy.engine.TorchEngine`:
 
 - with ``top_p < 1`` vLLM reports logprobs of the truncated (renormalised) distribution, which is
@@ -127,6 +133,7 @@ class VLLMEngine:
         self._names: dict[int, str] = {}  # version -> model name (adapter, or the base)
         self._paths: dict[str, Path] = {}  # adapter name -> its directory (deleted on unload)
         self._inflight: Counter[str] = Counter()  # model name -> requests in flight
+        self._pinned: dict[str, str] = {}  # population -> its adapter's name (kept loaded)
         self._lock = threading.Lock()
         self._syncs = 0
         models = self._request("GET", "/v1/models")
@@ -157,17 +164,24 @@ class VLLMEngine:
     # --- sampling ---------------------------------------------------------------------------
 
     def generate(
-        self, prompts: list[list[int]], params: SamplingParams, *, version: int | None = None
+        self,
+        prompts: list[list[int]],
+        params: SamplingParams,
+        *,
+        version: int | None = None,
+        adapter: str | None = None,
     ) -> list[Completion]:
         """Sample one completion per token-id prompt with the weights of ``version``
-        (default: the latest synced one); see :class:`coderl.policy.base.Engine`.
+        (default: the latest synced one), or with a population's ``adapter`` (a name
+        :meth:`load_adapter` returned; completions then carry no version); see
+        :class:`coderl.policy.base.Engine`.
 
         A completion stops at the server's context end: ``max_new_tokens`` is cut to
         ``max_model_len - len(prompt)`` (``finish_reason`` is then ``"length"``).
 
         Raises:
             ValueError: empty prompts, out-of-range ``params``, a prompt that fills the server's
-                context (``max_model_len``), or a version this engine does not serve.
+                context (``max_model_len``), or a version or adapter this engine does not serve.
             EngineError: the server failed or died (its exit code and last log lines when this
                 engine started it).
         """
@@ -182,9 +196,15 @@ class VLLMEngine:
             )
         v = self.version if version is None else version
         with self._lock:
-            if v is None or v not in self._names:
+            if adapter is not None:
+                if adapter not in self._pinned.values():
+                    raise ValueError(f"adapter {adapter!r} is not loaded "
+                                     f"(populations: {sorted(self._pinned)})")  # fmt: skip
+                name, v = adapter, None
+            elif v is None or v not in self._names:
                 raise ValueError(f"version {v} is not served (synced: {sorted(self._names)})")
-            name = self._names[v]
+            else:
+                name = self._names[v]
             self._inflight[name] += 1
         try:
             workers = min(len(prompts), self.max_concurrency)
@@ -310,6 +330,32 @@ class VLLMEngine:
         self._unload_unused()
         return gap
 
+    def load_adapter(self, policy: Any, population: str, version: int) -> str:
+        """Load ``policy``'s LoRA adapter as ``population``'s (registry ``version``), checked by
+        the canary, replacing that population's previous adapter (unloaded once no request in
+        flight uses it). The synced default version is untouched.
+
+        Returns:
+            The adapter's name, for ``generate(..., adapter=name)``.
+
+        Raises:
+            ValueError: a policy without LoRA.
+            CanaryError: the server's logprobs disagree (the previous adapter stays served).
+            EngineError: the server refused the adapter.
+        """
+        if not policy.is_lora:
+            raise ValueError("per-population adapters need model.lora=true")
+        path = self.write_adapter(policy)
+        name = f"{self.tag}-{population}-v{version}-s{self._syncs}"
+        self._syncs += 1
+        self._request("POST", "/v1/load_lora_adapter", {"lora_name": name, "lora_path": str(path)})
+        self._paths[name] = path
+        self._canary(policy, name, version)
+        with self._lock:
+            self._pinned[population] = name
+        self._unload_unused()
+        return name
+
     def write_adapter(self, policy: Any) -> Path:
         """Save ``policy``'s LoRA adapter (peft ``save_pretrained``, safetensors) for its version.
 
@@ -342,11 +388,13 @@ class VLLMEngine:
         return gap
 
     def _unload_unused(self) -> None:
-        """Unload every adapter but the current version's that no request in flight uses (older
-        versions, and an adapter a re-sync of the same version replaced)."""
+        """Unload every adapter but the current version's and the populations' that no request
+        in flight uses (older versions, and an adapter a re-sync of the same version or a
+        population's next adapter replaced)."""
         with self._lock:
             current = self._names.get(self.version) if self.version is not None else None
-            names = [n for n in self._paths if n != current and self._inflight[n] == 0]
+            keep = {current, *self._pinned.values()}
+            names = [n for n in self._paths if n not in keep and self._inflight[n] == 0]
             self._names = {v: n for v, n in self._names.items() if n not in names}
             paths = {n: self._paths.pop(n) for n in names}  # claimed: no other thread unloads it
         for name, path in paths.items():
