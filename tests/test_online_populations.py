@@ -10,14 +10,16 @@ import os
 import subprocess
 import sys
 import time
+from io import StringIO
 from pathlib import Path
 
 import pytest
 import torch
+from rich.console import Console
 
 from coderl.config import load_online_config
 from coderl.config.online import SHARED, ExplorationConfig, GateConfig
-from coderl.online.cycle import load_version, open_run, run_cycle, select_tracks
+from coderl.online.cycle import load_version, open_run, print_report, run_cycle, select_tracks
 from coderl.online.gate import run_population_gate
 from coderl.online.registry import Registry
 from coderl.online.routing import Route, Router, refresh
@@ -337,6 +339,9 @@ def test_a_populations_cycle_that_breaks_the_shared_suite_leaves_every_pointer(t
     # the shared track trained on org-b's and the unconfigured population's traffic only
     assert rep["trainable"] == 4 and rep["decision"] == "rejected" and registry.champion() == 0
     assert "org-b" not in rep["populations"]
+    out = StringIO()
+    print_report(rep, Console(file=out, width=200))
+    assert "populations (own adapters)" in out.getvalue() and "shared/pass@1" in out.getvalue()
 
 
 def test_tracks_split_by_min_events_and_own_champion(tmp_path):
@@ -449,3 +454,23 @@ def test_a_request_with_its_own_temperature_is_never_explored(tmp_path):
         InteractionServer(
             srv.policy, store, version=0, exploration=ExplorationConfig(share=0.1, temperature=0.8)
         )
+
+
+def test_the_cycle_report_states_the_exploration_share_and_the_ess(tmp_path):
+    cfg = _cfg(tmp_path, "online.exploration={share: 0.5, temperature: 1.6, seed: 3}")
+    srv = _serve_traffic(cfg, {"org-x": 8}, exploration=cfg.online.exploration)
+    flagged = sum(r["exploration"] for r in srv.store.interactions())
+
+    def scripted(policy) -> EvalResult:
+        return EvalResult({"pass@1": [1.0] * 20}, {"n": 20.0}, [str(i) for i in range(20)])
+
+    later = time.time() + 5
+    rep = run_cycle(cfg, evaluator=scripted, clock=lambda: later, log=lambda s: None)
+    x = rep["exploration"]
+    assert rep["trainable"] == 8 and "other_temperature" not in rep["excluded"]
+    assert x["share"] == 0.5 and x["temperature"] == 1.6
+    assert x["traffic_share"] == x["batch_share"] == flagged / 8
+    assert x["ess_seqs"] == rep["train"]["ess_seqs"] and 0 < x["ess_seqs_frac"] <= 1 + 1e-6
+    out = StringIO()
+    print_report(rep, Console(file=out, width=200))
+    assert f"traffic {flagged / 8:.3f}" in out.getvalue() and "Kish ESS" in out.getvalue()

@@ -614,3 +614,63 @@ def test_an_sft_warm_start_reaches_the_engine_before_any_rollout(server, tmp_pat
         assert engine.served_versions() == [0]
     finally:
         close_run(run)
+
+
+def test_population_adapters_are_routed_side_by_side_through_one_server(server, tmp_path):
+    """``coderl serve`` with populations on vLLM: the shared version and two populations'
+    adapters loaded in one server at once; each request's logprobs are its population's
+    adapter's (the trainer recomputes them), an unknown population gets the shared one, and a
+    new org-a adapter replaces only org-a's (the old one is unloaded)."""
+    from coderl.online.cli_serve import AdapterSampler
+    from coderl.online.routing import Route, Router
+    from coderl.online.server import ChatRequest, InteractionServer
+    from coderl.online.store import Store
+
+    def perturbed(seed: int):
+        p = _policy()
+        g = torch.Generator().manual_seed(seed)
+        with torch.no_grad():
+            for name, w in p.model.named_parameters():
+                if "lora_B" in name:
+                    w.add_(torch.randn(w.shape, generator=g), alpha=0.5)
+        return p
+
+    shared, org_a, org_b, org_a2 = _policy(), perturbed(1), perturbed(2), perturbed(3)
+    rollout = _rollout(server, shared, tmp_path)
+    engine = rollout.engine
+    router = Router(Route(rollout, 0))
+    for pop, pol, v in (("org-a", org_a, 1), ("org-b", org_b, 2)):
+        router.set(
+            Route(AdapterSampler(engine, engine.load_adapter(pol, pop, v), pol.tokenizer), v, pop)
+        )
+    store = Store(f"sqlite:///{tmp_path / 'online.db'}")
+    srv = InteractionServer(rollout, store, version=0, max_new_tokens=8, router=router)
+    weights = {0: shared, 1: org_a, 2: org_b, 3: org_a2}
+
+    def served_by(population: str, seed: int) -> int:
+        body = srv.complete(ChatRequest(model="m", messages=[{"role": "user", "content": "fix it"}],
+                                        population=population, seed=seed))  # fmt: skip
+        [row] = store.interactions(ids=[body["id"]])
+        seq, n = row["prompt_token_ids"] + row["completion_token_ids"], len(row["prompt_token_ids"])
+        fits = [v for v, p in weights.items()
+                if p.logprobs([seq], 0.8)[0][n:] == pytest.approx(row["behaviour_logprobs"], abs=1e-3)]  # fmt: skip
+        assert len(fits) == 1, fits
+        assert row["adapter"] == f"{population if fits[0] else 'shared'}@v{fits[0]}"
+        return fits[0]
+
+    assert [served_by(p, i) for i, p in enumerate(["org-a", "org-b", "org-z", "org-a"])] == [
+        1,
+        2,
+        0,
+        1,
+    ]
+    old = router.route("org-a").sampler.name
+    router.set(
+        Route(
+            AdapterSampler(engine, engine.load_adapter(org_a2, "org-a", 3), org_a2.tokenizer),
+            3,
+            "org-a",
+        )
+    )
+    assert old not in {m["id"] for m in engine._request("GET", "/v1/models")["data"]}  # unloaded
+    assert [served_by(p, 10 + i) for i, p in enumerate(["org-a", "org-b", "org-z"])] == [3, 2, 0]

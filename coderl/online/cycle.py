@@ -329,7 +329,8 @@ def run_cycle(
         track: _run_track(cfg, store, registry, track, sel, rewards, suites, now, log, graders)
         for track, sel in select_tracks(cfg, registry, rows, rewards).items()
     }
-    rep |= results.pop(SHARED)
+    shared = results.pop(SHARED)
+    rep |= shared | {"exploration": rep["exploration"] | shared.get("exploration", {})}
     rep["excluded"] = rep["excluded"] | {"censored": rep["finalize"]["censored"]}
     if suites.seconds:
         rep["eval_s"] = suites.seconds
@@ -378,8 +379,8 @@ def _run_track(
         store.release_batch(batch_id)  # a failed update loses no data: the batch is unclaimed
         raise
     rep["train"], rep["train_s"], rep["candidate"] = metrics, time.perf_counter() - t, candidate
-    rep["exploration"] = {
-        k: metrics[k] for k in ("exploration_share", "ess_seqs", "ess_seqs_frac", "ess_tokens")
+    rep["exploration"] = {"batch_share": metrics["exploration_share"]} | {
+        k: metrics[k] for k in ("ess_seqs", "ess_seqs_frac", "ess_tokens")
     }
     store.add_policy_version(
         candidate, str(registry.version_dir(candidate)), parent=parent, status="candidate", now=now
@@ -423,6 +424,30 @@ def _finish(cfg: Config, store: Store, rep: dict[str, Any], t0: float) -> dict[s
     return rep
 
 
+def _exploration_line(x: dict[str, Any]) -> str:
+    line = f"share {x['share']:g} at T={x['temperature']:g}; traffic {x['traffic_share']:.3f}"
+    if "batch_share" in x:
+        line += (
+            f"; batch {x['batch_share']:.3f}, Kish ESS of the sequence weights "
+            f"{x['ess_seqs']:.2f} ({x['ess_seqs_frac']:.3f} of the batch)"
+        )
+    return line
+
+
+def _print_populations(pops: dict[str, Any], console: Console) -> None:
+    t = Table(title="populations (own adapters)")
+    for col in ("population", "decision", "trainable", "served -> after", "held-out lower bounds"):
+        t.add_column(col)
+    for name, r in pops.items():
+        bounds = ", ".join(
+            f"{c['metric']} {c['lower_bound']:.3f}"
+            for c in r.get("gate", {}).get("comparisons", [])
+        )
+        moved = f"v{r['champion_before']} -> v{r['champion_after']}" if "candidate" in r else ""
+        t.add_row(name, r["decision"], str(r["trainable"]), moved, bounds)
+    console.print(t)
+
+
 def print_report(rep: dict[str, Any], console: Console | None = None) -> None:
     """A cycle report as rich tables: decision, timings, exclusions, gate, monitors."""
     console = console or Console()
@@ -463,7 +488,11 @@ def print_report(rep: dict[str, Any], console: Console | None = None) -> None:
         )
     for r in rep.get("gate", {}).get("reasons", []):
         t.add_row("reason", r)
+    if x := rep.get("exploration"):
+        t.add_row("exploration", _exploration_line(x))
     console.print(t)
+    if pops := rep.get("populations"):
+        _print_populations(pops, console)
     mon = rep.get("monitors", {}).get("by_version", {})
     if mon:
         cols = [(v, p, m) for v, pops in mon.items() for p, m in pops.items()]
