@@ -414,13 +414,19 @@ def make_batch(
     valid: list[bool],
     keys: list[str],
 ) -> StepBatch | None:
-    """Advantages and the token batch of every valid episode's segments (None: no valid one).
+    """Advantages and the token batch of every valid episode's segments (None: no valid one,
+    or no sampled token in any).
 
-    Group estimators (GRPO, Dr. GRPO, RLOO; :func:`coderl.train.advantages.episode_advantages`)
-    see only the valid members of each group (renormalised, see the module docstring); every
-    segment of an episode carries its advantage. GAE (PPO) puts the outcome reward on each
-    episode's last segment and needs ``value_head``. With ``algorithm.kl.coef > 0`` the batch
-    carries reference logprobs.
+    An episode is one row per context window (segment); a self-summary is the last action of
+    the window it was written in. Group estimators (GRPO, Dr. GRPO, RLOO;
+    :func:`coderl.train.advantages.episode_advantages`) count each valid *episode* once in its
+    group (renormalised, see the module docstring), and every segment of the episode, its
+    summary tokens included, carries the episode's advantage. GAE (PPO) runs over each
+    episode's segments as one token sequence (the outcome on its last sampled token, a segment
+    boundary not terminal; :func:`coderl.train.advantages.gae_advantages`) and needs
+    ``value_head``. Segments without a sampled token (the window a too-long summary opened)
+    are left out: they have nothing to train. With ``algorithm.kl.coef > 0`` the batch carries
+    reference logprobs.
 
     Args:
         trajectories, totals, valid, keys: per episode (reward totals are NaN where invalid).
@@ -437,13 +443,17 @@ def make_batch(
             [ids[keys[i]] for i in keep],
             [True] * len(keep),
         )
-    segs, adv, seg_reward = [], [], []
+    segs, adv, seg_reward, seg_episode = [], [], [], []
     for j, i in enumerate(keep):
-        segments = trajectories[i].segments
-        for k, s in enumerate(segments):
+        for s in trajectories[i].segments:
+            if s.num_trainable == 0:  # e.g. the window a too-long summary opened: nothing to train
+                continue
             segs.append(s)
             adv.append(0.0 if gae else float(a[j]))
-            seg_reward.append(totals[i] if k == len(segments) - 1 else 0.0)
+            seg_reward.append(totals[i])
+            seg_episode.append(j)
+    if not segs:
+        return None
     batch = build_batch(segs, adv, policy.pad_token_id).to(policy.device)  # trainer.device
     if cfg.algorithm.kl.coef > 0:
         batch.ref_logp = reference_logprobs(policy, cfg, batch)
@@ -468,6 +478,7 @@ def make_batch(
             torch.tensor(seg_reward, device=values.device),
             values,
             batch.loss_mask,
+            torch.tensor(seg_episode, device=values.device),
             gamma=cfg.algorithm.gamma,
             lam=cfg.algorithm.lam,
         )
@@ -497,7 +508,8 @@ def step_metrics(infos: list[dict[str, Any]], cfg: Config) -> dict[str, float]:
     the step's episodes (``reward/masked`` and ``reward/grading_errors``: counts). When ``masked_rate > reward.mask_alarm_rate`` a warning is logged
     (logger ``coderl.train``) and ``alarm/masked`` is 1. ``hacks/suspected_rate`` and
     ``hacks/<detector>`` are shares of all the step's episodes (from each info's ``hack_flags``);
-    above ``reward.hack_alarm_rate``, ``alarm/hacks`` is 1 with a warning.
+    above ``reward.hack_alarm_rate``, ``alarm/hacks`` is 1 with a warning. ``summary/*``: see
+    :func:`summary_metrics`.
     """
     n = len(infos)
     d = max(n, 1)
@@ -512,7 +524,7 @@ def step_metrics(infos: list[dict[str, Any]], cfg: Config) -> dict[str, float]:
     for key in ("sampled_tokens", "turns", "segments", "broken_tool_calls", "no_action_turns"):
         m[f"episode/{key}"] = sum(x[key] for x in infos) / d
     m["episode/truncated_rate"] = sum(x["truncated"] for x in infos) / d
-    m["episode/summaries"] = sum(x["summaries"] for x in infos) / d
+    m.update(summary_metrics(infos))
     for name in cfg.reward.terms:
         m[f"reward/{name}"] = _mean([x["breakdown"][name] for x in valid if name in x["breakdown"]])
     m.update(criteria_metrics([x["breakdown"] for x in infos], [x["valid"] for x in infos]))
@@ -553,6 +565,23 @@ def step_metrics(infos: list[dict[str, Any]], cfg: Config) -> dict[str, float]:
         ),
     )
     return m
+
+
+def summary_metrics(infos: list[dict[str, Any]]) -> dict[str, float]:
+    """Self-summarization of a step's episodes: ``summary/per_episode`` (summaries per
+    episode) and ``summary/episodes_with`` (share of episodes with at least one), over all the
+    step's episodes; ``summary/resolved_with`` and ``summary/resolved_without``, the resolved
+    rate of the valid episodes with and without a summary (NaN when there is none)."""
+    d = max(len(infos), 1)
+    valid = [x for x in infos if x["valid"]]
+    return {
+        "summary/per_episode": sum(x["summaries"] for x in infos) / d,
+        "summary/episodes_with": sum(x["summaries"] > 0 for x in infos) / d,
+        "summary/resolved_with": _mean([float(x["resolved"]) for x in valid if x["summaries"]]),
+        "summary/resolved_without": _mean(
+            [float(x["resolved"]) for x in valid if not x["summaries"]]
+        ),
+    }
 
 
 def _alarm(
