@@ -23,7 +23,7 @@ from coderl.config import AlgorithmConfig, load_config
 from coderl.envs import EpisodeRecord, GradeRecord
 from coderl.policy.episode import EpisodeBuilder
 from coderl.policy.forward import forward
-from coderl.policy.loading import load_policy
+from coderl.policy.loading import load_policy, smollm2_gguf_path
 from coderl.train import pipeline as P
 from coderl.train.step import accumulate_gradients, train_step
 from coderl.trajectory import Segment, Trajectory
@@ -31,6 +31,7 @@ from coderl.trajectory import Segment, Trajectory
 CONFIGS = Path(__file__).parent.parent / "configs"
 TOY = CONFIGS / "toy.yaml"
 GRPO = load_config(TOY, ["algorithm.advantage=grpo"])
+TASK_TEXT = "Fix add() in pkg/calc.py so that test_calc.py passes."
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -258,3 +259,66 @@ def test_a_training_step_on_summary_tokens_moves_them_with_the_reward(summarised
         policy.model, opt, sched, only, cfg.algorithm, cfg.trainer, temperature=1.0, max_len=12
     )
     assert gap() > before
+
+
+# ---------------------------------------------------------------- the repo-bugfix preset
+def test_the_repo_bugfix_budget_makes_an_episode_that_reads_a_module_summarise(tmp_path):
+    # The preset's own episode settings (rollout.* and tasks.options.episode) and its model's
+    # tokenizer (SmolLM2's, from the shipped GGUF): an agent that reads one real-sized module
+    # (a read_file observation is up to tools.max_observation_chars, ~8,000 characters) runs
+    # the tests and submits must summarise once at the preset's max_context_tokens, and the
+    # summary segment is trained with the episode's advantage.
+    from transformers import AutoTokenizer
+
+    from coderl.agent.parsing import CALL_FORMATS
+    from coderl.agent.runner import run_episode
+    from coderl.agent.scripted import ScriptedPolicy
+    from coderl.envs.agent import AgentEnvironment
+
+    cfg = load_config(CONFIGS / "repo-bugfix.yaml", ["model.name=smollm2-135m"])
+    gguf = smollm2_gguf_path()  # raises with install instructions when missing
+    tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name, local_files_only=True)
+    ep_cfg = AgentEnvironment(cfg, load=lambda split: []).episode_config(P.sampling_params(cfg, 0))
+    base = make_repo(tmp_path)
+    body = "".join(
+        f'def scale_{i}(value, factor={i}):\n    """Return value times {i}."""\n'
+        f"    return value * factor\n\n\n"
+        for i in range(200)
+    )
+    (base / "pkg" / "scale.py").write_text(body)  # ~14,000 characters, a mid-sized module
+    call = CALL_FORMATS[ep_cfg.call_format].format_call
+    actions = iter(
+        [
+            call("read_file", {"path": "pkg/scale.py"}),
+            call("read_file", {"path": "pkg/calc.py"}),
+            call("run", {"command": "python3 -m pytest -q test_calc.py"}),
+            call("submit", {}),
+        ]
+    )
+
+    def script(prompt: str) -> str:
+        if ep_cfg.summary_instruction in prompt[-len(ep_cfg.summary_instruction) - 80 :]:
+            return "I read pkg/scale.py and pkg/calc.py; add() subtracts. Next: fix it."
+        return next(actions)
+
+    box = open_sandbox(base)
+    try:
+        ep = run_episode(ScriptedPolicy(tok, script), SimpleTask("calc", TASK_TEXT), box, ep_cfg)
+    finally:
+        box.close()
+    assert ep.error is None and ep.stats.finish_reason == "submitted"
+    assert ep.stats.summaries >= 1, (
+        f"rollout.max_context_tokens={cfg.rollout.max_context_tokens} never filled: "
+        f"{[len(s) for s in ep.trajectory.segments]} tokens"
+    )
+    segs = ep.trajectory.segments
+    assert len(segs) == ep.stats.summaries + 1
+    policy = SimpleNamespace(pad_token_id=tok.pad_token_id or 0, device="cpu")
+    other = EpisodeRecord("calc", episode(1)).trajectory
+    batch = P.make_batch(
+        GRPO, policy, None, [ep.trajectory, other], [1.0, 0.0], [True] * 2, ["g"] * 2
+    )
+    assert batch is not None and batch.size == len(segs) + 1
+    torch.testing.assert_close(
+        batch.advantages[: len(segs)], torch.full((len(segs),), 0.7071), atol=1e-4, rtol=0
+    )
