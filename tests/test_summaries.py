@@ -132,6 +132,7 @@ def test_summary_metrics_count_summaries_and_split_the_resolved_rate():
     m = P.step_metrics(s.infos, cfg)
     assert m["summary/per_episode"] == 0.75 and m["summary/episodes_with"] == 0.5
     assert m["summary/resolved_with"] == 0.5 and m["summary/resolved_without"] == 1.0
+    assert (m["summary/valid_with"], m["summary/valid_without"]) == (2.0, 1.0)
     none = P.summary_metrics(s.infos[2:3])
     assert none["summary/episodes_with"] == 0.0 and math.isnan(none["summary/resolved_with"])
 

@@ -417,16 +417,13 @@ def make_batch(
     """Advantages and the token batch of every valid episode's segments (None: no valid one,
     or no sampled token in any).
 
-    An episode is one row per context window (segment); a self-summary is the last action of
-    the window it was written in. Group estimators (GRPO, Dr. GRPO, RLOO;
-    :func:`coderl.train.advantages.episode_advantages`) count each valid *episode* once in its
-    group (renormalised, see the module docstring), and every segment of the episode, its
-    summary tokens included, carries the episode's advantage. GAE (PPO) runs over each
-    episode's segments as one token sequence (the outcome on its last sampled token, a segment
-    boundary not terminal; :func:`coderl.train.advantages.gae_advantages`) and needs
-    ``value_head``. Segments without a sampled token (the window a too-long summary opened)
-    are left out: they have nothing to train. With ``algorithm.kl.coef > 0`` the batch carries
-    reference logprobs.
+    One row per segment (context window; a summary is the last action of its window). Group
+    estimators (:func:`coderl.train.advantages.episode_advantages`) count each valid *episode*
+    once in its group (renormalised, see the module docstring); every segment of it, summary
+    included, carries its advantage. GAE (PPO, needs ``value_head``) runs over an episode's
+    segments as one sequence (:func:`coderl.train.advantages.gae_advantages`). Segments without
+    a sampled token are left out. With ``algorithm.kl.coef > 0`` the batch carries reference
+    logprobs.
 
     Args:
         trajectories, totals, valid, keys: per episode (reward totals are NaN where invalid).
@@ -571,17 +568,20 @@ def summary_metrics(infos: list[dict[str, Any]]) -> dict[str, float]:
     """Self-summarization of a step's episodes: ``summary/per_episode`` (summaries per
     episode) and ``summary/episodes_with`` (share of episodes with at least one), over all the
     step's episodes; ``summary/resolved_with`` and ``summary/resolved_without``, the resolved
-    rate of the valid episodes with and without a summary (NaN when there is none)."""
+    rate of the valid episodes with and without a summary (NaN when there is none), over
+    ``summary/valid_with`` and ``summary/valid_without`` episodes (counts, so a run's rate is
+    their weighted mean)."""
     d = max(len(infos), 1)
     valid = [x for x in infos if x["valid"]]
-    return {
+    m = {
         "summary/per_episode": sum(x["summaries"] for x in infos) / d,
         "summary/episodes_with": sum(x["summaries"] > 0 for x in infos) / d,
-        "summary/resolved_with": _mean([float(x["resolved"]) for x in valid if x["summaries"]]),
-        "summary/resolved_without": _mean(
-            [float(x["resolved"]) for x in valid if not x["summaries"]]
-        ),
     }
+    for name, has in (("with", True), ("without", False)):
+        solved = [float(x["resolved"]) for x in valid if bool(x["summaries"]) == has]
+        m[f"summary/resolved_{name}"] = _mean(solved)
+        m[f"summary/valid_{name}"] = float(len(solved))
+    return m
 
 
 def _alarm(
