@@ -147,6 +147,14 @@ SHORT = {
 }
 
 
+def prompt_tokens(tokenizer, task, cfg: EpisodeConfig) -> int:
+    """Tokens of the opening window of ``task``'s episodes (system prompt, tools, task)."""
+    tools = resolve_tools(cfg.toolsets[task.kind], TOOLS)
+    r = ChatRenderer(tokenizer, tools, get_call_format(cfg.call_format), cfg.instructions)
+    opening = r.opening(cfg.task_template.format(problem_statement=task.problem_statement))
+    return len(EpisodeBuilder(tokenizer, opening, tools=r.tool_schemas()).segment)
+
+
 @pytest.fixture(scope="module")
 def summarised(tmp_path_factory):
     """Two episodes of the tiny random model through the real harness, with a context budget
@@ -154,10 +162,7 @@ def summarised(tmp_path_factory):
     policy = load_policy("tiny-random")
     task = SimpleTask("calc", "Fix add() in pkg/calc.py.")
     cfg = EpisodeConfig(max_turns=5, max_tokens_per_turn=12, summary_max_tokens=8, seed=0, **SHORT)
-    tools = resolve_tools(cfg.toolsets["repo"], TOOLS)
-    r = ChatRenderer(policy.tokenizer, tools, get_call_format(cfg.call_format), cfg.instructions)
-    opening = r.opening(task.problem_statement)
-    prompt = len(EpisodeBuilder(policy.tokenizer, opening, tools=r.tool_schemas()).segment)
+    prompt = prompt_tokens(policy.tokenizer, task, cfg)
     cfg.context_budget = prompt + 60
     base = make_repo(tmp_path_factory.mktemp("repo"))
     boxes = [open_sandbox(base) for _ in range(2)]
@@ -323,3 +328,36 @@ def test_the_repo_bugfix_budget_makes_an_episode_that_reads_a_module_summarise(t
     torch.testing.assert_close(
         batch.advantages[: len(segs)], torch.full((len(segs),), 0.7071), atol=1e-4, rtol=0
     )
+
+
+def test_a_train_step_with_a_small_budget_summarises_and_trains_every_sampled_token(tmp_path):
+    # `coderl train`'s step (PPO + GAE) on a HumanEval task with the tiny model and a context
+    # budget 60 tokens above its prompt: the episodes summarise, and every token they sampled,
+    # summaries included, is in the loss (trained_tokens counts the loss mask)
+    from coderl.envs.registry import build_environment
+    from coderl.policy.base import SamplingParams
+    from coderl.policy.tiny import tiny_tokenizer
+    from coderl.train.loop import setup_run, training_step
+
+    episode_opts = (
+        "tasks.options={episode: {call_format: xml, toolsets: {function: [write_file, submit]}, "
+        'summary_max_tokens: 8, summary_instruction: "Summarise.", no_action_message: '
+        '"Call a tool.", summary_template: "\\n{summary}", instructions: "Solve it, then submit."}}'
+    )
+    over = [
+        *("model.name=tiny-random", "model.lora=false", "sft.enabled=false", f"run_dir={tmp_path}"),
+        *("progress=false", "tensorboard=false", "eval.before_after=false"),
+        *("tasks.tasks_per_step=1", "tasks.limit=1", "rollout.group_size=4"),
+        *("rollout.max_turns=5", "rollout.max_new_tokens=12", "algorithm.advantage=gae"),
+        episode_opts,
+    ]
+    default = CONFIGS / "default.yaml"
+    env = build_environment(load_config(default, over))
+    task, ep_cfg = env.tasks("train")[0], env.episode_config(SamplingParams())
+    prompt = prompt_tokens(tiny_tokenizer(), task, ep_cfg)  # the tiny-random model's tokenizer
+    run = setup_run(load_config(default, [*over, f"rollout.max_context_tokens={prompt + 60}"]))
+    m = training_step(run)
+    assert m["summary/per_episode"] >= 1 and m["summary/episodes_with"] == 1.0
+    assert m["episode/segments"] == m["summary/per_episode"] + 1
+    assert m["trained_tokens"] == m["episode/sampled_tokens"] * m["episodes"] > 0
+    assert m["value_loss"] > 0 and m["optimizer_steps"] == 1
