@@ -63,3 +63,44 @@ def test_pass_at_k_monotone_in_k(n, data):
     vals = [A.pass_at_k(n, c, k) for k in range(1, n + 1)]
     assert all(0.0 <= v <= 1.0 for v in vals)
     assert all(a <= b + 1e-12 for a, b in zip(vals, vals[1:], strict=False))
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(2, 16), st.integers(1, 4), st.integers(0, 3), st.data())
+def test_episode_gae_of_an_episode_cut_into_segments_is_its_gae(T, n_cuts, other, data):
+    # an episode cut into segments at any points (rows padded to T, interleaved with `other`
+    # one-row episodes) gets exactly the GAE of its uncut row
+    g = torch.Generator().manual_seed(data.draw(st.integers(0, 2**16)))
+    r, v = torch.randn(1, T, generator=g, dtype=torch.float64), torch.randn(1, T, generator=g)
+    v = v.double()
+    m = torch.rand(1, T, generator=g) < 0.7
+    gamma, lam = data.draw(st.floats(0, 1)), data.draw(st.floats(0, 1))
+    cuts = sorted(data.draw(st.lists(st.integers(1, T - 1), min_size=n_cuts, max_size=n_cuts)))
+    bounds = [0, *cuts, T]
+    rows_r, rows_v, rows_m, ids = [], [], [], []
+    for k, (a, b) in enumerate(zip(bounds, bounds[1:], strict=False)):
+        for x, rows in ((r, rows_r), (v, rows_v), (m, rows_m)):
+            row = torch.zeros(T, dtype=x.dtype)
+            row[: b - a] = x[0, a:b]
+            rows.append(row)
+        ids.append(0)
+        if k < other:  # another episode's row between two segments
+            rows_r.append(torch.ones(T, dtype=r.dtype))
+            rows_v.append(torch.ones(T, dtype=v.dtype))
+            rows_m.append(torch.ones(T, dtype=torch.bool))
+            ids.append(k + 1)
+    adv, ret = A.episode_gae(
+        torch.stack(rows_r),
+        torch.stack(rows_v),
+        torch.stack(rows_m),
+        torch.tensor(ids),
+        gamma=gamma,
+        lam=lam,
+    )
+    ref_a, ref_ret = A.gae(r, v, m, gamma=gamma, lam=lam)
+    mine = [i for i, e in enumerate(ids) if e == 0]
+    lengths = [b - a for a, b in zip(bounds, bounds[1:], strict=False)]
+    got_a = torch.cat([adv[i, :n] for i, n in zip(mine, lengths, strict=True)])
+    got_ret = torch.cat([ret[i, :n] for i, n in zip(mine, lengths, strict=True)])
+    torch.testing.assert_close(got_a, ref_a[0])
+    torch.testing.assert_close(got_ret, ref_ret[0])

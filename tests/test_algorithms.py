@@ -131,6 +131,71 @@ def test_gae_skips_masked_observation_tokens():
     assert adv[0, 1] == 0 and adv[0, 2] == 0
 
 
+def test_episode_gae_carries_the_return_across_a_summary_worked_example():
+    # Batch rows: [episode 0 segment 0, episode 1, episode 0 segment 1] (an episode's rows need
+    # not be adjacent). Episode 0: segment 0 = [prompt, a0, a1 (the summary)], segment 1 =
+    # [prompt, prompt, b0], reward 1 on b0; V(a0) = 0.5, V(a1) = 0.25, V(b0) = 0.5;
+    # gamma 0.9, lam 0.5. Its states in order are a0, a1, b0:
+    #   delta(b0) = 1 + 0 - 0.5 = 0.5                          A(b0) = 0.5
+    #   delta(a1) = 0 + 0.9 * V(b0) - 0.25 = 0.2               A(a1) = 0.2 + 0.45 * 0.5 = 0.425
+    #   delta(a0) = 0 + 0.9 * V(a1) - 0.5 = -0.275             A(a0) = -0.275 + 0.45 * 0.425
+    #                                                                = -0.08375
+    #   returns = A + V = 1.0, 0.675, 0.41625
+    # (Each segment terminal, the old rows: A(a1) = -0.25, A(a0) = -0.3875: no credit.)
+    # Episode 1, one row [prompt, c0], reward 0, V(c0) = 0.5: A(c0) = -0.5, return 0.
+    r = torch.tensor([[0.0, 0.0, 0.0], [0.0, 0.0, 0.0], [0.0, 0.0, 1.0]])
+    v = torch.tensor([[0.0, 0.5, 0.25], [0.0, 0.5, 0.0], [0.0, 0.0, 0.5]])
+    m = torch.tensor([[0, 1, 1], [0, 1, 0], [0, 0, 1]])
+    adv, ret = A.episode_gae(r, v, m, torch.tensor([0, 1, 0]), gamma=0.9, lam=0.5)
+    torch.testing.assert_close(
+        adv, torch.tensor([[0.0, -0.08375, 0.425], [0.0, -0.5, 0.0], [0.0, 0.0, 0.5]])
+    )
+    torch.testing.assert_close(
+        ret, torch.tensor([[0.0, 0.41625, 0.675], [0.0, 0.0, 0.0], [0.0, 0.0, 1.0]])
+    )
+    # each row its own episode: the boundary is terminal, as plain gae
+    alone, _ = A.episode_gae(r, v, m, torch.tensor([0, 1, 2]), gamma=0.9, lam=0.5)
+    torch.testing.assert_close(alone, A.gae(r, v, m, gamma=0.9, lam=0.5)[0])
+    torch.testing.assert_close(alone[0, 1:], torch.tensor([-0.3875, -0.25]))
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_episode_gae_split_anywhere_equals_single_row_gae(seed):
+    # one episode of T tokens (random mask, rewards, values) split into two segments at a random
+    # column k, each padded to T: the value at the split bootstraps, so GAE is unchanged
+    g = torch.Generator().manual_seed(seed)
+    T = 12
+    r = torch.randn(1, T, generator=g, dtype=torch.float64)
+    v = torch.randn(1, T, generator=g, dtype=torch.float64)
+    m = torch.rand(1, T, generator=g) < 0.7
+    m[0, 0] = False  # a segment starts with its prompt
+    k = int(torch.randint(2, T - 1, (1,), generator=g))
+    gamma, lam = 0.95, 0.9
+    ref_a, ref_ret = A.gae(r, v, m, gamma=gamma, lam=lam)
+
+    def split(x, fill):
+        rows = torch.full((2, T), fill, dtype=x.dtype)
+        rows[0, :k], rows[1, : T - k] = x[0, :k], x[0, k:]
+        return rows
+
+    rs, vs, ms = split(r, 0.0), split(v, 7.0), split(m, False)  # padding values never read
+    adv, ret = A.episode_gae(rs, vs, ms, torch.tensor([3, 3]), gamma=gamma, lam=lam)
+    torch.testing.assert_close(torch.cat([adv[0, :k], adv[1, : T - k]]), ref_a[0])
+    torch.testing.assert_close(torch.cat([ret[0, :k], ret[1, : T - k]]), ref_ret[0])
+    # the per-segment recursion (terminal at the split) differs before it whenever a later
+    # token is trainable
+    cut, _ = A.gae(rs, vs, ms, gamma=gamma, lam=lam)
+    if ms[1].any() and ms[0].any():
+        assert not torch.allclose(cut[0, :k], ref_a[0, :k])
+
+
+def test_episode_gae_rejects_misshapen_episode_ids():
+    with pytest.raises(ValueError, match="episode_ids"):
+        A.episode_gae(
+            torch.zeros(2, 3), torch.zeros(2, 3), torch.ones(2, 3), torch.zeros(3), gamma=1, lam=1
+        )
+
+
 # ---------------------------------------------------------------- aggregate
 def _losses():
     # [2, 2, 2, 2, 2] (length 5) and [10] (length 1), padded to 10

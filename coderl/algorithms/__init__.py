@@ -1,7 +1,7 @@
 """Pure tensor functions for RL post-training: advantages, losses, KL, importance weights,
 evaluation estimators. No state, no config objects, no I/O."""
 
-from coderl.algorithms.advantages import gae, group_advantages
+from coderl.algorithms.advantages import episode_gae, gae, group_advantages
 from coderl.algorithms.losses import (
     AGGREGATIONS,
     KL_ESTIMATORS,
@@ -23,6 +23,7 @@ __all__ = [
     "aggregate",
     "best_of_n",
     "entropy",
+    "episode_gae",
     "gae",
     "group_advantages",
     "importance_weights",

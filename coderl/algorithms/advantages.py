@@ -102,7 +102,8 @@ def gae(
     ``returns_t = A_t + V(s_t)``. The recursion runs over positions with ``mask=1`` only: masked
     positions (padding, or tool observations between agent turns) are skipped, so the next state of
     the last trainable token of a turn is the first trainable token of the next turn. After the last
-    trainable token the episode ends (bootstrap value 0).
+    trainable token the episode ends (bootstrap value 0): a row is an episode; for episodes over
+    several rows (context windows) see :func:`episode_gae`.
 
     Args:
         rewards: ``[B, T]`` float per-token rewards (typically the outcome reward on the last
@@ -137,4 +138,80 @@ def gae(
         next_value = m[:, t] * values[:, t] + (1 - m[:, t]) * next_value
         advantages[:, t] = cur * m[:, t]
     returns = (advantages + values) * m
+    return advantages, returns
+
+
+def episode_gae(
+    rewards: Tensor,
+    values: Tensor,
+    mask: Tensor,
+    episode_ids: Tensor,
+    *,
+    gamma: float,
+    lam: float,
+) -> tuple[Tensor, Tensor]:
+    """GAE (Schulman et al. 2016, Eq. 16) over episodes that span several rows (segments).
+
+    An agent episode that summarises its context is several context windows, one row each
+    (:class:`coderl.trajectory.Segment`). For GAE they are one episode: its states are the
+    trainable tokens of all its rows in batch order, so with ``s_t`` the episode's t-th trainable
+    token over the concatenation of its rows,
+
+    ``delta_t = r_t + gamma * V(s_{t+1}) - V(s_t)``, ``A_t = sum_l (gamma * lam)^l delta_{t+l}``,
+    ``returns_t = A_t + V(s_t)``,
+
+    exactly :func:`gae` on that concatenation. At a row boundary the last token of segment ``i``
+    (the summary the policy wrote) bootstraps from ``V`` of the first trainable token of segment
+    ``i + 1`` and its advantage carries the discounted advantages of what follows: opening a new
+    window is a transition of the environment, not the end of the episode. Only after the last
+    trainable token of an episode's last row is the state terminal (bootstrap value 0). With one
+    row per episode this is :func:`gae`.
+
+    Args:
+        rewards: ``[B, T]`` float per-token rewards (e.g. the outcome on the episode's last
+            trainable token); entries where ``mask`` is 0 are ignored, as in :func:`gae`.
+        values: ``[B, T]`` float value estimates ``V(s_t)``.
+        mask: ``[B, T]`` bool or 0/1; 1 on tokens the policy sampled.
+        episode_ids: ``[B]`` integer episode of each row; an episode's rows must be in segment
+            order (they need not be adjacent).
+        gamma: discount factor per token, in ``[0, 1]``.
+        lam: GAE lambda in ``[0, 1]``.
+
+    Returns:
+        ``(advantages, returns)``, both ``[B, T]`` in ``values``' dtype, 0 where ``mask`` is 0.
+
+    Raises:
+        ValueError: ``rewards``, ``values`` and ``mask`` are not all ``[B, T]``, or
+            ``episode_ids`` is not ``[B]``.
+    """
+    if not (rewards.shape == values.shape == mask.shape) or rewards.dim() != 2:
+        raise ValueError(
+            f"rewards, values and mask must all be [B, T]; got {tuple(rewards.shape)}, "
+            f"{tuple(values.shape)}, {tuple(mask.shape)}"
+        )
+    if episode_ids.shape != (values.shape[0],):
+        raise ValueError(
+            f"episode_ids must be [B]={values.shape[0]}, got {tuple(episode_ids.shape)}"
+        )
+    m = mask.to(torch.bool)
+    # each episode's trainable positions, rows in batch order, tokens in position order
+    members = [(episode_ids == e).nonzero().squeeze(1) for e in torch.unique(episode_ids)]
+    picks = [(rows, m[rows]) for rows in members]  # (k,), (k, T)
+    length = max([int(sel.sum()) for _, sel in picks], default=0)
+    E = len(picks)
+    flat_r = values.new_zeros(E, length)  # (E, L): one row per episode, trainable tokens only
+    flat_v = values.new_zeros(E, length)
+    flat_m = values.new_zeros(E, length)
+    for e, (rows, sel) in enumerate(picks):
+        n = int(sel.sum())
+        flat_r[e, :n] = rewards[rows][sel].to(values.dtype)
+        flat_v[e, :n] = values[rows][sel]
+        flat_m[e, :n] = 1.0
+    flat_a, flat_ret = gae(flat_r, flat_v, flat_m, gamma=gamma, lam=lam)
+    advantages, returns = torch.zeros_like(values), torch.zeros_like(values)
+    for e, (rows, sel) in enumerate(picks):
+        n = int(sel.sum())
+        a, g = advantages[rows], returns[rows]  # (k, T) copies
+        a[sel], g[sel] = flat_a[e, :n], flat_ret[e, :n]
+        advantages[rows], returns[rows] = a, g
     return advantages, returns

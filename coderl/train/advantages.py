@@ -1,7 +1,10 @@
 """Advantages before the trainer step: the only algorithm-specific part of a training step.
 
-``GROUP_ESTIMATORS`` maps ``algorithm.advantage`` to an episode-level estimator; ``"gae"`` (PPO)
-is per token and needs the value head, see :func:`gae_advantages`.
+``GROUP_ESTIMATORS`` maps ``algorithm.advantage`` to an episode-level estimator: one advantage per
+episode, from the episode's outcome and its group's baseline (an episode is one group member
+however many segments it has), given to every segment of the episode. ``"gae"`` (PPO) is per
+token and needs the value head; it runs over an episode's segments as one sequence, see
+:func:`gae_advantages`.
 """
 
 from __future__ import annotations
@@ -68,21 +71,33 @@ def outcome_token_rewards(mask: Tensor, rewards: Tensor) -> Tensor:
 
 
 def gae_advantages(
-    rewards: Tensor, values: Tensor, mask: Tensor, *, gamma: float, lam: float
+    rewards: Tensor, values: Tensor, mask: Tensor, episodes: Tensor, *, gamma: float, lam: float
 ) -> tuple[Tensor, Tensor]:
-    """PPO advantages: GAE (Schulman et al. 2016, Eq. 16) on the outcome reward placed on each
-    row's last sampled token, then whitened over the batch's sampled tokens (the PPO
-    implementation detail of Huang et al. 2022, "The 37 Implementation Details of PPO", #7).
+    """PPO advantages: GAE over each episode's segments together
+    (:func:`coderl.algorithms.episode_gae`, Schulman et al. 2016, Eq. 16) on the outcome reward
+    placed on the episode's last sampled token, then whitened over the batch's sampled tokens
+    (the PPO implementation detail of Huang et al. 2022, "The 37 Implementation Details of
+    PPO", #7). A segment that ends in a self-summary is not terminal: its last token bootstraps
+    from the next segment's first value, so the windows before a summary get the outcome's
+    credit, discounted per token.
 
     Args:
-        rewards: ``[B]`` outcome rewards; values: ``[B, T]`` value predictions; mask: ``[B, T]``.
+        rewards: ``[B]`` the outcome reward of each row's episode (read on the episode's last
+            row that has a sampled token); values: ``[B, T]`` value predictions;
+            mask: ``[B, T]``; episodes: ``[B]`` integer episode of each row, rows of an
+            episode in segment order.
 
     Returns:
         ``(advantages [B, T], returns [B, T])``, 0 where ``mask`` is 0.
     """
-    token_rewards = outcome_token_rewards(mask, rewards)
-    adv, ret = A.gae(token_rewards, values, mask, gamma=gamma, lam=lam)
     m = mask.bool()
+    has = m.any(dim=1)  # (B,)
+    rows = torch.arange(m.shape[0], device=m.device)
+    last = torch.zeros_like(has)  # (B,) the row that holds its episode's last sampled token
+    for e in torch.unique(episodes[has]):
+        last[rows[has & (episodes == e)].max()] = True
+    token_rewards = outcome_token_rewards(mask, torch.where(last, rewards, 0.0))
+    adv, ret = A.episode_gae(token_rewards, values, mask, episodes, gamma=gamma, lam=lam)
     if int(m.sum()) > 1:
         mean, std = adv[m].mean(), adv[m].std()
         adv = torch.where(m, (adv - mean) / (std + 1e-8), torch.zeros_like(adv))

@@ -414,13 +414,16 @@ def make_batch(
     valid: list[bool],
     keys: list[str],
 ) -> StepBatch | None:
-    """Advantages and the token batch of every valid episode's segments (None: no valid one).
+    """Advantages and the token batch of every valid episode's segments (None: no valid one,
+    or no sampled token in any).
 
-    Group estimators (GRPO, Dr. GRPO, RLOO; :func:`coderl.train.advantages.episode_advantages`)
-    see only the valid members of each group (renormalised, see the module docstring); every
-    segment of an episode carries its advantage. GAE (PPO) puts the outcome reward on each
-    episode's last segment and needs ``value_head``. With ``algorithm.kl.coef > 0`` the batch
-    carries reference logprobs.
+    One row per segment (context window; a summary is the last action of its window). Group
+    estimators (:func:`coderl.train.advantages.episode_advantages`) count each valid *episode*
+    once in its group (renormalised, see the module docstring); every segment of it, summary
+    included, carries its advantage. GAE (PPO, needs ``value_head``) runs over an episode's
+    segments as one sequence (:func:`coderl.train.advantages.gae_advantages`). Segments without
+    a sampled token are left out. With ``algorithm.kl.coef > 0`` the batch carries reference
+    logprobs.
 
     Args:
         trajectories, totals, valid, keys: per episode (reward totals are NaN where invalid).
@@ -437,13 +440,17 @@ def make_batch(
             [ids[keys[i]] for i in keep],
             [True] * len(keep),
         )
-    segs, adv, seg_reward = [], [], []
+    segs, adv, seg_reward, seg_episode = [], [], [], []
     for j, i in enumerate(keep):
-        segments = trajectories[i].segments
-        for k, s in enumerate(segments):
+        for s in trajectories[i].segments:
+            if s.num_trainable == 0:  # e.g. the window a too-long summary opened: nothing to train
+                continue
             segs.append(s)
             adv.append(0.0 if gae else float(a[j]))
-            seg_reward.append(totals[i] if k == len(segments) - 1 else 0.0)
+            seg_reward.append(totals[i])
+            seg_episode.append(j)
+    if not segs:
+        return None
     batch = build_batch(segs, adv, policy.pad_token_id).to(policy.device)  # trainer.device
     if cfg.algorithm.kl.coef > 0:
         batch.ref_logp = reference_logprobs(policy, cfg, batch)
@@ -468,6 +475,7 @@ def make_batch(
             torch.tensor(seg_reward, device=values.device),
             values,
             batch.loss_mask,
+            torch.tensor(seg_episode, device=values.device),
             gamma=cfg.algorithm.gamma,
             lam=cfg.algorithm.lam,
         )
@@ -497,7 +505,8 @@ def step_metrics(infos: list[dict[str, Any]], cfg: Config) -> dict[str, float]:
     the step's episodes (``reward/masked`` and ``reward/grading_errors``: counts). When ``masked_rate > reward.mask_alarm_rate`` a warning is logged
     (logger ``coderl.train``) and ``alarm/masked`` is 1. ``hacks/suspected_rate`` and
     ``hacks/<detector>`` are shares of all the step's episodes (from each info's ``hack_flags``);
-    above ``reward.hack_alarm_rate``, ``alarm/hacks`` is 1 with a warning.
+    above ``reward.hack_alarm_rate``, ``alarm/hacks`` is 1 with a warning. ``summary/*``: see
+    :func:`summary_metrics`.
     """
     n = len(infos)
     d = max(n, 1)
@@ -512,7 +521,7 @@ def step_metrics(infos: list[dict[str, Any]], cfg: Config) -> dict[str, float]:
     for key in ("sampled_tokens", "turns", "segments", "broken_tool_calls", "no_action_turns"):
         m[f"episode/{key}"] = sum(x[key] for x in infos) / d
     m["episode/truncated_rate"] = sum(x["truncated"] for x in infos) / d
-    m["episode/summaries"] = sum(x["summaries"] for x in infos) / d
+    m.update(summary_metrics(infos))
     for name in cfg.reward.terms:
         m[f"reward/{name}"] = _mean([x["breakdown"][name] for x in valid if name in x["breakdown"]])
     m.update(criteria_metrics([x["breakdown"] for x in infos], [x["valid"] for x in infos]))
@@ -552,6 +561,26 @@ def step_metrics(infos: list[dict[str, Any]], cfg: Config) -> dict[str, float]:
             + f"; first evidence: {'; '.join(evidence[:3])}"
         ),
     )
+    return m
+
+
+def summary_metrics(infos: list[dict[str, Any]]) -> dict[str, float]:
+    """Self-summarization of a step's episodes: ``summary/per_episode`` (summaries per
+    episode) and ``summary/episodes_with`` (share of episodes with at least one), over all the
+    step's episodes; ``summary/resolved_with`` and ``summary/resolved_without``, the resolved
+    rate of the valid episodes with and without a summary (NaN when there is none), over
+    ``summary/valid_with`` and ``summary/valid_without`` episodes (counts, so a run's rate is
+    their weighted mean)."""
+    d = max(len(infos), 1)
+    valid = [x for x in infos if x["valid"]]
+    m = {
+        "summary/per_episode": sum(x["summaries"] for x in infos) / d,
+        "summary/episodes_with": sum(x["summaries"] > 0 for x in infos) / d,
+    }
+    for name, has in (("with", True), ("without", False)):
+        solved = [float(x["resolved"]) for x in valid if bool(x["summaries"]) == has]
+        m[f"summary/resolved_{name}"] = _mean(solved)
+        m[f"summary/valid_{name}"] = float(len(solved))
     return m
 
 
