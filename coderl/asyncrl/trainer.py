@@ -11,6 +11,9 @@
   by group, masked episodes left out) and :func:`coderl.train.step.train_step`, whose importance
   weights (``algorithm.importance``, ``algorithm.old_logp="trainer"``) correct for staleness with
   the stored behaviour logprobs (AReaL's decoupled objective, Fu et al. 2025, Eq. 5).
+  Before the batch it feeds the groups' outcomes to the run's task sampler
+  (:mod:`coderl.train.sampling`: a pool's pass-rate estimates) and logs
+  :func:`coderl.train.sampling.rollout_metrics`, as ``coderl train`` does after scoring.
 - :func:`train_async`: ``coderl train-async``, writing the same ``metrics.jsonl``, TensorBoard logs
   and checkpoints as ``coderl train`` (plus the task ledger).
 
