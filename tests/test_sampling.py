@@ -16,10 +16,11 @@ from safetensors.torch import load_file
 
 from coderl.asyncrl.trainer import train_async
 from coderl.config import ConfigError, MixSourceConfig, PoolConfig, load_config
-from coderl.envs import ENVIRONMENTS, ToyEnvironment
+from coderl.envs import ENVIRONMENTS, EpisodeRecord, ToyEnvironment, build_environment
 from coderl.train.loop import train
 from coderl.train.metrics import read_jsonl
 from coderl.train.sampling import MixSampler, PoolSampler, rollout_metrics, scheduled_weight
+from coderl.trajectory import Trajectory
 
 TOY = Path(__file__).parent.parent / "configs" / "toy.yaml"
 FAST = [
@@ -149,6 +150,33 @@ def test_pool_config_is_checked():
 
 
 # ---------------------------------------------------------------- the mix
+def _mix_env(*entries: str):
+    mix = "tasks.mix=[" + ", ".join(entries) + "]"
+    return build_environment(load_config(None, ["tasks.source=mix", mix]))
+
+
+def test_a_mix_grades_each_task_with_its_own_source():
+    env = _mix_env(
+        "{source: toy, name: a, options: {prefix: a, modulus: 2}}",
+        "{source: toy, name: b, options: {prefix: b, modulus: 4}}",
+    )
+    tasks = env.tasks("train")
+    assert [t.id for t in tasks[:4]] == ["a/train/0", "b/train/0", "a/train/1", "b/train/1"]
+    episodes = [EpisodeRecord(t.id, Trajectory(), answer=[2, 4, 6, 1]) for t in tasks[:2]]
+    grades = env.grade(tasks[:2], episodes)
+    # tokens 2, 4, 6 are 0 mod 2 (3 of 4) but only 4 is 0 mod 4 (1 of 4)
+    assert [g.fraction_passed for g in grades] == [0.75, 0.25]
+    assert [env.owner(t) for t in tasks[:2]] == ["a", "b"]
+    with pytest.raises(ConfigError, match="tasks.limit does not apply to a mix"):
+        load_config(None, ["tasks.source=mix", "tasks.mix=[{source: toy}]", "tasks.limit=3"])
+
+
+def test_task_ids_must_be_unique_across_sources():
+    env = _mix_env("{source: toy, name: a}", "{source: toy, name: b}")
+    with pytest.raises(ValueError, match="'toy/train/0' is in sources 'a' and 'b'"):
+        env.tasks("train")
+
+
 def _mix(weights: dict[str, object], block: int, samplers=None) -> MixSampler:
     sources = [(MixSourceConfig(source="toy", name=k, weight=w), _tasks(5, k)) for k, w in weights.items()]  # fmt: skip
     kinds = {k: (samplers or {}).get(k, "uniform") for k in weights}

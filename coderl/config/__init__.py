@@ -138,6 +138,8 @@ class TaskConfig(_Section):
         labels = [m.label() for m in self.mix]
         if len(set(labels)) < len(labels) or any(m.source == "mix" for m in self.mix):
             raise ValueError(f"tasks.mix: names must be unique and not nest a mix, got {labels}")
+        if self.mix and self.limit is not None:
+            raise ValueError("tasks.limit does not apply to a mix: set each entry's limit")
         return self
 
 
