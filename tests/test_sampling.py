@@ -301,7 +301,9 @@ def test_a_curriculum_draws_each_source_in_its_scheduled_share_and_resumes(tmp_p
     assert "pool/b/active" in metrics[-1] and "pool/a/active" not in metrics[-1]
 
 
-@pytest.mark.parametrize("over", [POOL, CURRICULUM], ids=["pool", "mix"])
+@pytest.mark.parametrize(
+    "over", [[*POOL, "tasks.pool.prepass_samples=2"], CURRICULUM], ids=["pool", "mix"]
+)
 def test_train_async_at_staleness_zero_draws_and_trains_what_train_does(tmp_path, rec, over):
     common = [*FAST, *over, "trainer.steps=3", "trainer.checkpoint_every=3"]
     train(load_config(TOY, [*common, f"run_dir={tmp_path / 'sync'}"]))
