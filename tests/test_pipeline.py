@@ -16,6 +16,7 @@ from coderl.config import load_config
 from coderl.envs import EpisodeRecord, GradeRecord
 from coderl.policy.loading import load_policy
 from coderl.train import pipeline as P
+from coderl.train.sampling import TaskSampler
 from coderl.trajectory import Segment, Trajectory
 
 TOY = Path(__file__).parent.parent / "configs" / "toy.yaml"
@@ -161,13 +162,13 @@ def test_masked_members_leave_their_groups_baseline():
 
 def test_task_sampler_stream_is_the_cursor_order():
     tasks = [Task(i) for i in range(5)]
-    s = P.TaskSampler(tasks, seed=3)
+    s = TaskSampler(tasks, seed=3)
     streamed = [s.at(i)[0] for i in range(12)]
     assert [t.id for t in s.next(12)] == streamed and s.position == 12
     assert sorted(streamed[:5]) == sorted(t.id for t in tasks)  # each epoch a permutation
-    resumed = P.TaskSampler(tasks, seed=3, position=7)
+    resumed = TaskSampler(tasks, seed=3, position=7)
     assert [p for p, _ in resumed.take(2)] == [7, 8]
-    assert [t.id for _, t in P.TaskSampler(tasks, 3, 7).take(5)] == streamed[7:12]
+    assert [t.id for _, t in TaskSampler(tasks, 3, 7).take(5)] == streamed[7:12]
 
 
 # ---------------------------------------------------------------- import circles

@@ -11,6 +11,9 @@
   by group, masked episodes left out) and :func:`coderl.train.step.train_step`, whose importance
   weights (``algorithm.importance``, ``algorithm.old_logp="trainer"``) correct for staleness with
   the stored behaviour logprobs (AReaL's decoupled objective, Fu et al. 2025, Eq. 5).
+  Before the batch it feeds the groups' outcomes to the run's task sampler
+  (:mod:`coderl.train.sampling`: a pool's pass-rate estimates) and logs
+  :func:`coderl.train.sampling.rollout_metrics`, as ``coderl train`` does after scoring.
 - :func:`train_async`: ``coderl train-async``, writing the same ``metrics.jsonl``, TensorBoard logs
   and checkpoints as ``coderl train`` (plus the task ledger).
 
@@ -50,16 +53,17 @@ from coderl.train.run import (
     setup_run,
     sync_engine,
 )
+from coderl.train.sampling import TaskSampler, prepass, rollout_metrics
 
 
 def task_stream(tasks: list[Any], seed: int) -> TaskStream:
     """Index -> ``(task.id, task)``: the task order of ``coderl train``
-    (:meth:`coderl.train.pipeline.TaskSampler.at`).
+    (:meth:`coderl.train.sampling.TaskSampler.at`).
 
     Raises:
         ValueError: ``tasks`` is empty.
     """
-    return P.TaskSampler(tasks, seed).at
+    return TaskSampler(tasks, seed).at
 
 
 def check_supported(cfg: Config) -> None:
@@ -205,7 +209,11 @@ class TrainLearner:
         run, cfg = self.run, self.run.cfg
         eps = [(g, ep) for g in groups for ep in g.episodes]
         infos = [_info(ep) for _, ep in eps]
-        metrics: dict[str, float] = P.step_metrics(infos, cfg)
+        keys = [P.group_key(ep.task_id, g.job.index) for g, ep in eps]
+        owners = [g.job.task for g, _ in eps]
+        run.sampler.observe(owners, infos)  # as coderl train does after scoring
+        metrics: dict[str, float] = rollout_metrics(run.sampler, owners, keys, infos)
+        metrics.update(P.step_metrics(infos, cfg))
         batch = P.make_batch(
             cfg,
             run.policy,
@@ -213,11 +221,12 @@ class TrainLearner:
             [ep.trajectory for _, ep in eps],
             [ep.reward for _, ep in eps],
             [bool(x["valid"]) for x in infos],
-            [P.group_key(ep.task_id, g.job.index) for g, ep in eps],
+            keys,
         )
         metrics.update(optimize(run, batch))
         run.policy.bump_version()  # a step with no valid episode still advances the version
         run.step += 1
+        run.sampler.step = run.step  # the tasks issued next belong to this step
         metrics.update(sync_engine(run))  # served before the runner publishes the version
         metrics["policy_version"] = float(run.policy.version)
         P.write_audit(cfg, run.step, infos)  # the step's best and flagged trajectories
@@ -294,7 +303,10 @@ def train_async(
         logger.log(run.step, {**metrics, **extra})
         if run.step % cfg.trainer.checkpoint_every == 0 or run.step == cfg.trainer.steps:
             run.sampler.position = _cursor(runner)
-            save(run, ledger=runner.ledger.state_dict())
+            ledger = runner.ledger
+            pending = [*ledger.outstanding, *(i for i, _ in ledger.retry)]
+            run.sampler.forget_before(min(pending, default=ledger.next_index))
+            save(run, ledger=ledger.state_dict())
 
     try:
         shared = run.engine if cfg.engine.kind == "vllm" else None  # the workers' one server
@@ -311,6 +323,8 @@ def train_async(
                     "train-async in another run_dir"
                 )
             runner.ledger.load_state_dict(state["ledger"])
+        else:
+            prepass(run)  # tasks.pool.prepass_samples, as coderl train does
         logger = MetricsLogger(run_dir, resume_step=run.step, tensorboard=cfg.tensorboard)
         with runner:
             summary = runner.run(cfg.trainer.steps)

@@ -43,10 +43,83 @@ class ModelConfig(_Section):
     """Seed for building random models (``tiny-random``) and LoRA initialisation."""
 
 
+class PoolConfig(_Section):
+    window: int = Field(16, ge=1)
+    """Outcomes (resolved or not) kept per task, newest last; the task's pass-rate estimate is
+    their mean."""
+    settle: int = Field(8, ge=1)
+    """Samples after which a task whose kept outcomes all agree is settled: all resolved ->
+    retired, none resolved -> unsolved. Must be <= ``window``."""
+    explore: float = Field(0.25, ge=0, le=1)
+    """Share of draws from new tasks (fewer than ``settle`` samples, all of one outcome) while
+    active tasks (estimate strictly in (0, 1)) exist."""
+    revisit: float = Field(0.05, ge=0, le=1)
+    """Share of draws from retired and unsolved tasks (one that turns active is revived)."""
+    prepass_samples: int = Field(0, ge=0)
+    """Episodes per training task rolled out (not trained on) before the first step to seed the
+    estimates (0: no pre-pass)."""
+    prepass_tasks: int | None = Field(None, ge=1)
+    """Pre-pass only the first N training tasks (None: all)."""
+    bins: int = Field(5, ge=1)
+    """Bins of the logged pass-rate histogram (``pool/hist_<i>``, equal width over [0, 1])."""
+
+    @model_validator(mode="after")
+    def _settle_fits(self) -> PoolConfig:
+        if self.settle > self.window:
+            raise ValueError(f"settle={self.settle} must be <= window={self.window}")
+        if self.explore + self.revisit > 1:
+            raise ValueError("explore + revisit must be <= 1")
+        return self
+
+
+class MixSourceConfig(_Section):
+    source: str
+    """Task source of this entry (a ``tasks.source`` name other than ``mix``)."""
+    name: str | None = None
+    """Label in metrics (``mix/<name>/...``); None: ``source``. Unique within the mix."""
+    options: dict[str, Any] = Field(default_factory=dict)
+    """The source's ``tasks.options``."""
+    split: str | None = None
+    """Split this source trains on (None: ``tasks.train_split``)."""
+    heldout_split: str | None = None
+    """Split this source contributes to evaluation (None: ``tasks.heldout_split``)."""
+    limit: int | None = Field(None, ge=1)
+    """Use only the first ``limit`` training tasks of this source (None: all)."""
+    weight: float | list[tuple[int, float]] = 1.0
+    """Share of each step's tasks, relative to the other entries: a constant, or ``[step,
+    weight]`` points (steps increasing) linearly interpolated, constant beyond the ends (stages:
+    put two points one step apart)."""
+    sampler: Literal["uniform", "pool"] | None = None
+    """Task sampler of this source (None: ``tasks.sampler``)."""
+
+    @field_validator("weight")
+    @classmethod
+    def _weights(cls, w: Any) -> Any:
+        points = [(0, w)] if isinstance(w, float | int) else w
+        if not points or any(v < 0 for _, v in points):
+            raise ValueError("weights must be >= 0 and a schedule needs at least one point")
+        steps = [s for s, _ in points]
+        if any(b <= a for a, b in zip(steps, steps[1:], strict=False)):
+            raise ValueError(f"schedule steps must increase, got {steps}")
+        return w
+
+    def label(self) -> str:
+        """The entry's name in metrics (``name``, else ``source``)."""
+        return self.name or self.source
+
+
 class TaskConfig(_Section):
     source: str = "humaneval"
-    """Task source: ``humaneval``, ``toy`` (an in-process task for tests and smoke runs) or
-    ``repo`` (synthesised repository bug-fix tasks)."""
+    """Task source: ``humaneval``, ``toy`` (an in-process task for tests and smoke runs),
+    ``repo`` (synthesised repository bug-fix tasks) or ``mix`` (the sources of ``mix``)."""
+    sampler: Literal["uniform", "pool"] = "uniform"
+    """How training tasks are drawn: ``uniform`` (an epoch-shuffled stream) or ``pool`` (the
+    difficulty-calibrated pool of ``pool``; see ``coderl.train.sampling``)."""
+    pool: PoolConfig = Field(default_factory=PoolConfig)
+    """The difficulty-calibrated pool (``sampler: pool``)."""
+    mix: list[MixSourceConfig] = Field(default_factory=list)
+    """With ``source: mix``: the sources one run draws from, with weight schedules (a
+    curriculum)."""
     train_split: str = "train"
     """Split the training loop samples tasks from."""
     heldout_split: str = "heldout"
@@ -57,6 +130,17 @@ class TaskConfig(_Section):
     """Use only the first ``limit`` tasks of the training split (None: all)."""
     options: dict[str, Any] = Field(default_factory=dict)
     """Source-specific options (e.g. the repository environment directory for ``repo``)."""
+
+    @model_validator(mode="after")
+    def _mix_matches_source(self) -> TaskConfig:
+        if (self.source == "mix") != bool(self.mix):
+            raise ValueError("tasks.mix needs tasks.source=mix, and source=mix needs tasks.mix")
+        labels = [m.label() for m in self.mix]
+        if len(set(labels)) < len(labels) or any(m.source == "mix" for m in self.mix):
+            raise ValueError(f"tasks.mix: names must be unique and not nest a mix, got {labels}")
+        if self.mix and self.limit is not None:
+            raise ValueError("tasks.limit does not apply to a mix: set each entry's limit")
+        return self
 
 
 class RolloutConfig(_Section):

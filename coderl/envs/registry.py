@@ -61,11 +61,24 @@ def _repo(cfg: Config) -> Environment:
     return repo_environment(cfg)
 
 
+def _mix(cfg: Config) -> Environment:
+    from coderl.envs.mix import MixEnvironment
+
+    t = cfg.tasks
+    envs, splits = {}, {}
+    for m in t.mix:
+        tasks = t.model_copy(update={"source": m.source, "options": m.options, "mix": []})
+        envs[m.label()] = build_environment(cfg.model_copy(update={"tasks": tasks}))
+        splits[m.label()] = (m.split or t.train_split, m.heldout_split or t.heldout_split)
+    return MixEnvironment(envs, splits, t.train_split, t.heldout_split)
+
+
 # tasks.source -> environment builder; the only dispatch point
 ENVIRONMENTS: dict[str, Callable[[Config], Environment]] = {
     "toy": _toy,
     "humaneval": _humaneval,
     "repo": _repo,
+    "mix": _mix,
 }
 
 

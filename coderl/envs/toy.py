@@ -22,7 +22,7 @@ class ToyTask:
 
 @dataclass
 class ToyEnvironment:
-    """Task ``toy/i``: after a fixed prompt, sample tokens whose id is congruent to the task's
+    """Task ``toy/<split>/i``: after a fixed prompt, sample tokens whose id is congruent to the task's
     residue (``i mod residues``; with the default ``residues=1`` every task wants the same
     class) modulo ``modulus``. ``fraction_passed`` is the fraction of sampled
     tokens that are; resolved means at least half are. A random policy scores about
@@ -37,12 +37,16 @@ class ToyEnvironment:
     residues: int = 1
     n_train: int = 16
     n_heldout: int = 8
+    prefix: str = "toy"
+    """Task ids are ``<prefix>/<split>/<i>`` (two toy sources in one ``tasks.mix`` need two)."""
     _tasks: dict[str, list[ToyTask]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         def make(i: int, split: str) -> ToyTask:
             prompt = [3 + (i * 7 + j) % 97 for j in range(4 + i % 3)]
-            return ToyTask(f"toy/{split}/{i}", prompt, i % self.residues, self.modulus, split)
+            return ToyTask(
+                f"{self.prefix}/{split}/{i}", prompt, i % self.residues, self.modulus, split
+            )
 
         self._tasks = {
             "train": [make(i, "train") for i in range(self.n_train)],

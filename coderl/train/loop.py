@@ -2,9 +2,10 @@
 
 One step, top to bottom (:func:`training_step`)::
 
-    tasks    = run.sampler.take(tasks_per_step)              # data cursor, exact on resume
+    tasks    = run.sampler.take(tasks_per_step)              # coderl.train.sampling; exact on resume
     episodes = env.rollout(engine, tasks, params, G)         # seed rollout_seed(seed, step, round)
     scored   = pipeline.score(...)                           # grade, attribute failures, rewards
+    run.sampler.observe(tasks, scored.infos)                 # pool: pass-rate estimates
     (dynamic sampling: drop or resample zero-variance groups, counted)
     batch    = pipeline.make_batch(...)                      # advantages over valid members
     metrics  = optimize(run, batch)                          # algorithm-blind train_step; one optimizer step
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import Any
 
 from coderl.config import Config, dump_config
 from coderl.train import pipeline as P
@@ -40,25 +42,33 @@ from coderl.train.run import (
     setup_run,
     sync_engine,
 )
+from coderl.train.sampling import prepass, rollout_metrics
 
 # the recipe's own functions, and the run pieces it composes (their home: coderl.train.run)
 __all__ = ["Run", "build_policy", "collect", "run_eval", "setup_run", "train", "training_step"]
 
 
 def collect(run: Run, step: int) -> tuple[P.Scored, dict[str, float]]:
-    """Sample tasks, roll out G episodes each, grade and reward them; with dynamic sampling,
-    drop (or replace) groups whose rewards have zero variance. Returns the kept episodes,
-    rescored together, and timing/dynamic-sampling stats."""
+    """Sample tasks, roll out G episodes each, grade and reward them, and feed the outcomes back
+    to the sampler (round by round: a resample round draws from the updated pool); with dynamic
+    sampling, drop (or replace) groups whose rewards have zero variance. Returns the kept
+    episodes, rescored together, and timing, dynamic-sampling and sampling stats
+    (:func:`coderl.train.sampling.rollout_metrics`, over every group rolled out)."""
     cfg, G = run.cfg, run.cfg.rollout.group_size
     kept: P.Scored | None = None
     stats = {"time/rollout": 0.0, "time/grading": 0.0, "dynamic/zero_variance_groups": 0.0}
-    stats["dynamic/dropped_groups"] = 0.0
+    stats["dynamic/dropped_groups"] = stats["dynamic/resampled_groups"] = 0.0
     dynamic = cfg.dynamic_sampling.mode
     rounds = 1 + (cfg.dynamic_sampling.max_resample if dynamic == "resample" else 0)
     wanted = cfg.tasks.tasks_per_step
+    rolled_tasks: list[Any] = []  # every round's episodes, before any drop
+    rolled_keys: list[str] = []
+    rolled_infos: list[dict[str, Any]] = []
+    run.sampler.step = step  # the mix schedule reads the step
     for rnd in range(rounds):
         drawn = run.sampler.take(wanted)
         tasks = [t for _, t in drawn]
+        stats["dynamic/resampled_groups"] += len(drawn) if rnd else 0
         t0 = time.perf_counter()
         params = P.sampling_params(cfg, P.rollout_seed(cfg.seed, step, rnd))
         assert run.engine is not None  # setup_run built it
@@ -67,6 +77,10 @@ def collect(run: Run, step: int) -> tuple[P.Scored, dict[str, float]]:
         owners = [t for t in tasks for _ in range(G)]
         keys = [P.group_key(t.id, pos) for pos, t in drawn for _ in range(G)]
         scored = P.score(run.env, run.policy, cfg, owners, keys, episodes)
+        run.sampler.observe(owners, scored.infos)
+        rolled_tasks += owners
+        rolled_keys += keys
+        rolled_infos += scored.infos
         stats["time/grading"] += scored.grading_s
         flat = P.zero_variance_groups(scored.keys, scored.rewards)
         stats["dynamic/zero_variance_groups"] += len(flat)
@@ -83,6 +97,7 @@ def collect(run: Run, step: int) -> tuple[P.Scored, dict[str, float]]:
         if dynamic != "resample" or wanted == 0:
             break
     assert kept is not None
+    stats.update(rollout_metrics(run.sampler, rolled_tasks, rolled_keys, rolled_infos))
     # rewards of the kept samples, recomputed together (group pass rates are per group)
     return P.rescore(kept, cfg), stats
 
@@ -155,6 +170,7 @@ def _train(run: Run, resume: bool) -> None:
         sft = load_sft_weights(run)
         if cfg.eval.before_after:
             logger.log_eval(0, {**run_eval(run), "phase": "sft" if sft else "start"})
+        prepass(run)  # tasks.pool.prepass_samples: seed the pool's estimates (0: nothing)
     with progress_bar(cfg.progress) as bar:
         job = bar.add_task("train", total=cfg.trainer.steps, completed=run.step, status="")
         while run.step < cfg.trainer.steps:

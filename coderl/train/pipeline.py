@@ -1,7 +1,7 @@
 """The one rollout-to-batch pipeline that every driver calls (``coderl train``, the async rollout
 workers and learner of ``coderl train-async``, the online update)::
 
-    tasks   = TaskSampler(...).take(n)                       # the task order, one recipe
+    tasks   = sampler.take(n)                                # coderl.train.sampling
     records = env.rollout(policy, tasks, params(seed), G)    # rollout_seed(run seed, unit, attempt)
     scored  = score(env, policy, cfg, tasks, keys, records)  # grade -> attribute -> reward samples
     batch   = make_batch(cfg, policy, value_head, ...)       # advantages over valid samples
@@ -83,44 +83,6 @@ def rollout_seed(run_seed: int, unit: int, attempt: int = 0) -> int:
 def group_key(task_id: str, position: int) -> str:
     """The advantage group of the episodes of the task at ``position`` in the task stream."""
     return f"{task_id}#{position}"
-
-
-class TaskSampler:
-    """An endless stream of a split's tasks: each epoch a fresh permutation seeded by
-    (seed, epoch). ``position`` (tasks handed out so far) is the whole data cursor; ``at(i)`` is
-    the i-th task of the stream (the async ledger's task stream).
-
-    Raises:
-        ValueError: ``tasks`` is empty.
-    """
-
-    def __init__(self, tasks: list[Any], seed: int, position: int = 0):
-        if not tasks:
-            raise ValueError("the training split holds no tasks")
-        self.tasks, self.seed, self.position = tasks, seed, position
-        self._orders: dict[int, list[int]] = {}
-
-    def _order(self, epoch: int) -> list[int]:
-        if epoch not in self._orders:
-            rng = np.random.default_rng([self.seed, epoch])
-            self._orders = {epoch: rng.permutation(len(self.tasks)).tolist()}
-        return self._orders[epoch]
-
-    def at(self, i: int) -> tuple[str, Any]:
-        """``(task.id, task)`` of stream index ``i`` (does not move the cursor)."""
-        epoch, pos = divmod(i, len(self.tasks))
-        task = self.tasks[self._order(epoch)[pos]]
-        return task.id, task
-
-    def take(self, n: int) -> list[tuple[int, Any]]:
-        """The next ``n`` tasks with their stream positions; advances the cursor."""
-        out = [(self.position + k, self.at(self.position + k)[1]) for k in range(n)]
-        self.position += n
-        return out
-
-    def next(self, n: int) -> list[Any]:
-        """The next ``n`` tasks; advances the cursor."""
-        return [t for _, t in self.take(n)]
 
 
 def sampling_params(cfg: Config, seed: int, temperature: float | None = None) -> SamplingParams:

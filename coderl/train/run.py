@@ -12,7 +12,8 @@ there by ``torch.optim.Optimizer.load_state_dict``) and each step's batch
 (:func:`coderl.train.pipeline.make_batch`).
 
 A checkpoint's ``state.json`` holds ``step``, ``version`` (the policy's weights version) and
-``cursor`` (tasks handed out so far); the async driver adds its task ``ledger``.
+``cursor`` (tasks handed out so far), ``sampler`` (a pool's or a mix's state, see
+:mod:`coderl.train.sampling`); the async driver adds its task ``ledger``.
 """
 
 from __future__ import annotations
@@ -40,7 +41,8 @@ from coderl.train.checkpoint import (
     save_checkpoint,
 )
 from coderl.train.optim import build_optimizer
-from coderl.train.pipeline import TaskSampler, advantage_metrics, sampling_params
+from coderl.train.pipeline import advantage_metrics, sampling_params
+from coderl.train.sampling import TaskSource, build_sampler
 from coderl.train.step import train_step
 
 SFT_WEIGHTS = "sft/trainable.safetensors"
@@ -82,8 +84,9 @@ class Run:
     policy: LocalPolicy
     optimizer: torch.optim.Optimizer
     scheduler: torch.optim.lr_scheduler.LambdaLR
-    sampler: TaskSampler
-    """The task order and data cursor (the async driver's ledger reads tasks from it too)."""
+    sampler: TaskSource
+    """The task order and data cursor (the async driver's ledger reads tasks from it too);
+    ``tasks.sampler`` / ``tasks.mix``, see :mod:`coderl.train.sampling`."""
     value_head: nn.Module | None = None
     step: int = 0
     engine: RolloutEngine | None = None
@@ -123,7 +126,7 @@ def setup_run(
         policy,
         optimizer,
         scheduler,
-        TaskSampler(env.tasks(cfg.tasks.train_split)[: cfg.tasks.limit], cfg.seed),
+        build_sampler(cfg, env),
         value_head,
     )
     if load_sft and not resume:
@@ -153,7 +156,9 @@ def sync_engine(run: Run) -> dict[str, float]:
 
 
 def save(run: Run, **state: Any) -> Path:
-    """Checkpoint ``run`` at its step (``state``: extra JSON entries, e.g. the async ledger)."""
+    """Checkpoint ``run`` at its step (``state``: extra JSON entries, e.g. the async ledger);
+    a sampler with state beyond the cursor (pool, mix) saves it as ``sampler``."""
+    sampler = {"sampler": s} if (s := run.sampler.state_dict()) else {}
     return save_checkpoint(
         run.cfg.run_dir,
         run.step,
@@ -161,7 +166,7 @@ def save(run: Run, **state: Any) -> Path:
         optimizer=run.optimizer,
         scheduler=run.scheduler,
         value_head=run.value_head,
-        state={"cursor": run.sampler.position, "version": run.policy.version, **state},
+        state={"cursor": run.sampler.position, "version": run.policy.version, **sampler, **state},
         keep=run.cfg.trainer.keep_checkpoints,
     )
 
@@ -181,6 +186,8 @@ def restore(run: Run) -> dict[str, Any]:
     )
     run.step, run.policy.version = int(state["step"]), int(state["version"])
     run.sampler.position = int(state.get("cursor", 0))
+    run.sampler.load_state_dict(state.get("sampler", {}))
+    run.sampler.step = run.step
     sync_engine(run)
     return state
 
