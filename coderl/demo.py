@@ -100,9 +100,11 @@ def run_demo(config: Path, overrides: list[str]) -> int:
     write_phases(run_dir, phases)
     page = write_report(run_dir)
     evals = read_jsonl(run_dir / "eval.jsonl")
-    table = Table(title=f"held-out summary ({cfg.tasks.heldout_split} split, 95% CIs)")
-    table.add_column("")
-    table.add_column("")
+    table = Table(
+        title=f"held-out summary ({cfg.tasks.heldout_split} split, 95% CIs)", show_header=False
+    )
+    table.add_column("what")
+    table.add_column("measured")
     for label, text in summary_lines(evals, read_jsonl(run_dir / "metrics.jsonl"), phases):
         table.add_row(label, text)
     console = Console()

@@ -70,7 +70,7 @@ def summary_lines(
     first, last, start = evals[0], evals[-1], rl_start(evals)
     for i, e in enumerate(evals):
         n, temp = e["samples"], e.get("temperature")
-        how = f"n={n}" + (f", T={temp:g}" if temp is not None else "")
+        how = f"n={n}" + (f", T={temp}" if temp is not None else "")
         name = phase_name(e, i == len(evals) - 1)
         rows.append((f"pass@1, {name}", f"{_ci(e['pass_at']['1'])} ({how})"))
     if not all(e.get("per_task") for e in evals):
