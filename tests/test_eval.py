@@ -235,3 +235,15 @@ def test_evaluate_counts_broken_calls_per_episode_and_episodes_with_one():
     assert res.broken_calls == pytest.approx(4 / 6)
     assert res.broken_episode_rate == pytest.approx(2 / 6)
     assert res.per_task[0]["broken_calls"] == 3 and res.per_task[0]["broken_episodes"] == 1
+
+
+def test_paired_change_pairs_evaluations_with_different_n():
+    from coderl.eval.passk import compare
+
+    # the base model once per task, the final policy 4 times: per-task pass@1 estimates 0 or 1
+    # against c/4; the largest common k is 1
+    base = {"per_task": _per_task([0, 1, 0, 0], n=1)}
+    final = {"per_task": _per_task([2, 4, 1, 0])}
+    c = compare(base, final)
+    assert c.k == 1
+    assert c.pass1.mean == pytest.approx(((0.5 - 0) + (1 - 1) + (0.25 - 0) + 0) / 4)
