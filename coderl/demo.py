@@ -2,8 +2,9 @@
 
 Runs ``coderl train configs/default.yaml`` (SFT warm start on oracle episodes of the HumanEval
 training split, then GRPO on SmolLM2-135M-Instruct + LoRA in the agent harness, held-out split
-evaluated before and after), writes the report, and prints the held-out pass@1 before and after
-with the paired 95% CI of the change. Every run starts fresh: an existing run directory (an
+evaluated before SFT, after it and after RL), writes the report, and prints the run's summary:
+held-out pass@1 per phase, the paired RL-only change with its 95% CI, pass@k at the largest k
+before and after RL, broken calls before and after, phase times. Every run starts fresh: an existing run directory (an
 earlier demo, finished or not) is first moved to ``RUN_DIR.prev`` (replacing an older one), so a
 second ``make demo`` neither crashes nor resumes or mixes in the previous run. ``--self-check``
 instead prints the algorithm core's worked examples (seconds, no model).
@@ -13,8 +14,8 @@ from __future__ import annotations
 
 import argparse
 import shutil
+import time
 from pathlib import Path
-from typing import Any
 
 import torch
 from rich.console import Console
@@ -73,22 +74,13 @@ def set_aside(run_dir: Path) -> Path | None:
     return prev
 
 
-def _change(first: dict[str, Any], last: dict[str, Any]) -> str:
-    """The paired change in per-task pass rate from ``first`` to ``last`` with its 95% CI."""
-    from coderl.eval.passk import paired_difference
-
-    d = paired_difference(
-        [t["correct"] / t["n"] for t in first["per_task"]],
-        [t["correct"] / t["n"] for t in last["per_task"]],
-    )
-    verdict = "excludes zero" if d.lo > 0 or d.hi < 0 else "includes zero"
-    return f"{d.mean:+.3f} [{d.lo:+.3f}, {d.hi:+.3f}] ({verdict})"
-
-
 def run_demo(config: Path, overrides: list[str]) -> int:
-    """Train the default recipe, write the report, print before/after held-out pass@1."""
+    """Train the default recipe, write the report, print the run's summary
+    (:func:`coderl.eval.summary.summary_lines`: held-out pass@1 per phase, the paired RL-only and
+    whole-run changes, pass@k at the largest k before/after RL, broken calls, phase times)."""
     from coderl.config import load_config
     from coderl.eval.report import write_report
+    from coderl.eval.summary import summary_lines, write_phases
     from coderl.train.loop import train
     from coderl.train.metrics import read_jsonl
     from coderl.train.sft import run_sft
@@ -97,24 +89,26 @@ def run_demo(config: Path, overrides: list[str]) -> int:
     prev = set_aside(Path(cfg.run_dir))
     if prev is not None:
         print(f"demo: the previous run in {cfg.run_dir} was moved to {prev}; starting fresh")
+    phases: dict[str, float] = {}
+    t0 = time.perf_counter()
     if cfg.sft.enabled:
         run_sft(cfg)
+        phases["sft_s"] = time.perf_counter() - t0
+    t0 = time.perf_counter()
     run_dir = train(cfg)
+    phases["train_s"] = time.perf_counter() - t0
+    write_phases(run_dir, phases)
     page = write_report(run_dir)
     evals = read_jsonl(run_dir / "eval.jsonl")
-    table = Table(title=f"held-out pass@1 ({cfg.tasks.heldout_split} split)")
-    for col in ("step", "model", "pass@1", "95% CI"):
-        table.add_column(col)
-    for e in evals:
-        p = e["pass_at"]["1"]
-        model = {"base": "before SFT", "sft": "after SFT"}.get(e.get("phase", ""), "policy")
-        table.add_row(str(e["step"]), model, f"{p['mean']:.3f}", f"[{p['lo']:.3f}, {p['hi']:.3f}]")
+    table = Table(
+        title=f"held-out summary ({cfg.tasks.heldout_split} split, 95% CIs)", show_header=False
+    )
+    table.add_column("what")
+    table.add_column("measured")
+    for label, text in summary_lines(evals, read_jsonl(run_dir / "metrics.jsonl"), phases):
+        table.add_row(label, text)
     console = Console()
     console.print(table)
-    if len(evals) >= 2:
-        console.print(f"change in held-out pass@1, whole run: {_change(evals[0], evals[-1])}")
-        if len(evals) >= 3 and evals[1].get("phase") == "sft":
-            console.print(f"change in held-out pass@1, RL only: {_change(evals[1], evals[-1])}")
     console.print(f"report: {page}")
     return 0
 

@@ -108,7 +108,15 @@ def test_evaluate_joins_by_task_and_counts_a_dropped_episode_as_a_failure():
     assert res.dropped_episodes == 1 and res.grading_errors == 0
     # every episode of a task dropped: n stays 2, nothing correct
     res = _evaluate(_ScriptedEnvironment(OUTCOMES, drop=[("c", 0), ("c", 1)]), tasks_per_batch=1)
-    assert res.per_task[2] == {"task_id": "c", "n": 2, "correct": 0, "best": 0.0}
+    assert res.per_task[2] == {
+        "task_id": "c",
+        "n": 2,
+        "correct": 0,
+        "best": 0.0,
+        "episodes": 0,
+        "broken_calls": 0,
+        "broken_episodes": 0,
+    }
     assert res.dropped_episodes == 2
 
 
@@ -132,3 +140,110 @@ def test_evaluate_refuses_episodes_it_cannot_place():
     env.extra = "a"  # a third episode for a task of n = 2
     with pytest.raises(ValueError, match="3 episodes for 2 samples"):
         _evaluate(env)
+
+
+def test_pass_at_k_matches_enumerating_every_draw_of_k_samples():
+    from itertools import combinations
+
+    from coderl.algorithms import pass_at_k
+
+    # Hand-worked: n = 4, c = 2, k = 2: 1 - C(2, 2) / C(4, 2) = 1 - 1/6 = 5/6.
+    assert pass_at_k(4, 2, 2) == pytest.approx(5 / 6)
+    # Chen et al.'s estimator is the share of k-subsets of the n samples holding a success.
+    for n in (4, 6, 8):
+        for c in range(n + 1):
+            samples = [1] * c + [0] * (n - c)
+            for k in range(1, n + 1):
+                draws = list(combinations(samples, k))
+                want = sum(any(d) for d in draws) / len(draws)
+                assert pass_at_k(n, c, k) == pytest.approx(want), (n, c, k)
+
+
+def test_summarize_refuses_a_k_above_n():
+    with pytest.raises(ValueError, match="pass@8 needs at least 8 samples"):
+        summarize([{"task_id": "a", "n": 4, "correct": 1, "best": 1.0}], [1, 8], 4)
+
+
+def _per_task(correct, n=4, prefix="t"):
+    return [
+        {"task_id": f"{prefix}{i}", "n": n, "correct": c, "best": float(c > 0)}
+        for i, c in enumerate(correct)
+    ]
+
+
+def test_paired_change_excludes_zero_for_a_gain_on_many_tasks():
+    from coderl.eval.passk import paired_change
+
+    # 64 tasks; after: 20 tasks gain one success of 4 (+0.25 each), none lose: +20/64 * 0.25.
+    before = _per_task([0] * 44 + [1] * 20)
+    after = _per_task([0] * 44 + [2] * 20)
+    d = paired_change(before, after)
+    assert d.mean == pytest.approx(20 / 64 * 0.25)
+    assert 0 < d.lo < d.mean < d.hi
+
+
+def test_paired_change_does_not_exclude_zero_for_an_equal_mix_of_gains_and_losses():
+    from coderl.eval.passk import paired_change
+
+    before = _per_task([2] * 40)
+    after = _per_task([3, 1] * 20)  # every task moves by 0.25, half up, half down
+    d = paired_change(before, after)
+    assert d.mean == pytest.approx(0.0)
+    assert d.lo < 0 < d.hi
+    assert paired_change(before, after, seed=0) == d  # seeded: the same CI every time
+
+
+def test_paired_change_pairs_by_task_id_not_position():
+    from coderl.eval.passk import paired_change
+
+    before = _per_task([0, 4, 0, 4])
+    after = _per_task([0, 4, 0, 4])[::-1]  # the same results, listed in reverse
+    d = paired_change(before, after)
+    assert (d.mean, d.lo, d.hi) == (0.0, 0.0, 0.0)  # by position it would be +-1 per task
+    with pytest.raises(ValueError, match="same distinct tasks"):
+        paired_change(before, _per_task([0, 4, 0, 4], prefix="u"))
+    with pytest.raises(ValueError, match="same distinct tasks"):
+        paired_change(before, before[:3])
+    with pytest.raises(ValueError, match="pass@8 needs >= 8 samples"):
+        paired_change(before, before, k=8)
+
+
+def test_compare_reads_the_collapse_check_at_the_largest_common_k():
+    from coderl.eval.passk import compare
+
+    # before: one success on each of 4 tasks (pass@1 0.25, pass@4 1); after: 4 of 4 on two tasks
+    # and none on the others: pass@1 rises to 0.5, pass@4 falls to 0.5 (a sharpened policy)
+    before = {"per_task": _per_task([1, 1, 1, 1]), "broken_calls": 0.5, "broken_episode_rate": 0.4}
+    after = {"per_task": _per_task([4, 4, 0, 0]), "broken_calls": 0.1, "broken_episode_rate": 0.1}
+    c = compare(before, after)
+    assert c.pass1.mean == pytest.approx(0.25)
+    assert c.k == 4
+    assert (c.passk_before.mean, c.passk_after.mean) == (1.0, 0.5)
+    assert c.passk.mean == pytest.approx(-0.5)
+    assert c.broken_calls == (0.5, 0.1) and c.broken_episode_rate == (0.4, 0.1)
+
+
+def test_evaluate_counts_broken_calls_per_episode_and_episodes_with_one():
+    class Broken(_ScriptedEnvironment):
+        def rollout(self, policy, tasks, params, group_size):
+            eps = super().rollout(policy, tasks, params, group_size)
+            for i, ep in enumerate(eps):
+                ep.broken_tool_calls = [0, 3, 1, 0, 0, 0][i]
+            return eps
+
+    res = _evaluate(Broken(OUTCOMES))  # 6 episodes, 4 broken calls in 2 of them
+    assert res.broken_calls == pytest.approx(4 / 6)
+    assert res.broken_episode_rate == pytest.approx(2 / 6)
+    assert res.per_task[0]["broken_calls"] == 3 and res.per_task[0]["broken_episodes"] == 1
+
+
+def test_paired_change_pairs_evaluations_with_different_n():
+    from coderl.eval.passk import compare
+
+    # the base model once per task, the final policy 4 times: per-task pass@1 estimates 0 or 1
+    # against c/4; the largest common k is 1
+    base = {"per_task": _per_task([0, 1, 0, 0], n=1)}
+    final = {"per_task": _per_task([2, 4, 1, 0])}
+    c = compare(base, final)
+    assert c.k == 1
+    assert c.pass1.mean == pytest.approx(((0.5 - 0) + (1 - 1) + (0.25 - 0) + 0) / 4)

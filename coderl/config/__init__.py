@@ -323,6 +323,10 @@ class EvalConfig(_Section):
     """Held-out tasks evaluated (None: the whole split)."""
     samples: int = Field(16, ge=1)
     """Samples per task (n of pass@k)."""
+    base_samples: int | None = Field(None, ge=1)
+    """Samples per task for the model before SFT (``phase: base``; None: ``samples``). The
+    RL-only change and the collapse check compare the evaluations after SFT and after RL, both
+    at ``samples``; the base model's pass@1 stays unbiased at any n, with a wider CI."""
     k: list[int] = Field(default_factory=lambda: [1, 16])
     """The k values of pass@k."""
     temperature: float = Field(0.8, gt=0)

@@ -1,9 +1,11 @@
 """Held-out evaluation: pass@k (unbiased) and best-of-n over a task split, with 95% confidence
-intervals from a bootstrap over tasks.
+intervals from a bootstrap over tasks, the broken-call rate, and the paired change between two
+evaluations of the same tasks (:func:`compare`).
 
 The statistics live in :mod:`coderl.stats` (percentile bootstrap over tasks; before/after
 comparisons by the paired bootstrap of per-task differences, :func:`paired_difference`, which is
-what decides whether an improvement excludes zero); they are re-exported here.
+what decides whether an improvement excludes zero); they are re-exported here. The per-task
+estimates that get paired come from :func:`coderl.algorithms.pass_at_k`, the one pass@k.
 """
 
 from __future__ import annotations
@@ -22,7 +24,10 @@ __all__ = [
     "EvalResult",
     "bootstrap_ci",
     "estimate",
+    "Comparison",
+    "compare",
     "evaluate",
+    "paired_change",
     "paired_difference",
     "summarize",
 ]
@@ -39,10 +44,16 @@ class EvalResult:
     best_of_n: Estimate | None = None
     """Mean over tasks of the best ``fraction_passed`` among the n samples."""
     per_task: list[dict[str, Any]] = field(default_factory=list)
-    """``{"task_id", "n", "correct", "best"}`` per task (for paired comparisons)."""
+    """``{"task_id", "n", "correct", "best", "episodes", "broken_calls", "broken_episodes"}`` per
+    task (for paired comparisons): ``episodes`` returned by the environment, the broken tool
+    calls among them and how many had at least one."""
     grading_errors: int = 0
     dropped_episodes: int = 0
     """Episodes the environment did not return (counted as failures, in the denominator)."""
+    broken_calls: float = 0.0
+    """Broken tool calls (unparseable, unknown tool, bad arguments) per returned episode."""
+    broken_episode_rate: float = 0.0
+    """Share of returned episodes with at least one broken tool call."""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -60,9 +71,15 @@ def summarize(
         raise ValueError("no tasks to summarize")
     res = EvalResult(samples=samples, per_task=per_task, grading_errors=grading_errors)
     for k in ks:
+        if any(k > t["n"] for t in per_task):
+            raise ValueError(f"pass@{k} needs at least {k} samples per task")
         vals = [A.pass_at_k(t["n"], t["correct"], k) for t in per_task]
         res.pass_at[str(k)] = estimate(vals)
     res.best_of_n = estimate([float(t["best"]) for t in per_task])
+    episodes = sum(t.get("episodes", 0) for t in per_task)
+    if episodes:
+        res.broken_calls = sum(t["broken_calls"] for t in per_task) / episodes
+        res.broken_episode_rate = sum(t["broken_episodes"] for t in per_task) / episodes
     return res
 
 
@@ -121,8 +138,10 @@ def evaluate(
         if len(grades) != len(episodes):
             raise ValueError(f"{len(grades)} grades for {len(episodes)} episodes")
         joined: dict[str, list[Any]] = {t.id: [] for t in chunk}
+        eps_of: dict[str, list[Any]] = {t.id: [] for t in chunk}
         for ep, g in zip(episodes, grades, strict=True):
             joined[ep.task_id].append(g)
+            eps_of[ep.task_id].append(ep)
             if episodes_out is not None:
                 task = by_id[ep.task_id]
                 view = EpisodeView(task.id, **learned_fields(task, ep, g))
@@ -137,7 +156,101 @@ def evaluate(
             best = max(
                 ((x.fraction_passed if x.grading_error is None else 0.0) for x in g), default=0.0
             )
-            per_task.append({"task_id": task.id, "n": samples, "correct": sum(ok), "best": best})
+            broken = [ep.broken_tool_calls for ep in eps_of[task.id]]
+            per_task.append(
+                {
+                    "task_id": task.id,
+                    "n": samples,
+                    "correct": sum(ok),
+                    "best": best,
+                    "episodes": len(broken),
+                    "broken_calls": sum(broken),
+                    "broken_episodes": sum(b > 0 for b in broken),
+                }
+            )
     res = summarize(per_task, ks, samples, errors)
     res.dropped_episodes = dropped
     return res
+
+
+def paired_change(
+    before: list[dict[str, Any]], after: list[dict[str, Any]], k: int = 1, seed: int = 0
+) -> Estimate:
+    """Mean change of per-task pass@k from ``before`` to ``after`` (``EvalResult.per_task``
+    lists) with its paired-bootstrap 95% CI (:func:`coderl.stats.paired_difference`, ``seed``
+    fixes the resamples).
+
+    Each task's pass@k is the unbiased estimate from its own ``n``/``correct`` (Chen et al. 2021,
+    Eq. 1; for k = 1 it is ``correct / n``), so the two sides may use different ``n``. Tasks are
+    paired by ``task_id``, never by position: two evaluations that list their tasks in another
+    order still compare each task with itself.
+
+    Raises:
+        ValueError: the two lists do not hold the same task ids (or hold one twice), or a task
+            has fewer than ``k`` samples.
+    """
+    b, a = ({t["task_id"]: t for t in side} for side in (before, after))
+    if len(b) != len(before) or len(a) != len(after) or b.keys() != a.keys():
+        raise ValueError(
+            f"paired evaluations need the same distinct tasks: {len(before)} tasks "
+            f"({len(b)} ids) vs {len(after)} ({len(a)} ids), "
+            f"{len(b.keys() ^ a.keys())} ids on one side only"
+        )
+
+    def est(t: dict[str, Any]) -> float:
+        if t["n"] < k:
+            raise ValueError(f"task {t['task_id']!r}: pass@{k} needs >= {k} samples, has {t['n']}")
+        return A.pass_at_k(t["n"], t["correct"], k)
+
+    ids = sorted(b)
+    return paired_difference([est(b[i]) for i in ids], [est(a[i]) for i in ids], seed)
+
+
+@dataclass
+class Comparison:
+    """Two evaluations of the same tasks, side by side: what "did it get better, and did it
+    collapse" reads from."""
+
+    pass1: Estimate
+    """Paired change of pass@1 (after - before) with its 95% CI."""
+    k: int
+    """The largest k both evaluations support (the smallest ``n`` of any task): the collapse
+    check, since sharpening the distribution can raise pass@1 and lower pass@k."""
+    passk_before: Estimate
+    passk_after: Estimate
+    passk: Estimate
+    """Paired change of pass@``k``."""
+    broken_calls: tuple[float, float]
+    """Broken tool calls per episode, before and after."""
+    broken_episode_rate: tuple[float, float]
+    """Share of episodes with a broken tool call, before and after."""
+
+    @property
+    def excludes_zero(self) -> bool:
+        """The 95% CI of the pass@1 change excludes zero (either side)."""
+        return self.pass1.lo > 0 or self.pass1.hi < 0
+
+
+def compare(before: dict[str, Any], after: dict[str, Any], seed: int = 0) -> Comparison:
+    """Compare two evaluations (``EvalResult.to_dict()`` records, as ``eval.jsonl`` holds them):
+    paired pass@1 change, pass@k at the largest common k before/after with its paired change,
+    and the broken-call rates.
+
+    Raises:
+        ValueError: from :func:`paired_change` (different task sets).
+    """
+    bt, at = before["per_task"], after["per_task"]
+    k = min(t["n"] for t in [*bt, *at])
+    lone = [summarize(side, [k], k).pass_at[str(k)] for side in (bt, at)]
+    return Comparison(
+        pass1=paired_change(bt, at, 1, seed),
+        k=k,
+        passk_before=lone[0],
+        passk_after=lone[1],
+        passk=paired_change(bt, at, k, seed),
+        broken_calls=(before.get("broken_calls", 0.0), after.get("broken_calls", 0.0)),
+        broken_episode_rate=(
+            before.get("broken_episode_rate", 0.0),
+            after.get("broken_episode_rate", 0.0),
+        ),
+    )

@@ -1,7 +1,15 @@
 """``coderl report RUN_DIR``: PNG plots and one HTML page from a run's ``metrics.jsonl`` and
-``eval.jsonl`` (reward, held-out pass@1, best-of-n, KL, entropy, length, broken calls, time
-split), and the audit page of the top-reward and flagged trajectories from ``audit.jsonl``
-(:mod:`coderl.eval.audit`). Uses matplotlib's Agg backend (no display needed)."""
+``eval.jsonl``, and the audit page of the top-reward and flagged trajectories from
+``audit.jsonl`` (:mod:`coderl.eval.audit`). Uses matplotlib's Agg backend (no display needed).
+
+The page opens with the run's summary (:func:`coderl.eval.summary.summary_lines`: pass@1 per
+evaluation phase, the paired RL-only change, pass@k at the largest k before/after RL, broken
+calls before/after, phase times), then held-out pass@k per evaluation with 95% CI bands, and the
+training curves: reward (mean and per term), resolved rate, groups with signal (the share of
+groups whose rewards vary, ``signal/groups_with_signal``, when the run logged it), the task
+pool's scalars (``pool/*``, when logged), KL, entropy, length, broken calls, time split. Every
+step axis has integer ticks.
+"""
 
 from __future__ import annotations
 
@@ -14,14 +22,24 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.figure import Figure  # noqa: E402
+from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 from coderl.eval.audit import write_audit_page  # noqa: E402
+from coderl.eval.summary import phase_name, read_phases, summary_lines  # noqa: E402
 from coderl.graders.report import html_section  # noqa: E402
 from coderl.train.metrics import read_jsonl  # noqa: E402
 
-# plot file -> (title, metric keys drawn on it); the one list of what the report shows
+SIGNAL_KEY = "signal/groups_with_signal"
+"""Share of a step's groups with non-zero reward variance (logged by the task pool's code)."""
+
+# plot file -> (title, metric keys drawn on it); the one list of what the report shows. A plot
+# in OPTIONAL is drawn only when the run logged one of its keys.
 PLOTS: dict[str, tuple[str, list[str]]] = {
     "reward.png": ("Reward (mean and per term)", ["reward/mean"]),
+    "resolved.png": ("Resolved rate (training episodes)", ["resolved_rate"]),
+    "signal.png": ("Groups with signal (share with non-zero reward variance)", [SIGNAL_KEY]),
+    "pool.png": ("Task pool", []),
     "kl.png": ("KL to the reference and approx. KL(old || new)", ["kl", "approx_kl"]),
     "entropy.png": ("Entropy (nats / token)", ["entropy"]),
     "length.png": ("Episode length (sampled tokens)", ["episode/sampled_tokens"]),
@@ -34,49 +52,90 @@ PLOTS: dict[str, tuple[str, list[str]]] = {
     ),
     "time.png": ("Time split per step (s)", ["time/rollout", "time/grading", "time/train"]),
 }
+OPTIONAL = {"signal.png", "pool.png"}
+HELDOUT = ("heldout.png", "Held-out pass@k per evaluation (95% CI bands)")
 
 
 def _series(rows: list[dict[str, Any]], key: str) -> tuple[list[int], list[float]]:
-    pts = [(r["step"], r[key]) for r in rows if r.get(key) is not None]
+    pts = [(r["step"], r[key]) for r in rows if isinstance(r.get(key), (int, float))]
     return [p[0] for p in pts], [p[1] for p in pts]
 
 
-def _plot(path: Path, title: str, lines: dict[str, tuple[list[int], list[float]]]) -> None:
+def _figure(title: str) -> tuple[Figure, Any]:
     fig, ax = plt.subplots(figsize=(6, 3.5))
-    for label, (x, y) in lines.items():
-        ax.plot(x, y, marker="o", markersize=3, label=label)
-    ax.set_title(title)
+    ax.set_title(title, fontsize=10)
     ax.set_xlabel("step")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # steps are whole numbers
     ax.grid(alpha=0.3)
-    if lines:
+    return fig, ax
+
+
+def _save(fig: Figure, ax: Any, path: Path) -> None:
+    if ax.get_legend_handles_labels()[0]:
         ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=90)
     plt.close(fig)
 
 
-def _eval_lines(evals: list[dict[str, Any]]) -> dict[str, tuple[list[int], list[float]]]:
-    out: dict[str, tuple[list[int], list[float]]] = {}
+def _plot(path: Path, title: str, lines: dict[str, tuple[list[int], list[float]]]) -> None:
+    fig, ax = _figure(title)
+    for label, (x, y) in lines.items():
+        ax.plot(x, y, marker="o", markersize=3, label=label)
+    _save(fig, ax, path)
+
+
+def heldout_figure(evals: list[dict[str, Any]]) -> tuple[Figure, Any]:
+    """Held-out pass@k per evaluation: for each k a line over the evaluations from the start of
+    RL on, with its 95% CI as a band; the base model (before SFT, also at step 0) as a separate
+    point with its CI as an error bar, slightly left of step 0."""
+    fig, ax = _figure(HELDOUT[1])
+    base = [e for e in evals if e.get("phase") == "base"]
+    rest = [e for e in evals if e.get("phase") != "base"]
     for key in sorted({k for e in evals for k in e["pass_at"]}, key=int):
-        pts = [(e["step"], e["pass_at"][key]["mean"]) for e in evals if key in e["pass_at"]]
-        out[f"pass@{key}"] = ([p[0] for p in pts], [p[1] for p in pts])
-    pts = [(e["step"], e["best_of_n"]["mean"]) for e in evals if e.get("best_of_n")]
-    if pts:
-        out[f"best-of-{evals[0]['samples']}"] = ([p[0] for p in pts], [p[1] for p in pts])
-    return out
+        pts = [(e["step"], e["pass_at"][key]) for e in rest if key in e["pass_at"]]
+        if pts:
+            x = [p[0] for p in pts]
+            (line,) = ax.plot(x, [p[1]["mean"] for p in pts], marker="o", label=f"pass@{key}")
+            lo, hi = [p[1]["lo"] for p in pts], [p[1]["hi"] for p in pts]
+            ax.fill_between(x, lo, hi, color=line.get_color(), alpha=0.2)
+        for e in base:
+            if key in e["pass_at"]:
+                est = e["pass_at"][key]
+                ax.errorbar(
+                    [-0.15],
+                    [est["mean"]],
+                    yerr=[[est["mean"] - est["lo"]], [est["hi"] - est["mean"]]],
+                    fmt="s",
+                    capsize=3,
+                    label=f"pass@{key}, base model",
+                )
+    ax.set_ylabel("pass@k (held-out)")
+    return fig, ax
 
 
 def _summary_rows(evals: list[dict[str, Any]]) -> str:
     rows = []
-    for e in evals:
-        cells = [str(e["step"]) + (f" ({e['phase']})" if e.get("phase") else "")]
+    for i, e in enumerate(evals):
+        cells = [f"{e['step']} ({phase_name(e, i == len(evals) - 1)})"]
         for k, est in sorted(e["pass_at"].items(), key=lambda kv: int(kv[0])):
             cells.append(f"pass@{k} {est['mean']:.3f} [{est['lo']:.3f}, {est['hi']:.3f}]")
         b = e.get("best_of_n")
         if b:
             cells.append(f"best-of-{e['samples']} {b['mean']:.3f} [{b['lo']:.3f}, {b['hi']:.3f}]")
+        if "broken_calls" in e:
+            cells.append(
+                f"broken calls/episode {e['broken_calls']:.2f} "
+                f"({e['broken_episode_rate']:.0%} of episodes)"
+            )
         rows.append("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in cells) + "</tr>")
     return "\n".join(rows)
+
+
+def _key_table(rows: list[tuple[str, str]]) -> str:
+    return "\n".join(
+        f"<tr><th>{html.escape(k)}</th><td>{html.escape(v)}</td></tr>" for k, v in rows
+    )
 
 
 def write_report(run_dir: str | Path) -> Path:
@@ -100,11 +159,19 @@ def write_report(run_dir: str | Path) -> Path:
                 - {"reward/mean", "reward/std", "reward/masked", "reward/grading_errors"}
                 - {"reward/term_errors", "reward/term_timeouts"}
             )
+        if name == "pool.png":
+            keys = sorted(
+                {k for r in metrics for k, v in r.items() if k.startswith("pool/")}
+                - {k for r in metrics for k, v in r.items() if not isinstance(v, (int, float))}
+            )
+        if name in OPTIONAL and not any(_series(metrics, k)[0] for k in keys):
+            continue
         _plot(out / name, title, {k: _series(metrics, k) for k in keys})
         images.append((name, title))
     if evals:
-        _plot(out / "heldout.png", "Held-out pass@k and best-of-n", _eval_lines(evals))
-        images.insert(0, ("heldout.png", "Held-out pass@k and best-of-n"))
+        fig, ax = heldout_figure(evals)
+        _save(fig, ax, out / HELDOUT[0])
+        images.insert(0, HELDOUT)
     figs = "\n".join(
         f'<figure><img src="{n}" alt="{html.escape(t)}"><figcaption>{html.escape(t)}'
         "</figcaption></figure>"
@@ -117,17 +184,26 @@ def write_report(run_dir: str | Path) -> Path:
         else ""
     )
     last = metrics[-1] if metrics else {}
+    summary = _key_table(summary_lines(evals, metrics, read_phases(run)))
+    signal = (
+        ""
+        if any(SIGNAL_KEY in r for r in metrics)
+        else f"<p>Groups with signal: not logged by this run (<code>{SIGNAL_KEY}</code>).</p>"
+    )
     graders = html_section(out, metrics, run / "probes.jsonl")  # empty without learned graders
     page = f"""<!doctype html>
 <html><head><meta charset="utf-8"><title>coderl run {html.escape(run.name)}</title>
 <style>body{{font-family:sans-serif;margin:2em}}figure{{display:inline-block;margin:0.5em}}
-td{{padding:0.2em 0.8em;border-bottom:1px solid #ddd}}</style></head><body>
+td,th{{padding:0.2em 0.8em;border-bottom:1px solid #ddd;text-align:left}}</style></head><body>
 <h1>coderl run: {html.escape(str(run))}</h1>
 <p>{len(metrics)} training steps logged; last step {last.get("step", "-")}.</p>
 {audit_link}
+<h2>Summary</h2>
+<table>{summary or "<tr><td>no evaluation logged</td></tr>"}</table>
 <h2>Held-out evaluation (95% bootstrap CIs over tasks)</h2>
 <table>{_summary_rows(evals) or "<tr><td>no evaluation logged</td></tr>"}</table>
 <h2>Training curves</h2>
+{signal}
 {figs}
 {graders}
 </body></html>

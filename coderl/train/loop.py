@@ -166,7 +166,8 @@ def _train(run: Run, resume: bool) -> None:
     if run.step == 0 and not resume:
         warm = Path(cfg.run_dir) / SFT_WEIGHTS
         if cfg.eval.before_after and cfg.eval.before_sft and cfg.sft.enabled and warm.is_file():
-            logger.log_eval(0, {**run_eval(run), "phase": "base"})  # the model before SFT
+            base = run_eval(run, samples=cfg.eval.base_samples)  # the model before SFT
+            logger.log_eval(0, {**base, "phase": "base"})
         sft = load_sft_weights(run)
         if cfg.eval.before_after:
             logger.log_eval(0, {**run_eval(run), "phase": "sft" if sft else "start"})

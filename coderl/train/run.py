@@ -19,6 +19,7 @@ A checkpoint's ``state.json`` holds ``step``, ``version`` (the policy's weights 
 from __future__ import annotations
 
 import random
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -204,28 +205,39 @@ def load_sft_weights(run: Run) -> bool:
 
 
 def run_eval(
-    run: Run, split: str | None = None, episodes_out: list[tuple[Any, bool]] | None = None
+    run: Run,
+    split: str | None = None,
+    episodes_out: list[tuple[Any, bool]] | None = None,
+    samples: int | None = None,
 ) -> dict[str, Any]:
     """Held-out evaluation with the eval config (same seeds every time: before/after pairs),
     sampled through ``run.engine`` (the policy's own sampler when the run has none);
     ``episodes_out`` collects each episode's view and outcome (see
-    :func:`coderl.eval.passk.evaluate`)."""
+    :func:`coderl.eval.passk.evaluate`).
+
+    ``samples``: n per task (None: ``eval.samples``). pass@1 and pass@n (the collapse check) are
+    always reported, besides the ``eval.k`` up to n. The record also holds ``temperature`` and
+    ``time_s`` (wall seconds of the evaluation, rollouts and grading)."""
     from coderl.eval.passk import evaluate
 
     cfg = run.cfg
+    n = samples or cfg.eval.samples
+    t0 = time.perf_counter()
     tasks = run.env.tasks(split or cfg.tasks.heldout_split)[: cfg.eval.tasks]
     params = sampling_params(cfg, cfg.seed + EVAL_SEED_OFFSET, cfg.eval.temperature)
     res = evaluate(
         run.env,
         run.engine if run.engine is not None else run.policy,
         tasks,
-        samples=cfg.eval.samples,
-        ks=cfg.eval.k,
+        samples=n,
+        ks=sorted({1, n, *(k for k in cfg.eval.k if k <= n)}),
         params=params,
-        tasks_per_batch=max(1, cfg.eval.batch_episodes // cfg.eval.samples),
+        tasks_per_batch=max(1, cfg.eval.batch_episodes // n),
         episodes_out=episodes_out,
     )
-    return res.to_dict()
+    out = res.to_dict()
+    out.update(temperature=cfg.eval.temperature, time_s=time.perf_counter() - t0)
+    return out
 
 
 def optimize(run: Run, batch: StepBatch | None) -> dict[str, float]:

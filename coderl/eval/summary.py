@@ -1,0 +1,138 @@
+"""What a run's held-out evaluations say, in a few lines: the one summary that ``coderl demo``
+prints and the run report (:mod:`coderl.eval.report`) shows.
+
+Reads the records of ``eval.jsonl`` (``EvalResult.to_dict()`` plus ``step``, ``phase``,
+``temperature``, ``time_s``) and the run's ``phases.json`` (wall seconds of the phases
+``coderl demo`` timed) and states: pass@1 with its 95% CI at each evaluation phase (base model,
+after SFT, after RL), the paired RL-only change (after RL - after SFT) and the whole-run change
+(after RL - first evaluation) with their 95% paired-bootstrap CIs, pass@k at the largest k before
+and after RL (the collapse check), the broken-call rate before and after RL, and the phase times.
+The comparisons are :func:`coderl.eval.passk.compare`; nothing is computed here that is not
+computed there.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from coderl.eval.passk import Comparison, Estimate, compare
+
+PHASES_FILE = "phases.json"
+"""``RUN_DIR/phases.json``: ``{"sft_s": ..., "train_s": ...}`` wall seconds, written by
+``coderl demo`` (absent for runs it did not time)."""
+
+
+def phase_name(e: dict[str, Any], last: bool) -> str:
+    """A human name for one evaluation record: base model, after SFT, start, after RL."""
+    phase = e.get("phase")
+    if phase == "base":
+        return "base model"
+    if phase == "sft":
+        return "after SFT"
+    if phase == "start":
+        return "start"
+    return f"after RL (step {e['step']})" if last else f"step {e['step']}"
+
+
+def rl_start(evals: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The evaluation RL starts from (``phase`` ``sft`` or ``start``), None if absent."""
+    return next((e for e in evals if e.get("phase") in ("sft", "start")), None)
+
+
+def _ci(e: Estimate | dict[str, float], signed: bool = False) -> str:
+    m, lo, hi = (e.mean, e.lo, e.hi) if isinstance(e, Estimate) else (e["mean"], e["lo"], e["hi"])
+    f = "{:+.3f}" if signed else "{:.3f}"
+    return f"{f.format(m)} [{f.format(lo)}, {f.format(hi)}]"
+
+
+def _change(c: Comparison) -> str:
+    verdict = "excludes zero" if c.excludes_zero else "includes zero"
+    return f"{_ci(c.pass1, signed=True)} ({verdict})"
+
+
+def summary_lines(
+    evals: list[dict[str, Any]],
+    metrics: list[dict[str, Any]] | None = None,
+    phases: dict[str, float] | None = None,
+) -> list[tuple[str, str]]:
+    """``(label, statement)`` rows summarising a run's evaluations (see the module docstring);
+    ``metrics`` (the rows of ``metrics.jsonl``) give the RL steps' time; ``phases`` the timed
+    phases. Empty without evaluations.
+
+    Raises:
+        ValueError: two evaluations compared do not hold the same tasks.
+    """
+    if not evals:
+        return []
+    rows: list[tuple[str, str]] = []
+    first, last, start = evals[0], evals[-1], rl_start(evals)
+    for i, e in enumerate(evals):
+        n, temp = e["samples"], e.get("temperature")
+        how = f"n={n}" + (f", T={temp}" if temp is not None else "")
+        name = phase_name(e, i == len(evals) - 1)
+        rows.append((f"pass@1, {name}", f"{_ci(e['pass_at']['1'])} ({how})"))
+    if not all(e.get("per_task") for e in evals):
+        pass  # records without per-task counts (older runs) cannot be paired
+    elif start is not None and start is not last:
+        rl = compare(start, last)
+        rows.append(("RL only: pass@1 change (paired, 95% CI)", _change(rl)))
+        if first is not start:
+            rows.append(
+                ("whole run: pass@1 change (paired, 95% CI)", _change(compare(first, last)))
+            )
+        rows.append(
+            (
+                f"pass@{rl.k} before -> after RL (collapse check)",
+                f"{_ci(rl.passk_before)} -> {_ci(rl.passk_after)}; "
+                f"paired change {_ci(rl.passk, signed=True)}",
+            )
+        )
+        (b0, b1), (r0, r1) = rl.broken_calls, rl.broken_episode_rate
+        rows.append(
+            (
+                "broken calls per episode before -> after RL",
+                f"{b0:.2f} -> {b1:.2f} (episodes with one: {r0:.0%} -> {r1:.0%})",
+            )
+        )
+    elif len(evals) >= 2:
+        rows.append(("whole run: pass@1 change (paired, 95% CI)", _change(compare(first, last))))
+    rows.append(("phase times", _phase_times(evals, metrics or [], phases or {})))
+    return rows
+
+
+def _phase_times(
+    evals: list[dict[str, Any]], metrics: list[dict[str, Any]], phases: dict[str, float]
+) -> str:
+    parts = []
+    if "sft_s" in phases:
+        parts.append(f"SFT {phases['sft_s']:.0f} s")
+    for i, e in enumerate(evals):
+        if "time_s" in e:
+            parts.append(f"eval {phase_name(e, i == len(evals) - 1)} {e['time_s']:.0f} s")
+    keys = ("time/rollout", "time/grading", "time/train", "time/sync")
+    rl = sum(r.get(k, 0.0) for r in metrics for k in keys)
+    if metrics:
+        parts.append(f"RL {len(metrics)} steps {rl:.0f} s")
+    if "train_s" in phases:
+        evals_s = sum(e.get("time_s", 0.0) for e in evals)
+        other = phases["train_s"] - evals_s - rl
+        parts.append(f"other (model load, checkpoints) {other:.0f} s")
+    total = phases.get("sft_s", 0.0) + phases.get("train_s", 0.0)
+    if total:
+        parts.append(f"total {total / 60:.1f} min")
+    return "; ".join(parts) or "not timed"
+
+
+def read_phases(run_dir: str | Path) -> dict[str, float]:
+    """``RUN_DIR/phases.json`` ({} when absent)."""
+    p = Path(run_dir) / PHASES_FILE
+    return json.loads(p.read_text()) if p.is_file() else {}
+
+
+def write_phases(run_dir: str | Path, phases: dict[str, float]) -> Path:
+    """Write ``RUN_DIR/phases.json``; returns its path."""
+    p = Path(run_dir) / PHASES_FILE
+    p.write_text(json.dumps(phases, indent=1) + "\n")
+    return p
