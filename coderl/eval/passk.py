@@ -39,7 +39,9 @@ class EvalResult:
     best_of_n: Estimate | None = None
     """Mean over tasks of the best ``fraction_passed`` among the n samples."""
     per_task: list[dict[str, Any]] = field(default_factory=list)
-    """``{"task_id", "n", "correct", "best"}`` per task (for paired comparisons)."""
+    """``{"task_id", "n", "correct", "best", "f2p"}`` per task (for paired comparisons); ``f2p``
+    is the mean over the n samples of the fraction of FAIL_TO_PASS tests passed (0 for a sample
+    that is missing or whose grading failed)."""
     grading_errors: int = 0
     dropped_episodes: int = 0
     """Episodes the environment did not return (counted as failures, in the denominator)."""
@@ -64,6 +66,14 @@ def summarize(
         res.pass_at[str(k)] = estimate(vals)
     res.best_of_n = estimate([float(t["best"]) for t in per_task])
     return res
+
+
+def _f2p(g: Any) -> float:
+    """Fraction of FAIL_TO_PASS tests a graded sample passed (the grader's
+    ``fail_to_pass_passed``; 0 when grading failed or the grader reports none)."""
+    if g.grading_error is not None:
+        return 0.0
+    return float(getattr(g.result, "fail_to_pass_passed", 0.0))
 
 
 def evaluate(
@@ -137,7 +147,10 @@ def evaluate(
             best = max(
                 ((x.fraction_passed if x.grading_error is None else 0.0) for x in g), default=0.0
             )
-            per_task.append({"task_id": task.id, "n": samples, "correct": sum(ok), "best": best})
+            f2p = sum(_f2p(x) for x in g) / samples  # missing samples count as 0
+            per_task.append(
+                {"task_id": task.id, "n": samples, "correct": sum(ok), "best": best, "f2p": f2p}
+            )
     res = summarize(per_task, ks, samples, errors)
     res.dropped_episodes = dropped
     return res
