@@ -69,6 +69,10 @@ def test_a_conftest_using_pytest_covs_marker_gets_pytest_cov(tmp_path):
     info = detect(make_repo(tmp_path / "b", files))
     assert info.needs_pytest_cov
     assert "'pytest-cov'" in propose_install_plans(info)[0].commands[0]
+    # wcwidth: `--cov` in tox.ini's [pytest] addopts
+    tox = {"tox.ini": "[pytest]\naddopts = --doctest-modules\n    --cov=mini\n", **files}
+    tox["tests/conftest.py"] = "import pytest\n"
+    assert detect(make_repo(tmp_path / "c", tox)).needs_pytest_cov
 
 
 def test_install_plans_are_ordered_unique_and_bounded(tmp_path):

@@ -189,3 +189,55 @@ def test_build_env_from_the_repository_list_reads_only_the_spec(tmp_path):
     specs = _specs(args)
     assert specs == [p.spec for p in read_repos()]
     assert all(Path(s).name == s and "==" in s for s in specs)
+
+
+def test_coderl_eval_reports_per_repository_on_repo_tasks(tmp_path, monkeypatch, capsys):
+    """The CLI path: a toy environment whose held-out tasks are repo tasks of two repositories;
+    ``coderl eval`` adds ``per_repo`` (resolved rate = the per-task pass rates' mean; the
+    FAIL_TO_PASS fraction from each grade's result) and prints the table on stderr."""
+    import json
+    from dataclasses import dataclass
+
+    from coderl.cli import main
+    from coderl.envs import ENVIRONMENTS, ToyEnvironment
+    from coderl.envs.base import GradeRecord
+    from coderl.envs.toy import ToyTask
+    from coderl.train.loop import train
+
+    @dataclass
+    class RepoToyTask(ToyTask):
+        kind: str = "repo"
+        source: str = ""
+
+    class Result:
+        fail_to_pass_passed = 0.5
+
+    class RepoToy(ToyEnvironment):
+        def __post_init__(self) -> None:
+            super().__post_init__()
+            self._tasks["heldout"] = [
+                RepoToyTask(f"r{i % 2}-1.0/{i}", t.prompt_ids, 0, source=f"pypi:r{i % 2}==1.0")
+                for i, t in enumerate(self._tasks["heldout"])
+            ]
+
+        def grade(self, tasks, episodes):
+            return [
+                GradeRecord(g.resolved, g.fraction_passed, result=Result())
+                for g in super().grade(tasks, episodes)
+            ]
+
+    monkeypatch.setitem(ENVIRONMENTS, "repotoy", lambda cfg: RepoToy(cfg.rollout.max_new_tokens))
+    toy = Path(__file__).parent.parent / "configs" / "toy.yaml"
+    run_dir = tmp_path / "run"
+    overrides = ["tasks.source=repotoy", "trainer.steps=1", "trainer.checkpoint_every=1"]
+    overrides += ["tensorboard=false", "progress=false", "eval.before_after=false"]
+    train(load_config(toy, [*overrides, f"run_dir={run_dir}"]))
+    assert main(["eval", str(run_dir), "k=4", "eval.tasks=6"]) == 0
+    captured = capsys.readouterr()
+    out = json.loads(captured.out)
+    per_repo = out["per_repo"]
+    assert sorted(per_repo) == ["r0", "r1"] and [r["tasks"] for r in per_repo.values()] == [3, 3]
+    assert all(r["fail_to_pass"] == {"mean": 0.5, "lo": 0.5, "hi": 0.5} for r in per_repo.values())
+    overall = sum(r["resolved"]["mean"] * r["tasks"] for r in per_repo.values()) / 6
+    assert overall == pytest.approx(out["pass_at"]["1"]["mean"])
+    assert "per repository" in captured.err and "r1" in captured.err

@@ -59,7 +59,8 @@ class ProjectInfo:
     pytest_config: str | None = None
     """Where pytest configuration lives (``pytest.ini``, ``pyproject.toml``, ...), if anywhere."""
     needs_pytest_cov: bool = False
-    """The pytest configuration's addopts ask for ``--cov``, or a ``conftest.py`` uses
+    """The pytest configuration's addopts (pyproject, setup.cfg, pytest.ini or tox.ini) ask for
+    ``--cov`` (wcwidth), or a ``conftest.py`` uses
     pytest-cov's ``no_cover`` marker (unregistered without pytest-cov: an error under
     ``filterwarnings = error``, as in python-dateutil)."""
 
@@ -179,6 +180,7 @@ def _ini_facts(info: ProjectInfo, root: Path) -> None:
             info.tox_deps = [ln for ln in lines if ln and "{" not in ln and not ln.startswith("#")]
         if tox.has_section("pytest"):
             info.pytest_config = info.pytest_config or "tox.ini"
+            info.needs_pytest_cov |= "--cov" in tox["pytest"].get("addopts", "")
 
 
 def detect(root: Path) -> ProjectInfo:
