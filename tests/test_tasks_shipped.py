@@ -5,7 +5,9 @@ diff does not (``coderl.tasks.validate.validate_task``), and the environment reb
 Walking every shipped task means building every pinned repository (sdist and dependencies from
 PyPI, about a minute each on 2 cores) and two graded test-suite runs per task, too slow for CI.
 CI walks a seeded sample: ``CODERL_SHIPPED_REPOS`` repositories (default 2), one task of each,
-chosen by ``CODERL_SHIPPED_SEED`` (default 0). The full walk is the documented command
+chosen by ``CODERL_SHIPPED_SEED`` (default 0: parse and python-slugify, each built by its first
+install plan; python-dateutil builds only with its ninth, so a seed that draws it costs far more
+time). The full walk is the documented command
 ``coderl tasks validate data/tasks/*.jsonl.gz`` (docs/tasks-and-grading.md, with its last
 measured result); ``CODERL_SHIPPED_REPOS=99`` walks one task of every repository here.
 """
