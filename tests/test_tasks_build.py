@@ -55,6 +55,26 @@ def test_detect_src_layout(tmp_path):
     assert read_license(tmp_path) == "BSD-3-Clause"
 
 
+def test_a_conftest_using_pytest_covs_marker_gets_pytest_cov(tmp_path):
+    # python-dateutil: its conftest adds pytest.mark.no_cover, registered only by pytest-cov,
+    # and its `filterwarnings = error` turns the unknown mark into an error without it
+    files = {
+        "setup.cfg": "[tool:pytest]\nfilterwarnings =\n    error\n",
+        "mini.py": "X = 1\n",
+        "tests/test_x.py": "def test_x():\n    pass\n",
+        "tests/conftest.py": "import pytest\n",
+    }
+    assert not detect(make_repo(tmp_path / "a", files)).needs_pytest_cov
+    files["tests/conftest.py"] += "def f(item):\n    item.add_marker(pytest.mark.no_cover)\n"
+    info = detect(make_repo(tmp_path / "b", files))
+    assert info.needs_pytest_cov
+    assert "'pytest-cov'" in propose_install_plans(info)[0].commands[0]
+    # wcwidth: `--cov` in tox.ini's [pytest] addopts
+    tox = {"tox.ini": "[pytest]\naddopts = --doctest-modules\n    --cov=mini\n", **files}
+    tox["tests/conftest.py"] = "import pytest\n"
+    assert detect(make_repo(tmp_path / "c", tox)).needs_pytest_cov
+
+
 def test_install_plans_are_ordered_unique_and_bounded(tmp_path):
     info = detect(make_repo(tmp_path, SRC_LAYOUT))
     plans = propose_install_plans(info)

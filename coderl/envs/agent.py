@@ -167,15 +167,17 @@ def humaneval_environment(cfg: Config) -> AgentEnvironment:
 
 
 def repo_environment(cfg: Config) -> AgentEnvironment:
-    """Tasks from ``tasks.options.tasks_file`` (JSONL written by ``coderl tasks synth``); the
-    split is the task's ``split`` field."""
-    from coderl.tasks.spec import load_tasks
+    """Repository bug-fix tasks, split by repository (:func:`coderl.tasks.repos.load_repo_tasks`):
+    ``tasks.options.tasks_file`` (a path, glob or list; default every shipped
+    ``data/tasks/*.jsonl.gz``) and ``tasks.options.repos_file`` (default ``data/repos.txt``, which
+    assigns each repository to ``train`` or ``heldout``)."""
+    from coderl.tasks.repos import load_repo_tasks
 
-    path = cfg.tasks.options.get("tasks_file")
-    if not path:
-        raise ValueError("tasks.options.tasks_file: the repo source needs a task JSONL file")
+    opts = cfg.tasks.options
 
     def load(split: str) -> list[Task]:
-        return [t for t in load_tasks(path) if t.split == split]
+        return load_repo_tasks(
+            split, tasks_file=opts.get("tasks_file"), repos_file=opts.get("repos_file")
+        )
 
     return AgentEnvironment(cfg, load, grade_timeout_s=300.0)

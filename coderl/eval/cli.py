@@ -1,6 +1,8 @@
 """``coderl eval CHECKPOINT [tasks=SOURCE:SPLIT] [k=16] [key=value ...]``: pass@1, pass@k and
 best-of-n with 95% CIs for a training checkpoint (its run's ``config.yaml`` says which model,
-adapter shape and environment). ``--episodes-out FILE`` also writes every evaluated episode
+adapter shape and environment). On repository tasks it also reports, per repository, the resolved
+rate and the fraction of FAIL_TO_PASS tests passed with 95% CIs (``per_repo`` in the JSON, and a
+table on stderr). ``--episodes-out FILE`` also writes every evaluated episode
 (task statement, diff, tool log, test outcomes, resolved) as the episodes JSONL that
 ``coderl rm train --episodes`` and ``coderl graders probe`` read."""
 
@@ -52,6 +54,7 @@ def run(args: argparse.Namespace) -> int:
     episodes: list[tuple[Any, bool]] | None = [] if args.episodes_out else None
     try:
         result = run_eval(run_, split or None, episodes)
+        evaluated = run_.env.tasks(split or cfg.tasks.heldout_split)[: cfg.eval.tasks]
     finally:
         close_run(run_)
     if episodes is not None:
@@ -59,7 +62,13 @@ def run(args: argparse.Namespace) -> int:
 
         write_episodes(args.episodes_out, [v for v, _ in episodes], [ok for _, ok in episodes])
     out = {"checkpoint": str(ckpt), "base": args.base, "split": split or cfg.tasks.heldout_split}
-    print(json.dumps({**out, **{k_: v for k_, v in result.items() if k_ != "per_task"}}, indent=1))
+    out.update({k_: v for k_, v in result.items() if k_ != "per_task"})
+    if any(getattr(t, "kind", None) == "repo" for t in evaluated):
+        from coderl.tasks.repos import per_repo_report, print_per_repo
+
+        out["per_repo"] = per_repo_report(result["per_task"], evaluated)
+        print_per_repo(out["per_repo"])  # a table on stderr; stdout stays one JSON document
+    print(json.dumps(out, indent=1))
     return 0
 
 

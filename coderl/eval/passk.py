@@ -44,9 +44,11 @@ class EvalResult:
     best_of_n: Estimate | None = None
     """Mean over tasks of the best ``fraction_passed`` among the n samples."""
     per_task: list[dict[str, Any]] = field(default_factory=list)
-    """``{"task_id", "n", "correct", "best", "episodes", "broken_calls", "broken_episodes"}`` per
-    task (for paired comparisons): ``episodes`` returned by the environment, the broken tool
-    calls among them and how many had at least one."""
+    """``{"task_id", "n", "correct", "best", "f2p", "episodes", "broken_calls",
+    "broken_episodes"}`` per task (for paired comparisons): ``f2p`` is the mean over the n samples
+    of the fraction of FAIL_TO_PASS tests passed (0 for a sample that is missing or whose grading
+    failed); ``episodes`` returned by the environment, the broken tool calls among them and how
+    many had at least one."""
     grading_errors: int = 0
     dropped_episodes: int = 0
     """Episodes the environment did not return (counted as failures, in the denominator)."""
@@ -81,6 +83,14 @@ def summarize(
         res.broken_calls = sum(t["broken_calls"] for t in per_task) / episodes
         res.broken_episode_rate = sum(t["broken_episodes"] for t in per_task) / episodes
     return res
+
+
+def _f2p(g: Any) -> float:
+    """Fraction of FAIL_TO_PASS tests a graded sample passed (the grader's
+    ``fail_to_pass_passed``; 0 when grading failed or the grader reports none)."""
+    if g.grading_error is not None:
+        return 0.0
+    return float(getattr(g.result, "fail_to_pass_passed", 0.0))
 
 
 def evaluate(
@@ -157,12 +167,14 @@ def evaluate(
                 ((x.fraction_passed if x.grading_error is None else 0.0) for x in g), default=0.0
             )
             broken = [ep.broken_tool_calls for ep in eps_of[task.id]]
+            f2p = sum(_f2p(x) for x in g) / samples  # missing samples count as 0
             per_task.append(
                 {
                     "task_id": task.id,
                     "n": samples,
                     "correct": sum(ok),
                     "best": best,
+                    "f2p": f2p,
                     "episodes": len(broken),
                     "broken_calls": sum(broken),
                     "broken_episodes": sum(b > 0 for b in broken),

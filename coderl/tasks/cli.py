@@ -27,11 +27,11 @@ if TYPE_CHECKING:
 
 def _specs(args: argparse.Namespace) -> list[str]:
     specs = list(args.spec)
-    if args.from_file:
+    if args.from_file:  # the first field of each line (data/repos.txt adds split and licence)
         for line in Path(args.from_file).read_text().splitlines():
-            line = line.split("#")[0].strip()
-            if line:
-                specs.append(line)
+            fields = line.split("#")[0].split()
+            if fields:
+                specs.append(fields[0])
     if not specs:
         raise SystemExit("build-env: give at least one SPEC or --from FILE")
     return specs
@@ -114,10 +114,12 @@ def _build_many(
 
 def cmd_synth(args: argparse.Namespace) -> int:
     from coderl.tasks.envbuild import find_env
+    from coderl.tasks.repos import pinned, stamp
     from coderl.tasks.spec import Task, dump_tasks, load_tasks
     from coderl.tasks.synth import synthesize
 
     env = find_env(args.env)
+    pins = pinned()  # a pinned repository's tasks carry its split and licence (data/repos.txt)
     out = Path(args.out or f"data/tasks/{env.name}.jsonl.gz")
     existing = load_tasks(out) if out.exists() and args.append else []
     known = {t.id for t in existing}
@@ -126,7 +128,7 @@ def cmd_synth(args: argparse.Namespace) -> int:
     def save(task: Task) -> None:  # after every kept task: an interrupted run loses nothing
         if task.id not in known:
             known.add(task.id)
-            kept.append(task)
+            kept.append(stamp(task, pins))
             dump_tasks(kept, out)
 
     tasks, rejected = synthesize(

@@ -59,7 +59,10 @@ class ProjectInfo:
     pytest_config: str | None = None
     """Where pytest configuration lives (``pytest.ini``, ``pyproject.toml``, ...), if anywhere."""
     needs_pytest_cov: bool = False
-    """The pytest configuration's addopts ask for ``--cov``."""
+    """The pytest configuration's addopts (pyproject, setup.cfg, pytest.ini or tox.ini) ask for
+    ``--cov`` (wcwidth), or a ``conftest.py`` uses
+    pytest-cov's ``no_cover`` marker (unregistered without pytest-cov: an error under
+    ``filterwarnings = error``, as in python-dateutil)."""
 
 
 def _read_toml(path: Path) -> dict[str, object]:
@@ -177,6 +180,7 @@ def _ini_facts(info: ProjectInfo, root: Path) -> None:
             info.tox_deps = [ln for ln in lines if ln and "{" not in ln and not ln.startswith("#")]
         if tox.has_section("pytest"):
             info.pytest_config = info.pytest_config or "tox.ini"
+            info.needs_pytest_cov |= "--cov" in tox["pytest"].get("addopts", "")
 
 
 def detect(root: Path) -> ProjectInfo:
@@ -196,7 +200,18 @@ def detect(root: Path) -> ProjectInfo:
     info.requirement_files = sorted(reqs, key=lambda r: ("test" not in r and "dev" not in r, r))
     info.test_extras = list(dict.fromkeys(info.test_extras))
     info.test_imports = _third_party_imports(root, info.test_dirs, set(info.top_level))
+    info.needs_pytest_cov |= _uses_cov_marker(root)
     return info
+
+
+def _uses_cov_marker(root: Path) -> bool:
+    """A ``conftest.py`` (outside hidden directories) refers to ``mark.no_cover``."""
+    for path in root.rglob("conftest.py"):
+        rel = path.relative_to(root).parts
+        if not any(part.startswith(".") for part in rel) and path.is_file():
+            if "mark.no_cover" in path.read_text(encoding="utf-8", errors="replace"):
+                return True
+    return False
 
 
 @dataclass(frozen=True)
