@@ -165,7 +165,8 @@ def test_evaluate_reports_the_fail_to_pass_fraction_per_task():
 
     class Env:
         def rollout(self, policy, tasks, params, samples):
-            return [type("E", (), {"task_id": t.id})() for t in tasks for _ in range(3)]
+            ep = {"broken_tool_calls": 0}
+            return [type("E", (), {"task_id": t.id, **ep})() for t in tasks for _ in range(3)]
 
         def grade(self, tasks, episodes):
             grades = [GradeRecord(True, 1.0, result=Result(1.0))]
