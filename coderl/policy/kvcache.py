@@ -201,8 +201,8 @@ class StaticCacheBackend:
             q = _rope(attn.q_proj(h).view(1, T, self.H, self.D).transpose(1, 2), cos, sin)
             k = _rope(attn.k_proj(h).view(1, T, self.KV, self.D).transpose(1, 2), cos, sin)
             v = attn.v_proj(h).view(1, T, self.KV, self.D).transpose(1, 2)  # (1, KV, T, D)
-            self.k[i, row, :, start:end] = k[0]
-            self.v[i, row, :, start:end] = v[0]
+            self.k[i, row, :, start:end] = k[0].to(self.k.dtype)  # autocast: bf16 into fp32
+            self.v[i, row, :, start:end] = v[0].to(self.v.dtype)
             keys, values = self.k[i, row : row + 1, :, :end], self.v[i, row : row + 1, :, :end]
             o = F.scaled_dot_product_attention(
                 q,
@@ -236,8 +236,8 @@ class StaticCacheBackend:
             q = _rope(attn.q_proj(h).view(R, 1, self.H, self.D).transpose(1, 2), cos, sin)
             k = _rope(attn.k_proj(h).view(R, 1, self.KV, self.D).transpose(1, 2), cos, sin)
             v = attn.v_proj(h).view(R, self.KV, self.D)
-            self.k[i, rows, :, pos] = k[:, :, 0]
-            self.v[i, rows, :, pos] = v
+            self.k[i, rows, :, pos] = k[:, :, 0].to(self.k.dtype)
+            self.v[i, rows, :, pos] = v.to(self.v.dtype)
             keys = self.k[i, :, :, :T]  # (R, KV, T, D)
             values = self.v[i, :, :, :T]
             q = q.view(R, self.KV, G, self.D)  # query heads grouped by their KV head
