@@ -105,3 +105,16 @@ def test_importance_weights_correct_the_bf16_sampler_gap(lora_policy):
     assert m["iw_max"] == pytest.approx(float(w.max()), rel=1e-4)
     assert m["iw_mean"] != pytest.approx(1.0, abs=1e-5)
     assert m["logprob_gap"] == pytest.approx(float((trainer - behaviour)[mask].abs().mean()), 1e-4)
+
+
+def test_engine_dtype_sets_the_torch_samplers_precision(monkeypatch):
+    from coderl.config import Config
+    from coderl.policy.rollout import build_engine
+
+    policy = load_policy("tiny-random", lora=LoraSpec(rank=4), reference=False)
+    build_engine(Config(engine={"dtype": "bfloat16"}), policy)
+    assert policy.sampler_dtype == torch.bfloat16
+    monkeypatch.setattr(P, "bf16_flags", lambda: [])  # an AVX2-only CPU: auto stays fp32
+    build_engine(Config(engine={"dtype": "auto"}), policy)
+    assert policy.sampler_dtype == torch.float32 and policy.low_precision is None
+    assert Config().engine.dtype == "float32"  # the default samples from the trainer's weights
