@@ -118,3 +118,17 @@ def test_engine_dtype_sets_the_torch_samplers_precision(monkeypatch):
     build_engine(Config(engine={"dtype": "auto"}), policy)
     assert policy.sampler_dtype == torch.float32 and policy.low_precision is None
     assert Config().engine.dtype == "float32"  # the default samples from the trainer's weights
+
+
+def test_a_version_bump_refreshes_the_copy_even_without_version_counters(lora_policy):
+    policy = lora_policy
+    policy.set_sampler_precision("bfloat16")
+    policy.generate(PROMPTS, PARAMS)
+    with torch.no_grad():  # what a fused optimizer does: new values, no version-counter bump
+        for p in policy.trainable_parameters():
+            p.data.add_(torch.randn_like(p) * 0.5)
+    stale = policy.generate(PROMPTS, PARAMS)
+    moved = policy.logprob_gap(PROMPTS, stale)["logprob_gap"]
+    policy.bump_version()  # the loop's contract after every optimizer step
+    fresh = policy.generate(PROMPTS, PARAMS)
+    assert policy.logprob_gap(PROMPTS, fresh)["logprob_gap"] < moved / 10

@@ -137,6 +137,7 @@ class LocalPolicy:
         self.engine_backend = engine
         self.engine: Engine
         self.low_precision: LowPrecisionSampler | None = None
+        self._sampled_version = 0  # the version the last generate call sampled
         self.set_sampler_precision(sampler_precision)
 
     def set_sampler_precision(self, precision: str) -> torch.dtype:
@@ -194,7 +195,8 @@ class LocalPolicy:
         With a bf16 sampler the copy first takes up any trainable weight that changed.
         """
         if self.low_precision is not None:
-            self.low_precision.refresh()
+            self.low_precision.refresh(force=self.version != self._sampled_version)
+        self._sampled_version = self.version
         return self.engine.generate(prompts, params, version=self.version)
 
     # --- trainer side ---------------------------------------------------------------------
