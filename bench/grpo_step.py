@@ -115,10 +115,10 @@ def run_coderl(steps: int, warmup: int, precision: str) -> dict:
         ids = [tok.encode(render(tok, m, add_generation_prompt=True), add_special_tokens=False)
                for m in msgs]  # fmt: skip
         prompts = [p for p in ids for _ in range(GROUP)]
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         params = SamplingParams(max_new_tokens=NEW_TOKENS, seed=step, ignore_eos=True)
         completions = policy.generate(prompts, params)
-        t1 = time.perf_counter()
+        t1, c1 = time.perf_counter(), time.process_time()
         rewards = torch.tensor([reward(tok.decode(c.token_ids)) for c in completions])
         adv = A.group_advantages(rewards, group_ids, std_normalize=False)
         segs = []
@@ -131,14 +131,16 @@ def run_coderl(steps: int, warmup: int, precision: str) -> dict:
         m = train_step(policy.model, opt, sched, batch, alg, trainer, temperature=1.0,
                        max_len=NEW_TOKENS)  # fmt: skip
         policy.bump_version()
-        t2 = time.perf_counter()
+        t2, c2 = time.perf_counter(), time.process_time()
         if step >= warmup:
-            times.append((t1 - t0, t2 - t1, m.get("logprob_gap", 0.0)))
+            times.append((t1 - t0, t2 - t1, m.get("logprob_gap", 0.0), c1 - c0, c2 - c1))
     hwm, maxrss = peak_rss_gb()
     return {
         "gen_s": sum(t[0] for t in times) / len(times),
         "train_s": sum(t[1] for t in times) / len(times),
         "logprob_gap": sum(t[2] for t in times) / len(times),
+        "gen_cpu_s": sum(t[3] for t in times) / len(times),
+        "train_cpu_s": sum(t[4] for t in times) / len(times),
         "step_peak_rss_gb": hwm,
         "peak_rss_gb": maxrss,
         "sampler": str(policy.sampler_dtype).removeprefix("torch."),
@@ -192,23 +194,28 @@ def run_trl(steps: int, warmup: int) -> dict:
     gen_times: list[float] = []
     inner = trainer._generate
 
+    gen_cpu: list[float] = []
+
     def timed_generate(*a, **k):
-        t = time.perf_counter()
+        t, c = time.perf_counter(), time.process_time()
         result = inner(*a, **k)
         gen_times.append(time.perf_counter() - t)
+        gen_cpu.append(time.process_time() - c)
         return result
 
     trainer._generate = timed_generate
     steps_s: list[float] = []
+    steps_cpu: list[float] = []
 
     class StepTimer(TrainerCallback):
         def on_step_begin(self, args, state, control, **kw):
             if state.global_step == warmup:
                 reset_peak_rss()
-            self.t = time.perf_counter()
+            self.t, self.c = time.perf_counter(), time.process_time()
 
         def on_step_end(self, args, state, control, **kw):
             steps_s.append(time.perf_counter() - self.t)
+            steps_cpu.append(time.process_time() - self.c)
 
     trainer.add_callback(StepTimer())
     trainer.train()
@@ -220,6 +227,8 @@ def run_trl(steps: int, warmup: int) -> dict:
     return {
         "gen_s": sum(gen) / len(gen),
         "train_s": (sum(total) - sum(gen)) / len(total),
+        "gen_cpu_s": sum(gen_cpu[warmup:]) / len(gen),
+        "train_cpu_s": (sum(steps_cpu[warmup:]) - sum(gen_cpu[warmup:])) / len(total),
         "step_peak_rss_gb": hwm,
         "peak_rss_gb": maxrss,
         "trl": trl.__version__,
@@ -273,7 +282,11 @@ def main() -> None:
           f"q,k,v,o, Dr. GRPO; {args.warmup} warm-up + {args.steps} timed step(s)")  # fmt: skip
     results = {side: spawn(side, args) for side in args.sides}
     for side, r in results.items():
-        extra = {k: v for k, v in r.items() if k not in ("gen_s", "train_s", "load")}
+        skip = ("gen_s", "train_s", "load", "gen_cpu_s", "train_cpu_s")
+        extra = {k: v for k, v in r.items() if k not in skip}
+        if "gen_cpu_s" in r:
+            print(f"{side:>7}: {r['gen_cpu_s'] + r['train_cpu_s']:6.1f} CPU-s/step (generation "
+                  f"{r['gen_cpu_s']:5.1f}, training {r['train_cpu_s']:5.1f})")  # fmt: skip
         print(f"{side:>7}: {r['gen_s'] + r['train_s']:6.1f} s/step (generation {r['gen_s']:5.1f}, "
               f"training {r['train_s']:5.1f}); peak RSS {r['step_peak_rss_gb']:.2f} GB in the "
               f"step, {r['peak_rss_gb']:.2f} GB with loading; load {r['load'][0]:.1f}->"
@@ -285,6 +298,10 @@ def main() -> None:
               f"training {c['train_s'] / t['train_s']:.2f}x); step peak RSS "
               f"{c['step_peak_rss_gb'] / t['step_peak_rss_gb']:.2f}x, with loading "
               f"{c['peak_rss_gb'] / t['peak_rss_gb']:.2f}x")  # fmt: skip
+        tc, cc = t["gen_cpu_s"] + t["train_cpu_s"], c["gen_cpu_s"] + c["train_cpu_s"]
+        print(f"coderl / TRL in CPU-s: {cc / tc:.2f}x (generation "
+              f"{c['gen_cpu_s'] / t['gen_cpu_s']:.2f}x, training "
+              f"{c['train_cpu_s'] / t['train_cpu_s']:.2f}x)")  # fmt: skip
 
 
 if __name__ == "__main__":
