@@ -20,7 +20,8 @@ Both sides, each in its own subprocess (so their RSS is separate), run the same 
 Generation time is the sampling call (coderl ``policy.generate``; TRL its ``_generate`` method,
 which includes tokenisation and HF ``generate``); training is the rest of the step (rewards,
 advantages, logprob recomputation if any, forward/backward, optimizer). Peak RSS is the process's
-``VmHWM`` (reset after loading, so it is the step's peak) and ``ru_maxrss`` (including loading).
+``VmRSS`` polled every 10 ms from the first timed step on (after ``malloc_trim``, see
+:class:`PeakRSS`) and ``ru_maxrss`` (including loading).
 The first ``--warmup`` steps are not timed.
 
 Set up once (TRL is a benchmark-only extra, never a dependency of coderl)::
@@ -35,12 +36,15 @@ Set up once (TRL is a benchmark-only extra, never a dependency of coderl)::
 from __future__ import annotations
 
 import argparse
+import ctypes
+import gc
 import json
 import os
 import resource
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -63,19 +67,44 @@ def reward(text: str) -> float:
     return len(set(words)) / max(len(words), 1)
 
 
-def reset_peak_rss() -> None:
-    """Reset this process's VmHWM (Linux ``clear_refs`` 5), so the next peak is the step's."""
-    with open("/proc/self/clear_refs", "w") as f:
-        f.write("5")
+class PeakRSS:
+    """Peak resident set size of this process from a moment on: a thread polls ``VmRSS`` every
+    10 ms (``VmHWM`` cannot be trusted to reset: ``clear_refs`` 5 was ignored on the machine
+    this was written on, so both sides reported their loading peak). ``start`` first returns the
+    heap memory that loading freed to the OS (``malloc_trim``), so a lower step peak is not
+    hidden under the loader's freed arenas."""
+
+    def __init__(self) -> None:
+        self.peak = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._poll, daemon=True)
+
+    @staticmethod
+    def rss() -> int:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+        return 0
+
+    def _poll(self) -> None:
+        while not self._stop.wait(0.01):
+            self.peak = max(self.peak, self.rss())
+
+    def start(self) -> None:
+        gc.collect()
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+        self.peak = self.rss()
+        self._thread.start()
+
+    def stop_gb(self) -> float:
+        self._stop.set()
+        self._thread.join()
+        return max(self.peak, self.rss()) / 1e9
 
 
-def peak_rss_gb() -> tuple[float, float]:
-    """(VmHWM since the last reset, ru_maxrss since start), GB."""
-    hwm = 0.0
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
-            hwm = int(line.split()[1]) / 1e6
-    return hwm, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6
+def process_peak_gb() -> float:
+    """``ru_maxrss`` (loading included), GB."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6
 
 
 def load_model():
@@ -108,9 +137,10 @@ def run_coderl(steps: int, warmup: int, precision: str) -> dict:
     group_ids = torch.arange(PROMPTS).repeat_interleave(GROUP)
     policy.generate([[1, 2, 3]], SamplingParams(max_new_tokens=4))  # one-time set-up, untimed
     times = []
+    peak = PeakRSS()
     for step in range(warmup + steps):
         if step == warmup:
-            reset_peak_rss()
+            peak.start()
         msgs = messages(PROMPTS, PROMPTS * step)
         ids = [tok.encode(render(tok, m, add_generation_prompt=True), add_special_tokens=False)
                for m in msgs]  # fmt: skip
@@ -134,7 +164,7 @@ def run_coderl(steps: int, warmup: int, precision: str) -> dict:
         t2, c2 = time.perf_counter(), time.process_time()
         if step >= warmup:
             times.append((t1 - t0, t2 - t1, m.get("logprob_gap", 0.0), c1 - c0, c2 - c1))
-    hwm, maxrss = peak_rss_gb()
+    hwm, maxrss = peak.stop_gb(), process_peak_gb()
     return {
         "gen_s": sum(t[0] for t in times) / len(times),
         "train_s": sum(t[1] for t in times) / len(times),
@@ -206,11 +236,12 @@ def run_trl(steps: int, warmup: int) -> dict:
     trainer._generate = timed_generate
     steps_s: list[float] = []
     steps_cpu: list[float] = []
+    peak = PeakRSS()
 
     class StepTimer(TrainerCallback):
         def on_step_begin(self, args, state, control, **kw):
             if state.global_step == warmup:
-                reset_peak_rss()
+                peak.start()
             self.t, self.c = time.perf_counter(), time.process_time()
 
         def on_step_end(self, args, state, control, **kw):
@@ -219,7 +250,7 @@ def run_trl(steps: int, warmup: int) -> dict:
 
     trainer.add_callback(StepTimer())
     trainer.train()
-    hwm, maxrss = peak_rss_gb()
+    hwm, maxrss = peak.stop_gb(), process_peak_gb()
     n_gen = len(gen_times)
     assert n_gen == len(steps_s) == warmup + steps, (n_gen, len(steps_s))
     gen = gen_times[warmup:]
