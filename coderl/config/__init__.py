@@ -358,8 +358,13 @@ class EngineConfig(_Section):
     ``.venv-vllm`` (``make vllm``) and stops it at the end."""
     python: str | None = None
     """Interpreter that starts the server (None: ``$CODERL_VLLM_PYTHON`` or ``.venv-vllm``)."""
-    dtype: Literal["float32", "bfloat16"] = "float32"
-    """Weight dtype of a server coderl starts."""
+    dtype: Literal["auto", "float32", "bfloat16"] = "float32"
+    """Sampling precision; the trainer stays fp32 (asymmetric precision). ``torch``: sample from
+    the policy's weights (float32) or from a bf16 copy kept current
+    (``coderl.policy.precision``); ``vllm``: the server's weight dtype. ``auto``: bfloat16 iff
+    the device has bf16 units (CPU flags avx512_bf16 / amx_bf16; CUDA bf16 support), else
+    float32. With bf16 the behaviour logprobs differ from the trainer's (logged as
+    ``logprob_gap``); keep ``algorithm.old_logp=trainer`` with importance weights to correct it."""
     max_model_len: int = Field(2048, ge=64)
     """Context length (prompt + completion) of a server coderl starts."""
     kv_cache_gib: int = Field(2, ge=1)
@@ -376,11 +381,12 @@ class EngineConfig(_Section):
     ``bfloat16`` (SmolLM2 measured 3.3e-2 against the fp32 trainer: in bf16 the canary catches a
     wrong or missing adapter, not a one-step-stale one)."""
 
-    def canary_gap(self) -> float:
-        """``canary_max_gap`` with its dtype default filled in."""
+    def canary_gap(self, dtype: str | None = None) -> float:
+        """``canary_max_gap`` with its default for the server's resolved ``dtype`` (default:
+        ``self.dtype``) filled in."""
         if self.canary_max_gap is not None:
             return self.canary_max_gap
-        return 1e-3 if self.dtype == "float32" else 0.1
+        return 1e-3 if (dtype or self.dtype) == "float32" else 0.1
 
 
 class Config(_Section):

@@ -201,8 +201,8 @@ class StaticCacheBackend:
             q = _rope(attn.q_proj(h).view(1, T, self.H, self.D).transpose(1, 2), cos, sin)
             k = _rope(attn.k_proj(h).view(1, T, self.KV, self.D).transpose(1, 2), cos, sin)
             v = attn.v_proj(h).view(1, T, self.KV, self.D).transpose(1, 2)  # (1, KV, T, D)
-            self.k[i, row, :, start:end] = k[0]
-            self.v[i, row, :, start:end] = v[0]
+            self.k[i, row, :, start:end] = k[0].to(self.k.dtype)  # autocast: bf16 into fp32
+            self.v[i, row, :, start:end] = v[0].to(self.v.dtype)
             keys, values = self.k[i, row : row + 1, :, :end], self.v[i, row : row + 1, :, :end]
             o = F.scaled_dot_product_attention(
                 q,
@@ -227,23 +227,27 @@ class StaticCacheBackend:
         cos, sin = cos[:, None], sin[:, None]  # (R, 1, 1, D)
         rows = torch.arange(R, device=tokens.device)
         visible = torch.arange(T, device=tokens.device)[None] <= pos[:, None]  # (R, T)
-        bias = torch.zeros(R, 1, 1, T, device=tokens.device, dtype=x.dtype)
-        bias = bias.masked_fill(~visible[:, None, None], float("-inf"))
-        G = self.H // self.KV
+        visible = visible[:, None, None]  # (R, 1, 1, T) bool: True = attend
         for i, layer in enumerate(self.decoder.layers):
             attn = layer.self_attn
             h = layer.input_layernorm(x)
             q = _rope(attn.q_proj(h).view(R, 1, self.H, self.D).transpose(1, 2), cos, sin)
             k = _rope(attn.k_proj(h).view(R, 1, self.KV, self.D).transpose(1, 2), cos, sin)
             v = attn.v_proj(h).view(R, self.KV, self.D)
-            self.k[i, rows, :, pos] = k[:, :, 0]
-            self.v[i, rows, :, pos] = v
-            keys = self.k[i, :, :, :T]  # (R, KV, T, D)
-            values = self.v[i, :, :, :T]
-            q = q.view(R, self.KV, G, self.D)  # query heads grouped by their KV head
-            scores = (q @ keys.transpose(-1, -2)) * self.scale + bias  # (R, KV, G, T)
-            o = scores.softmax(-1) @ values  # (R, KV, G, D)
-            x = x + attn.o_proj(o.reshape(R, 1, self.H * self.D))
+            self.k[i, rows, :, pos] = k[:, :, 0].to(self.k.dtype)
+            self.v[i, rows, :, pos] = v.to(self.v.dtype)
+            # SDPA's fused CPU kernel reads the (R, KV, T, D) cache once per KV head (the two
+            # bmm's it replaces cost 2.7 ms per layer in fp32 and 3.8 in bf16 at R=32, T=400;
+            # SDPA 2.4 and 1.2); query head h reads KV head h // (H / KV), as transformers' GQA.
+            o = F.scaled_dot_product_attention(
+                q,
+                self.k[i, :, :, :T],
+                self.v[i, :, :, :T],
+                attn_mask=visible,
+                scale=self.scale,
+                enable_gqa=True,
+            )  # (R, H, 1, D)
+            x = x + attn.o_proj(o.transpose(1, 2).reshape(R, 1, self.H * self.D))
             x = x + layer.mlp(layer.post_attention_layernorm(x))
         self.length = self.length + 1
         return self.lm_head(self.decoder.norm(x[:, 0])).float()  # (R, V)

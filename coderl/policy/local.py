@@ -36,6 +36,7 @@ from coderl.policy.base import Completion, Engine, SamplingParams
 from coderl.policy.batch import TrainBatch, collate
 from coderl.policy.engine import TorchEngine
 from coderl.policy.forward import forward
+from coderl.policy.precision import LowPrecisionSampler, resolve_precision
 from coderl.trajectory import Segment
 
 
@@ -86,6 +87,9 @@ class LocalPolicy:
         engine: the sampling backend, a name in :data:`coderl.policy.engine.BACKENDS` or
             ``"auto"``.
         name: where the model came from, for provenance.
+        sampler_precision: ``"float32"`` (sample from the trainer's weights), ``"bfloat16"`` (from
+            a bf16 copy kept current, :class:`coderl.policy.precision.LowPrecisionSampler`) or
+            ``"auto"`` (bf16 iff the device has bf16 units); see :meth:`set_sampler_precision`.
     """
 
     def __init__(
@@ -99,6 +103,7 @@ class LocalPolicy:
         reference_device: str | torch.device | None = None,
         engine: str = "auto",
         name: str = "",
+        sampler_precision: str = "float32",
     ):
         self.tokenizer = tokenizer
         self.name = name
@@ -129,9 +134,48 @@ class LocalPolicy:
         self.eos_token_ids = _eos_ids(model, tokenizer)
         pad = tokenizer.pad_token_id
         self.pad_token_id: int = pad if pad is not None else self.eos_token_ids[0]
-        self.engine: Engine = TorchEngine(
-            self.model, self.eos_token_ids, self.pad_token_id, backend=engine
+        self.engine_backend = engine
+        self.engine: Engine
+        self.low_precision: LowPrecisionSampler | None = None
+        self._sampled_version = 0  # the version the last generate call sampled
+        self.set_sampler_precision(sampler_precision)
+
+    def set_sampler_precision(self, precision: str) -> torch.dtype:
+        """Sample from the trainer's weights (``"float32"``) or from a bf16 copy of them
+        (``"bfloat16"``; ``"auto"``: bf16 iff :func:`coderl.policy.precision.has_bf16_units`).
+
+        The trainer's forward (:meth:`forward`, :meth:`logprob_gap`, the reference) stays on the
+        trainer's weights in their own dtype; only :meth:`generate` changes. With a bf16 sampler
+        the completions' logprobs are the bf16 function's, so they differ from the trainer's:
+        train with ``algorithm.old_logp=trainer`` and importance weights to correct it (see
+        :mod:`coderl.policy.precision`). Costs one bf16 copy of the model in memory.
+
+        Returns:
+            The dtype sampling now uses.
+
+        Raises:
+            ValueError: an unknown precision (lists the valid ones).
+        """
+        dtype = resolve_precision(precision, self.device)
+        weights = next(self.model.parameters()).dtype
+        if dtype == weights:
+            self.low_precision = None
+            model = self.model
+        else:
+            if self.low_precision is None or self.low_precision.dtype != dtype:
+                self.low_precision = LowPrecisionSampler(self.model, dtype)
+            model = self.low_precision.model
+        self.engine = TorchEngine(
+            model, self.eos_token_ids, self.pad_token_id, backend=self.engine_backend
         )
+        return dtype
+
+    @property
+    def sampler_dtype(self) -> torch.dtype:
+        """The dtype :meth:`generate` samples in."""
+        if self.low_precision is not None:
+            return self.low_precision.dtype
+        return next(self.model.parameters()).dtype
 
     @property
     def is_lora(self) -> bool:
@@ -148,7 +192,11 @@ class LocalPolicy:
 
         Every completion carries ``policy_version = self.version``; see
         :class:`~coderl.policy.engine.TorchEngine` for the logprob and finish-reason contract.
+        With a bf16 sampler the copy first takes up any trainable weight that changed.
         """
+        if self.low_precision is not None:
+            self.low_precision.refresh(force=self.version != self._sampled_version)
+        self._sampled_version = self.version
         return self.engine.generate(prompts, params, version=self.version)
 
     # --- trainer side ---------------------------------------------------------------------

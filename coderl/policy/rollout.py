@@ -6,7 +6,7 @@
 ``ENGINES`` maps ``engine.kind`` to a builder; it is the only place a name selects one:
 
 - ``torch``: the policy's own in-process sampler; ``sync`` has nothing to do (it reads the live
-  weights);
+  weights, or with ``engine.dtype`` bf16 a bf16 copy that takes them up before each call);
 - ``vllm``: a vLLM server (started from ``.venv-vllm`` unless ``engine.url`` names one), weights
   synced as versioned LoRA adapters and checked by the canary (:mod:`coderl.policy.vllm_engine`).
 
@@ -39,6 +39,7 @@ from typing import Any, Protocol
 from coderl.config import Config
 from coderl.policy.base import Completion, SamplingParams
 from coderl.policy.local import LocalPolicy
+from coderl.policy.precision import resolve_precision
 
 
 class StaleEngineError(RuntimeError):
@@ -183,6 +184,7 @@ class PinnedVersion:
 
 
 def _torch(cfg: Config, policy: LocalPolicy, training: bool) -> RolloutEngine:
+    policy.set_sampler_precision(cfg.engine.dtype)
     return TorchRollout(policy)
 
 
@@ -191,6 +193,7 @@ def _vllm(cfg: Config, policy: LocalPolicy, training: bool) -> RolloutEngine:
     from coderl.policy.vllm_server import VLLMServer, write_base_model
 
     e = cfg.engine
+    dtype = str(resolve_precision(e.dtype, policy.device)).removeprefix("torch.")
     if training and not policy.is_lora:
         raise ValueError(
             "engine.kind=vllm syncs weights as LoRA adapters and this policy fine-tunes every "
@@ -208,7 +211,7 @@ def _vllm(cfg: Config, policy: LocalPolicy, training: bool) -> RolloutEngine:
             model_dir,
             work / "server.log",
             python=e.python,
-            dtype=e.dtype,
+            dtype=dtype,
             max_model_len=e.max_model_len,
             max_lora_rank=policy.lora.rank if policy.lora else None,
             kv_cache_gib=e.kv_cache_gib,
@@ -220,7 +223,7 @@ def _vllm(cfg: Config, policy: LocalPolicy, training: bool) -> RolloutEngine:
             url,
             policy.eos_token_ids,
             served_name=e.served_name,
-            canary_max_gap=e.canary_gap(),
+            canary_max_gap=e.canary_gap(dtype),
             adapter_dir=work / "adapters",
             server=server,
             timeout_s=e.request_timeout_s,
