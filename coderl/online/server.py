@@ -8,7 +8,8 @@ Endpoints (FastAPI):
   an ``interaction_id`` field and the ``X-Interaction-Id`` header). Sampling is stochastic by
   default (``default_temperature`` > 0): a greedy policy logs nothing to learn from. Extra body
   fields ``episode_id``, ``population`` and ``is_summary`` group turns into episodes and clients
-  into populations.
+  into populations; ``return_token_ids`` returns the sampled and prompt token ids. Each row also
+  names the adapter that served it (``adapter``).
 - ``POST /v1/feedback``: one outcome event, a list, or ``{"events": [...]}`` (see
   :mod:`coderl.online.events`). Malformed events are rejected with a reason (HTTP 400 listing
   them; the valid ones in the same request are still stored) and counted; duplicates are stored
@@ -80,6 +81,10 @@ class ChatRequest(BaseModel):
     episode_id: str | None = Field(default=None, max_length=128)
     population: str | None = Field(default=None, max_length=128)
     is_summary: bool = False
+    return_token_ids: bool = False
+    """Also return the sampled token ids (``choices[0].token_ids``, as vLLM's extension names
+    them) and the prompt's (``prompt_token_ids``): what a token-exact client harness continues
+    from (:mod:`coderl.online.agent_client`)."""
 
 
 def classify(text: str, calls: list[dict[str, Any]], status: str) -> str:
@@ -114,6 +119,7 @@ class InteractionServer:
         reload: given the served version, returns ``(policy, version)`` of the registry's
             champion, or None when it is the served one (for ``/v1/admin/reload``); None
             disables the endpoint.
+        adapter: the name of the served adapter, recorded with every interaction.
     """
 
     def __init__(
@@ -129,6 +135,7 @@ class InteractionServer:
         clock: Callable[[], float] = time.time,
         call_format: str = EpisodeConfig.call_format,
         template_tools: bool = EpisodeConfig.template_tools,
+        adapter: str = "shared",
     ) -> None:
         if default_temperature <= 0:
             raise ValueError("default_temperature must be > 0: greedy traffic teaches nothing")
@@ -138,13 +145,15 @@ class InteractionServer:
         self.model_name = model_name
         self.default_temperature = default_temperature
         self.max_new_tokens = max_new_tokens
+        self.adapter = adapter
         self._reload, self._clock = reload, clock
         self._lock = threading.Lock()
 
-    def swap(self, policy: Any, version: int) -> None:
-        """Serve new weights from the next request on."""
+    def swap(self, policy: Any, version: int, adapter: str | None = None) -> None:
+        """Serve new weights (and, if given, a new adapter name) from the next request on."""
         with self._lock:
             self.policy, self.version = policy, version
+            self.adapter = self.adapter if adapter is None else adapter
 
     def complete(self, req: ChatRequest) -> dict[str, Any]:
         """Generate one reply, record it, return the OpenAI response body.
@@ -163,7 +172,7 @@ class InteractionServer:
             raise HTTPException(400, str(e)) from None
         start = time.perf_counter()
         with self._lock:
-            policy, version = self.policy, self.version
+            policy, version, adapter = self.policy, self.version, self.adapter
             try:
                 renderer = renderer_for(
                     policy.tokenizer,
@@ -200,6 +209,7 @@ class InteractionServer:
                 temperature=temperature,
                 episode_id=req.episode_id,
                 population=req.population or req.user or "default",
+                adapter=adapter,
                 action=action,
                 tool_call_status=status,
                 top_p=params.top_p,
@@ -212,7 +222,11 @@ class InteractionServer:
                 response_text=text,
             )
         )
-        return self._response(iid, req, policy.tokenizer, len(prompt), out, content, calls, version)
+        body = self._response(iid, req, policy.tokenizer, len(prompt), out, content, calls, version)
+        if req.return_token_ids:
+            body["prompt_token_ids"] = list(prompt)
+            body["choices"][0]["token_ids"] = list(out.token_ids)
+        return body
 
     def _response(
         self,
