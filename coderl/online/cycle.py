@@ -13,6 +13,14 @@ One cycle, top to bottom (:func:`run_cycle`):
    (:mod:`coderl.online.gate`);
 5. promote (atomic champion pointer swap) or reject with the reasons; the report (timings,
    exclusions by reason, ESS, KL, monitors, gate) is appended to ``run_dir/cycles.jsonl``.
+
+The report times each phase in seconds: ``finalize_s`` (rewards, selection, claim), ``train_s``,
+``gate_s`` (held-out evaluation of both policies, alarms, probes, the gate; ``eval_s`` is its
+evaluation part) and ``promote_s``; a driver that collects traffic first adds ``collect_s``
+(:func:`run_cycle`'s ``extra``). It also gives the trainable reward per population, one value
+per episode (its turns share it), and the held-out metrics of both policies, each as a mean
+with its percentile-bootstrap 95% CI (:func:`coderl.stats.estimate`; the unit is the episode,
+or the task).
 """
 
 from __future__ import annotations
@@ -42,6 +50,10 @@ from coderl.online.store import Store
 from coderl.online.update import select_trainable, update
 from coderl.policy import LoraSpec, load_policy
 from coderl.rewards.hacks import reply_detector
+from coderl.stats import estimate
+
+PHASES = ("collect", "finalize", "train", "gate", "promote")
+"""The phases of a cycle, as ``{phase}_s`` fields of its report."""
 
 
 def database_url(cfg: Config) -> str:
@@ -187,6 +199,25 @@ def _train(
     return version, metrics
 
 
+def _ci(values: list[float]) -> dict[str, float]:
+    e = estimate(values)
+    return {"n": len(values), "mean": e.mean, "lo": e.lo, "hi": e.hi}
+
+
+def population_rewards(
+    rows: list[dict[str, Any]], rewards: dict[str, dict[str, Any]]
+) -> dict[str, dict[str, float]]:
+    """Per population: ``{"n": episodes, "turns", "mean", "lo", "hi"}`` of the reward, one value
+    per episode (every turn of an episode carries the episode's reward)."""
+    per_episode: dict[str, dict[str, float]] = {}
+    turns: dict[str, int] = {}
+    for r in rows:
+        pop = r["population"]
+        per_episode.setdefault(pop, {})[r["episode_id"]] = rewards[r["interaction_id"]]["reward"]
+        turns[pop] = turns.get(pop, 0) + 1
+    return {p: {**_ci(list(v.values())), "turns": turns[p]} for p, v in sorted(per_episode.items())}
+
+
 def run_cycle(
     cfg: Config,
     *,
@@ -194,9 +225,11 @@ def run_cycle(
     clock: Callable[[], float] = time.time,
     log: Callable[[str], None] = print,
     graders: dict[str, Any] | None = None,
+    extra: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """One claim -> train -> evaluate -> promote/reject cycle (see the module docstring);
-    ``graders`` overrides the learned graders the probes test (see :func:`probe_learned`).
+    ``graders`` overrides the learned graders the probes test (see :func:`probe_learned`);
+    ``extra`` is merged into the report (what the driver measured, e.g. ``collect_s``).
 
     Returns:
         the cycle report (also appended to ``run_dir/cycles.jsonl``); ``decision`` is
@@ -211,6 +244,7 @@ def run_cycle(
         "started_at": now,
         "champion_before": champion,
         "spec_version": cfg.online.reward.version,
+        **(extra or {}),
     }
     rep["finalize"] = asdict(finalize(store, cfg.online.reward, now=now))
     ids = store.unclaimed_scored(cfg.online.reward.version)
@@ -222,7 +256,9 @@ def run_cycle(
     )
     rep["excluded"] = dict(sel.excluded) | {"censored": rep["finalize"]["censored"]}
     rep["trainable"] = len(sel.kept)
+    rep["populations"] = population_rewards(sel.kept, rewards)
     if len(sel.kept) < cfg.online.min_batch:
+        rep["finalize_s"] = time.perf_counter() - t0
         rep["decision"] = "waiting"
         log(f"waiting: {len(sel.kept)} trainable interactions < min_batch {cfg.online.min_batch}")
         return _finish(cfg, store, rep, t0)
@@ -235,6 +271,7 @@ def run_cycle(
     )
     kept = [r for r in kept if r["interaction_id"] in set(claimed)]
     rep["batch"] = {"batch_id": batch_id, "size": len(kept)}
+    rep["finalize_s"] = time.perf_counter() - t0
     t = time.perf_counter()
     try:
         candidate, metrics = _train(cfg, store, registry, kept, rewards, champion)
@@ -249,7 +286,7 @@ def run_cycle(
         status="candidate",
         now=now,
     )
-    t = time.perf_counter()
+    t_gate = t = time.perf_counter()
     ev = evaluator or heldout_evaluator(cfg)
     cand_eval = ev(load_version(cfg, registry, candidate))
     champ_eval = ev(load_version(cfg, registry, champion))
@@ -262,6 +299,11 @@ def run_cycle(
     probes, rep["probes"] = probe_learned(cfg, cand_eval.views, graders)
     gate = run_gate(cfg.online.gate, heldout, behaviour, alarms, hack_rates, probes or None)
     rep["gate"], rep["monitors"] = gate.to_dict(), snap
+    rep["heldout"] = {
+        k: {"candidate": _ci(cand), "champion": _ci(champ)} for k, (cand, champ) in heldout.items()
+    }
+    rep["gate_s"] = time.perf_counter() - t_gate
+    t = time.perf_counter()
     if gate.promote:
         registry.promote(candidate, gate.to_dict())
         store.set_version_status(champion, "retired", now=now)
@@ -272,6 +314,7 @@ def run_cycle(
         store.set_version_status(candidate, "rejected", now=now)
         rep["decision"] = "rejected"
     rep["champion_after"] = registry.champion()
+    rep["promote_s"] = time.perf_counter() - t
     return _finish(cfg, store, rep, t0)
 
 
@@ -285,22 +328,24 @@ def _finish(cfg: Config, store: Store, rep: dict[str, Any], t0: float) -> dict[s
     return rep
 
 
+def _fmt_ci(e: dict[str, float]) -> str:
+    return f"{e['mean']:.3f} [{e['lo']:.3f}, {e['hi']:.3f}]"
+
+
+def phase_split(rep: dict[str, Any]) -> str:
+    """``collect 12.3 / finalize 0.1 / ...``: the phases a report timed, in seconds."""
+    return " / ".join(f"{p} {rep[f'{p}_s']:.1f}" for p in PHASES if f"{p}_s" in rep)
+
+
 def print_report(rep: dict[str, Any], console: Console | None = None) -> None:
     """A cycle report as rich tables: decision, timings, exclusions, gate, monitors."""
     console = console or Console()
     t = Table(title=f"online cycle: {rep['decision']}", show_header=False)
-    for k in (
-        "champion_before",
-        "candidate",
-        "champion_after",
-        "trainable",
-        "cycle_s",
-        "train_s",
-        "eval_s",
-    ):
+    for k in ("champion_before", "candidate", "champion_after", "trainable", "cycle_s"):
         if k in rep:
             v = rep[k]
             t.add_row(k, f"{v:.2f}" if isinstance(v, float) else str(v))
+    t.add_row("phases (s)", phase_split(rep))
     t.add_row("excluded", json.dumps(rep.get("excluded", {})))
     t.add_row("finalize", json.dumps({k: v for k, v in rep["finalize"].items() if v}))
     t.add_row(
@@ -322,6 +367,16 @@ def print_report(rep: dict[str, Any], console: Console | None = None) -> None:
             f"held-out {c['metric']}",
             f"cand {c['candidate_mean']:.3f} vs champ "
             f"{c['champion_mean']:.3f} (lower {c['lower_bound']:.3f}, margin {c['margin']})",
+        )
+    for metric, pols in rep.get("heldout", {}).items():
+        t.add_row(
+            f"held-out {metric} (95% CI)",
+            ", ".join(f"{p} {_fmt_ci(e)}" for p, e in pols.items())
+            + f" over {pols['champion']['n']} tasks",
+        )
+    for pop, e in rep.get("populations", {}).items():
+        t.add_row(
+            f"reward {pop} (95% CI)", f"{_fmt_ci(e)} over {e['n']} episodes, {e['turns']} turns"
         )
     for r in rep.get("gate", {}).get("reasons", []):
         t.add_row("reason", r)

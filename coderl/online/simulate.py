@@ -70,6 +70,8 @@ class SimStats:
     """Agent episodes (``simulate.agent``); ``requests`` counts their turns."""
     summaries: int = 0
     """Self-summary turns among ``requests``."""
+    harness_errors: int = 0
+    """Agent episodes the harness could not start (no request sent, nothing recorded)."""
 
 
 def post_json(url: str, body: Any) -> tuple[int, dict[str, Any]]:
@@ -111,6 +113,9 @@ class SimulatedPopulation:
     """The served model's tokenizer; the client-side harness renders with it (agent mode)."""
     episode: EpisodeConfig | None = None
     """The harness settings of agent episodes, in the served call format (agent mode)."""
+
+    last_error: str | None = None
+    """Traceback of the last episode the harness could not start."""
 
     def __post_init__(self) -> None:
         if self.cfg.agent and (self.tokenizer is None or self.episode is None):
@@ -158,6 +163,10 @@ class SimulatedPopulation:
         finally:
             sandbox.close()
         ep = served.episode
+        if not served.turns:  # the harness failed before its first request: infrastructure
+            s.harness_errors += 1
+            self.last_error = ep.error
+            return
         s.episodes += 1
         s.requests += len(served.turns)
         s.summaries += sum(t.summary for t in served.turns)
