@@ -138,3 +138,30 @@ def test_a_turn_after_its_episode_was_scored_is_censored_and_the_rest_stay(tmp_p
     assert after["c"]["terms"]["kind"] == "late_turn"
     assert after["a"] == before["a"] and after["b"] == before["b"]
     assert finalize(store, SPEC, now=t0 + 3 * WINDOW_S, recompute=True).late_turns == 0
+
+
+def test_a_code_block_in_chat_is_graded_as_the_edit_the_server_recorded(tok, tmp_path: Path):
+    # no tool call, the code pasted in a fenced block: the server classifies the turn as an edit,
+    # so the simulated user grades that code; otherwise the episode would score an edit without
+    # outcome (above the deferral reward) for code nobody looked at
+    replies = iter([f"```python\n{SOLVED}```", call("submit", {})])
+    policy = ScriptedPolicy(tok, lambda prompt: next(replies))
+    store = Store(f"sqlite:///{tmp_path / 'online.db'}")
+    server = InteractionServer(policy, store, version=0, call_format="xml", template_tools=False)
+    cfg = EpisodeConfig(call_format="xml", template_tools=False, max_tokens_per_turn=100,
+                        context_budget=3000)  # fmt: skip
+    bg = BackgroundServer(server.app())
+    try:
+        sim_cfg = SimulateConfig(agent=True, drop_rate=0, duplicate_rate=0, malformed_rate=0)
+        sim = SimulatedPopulation(
+            bg.base_url, sim_cfg, tasks=[TASK], sandbox="bwrap", tokenizer=tok, episode=cfg
+        )
+        stats = sim.run(1)
+    finally:
+        bg.stop()
+    assert stats.edits == stats.passed == 1 and stats.requests == 2
+    rows = store.interactions()
+    assert sorted(r["action"] for r in rows) == ["edit", "tool"]
+    finalize(store, SPEC, now=max(r["created_at"] for r in rows) + WINDOW_S + 1)
+    values = {v["reward"] for v in store.rewards("agent").values()}
+    assert len(values) == 1 and values.pop() > 1.9  # accepted, persisted, satisfied

@@ -50,6 +50,8 @@ class Turn:
     """Client-side wall time of the request."""
     finished_at: float
     """Unix seconds when the reply arrived (the time of its ``latency_ms`` event)."""
+    text: str = ""
+    """The reply's content as the server returned it (the raw text when it has no valid call)."""
 
 
 @dataclass
@@ -145,5 +147,6 @@ def run_served_episode(
             },
         )
         latency = 1000.0 * (time.perf_counter() - t0)
-        turns.append(Turn(r.id, req.summary, latency, time.time()))
+        text = r.choices[0].message.content or ""
+        turns.append(Turn(r.id, req.summary, latency, time.time(), text))
         send = completion_of(r.choices[0], req)

@@ -170,8 +170,17 @@ class SimulatedPopulation:
         s.episodes += 1
         s.requests += len(served.turns)
         s.summaries += sum(t.summary for t in served.turns)
-        edited = bool(ep.diff.strip())
-        ok = edited and grade_function(task, ep.diff, factory=factory).resolved
+        # an edit is a change to the workspace, or, as for single requests, a code block the
+        # server classified as an edit (the user may paste it): the client and the reward agree
+        code = None
+        if not ep.diff.strip():
+            blocks = [t.text for t in served.turns if classify(t.text, [], "none") == "edit"]
+            code = extract_code(blocks[-1]) if blocks else None
+        edited = bool(ep.diff.strip()) or code is not None
+        if ep.diff.strip():
+            ok = grade_function(task, ep.diff, factory=factory).resolved
+        else:
+            ok = code is not None and passes(suite_task, code, sandbox=self.sandbox)
         s.edits += edited
         s.passed += ok
         last = served.turns[-1].interaction_id
