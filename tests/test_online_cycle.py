@@ -283,3 +283,45 @@ def test_a_port_in_use_is_a_one_line_error_naming_the_key():
             ValueError, match=f"online.serve.host/port: cannot listen on 127.0.0.1:{port}"
         ):
             BackgroundServer(FastAPI(), "127.0.0.1", port)
+
+
+def test_the_report_times_each_phase_and_gives_rewards_and_heldout_with_cis(loop) -> None:
+    from coderl.online.cli import cycle_time_summary
+    from coderl.online.cycle import phase_split
+
+    cfg, stats, rep = loop
+    for phase in ("finalize", "train", "gate", "promote"):
+        assert rep[f"{phase}_s"] >= 0
+    assert rep["eval_s"] <= rep["gate_s"]
+    assert sum(rep[f"{p}_s"] for p in ("finalize", "train", "gate", "promote")) <= rep["cycle_s"]
+    assert phase_split(rep).startswith("finalize ") and "collect" not in phase_split(rep)
+    pops = rep["populations"]
+    assert set(pops) <= {"org-0", "org-1"}
+    # single-turn traffic: one turn per episode, every trained row counted once
+    assert sum(p["turns"] for p in pops.values()) == rep["trainable"]
+    assert sum(p["n"] for p in pops.values()) == rep["trainable"]
+    for p in pops.values():
+        assert p["lo"] <= p["mean"] <= p["hi"]
+    [cmp] = rep["gate"]["comparisons"]
+    held = rep["heldout"]["pass@1"]
+    assert held["candidate"]["mean"] == pytest.approx(cmp["candidate_mean"])
+    assert held["champion"]["mean"] == pytest.approx(cmp["champion_mean"])
+    assert held["champion"]["n"] == len(TASKS)
+    reports = [{**rep, "collect_s": 4.0, "total_s": rep["cycle_s"] + 4.0}, {**rep, "total_s": 1.0}]
+    line = cycle_time_summary(reports)
+    assert line.startswith("cycle time: median ") and "over 2 cycles" in line
+    assert "collect 2.0" in line  # the median of 4.0 and a cycle that collected nothing
+
+
+def test_the_smollm2_preset_serves_agent_traffic_through_vllm() -> None:
+    from coderl.online.cli import agent_episode_config
+
+    cfg = load_online_config("configs/online-smollm2.yaml")
+    assert cfg.model.name == "smollm2-135m" and cfg.model.lora and cfg.engine.kind == "vllm"
+    sim = cfg.online.simulate
+    assert sim.enabled and sim.agent and sim.populations >= 2 and cfg.online.cycles >= 3
+    ec = agent_episode_config(cfg)
+    assert (ec.call_format, ec.template_tools) == ("xml", False)  # the served format
+    assert ec.context_budget == sim.episode["context_budget"] < cfg.engine.max_model_len
+    over = load_online_config("configs/online-smollm2.yaml", ["online.serve.call_format=hermes"])
+    assert agent_episode_config(over).call_format == "hermes"  # the client follows the server

@@ -346,3 +346,64 @@ def test_earlier_tool_calls_are_rendered_back_in_the_served_format(tmp_path: Pat
     assert "Wrote 1 lines." in prompt
     [row] = store.interactions()
     assert row["tool_call_status"] == "none"
+
+
+def test_every_request_records_its_sampling_settings_adapter_and_token_ids(served) -> None:
+    store, policy, bg = served
+    client = OpenAI(base_url=bg.base_url, api_key="unused")
+
+    def ask(**kw):
+        r = client.chat.completions.create(
+            model="tiny", messages=[{"role": "user", "content": "fix it"}], logprobs=True, **kw
+        )
+        [row] = store.interactions(ids=[r.id])
+        return r, row
+
+    r, row = ask(temperature=1.3, top_p=0.9, max_tokens=5, seed=21,
+                 extra_body={"return_token_ids": True})  # fmt: skip
+    assert (row["temperature"], row["top_p"], row["seed"]) == (1.3, 0.9, 21)
+    assert row["max_new_tokens"] == 5 and len(row["completion_token_ids"]) <= 5
+    assert row["adapter"] == "shared" and row["policy_version"] == 3
+    assert r.choices[0].model_extra["token_ids"] == row["completion_token_ids"]
+    assert r.model_extra["prompt_token_ids"] == row["prompt_token_ids"]
+    # the server's cap bounds a larger request; without return_token_ids none come back
+    r, row = ask(max_tokens=500)
+    assert row["max_new_tokens"] == 12 and "token_ids" not in (r.choices[0].model_extra or {})
+    assert row["temperature"] == 0.8 and row["top_p"] == 1.0 and row["seed"] is None
+
+
+def test_a_promotion_is_picked_up_without_a_restart(tmp_path: Path) -> None:
+    store = Store(f"sqlite:///{tmp_path / 'online.db'}")
+    first = load_policy("tiny-random", reference=False, seed=0)
+    second = load_policy("tiny-random", reference=False, seed=1)
+    with torch.no_grad():
+        for p in second.model.parameters():
+            p.add_(torch.randn_like(p), alpha=0.5)
+    champion = {"version": 1}
+
+    def reload(current: int):
+        v = champion["version"]
+        return None if v == current else (second, v)
+
+    srv = InteractionServer(first, store, version=1, max_new_tokens=6, reload=reload)
+    bg = BackgroundServer(srv.app())
+    try:
+        client = OpenAI(base_url=bg.base_url, api_key="unused")
+        msgs = [{"role": "user", "content": "hello"}]
+        a = client.chat.completions.create(model="m", messages=msgs, seed=3, logprobs=True)
+        assert _http(bg.base_url + "/admin/reload").json() == {"policy_version": 1}  # unchanged
+        champion["version"] = 2  # the registry promoted a candidate
+        assert _http(bg.base_url + "/admin/reload").json() == {"policy_version": 2}
+        b = client.chat.completions.create(model="m", messages=msgs, seed=3, logprobs=True)
+    finally:
+        bg.stop()
+    ra, rb = (store.interactions(ids=[x.id])[0] for x in (a, b))
+    assert (ra["policy_version"], ra["adapter"]) == (1, "shared@v1")
+    assert (rb["policy_version"], rb["adapter"]) == (2, "shared@v2")
+    # the new weights sampled it: their own forward reproduces the recorded logprobs
+    seq = rb["prompt_token_ids"] + rb["completion_token_ids"]
+    n = len(rb["prompt_token_ids"])
+    [lp] = second.logprobs([seq], temperature=0.8)
+    assert lp[n:] == pytest.approx(rb["behaviour_logprobs"], abs=1e-3)
+    [old] = first.logprobs([seq], temperature=0.8)
+    assert old[n:] != pytest.approx(rb["behaviour_logprobs"], abs=1e-3)

@@ -220,6 +220,11 @@ class SampleRequest:
     prompt_ids: list[int]
     max_new_tokens: int
     stop_token_ids: tuple[int, ...]
+    messages: list[Message] = field(default_factory=list)
+    """The context window's messages that ``prompt_ids`` renders (the system prompt first): what
+    a client of a served model sends instead of token ids (:mod:`coderl.online.agent_client`)."""
+    summary: bool = False
+    """Whether this turn is the self-summary of a full window."""
 
 
 @dataclass
@@ -285,7 +290,9 @@ class _State:
         delta = self.builder._delta(list(self.pending))
         return n + len(encode(self.renderer.tokenizer, delta))
 
-    def sample(self, extra: Sequence[Message], max_new: int) -> Generator[SampleRequest, Any, str]:
+    def sample(
+        self, extra: Sequence[Message], max_new: int, *, summary: bool = False
+    ) -> Generator[SampleRequest, Any, str]:
         """Append the pending messages and ``extra``, sample a turn, return its text."""
         assert self.builder is not None
         new = [*self.pending, *extra]
@@ -293,7 +300,8 @@ class _State:
         if self.sampled:
             self.builder.add_observation(new)
         stops = self.renderer.stop_token_ids
-        completion = yield SampleRequest(self.builder.prompt_ids(), max_new, stops)
+        window = [dict(m) for m in self.episode.transcripts[-1]]
+        completion = yield SampleRequest(self.builder.prompt_ids(), max_new, stops, window, summary)
         text = self.renderer.content(completion)
         message = {"role": "assistant", "content": text}
         self.builder.add_completion(completion, message=message)
@@ -349,7 +357,7 @@ def _take_turn(st: _State, records: list[ToolCallRecord]) -> None:
 def _summarize(st: _State, max_new: int) -> Generator[SampleRequest, Any, None]:
     """Ask for a summary in the current window, then open a new window with it."""
     ask = [{"role": "user", "content": st.cfg.summary_instruction}]
-    summary = yield from st.sample(ask, min(st.cfg.summary_max_tokens, max_new))
+    summary = yield from st.sample(ask, min(st.cfg.summary_max_tokens, max_new), summary=True)
     st.stats.summaries += 1
     st.new_window(st.task_text + st.cfg.summary_template.format(summary=summary.strip()))
 

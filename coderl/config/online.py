@@ -4,7 +4,7 @@ the gate, monitors, the simulated population)."""
 from __future__ import annotations
 
 import re
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import ConfigDict, Field, field_validator, model_validator
 
@@ -127,6 +127,14 @@ class SimulateConfig(_Section):
     """Share of interactions that also send a malformed event (rejected and counted)."""
     seed: int = 0
     """Seed of the population's choices and of the sampling seeds it sends."""
+    agent: bool = False
+    """Each of the ``interactions_per_cycle`` is a whole agent episode: the harness runs on the
+    client side (tools in a sandbox there), the server generates every turn, summaries included
+    (:mod:`coderl.online.agent_client`); False: one chat request per interaction."""
+    episode: dict[str, Any] = Field(default_factory=dict)
+    """``EpisodeConfig`` fields of those episodes (``max_turns``, ``context_budget``,
+    ``max_tokens_per_turn``, ...) over the run's ``tasks.options.episode``; the call format is
+    always the served one."""
 
 
 SHARED = "shared"

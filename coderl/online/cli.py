@@ -6,14 +6,17 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import time
 from pathlib import Path
 
 from rich.console import Console
 
+from coderl.agent.episode import EpisodeConfig
 from coderl.config import Config, load_online_config
+from coderl.online.calls import harness_format
 from coderl.online.cli_serve import build_server
-from coderl.online.cycle import open_run, print_report, run_cycle
+from coderl.online.cycle import PHASES, open_run, print_report, run_cycle
 from coderl.online.server import BackgroundServer
 from coderl.online.simulate import SimulatedPopulation
 
@@ -27,6 +30,14 @@ def cmd_cycle(args: argparse.Namespace) -> int:
     return 0
 
 
+def agent_episode_config(cfg: Config) -> EpisodeConfig:
+    """The harness settings of simulated agent episodes: ``tasks.options.episode`` updated by
+    ``online.simulate.episode``, in the served call format (:func:`harness_format`)."""
+    call_format, template_tools = harness_format(cfg)
+    fields = {**cfg.tasks.options.get("episode", {}), **cfg.online.simulate.episode}
+    return EpisodeConfig(**fields | {"call_format": call_format, "template_tools": template_tools})
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     """Repeat the cycle ``online.cycles`` times, ``online.interval_s`` apart; report cycle times."""
     cfg = _cfg(args)
@@ -38,18 +49,33 @@ def cmd_run(args: argparse.Namespace) -> int:
         assert champ is not None
         server = build_server(cfg, store, registry, champ)
         bg = BackgroundServer(server.app(), cfg.online.serve.host, cfg.online.serve.port)
-        sim = SimulatedPopulation(bg.base_url, cfg.online.simulate, sandbox=cfg.online.sandbox)
-        console.print(f"serving version {champ} at {bg.base_url} to the simulated population")
-    times = []
+        agent = cfg.online.simulate.agent
+        sim = SimulatedPopulation(
+            bg.base_url,
+            cfg.online.simulate,
+            sandbox=cfg.online.sandbox,
+            tokenizer=server.policy.tokenizer if agent else None,
+            episode=agent_episode_config(cfg) if agent else None,
+        )
+        kind = "agent episodes" if agent else "requests"
+        console.print(f"serving version {champ} at {bg.base_url} to the simulated population "
+                      f"({kind}, {cfg.engine.kind} engine)")  # fmt: skip
+    reports = []
     try:
         for i in range(cfg.online.cycles):
             start = time.time()
+            extra: dict[str, float] = {}
             if sim is not None:
+                t = time.perf_counter()
                 stats = sim.run(cfg.online.simulate.interactions_per_cycle)
                 console.print(f"simulated traffic so far: {stats}")
-                time.sleep(max(cfg.online.reward.windows_s.values()))  # let the join windows close
-            rep = run_cycle(cfg, log=console.print)
-            times.append(rep["cycle_s"])
+                wait = max(cfg.online.reward.windows_s.values())
+                time.sleep(wait)  # let the join windows close
+                extra["window_wait_s"] = wait
+                extra["collect_s"] = time.perf_counter() - t
+            rep = run_cycle(cfg, log=console.print, extra=extra)
+            rep["total_s"] = rep["cycle_s"] + extra.get("collect_s", 0.0)
+            reports.append(rep)
             console.rule(f"cycle {i + 1}/{cfg.online.cycles}")
             print_report(rep, console)
             if server is not None:  # every promoted pointer, shared or a population's
@@ -62,11 +88,16 @@ def cmd_run(args: argparse.Namespace) -> int:
             bg.stop()
         if server is not None:
             server.policy.close()  # the serving engine (a vLLM server coderl started stops)
-    console.print(
-        f"cycle time: mean {sum(times) / len(times):.1f} s, max {max(times):.1f} s "
-        f"over {len(times)} cycles"
-    )
+    console.print(cycle_time_summary(reports))
     return 0
+
+
+def cycle_time_summary(reports: list[dict]) -> str:
+    """Median cycle time (collect included) and the median of each phase, in seconds."""
+    med = {p: statistics.median(r.get(f"{p}_s", 0.0) for r in reports) for p in PHASES}
+    total = statistics.median(r["total_s"] for r in reports)
+    split = " / ".join(f"{p} {v:.1f}" for p, v in med.items())
+    return f"cycle time: median {total:.1f} s over {len(reports)} cycles ({split})"
 
 
 def cmd_import(args: argparse.Namespace) -> int:

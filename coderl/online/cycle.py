@@ -24,6 +24,14 @@ the shared champion (:func:`coderl.online.gate.run_population_gate`), judged by 
 monitors of its own traffic, and is promoted to its own pointer. Everything else (populations
 below ``min_events``, unconfigured ones) trains the shared adapter as without populations. The
 top-level report is the shared track's; ``populations`` holds each population's.
+
+The report times each phase in seconds: ``finalize_s`` (rewards, selection, claim), ``train_s``,
+``gate_s`` (held-out evaluation of both policies, alarms, probes, the gate; ``eval_s`` is its
+evaluation part) and ``promote_s``; a driver that collects traffic first adds ``collect_s``
+(:func:`run_cycle`'s ``extra``). It also gives the trainable reward per population
+(``population_rewards``), one value per episode (its turns share it), and the held-out metrics of both policies, each as a mean
+with its percentile-bootstrap 95% CI (:func:`coderl.stats.estimate`; the unit is the episode,
+or the task).
 """
 
 from __future__ import annotations
@@ -55,6 +63,10 @@ from coderl.online.suites import population_suite
 from coderl.online.update import Selection, select_trainable, update
 from coderl.policy import LoraSpec, load_policy
 from coderl.rewards.hacks import reply_detector
+from coderl.stats import estimate
+
+PHASES = ("collect", "finalize", "train", "gate", "promote")
+"""The phases of a cycle, as ``{phase}_s`` fields of its report."""
 
 
 def database_url(cfg: Config) -> str:
@@ -281,6 +293,25 @@ def _heldout(cand: EvalResult, champ: EvalResult) -> dict[str, tuple[list[float]
     return {k: (cand.scores[k], champ.scores[k]) for k in cand.scores}
 
 
+def _ci(values: list[float]) -> dict[str, float]:
+    e = estimate(values)
+    return {"n": len(values), "mean": e.mean, "lo": e.lo, "hi": e.hi}
+
+
+def population_rewards(
+    rows: list[dict[str, Any]], rewards: dict[str, dict[str, Any]]
+) -> dict[str, dict[str, float]]:
+    """Per population: ``{"n": episodes, "turns", "mean", "lo", "hi"}`` of the reward, one value
+    per episode (every turn of an episode carries the episode's reward)."""
+    per_episode: dict[str, dict[str, float]] = {}
+    turns: dict[str, int] = {}
+    for r in rows:
+        pop = r["population"]
+        per_episode.setdefault(pop, {})[r["episode_id"]] = rewards[r["interaction_id"]]["reward"]
+        turns[pop] = turns.get(pop, 0) + 1
+    return {p: {**_ci(list(v.values())), "turns": turns[p]} for p, v in sorted(per_episode.items())}
+
+
 def run_cycle(
     cfg: Config,
     *,
@@ -289,10 +320,12 @@ def run_cycle(
     clock: Callable[[], float] = time.time,
     log: Callable[[str], None] = print,
     graders: dict[str, Any] | None = None,
+    extra: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """One claim -> train -> evaluate -> promote/reject cycle per training track (see the
     module docstring); ``graders`` overrides the learned graders the probes test (see
-    :func:`probe_learned`).
+    :func:`probe_learned`); ``extra`` is merged into the report (what the driver
+    measured, e.g. ``collect_s``).
 
     Args:
         evaluator: the shared held-out suite (default: :func:`heldout_evaluator`).
@@ -313,6 +346,7 @@ def run_cycle(
         "started_at": now,
         "champion_before": champion,
         "spec_version": cfg.online.reward.version,
+        **(extra or {}),
     }
     rep["finalize"] = asdict(finalize(store, cfg.online.reward, now=now))
     ids = store.unclaimed_scored(cfg.online.reward.version)
@@ -325,12 +359,17 @@ def run_cycle(
         "traffic_share": sum(bool(r["exploration"]) for r in rows) / len(rows) if rows else 0.0,
     }
     suites = _Suites(cfg, registry, {SHARED: evaluator, **(evaluators or {})})
+    tracks = select_tracks(cfg, registry, rows, rewards)
+    kept = [r for sel in tracks.values() for r in sel.kept]
+    rep["population_rewards"] = population_rewards(kept, rewards)
+    selected_s = time.perf_counter() - t0  # finalize + selection, shared by the tracks
     results = {
         track: _run_track(cfg, store, registry, track, sel, rewards, suites, now, log, graders)
-        for track, sel in select_tracks(cfg, registry, rows, rewards).items()
+        for track, sel in tracks.items()
     }
     shared = results.pop(SHARED)
     rep |= shared | {"exploration": rep["exploration"] | shared.get("exploration", {})}
+    rep["finalize_s"] = selected_s + shared.get("finalize_s", 0.0)
     rep["excluded"] = rep["excluded"] | {"censored": rep["finalize"]["censored"]}
     if suites.seconds:
         rep["eval_s"] = suites.seconds
@@ -351,10 +390,13 @@ def _run_track(
     log: Callable[[str], None],
     graders: dict[str, Any] | None,
 ) -> dict[str, Any]:
-    """Claim, train, gate and promote or reject one track; its report."""
+    """Claim, train, gate and promote or reject one track; its report (``finalize_s`` here is
+    the claim's time; :func:`run_cycle` adds the shared rewards and selection)."""
+    t0 = time.perf_counter()
     pop = None if track == SHARED else track
     rep: dict[str, Any] = {"excluded": dict(sel.excluded), "trainable": len(sel.kept)}
     if len(sel.kept) < cfg.online.min_batch:
+        rep["finalize_s"] = time.perf_counter() - t0
         rep["decision"] = "waiting"
         where = "" if pop is None else f"{pop}: "
         log(f"{where}waiting: {len(sel.kept)} trainable interactions < min_batch "
@@ -372,6 +414,7 @@ def _run_track(
     )
     kept = [r for r in kept if r["interaction_id"] in set(claimed)]
     rep["batch"] = {"batch_id": batch_id, "size": len(kept)}
+    rep["finalize_s"] = time.perf_counter() - t0
     t = time.perf_counter()
     try:
         candidate, metrics = _train(cfg, store, registry, kept, rewards, parent, track)
@@ -385,21 +428,27 @@ def _run_track(
     store.add_policy_version(
         candidate, str(registry.version_dir(candidate)), parent=parent, status="candidate", now=now
     )
+    t_gate = time.perf_counter()
     cand_eval, champ_eval = suites(track, candidate), suites(track, parent)
     alarms, snap = production_alarms(cfg, store, registry, now, track)
+    heldout = _heldout(cand_eval, champ_eval)
     behaviour = (champ_eval.behaviour, cand_eval.behaviour)
     hacks = tuple(b.get(SUSPECTED_HACK_RATE) for b in behaviour)
     hack_rates = None if None in hacks else (float(hacks[0]), float(hacks[1]))  # type: ignore[arg-type]
     probes, rep["probes"] = probe_learned(cfg, cand_eval.views, graders)
     g = cfg.online.gate
     if pop is None:
-        gate = run_gate(g, _heldout(cand_eval, champ_eval), behaviour, alarms, hack_rates,
-                        probes or None)  # fmt: skip
+        gate = run_gate(g, heldout, behaviour, alarms, hack_rates, probes or None)
     else:
         shared = _heldout(suites(SHARED, candidate), suites(SHARED, shared_champion))
-        gate = run_population_gate(g, _heldout(cand_eval, champ_eval), shared, behaviour,
+        gate = run_population_gate(g, heldout, shared, behaviour,
                                    alarms, hack_rates, probes or None)  # fmt: skip
     rep["gate"], rep["monitors"] = gate.to_dict(), snap
+    rep["heldout"] = {
+        k: {"candidate": _ci(cand), "champion": _ci(champ)} for k, (cand, champ) in heldout.items()
+    }
+    rep["gate_s"] = time.perf_counter() - t_gate
+    t = time.perf_counter()
     if gate.promote:
         registry.promote(candidate, gate.to_dict(), pop)
         if pop is None or parent != shared_champion:  # a population's first: the shared stays
@@ -411,6 +460,7 @@ def _run_track(
         store.set_version_status(candidate, "rejected", now=now)
         rep["decision"] = "rejected"
     rep["champion_after"] = registry.served(pop)
+    rep["promote_s"] = time.perf_counter() - t
     return rep
 
 
@@ -448,22 +498,24 @@ def _print_populations(pops: dict[str, Any], console: Console) -> None:
     console.print(t)
 
 
+def _fmt_ci(e: dict[str, float]) -> str:
+    return f"{e['mean']:.3f} [{e['lo']:.3f}, {e['hi']:.3f}]"
+
+
+def phase_split(rep: dict[str, Any]) -> str:
+    """``collect 12.3 / finalize 0.1 / ...``: the phases a report timed, in seconds."""
+    return " / ".join(f"{p} {rep[f'{p}_s']:.1f}" for p in PHASES if f"{p}_s" in rep)
+
+
 def print_report(rep: dict[str, Any], console: Console | None = None) -> None:
     """A cycle report as rich tables: decision, timings, exclusions, gate, monitors."""
     console = console or Console()
     t = Table(title=f"online cycle: {rep['decision']}", show_header=False)
-    for k in (
-        "champion_before",
-        "candidate",
-        "champion_after",
-        "trainable",
-        "cycle_s",
-        "train_s",
-        "eval_s",
-    ):
+    for k in ("champion_before", "candidate", "champion_after", "trainable", "cycle_s"):
         if k in rep:
             v = rep[k]
             t.add_row(k, f"{v:.2f}" if isinstance(v, float) else str(v))
+    t.add_row("phases (s)", phase_split(rep))
     t.add_row("excluded", json.dumps(rep.get("excluded", {})))
     t.add_row("finalize", json.dumps({k: v for k, v in rep["finalize"].items() if v}))
     t.add_row(
@@ -485,6 +537,16 @@ def print_report(rep: dict[str, Any], console: Console | None = None) -> None:
             f"held-out {c['metric']}",
             f"cand {c['candidate_mean']:.3f} vs champ "
             f"{c['champion_mean']:.3f} (lower {c['lower_bound']:.3f}, margin {c['margin']})",
+        )
+    for metric, pols in rep.get("heldout", {}).items():
+        t.add_row(
+            f"held-out {metric} (95% CI)",
+            ", ".join(f"{p} {_fmt_ci(e)}" for p, e in pols.items())
+            + f" over {pols['champion']['n']} tasks",
+        )
+    for pop, e in rep.get("population_rewards", {}).items():
+        t.add_row(
+            f"reward {pop} (95% CI)", f"{_fmt_ci(e)} over {e['n']} episodes, {e['turns']} turns"
         )
     for r in rep.get("gate", {}).get("reasons", []):
         t.add_row("reason", r)

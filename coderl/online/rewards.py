@@ -24,6 +24,12 @@ turn has closed:
    **censored**: excluded from training, never scored 0.
 
 Events whose interaction never arrives are held; after ``orphan_window_s`` they count as orphans.
+
+An episode is scored once, when the windows of all the turns it has so far have closed; a turn
+that arrives after that (the client kept going past every window) is a **late turn**: censored
+(``kind = "late_turn"``) and counted, so no turn is trained on under an outcome that a later
+turn could still change, and the rows already scored (and maybe trained on) stay as they are.
+``finalize(..., recompute=True)`` rescores whole episodes from the events.
 """
 
 from __future__ import annotations
@@ -186,9 +192,31 @@ class FinalizeReport:
     censored: int = 0
     pending: int = 0
     late_events: int = 0
+    late_turns: int = 0
+    """Turns that arrived after their episode was scored (censored, see the module docstring)."""
     held_events: int = 0
     orphaned_events: int = 0
     by_kind: dict[str, int] = field(default_factory=dict)
+
+
+def _row(
+    turn: dict[str, Any],
+    spec: RewardSpec,
+    episode_id: str,
+    status: str,
+    reward: float | None,
+    terms: dict[str, Any],
+    now: float,
+) -> dict[str, Any]:
+    return {
+        "interaction_id": turn["interaction_id"],
+        "spec_version": spec.version,
+        "episode_id": episode_id,
+        "status": status,
+        "reward": reward,
+        "terms": terms,
+        "computed_at": now,
+    }
 
 
 def finalize(
@@ -216,6 +244,14 @@ def finalize(
     kinds: dict[str, int] = defaultdict(int)
     out: list[dict[str, Any]] = []
     for episode_id, turns in episodes.items():
+        late = [t for t in turns if t["interaction_id"] not in done]
+        if len(late) < len(turns):  # the episode was scored before these turns arrived
+            rep.late_turns += len(late)
+            rep.censored += len(late)
+            kinds["late_turn"] += len(late)
+            out += [_row(t, spec, episode_id, "censored", None, {"kind": "late_turn"}, now)
+                    for t in late]  # fmt: skip
+            continue
         s = score_episode(spec, turns, events, now)
         if s.status == "pending":
             rep.pending += len(turns)
@@ -228,15 +264,7 @@ def finalize(
             else:
                 rep.censored += 1
             out.append(
-                {
-                    "interaction_id": t["interaction_id"],
-                    "spec_version": spec.version,
-                    "episode_id": episode_id,
-                    "status": s.status,
-                    "reward": s.reward,
-                    "terms": {**s.terms, "kind": s.kind},
-                    "computed_at": now,
-                }
+                _row(t, spec, episode_id, s.status, s.reward, {**s.terms, "kind": s.kind}, now)
             )
     store.upsert_rewards(out)
     for ev in store.unjoined_events():

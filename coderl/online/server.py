@@ -13,6 +13,7 @@ Endpoints (FastAPI):
   every interaction and returned as ``adapter``. A configurable share of requests that set no
   temperature is sampled for exploration at a higher temperature (``online.exploration``),
   recorded with ``exploration = true`` and the logprobs of that tempered distribution.
+  ``return_token_ids`` returns the sampled and prompt token ids.
 - ``POST /v1/feedback``: one outcome event, a list, or ``{"events": [...]}`` (see
   :mod:`coderl.online.events`). Malformed events are rejected with a reason (HTTP 400 listing
   them; the valid ones in the same request are still stored) and counted; duplicates are stored
@@ -87,6 +88,10 @@ class ChatRequest(BaseModel):
     episode_id: str | None = Field(default=None, max_length=128)
     population: str | None = Field(default=None, max_length=128)
     is_summary: bool = False
+    return_token_ids: bool = False
+    """Also return the sampled token ids (``choices[0].token_ids``, as vLLM's extension names
+    them) and the prompt's (``prompt_token_ids``): what a token-exact client harness continues
+    from (:mod:`coderl.online.agent_client`)."""
 
 
 def classify(text: str, calls: list[dict[str, Any]], status: str) -> str:
@@ -270,7 +275,11 @@ class InteractionServer:
             )
         )
         body = self._response(iid, req, policy.tokenizer, len(prompt), out, content, calls, version)
-        return body | {"adapter": route.adapter}
+        body |= {"adapter": route.adapter}
+        if req.return_token_ids:
+            body["prompt_token_ids"] = list(prompt)
+            body["choices"][0]["token_ids"] = list(out.token_ids)
+        return body
 
     def _response(
         self,

@@ -7,6 +7,13 @@ pass, and the follow-up is dissatisfied iff the episode failed (no passing edit)
 events are dropped (censoring), sent twice (idempotency), or accompanied by a malformed event
 (rejection), at configurable rates; a broken tool call produces a ``tool_error`` event.
 
+With ``simulate.agent`` every interaction is a whole agent episode instead of one request: the
+production harness runs on the client side (:mod:`coderl.online.agent_client`: the harness's
+tools, schemas, call format, parsing and self-summarization, the tools executed in a sandbox the
+client holds) and the server generates every turn. The episode is graded as training grades a
+``function`` task (:func:`coderl.tasks.humaneval.grade_function` on the workspace's diff); the
+outcome events name the episode's last turn and every turn (summaries included) shares them.
+
 Hidden tests run in :mod:`coderl.sandbox` (see :mod:`coderl.online.suites`); the population grades
 each reply as it arrives, the evaluator grades all of its replies at once in a thread pool. Tool
 schemas, prompts and call parsing are the harness's (:mod:`coderl.online.calls`): the
@@ -24,6 +31,7 @@ import urllib.request
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, Protocol
 
 from coderl.agent.episode import EpisodeConfig
@@ -58,6 +66,12 @@ class SimStats:
     duplicates_sent: int = 0
     malformed_sent: int = 0
     dropped: int = 0
+    episodes: int = 0
+    """Agent episodes (``simulate.agent``); ``requests`` counts their turns."""
+    summaries: int = 0
+    """Self-summary turns among ``requests``."""
+    harness_errors: int = 0
+    """Agent episodes the harness could not start (no request sent, nothing recorded)."""
 
 
 def post_json(url: str, body: Any) -> tuple[int, dict[str, Any]]:
@@ -71,6 +85,19 @@ def post_json(url: str, body: Any) -> tuple[int, dict[str, Any]]:
         return e.code, json.loads(e.read() or b"{}")
 
 
+def outcome_events(edited: bool, passed: bool) -> list[dict[str, Any]]:
+    """A simulated user's outcome events: an edit is accepted and persists iff the hidden tests
+    pass; the follow-up is dissatisfied iff the episode failed."""
+    events: list[dict[str, Any]] = []
+    if edited:
+        events.append({"type": "accepted" if passed else "rejected"})
+        events.append(
+            {"type": "edit_persisted", "fraction": 1.0 if passed else 0.0, "after_minutes": 30}
+        )
+    events.append({"type": "follow_up", "sentiment": "satisfied" if passed else "dissatisfied"})
+    return events
+
+
 @dataclass
 class SimulatedPopulation:
     """Clients that call ``base_url`` (an OpenAI-compatible ``.../v1``) with traffic tasks."""
@@ -82,8 +109,17 @@ class SimulatedPopulation:
     sandbox: str = "bwrap"
     """Where the hidden tests run (:data:`coderl.online.suites.GRADERS`)."""
     stats: SimStats = field(default_factory=SimStats)
+    tokenizer: Any = None
+    """The served model's tokenizer; the client-side harness renders with it (agent mode)."""
+    episode: EpisodeConfig | None = None
+    """The harness settings of agent episodes, in the served call format (agent mode)."""
+
+    last_error: str | None = None
+    """Traceback of the last episode the harness could not start."""
 
     def __post_init__(self) -> None:
+        if self.cfg.agent and (self.tokenizer is None or self.episode is None):
+            raise ValueError("simulate.agent needs the served tokenizer and an EpisodeConfig")
         check_sandbox(self.sandbox)
         from openai import OpenAI
 
@@ -91,15 +127,77 @@ class SimulatedPopulation:
         self._rng = random.Random(self.cfg.seed)
 
     def run(self, n: int) -> SimStats:
-        """Send ``n`` requests and their outcome events; returns the cumulative stats."""
+        """Send ``n`` requests (agent mode: ``n`` episodes) and their outcome events; returns
+        the cumulative stats."""
         for _ in range(n):
-            self._one()
+            self._episode() if self.cfg.agent else self._one()
         return self.stats
+
+    def _population(self) -> str:
+        return f"org-{self._rng.randrange(self.cfg.clients) % self.cfg.populations}"
+
+    def _episode(self) -> None:
+        """One agent episode through the client-side harness, graded, then its events."""
+        from coderl.online.agent_client import run_served_episode
+        from coderl.sandbox import Sandbox
+        from coderl.tasks.humaneval import grade_function, workspace_base
+
+        rng, s = self._rng, self.stats
+        assert self.episode is not None
+        population, suite_task = self._population(), rng.choice(self.tasks)
+        task = suite_task.task
+        factory = partial(Sandbox.create, backend="local" if self.sandbox == "local" else "bwrap")
+        sandbox = factory(workspace_base(task))
+        try:
+            served = run_served_episode(
+                self._client,
+                self.tokenizer,
+                task,
+                sandbox,
+                self.episode,
+                model=self.model,
+                episode_id=f"ep-{uuid.uuid4().hex}",
+                population=population,
+                seed=rng.randrange(2**31),
+            )
+        finally:
+            sandbox.close()
+        ep = served.episode
+        if not served.turns:  # the harness failed before its first request: infrastructure
+            s.harness_errors += 1
+            self.last_error = ep.error
+            return
+        s.episodes += 1
+        s.requests += len(served.turns)
+        s.summaries += sum(t.summary for t in served.turns)
+        # an edit is a change to the workspace, or, as for single requests, a code block the
+        # server classified as an edit (the user may paste it): the client and the reward agree
+        code = None
+        if not ep.diff.strip():
+            blocks = [t.text for t in served.turns if classify(t.text, [], "none") == "edit"]
+            code = extract_code(blocks[-1]) if blocks else None
+        edited = bool(ep.diff.strip()) or code is not None
+        if ep.diff.strip():
+            ok = grade_function(task, ep.diff, factory=factory).resolved
+        else:
+            ok = code is not None and passes(suite_task, code, sandbox=self.sandbox)
+        s.edits += edited
+        s.passed += ok
+        last = served.turns[-1].interaction_id
+        events: list[dict[str, Any]] = [
+            {"interaction_id": t.interaction_id, "occurred_at": t.finished_at,
+             "type": "latency_ms", "value": t.latency_ms}
+            for t in served.turns
+        ]  # fmt: skip
+        if ep.stats.broken_tool_calls:
+            s.broken_calls += 1
+            events.append({"interaction_id": last, "type": "tool_error", "message": "broken call"})
+        events += [{"interaction_id": last, **e} for e in outcome_events(edited, ok)]
+        self._send(events)
 
     def _one(self) -> None:
         rng, s = self._rng, self.stats
-        client_id = rng.randrange(self.cfg.clients)
-        task = rng.choice(self.tasks)
+        population, task = self._population(), rng.choice(self.tasks)
         tools = [WRITE_FILE] if rng.random() < self.cfg.tool_share else None
         t0 = time.perf_counter()
         r = self._client.chat.completions.create(
@@ -107,7 +205,7 @@ class SimulatedPopulation:
             messages=task.messages(),  # type: ignore[arg-type]
             tools=tools,  # type: ignore[arg-type]
             seed=rng.randrange(2**31),
-            extra_body={"population": f"org-{client_id % self.cfg.populations}"},
+            extra_body={"population": population},
         )
         latency_ms = 1000.0 * (time.perf_counter() - t0)
         s.requests += 1
@@ -123,28 +221,18 @@ class SimulatedPopulation:
         if status == "invalid":
             s.broken_calls += 1
             events.append({"type": "tool_error", "message": "could not parse the tool call"})
-        if edited:
-            events.append({"type": "accepted" if ok else "rejected"})
-            events.append(
-                {"type": "edit_persisted", "fraction": 1.0 if ok else 0.0, "after_minutes": 30}
-            )
-        events.append({"type": "follow_up", "sentiment": "satisfied" if ok else "dissatisfied"})
-        self._send(r.id, events)
+        events += outcome_events(edited, ok)
+        self._send([{"interaction_id": r.id, **e} for e in events])
 
-    def _send(self, interaction_id: str, events: list[dict[str, Any]]) -> None:
+    def _send(self, events: list[dict[str, Any]]) -> None:
+        """Post one interaction's (or episode's) events, each naming its ``interaction_id``;
+        dropped, duplicated and joined by a malformed event at the configured rates."""
         rng, s = self._rng, self.stats
         if rng.random() < self.cfg.drop_rate:
             s.dropped += 1
             return
-        batch = [
-            {
-                "event_id": uuid.uuid4().hex,
-                "interaction_id": interaction_id,
-                "occurred_at": time.time(),
-                **e,
-            }
-            for e in events
-        ]
+        interaction_id = events[-1]["interaction_id"]
+        batch = [{"event_id": uuid.uuid4().hex, "occurred_at": time.time(), **e} for e in events]
         batch += [e for e in batch if rng.random() < self.cfg.duplicate_rate]
         s.duplicates_sent += len(batch) - len(events)
         if rng.random() < self.cfg.malformed_rate:
