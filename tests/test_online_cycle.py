@@ -295,7 +295,7 @@ def test_the_report_times_each_phase_and_gives_rewards_and_heldout_with_cis(loop
     assert rep["eval_s"] <= rep["gate_s"]
     assert sum(rep[f"{p}_s"] for p in ("finalize", "train", "gate", "promote")) <= rep["cycle_s"]
     assert phase_split(rep).startswith("finalize ") and "collect" not in phase_split(rep)
-    pops = rep["populations"]
+    pops = rep["population_rewards"]
     assert set(pops) <= {"org-0", "org-1"}
     # single-turn traffic: one turn per episode, every trained row counted once
     assert sum(p["turns"] for p in pops.values()) == rep["trainable"]

@@ -363,7 +363,7 @@ def test_every_request_records_its_sampling_settings_adapter_and_token_ids(serve
                  extra_body={"return_token_ids": True})  # fmt: skip
     assert (row["temperature"], row["top_p"], row["seed"]) == (1.3, 0.9, 21)
     assert row["max_new_tokens"] == 5 and len(row["completion_token_ids"]) <= 5
-    assert row["adapter"] == "shared" and row["policy_version"] == 3
+    assert row["adapter"] == "shared@v3" and row["policy_version"] == 3
     assert r.choices[0].model_extra["token_ids"] == row["completion_token_ids"]
     assert r.model_extra["prompt_token_ids"] == row["prompt_token_ids"]
     # the server's cap bounds a larger request; without return_token_ids none come back
@@ -391,9 +391,9 @@ def test_a_promotion_is_picked_up_without_a_restart(tmp_path: Path) -> None:
         client = OpenAI(base_url=bg.base_url, api_key="unused")
         msgs = [{"role": "user", "content": "hello"}]
         a = client.chat.completions.create(model="m", messages=msgs, seed=3, logprobs=True)
-        assert _http(bg.base_url + "/admin/reload").json() == {"policy_version": 1}  # unchanged
+        assert _http(bg.base_url + "/admin/reload").json()["policy_version"] == 1  # unchanged
         champion["version"] = 2  # the registry promoted a candidate
-        assert _http(bg.base_url + "/admin/reload").json() == {"policy_version": 2}
+        assert _http(bg.base_url + "/admin/reload").json()["policy_version"] == 2
         b = client.chat.completions.create(model="m", messages=msgs, seed=3, logprobs=True)
     finally:
         bg.stop()
