@@ -166,16 +166,40 @@ def humaneval_environment(cfg: Config) -> AgentEnvironment:
     return AgentEnvironment(cfg, humaneval_tasks)
 
 
+def repository(task: Task) -> str:
+    """The repository a repo task comes from: the package name of ``pypi:NAME==VERSION`` (else
+    the source as written)."""
+    return task.source.removeprefix("pypi:").split("==", 1)[0]
+
+
 def repo_environment(cfg: Config) -> AgentEnvironment:
-    """Tasks from ``tasks.options.tasks_file`` (JSONL written by ``coderl tasks synth``); the
-    split is the task's ``split`` field."""
+    """Tasks from ``tasks.options.tasks_file`` (JSONL written by ``coderl tasks synth``; a path,
+    a glob, or a list of them). The split is the task's ``split`` field, or, when
+    ``tasks.options.heldout_repos`` names repositories, by repository: their tasks are the
+    ``heldout`` split and every other task is ``train`` (the split of issue 16: evaluate on
+    repositories never trained on). Tasks come round-robin over repositories, so that a prefix
+    (``eval.tasks``, ``sft.limit``) covers each of them."""
+    import glob
+
     from coderl.tasks.spec import load_tasks
 
-    path = cfg.tasks.options.get("tasks_file")
-    if not path:
+    spec = cfg.tasks.options.get("tasks_file")
+    if not spec:
         raise ValueError("tasks.options.tasks_file: the repo source needs a task JSONL file")
+    patterns = [spec] if isinstance(spec, str) else list(spec)
+    paths = [p for pat in patterns for p in (sorted(glob.glob(pat)) or [pat])]
+    heldout = cfg.tasks.options.get("heldout_repos")
+
+    def split_of(t: Task) -> str:
+        return t.split if heldout is None else ("heldout" if repository(t) in heldout else "train")
 
     def load(split: str) -> list[Task]:
-        return [t for t in load_tasks(path) if t.split == split]
+        by_repo: dict[str, list[Task]] = {}
+        for path in paths:
+            for t in load_tasks(path):
+                if split_of(t) == split:
+                    by_repo.setdefault(repository(t), []).append(t)
+        queues = list(by_repo.values())
+        return [q[i] for i in range(max(map(len, queues), default=0)) for q in queues if i < len(q)]
 
     return AgentEnvironment(cfg, load, grade_timeout_s=300.0)

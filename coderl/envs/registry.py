@@ -57,7 +57,7 @@ def _humaneval(cfg: Config) -> Environment:
 def _repo(cfg: Config) -> Environment:
     from coderl.envs.agent import repo_environment
 
-    _check_agent_options(cfg, {"episode", "tasks_file"})
+    _check_agent_options(cfg, {"episode", "tasks_file", "heldout_repos"})
     return repo_environment(cfg)
 
 
