@@ -98,14 +98,14 @@ WALK_ALL = os.environ.get("CODERL_ORACLE_WALK") == "all"
 BY_LIBRARY = _tasks_by_kind(WALK_ALL)
 
 
-def _episode_config(budget: int = 3072) -> EpisodeConfig:
+def _episode_config(budget: int | None = None) -> EpisodeConfig:
     cfg = load_config(REPO_BUGFIX)
     ep = cfg.tasks.options["episode"]
     return EpisodeConfig(
         max_turns=cfg.rollout.max_turns,
         max_tokens=cfg.rollout.max_turns * cfg.rollout.max_new_tokens,
         max_tokens_per_turn=cfg.rollout.max_new_tokens,
-        context_budget=budget,
+        context_budget=budget or cfg.rollout.max_context_tokens,
         call_format=ep["call_format"],
         instructions=ep["instructions"],
     )
@@ -130,7 +130,6 @@ def test_oracle_replay_resolves_every_mutation_kind(library, smollm2_tokenizer):
 
     tasks = BY_LIBRARY[library]
     build_env(tasks[0].source.removeprefix("pypi:"))
-    # the preset's window (3,072 tokens): some episodes must summarise
     episodes = oracle_episodes(smollm2_tokenizer, tasks, _episode_config(), max_workers=4)
     with ThreadPoolExecutor(4) as pool:
         grades = list(pool.map(lambda p: grade(p[0], p[1].diff), zip(tasks, episodes, strict=True)))

@@ -21,9 +21,9 @@ visible PASS_TO_PASS tests of the same files, after the edit). The gold patch de
 do; the workspace files (the task's rollout base, read on the host) decide the exact text of
 the line ranges and edits.
 
-Limits: episodes of one task must not run in the same batch (the expert finds its plan by the
-task's problem statement in the prompt; :func:`oracle_episodes` runs one episode per task per
-round). Comments on test runs follow the observed exit code, but the plan does not change with
+Limits: the expert finds an episode's plan by the task's problem statement in the prompt, so
+:func:`oracle_episodes` never runs two episodes whose statements contain one another in the same
+batch (one episode per task per seed; tasks with the same statement in separate batches). Comments on test runs follow the observed exit code, but the plan does not change with
 what the tools return: an edit that fails (a workspace that differs from the rollout base) is
 not repaired. Gold patches that delete files are not supported.
 """
@@ -246,7 +246,9 @@ def _visible_tests(task: Any) -> tuple[list[str], list[str]]:
     return failing, related
 
 
-def _lookup(task: Any, base: Path, edits: list[Edit], failing: list[str], rng: random.Random):
+def _lookup(
+    task: Any, base: Path, edits: list[Edit], failing: list[str], rng: random.Random
+) -> list[Action]:
     """Actions that find the code: the failing test (sometimes, and sometimes read it too),
     a broad search (sometimes), the definition of the changed function."""
     actions: list[Action] = []
@@ -442,7 +444,8 @@ def oracle_episodes(
 ) -> list[Episode]:
     """Oracle episodes of repo ``tasks`` through the harness with ``cfg``: for each seed, one
     episode per task (tasks of a round run concurrently), each in a fresh rollout sandbox.
-    Episodes are returned round by round, in task order.
+    Episodes are returned seed by seed, in task order. Tasks whose statements contain one
+    another run in separate batches.
 
     Raises:
         KeyError: a task's environment is not built (``coderl tasks build-env``).
@@ -454,14 +457,32 @@ def oracle_episodes(
     bases = {t.id: rollout_base(t) for t in tasks}
     episodes: list[Episode] = []
     for seed in seeds:
-        plans = [plan_episode(t, bases[t.id], seed) for t in tasks]
-        expert = OracleExpert(plans, cfg.call_format, cfg.summary_instruction)
-        jobs = [(t, sandbox_for(t)) for t in tasks]
-        try:
-            episodes += run_episodes(
-                ScriptedPolicy(tokenizer, expert), jobs, cfg, max_workers=max_workers
-            )
-        finally:
-            for _, sb in jobs:
-                sb.close()
+        for batch in _apart(list(tasks)):
+            plans = [plan_episode(t, bases[t.id], seed) for t in batch]
+            expert = OracleExpert(plans, cfg.call_format, cfg.summary_instruction)
+            jobs = [(t, sandbox_for(t)) for t in batch]
+            try:
+                ran = run_episodes(
+                    ScriptedPolicy(tokenizer, expert), jobs, cfg, max_workers=max_workers
+                )
+            finally:
+                for _, sb in jobs:
+                    sb.close()
+            by_id = {id(t): ep for t, ep in zip(batch, ran, strict=True)}
+            episodes += [by_id[id(t)] for t in tasks if id(t) in by_id]
     return episodes
+
+
+def _apart(tasks: list[Any]) -> list[list[Any]]:
+    """``tasks`` in batches in which no problem statement contains another's (the expert finds
+    an episode's plan by its statement), each batch in task order; one batch when all differ."""
+    batches: list[list[Any]] = []
+    for t in tasks:
+        s = t.problem_statement
+        for b in batches:
+            if not any(s in u.problem_statement or u.problem_statement in s for u in b):
+                b.append(t)
+                break
+        else:
+            batches.append([t])
+    return batches
