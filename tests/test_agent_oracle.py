@@ -2,7 +2,8 @@
 resolve their task in a fresh grading sandbox, for every mutation kind of every shipped library.
 
 The replay test takes one task per (library, mutation kind); ``CODERL_ORACLE_WALK=all`` makes it
-walk every shipped task (the full walk; its last result is in docs/training.md).
+walk every shipped task (the full walk: add ``-o timeout=0``, a library takes longer than the
+suite's 300 s per-test limit; its last result is in docs/training.md).
 """
 
 from __future__ import annotations
