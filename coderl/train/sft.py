@@ -1,15 +1,20 @@
 """``coderl sft``: supervised warm start on oracle episodes, rendered in the harness format.
 
 An oracle episode is a real harness episode (same system prompt, tools, chat template and call
-format as RL rollouts) driven by a :class:`coderl.agent.ScriptedPolicy` that writes the gold
-solution with ``write_file`` and calls ``submit`` in its first turn. Only tasks of the *training*
-split are used. The loss is the token-mean negative log-likelihood of the assistant tokens
-(``loss_mask``), micro-batched with exact gradient accumulation. The trained weights are written
+format as RL rollouts) driven by a :class:`coderl.agent.ScriptedPolicy`. For a ``function`` task
+(HumanEval) it writes the gold solution with ``write_file`` and calls ``submit`` in its first
+turn; for a ``repo`` task it is the multi-turn expert of :mod:`coderl.agent.oracle` (search,
+read, edit with the gold patch, run the visible failing tests, submit; self-summaries when the
+window is full), under the RL episode budgets, and each epoch draws its paths with another seed
+(``seed + epoch``). Repo oracle episodes that do not end in ``submit`` with every call run
+cleanly are left out and counted. Only tasks of the *training* split are used (for repo tasks
+the split of ``data/repos.txt``: only tasks of the training repositories). The loss is the
+token-mean negative log-likelihood of the assistant tokens (``loss_mask``), micro-batched with exact gradient accumulation. The trained weights are written
 to ``RUN_DIR/sft/trainable.safetensors``; ``coderl train`` starts RL from them.
 
-Limits: only ``function`` tasks (HumanEval) have oracle scripts; an oracle turn may be longer
-than ``rollout.max_new_tokens`` (the whole file is written), so keep that budget large enough for
-the policy to reproduce what it was shown; the reference policy of the RL stage stays the base
+Limits: a HumanEval oracle turn may be longer than ``rollout.max_new_tokens`` (the whole file
+is written), so keep that budget large enough for the policy to reproduce what it was shown (a
+repo oracle turn is cut to it, and the episode then left out); the reference policy of the RL stage stays the base
 model (adapter disabled), not the SFT model.
 """
 
@@ -82,18 +87,31 @@ def oracle_message(task: Any, call_format: str = "hermes") -> str:
     )
 
 
-def oracle_segments(cfg: Config, policy: LocalPolicy, tasks: list[Any]) -> list[Segment]:
-    """Token-exact segments of oracle episodes for ``tasks`` (one episode each)."""
+def oracle_segments(
+    cfg: Config, policy: LocalPolicy, tasks: list[Any], *, seed: int = 0
+) -> list[Segment]:
+    """Token-exact segments of oracle episodes for ``tasks`` (one episode each; ``seed`` draws
+    the paths of repo episodes)."""
     from coderl.envs import build_environment
-    from coderl.envs.agent import sandbox_for
 
     env = build_environment(cfg)
     if not hasattr(env, "episode_config"):
         raise ConfigError(
             f"sft.enabled: tasks.source={cfg.tasks.source!r} has no oracle demonstrations "
-            "(only agent-harness sources such as humaneval do); set sft.enabled=false"
+            "(only agent-harness sources such as humaneval and repo do); set sft.enabled=false"
         )
     ecfg = env.episode_config(_params(cfg))
+    repo = [t for t in tasks if t.kind == "repo"]
+    function = [t for t in tasks if t.kind != "repo"]
+    segs = _function_segments(cfg, policy, function, ecfg) if function else []
+    return segs + (_repo_segments(cfg, policy, repo, ecfg, seed) if repo else [])
+
+
+def _function_segments(
+    cfg: Config, policy: LocalPolicy, tasks: list[Any], ecfg: Any
+) -> list[Segment]:
+    from coderl.envs.agent import sandbox_for
+
     # an oracle turn holds the whole solution file: give it room beyond the RL turn budget
     ecfg = replace(
         ecfg,
@@ -115,6 +133,30 @@ def oracle_segments(cfg: Config, policy: LocalPolicy, tasks: list[Any]) -> list[
         for _, sb in jobs:
             sb.close()
     return [s for ep in episodes for s in ep.trajectory.segments]
+
+
+def clean_oracle_episode(ep: Any) -> bool:
+    """An oracle episode fit to train on: it ended in ``submit`` and every call ran cleanly
+    (none broken, cut by the turn budget, failed or not run)."""
+    return ep.stats.finish_reason == "submitted" and all(r.status == "ok" for r in ep.tool_calls)
+
+
+def _repo_segments(
+    cfg: Config, policy: LocalPolicy, tasks: list[Any], ecfg: Any, seed: int
+) -> list[Segment]:
+    from coderl.agent.oracle import oracle_episodes
+
+    episodes = oracle_episodes(
+        policy.tokenizer, tasks, ecfg, seeds=[seed], max_workers=cfg.rollout.concurrency
+    )
+    kept = [ep for ep in episodes if clean_oracle_episode(ep)]
+    left = [ep for ep in episodes if not clean_oracle_episode(ep)]
+    if left:
+        why = sorted({f"{ep.task_id}: {ep.stats.finish_reason}" for ep in left})
+        print(f"sft: {len(left)} oracle episodes left out ({'; '.join(why)})")
+    summaries = sum(ep.stats.summaries for ep in kept)
+    print(f"sft: {len(kept)} repo oracle episodes (seed {seed}), {summaries} self-summaries")
+    return [s for ep in kept for s in ep.trajectory.segments]
 
 
 def _params(cfg: Config) -> Any:
@@ -147,24 +189,28 @@ def nll_step(
 
 
 def run_sft(cfg: Config, policy: LocalPolicy | None = None) -> Path:
-    """Fine-tune on oracle episodes of the training split; returns the weights file."""
+    """Fine-tune on oracle episodes of the training split; returns the weights file. Repo
+    oracle episodes are drawn again for every epoch, with seed ``seed + epoch``."""
     from coderl.envs import build_environment
 
     policy = policy or build_policy(cfg)
     tasks = build_environment(cfg).tasks(cfg.tasks.train_split)[: cfg.sft.limit]
-    t0 = time.perf_counter()
-    segs = oracle_segments(cfg, policy, tasks)
-    print(
-        f"sft: {len(segs)} oracle segments from {len(tasks)} training tasks "
-        f"({time.perf_counter() - t0:.0f} s)"
-    )
+    redraw = any(t.kind == "repo" for t in tasks)
     tcfg = cfg.trainer.model_copy(
         update={"lr": cfg.sft.lr, "schedule": "constant", "warmup_steps": 0}
     )
     optimizer, _ = build_optimizer([{"params": policy.trainable_parameters()}], tcfg)
     g = torch.Generator().manual_seed(cfg.seed)
     bs = cfg.sft.batch_size
+    segs: list[Segment] = []
     for epoch in range(cfg.sft.epochs):
+        if epoch == 0 or redraw:
+            t0 = time.perf_counter()
+            segs = oracle_segments(cfg, policy, tasks, seed=cfg.seed + epoch)
+            print(
+                f"sft: {len(segs)} oracle segments from {len(tasks)} training tasks "
+                f"({time.perf_counter() - t0:.0f} s)"
+            )
         order = torch.randperm(len(segs), generator=g).tolist()
         for i in range(math.ceil(len(segs) / bs)):
             chunk = [segs[j] for j in order[i * bs : (i + 1) * bs]]
