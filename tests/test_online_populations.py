@@ -474,3 +474,39 @@ def test_the_cycle_report_states_the_exploration_share_and_the_ess(tmp_path):
     out = StringIO()
     print_report(rep, Console(file=out, width=200))
     assert f"traffic {flagged / 8:.3f}" in out.getvalue() and "Kish ESS" in out.getvalue()
+
+
+def test_simulated_clients_keep_their_populations_tasks_and_house_style():
+    """A configured population's simulated clients draw tasks of its filter only, and an edit
+    whose tests would pass but which breaks the house style is not kept (the outcome events of
+    the populations differ in what an own adapter can learn)."""
+    from coderl.config.online import PopulationConfig, SimulateConfig
+    from coderl.online.simulate import SimulatedPopulation, _diff_keeps_style
+    from coderl.online.suites import humaneval
+    from coderl.tasks.patches import make_diff
+
+    tasks = humaneval("train", limit=12)
+    keep = tasks[3].task_id
+    pops = [PopulationConfig(name="org-0", task_filter=f"^{keep}$", house_style="type_hints")]
+    sim = SimulatedPopulation(
+        "http://127.0.0.1:9/v1",
+        SimulateConfig(clients=2, populations=2),
+        tasks=tasks,
+        sandbox="local",
+        populations=pops,
+    )
+    draws = [sim._draw() for _ in range(40)]
+    assert {p for p, _ in draws} == {"org-0", "org-1"}
+    assert {t.task_id for p, t in draws if p == "org-0"} == {keep}
+    assert all(t.style == "type_hints" for p, t in draws if p == "org-0")
+    assert len({t.task_id for p, t in draws if p == "org-1"}) > 1  # unconfigured: any task
+    assert all(t.style is None for p, t in draws if p == "org-1")
+
+    task = tasks[3].task
+    [(rel, old)] = task.workspace_files.items()
+    typed = "def f(x: int) -> int:\n    return x\n"
+    untyped = "def f(x):\n    return x\n"
+    assert _diff_keeps_style(task, make_diff(rel, old, typed), "type_hints")
+    assert not _diff_keeps_style(task, make_diff(rel, old, untyped), "type_hints")
+    assert _diff_keeps_style(task, make_diff(rel, old, untyped), None)
+    assert not _diff_keeps_style(task, "--- a/nope\n+++ b/nope\n@@ garbage", "type_hints")

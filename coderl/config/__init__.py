@@ -375,6 +375,10 @@ class EngineConfig(_Section):
     """How long to wait for a started server to answer ``/health``."""
     request_timeout_s: float = Field(600.0, gt=0)
     """HTTP timeout of one request."""
+    max_loras: int = Field(2, ge=1)
+    """LoRA adapters the vLLM server holds in its batch at once (``--max-loras``): two versions
+    are in flight during a sync; with ``online.populations`` set it to the populations served
+    side by side plus two (vLLM swaps the others in from CPU memory, which costs time)."""
     canary_max_gap: float | None = Field(None, gt=0)
     """Largest mean |logprob gap| (nats) between engine and trainer on the probe after a sync;
     more stops the run. None: 1e-3 with ``dtype=float32`` (measured gaps ~1e-5), 0.1 with

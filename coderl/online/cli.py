@@ -56,6 +56,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             sandbox=cfg.online.sandbox,
             tokenizer=server.policy.tokenizer if agent else None,
             episode=agent_episode_config(cfg) if agent else None,
+            populations=list(cfg.online.populations),
         )
         kind = "agent episodes" if agent else "requests"
         console.print(f"serving version {champ} at {bg.base_url} to the simulated population "

@@ -36,7 +36,7 @@ from typing import Any, Protocol
 
 from coderl.agent.episode import EpisodeConfig
 from coderl.agent.tools import TOOLS
-from coderl.config.online import OnlineEvalConfig, SimulateConfig
+from coderl.config.online import OnlineEvalConfig, PopulationConfig, SimulateConfig
 from coderl.graders.judge import EpisodeView, code_diff, tests_report
 from coderl.online.calls import parse_reply, render_prompt, renderer_for, served_tools
 from coderl.online.monitors import SUSPECTED_HACK_RATE, behaviour_metrics
@@ -47,7 +47,9 @@ from coderl.online.suites import (
     extract_code,
     grade_replies,
     humaneval,
+    keeps_house_style,
     passes,
+    population_suite,
 )
 from coderl.policy.base import SamplingParams
 from coderl.policy.episode import encode
@@ -98,6 +100,32 @@ def outcome_events(edited: bool, passed: bool) -> list[dict[str, Any]]:
     return events
 
 
+def _diff_keeps_style(task: Any, diff: str, style: str | None) -> bool:
+    """Whether every Python file ``diff`` leaves in ``task``'s workspace keeps ``style``
+    (:func:`coderl.online.suites.keeps_house_style`; None: always). A diff that does not apply
+    keeps nothing."""
+    if style is None:
+        return True
+    import shutil
+    import tempfile
+    from pathlib import Path
+
+    from coderl.tasks.humaneval import workspace_base
+    from coderl.tasks.patches import apply_patch, paths_in_diff
+
+    with tempfile.TemporaryDirectory(prefix="style-") as d:
+        root = Path(d) / "w"
+        shutil.copytree(workspace_base(task), root)
+        try:
+            apply_patch(root, diff)
+        except Exception:  # noqa: BLE001 - a diff the client cannot apply keeps no style
+            return False
+        files = [root / p for p in paths_in_diff(diff) if p.endswith(".py")]
+        return all(
+            keeps_house_style(style, f.read_text(errors="replace")) for f in files if f.is_file()
+        )
+
+
 @dataclass
 class SimulatedPopulation:
     """Clients that call ``base_url`` (an OpenAI-compatible ``.../v1``) with traffic tasks."""
@@ -116,6 +144,11 @@ class SimulatedPopulation:
 
     last_error: str | None = None
     """Traceback of the last episode the harness could not start."""
+    populations: list[PopulationConfig] = field(default_factory=list)
+    """The configured organisations (``online.populations``): a client of one draws its tasks
+    from that population's ``task_filter`` and keeps its ``house_style``: an edit that breaks
+    the style is reverted (``edit_persisted`` 0, rejected) even when its tests pass, so the
+    populations' outcome events differ in a way an own adapter can learn."""
 
     def __post_init__(self) -> None:
         if self.cfg.agent and (self.tokenizer is None or self.episode is None):
@@ -125,6 +158,7 @@ class SimulatedPopulation:
 
         self._client = OpenAI(base_url=self.base_url, api_key="simulated")
         self._rng = random.Random(self.cfg.seed)
+        self._suites: dict[str, list[SuiteTask]] = {}
 
     def run(self, n: int) -> SimStats:
         """Send ``n`` requests (agent mode: ``n`` episodes) and their outcome events; returns
@@ -136,6 +170,19 @@ class SimulatedPopulation:
     def _population(self) -> str:
         return f"org-{self._rng.randrange(self.cfg.clients) % self.cfg.populations}"
 
+    def _draw(self) -> tuple[str, SuiteTask]:
+        """A client's population and a task of its traffic (the population's suite of
+        ``tasks`` when it is configured, else any of ``tasks``)."""
+        population = self._population()
+        pop = next((p for p in self.populations if p.name == population), None)
+        if pop is None:
+            return population, self._rng.choice(self.tasks)
+        if population not in self._suites:
+            self._suites[population] = population_suite(
+                "train", task_filter=pop.task_filter, house_style=pop.house_style, tasks=self.tasks
+            )
+        return population, self._rng.choice(self._suites[population])
+
     def _episode(self) -> None:
         """One agent episode through the client-side harness, graded, then its events."""
         from coderl.online.agent_client import run_served_episode
@@ -144,7 +191,7 @@ class SimulatedPopulation:
 
         rng, s = self._rng, self.stats
         assert self.episode is not None
-        population, suite_task = self._population(), rng.choice(self.tasks)
+        population, suite_task = self._draw()
         task = suite_task.task
         factory = partial(Sandbox.create, backend="local" if self.sandbox == "local" else "bwrap")
         sandbox = factory(workspace_base(task))
@@ -179,6 +226,7 @@ class SimulatedPopulation:
         edited = bool(ep.diff.strip()) or code is not None
         if ep.diff.strip():
             ok = grade_function(task, ep.diff, factory=factory).resolved
+            ok = ok and _diff_keeps_style(task, ep.diff, suite_task.style)
         else:
             ok = code is not None and passes(suite_task, code, sandbox=self.sandbox)
         s.edits += edited
@@ -197,7 +245,7 @@ class SimulatedPopulation:
 
     def _one(self) -> None:
         rng, s = self._rng, self.stats
-        population, task = self._population(), rng.choice(self.tasks)
+        population, task = self._draw()
         tools = [WRITE_FILE] if rng.random() < self.cfg.tool_share else None
         t0 = time.perf_counter()
         r = self._client.chat.completions.create(

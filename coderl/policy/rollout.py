@@ -214,6 +214,7 @@ def _vllm(cfg: Config, policy: LocalPolicy, training: bool) -> RolloutEngine:
             dtype=dtype,
             max_model_len=e.max_model_len,
             max_lora_rank=policy.lora.rank if policy.lora else None,
+            max_loras=e.max_loras,
             kv_cache_gib=e.kv_cache_gib,
             served_name=e.served_name,
         ).start(e.ready_timeout_s)
