@@ -116,3 +116,11 @@ def test_missing_file_and_non_mapping(tmp_path):
     bad.write_text("- 1\n- 2\n")
     with pytest.raises(ConfigError, match="top level must be a mapping"):
         load_config(bad)
+
+
+def test_a_bare_off_is_the_off_mode_not_false():
+    # YAML 1.1 reads `off` as False, in a preset and in a key=value override alike
+    cfg = load_config(None, ["dynamic_sampling.mode=off", "algorithm.importance.mode=off"])
+    assert cfg.dynamic_sampling.mode == "off" and cfg.algorithm.importance.mode == "off"
+    with pytest.raises(ConfigError, match="dynamic_sampling.mode"):
+        load_config(None, ["dynamic_sampling.mode=on"])  # True is still no mode

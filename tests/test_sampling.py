@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from metrics_compare import assert_same_metrics, stable
 from safetensors.torch import load_file
 
 from coderl.asyncrl.trainer import train_async
@@ -250,11 +251,6 @@ MIX = (
 )
 POOL = ["tasks.source=rec", "tasks.sampler=pool", "tasks.pool.settle=2", "tasks.tasks_per_step=3"]
 CURRICULUM = ["tasks.source=mix", MIX, "tasks.tasks_per_step=4", "tasks.pool.settle=2"]
-VOLATILE = ("time/", "tokens_per_s/")
-
-
-def _stable(rows):
-    return [{k: v for k, v in r.items() if not k.startswith(VOLATILE)} for r in rows]
 
 
 def _interrupted_equals_uninterrupted(tmp_path, rec, over, cut, steps):
@@ -265,16 +261,10 @@ def _interrupted_equals_uninterrupted(tmp_path, rec, over, cut, steps):
     train(load_config(TOY, [*common, f"trainer.steps={cut}", f"run_dir={cut_dir}"]))
     train(load_config(TOY, [*common, f"trainer.steps={steps}", f"run_dir={cut_dir}"]), resume=True)
     assert rec.log == ref_log  # the same tasks, in the same rollouts, with the same seeds
-    ref = _stable(read_jsonl(tmp_path / "ref" / "metrics.jsonl"))
-    got = _stable(read_jsonl(cut_dir / "metrics.jsonl"))
+    ref = stable(read_jsonl(tmp_path / "ref" / "metrics.jsonl"))
+    got = read_jsonl(cut_dir / "metrics.jsonl")
     assert [r["step"] for r in got] == list(range(1, steps + 1))
-    for ra, rb in zip(ref, got, strict=True):
-        assert ra.keys() == rb.keys()
-        for k in ra:
-            if ra[k] is None:  # NaN metrics (e.g. a summary rate with no episode) log as null
-                assert rb[k] is None, (ra["step"], k)
-                continue
-            assert rb[k] == pytest.approx(ra[k], rel=1e-4, abs=1e-6, nan_ok=True), (ra["step"], k)
+    assert_same_metrics(ref, got)
     last = f"checkpoints/step-{steps:06d}/state.json"
     a, b = (json.loads((d / last).read_text()) for d in (tmp_path / "ref", cut_dir))
     assert a == b and "sampler" in a

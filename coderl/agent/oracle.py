@@ -457,6 +457,7 @@ def oracle_episodes(
     bases = {t.id: rollout_base(t) for t in tasks}
     episodes: list[Episode] = []
     for seed in seeds:
+        by_id: dict[int, Episode] = {}
         for batch in _apart(list(tasks)):
             plans = [plan_episode(t, bases[t.id], seed) for t in batch]
             expert = OracleExpert(plans, cfg.call_format, cfg.summary_instruction)
@@ -468,8 +469,8 @@ def oracle_episodes(
             finally:
                 for _, sb in jobs:
                     sb.close()
-            by_id = {id(t): ep for t, ep in zip(batch, ran, strict=True)}
-            episodes += [by_id[id(t)] for t in tasks if id(t) in by_id]
+            by_id |= {id(t): ep for t, ep in zip(batch, ran, strict=True)}
+        episodes += [by_id[id(t)] for t in tasks]  # task order, whatever the batches were
     return episodes
 
 

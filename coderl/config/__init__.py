@@ -229,11 +229,18 @@ class KLConfig(_Section):
         return v
 
 
+def _off(v: Any) -> Any:
+    """YAML 1.1 reads a bare ``off`` (in a preset or a ``key=off`` override) as False: that is
+    the ``"off"`` mode, not an error."""
+    return "off" if v is False else v
+
+
 class ImportanceConfig(_Section):
     level: Literal["token", "sequence"] = "token"
     """One weight per token, or the geometric mean per sequence."""
     mode: Literal["off", "truncate", "mask"] = "truncate"
     """Correction of sampler/trainer mismatch; ``off`` uses no weights."""
+    _mode = field_validator("mode", mode="before")(_off)
     cap: float = Field(2.0, gt=0)
     """Upper bound of the weights."""
     low: float | None = Field(None, ge=0)
@@ -307,6 +314,7 @@ class TrainerConfig(_Section):
 class DynamicSamplingConfig(_Section):
     mode: Literal["off", "drop", "resample"] = "off"
     """Groups whose rewards have zero variance: keep, drop, or drop and sample new tasks."""
+    _mode = field_validator("mode", mode="before")(_off)
     max_resample: int = Field(2, ge=0)
     """Extra rounds of task sampling per step in ``resample`` mode."""
 
