@@ -248,3 +248,25 @@ def test_paired_change_pairs_evaluations_with_different_n():
     c = compare(base, final)
     assert c.k == 1
     assert c.pass1.mean == pytest.approx(((0.5 - 0) + (1 - 1) + (0.25 - 0) + 0) / 4)
+
+
+def test_compare_pairs_the_broken_call_rate_by_task():
+    from coderl.eval.passk import compare
+
+    def side(broken, order=1):
+        rows = [
+            {"task_id": f"t{i}", "n": 4, "correct": 0, "best": 0.0, "episodes": 4,
+             "broken_calls": b, "broken_episodes": min(b, 4)}
+            for i, b in enumerate(broken)
+        ]  # fmt: skip
+        return {"per_task": rows[::order]}
+
+    # every task loses 4 broken calls in 4 episodes: -1 per episode, the CI a point
+    c = compare(side([6, 4, 8, 5]), side([2, 0, 4, 1], order=-1))  # listed in reverse: by id
+    assert (c.broken_change.mean, c.broken_change.lo, c.broken_change.hi) == (-1.0, -1.0, -1.0)
+    # one task improves, one gets worse: the CI spans zero
+    c = compare(side([4, 0, 0, 0]), side([0, 4, 0, 0]))
+    assert c.broken_change.mean == 0.0 and c.broken_change.lo < 0 < c.broken_change.hi
+    # records without per-task episode counts (older eval.jsonl): no paired change
+    old = {"per_task": [{"task_id": "t0", "n": 4, "correct": 0, "best": 0.0}]}
+    assert compare(old, old).broken_change is None

@@ -236,6 +236,10 @@ class Comparison:
     """Broken tool calls per episode, before and after."""
     broken_episode_rate: tuple[float, float]
     """Share of episodes with a broken tool call, before and after."""
+    broken_change: Estimate | None = None
+    """Paired change (after - before) of each task's broken calls per returned episode, with
+    its 95% CI (None: a side returned no episode of some task, or the records predate the
+    per-task counts)."""
 
     @property
     def excludes_zero(self) -> bool:
@@ -253,6 +257,12 @@ def compare(before: dict[str, Any], after: dict[str, Any], seed: int = 0) -> Com
     """
     bt, at = before["per_task"], after["per_task"]
     k = min(t["n"] for t in [*bt, *at])
+    b, a = ({t["task_id"]: t for t in side} for side in (bt, at))
+    ids = sorted(b)
+    broken = None
+    if all(side[i].get("episodes") for side in (a, b) for i in ids):
+        rate = [[side[i]["broken_calls"] / side[i]["episodes"] for i in ids] for side in (b, a)]
+        broken = paired_difference(rate[0], rate[1], seed)
     lone = [summarize(side, [k], k).pass_at[str(k)] for side in (bt, at)]
     return Comparison(
         pass1=paired_change(bt, at, 1, seed),
@@ -265,4 +275,5 @@ def compare(before: dict[str, Any], after: dict[str, Any], seed: int = 0) -> Com
             before.get("broken_episode_rate", 0.0),
             after.get("broken_episode_rate", 0.0),
         ),
+        broken_change=broken,
     )

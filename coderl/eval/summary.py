@@ -93,7 +93,12 @@ def summary_lines(
         rows.append(
             (
                 "broken calls per episode before -> after RL",
-                f"{b0:.2f} -> {b1:.2f} (episodes with one: {r0:.0%} -> {r1:.0%})",
+                f"{b0:.2f} -> {b1:.2f} (episodes with one: {r0:.0%} -> {r1:.0%})"
+                + (
+                    f"; paired change {_ci(rl.broken_change, signed=True)}"
+                    if rl.broken_change is not None
+                    else ""
+                ),
             )
         )
     elif len(evals) >= 2:
