@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import time
 from pathlib import Path
 
 import pytest
@@ -121,7 +122,12 @@ def test_a_policy_that_never_succeeds_ends_in_a_build_error_listing_its_attempts
     sleep = f"nohup sleep {MARKER} > /dev/null 2>&1 &"
     with Sandbox.create(make_repo(tmp_path / "probe")) as probe:  # the check below can fail:
         probe.exec(sleep)
-        assert sleepers()  # a live sandbox's background process is seen
+        # a live sandbox's background process is seen (nohup's child may need a moment to exec
+        # `sleep` on a loaded machine)
+        deadline = time.monotonic() + 10
+        while not sleepers() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert sleepers()
     script = [call("run", {"command": sleep}), call("run", {"command": BAD}), call("submit", {})]
     script += [call("run", {"command": BAD}), "I give up.\n" + call("submit", {})]
     policy = ScriptedPolicy(tok, script)
