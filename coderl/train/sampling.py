@@ -43,6 +43,7 @@ groups are observed, and groups dropped as stale are not observed.
 from __future__ import annotations
 
 import math
+from abc import ABC, abstractmethod
 from collections import Counter
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol
@@ -163,7 +164,7 @@ class TaskSampler:
         """Nothing beyond the cursor."""
 
 
-class _Blocks:
+class _Blocks(ABC):
     """The block cache of :class:`PoolSampler` and :class:`MixSampler`: ``at`` draws block
     ``i // block`` with ``draw_block`` on first use."""
 
@@ -171,11 +172,13 @@ class _Blocks:
     position: int
     _blocks: dict[int, list[Any]]
 
+    @abstractmethod
     def _draw_block(self, b: int) -> list[Any]:
-        raise NotImplementedError
+        """The entries of block ``b`` (drawn once, then cached)."""
 
+    @abstractmethod
     def _task(self, entry: Any) -> Any:
-        raise NotImplementedError
+        """The task a block entry names."""
 
     def at(self, i: int) -> tuple[str, Any]:
         """``(task.id, task)`` at stream position ``i`` (draws its block on first use)."""
