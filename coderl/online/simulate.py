@@ -111,14 +111,14 @@ def _diff_keeps_style(task: Any, diff: str, style: str | None) -> bool:
     from pathlib import Path
 
     from coderl.tasks.humaneval import workspace_base
-    from coderl.tasks.patches import apply_patch, paths_in_diff
+    from coderl.tasks.patches import PatchError, apply_patch, paths_in_diff
 
     with tempfile.TemporaryDirectory(prefix="style-") as d:
         root = Path(d) / "w"
         shutil.copytree(workspace_base(task), root)
         try:
             apply_patch(root, diff)
-        except Exception:  # noqa: BLE001 - a diff the client cannot apply keeps no style
+        except PatchError:  # a diff the client cannot apply keeps no style
             return False
         files = [root / p for p in paths_in_diff(diff) if p.endswith(".py")]
         return all(
