@@ -325,3 +325,39 @@ def test_the_smollm2_preset_serves_agent_traffic_through_vllm() -> None:
     assert ec.context_budget == sim.episode["context_budget"] < cfg.engine.max_model_len
     over = load_online_config("configs/online-smollm2.yaml", ["online.serve.call_format=hermes"])
     assert agent_episode_config(over).call_format == "hermes"  # the client follows the server
+
+
+def test_an_sft_warm_start_is_version_zero_and_a_killed_one_is_redone(tmp_path: Path) -> None:
+    from coderl.online.cycle import WARM_START_DONE
+
+    over = ["model.lora=true", "sft.enabled=true", "sft.limit=2", "sft.batch_size=2"]
+    cfg = _cfg(tmp_path, *over)
+    _, registry = open_run(cfg)
+    assert registry.champion() == 0 and registry.versions() == [0]
+    meta = registry.meta(0)
+    assert not meta["base_only"] and meta["warm_start"]["sft"]["limit"] == 2
+    d = registry.version_dir(0)
+    assert (d / WARM_START_DONE).exists() and (d / "adapter_config.json").exists()
+    warm = load_version(cfg, registry, 0)
+    lora_b = [p for n, p in warm.model.named_parameters() if "lora_B" in n]
+    assert lora_b and any(
+        bool(p.detach().abs().sum() > 0) for p in lora_b
+    )  # B starts at 0: SFT moved it
+
+    # killed after version 0 was allocated, before its checkpoint: the next run trains it again
+    killed = tmp_path / "killed"
+    kcfg = _cfg(killed, *over)
+    from coderl.online.registry import Registry
+
+    reg = Registry(killed / "registry")
+    reg.new_version(parent=None, info={"base": "tiny-random", "base_only": False, "warm_start": {}})
+    reg.update_meta(0, warm_start={"sft": {}})
+    _, reg = open_run(kcfg)
+    assert reg.champion() == 0 and (reg.version_dir(0) / WARM_START_DONE).exists()
+    sd = load_version(kcfg, reg, 0).model.state_dict()
+    assert all(torch.equal(sd[k], v) for k, v in warm.model.state_dict().items())  # same seed
+
+
+def test_without_sft_version_zero_is_the_base_model(tmp_path: Path) -> None:
+    _, registry = open_run(_cfg(tmp_path))
+    assert registry.meta(0)["base_only"] and "warm_start" not in registry.meta(0)

@@ -346,7 +346,8 @@ class EvalConfig(_Section):
 
 class SFTConfig(_Section):
     enabled: bool = False
-    """Run supervised fine-tuning on oracle demonstrations before RL."""
+    """Run supervised fine-tuning on oracle demonstrations before RL (``coderl online``: version
+    0 of a new registry is this warm start, :func:`coderl.online.cycle.first_version`)."""
     epochs: int = Field(1, ge=1)
     """Passes over the demonstrations."""
     lr: float = Field(2e-4, gt=0)

@@ -86,16 +86,45 @@ def load_version(cfg: Config, registry: Registry, version: int) -> Any:
     return load_policy(d, reference=False)
 
 
+WARM_START_DONE = "coderl_policy.txt"
+"""The file :meth:`coderl.policy.LocalPolicy.save` writes last: a version directory holding it
+holds a complete checkpoint."""
+
+
+def first_version(cfg: Config, registry: Registry) -> int:
+    """Version 0: the base model, or with ``sft.enabled`` the SFT warm start of
+    :func:`coderl.train.sft.run_sft` (oracle episodes of ``tasks``' training split in the
+    run's harness), saved as a LoRA adapter (or full weights) in its version directory.
+
+    A run killed during the warm start left a version 0 without its checkpoint
+    (:data:`WARM_START_DONE` missing): the next call trains it again, from the same seeds.
+    """
+    if not registry.versions():
+        info: dict[str, Any] = {"base": cfg.model.name, "base_only": not cfg.sft.enabled}
+        if cfg.sft.enabled:
+            info["warm_start"] = {"sft": cfg.sft.model_dump(), "tasks": cfg.tasks.source}
+        registry.new_version(parent=None, info=info)
+    v0 = registry.versions()[0]
+    d = registry.version_dir(v0)
+    if registry.meta(v0).get("warm_start") and not (d / WARM_START_DONE).exists():
+        from coderl.train.run import build_policy
+        from coderl.train.sft import run_sft
+
+        policy = build_policy(cfg)  # seeded LoRA initialisation, as `coderl sft` builds it
+        t0 = time.perf_counter()
+        run_sft(cfg, policy)
+        policy.save(d)
+        registry.update_meta(v0, warm_start_s=time.perf_counter() - t0)
+    return v0
+
+
 def open_run(cfg: Config) -> tuple[Store, Registry]:
-    """Open (or create) the store and registry; the base model becomes champion version 0."""
+    """Open (or create) the store and registry; version 0 (:func:`first_version`: the base
+    model or its SFT warm start) becomes the first champion."""
     Path(cfg.run_dir).mkdir(parents=True, exist_ok=True)
     store, registry = Store(database_url(cfg)), Registry(Path(cfg.run_dir) / "registry")
     if registry.champion() is None:
-        v0 = (
-            registry.versions()[0]
-            if registry.versions()
-            else registry.new_version(parent=None, info={"base": cfg.model.name, "base_only": True})
-        )
+        v0 = first_version(cfg, registry)
         registry.init_champion(v0)
     champ = registry.champion()
     assert champ is not None
