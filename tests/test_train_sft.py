@@ -5,6 +5,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+import torch
 
 from coderl.config import load_config
 from coderl.envs import build_environment
@@ -33,6 +34,34 @@ def test_oracle_episodes_show_the_gold_solution_and_sft_lowers_nll(tmp_path):
     optimizer, _ = build_optimizer([{"params": policy.trainable_parameters()}], tcfg)
     losses = [nll_step(policy, batch, optimizer, micro=1) for _ in range(3)]
     assert losses[-1] < losses[0], losses
+
+
+class _Recorder(torch.optim.SGD):
+    """SGD at lr 0 that keeps the gradient it was stepped with (nll_step zeroes it after)."""
+
+    def step(self, closure=None):  # type: ignore[override]
+        params = [p for g in self.param_groups for p in g["params"] if p.grad is not None]
+        self.seen = torch.cat([p.grad.flatten().clone() for p in params])
+        return super().step(closure)
+
+
+def test_bf16_sft_is_mixed_precision_close_to_the_fp32_step(tmp_path):
+    cfg = load_config(DEFAULT, [f"run_dir={tmp_path}", "model.name=tiny-random"])
+    grads, losses = {}, {}
+    for bf16 in (False, True):
+        policy = build_policy(cfg)
+        tasks = build_environment(cfg).tasks("train")[:2]
+        batch = build_batch(oracle_segments(cfg, policy, tasks), [1.0, 1.0], policy.pad_token_id)
+        params = policy.trainable_parameters()
+        optimizer = _Recorder(params, lr=0.0)
+        losses[bf16] = nll_step(policy, batch, optimizer, micro=1, bf16=bf16)
+        assert all(p.dtype == torch.float32 for p in params)  # the weights stay fp32
+        grads[bf16] = optimizer.seen
+    assert grads[False].abs().sum() > 0
+    assert not torch.equal(grads[False], grads[True])  # autocast did run in bf16
+    cos = torch.nn.functional.cosine_similarity(grads[False], grads[True], dim=0)
+    assert cos > 0.95, cos
+    assert abs(losses[True] - losses[False]) < 0.05 * losses[False]
 
 
 DEMO_REPO = Path(__file__).parent.parent / "configs" / "demo-repo.yaml"

@@ -356,6 +356,11 @@ class SFTConfig(_Section):
     """Demonstrations per optimizer step (micro-batched like RL)."""
     limit: int | None = Field(None, ge=1)
     """Use only the first N training tasks as demonstrations (None: all)."""
+    dtype: Literal["auto", "float32", "bfloat16"] = "float32"
+    """Precision of the SFT forward and backward (fp32 weights and optimizer either way):
+    ``bfloat16`` is bf16 autocast (mixed precision), ``auto`` is bfloat16 iff the trainer
+    device has bf16 units (:func:`coderl.policy.precision.has_bf16_units`). Measured on one
+    Sapphire Rapids core (AMX): forward + backward of a 3,072-token row 2.0x faster in bf16."""
 
 
 class EngineConfig(_Section):

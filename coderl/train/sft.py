@@ -36,10 +36,11 @@ from coderl.agent.runner import run_episodes
 from coderl.agent.scripted import ScriptedPolicy
 from coderl.config import Config, ConfigError, load_config
 from coderl.policy.local import LocalPolicy
+from coderl.policy.precision import has_bf16_units
 from coderl.train.batch import StepBatch, build_batch
 from coderl.train.checkpoint import trainable_state
 from coderl.train.optim import build_optimizer
-from coderl.train.run import SFT_WEIGHTS, build_policy
+from coderl.train.run import SFT_WEIGHTS, build_policy, resolve_device
 from coderl.train.step import forward
 from coderl.trajectory import Segment
 
@@ -166,19 +167,25 @@ def _params(cfg: Config) -> Any:
 
 
 def nll_step(
-    policy: LocalPolicy, batch: StepBatch, optimizer: torch.optim.Optimizer, micro: int
+    policy: LocalPolicy,
+    batch: StepBatch,
+    optimizer: torch.optim.Optimizer,
+    micro: int,
+    *,
+    bf16: bool = False,
 ) -> float:
     """One optimizer step on the token-mean NLL of the sampled (assistant) tokens.
 
     Micro-batch losses are scaled by their share of the batch's tokens, so the accumulated
-    gradient equals the full-batch one.
+    gradient equals the full-batch one. ``bf16``: bf16 autocast of the forward (mixed
+    precision; the weights, gradients and optimizer state stay fp32).
     """
     total = float(batch.loss_mask.sum())
     loss_sum = 0.0
     for start in range(0, batch.size, micro):
         mb = batch.rows(start, start + micro)
         mask = mb.loss_mask
-        out = forward(policy.model, mb.tokens, temperature=1.0)
+        out = forward(policy.model, mb.tokens, temperature=1.0, bf16=bf16)
         nll = -(out.logp * mask).sum() / max(total, 1.0)
         nll.backward()
         loss_sum += float(nll.detach())
@@ -202,6 +209,10 @@ def run_sft(cfg: Config, policy: LocalPolicy | None = None) -> Path:
     optimizer, _ = build_optimizer([{"params": policy.trainable_parameters()}], tcfg)
     g = torch.Generator().manual_seed(cfg.seed)
     bs = cfg.sft.batch_size
+    bf16 = cfg.sft.dtype == "bfloat16" or (
+        cfg.sft.dtype == "auto" and has_bf16_units(resolve_device(cfg.trainer.device))
+    )
+    print(f"sft: {'bf16 autocast' if bf16 else 'float32'} forward and backward")
     segs: list[Segment] = []
     for epoch in range(cfg.sft.epochs):
         if epoch == 0 or redraw:
@@ -215,7 +226,7 @@ def run_sft(cfg: Config, policy: LocalPolicy | None = None) -> Path:
         for i in range(math.ceil(len(segs) / bs)):
             chunk = [segs[j] for j in order[i * bs : (i + 1) * bs]]
             batch = build_batch(chunk, [1.0] * len(chunk), policy.pad_token_id)
-            loss = nll_step(policy, batch, optimizer, cfg.trainer.micro_batch_size)
+            loss = nll_step(policy, batch, optimizer, cfg.trainer.micro_batch_size, bf16=bf16)
             print(f"sft epoch {epoch} batch {i}: nll/token {loss:.4f}", flush=True)
     path = Path(cfg.run_dir) / SFT_WEIGHTS
     path.parent.mkdir(parents=True, exist_ok=True)
