@@ -134,6 +134,9 @@ def test_saved_weights_reload_to_the_same_logprobs(tmp_path, lora):
     if lora is not None:
         assert (tmp_path / "adapter_model.safetensors").is_file()
         again = load_policy("tiny-random", adapter=tmp_path, reference=False)
+        # a reloaded adapter knows its settings (a vLLM server sized from them enables LoRA)
+        assert again.lora is not None and again.lora.rank == 4 and again.lora.alpha == 32.0
+        assert set(again.lora.target_modules) == set(lora.target_modules)
     else:
         assert (tmp_path / "model.safetensors").is_file()
         again = load_policy(tmp_path, reference=False)

@@ -243,6 +243,28 @@ def test_full_finetuning_is_refused_with_lora_named(tmp_path):
         build_engine(_cfg(tmp_path), policy)
 
 
+def test_a_server_for_a_reloaded_adapter_enables_lora_at_its_rank(tmp_path, monkeypatch):
+    # `coderl serve` / `online run` on a promoted (or SFT warm-start) champion loads the policy
+    # from its adapter directory, without a LoraSpec: the server must still get --enable-lora
+    import coderl.policy.vllm_server as vllm_server
+
+    _policy().save(tmp_path / "adapter")
+    policy = load_policy("tiny-random", adapter=tmp_path / "adapter", reference=False)
+    seen = {}
+
+    class Stop(Exception):
+        pass
+
+    def fake_server(*args, **kwargs):
+        seen.update(kwargs)
+        raise Stop
+
+    monkeypatch.setattr(vllm_server, "VLLMServer", fake_server)
+    with pytest.raises(Stop):
+        build_engine(_cfg(tmp_path / "run"), policy, training=False)
+    assert seen["max_lora_rank"] == LORA.rank
+
+
 def _fake_python(tmp: Path, body: str) -> Path:
     path = tmp / "python"
     path.write_text(f"#!/bin/sh\n{body}\n")

@@ -115,6 +115,7 @@ class LocalPolicy:
             self.model: torch.nn.Module = PeftModel.from_pretrained(
                 model, adapter, is_trainable=True
             )
+            self.lora = _spec_of(self.model)  # the loaded adapter's settings, not the caller's
         elif lora is not None:
             config = LoraConfig(
                 r=lora.rank,
@@ -337,6 +338,16 @@ class LocalPolicy:
         self.tokenizer.save_pretrained(path)
         with open(os.path.join(path, "coderl_policy.txt"), "w") as f:
             f.write(f"source: {self.name}\nversion: {self.version}\nlora: {self.is_lora}\n")
+
+
+def _spec_of(model: PeftModel) -> LoraSpec:
+    """The :class:`LoraSpec` of a loaded peft adapter (its ``adapter_config.json``)."""
+    c = model.peft_config[model.active_adapter]
+    modules = c.target_modules
+    targets = tuple(sorted(modules)) if isinstance(modules, (set, list, tuple)) else (modules,)
+    return LoraSpec(
+        rank=c.r, alpha=float(c.lora_alpha), dropout=c.lora_dropout, target_modules=targets
+    )
 
 
 def _eos_ids(model: torch.nn.Module, tokenizer: Any) -> list[int]:
