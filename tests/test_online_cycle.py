@@ -287,7 +287,7 @@ def test_a_port_in_use_is_a_one_line_error_naming_the_key():
 
 def test_the_report_times_each_phase_and_gives_rewards_and_heldout_with_cis(loop) -> None:
     from coderl.online.cli import cycle_time_summary
-    from coderl.online.cycle import phase_split
+    from coderl.online.cycle import phase_split, phase_totals
 
     cfg, stats, rep = loop
     for phase in ("finalize", "train", "gate", "promote"):
@@ -311,6 +311,15 @@ def test_the_report_times_each_phase_and_gives_rewards_and_heldout_with_cis(loop
     line = cycle_time_summary(reports)
     assert line.startswith("cycle time: median ") and "over 2 cycles" in line
     assert "collect 2.0" in line  # the median of 4.0 and a cycle that collected nothing
+    # a population track's phases count in its cycle's; a cycle whose tracks all waited is
+    # left out of the second median
+    pop = {"train_s": 30.0, "gate_s": 20.0, "decision": "promoted"}
+    waited = {"collect_s": 5.0, "finalize_s": 0.0, "decision": "waiting", "total_s": 5.0}
+    with_pop = {**waited, "populations": {"org-0": pop}, "total_s": 55.0}
+    assert phase_totals(with_pop) == {"collect": 5.0, "finalize": 0.0, "train": 30.0, "gate": 20.0}
+    line = cycle_time_summary([waited, with_pop, {**with_pop, "total_s": 65.0}])
+    assert line.startswith("cycle time: median 55.0 s (collect 5.0 / finalize 0.0 / train 30.0")
+    assert "over 3 cycles; median 60.0 s" in line and "over the 2 that trained" in line
 
 
 def test_the_smollm2_preset_serves_agent_traffic_through_vllm() -> None:

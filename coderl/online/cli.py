@@ -16,7 +16,7 @@ from coderl.agent.episode import EpisodeConfig
 from coderl.config import Config, load_online_config
 from coderl.online.calls import harness_format
 from coderl.online.cli_serve import build_server
-from coderl.online.cycle import PHASES, open_run, print_report, run_cycle
+from coderl.online.cycle import PHASES, open_run, phase_totals, print_report, run_cycle, trained
 from coderl.online.server import BackgroundServer
 from coderl.online.simulate import SimulatedPopulation
 
@@ -94,11 +94,22 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cycle_time_summary(reports: list[dict]) -> str:
-    """Median cycle time (collect included) and the median of each phase, in seconds."""
-    med = {p: statistics.median(r.get(f"{p}_s", 0.0) for r in reports) for p in PHASES}
-    total = statistics.median(r["total_s"] for r in reports)
-    split = " / ".join(f"{p} {v:.1f}" for p, v in med.items())
-    return f"cycle time: median {total:.1f} s over {len(reports)} cycles ({split})"
+    """Median cycle time (collect included) and the median of each phase summed over the
+    cycle's tracks (:func:`coderl.online.cycle.phase_totals`), in seconds; over every cycle,
+    and over the cycles in which some track trained a candidate (a cycle whose tracks all
+    waited for ``min_batch`` only collected)."""
+
+    def line(reps: list[dict]) -> str:
+        totals = [phase_totals(r) for r in reps]
+        med = {p: statistics.median(t.get(p, 0.0) for t in totals) for p in PHASES}
+        split = " / ".join(f"{p} {v:.1f}" for p, v in med.items())
+        return f"median {statistics.median(r['total_s'] for r in reps):.1f} s ({split})"
+
+    out = f"cycle time: {line(reports)} over {len(reports)} cycles"
+    done = [r for r in reports if trained(r)]
+    if 0 < len(done) < len(reports):
+        out += f"; {line(done)} over the {len(done)} that trained a candidate"
+    return out
 
 
 def cmd_import(args: argparse.Namespace) -> int:

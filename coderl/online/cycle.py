@@ -531,9 +531,27 @@ def _fmt_ci(e: dict[str, float]) -> str:
     return f"{e['mean']:.3f} [{e['lo']:.3f}, {e['hi']:.3f}]"
 
 
+def phase_totals(rep: dict[str, Any]) -> dict[str, float]:
+    """Seconds per phase of a whole cycle: the shared track's ``{phase}_s`` plus every
+    population track's (``rep["populations"]``); only the phases some track timed."""
+    tracks = [rep, *(t for t in (rep.get("populations") or {}).values() if isinstance(t, dict))]
+    return {
+        p: sum(float(t.get(f"{p}_s", 0.0)) for t in tracks)
+        for p in PHASES
+        if any(f"{p}_s" in t for t in tracks)
+    }
+
+
+def trained(rep: dict[str, Any]) -> bool:
+    """Whether some track of the cycle trained a candidate (not every track waited)."""
+    tracks = [rep, *(t for t in (rep.get("populations") or {}).values() if isinstance(t, dict))]
+    return any("train_s" in t for t in tracks)
+
+
 def phase_split(rep: dict[str, Any]) -> str:
-    """``collect 12.3 / finalize 0.1 / ...``: the phases a report timed, in seconds."""
-    return " / ".join(f"{p} {rep[f'{p}_s']:.1f}" for p in PHASES if f"{p}_s" in rep)
+    """``collect 12.3 / finalize 0.1 / ...``: the phases a cycle timed, in seconds, summed over
+    its tracks (:func:`phase_totals`)."""
+    return " / ".join(f"{p} {v:.1f}" for p, v in phase_totals(rep).items())
 
 
 def print_report(rep: dict[str, Any], console: Console | None = None) -> None:
