@@ -521,6 +521,34 @@ def test_shared_engine_holds_a_workers_version_through_later_syncs(server, tmp_p
     worker.close()
 
 
+def test_an_adapter_in_its_canary_survives_a_request_finishing_on_another_thread(
+    server, tmp_path, monkeypatch
+):
+    # CI saw it under load: a worker thread's generate() ended during the learner's sync
+    # canary, its _unload_unused() unloaded the new adapter (loaded, not yet current), and
+    # the next request for that version got 404 "model ... does not exist"
+    policy = _policy()
+    rollout = _rollout(server, policy, tmp_path)
+    engine = rollout.engine
+    canary = engine._canary
+
+    def canary_while_a_request_finishes(*args, **kwargs):
+        gap = canary(*args, **kwargs)
+        engine._unload_unused()  # what a finishing generate() on another thread runs
+        return gap
+
+    monkeypatch.setattr(engine, "_canary", canary_while_a_request_finishes)
+    params = SamplingParams(max_new_tokens=4, seed=0)
+    segments = _run_episodes(rollout, policy, 1, 1, params)
+    _step(policy, segments)
+    rollout.sync(policy)
+    (c,) = engine.generate([[5, 6, 7]], params)
+    assert c.policy_version == 1
+    name = engine.load_adapter(policy, "org-0", 1)
+    (c,) = engine.generate([[5, 6, 7]], params, adapter=name)
+    assert c.token_ids
+
+
 def _worker_view(worker, policy):
     """A worker's client with the policy's tokenizer, as the harness sees it."""
 

@@ -134,6 +134,7 @@ class VLLMEngine:
         self._paths: dict[str, Path] = {}  # adapter name -> its directory (deleted on unload)
         self._inflight: Counter[str] = Counter()  # model name -> requests in flight
         self._pinned: dict[str, str] = {}  # population -> its adapter's name (kept loaded)
+        self._loading: set[str] = set()  # adapters loaded, not yet served or pinned (kept)
         self._lock = threading.Lock()
         self._syncs = 0
         models = self._request("GET", "/v1/models")
@@ -311,10 +312,7 @@ class VLLMEngine:
             path = self.write_adapter(policy)
             name = f"{self.tag}-v{version}-s{self._syncs}"
             self._syncs += 1
-            self._request(
-                "POST", "/v1/load_lora_adapter", {"lora_name": name, "lora_path": str(path)}
-            )
-            self._paths[name] = path
+            self._load(name, path)
         elif not self._names:
             name = self.served_name
         else:
@@ -323,12 +321,34 @@ class VLLMEngine:
                 "weight (model.lora=false) and vLLM cannot take them without a restart. Use "
                 "model.lora=true, or engine.kind=torch for full fine-tuning."
             )
-        gap = self._canary(policy, name, version)
-        with self._lock:
-            self._names[version] = name
-            self.version = version
+        try:
+            gap = self._canary(policy, name, version)
+            with self._lock:
+                self._names[version] = name
+                self.version = version
+        finally:
+            with self._lock:
+                self._loading.discard(name)
         self._unload_unused()
         return gap
+
+    def _load(self, name: str, path: Path) -> None:
+        """Load the adapter at ``path`` as ``name``, protected from :meth:`_unload_unused`
+        until its caller discards it from ``_loading`` (after the canary, once it is served or
+        pinned): a request of another thread that finishes during the canary would otherwise
+        unload an adapter that is not yet the current version and is about to become it."""
+        with self._lock:
+            self._loading.add(name)
+        try:
+            self._request(
+                "POST", "/v1/load_lora_adapter", {"lora_name": name, "lora_path": str(path)}
+            )
+        except BaseException:
+            with self._lock:
+                self._loading.discard(name)
+            raise
+        with self._lock:
+            self._paths[name] = path
 
     def load_adapter(self, policy: Any, population: str, version: int) -> str:
         """Load ``policy``'s LoRA adapter as ``population``'s (registry ``version``), checked by
@@ -348,11 +368,14 @@ class VLLMEngine:
         path = self.write_adapter(policy)
         name = f"{self.tag}-{population}-v{version}-s{self._syncs}"
         self._syncs += 1
-        self._request("POST", "/v1/load_lora_adapter", {"lora_name": name, "lora_path": str(path)})
-        self._paths[name] = path
-        self._canary(policy, name, version)
-        with self._lock:
-            self._pinned[population] = name
+        self._load(name, path)
+        try:
+            self._canary(policy, name, version)
+            with self._lock:
+                self._pinned[population] = name
+        finally:
+            with self._lock:
+                self._loading.discard(name)
         self._unload_unused()
         return name
 
@@ -393,7 +416,7 @@ class VLLMEngine:
         population's next adapter replaced)."""
         with self._lock:
             current = self._names.get(self.version) if self.version is not None else None
-            keep = {current, *self._pinned.values()}
+            keep = {current, *self._pinned.values(), *self._loading}
             names = [n for n in self._paths if n not in keep and self._inflight[n] == 0]
             self._names = {v: n for v, n in self._names.items() if n not in names}
             paths = {n: self._paths.pop(n) for n in names}  # claimed: no other thread unloads it
