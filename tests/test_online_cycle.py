@@ -287,7 +287,7 @@ def test_a_port_in_use_is_a_one_line_error_naming_the_key():
 
 def test_the_report_times_each_phase_and_gives_rewards_and_heldout_with_cis(loop) -> None:
     from coderl.online.cli import cycle_time_summary
-    from coderl.online.cycle import phase_split, phase_totals
+    from coderl.online.cycle_report import phase_split, phase_totals
 
     cfg, stats, rep = loop
     for phase in ("finalize", "train", "gate", "promote"):

@@ -19,7 +19,8 @@ from rich.console import Console
 
 from coderl.config import load_online_config
 from coderl.config.online import SHARED, ExplorationConfig, GateConfig
-from coderl.online.cycle import load_version, open_run, print_report, run_cycle, select_tracks
+from coderl.online.cycle import load_version, open_run, run_cycle, select_tracks
+from coderl.online.cycle_report import print_report
 from coderl.online.gate import run_population_gate
 from coderl.online.registry import Registry
 from coderl.online.routing import Route, Router, refresh

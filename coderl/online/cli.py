@@ -16,7 +16,8 @@ from coderl.agent.episode import EpisodeConfig
 from coderl.config import Config, load_online_config
 from coderl.online.calls import harness_format
 from coderl.online.cli_serve import build_server
-from coderl.online.cycle import PHASES, open_run, phase_totals, print_report, run_cycle, trained
+from coderl.online.cycle import PHASES, open_run, run_cycle
+from coderl.online.cycle_report import phase_totals, print_report, trained
 from coderl.online.server import BackgroundServer
 from coderl.online.simulate import SimulatedPopulation
 
@@ -95,7 +96,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def cycle_time_summary(reports: list[dict]) -> str:
     """Median cycle time (collect included) and the median of each phase summed over the
-    cycle's tracks (:func:`coderl.online.cycle.phase_totals`), in seconds; over every cycle,
+    cycle's tracks (:func:`coderl.online.cycle_report.phase_totals`), in seconds; over every cycle,
     and over the cycles in which some track trained a candidate (a cycle whose tracks all
     waited for ``min_batch`` only collected)."""
 
