@@ -23,9 +23,10 @@ def run(args: argparse.Namespace) -> int:
         ensure_new_run(cfg.run_dir)  # before minutes of SFT, not after
 
         run_sft(cfg)
+    from coderl.eval.observers import default_observers
     from coderl.train.loop import train
 
-    run_dir = train(cfg, resume=bool(args.resume))
+    run_dir = train(cfg, resume=bool(args.resume), observers=default_observers())
     if args.report:
         from coderl.eval.report import write_report
 

@@ -21,7 +21,9 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 
-from coderl.eval.audit import AUDIT_FILE
+AUDIT_FILE = "audit.jsonl"
+"""The audit log of a run directory (written by :mod:`coderl.eval.observers`); the logger cuts
+it on resume like the metrics."""
 
 
 def _truncate_jsonl(path: Path, last_step: int) -> None:
