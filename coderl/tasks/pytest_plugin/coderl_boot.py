@@ -19,7 +19,9 @@ verdict channel) and points fd 1 at stderr, then forks:
   ``collected`` event. It leaves with ``os._exit`` (no ``atexit`` handler runs);
 - the **observer** (parent) never imports pytest or workspace code. Only after the fork does it
   read ``SECRET_FIFO`` (MAC key, canaries, placement seed, written by the host once the FIFO is
-  opened), so the secret was never in the worker's memory. It forwards each event line, MAC-signed
+  opened), so the secret was never in the worker's memory; the worker waits for one byte on a
+  pipe that the observer writes once the FIFO is drained, so no workspace code can race it to
+  the FIFO (whose path is in the worker's argv). It forwards each event line, MAC-signed
   and numbered, to the verdict channel, answers the ``collected`` event with the canaries, and
   closes the stream with its own ``exit`` record (the worker's exit code or signal, and whether
   an event line was over-long or not a JSON object). The host checks everything else.
@@ -50,7 +52,12 @@ def _venv_plugins(site_dir: str) -> list[str]:
     return args
 
 
-def _worker(spec: dict, events: int, control: int) -> None:
+def _worker(spec: dict, events: int, control: int, go: int) -> None:
+    # nothing runs until the observer has drained the secret FIFO (its path is in our argv):
+    # workspace code opening it later finds no writer and blocks until the timeout
+    if os.read(go, 1) != b"1":
+        os._exit(3)
+    os.close(go)
     os.environ["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] = "1"
     code = 3
     try:
@@ -79,9 +86,11 @@ def _write_all(fd: int, data: bytes) -> None:
         view = view[os.write(fd, view) :]
 
 
-def _observe(pid: int, stream: int, events: int, control: int) -> int:
+def _observe(pid: int, stream: int, events: int, control: int, go: int) -> int:
     with open(sys.argv[2], "rb") as f:
         secret = json.loads(f.read())
+    os.write(go, b"1")  # the secret is drained: the worker may start
+    os.close(go)
     key = bytes.fromhex(secret.pop("key"))
     seq = 0
 
@@ -146,16 +155,17 @@ def main() -> None:
     os.dup2(2, 1)
     ev_r, ev_w = os.pipe()  # worker -> observer events (close-on-exec: no test subprocess)
     ctl_r, ctl_w = os.pipe()  # observer -> worker: canaries, once collection is done
+    go_r, go_w = os.pipe()  # observer -> worker: one byte once the secret is read
     pid = os.fork()
     if pid == 0:
-        for fd in (stream, ev_r, ctl_w):
+        for fd in (stream, ev_r, ctl_w, go_w):
             os.close(fd)
-        _worker(spec, ev_w, ctl_r)
-    for fd in (ev_w, ctl_r):
+        _worker(spec, ev_w, ctl_r, go_r)
+    for fd in (ev_w, ctl_r, go_r):
         os.close(fd)
     code = 3
     try:
-        code = _observe(pid, stream, ev_r, ctl_w)
+        code = _observe(pid, stream, ev_r, ctl_w, go_w)
     finally:
         os._exit(code)
 
