@@ -22,6 +22,7 @@ from pathlib import Path
 
 from coderl.sandbox.base import Limits
 from coderl.tasks.envbuild import EnvRecord
+from coderl.tasks.exposure import check_readable
 from coderl.tasks.grading import PROTECTED_PATTERNS, is_protected
 from coderl.tasks.holdout import choose_held_out, held_out_source, hideable_in
 from coderl.tasks.mutate import Mutant, first_line, functions, mutants_of
@@ -236,8 +237,12 @@ def synthesize(
     """Up to ``n`` kept tasks for ``env``; returns ``(tasks, rejection reason -> count)``.
 
     ``on_task`` is called with each kept task as soon as it is kept (for incremental saving).
+    Raises ExposureError when a rollout sandbox of ``env`` can read a pristine copy of its
+    source (``coderl.tasks.exposure``): no task is made from a bug that a copy undoes.
     """
     factory = factory or default_factory()
+    snapshot = Path(env.snapshot)
+    check_readable(snapshot, {"/venv": env.venv}, snapshot, factory=factory)  # ExposureError
     rng = random.Random(seed)
     tasks: list[Task] = []
     rejected: dict[str, int] = defaultdict(int)
