@@ -22,7 +22,7 @@ from coderl.tasks.envbuild import find_env
 from coderl.tasks.spec import Task, dump_tasks, load_tasks
 from coderl.tasks.synth import statement_for
 
-_BLOCK = re.compile(r"^Output of (?P<id>.+):\n```\n(?P<body>.*?)\n```$", re.M | re.S)
+_BLOCK = re.compile(r"^Output of (?P<id>[^\n]+):\n```\n(?P<body>.*?)\n```$", re.M | re.S)
 _HEADER = re.compile(r"^A change introduced a bug into (?P<repo>.+?): tests that used to pass")
 
 
