@@ -140,3 +140,29 @@ def test_task_files_are_checked_whatever_their_size(snapshot, venv):
     assert [p for p, _ in readable_copies(snapshot, {"/venv": str(venv)}, index)] == [
         f"/venv/{SITE}/small_copy.py"
     ]
+
+
+def test_validate_rejects_a_shipped_task_whose_pristine_file_is_readable(tmp_path, monkeypatch):
+    """``validate_task``'s exposure step over a real shipped six task: clean as shipped; a copy
+    of a bug-patch file reachable through one more read-only mount makes the task invalid."""
+    from coderl.tasks import validate
+    from coderl.tasks.envbuild import build_env
+    from coderl.tasks.grading import rollout_sandbox_args
+    from coderl.tasks.patches import paths_in_diff
+    from coderl.tasks.repos import load_repo_tasks
+
+    env = build_env("six==1.17.0")  # cached under $CODERL_CACHE
+    task = next(t for t in load_repo_tasks("train") if t.env_id == env.env_id)
+    assert validate.exposure_of(task) is None
+    other = tmp_path / "other"
+    other.mkdir()
+    touched = sorted(paths_in_diff(task.bug_patch))[0]
+    shutil.copy(Path(env.snapshot) / touched, other / "copy.py")
+
+    def with_copy(t):
+        base, mounts = rollout_sandbox_args(t)
+        return base, mounts | {"/opt/other": str(other)}
+
+    monkeypatch.setattr(validate, "rollout_sandbox_args", with_copy)
+    reason = validate.exposure_of(task)
+    assert reason and "/opt/other/copy.py" in reason and touched in reason
