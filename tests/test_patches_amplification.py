@@ -133,6 +133,20 @@ def test_a_single_honest_copy_of_a_small_file_applies(base: Path, tmp_path: Path
     assert (tmp_path / "d" / "small2.py").read_text() == "x = 1\n"
 
 
+def test_lines_that_look_like_headers_inside_a_hunk_apply(tmp_path: Path):
+    """A removed ``-- x`` line and an added ``++ y`` read as ``--- x``/``+++ y`` in the diff:
+    hunk content to git, so the splitter must not count a second file patch."""
+    root = tmp_path / "base"
+    root.mkdir()
+    (root / "q.sql").write_text("select 1;\n-- old comment\nselect 2;\n")
+    diff = make_diff(
+        "q.sql", "select 1;\n-- old comment\nselect 2;\n", "select 1;\n++ new\nselect 2;\n"
+    )
+    assert "\n--- old comment\n+++ new\n" in diff
+    changed, _ = apply_to_copy(root, diff, lambda p: False, tmp_path / "dest")
+    assert changed == ["q.sql"] and "++ new" in (tmp_path / "dest" / "q.sql").read_text()
+
+
 def test_the_checks_behind_the_bound(base: Path, tmp_path: Path, monkeypatch):
     """If the bound ever under-counts (a header read differently from git), the tree git wrote
     is measured and refused; and a diff in which git reads another number of file patches than

@@ -41,27 +41,45 @@ def make_diff(rel: str, old: str, new: str) -> str:
     return "".join(out) if lines else ""
 
 
+_HUNK = re.compile(r"^@@ -\d+(?:,(\d+))? \+\d+(?:,(\d+))? @@")
+
+
 def split_diff(diff: str) -> list[tuple[str, str]]:
     """Split a multi-file diff into ``(path, chunk)`` pairs (path without the ``a/``/``b/`` prefix).
 
     Handles ``diff --git`` headers and plain ``---``/``+++`` headers; a chunk for a deleted file
-    is named by its old path, any other by its new path.
+    is named by its old path, any other by its new path. Lines end at ``\\n`` only and a hunk's
+    lines are counted from its ``@@`` header, as git reads them: a removed ``-- x`` line followed
+    by an added ``++ y`` is hunk content, not the next file's header.
     """
-    chunks: list[tuple[str, list[str]]] = []
-    lines = diff.splitlines(keepends=True)
-    i = 0
-    while i < len(lines):
-        line = lines[i]
-        m = line.startswith("diff --git ")  # git starts a patch at each, whatever its names
+    chunks: list[list[str]] = []
+    lines = diff.split("\n")
+    lines = [ln + "\n" for ln in lines[:-1]] + ([lines[-1]] if lines[-1] else [])
+    old = new = 0  # lines the current hunk still holds
+    for i, line in enumerate(lines):
+        if old > 0 or new > 0:
+            if line.startswith((" ", "\n")) or line == "":
+                old, new = old - 1, new - 1
+            elif line.startswith("-"):
+                old -= 1
+            elif line.startswith("+"):
+                new -= 1
+            elif not line.startswith("\\"):
+                old = new = 0  # not hunk content: git ends the hunk here too
+            if old > 0 or new > 0 or line.startswith(("-", "+", " ", "\\")):
+                chunks[-1].append(line)
+                continue
+        header = line.startswith("diff --git ")  # git starts a patch at each, whatever its names
         plain = line.startswith("--- ") and i + 1 < len(lines) and lines[i + 1].startswith("+++ ")
-        if m or (plain and (not chunks or not _in_header(chunks[-1][1]))):
-            chunks.append(("", []))
-        if not chunks:
-            i += 1
-            continue
-        chunks[-1][1].append(line)
-        i += 1
-    return [(_chunk_path(body), "".join(body)) for _, body in chunks]
+        if header or (plain and (not chunks or not _in_header(chunks[-1]))):
+            chunks.append([])
+        if chunks:
+            chunks[-1].append(line)
+            hunk = _HUNK.match(line)
+            if hunk:
+                old = int(hunk.group(1) or 1)
+                new = int(hunk.group(2) or 1)
+    return [(_chunk_path(body), "".join(body)) for body in chunks]
 
 
 def _in_header(body: list[str]) -> bool:
