@@ -61,7 +61,7 @@ def test_overrides_may_follow_options(monkeypatch):
     parser = cli.build_parser()
     _, extra = parser.parse_known_args(["eval", "runs/x", "--base", "k=4"])
     assert extra == ["k=4"]  # the argparse behaviour this works around
-    monkeypatch.setattr(cli, "build_parser", lambda: _Fixed(parser, fake_eval))
+    monkeypatch.setattr(cli, "build_parser", lambda *a: _Fixed(parser, fake_eval))
     assert cli.main(["eval", "runs/x", "k=2", "--base", "k=4"]) == 0
     assert seen == {"base": True, "overrides": ["k=2", "k=4"]}
     with pytest.raises(SystemExit) as e:

@@ -148,10 +148,10 @@ def train(cfg: Config, *, resume: bool = False) -> Path:
         FileNotFoundError: ``resume`` and there is no complete checkpoint.
     """
     run_dir = Path(cfg.run_dir)
-    if not resume:
+    if not resume:  # a resumed run's config.yaml changes only through coderl.train.resume
         ensure_new_run(run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "config.yaml").write_text(dump_config(cfg))
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / "config.yaml").write_text(dump_config(cfg))
     run = setup_run(cfg, resume=resume, load_sft=False)
     try:
         _train(run, resume)
