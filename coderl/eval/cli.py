@@ -17,16 +17,39 @@ from coderl.config import load_config
 
 
 def _split_args(items: list[str]) -> tuple[str | None, int | None, list[str]]:
+    """(``tasks=`` value, ``k=`` value, the other overrides).
+
+    Raises:
+        ValueError: ``k`` is not a positive integer.
+    """
     tasks, k, rest = None, None, []
     for item in items:
         key, _, value = item.partition("=")
         if key == "tasks":
             tasks = value
         elif key == "k":
+            if not value.strip().isdigit() or int(value) < 1:
+                raise ValueError(f"k={value}: k must be a positive integer (samples per task)")
             k = int(value)
         else:
             rest.append(item)
     return tasks, k, rest
+
+
+def _check_split(cfg: Any, tasks: str | None, split: str) -> None:
+    """Fail before the model loads when the ``tasks=SOURCE:SPLIT`` split has no tasks.
+
+    Raises:
+        ValueError: unknown split (the environment's message lists the valid ones) or empty.
+    """
+    from coderl.envs.registry import build_environment
+
+    try:
+        found = build_environment(cfg).tasks(split)
+    except KeyError as e:
+        raise ValueError(f"tasks={tasks or split}: {e.args[0]}") from None
+    if not found:
+        raise ValueError(f"tasks={tasks or split}: split {split!r} has no tasks")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -47,6 +70,7 @@ def run(args: argparse.Namespace) -> int:
     if k:
         overrides += [f"eval.samples={k}", f"eval.k={sorted({1, k})}"]
     cfg = load_config(run_dir / "config.yaml", overrides)
+    _check_split(cfg, tasks, split or cfg.tasks.heldout_split)
     run_ = setup_run(cfg, engine=False)
     if not args.base:
         load_checkpoint(ckpt, model=run_.policy.model, restore_rng=False)

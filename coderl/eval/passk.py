@@ -10,6 +10,7 @@ estimates that get paired come from :func:`coderl.algorithms.pass_at_k`, the one
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
@@ -103,6 +104,7 @@ def evaluate(
     params: SamplingParams,
     tasks_per_batch: int = 4,
     episodes_out: list[tuple[Any, bool]] | None = None,
+    on_batch: Callable[[int, int], None] | None = None,
 ) -> EvalResult:
     """Sample ``samples`` episodes per task with ``env.rollout``, grade them, and summarize.
 
@@ -125,6 +127,8 @@ def evaluate(
             outcomes, as training's reward samples hold them) and whether it resolved the task
             are appended, in rollout order: what :func:`coderl.graders.pairs.write_episodes`
             writes for ``coderl rm train --episodes`` and ``coderl graders probe``.
+        on_batch: called after each batch with (tasks evaluated in it, its resolved samples),
+            e.g. a progress line.
 
     Raises:
         ValueError: duplicate task ids, an episode whose ``task_id`` is not a task of its batch,
@@ -180,6 +184,8 @@ def evaluate(
                     "broken_episodes": sum(b > 0 for b in broken),
                 }
             )
+        if on_batch is not None:
+            on_batch(len(chunk), sum(r["correct"] for r in per_task[-len(chunk) :]))
     res = summarize(per_task, ks, samples, errors)
     res.dropped_episodes = dropped
     return res

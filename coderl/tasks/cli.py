@@ -37,7 +37,7 @@ def _specs(args: argparse.Namespace) -> list[str]:
             if fields:
                 specs.append(fields[0])
     if not specs:
-        raise SystemExit("build-env: give at least one SPEC or --from FILE")
+        raise ValueError("build-env: give at least one SPEC or --from FILE")
     return specs
 
 
@@ -67,7 +67,7 @@ def _builder(name: str) -> Callable[[str], EnvRecord]:
     try:
         return build_function(name)
     except KeyError as e:  # fail before anything is built
-        raise SystemExit(e.args[0]) from None
+        raise ValueError(f"--builder: {e.args[0]}") from None
 
 
 def cmd_build_env(args: argparse.Namespace) -> int:
@@ -103,7 +103,7 @@ def _build_many(
 
     ledger = Path(args.ledger or f"{args.from_file}.ledger.jsonl")
     if args.builder == "model" and args.jobs > 1:
-        raise SystemExit("--builder model builds one repository at a time (one model)")
+        raise ValueError("--builder model builds one repository at a time (one model)")
 
     def show(row: dict[str, object]) -> None:
         if row["status"] == "failed":
@@ -255,6 +255,18 @@ def cmd_export(args: argparse.Namespace) -> int:
     return 0
 
 
+BUILDER_HELP = {
+    "rules": "detect the layout, then try the install plans in order (default)",
+    "model": "the demo model (SmolLM2-135M) proposes the plans and writes tests where a "
+    "repository has none; one repository at a time",
+}
+"""``--help`` text of each of ``coderl.tasks.envbuild.BUILDERS`` (a test checks both agree)."""
+
+
+def _builders() -> str:
+    return "; ".join(f"{name}: {text}" for name, text in BUILDER_HELP.items())
+
+
 def _force(p: argparse.ArgumentParser, help_: str = "replace an existing --out") -> None:
     p.add_argument("--force", "--overwrite", action="store_true", help=help_)
 
@@ -266,7 +278,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = tsub.add_parser("build-env", help="build environments: NAME==VERSION or a local path")
     p.add_argument("spec", nargs="*", help="NAME==VERSION (sdist from PyPI) or a directory")
     p.add_argument("--from", dest="from_file", help="file of specs, one a line (# comments)")
-    p.add_argument("--builder", default="rules", help="build policy (see envbuild.BUILDERS)")
+    p.add_argument("--builder", default="rules", help=f"build policy: {_builders()}")
     p.add_argument("--ledger", help="JSONL ledger (default: FILE.ledger.jsonl with --from)")
     p.add_argument("--jobs", type=int, default=1, help="builds at a time (with a ledger)")
     p.add_argument("--retry-failed", action="store_true", help="rebuild specs that failed")
