@@ -9,7 +9,6 @@ from pathlib import Path
 import pytest
 
 from coderl.cli import main
-from coderl.demo import set_aside
 from coderl.graders.settings import JudgeConfig
 
 
@@ -48,17 +47,6 @@ def test_humaneval_force_replaces(tmp_path):
     out.write_text("precious\n")
     assert main(["tasks", "humaneval", "--split", "heldout", "--out", str(out), "--force"]) == 0
     assert out.read_text() != "precious\n"
-
-
-def test_demo_keeps_every_previous_run(tmp_path):
-    run = tmp_path / "default"
-    for i in range(3):
-        run.mkdir()
-        (run / "which").write_text(str(i))
-        set_aside(run)
-    kept = {p.name: (p / "which").read_text() for p in tmp_path.iterdir()}
-    assert kept == {"default.prev": "0", "default.prev2": "1", "default.prev3": "2"}
-    assert set_aside(run) is None  # nothing to move
 
 
 def test_the_judge_cache_is_not_under_the_working_directory(tmp_path):

@@ -90,12 +90,13 @@ def test_resume_refuses_what_the_checkpoint_holds(tmp_path, monkeypatch, capsys,
     assert not (tmp_path / "resume.jsonl").exists()
 
 
-def test_ctrl_c_in_train_prints_the_resume_command_and_exits_130(tmp_path):
+@pytest.mark.parametrize("command, tail", [("train", []), ("train-async", ["--resume"])])
+def test_ctrl_c_prints_the_resume_command_and_exits_130(tmp_path, command, tail):
     run_dir = tmp_path / "run"
-    cmd = [sys.executable, "-m", "coderl", "train", str(TOY), *COMMON, "trainer.steps=100000"]
+    words = [str(TOY), *COMMON, "trainer.steps=100000", f"run_dir={run_dir}"]
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     proc = subprocess.Popen(
-        [*cmd, f"run_dir={run_dir}", "--no-report"],
+        [sys.executable, "-m", "coderl", command, *words],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
@@ -111,6 +112,38 @@ def test_ctrl_c_in_train_prints_the_resume_command_and_exits_130(tmp_path):
     assert "Traceback" not in out and "KeyboardInterrupt" not in out, out
     line = [x for x in out.splitlines() if "interrupted" in x]
     assert len(line) == 1, out
-    assert (
-        "last checkpoint" in line[0] and f"resume with: coderl train --resume {run_dir}" in line[0]
+    again = (
+        f"resume with: coderl {command} --resume {run_dir}"
+        if command == "train"
+        else (f"resume with: coderl {command} {' '.join(words)} --resume")
     )
+    assert "last checkpoint" in line[0] and again in line[0], line[0]
+
+
+def test_ctrl_c_in_online_run_says_what_is_kept_and_exits_130(tmp_path):
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    run_dir = tmp_path / "online"
+    words = [str(ROOT / "configs" / "online-demo.yaml"), f"run_dir={run_dir}", "online.cycles=50"]
+    words.append(f"online.serve.port={port}")
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "coderl", "online", "run", *words],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env,
+    )
+    marker = run_dir / "cycles.jsonl"
+    deadline = time.time() + 300
+    while not marker.exists() and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGINT)
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 130, out[-3000:]
+    assert "Traceback" not in out and "KeyboardInterrupt" not in out, out[-3000:]
+    line = [x for x in out.splitlines() if "interrupted" in x]
+    assert len(line) == 1 and f"continue with: coderl online run {' '.join(words)}" in line[0]
