@@ -4,13 +4,14 @@ import circles among the drivers."""
 
 from __future__ import annotations
 
-import ast
 import logging
 import math
 from pathlib import Path
 
 import pytest
 import torch
+from import_graph import cycle_through as _cycle_through
+from import_graph import import_graph, modules
 
 from coderl.config import load_config
 from coderl.envs import EpisodeRecord, GradeRecord
@@ -172,57 +173,12 @@ def test_task_sampler_stream_is_the_cursor_order():
 
 
 # ---------------------------------------------------------------- import circles
-ROOT = Path(__file__).parent.parent
 DRIVERS = ("coderl.train", "coderl.envs", "coderl.asyncrl", "coderl.eval", "coderl.online.update")
 
 
-def _modules() -> dict[str, Path]:
-    mods = {}
-    for p in (ROOT / "coderl").rglob("*.py"):
-        parts = list(p.relative_to(ROOT).with_suffix("").parts)
-        if parts[-1] == "__init__":
-            parts = parts[:-1]
-        mods[".".join(parts)] = p
-    return mods
-
-
-def _imports(name: str, path: Path, mods: dict[str, Path]) -> set[str]:
-    """Every coderl module ``name`` imports, at module level or inside functions (lazy
-    imports count: they close a circle at run time just the same)."""
-    pkg = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
-    out = set()
-    for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.Import):
-            out |= {a.name for a in node.names}
-        elif isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:
-                up = pkg.split(".")[: len(pkg.split(".")) - node.level + 1]
-                base = ".".join(up + ([base] if base else []))
-            for a in node.names:
-                out.add(f"{base}.{a.name}" if f"{base}.{a.name}" in mods else base)
-    return {m for m in out if m in mods and m != name}
-
-
-def _cycle_through(start: str, graph: dict[str, set[str]]) -> list[str] | None:
-    """A shortest import path from ``start`` back to itself, or None."""
-    frontier, seen = [[start]], {start}
-    while frontier:
-        nxt = []
-        for path in frontier:
-            for m in sorted(graph[path[-1]]):
-                if m == start:
-                    return [*path, m]
-                if m not in seen:
-                    seen.add(m)
-                    nxt.append([*path, m])
-        frontier = nxt
-    return None
-
-
 def test_no_import_circles_through_the_drivers_and_no_module_over_600_lines():
-    mods = _modules()
-    graph = {m: _imports(m, p, mods) for m, p in mods.items()}
+    mods = modules()
+    graph = import_graph(mods)
     # only the command that runs it (and the demo, outside the drivers) imports the recipe
     users = {m for m in mods if m.startswith(DRIVERS) and "coderl.train.loop" in graph[m]}
     assert users == {"coderl.train.cli"}, "the coderl train recipe is imported as a library"

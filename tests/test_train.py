@@ -12,6 +12,7 @@ import pytest
 import torch
 from metrics_compare import assert_same_metrics
 
+from coderl import algorithms as A
 from coderl.config import AlgorithmConfig, load_config
 from coderl.eval.audit import read_audit_records
 from coderl.policy.batch import collate
@@ -86,6 +87,29 @@ def test_optimizer_steps_do_not_depend_on_segments_per_trajectory():
         assert m["optimizer_steps"] == 1
         assert sched.last_epoch == 1
         assert opt.state[policy.trainable_parameters()[0]]["step"] == 1
+
+
+@pytest.mark.parametrize("epochs", [1, 2, 4])
+def test_the_gap_before_the_update_is_measured_before_the_first_epoch(epochs):
+    # the behaviour logprobs are made up, so the gap is large; later epochs move the policy,
+    # and a gap read after any of them would differ from the re-scored one
+    cfg = load_config(TOY, [*FAST, f"trainer.update_epochs={epochs}", "trainer.lr=0.05"])
+    policy = load_policy("tiny-random")
+    batch = build_batch(_segments(4), [1.0, -1.0, 0.5, -0.5], policy.pad_token_id)
+    with torch.no_grad():
+        before = policy.forward(batch.tokens, 1.0).logprobs
+    want = A.logprob_gap(before, batch.tokens.behavior_logprobs, batch.loss_mask)
+    opt = torch.optim.AdamW(policy.trainable_parameters(), lr=0.05)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
+    m = train_step(
+        policy.model, opt, sched, batch, cfg.algorithm, cfg.trainer, temperature=1.0, max_len=8
+    )
+    assert m["optimizer_steps"] == epochs
+    assert m["logprob_gap"] == pytest.approx(want["logprob_gap"], rel=1e-5)
+    assert m["logprob_gap_max"] == pytest.approx(want["logprob_gap_max"], rel=1e-5)
+    with torch.no_grad():
+        after = policy.forward(batch.tokens, 1.0).logprobs
+    assert (after - before).abs().max() > 1e-3  # the steps moved it
 
 
 @pytest.mark.parametrize(

@@ -171,9 +171,15 @@ class LengthPenaltyConfig(_Section):
     """Exponent on the task's ease (group pass rate): larger leaves hard tasks more room."""
 
 
+REWARD_TERM_NAMES = ("tests", "broken_calls", "length", "kl", "judge", "rm")
+"""The reward terms a config may name: the keys of ``coderl.rewards.terms.REWARD_TERMS``
+(which checks at import that it registers exactly these; the config floor does not import the
+terms it names)."""
+
+
 class RewardConfig(_Section):
     terms: dict[str, float] = Field(default_factory=lambda: {"tests": 1.0, "broken_calls": 1.0})
-    """Reward term name -> weight; names from ``coderl.rewards.REWARD_TERMS``."""
+    """Reward term name -> weight; names from :data:`REWARD_TERM_NAMES`."""
     tests: Literal["resolved", "fraction"] = "resolved"
     """``resolved``: 1 if every FAIL_TO_PASS and PASS_TO_PASS test passes else 0;
     ``fraction``: the fraction of those tests that pass."""
@@ -444,13 +450,11 @@ class Config(_Section):
 
     @model_validator(mode="after")
     def _check_combinations(self) -> Config:
-        from coderl.rewards.terms import REWARD_TERMS  # lazy: rewards imports this module
-
         alg, rew = self.algorithm, self.reward
-        unknown = sorted(set(rew.terms) - set(REWARD_TERMS))
+        unknown = sorted(set(rew.terms) - set(REWARD_TERM_NAMES))
         if unknown:
             raise ValueError(
-                f"reward.terms: unknown terms {unknown}; valid: {sorted(REWARD_TERMS)}"
+                f"reward.terms: unknown terms {unknown}; valid: {sorted(REWARD_TERM_NAMES)}"
             )
         if "rm" in rew.terms and not rew.rm.checkpoint:  # else every sample would be masked
             raise ValueError(

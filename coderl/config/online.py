@@ -68,7 +68,9 @@ class ServeConfig(_Section):
 
 class OnlineEvalConfig(_Section):
     suite: str = "humaneval"
-    """Held-out suite (``humaneval``: its held-out split, the one offline evaluation uses)."""
+    """Held-out suite: ``humaneval`` (its held-out split, single-turn replies graded by
+    :mod:`coderl.online.suites`) or ``env`` (the run's environment, ``tasks.source``, evaluated
+    by ``coderl eval``'s code: multi-turn episodes, the training graders; shared suite only)."""
     limit: int | None = Field(None, ge=2)
     """First N held-out tasks (None: all 64); at least 2 (the gate's t bound needs a variance)."""
     samples: int = Field(1, ge=1)

@@ -105,6 +105,7 @@ def evaluate(
     tasks_per_batch: int = 4,
     episodes_out: list[tuple[Any, bool]] | None = None,
     on_batch: Callable[[int, int], None] | None = None,
+    graded_out: list[tuple[Any, Any, Any]] | None = None,
 ) -> EvalResult:
     """Sample ``samples`` episodes per task with ``env.rollout``, grade them, and summarize.
 
@@ -129,6 +130,8 @@ def evaluate(
             writes for ``coderl rm train --episodes`` and ``coderl graders probe``.
         on_batch: called after each batch with (tasks evaluated in it, its resolved samples),
             e.g. a progress line.
+        graded_out: when given, ``(task, EpisodeRecord, GradeRecord)`` of each graded episode
+            is appended, in rollout order (what the hack detectors read, for the online gate).
 
     Raises:
         ValueError: duplicate task ids, an episode whose ``task_id`` is not a task of its batch,
@@ -156,6 +159,8 @@ def evaluate(
         for ep, g in zip(episodes, grades, strict=True):
             joined[ep.task_id].append(g)
             eps_of[ep.task_id].append(ep)
+            if graded_out is not None:
+                graded_out.append((by_id[ep.task_id], ep, g))
             if episodes_out is not None:
                 task = by_id[ep.task_id]
                 view = EpisodeView(task.id, **learned_fields(task, ep, g))

@@ -26,7 +26,7 @@ from coderl.graders.judge import EpisodeView
 
 if TYPE_CHECKING:
     from coderl.config import RewardConfig
-    from coderl.rewards.terms import RewardSample, Term
+    from coderl.rewards.sample import RewardSample, Term
 
 LEARNED_TERMS = ("judge", "rm")
 """Reward terms from learned graders: the ones the tests-gate applies to."""

@@ -52,6 +52,7 @@ from coderl.graders.terms import configured_learned, learned_grader
 from coderl.online.baselines import advantages
 from coderl.online.calls import harness_format
 from coderl.online.gate import run_gate, run_population_gate
+from coderl.online.heldout import EnvEvaluator
 from coderl.online.monitors import SUSPECTED_HACK_RATE, check_alarms, monitor_snapshot
 from coderl.online.registry import Registry
 from coderl.online.rewards import finalize
@@ -141,14 +142,20 @@ def open_run(cfg: Config) -> tuple[Store, Registry]:
     return store, registry
 
 
-def heldout_evaluator(cfg: Config, population: PopulationConfig | None = None) -> HeldoutEvaluator:
+def heldout_evaluator(
+    cfg: Config, population: PopulationConfig | None = None
+) -> HeldoutEvaluator | EnvEvaluator:
     """The held-out evaluator of ``online.eval``, in the served call format, with the hack
     detectors of :mod:`coderl.rewards.hacks` on every reply (:func:`reply_detector`), so the
     gate compares the champion's and the candidate's ``suspected_hack_rate``; with a
     ``population``, on its held-out suite (its tasks, its house style:
-    :func:`coderl.online.suites.population_suite`), else on the shared one."""
+    :func:`coderl.online.suites.population_suite`), else on the shared one. With
+    ``online.eval.suite: env`` the shared suite is the run's environment evaluated by
+    ``coderl eval``'s code (:class:`coderl.online.heldout.EnvEvaluator`)."""
     call_format, template_tools = harness_format(cfg)
     e = cfg.online.eval
+    if e.suite == "env" and population is None:
+        return EnvEvaluator(cfg)
     tasks = None
     if population is not None:
         tasks = population_suite(

@@ -32,12 +32,25 @@ harness would execute it. A reply with an invalid call carries the raw text and 
 ``tool_calls``, and the interaction is stored with ``tool_call_status = "invalid"`` (a negative
 example downstream).
 
-Limits: no streaming, ``n = 1`` only, no ``top_logprobs``; one generation at a time (a lock).
-No authentication: bind to localhost or put it behind a proxy.
+Concurrency: requests are answered concurrently, each in its own thread. A vLLM engine gets
+them as they come and batches them itself; the in-process sampler gets them through
+:class:`coderl.online.batching.WindowBatcher` (requests arriving within ``batch_window_s`` are
+one ``generate`` call). Each interaction records its own sampled ids and logprobs. A reload
+waits for the requests in flight and holds new ones back while routes change (a reader/writer
+gate, :class:`_Gate`), so no request samples an adapter while it is replaced.
+
+Errors: what is the client's answers 4xx with a reason (bad JSON or fields: 400; a tool that is
+not the harness's: 400; a conversation that cannot be rendered: 400; a prompt that fills the
+engine's context: 400). An engine failure answers 503 with its reason and the server keeps
+serving.
+
+Limits: no streaming, ``n = 1`` only, no ``top_logprobs``. No authentication: bind to
+localhost or put it behind a proxy.
 """
 
 from __future__ import annotations
 
+import logging
 import random
 import re
 import threading
@@ -55,12 +68,17 @@ from coderl.agent.episode import EpisodeConfig
 from coderl.agent.parsing import get_call_format
 from coderl.agent.tools import TOOLS
 from coderl.config.online import SHARED, ExplorationConfig
+from coderl.online.batching import WindowBatcher
 from coderl.online.calls import RequestError, parse_reply, render_prompt, renderer_for, served_tools
 from coderl.online.events import MAX_REQUEST_BYTES, Rejected, parse_event, parse_json
 from coderl.online.routing import Route, Router
 from coderl.online.store import Store, interaction_row
 from coderl.policy.base import SamplingParams
 from coderl.policy.episode import encode
+from coderl.policy.local import LocalPolicy
+from coderl.policy.rollout import TorchRollout
+
+log = logging.getLogger("coderl.online")
 
 EDIT_TOOLS = ("edit", "write_file", "apply_patch", "str_replace", "replace", "create_file")
 _FENCE = re.compile(r"```[^\n]*\n.*?```", re.S)
@@ -92,6 +110,64 @@ class ChatRequest(BaseModel):
     """Also return the sampled token ids (``choices[0].token_ids``, as vLLM's extension names
     them) and the prompt's (``prompt_token_ids``): what a token-exact client harness continues
     from (:mod:`coderl.online.agent_client`)."""
+
+
+class _Gate:
+    """Readers/writer gate: requests share it, a reload has it alone (waits for the requests in
+    flight; requests arriving meanwhile wait for the reload)."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._readers = 0
+        self._writing = False
+
+    def __enter__(self) -> None:
+        with self._cond:
+            self._cond.wait_for(lambda: not self._writing)
+            self._readers += 1
+
+    def __exit__(self, *exc: object) -> None:
+        with self._cond:
+            self._readers -= 1
+            self._cond.notify_all()
+
+    def exclusive(self) -> _Exclusive:
+        return _Exclusive(self)
+
+
+class _Exclusive:
+    def __init__(self, gate: _Gate) -> None:
+        self.gate = gate
+
+    def __enter__(self) -> None:
+        g = self.gate
+        with g._cond:
+            g._cond.wait_for(lambda: not g._writing)
+            g._writing = True
+            g._cond.wait_for(lambda: g._readers == 0)
+
+    def __exit__(self, *exc: object) -> None:
+        with self.gate._cond:
+            self.gate._writing = False
+            self.gate._cond.notify_all()
+
+
+def in_process(sampler: Any) -> bool:
+    """Whether ``sampler`` runs the model in this process (batched by the server's
+    :class:`~coderl.online.batching.WindowBatcher`) rather than in an engine that batches
+    concurrent requests itself (vLLM)."""
+    return isinstance(sampler, (LocalPolicy, TorchRollout))
+
+
+def context_limit(sampler: Any) -> int | None:
+    """Tokens of one sequence (prompt plus completion) the sampler's model holds: a vLLM
+    engine's ``max_model_len``, else the model's ``max_position_embeddings`` (None: unknown)."""
+    engine = getattr(sampler, "engine", None)
+    if isinstance(getattr(engine, "max_model_len", None), int):
+        return int(engine.max_model_len)  # type: ignore[union-attr]
+    model = getattr(getattr(sampler, "policy", sampler), "model", None)
+    n = getattr(getattr(model, "config", None), "max_position_embeddings", None)
+    return n if isinstance(n, int) else None
 
 
 def classify(text: str, calls: list[dict[str, Any]], status: str) -> str:
@@ -132,6 +208,8 @@ class InteractionServer:
             instead of ``reload``), returning the populations whose route changed.
         exploration: the share of requests sampled at the exploration temperature (None: no
             exploration).
+        batch_window_s: how long an in-process sampler's batch waits for more requests after
+            its first (:class:`coderl.online.batching.WindowBatcher`).
     """
 
     def __init__(
@@ -150,6 +228,7 @@ class InteractionServer:
         router: Router | None = None,
         refresh: Callable[[Router], list[str]] | None = None,
         exploration: ExplorationConfig | None = None,
+        batch_window_s: float = 0.005,
     ) -> None:
         if default_temperature <= 0:
             raise ValueError("default_temperature must be > 0: greedy traffic teaches nothing")
@@ -161,7 +240,9 @@ class InteractionServer:
         self.default_temperature = default_temperature
         self.max_new_tokens = max_new_tokens
         self._reload, self._refresh, self._clock = reload, refresh, clock
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # the exploration draws
+        self._gate = _Gate()
+        self.batcher = WindowBatcher(batch_window_s)
         self.exploration = exploration or ExplorationConfig()
         if self.exploration.share > 0 and self.exploration.temperature == default_temperature:
             raise ValueError("the exploration temperature equals the serving temperature")
@@ -186,7 +267,7 @@ class InteractionServer:
         """Pick up newly promoted champions (``refresh``, else ``reload`` of the shared
         route); returns the populations whose route changed. Waits for the reply being
         generated, so no request samples an adapter while it is replaced."""
-        with self._lock:
+        with self._gate.exclusive():
             if self._refresh is not None:
                 return self._refresh(self.router)
             new = self._reload(self.version) if self._reload is not None else None
@@ -208,8 +289,9 @@ class InteractionServer:
         """Generate one reply, record it, return the OpenAI response body.
 
         Raises:
-            HTTPException(400): streaming requested, a tool that is not the harness's, or the
-                conversation cannot be rendered.
+            HTTPException(400): streaming requested, a tool that is not the harness's, the
+                conversation cannot be rendered, or its prompt fills the engine's context.
+            HTTPException(503): the engine failed (logged; the server keeps serving).
         """
         if req.stream:
             raise HTTPException(400, "stream=true is not supported")
@@ -221,7 +303,7 @@ class InteractionServer:
         except RequestError as e:
             raise HTTPException(400, str(e)) from None
         start = time.perf_counter()
-        with self._lock:  # a reload waits for this reply: no adapter is replaced mid-request
+        with self._gate:  # a reload waits for this reply: no adapter is replaced mid-request
             route = self.router.route(population)
             policy, version = route.sampler, route.version
             try:
@@ -236,14 +318,15 @@ class InteractionServer:
                 prompt = encode(policy.tokenizer, text_in)
             except Exception as e:  # template errors are the client's bad input
                 raise HTTPException(400, f"cannot render the conversation: {e}") from None
+            room = self._room(policy, len(prompt))
             params = SamplingParams(
                 temperature=temperature,
                 top_p=1.0 if req.top_p is None else req.top_p,
-                max_new_tokens=min(budget, self.max_new_tokens),
+                max_new_tokens=min(budget, self.max_new_tokens, room),
                 stop_token_ids=renderer.stop_token_ids,
                 seed=req.seed,
             )
-            [out] = policy.generate([prompt], params)
+            out = self._generate(policy, prompt, params)
         latency_ms = 1000.0 * (time.perf_counter() - start)
         text = renderer.content(out)  # what the harness parses: the final stop token dropped
         content, calls, status = parse_reply(text, tools, self.call_format)
@@ -280,6 +363,39 @@ class InteractionServer:
             body["prompt_token_ids"] = list(prompt)
             body["choices"][0]["token_ids"] = list(out.token_ids)
         return body
+
+    def _room(self, sampler: Any, n_prompt: int) -> int:
+        """Tokens left to sample after a prompt of ``n_prompt`` tokens.
+
+        Raises:
+            HTTPException(400): the prompt fills the context.
+        """
+        limit = context_limit(sampler)
+        if limit is None:
+            return self.max_new_tokens
+        if n_prompt >= limit:
+            raise HTTPException(
+                400,
+                f"prompt of {n_prompt} tokens leaves no room to sample: the model's context is "
+                f"{limit} tokens (prompt plus completion)",
+            )
+        return limit - n_prompt
+
+    def _generate(self, sampler: Any, prompt: list[int], params: SamplingParams) -> Any:
+        """One completion, batched for an in-process sampler, straight to an engine that
+        batches itself.
+
+        Raises:
+            HTTPException(503): the engine failed.
+        """
+        try:
+            if in_process(sampler):
+                return self.batcher.generate(sampler, prompt, params)
+            [out] = sampler.generate([prompt], params)
+            return out
+        except Exception as e:
+            log.exception("engine failure")
+            raise HTTPException(503, f"engine failure: {type(e).__name__}: {e}") from None
 
     def _response(
         self,

@@ -15,6 +15,9 @@ Only interactions that can be trained on exactly are kept; everything else is co
 - ``missing_logprobs``: no behaviour logprobs logged;
 - ``empty``: no completion tokens.
 
+Metrics named "before the update" (the sampler/trainer gap, KL, importance weights) are the
+first trainer step's, whatever ``trainer.steps`` is: later steps see weights this update moved.
+
 The loss is the trainer's algorithm-blind step (:func:`coderl.train.step.train_step`): PPO
 clipping against the trainer's own logprobs before the update, token-level truncated importance
 weights ``min(pi_old / pi_behaviour, cap)`` against the logged behaviour logprobs
@@ -37,8 +40,9 @@ from torch import Tensor
 
 from coderl import algorithms as A
 from coderl.config import AlgorithmConfig, TrainerConfig
-from coderl.train.batch import StepBatch, build_batch
+from coderl.train.batch import StepBatch
 from coderl.train.optim import build_optimizer
+from coderl.train.pipeline import token_batch
 from coderl.train.step import train_step
 from coderl.trajectory import Segment
 
@@ -133,15 +137,19 @@ def behaviour_weights(
     """The update's importance weights against the logged behaviour logprobs, ``[B, T]``
     float32: the policy's logprobs of the sampled tokens at the training ``temperature`` minus
     the logged ones, exponentiated and truncated (or masked) as ``algorithm.importance`` says
-    (:func:`coderl.algorithms.importance_weights`); 0 off the loss mask."""
-    old = policy.forward(batch.tokens, temperature).logprobs
+    (:func:`coderl.algorithms.importance_weights`); 0 off the loss mask. With
+    ``importance.mode: off`` there are no weights, as in the offline trainer step: 1 on the
+    loss mask."""
     imp = algorithm.importance
+    if imp.mode == "off":
+        return batch.loss_mask.float()
+    old = policy.forward(batch.tokens, temperature).logprobs
     return A.importance_weights(
         old,
         batch.tokens.behavior_logprobs,
         batch.loss_mask,
         level=imp.level,
-        mode="truncate" if imp.mode == "off" else imp.mode,
+        mode=imp.mode,
         cap=imp.cap,
         low=imp.low,
     )
@@ -161,6 +169,9 @@ def update(
     """Train ``policy`` (a :class:`coderl.policy.local.LocalPolicy` loaded from the champion)
     on the selected rows with ``trainer.steps`` calls of the trainer step.
 
+    The batch comes from the drivers' one batch builder (:func:`coderl.train.pipeline.
+    token_batch`), with the frozen champion as the KL reference.
+
     Args:
         champion: a frozen copy of the champion policy (KL reference).
         rows: trainable interaction rows (see :func:`select_trainable`).
@@ -168,35 +179,48 @@ def update(
         max_len: the generation budget (constant of ``seq-mean-token-sum-norm``).
 
     Returns:
-        the trainer's metrics of the last step, plus the ESS metrics of the importance
-        weights before the first (:func:`behaviour_weights`, :func:`effective_sample_size`)
-        and ``exploration_share``, the share of exploration rows.
+        the trainer's metrics of the **first** step, measured before any optimizer step of
+        this update (the sampler/trainer gap ``logprob_gap*``, ``kl``, ``iw_*``, ``ratio_*``,
+        ``loss``, ``grad_norm``: what "before the update" promises, whatever ``trainer.steps``
+        is), ``optimizer_steps`` summed over every step, the ESS metrics of the importance
+        weights before the first (:func:`behaviour_weights`, :func:`effective_sample_size`) and
+        ``exploration_share``, the share of exploration rows.
 
     Raises:
         ValueError: no rows, or ``len(advantages) != len(rows)``.
     """
     if not rows:
         raise ValueError("no trainable interactions")
-    segs = [to_segment(r) for r in rows]
-    batch: StepBatch = build_batch(segs, advantages.tolist(), policy.pad_token_id)
-    with torch.no_grad():
-        batch.ref_logp = champion.forward(batch.tokens, temperature).logprobs
+    if len(advantages) != len(rows):
+        raise ValueError(f"{len(advantages)} advantages for {len(rows)} rows")
+    batch = token_batch(
+        policy,
+        [to_segment(r) for r in rows],
+        advantages.tolist(),
+        micro_batch_size=trainer.micro_batch_size,
+        temperature=temperature,
+        reference=lambda tokens, t: champion.forward(tokens, t).logprobs,
+    )
     w = behaviour_weights(policy, batch, algorithm, temperature)  # (B, T)
     metrics = effective_sample_size(w, batch.loss_mask)
     metrics["exploration_share"] = sum(bool(r.get("exploration")) for r in rows) / len(rows)
     opt, sched = build_optimizer([{"params": policy.trainable_parameters()}], trainer)
     policy.model.train(False)  # no dropout: sampling and training see the same function
+    steps: list[dict[str, float]] = []
     for _ in range(trainer.steps):
-        step = train_step(
-            policy.model,
-            opt,
-            sched,
-            batch,
-            algorithm,
-            trainer,
-            temperature=temperature,
-            max_len=max_len,
+        steps.append(
+            train_step(
+                policy.model,
+                opt,
+                sched,
+                batch,
+                algorithm,
+                trainer,
+                temperature=temperature,
+                max_len=max_len,
+            )
         )
         policy.bump_version()
-    metrics.update(step)
+    metrics.update(steps[0])  # before the update: the first step's forward saw the champion
+    metrics["optimizer_steps"] = sum(m["optimizer_steps"] for m in steps)
     return metrics

@@ -7,50 +7,10 @@ and sums them, keeps the per-term breakdown, and masks samples whose term raised
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from coderl.config import REWARD_TERM_NAMES, RewardConfig
+from coderl.rewards.sample import RewardSample, Term
 
-from coderl.config import RewardConfig
-
-
-@dataclass
-class RewardSample:
-    """What the reward terms see of one graded episode."""
-
-    task_id: str
-    """The task; episodes of the same task form a group."""
-    resolved: bool = False
-    """Every FAIL_TO_PASS and PASS_TO_PASS test passed."""
-    fraction_passed: float = 0.0
-    """Fraction of those tests that passed, in [0, 1]."""
-    grading_error: str | None = None
-    """Why grading failed (sandbox crash, timeout of the grader...); such samples are masked."""
-    sampled_tokens: int = 0
-    """Tokens the policy sampled in the episode (all turns)."""
-    token_budget: int = 1
-    """Most tokens the episode could sample (turns x tokens per turn), > 0."""
-    broken_tool_calls: int = 0
-    """Tool calls that could not be parsed or executed as asked."""
-    ease: float | None = None
-    """Task ease in [0, 1] from metadata (1 = easiest); None: use the group pass rate."""
-    group_pass_rate: float = 0.0
-    """Fraction of the task's gradable episodes that resolved it (filled in by compute_rewards)."""
-    kl_k1: float = 0.0
-    """Sum over sampled tokens of ``logp - ref_logp`` (k1 estimate of KL to the reference)."""
-    statement: str = ""
-    """Task statement (read by the learned graders, ``judge`` and ``rm``)."""
-    diff: str = ""
-    """The episode's final diff (learned graders)."""
-    tool_log: str = ""
-    """Tool-call summary, ``coderl.graders.judge.tool_log_summary`` (learned graders)."""
-    tests_report: str = ""
-    """Test outcomes in words, ``coderl.graders.judge.tests_report`` (learned graders)."""
-    details: dict[str, float] = field(default_factory=dict)
-    """Extra per-sample numbers a term reports (``judge/<criterion>``); copied into the reward
-    breakdown, never summed into the total."""
-
-
-Term = Callable[[list[RewardSample], RewardConfig], list[float]]
+__all__ = ["REWARD_TERMS", "RewardSample", "Term"]
 
 
 def tests_term(samples: list[RewardSample], cfg: RewardConfig) -> list[float]:
@@ -125,3 +85,8 @@ REWARD_TERMS: dict[str, Term] = {
     "judge": judge_term,
     "rm": rm_term,
 }
+if set(REWARD_TERMS) != set(REWARD_TERM_NAMES):  # the names a config may use are these terms
+    raise RuntimeError(
+        f"coderl.config.REWARD_TERM_NAMES {sorted(REWARD_TERM_NAMES)} differs from the "
+        f"registered terms {sorted(REWARD_TERMS)}"
+    )

@@ -62,7 +62,7 @@ from coderl.rewards.hacks import HackFlag, detect_hacks, flag_counts, suspected_
 from coderl.train.advantages import episode_advantages, gae_advantages
 from coderl.train.batch import StepBatch, build_batch
 from coderl.train.step import forward
-from coderl.trajectory import Trajectory
+from coderl.trajectory import Segment, Trajectory
 
 log = logging.getLogger("coderl.train")
 
@@ -154,15 +154,42 @@ def reward_samples(
     return out
 
 
+Reference = Callable[[Any, float], torch.Tensor]
+"""``(tokens, temperature) -> [b, T]`` logprobs of a reference policy (no grad), e.g.
+``policy.reference_logprobs`` or the online update's frozen champion."""
+
+
 @torch.no_grad()
-def reference_logprobs(policy: Any, cfg: Config, batch: StepBatch) -> torch.Tensor:
+def reference_logprobs(
+    reference: Reference, batch: StepBatch, *, micro_batch_size: int, temperature: float
+) -> torch.Tensor:
     """``[B, T]`` reference-policy logprobs of the batch's tokens, micro-batched."""
-    mbs, t = cfg.trainer.micro_batch_size, cfg.rollout.temperature
+    mbs = micro_batch_size
     parts = [
-        policy.reference_logprobs(batch.rows(i, i + mbs).tokens, t)
-        for i in range(0, batch.size, mbs)
+        reference(batch.rows(i, i + mbs).tokens, temperature) for i in range(0, batch.size, mbs)
     ]
     return torch.cat(parts)
+
+
+def token_batch(
+    policy: Any,
+    segments: list[Segment],
+    advantages: list[float],
+    *,
+    micro_batch_size: int,
+    temperature: float,
+    reference: Reference | None = None,
+) -> StepBatch:
+    """The trainer's batch of ``segments`` (one row each, ``advantages`` per row) on the
+    policy's device, with the ``reference`` logprobs (micro-batched) when one is given: the one
+    batch builder of every driver (:func:`make_batch` of ``coderl train`` and the async
+    learner, :func:`coderl.online.update.update` of the online wing)."""
+    batch = build_batch(segments, advantages, policy.pad_token_id).to(policy.device)
+    if reference is not None:
+        batch.ref_logp = reference_logprobs(
+            reference, batch, micro_batch_size=micro_batch_size, temperature=temperature
+        )
+    return batch
 
 
 def fill_kl_k1(
@@ -178,10 +205,18 @@ def fill_kl_k1(
     ]
     if not segs:
         return
-    batch = build_batch([s for _, s in segs], [0.0] * len(segs), policy.pad_token_id)
-    batch = batch.to(policy.device)
-    ref = reference_logprobs(policy, cfg, batch)
-    k1 = ((batch.tokens.behavior_logprobs - ref) * batch.tokens.loss_mask).sum(-1)  # (B,)
+    batch = token_batch(
+        policy,
+        [s for _, s in segs],
+        [0.0] * len(segs),
+        micro_batch_size=cfg.trainer.micro_batch_size,
+        temperature=cfg.rollout.temperature,
+        reference=policy.reference_logprobs,
+    )
+    assert batch.ref_logp is not None
+    k1 = ((batch.tokens.behavior_logprobs - batch.ref_logp) * batch.tokens.loss_mask).sum(
+        -1
+    )  # (B,)
     for (i, _), v in zip(segs, k1.tolist(), strict=True):
         samples[i].kl_k1 += v
 
@@ -413,9 +448,14 @@ def make_batch(
             seg_episode.append(j)
     if not segs:
         return None
-    batch = build_batch(segs, adv, policy.pad_token_id).to(policy.device)  # trainer.device
-    if cfg.algorithm.kl.coef > 0:
-        batch.ref_logp = reference_logprobs(policy, cfg, batch)
+    batch = token_batch(  # on trainer.device
+        policy,
+        segs,
+        adv,
+        micro_batch_size=cfg.trainer.micro_batch_size,
+        temperature=cfg.rollout.temperature,
+        reference=policy.reference_logprobs if cfg.algorithm.kl.coef > 0 else None,
+    )
     if gae:
         if value_head is None:
             raise ValueError("algorithm.advantage=gae needs a value head")

@@ -14,7 +14,7 @@ many segments or turns the episodes have.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import torch
@@ -100,13 +100,8 @@ def accumulate_gradients(
     ``grad KL(pi || ref)``; needs ``batch.ref_logp``), ``- entropy_coef * H``, and
     ``+ value_coef * value_loss`` when ``batch.returns`` is set.
 
-    Masked importance sampling (``cfg.importance.mode == "mask"``): tokens whose weight falls
-    outside the band are rejected, i.e. removed from the mask of every term *and* from the
-    normaliser (Liu et al. 2025, "When Speed Kills Stability", MIS; verl's rollout correction
-    does the same through its response mask), so the loss of the kept tokens does not shrink
-    with the number rejected. The rejections must be known before the first backward (they set
-    the batch normaliser), so on the first epoch a no-grad forward fills ``old_logp_cache``
-    first; this costs one extra forward in mask mode only.
+    Masked importance sampling (``cfg.importance.mode == "mask"``) rejects tokens from every
+    term and from the normaliser: see :func:`_rejection_masks`.
 
     Args:
         model: the policy (a causal LM).
@@ -136,7 +131,6 @@ def accumulate_gradients(
         raise ValueError("algorithm.kl.coef > 0 needs reference logprobs in the batch (ref_logp)")
     if batch.returns is not None and value_head is None:
         raise ValueError("the batch holds value targets (PPO) but no value head was given")
-    agg = cfg.loss_agg
     cache = {} if old_logp_cache is None else old_logp_cache
     weighted = cfg.old_logp == "trainer" and cfg.importance.mode != "off"
 
@@ -152,14 +146,10 @@ def accumulate_gradients(
 
     masks: dict[int, Tensor] = {}  # micro-batch -> loss mask with the rejected tokens removed
     if weighted and cfg.importance.mode == "mask":
-        with torch.no_grad():
-            for i, mb in _micro_batches(batch, micro_batch_size):
-                if i not in cache:
-                    cache[i] = run(mb).logp
-                w = _importance_weights(cfg, cache[i], mb)
-                masks[i] = mb.loss_mask * (w > 0)
+        masks = _rejection_masks(batch, cfg, micro_batch_size, cache, run)
+    by = _NORMALISED_BY[cfg.loss_agg]
     full = sum(
-        _normalisers(masks.get(i, mb.loss_mask))[_NORMALISED_BY[agg]]
+        _normalisers(masks.get(i, mb.loss_mask))[by]
         for i, mb in _micro_batches(batch, micro_batch_size)
     )
     totals = _Totals()
@@ -167,7 +157,7 @@ def accumulate_gradients(
     for i, mb in _micro_batches(batch, micro_batch_size):
         mask = masks.get(i, mb.loss_mask)
         sampled = mb.loss_mask > 0
-        share = _normalisers(mask)[_NORMALISED_BY[agg]] / max(full, 1.0)
+        share = _normalisers(mask)[by] / max(full, 1.0)
         if share == 0:
             if i in cache:  # every token rejected: still part of the gap
                 gap_parts.append((cache[i][sampled], mb.tokens.behavior_logprobs[sampled]))
@@ -178,52 +168,22 @@ def accumulate_gradients(
         else:
             old = mb.tokens.behavior_logprobs
         weights = _importance_weights(cfg, old, mb) if weighted else None
-        pg, m = A.policy_loss(
-            out.logp,
-            old,
-            mb.advantages,
-            mask,
-            clip_low=cfg.clip_low,
-            clip_high=cfg.clip_high,
-            dual_clip=cfg.dual_clip,
-            agg=agg,
-            max_len=max_len,
-            weights=weights,
-        )
-        loss = pg
-        ent = A.aggregate(out.entropy, mask, agg, max_len=max_len)
-        if cfg.entropy_coef > 0:
-            loss = loss - cfg.entropy_coef * ent
-        kl = torch.zeros((), device=out.logp.device)
-        if mb.ref_logp is not None:
-            kl_tok = A.kl_penalty(out.logp, mb.ref_logp, cfg.kl.estimator)
-            kl = A.aggregate(kl_tok, mask, agg, max_len=max_len)
-            if cfg.kl.coef > 0:
-                loss = loss + cfg.kl.coef * kl
-        vloss = torch.zeros((), device=out.logp.device)
-        if out.values is not None:
-            assert mb.old_values is not None and mb.returns is not None
-            vloss = A.value_loss(
-                out.values, mb.old_values, mb.returns, mask, clip=cfg.value_clip, agg=agg
-            )
-            loss = loss + cfg.value_coef * vloss
-        (loss * share).backward()
-        with torch.no_grad():
-            keep = mask > 0
-            n = float(keep.sum())
-            w = weights if weights is not None else mask.float()
-            m.update(
-                loss=float(loss),
-                pg_loss=float(pg),
-                kl=float(kl),
-                entropy=float(ent),
-                value_loss=float(vloss),
-                iw_mean=float((w * mask).sum() / max(n, 1.0)),
-                iw_max=float(w[keep].max()) if n else 1.0,
-            )
-            before = old if cfg.old_logp == "trainer" else out.logp.detach()
-            gap_parts.append((before[sampled], mb.tokens.behavior_logprobs[sampled]))
+        m, n = _micro_batch_backward(out, mb, old, mask, weights, share, cfg, max_len)
+        before = old if cfg.old_logp == "trainer" else out.logp.detach()
+        gap_parts.append((before[sampled], mb.tokens.behavior_logprobs[sampled]))
         totals.add(m, n, share)
+    return _batch_metrics(totals, batch, masks, gap_parts)
+
+
+def _batch_metrics(
+    totals: _Totals,
+    batch: StepBatch,
+    masks: dict[int, Tensor],
+    gap_parts: list[tuple[Tensor, Tensor]],
+) -> dict[str, float]:
+    """The batch's metrics from its micro-batches': the totals' means, ``iw_rejected_frac``
+    and the sampler/trainer gap over every sampled token (``gap_parts``: per micro-batch, the
+    trainer logprobs before the update and the behaviour logprobs)."""
     metrics = totals.means()
     sampled_total = float(batch.loss_mask.sum())
     kept_total = sum(float(mk.sum()) for mk in masks.values()) if masks else sampled_total
@@ -232,6 +192,97 @@ def accumulate_gradients(
         train_lp, behaviour_lp = (torch.cat(x) for x in zip(*gap_parts, strict=True))
         metrics.update(A.logprob_gap(train_lp, behaviour_lp, torch.ones_like(train_lp)))
     return metrics
+
+
+@torch.no_grad()
+def _rejection_masks(
+    batch: StepBatch,
+    cfg: AlgorithmConfig,
+    micro_batch_size: int,
+    cache: dict[int, Tensor],
+    run: Callable[[StepBatch], ForwardOut],
+) -> dict[int, Tensor]:
+    """Masked importance sampling: micro-batch -> its loss mask without the rejected tokens.
+
+    Tokens whose weight falls outside the band are rejected, i.e. removed from the mask of every
+    term *and* from the normaliser (Liu et al. 2025, "When Speed Kills Stability", MIS; verl's
+    rollout correction does the same through its response mask), so the loss of the kept tokens
+    does not shrink with the number rejected. The rejections must be known before the first
+    backward (they set the batch normaliser), so on the first epoch a no-grad forward fills
+    ``cache`` (the trainer logprobs before the update) first; this costs one extra forward in
+    mask mode only."""
+    masks = {}
+    for i, mb in _micro_batches(batch, micro_batch_size):
+        if i not in cache:
+            cache[i] = run(mb).logp
+        w = _importance_weights(cfg, cache[i], mb)
+        masks[i] = mb.loss_mask * (w > 0)
+    return masks
+
+
+def _micro_batch_backward(
+    out: ForwardOut,
+    mb: StepBatch,
+    old: Tensor,
+    mask: Tensor,
+    weights: Tensor | None,
+    share: float,
+    cfg: AlgorithmConfig,
+    max_len: int,
+) -> tuple[dict[str, float], float]:
+    """Backward one micro-batch's loss scaled by its ``share`` of the batch normaliser (see
+    :func:`accumulate_gradients`); returns its metrics and its count of tokens in the loss.
+
+    Args:
+        out: the micro-batch's forward; old: ``[b, T]`` logprobs the ratio is taken against;
+        mask: ``[b, T]`` loss mask (rejected tokens removed); weights: ``[b, T]`` importance
+        weights or None.
+    """
+    agg = cfg.loss_agg
+    pg, m = A.policy_loss(
+        out.logp,
+        old,
+        mb.advantages,
+        mask,
+        clip_low=cfg.clip_low,
+        clip_high=cfg.clip_high,
+        dual_clip=cfg.dual_clip,
+        agg=agg,
+        max_len=max_len,
+        weights=weights,
+    )
+    loss = pg
+    ent = A.aggregate(out.entropy, mask, agg, max_len=max_len)
+    if cfg.entropy_coef > 0:
+        loss = loss - cfg.entropy_coef * ent
+    kl = torch.zeros((), device=out.logp.device)
+    if mb.ref_logp is not None:
+        kl_tok = A.kl_penalty(out.logp, mb.ref_logp, cfg.kl.estimator)
+        kl = A.aggregate(kl_tok, mask, agg, max_len=max_len)
+        if cfg.kl.coef > 0:
+            loss = loss + cfg.kl.coef * kl
+    vloss = torch.zeros((), device=out.logp.device)
+    if out.values is not None:
+        assert mb.old_values is not None and mb.returns is not None
+        vloss = A.value_loss(
+            out.values, mb.old_values, mb.returns, mask, clip=cfg.value_clip, agg=agg
+        )
+        loss = loss + cfg.value_coef * vloss
+    (loss * share).backward()
+    with torch.no_grad():
+        keep = mask > 0
+        n = float(keep.sum())
+        w = weights if weights is not None else mask.float()
+        m.update(
+            loss=float(loss),
+            pg_loss=float(pg),
+            kl=float(kl),
+            entropy=float(ent),
+            value_loss=float(vloss),
+            iw_mean=float((w * mask).sum() / max(n, 1.0)),
+            iw_max=float(w[keep].max()) if n else 1.0,
+        )
+    return m, n
 
 
 def _importance_weights(cfg: AlgorithmConfig, old: Tensor, mb: StepBatch) -> Tensor:

@@ -1,0 +1,127 @@
+"""``coderl serve`` answers concurrent requests concurrently: an engine that batches by itself
+gets them at once, the in-process sampler gets them batched; each request records its own exact
+tokens and logprobs; client errors are 4xx with a reason, engine failures 503."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import urllib.error
+import urllib.request
+
+import pytest
+
+from coderl.online.server import BackgroundServer, ChatRequest, InteractionServer
+from coderl.online.store import Store
+from coderl.policy import load_policy
+from coderl.policy.base import Completion
+
+MESSAGES = [{"role": "user", "content": "write add(a, b)"}]
+
+
+def _post(url: str, body: bytes) -> tuple[int, dict]:
+    req = urllib.request.Request(
+        url, data=body, method="POST", headers={"Content-Type": "application/json"}
+    )
+    try:
+        with urllib.request.urlopen(req) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+
+
+def _together(n: int, fn) -> list:
+    """``fn(i)`` for i < n, started at once from n threads; results in order."""
+    barrier, out = threading.Barrier(n), [None] * n
+
+    def run(i: int) -> None:
+        barrier.wait()
+        out[i] = fn(i)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return out
+
+
+def test_the_in_process_sampler_batches_concurrent_requests_and_records_each(tmp_path):
+    policy = load_policy("tiny-random", reference=False)
+    store = Store(f"sqlite:///{tmp_path / 'online.db'}")
+    srv = InteractionServer(policy, store, version=0, max_new_tokens=6, batch_window_s=0.3)
+    msgs = [[{"role": "user", "content": f"task {i} " * (i + 1)}] for i in range(6)]
+    bodies = _together(6, lambda i: srv.complete(ChatRequest(model="m", messages=msgs[i])))
+    assert srv.batcher.batches < 6  # merged: one generate call per window, not per request
+    rows = {r["interaction_id"]: r for r in store.interactions()}
+    assert len(rows) == 6
+    for body in bodies:
+        r = rows[body["id"]]
+        seq = r["prompt_token_ids"] + r["completion_token_ids"]
+        n = len(r["prompt_token_ids"])
+        [lp] = policy.logprobs([seq], temperature=r["temperature"])
+        assert lp[n:] == pytest.approx(r["behaviour_logprobs"], abs=1e-4)  # its own, exactly
+    prompts = {tuple(r["prompt_token_ids"]) for r in rows.values()}
+    assert len(prompts) == 6  # no request got another's prompt
+
+
+class _SlowEngine:
+    """An engine that batches by itself (vLLM-like): counts calls in flight at once."""
+
+    def __init__(self, tokenizer) -> None:
+        self.tokenizer = tokenizer
+        self.inflight = self.most = 0
+        self.lock = threading.Lock()
+
+    def generate(self, prompts, params):
+        with self.lock:
+            self.inflight += 1
+            self.most = max(self.most, self.inflight)
+        time.sleep(0.3)
+        with self.lock:
+            self.inflight -= 1
+        return [Completion(token_ids=[5], logprobs=[-1.0], finish_reason="length") for _ in prompts]
+
+
+def test_an_engine_that_batches_itself_gets_concurrent_requests_at_once(tmp_path):
+    policy = load_policy("tiny-random", reference=False)
+    engine = _SlowEngine(policy.tokenizer)
+    srv = InteractionServer(engine, Store(f"sqlite:///{tmp_path / 'o.db'}"), version=0)
+    _together(4, lambda i: srv.complete(ChatRequest(model="m", messages=MESSAGES)))
+    assert engine.most == 4  # no lock around generation
+
+
+def test_client_errors_are_4xx_with_a_reason_and_engine_failures_503(tmp_path):
+    policy = load_policy("tiny-random", reference=False)
+    policy.model.config.max_position_embeddings = 40  # a small context to overflow
+    real, calls = policy.generate, {"n": 0}
+
+    def flaky(prompts, params):
+        calls["n"] += 1
+        if calls["n"] == 1:
+            raise RuntimeError("device lost")
+        return real(prompts, params)
+
+    policy.generate = flaky  # type: ignore[method-assign]
+    srv = InteractionServer(policy, Store(f"sqlite:///{tmp_path / 'o.db'}"), version=0,
+                            max_new_tokens=4)  # fmt: skip
+    bg = BackgroundServer(srv.app())
+    url = bg.base_url + "/chat/completions"
+    ok = json.dumps({"model": "m", "messages": MESSAGES}).encode()
+    try:
+        status, body = _post(url, ok)
+        assert status == 503 and "device lost" in body["error"]["message"]
+        status, body = _post(url, ok)  # the server kept serving
+        assert status == 200 and body["choices"][0]["message"]["role"] == "assistant"
+        status, body = _post(url, b'{"model": "m", "messages": [')
+        assert status == 400 and "json" in body["error"]["message"].lower()
+        long = [{"role": "user", "content": "word " * 200}]
+        status, body = _post(url, json.dumps({"model": "m", "messages": long}).encode())
+        assert status == 400 and "context is 40 tokens" in body["error"]["message"]
+        bad_tool = {"type": "function", "function": {"name": "rm_rf", "parameters": {}}}
+        req = {"model": "m", "messages": MESSAGES, "tools": [bad_tool]}
+        status, body = _post(url, json.dumps(req).encode())
+        assert status == 400 and "rm_rf" in body["error"]["message"]
+    finally:
+        bg.stop()
