@@ -42,6 +42,28 @@ def test_task_writers_refuse_an_existing_out_without_force(tmp_path, capsys, arg
     assert "--force" in capsys.readouterr().err and out.read_text() == "precious\n"
 
 
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["eval", "no-such-run", "--episodes-out"],
+        ["agent", "--model", "no-such-model", "--workspace", "no-such-dir", "--task", "t", "--out"],
+        ["rm", "train", "--episodes", "no-such.jsonl", "--backbone", "no-such-model", "--out"],
+    ],
+)
+def test_episode_and_checkpoint_writers_refuse_an_existing_out_first(tmp_path, capsys, argv):
+    """Refused before anything else is looked at: the run, model and inputs named do not exist,
+    so any other order would end in a different complaint (or a model load)."""
+    out = tmp_path / "mine"
+    out.write_text("precious\n")
+    assert main([*argv, str(out)]) == 2
+    err = capsys.readouterr().err
+    assert str(out) in err and "--force" in err, err
+    assert out.read_text() == "precious\n"
+    # with --force the refusal is gone and the next complaint is about the missing input
+    assert main([*argv, str(out), "--force"]) != 0
+    assert "--force" not in capsys.readouterr().err
+
 def test_humaneval_force_replaces(tmp_path):
     out = tmp_path / "mine.jsonl"
     out.write_text("precious\n")

@@ -38,6 +38,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--backend", default="bwrap", help="sandbox backend (bwrap or local)")
     p.add_argument("--show", action="store_true", help="print the first episode's messages")
     p.add_argument("--out", type=Path, help="write the episodes as JSON here")
+    p.add_argument("--force", action="store_true", help="replace an existing --out")
     p.set_defaults(func=run)
 
 
@@ -49,7 +50,10 @@ def run(args: argparse.Namespace) -> int:
     from coderl.agent.runner import run_episodes
     from coderl.policy import load_policy
     from coderl.sandbox import Sandbox
+    from coderl.tasks.cli import writable
 
+    if args.out:  # before the model loads
+        writable(args.out, args.force)
     cfg = EpisodeConfig(
         max_turns=args.max_turns,
         max_tokens_per_turn=args.max_tokens_per_turn,

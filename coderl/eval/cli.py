@@ -4,7 +4,8 @@ adapter shape and environment). On repository tasks it also reports, per reposit
 rate and the fraction of FAIL_TO_PASS tests passed with 95% CIs (``per_repo`` in the JSON, and a
 table on stderr). ``--episodes-out FILE`` also writes every evaluated episode
 (task statement, diff, tool log, test outcomes, resolved) as the episodes JSONL that
-``coderl rm train --episodes`` and ``coderl graders probe`` read."""
+``coderl rm train --episodes`` and ``coderl graders probe`` read (an existing FILE is replaced
+only with ``--force``)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from coderl.config import load_config
+from coderl.tasks.cli import writable
 
 
 def _split_args(items: list[str]) -> tuple[str | None, int | None, list[str]]:
@@ -57,6 +59,8 @@ def run(args: argparse.Namespace) -> int:
     from coderl.train.checkpoint import latest_checkpoint, load_checkpoint
     from coderl.train.run import close_run, run_eval, setup_run
 
+    if args.episodes_out:  # before the model loads
+        writable(args.episodes_out, args.force)
     ckpt = Path(args.checkpoint)
     if not (ckpt / "state.json").is_file():
         ckpt = latest_checkpoint(ckpt)  # a run directory: its newest checkpoint
@@ -107,4 +111,5 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         help="also write the evaluated episodes as JSONL (for `coderl rm train --episodes` "
         "and `coderl graders probe`)",
     )
+    p.add_argument("--force", action="store_true", help="replace an existing --episodes-out")
     p.set_defaults(func=run)
