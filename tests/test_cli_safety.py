@@ -42,7 +42,6 @@ def test_task_writers_refuse_an_existing_out_without_force(tmp_path, capsys, arg
     assert "--force" in capsys.readouterr().err and out.read_text() == "precious\n"
 
 
-
 @pytest.mark.parametrize(
     "argv",
     [
@@ -63,6 +62,7 @@ def test_episode_and_checkpoint_writers_refuse_an_existing_out_first(tmp_path, c
     # with --force the refusal is gone and the next complaint is about the missing input
     assert main([*argv, str(out), "--force"]) != 0
     assert "--force" not in capsys.readouterr().err
+
 
 def test_humaneval_force_replaces(tmp_path):
     out = tmp_path / "mine.jsonl"
