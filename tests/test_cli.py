@@ -112,6 +112,20 @@ def test_help_and_version_import_no_torch():
     assert "HEAVY []" in out.stdout, out.stdout[-500:]
 
 
+def test_eval_help_and_the_config_import_no_torch():
+    """``coderl eval --help`` and a config load (which every command's argument checks do before
+    a model loads) stay light: the config's online rewards reach ``coderl.agent.parsing``."""
+    code = (
+        "import sys\nfrom coderl.cli import main\nfrom coderl.config import load_config\n"
+        f"load_config({str(TOY)!r})\n"
+        "try:\n    main(['eval', '--help'])\nexcept SystemExit as e:\n    assert e.code == 0\n"
+        "heavy = sorted(m for m in ('torch', 'transformers', 'peft') if m in sys.modules)\n"
+        "print('HEAVY', heavy)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert "HEAVY []" in out.stdout, out.stdout[-500:]
+
+
 def _fake_run(tmp_path: Path) -> Path:
     from coderl.config import dump_config, load_config
 
