@@ -8,6 +8,8 @@ override it.
 from __future__ import annotations
 
 import argparse
+import shlex
+import sys
 
 from rich.console import Console
 
@@ -17,7 +19,15 @@ def run(args: argparse.Namespace) -> int:
     from coderl.config import load_config
 
     cfg = load_config(args.config, args.overrides)
-    summary = train_async(cfg, resume=args.resume)
+    try:
+        summary = train_async(cfg, resume=args.resume)
+    except KeyboardInterrupt:
+        from coderl.train.resume import stopped_line
+
+        words = [*([args.config] if args.config else []), *args.overrides]
+        again = shlex.join(["coderl", "train-async", *words, "--resume"])
+        print(stopped_line("coderl train-async", cfg.run_dir, again), file=sys.stderr)
+        return 130
     console = Console()
     console.print(f"[bold]async run finished[/] in {cfg.run_dir}")
     for key, value in summary.items():
