@@ -112,11 +112,7 @@ def test_ctrl_c_prints_the_resume_command_and_exits_130(tmp_path, command, tail)
     assert "Traceback" not in out and "KeyboardInterrupt" not in out, out
     line = [x for x in out.splitlines() if "interrupted" in x]
     assert len(line) == 1, out
-    again = (
-        f"resume with: coderl {command} --resume {run_dir}"
-        if command == "train"
-        else (f"resume with: coderl {command} {' '.join(words)} --resume")
-    )
+    again = f"resume with: coderl {command} --resume {run_dir}"
     assert "last checkpoint" in line[0] and again in line[0], line[0]
 
 
@@ -147,3 +143,19 @@ def test_ctrl_c_in_online_run_says_what_is_kept_and_exits_130(tmp_path):
     assert "Traceback" not in out and "KeyboardInterrupt" not in out, out[-3000:]
     line = [x for x in out.splitlines() if "interrupted" in x]
     assert len(line) == 1 and f"continue with: coderl online run {' '.join(words)}" in line[0]
+
+
+def test_train_async_resume_continues_the_runs_own_config(tmp_path, monkeypatch, capsys):
+    # started with trainer.steps=3, resumed naming only the run: the saved 3 steps hold, and
+    # a refused override leaves config.yaml untouched
+    run_dir = tmp_path / "run"
+    words = [str(TOY), *COMMON, "trainer.steps=3", f"run_dir={run_dir}"]
+    assert main(["train-async", *words[:-2], "trainer.steps=2", f"run_dir={run_dir}"]) == 0
+    saved = (run_dir / "config.yaml").read_text()
+    assert main(["train-async", "--resume", str(run_dir), "algorithm.advantage=rloo"]) == 2
+    assert (run_dir / "config.yaml").read_text() == saved
+    assert main(["train-async", "--resume", str(run_dir), "trainer.steps=3"]) == 0
+    assert "resume: trainer.steps 2 -> 3" in capsys.readouterr().out
+    steps = [r["step"] for r in read_jsonl(run_dir / "metrics.jsonl") if "step" in r]
+    assert max(steps) == 3
+    assert load_config(run_dir / "config.yaml").trainer.steps == 3

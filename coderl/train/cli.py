@@ -15,12 +15,9 @@ import sys
 
 def run(args: argparse.Namespace) -> int:
     from coderl.config import load_config
-    from coderl.train.resume import record_resume, resume_config, stopped_line
+    from coderl.train.resume import record_resume, resume_config, split_preset, stopped_line
 
-    overrides = list(args.overrides)
-    config = args.config
-    if config is not None and "=" in config and not config.endswith((".yaml", ".yml")):
-        config, overrides = None, [config, *overrides]  # `coderl train --resume RUN k=v`
+    config, overrides = split_preset(args.config, args.overrides)
     if args.resume:
         cfg, changes, step = resume_config(args.resume, config, overrides)
     elif config is None:

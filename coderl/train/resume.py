@@ -62,6 +62,16 @@ def _merge(base: dict[str, Any], top: dict[str, Any]) -> None:
             base[key] = value
 
 
+def split_preset(
+    config: str | None, overrides: list[str] | tuple[str, ...]
+) -> tuple[str | None, list[str]]:
+    """``(preset, overrides)`` of a command line whose first word may be an override instead of
+    a YAML preset (``coderl train --resume RUN k=v``: argparse puts ``k=v`` in ``config``)."""
+    if config is not None and "=" in config and not config.endswith((".yaml", ".yml")):
+        return None, [config, *overrides]
+    return config, list(overrides)
+
+
 def resume_config(
     run_dir: str | Path, preset: str | None = None, overrides: list[str] | tuple[str, ...] = ()
 ) -> tuple[Config, dict[str, tuple[Any, Any]], int]:
