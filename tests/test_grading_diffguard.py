@@ -159,6 +159,14 @@ MALFORMED = {
         {"seq": 3, "t": "exit", "code": 0, "garbled": "x"},
     ],
     "no_end": [*_events(_test())[:2], {"seq": 2, "t": "exit", "code": 0, "garbled": ""}],
+    "failed_but_internal_error": [
+        *_events(_test(outcome="failed"))[:-2],
+        {
+            "seq": 2,
+            "w": {"t": "end", "n": 2, "tampered": [], "collect_errors": [], "exitstatus": 3},
+        },
+        {"seq": 3, "t": "exit", "code": 3, "garbled": ""},
+    ],
     "tampered_not_strs": [
         *_events(_test())[:-2],
         {
