@@ -37,6 +37,10 @@ DENIED = {
     "string_proc": "P = '/proc/self/fd'\n",
     "bytes_word": "B = b'tb_frame'\n",
     "open_fd": "f = open(1, 'w')\n",
+    "open_computed_fd": "k = 3\nf = open(k + 0, 'wb')\n",
+    "path_computed": "from pathlib import Path\nd = Path('/pr' + 'oc/self/fd/4').read_bytes()\n",
+    "io_open": "import io\nf = io.open(5, 'rb')\n",
+    "shutil_copy": "import shutil\nshutil.copyfile('a', 'b')\n",
     "dunder_import": "m = __import__('os')\n",
     "import_pytest": "import pytest\n",
     "import_coderl": "from coderl.tasks import runner\n",
@@ -52,6 +56,7 @@ ALLOWED = {
     "docstring_mentions": 'def f():\n    """Uses no settrace, no _pytest."""\n    return 1\n',
     "threading_lock": "import threading\nL = threading.Lock()\n",
     "types_simple": "import types\nN = types.SimpleNamespace\n",
+    "dict_copy": "def f(d):\n    return d.copy()\n",
 }
 
 
@@ -154,6 +159,14 @@ MALFORMED = {
         {"seq": 3, "t": "exit", "code": 0, "garbled": "x"},
     ],
     "no_end": [*_events(_test())[:2], {"seq": 2, "t": "exit", "code": 0, "garbled": ""}],
+    "failed_but_internal_error": [
+        *_events(_test(outcome="failed"))[:-2],
+        {
+            "seq": 2,
+            "w": {"t": "end", "n": 2, "tampered": [], "collect_errors": [], "exitstatus": 3},
+        },
+        {"seq": 3, "t": "exit", "code": 3, "garbled": ""},
+    ],
     "tampered_not_strs": [
         *_events(_test())[:-2],
         {

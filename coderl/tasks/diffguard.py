@@ -26,7 +26,10 @@ Policy (allowlist-flavoured: the sensitive modules may be used only as ``module.
 - ``eval``, ``exec``, ``compile``, ``__import__``, ``globals()``, ``locals()``, ``vars()``,
   ``breakpoint``; ``getattr``/``setattr``/``delattr``/``hasattr``/``operator.attrgetter``/
   ``object.__getattribute__`` unless the attribute is a string literal that is itself allowed;
-  ``open`` on a descriptor number (``open(5, "w")``, ``closefd=``);
+  any added file I/O (``FILE_CALLS``: ``open``, ``io.open``, ``FileIO``, ``Path.read_bytes``/
+  ``write_text``..., ``shutil.copyfile``): a descriptor number or a path can be computed at run
+  time (``open(3 + 0, "wb")`` is the worker's event pipe, ``/proc/self/fd/N`` built from
+  pieces), so the call itself is the finding;
 - string literals (docstrings excepted) holding a banned word (``settrace``, ``_pytest``,
   ``coderl``, ``f_back``...) or path (``/proc``, ``/dev/fd``), so a name built at run time
   still needs one of the facilities above to be used;
@@ -94,6 +97,13 @@ BANNED_ATTRS = frozenset(
     get_referrers get_referents""".split()
 )
 """Attributes a diff may not add on any object."""
+FILE_CALLS = frozenset(
+    """open FileIO fdopen read_bytes read_text write_bytes write_text copyfile copyfileobj
+    mkfifo""".split()
+)
+"""Calls (by name or attribute) that open or move files: a bug fix does not add file I/O, and a
+computed descriptor number or path (``open(k, "rb")``, ``Path("/pr" + "oc/self/fd/3")``)
+reaches the worker's pipes."""
 BANNED_CALLS = frozenset("eval exec compile __import__ globals locals vars breakpoint".split())
 NAME_ATTR_CALLS = frozenset("getattr setattr delattr hasattr attrgetter methodcaller".split())
 STRING_WORDS = (
@@ -120,7 +130,7 @@ class Finding:
     """Line in the changed file (0 for whole-file findings)."""
     rule: str
     """Which rule: ``import``, ``attr``, ``module-attr``, ``module-value``, ``call``,
-    ``dynamic-attr``, ``fd-open``, ``string`` or ``symlink``."""
+    ``dynamic-attr``, ``file-io``, ``string`` or ``symlink``."""
     what: str
     """The offending name or text (at most 80 characters)."""
 
@@ -238,11 +248,8 @@ class _Scanner(ast.NodeVisitor):
             self.add("call", name, node)
         if name in NAME_ATTR_CALLS or name == "__getattribute__":
             self._literal_attrs(name, node)
-        if name in ("open", "FileIO"):
-            first = node.args[0] if node.args else None
-            literal_fd = isinstance(first, ast.Constant) and isinstance(first.value, int)
-            if literal_fd or any(k.arg == "closefd" for k in node.keywords):
-                self.add("fd-open", name, node)
+        if name in FILE_CALLS:  # any added file I/O: open(3 + 0, "wb") is the event pipe
+            self.add("file-io", name, node)
         self.generic_visit(node)
 
     def _literal_attrs(self, name: str, node: ast.Call) -> None:

@@ -485,6 +485,11 @@ def parse_run(
             run.longreprs[node_id] = ev["longrepr"]
         if ev["trace"]:
             run.trace[node_id] = [(f, n) for f, n in ev["trace"]]
+    failing = any(
+        o in ("failed", "error") for o in [*run.outcomes.values(), *run.canaries.values()]
+    )
+    if failing and end["exitstatus"] not in (1, 2):  # pytest's TESTS_FAILED / INTERRUPTED
+        return "exit status says no test failed, but some did (a crashed or forged worker)"
     run.tampered = list(end["tampered"])
     run.collect_errors = list(end["collect_errors"])
     return ""
