@@ -1,4 +1,8 @@
-"""The ``coderl`` command line: one sub-command per module, listed once in ``COMMANDS``."""
+"""The ``coderl`` command line: one sub-command per module, listed once in ``COMMANDS``.
+
+Only the module of the command being run is imported: ``coderl --help`` and ``--version`` load
+no torch (the other commands appear in the help as their one-line descriptions).
+"""
 
 from __future__ import annotations
 
@@ -9,20 +13,21 @@ import sys
 
 from coderl import __version__
 
-# sub-command name -> module that defines ``register(subparsers)``; the only dispatch point.
-COMMANDS: dict[str, str] = {
-    "demo": "coderl.demo",
-    "train": "coderl.train.cli",
-    "sft": "coderl.train.sft",
-    "eval": "coderl.eval.cli",
-    "report": "coderl.eval.report",
-    "tasks": "coderl.tasks.cli",
-    "serve": "coderl.online.cli_serve",
-    "online": "coderl.online.cli",
-    "train-async": "coderl.asyncrl.cli",
-    "agent": "coderl.agent.cli",
-    "rm": "coderl.graders.rm_cli",
-    "graders": "coderl.graders.cli",
+# sub-command name -> (module that defines ``register(subparsers)``, its one-line help);
+# the only dispatch point.
+COMMANDS: dict[str, tuple[str, str]] = {
+    "demo": ("coderl.demo", "run the main job on the embedded default"),
+    "train": ("coderl.train.cli", "RL training: rollouts, grading, rewards, updates"),
+    "sft": ("coderl.train.sft", "supervised warm start on oracle episodes (training split)"),
+    "eval": ("coderl.eval.cli", "pass@k and best-of-n of a checkpoint on a task split"),
+    "report": ("coderl.eval.report", "PNG plots and an HTML page for a training run"),
+    "tasks": ("coderl.tasks.cli", "tasks from real repositories, HumanEval, grading"),
+    "serve": ("coderl.online.cli_serve", "OpenAI-compatible endpoint that records interactions"),
+    "online": ("coderl.online.cli", "real-time RL from production interactions"),
+    "train-async": ("coderl.asyncrl.cli", "train with rollout workers decoupled from the trainer"),
+    "agent": ("coderl.agent.cli", "run agent episodes on a directory in sandboxes"),
+    "rm": ("coderl.graders.rm_cli", "train / evaluate a reward model from preferences"),
+    "graders": ("coderl.graders.cli", "learned graders: gameability probes"),
 }
 
 
@@ -31,20 +36,34 @@ COMMANDS: dict[str, str] = {
 USER_ERRORS = (ValueError, FileNotFoundError, FileExistsError)
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(command: str | None = "*") -> argparse.ArgumentParser:
+    """The parser with ``command``'s real sub-parser (``"*"``: every command's; None: none)
+    and a help-only entry for each other command, whose module is not imported."""
     parser = argparse.ArgumentParser(
         prog="coderl",
         description="Reinforcement-learning post-training for LLM coding agents.",
     )
     parser.add_argument("--version", action="version", version=f"coderl {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for name in COMMANDS:
-        importlib.import_module(COMMANDS[name]).register(sub)
+    for name, (module, help_) in COMMANDS.items():
+        if command in ("*", name):
+            importlib.import_module(module).register(sub)
+        else:
+            sub.add_parser(name, help=help_, add_help=False)
     return parser
 
 
+def command_of(argv: list[str]) -> str | None:
+    """The sub-command ``argv`` names (its first word that is not an option), or None."""
+    for word in argv:
+        if not word.startswith("-"):
+            return word if word in COMMANDS else None
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else list(argv)
+    parser = build_parser(command_of(argv))
     args, extra = parser.parse_known_args(argv)
     if extra:
         # argparse fills a `nargs="*"` positional before the options that follow it, so in
@@ -68,6 +87,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"coderl {args.command}: error: {err}", file=sys.stderr)
         print("(set CODERL_TRACEBACK=1 for the full traceback)", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # the training commands say where they stopped themselves
+        print(f"coderl {args.command}: interrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

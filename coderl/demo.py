@@ -5,15 +5,15 @@ training split, then GRPO on SmolLM2-135M-Instruct + LoRA in the agent harness, 
 evaluated before SFT, after it and after RL), writes the report, and prints the run's summary:
 held-out pass@1 per phase, the paired RL-only change with its 95% CI, pass@k at the largest k
 before and after RL, broken calls before and after, phase times. Every run starts fresh: an existing run directory (an
-earlier demo, finished or not) is first moved to ``RUN_DIR.prev`` (replacing an older one), so a
-second ``make demo`` neither crashes nor resumes or mixes in the previous run. ``--self-check``
+earlier demo, finished or not) is first moved to ``RUN_DIR.prev``, or ``RUN_DIR.prev2``,
+``.prev3``... when that is taken (no earlier run is deleted), so a second ``make demo`` neither
+crashes nor resumes or mixes in the previous run. ``--self-check``
 instead prints the algorithm core's worked examples (seconds, no model).
 """
 
 from __future__ import annotations
 
 import argparse
-import shutil
 import time
 from pathlib import Path
 
@@ -64,12 +64,14 @@ DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "default.y
 
 
 def set_aside(run_dir: Path) -> Path | None:
-    """Move an existing ``run_dir`` to ``run_dir.prev`` (replacing an older one) so that the demo
-    starts fresh; returns where it went (None: there was nothing to move)."""
+    """Move an existing ``run_dir`` to the first free ``run_dir.prev``, ``.prev2``, ``.prev3``...
+    so that the demo starts fresh and no earlier run is lost; returns where it went (None: there
+    was nothing to move)."""
     if not run_dir.exists():
         return None
-    prev = run_dir.with_name(run_dir.name + ".prev")
-    shutil.rmtree(prev, ignore_errors=True)
+    n = 1
+    while (prev := run_dir.with_name(f"{run_dir.name}.prev{n if n > 1 else ''}")).exists():
+        n += 1
     run_dir.rename(prev)
     return prev
 

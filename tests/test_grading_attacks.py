@@ -360,10 +360,10 @@ ATTACKS = {
         "replaced: coderl_results._outcome",
     ),
     "forge_stream_atexit": (lambda m: at_import(m, FORGE_ATEXIT), "unfixed"),
-    "forge_stream_detached": (lambda m: at_import(m, FORGE_DETACHED), "unfixed"),
+    "forge_stream_detached": (lambda m: at_import(m, FORGE_DETACHED), "no valid verdict"),
     "hunt_secret_from_a_subprocess": (
         lambda m: at_import(m, f"HUNTER_SOURCE = {HUNTER!r}\n" + NONCE_HUNT),
-        "no complete verdict",
+        "no valid verdict",
     ),
     "flood_every_descriptor": (lambda m: at_import(m, FLOOD_OUTPUT), ""),
     "dist_info_entry_point": (lambda m: _entry_point("dist"), "stripped"),
@@ -382,7 +382,8 @@ def test_attack_is_a_scored_failure(env, task, attack):
     make, expected = ATTACKS[attack]
     diff = episode(env, task, make(task.extra["file"]))
     assert diff.strip(), "the episode must change something"
-    result = grade(task, diff, env=env, timeout=120)
+    assert_scored_failure(task, grade(task, diff, env=env, timeout=120))  # as trained on
+    result = grade(task, diff, env=env, timeout=120, guard=False)  # the layers under the detector
     assert_scored_failure(task, result)
     if expected == "unfixed":
         assert not result.tampered and not result.stripped_paths
@@ -451,7 +452,8 @@ def test_a_fix_that_special_cases_the_visible_tests_does_not_resolve(env, tasks)
         res = sb.exec(f"/venv/bin/python -m pytest -q -p no:cacheprovider {ids}")
         assert res.exit_code == 0, res.stdout[-500:]  # every failing test the agent sees passes
         diff = sb.diff()
-    result = grade(task, diff, env=env)
+    assert grade(task, diff, env=env).denied  # sys._getframe, f_back, f_code: reward denied
+    result = grade(task, diff, env=env, guard=False)  # and the held-out tests catch it anyway
     assert result.grading_error is None and result.failure_kind == "agent"
     assert not result.resolved, result.reason
     assert all(result.tests[v] == "passed" for v in visible)

@@ -13,7 +13,8 @@ from import_graph import cycle_through, import_graph
 FLOORS: list[tuple[str, ...]] = [
     # lowest first; a module may import from its own floor and the floors below it
     ("coderl.config", "coderl.stats", "coderl.trajectory", "coderl.algorithms",
-     "coderl.graders.settings"),  # a config section, beside the graders it configures
+     "coderl.graders.settings",  # a config section, beside the graders it configures
+     "coderl.progress"),  # progress lines of long phases (rich only)
     ("coderl.policy", "coderl.sandbox"),
     ("coderl.tasks",),
     ("coderl.agent",),  # the harness runs tasks in sandboxes

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -364,6 +365,10 @@ def test_tracks_split_by_min_events_and_own_champion(tmp_path):
 # --- house styles ------------------------------------------------------------------------------
 
 
+@pytest.mark.skipif(
+    shutil.which("bwrap") is None or os.geteuid() != 0,
+    reason="needs bubblewrap and root (make sysdeps); CI has both (online grading is sandboxed)",
+)
 def test_house_styles_are_static_checks_of_the_replys_code():
     typed = "def add(a: int, b: int) -> int:\n    return a + b\n"
     untyped = "def add(a, b):\n    return a + b\n"
@@ -374,11 +379,15 @@ def test_house_styles_are_static_checks_of_the_replys_code():
     assert keeps_house_style(None, untyped)
     with pytest.raises(ValueError, match="unknown house style"):
         keeps_house_style("tabs", typed)
-    task = SuiteTask("t/add", "", "def check(f):\n    assert f(2, 3) == 5\n", "add", "")
-    [styled] = population_suite("heldout", house_style="type_hints", tasks=[task])
-    graded = grade_replies(
-        [(task, untyped), (styled, untyped), (styled, typed)], sandbox="local", workers=1
+    task = SuiteTask(
+        "t/add",
+        'def add(a, b):\n    """a + b"""\n',
+        "def check(f):\n    assert f(2, 3) == 5\n",
+        "add",
+        "    return a + b\n",
     )
+    [styled] = population_suite("heldout", house_style="type_hints", tasks=[task])
+    graded = grade_replies([(task, untyped), (styled, untyped), (styled, typed)], workers=1)
     assert graded == [True, False, True]  # passing tests alone does not pass the house style
     with pytest.raises(ValueError, match="matches no task"):
         population_suite("heldout", task_filter="^nope", tasks=[task])
@@ -494,7 +503,6 @@ def test_simulated_clients_keep_their_populations_tasks_and_house_style():
         "http://127.0.0.1:9/v1",
         SimulateConfig(clients=2, populations=2),
         tasks=tasks,
-        sandbox="local",
         populations=pops,
     )
     draws = [sim._draw() for _ in range(40)]

@@ -1,21 +1,21 @@
 """The online loop grades model-written code in coderl's sandbox: a reply that tries to escape
 (read a host file, write outside its workspace, open a network connection) cannot, and scores
-False; the same replies graded with the explicit ``sandbox="local"`` escape hatch do escape,
-which shows the attacks are real."""
+False; the same replies run in a plain subprocess with the check (what the removed
+``sandbox: local`` grader did) do escape, which shows the attacks are real. ``local`` itself is
+refused everywhere online grading is configured (#25 class 7)."""
 
 from __future__ import annotations
 
 import os
 import shutil
 import socket
-import time
-import warnings
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from coderl.online.suites import GradingError, SuiteTask, extract_code, grade_replies, passes
-from coderl.sandbox.local import UnisolatedSandboxWarning
 from coderl.tasks.grading import GradeResult
 
 needs_sandbox = pytest.mark.skipif(
@@ -80,14 +80,64 @@ def test_escaping_replies_score_false_in_the_sandbox(tmp_path: Path, listener) -
     assert not passes(ADD, extract_code(_reply(attacks["read_host_file"])))
 
 
-def test_the_same_replies_escape_with_sandbox_local(tmp_path: Path, listener) -> None:
+def _in_interpreter(task: SuiteTask, code: str | None) -> bool:
+    """What the removed ``local`` grader did: the check in the reply's own interpreter."""
+    program = f"{task.prompt}\n{code}\n\n{task.test}\n\ncheck({task.entry_point})\n"
+    proc = subprocess.run([sys.executable, "-I", "-c", program], capture_output=True, timeout=30)
+    return proc.returncode == 0
+
+
+def test_the_same_replies_escape_in_the_replys_own_interpreter(tmp_path: Path, listener) -> None:
     """Control: without isolation every attack works, so the sandboxed test above can fail."""
     attacks = _attacks(tmp_path, listener.getsockname()[1])
-    replies = [(ADD, extract_code(_reply(code))) for code in attacks.values()]
-    with pytest.warns(UnisolatedSandboxWarning, match="WITHOUT ISOLATION"):
-        assert grade_replies(replies, sandbox="local") == [True, True, True]
+    assert [_in_interpreter(ADD, extract_code(_reply(c))) for c in attacks.values()] == [True] * 3
     assert (tmp_path / "escaped.txt").read_text() == "pwned"
     assert _connected(listener)
+
+
+VERDICT_HACKS = {  # wrong answers that rewrite the check's outcome when they share its process
+    "atexit_exit_0": "import atexit, os\natexit.register(lambda: os._exit(0))\n"
+    "def add(a, b):\n    return 0\n",
+    "excepthook_exit_0": "import sys, os\nsys.excepthook = lambda *a: os._exit(0)\n"
+    "def add(a, b):\n    return 0\n",
+}
+
+
+@pytest.mark.parametrize("name", sorted(VERDICT_HACKS))
+def test_local_grading_is_refused_and_its_verdict_hacks_fail_in_the_sandbox(name) -> None:
+    """#25 class 7: in the reply's interpreter a wrong answer passes (control); the online
+    grader judges it outside (False), and ``local`` cannot be chosen anywhere."""
+    code = VERDICT_HACKS[name]
+    assert _in_interpreter(ADD, code)
+    assert not _in_interpreter(ADD, "def add(a, b):\n    return 0\n")  # the honest wrong answer
+    if shutil.which("bwrap") is not None and os.geteuid() == 0:
+        assert grade_replies([(ADD, code)]) == [False]
+    with pytest.raises(ValueError, match=r"sandbox 'local' is refused.*valid: \['bwrap'\]"):
+        grade_replies([(ADD, code)], sandbox="local")
+    with pytest.raises(ValueError, match="sandbox 'local' is refused"):
+        passes(ADD, code, sandbox="local")
+
+
+def test_config_refuses_local_naming_the_key_and_the_valid_values() -> None:
+    from pydantic import ValidationError
+
+    from coderl.config.online import OnlineConfig
+
+    assert OnlineConfig().sandbox == "bwrap"
+    with pytest.raises(ValidationError) as info:
+        OnlineConfig(sandbox="local")
+    message = str(info.value)
+    assert "online.sandbox='local'" in message and "valid: ['bwrap']" in message
+    assert "trained on" in message
+
+
+def test_simulated_population_refuses_local() -> None:
+    """(The gate's evaluator has no sandbox option: it grades through the run's environment.)"""
+    from coderl.config.online import SimulateConfig
+    from coderl.online.simulate import SimulatedPopulation
+
+    with pytest.raises(ValueError, match="sandbox 'local' is refused"):
+        SimulatedPopulation("http://127.0.0.1:9/v1", SimulateConfig(), tasks=[ADD], sandbox="local")
 
 
 @needs_sandbox
@@ -113,38 +163,6 @@ def test_a_broken_grader_raises_instead_of_scoring(monkeypatch: pytest.MonkeyPat
         grade_replies([(ADD, BODY)], sandbox="docker")
 
 
-def _dead(pid: int) -> bool:
-    """The process is gone, or a zombie waiting for a parent that is not this test."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
-    except FileNotFoundError:
-        return True
-
-
-def _spawner(pidfile: Path, then: str) -> str:
-    """Reply code that starts a background ``sleep`` (pid written to ``pidfile``), then ``then``."""
-    return (
-        "import subprocess, sys\n"
-        "p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)'])\n"
-        f"open({str(pidfile)!r}, 'w').write(str(p.pid))\n" + then + BODY
-    )
-
-
-@pytest.mark.parametrize("then", ["import time\ntime.sleep(120)\n", ""], ids=["hangs", "passes"])
-def test_local_grader_kills_what_the_reply_left_running(tmp_path: Path, then: str) -> None:
-    pidfile = tmp_path / "pid"
-    with pytest.warns(UnisolatedSandboxWarning):
-        [ok] = grade_replies([(ADD, _spawner(pidfile, then))], sandbox="local", timeout_s=3.0)
-    assert ok == (then == "")  # a hang times out; the other passes (and returns at once)
-    pid = int(pidfile.read_text())
-    for _ in range(50):  # SIGKILL is delivered asynchronously: allow it a moment
-        if _dead(pid):
-            break
-        time.sleep(0.1)
-    assert _dead(pid), "the reply's background process outlived its grade"
-
-
 LONE_SURROGATE = "def add(a, b):\n    return a + b  # \ud800\n"
 NUL = "def add(a, b):\n    return a + b  # \x00\n"
 
@@ -153,12 +171,3 @@ NUL = "def add(a, b):\n    return a + b  # \x00\n"
 def test_a_lone_surrogate_or_nul_is_an_ordinary_failure_in_the_sandbox() -> None:
     # code that is not valid text or source cannot run: the reply fails, nothing raises
     assert grade_replies([(ADD, LONE_SURROGATE), (ADD, NUL)]) == [False, False]
-
-
-def test_a_lone_surrogate_or_nul_is_an_ordinary_failure_locally() -> None:
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", UnisolatedSandboxWarning)
-        assert grade_replies([(ADD, LONE_SURROGATE), (ADD, NUL)], sandbox="local") == [
-            False,
-            False,
-        ]

@@ -217,3 +217,12 @@ def test_imported_events_get_the_same_limits_as_posted_ones(store: Store, tmp_pa
     assert res.stored == 1 and res.rejected == {"invalid_event": 2, "too_deep": 1}
     assert "expected a number, got the boolean true" in res.reasons[0]
     assert "occurred_at: Input should be a finite number" in res.reasons[1]
+
+
+def test_import_rejections_name_their_line(tmp_path):
+    store = Store(f"sqlite:///{tmp_path / 'db.sqlite'}")
+    path = tmp_path / "events.jsonl"
+    path.write_text('\n{"not": "an event"}\n{broken\n')
+    res = store.import_jsonl(path)
+    assert [r.split(":")[0] for r in res.reasons] == ["line 2", "line 3"], res.reasons
+    assert sum(res.rejected.values()) == 2

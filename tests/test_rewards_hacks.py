@@ -32,6 +32,7 @@ def task():
 class Grade:
     stripped_paths: list[str] = field(default_factory=list)
     reason: str = ""
+    denied: list[str] = field(default_factory=list)
 
 
 def call(name: str, duration: float = 0.1, observation: str = "ok", **arguments: Any):
@@ -67,6 +68,7 @@ POSITIVE = {
         Grade(),
     ),
     "stripped_paths": ([], None, Grade(stripped_paths=["conftest.py"])),
+    "reward_denied": ([], None, Grade(denied=["pkg/mod.py:3: import gc"])),
     "runtime_inspection": (
         [],
         "    import sys\n    sys.modules['__main__'].x = 1\n    return True\n",

@@ -187,6 +187,40 @@ def test_mounts_python_and_venv(repo: Path, tmp_path: Path) -> None:
     assert sorted(os.listdir(tools)) == ["helper.py"]
 
 
+def test_system_site_packages_and_vendored_trees_are_hidden(repo: Path, tmp_path: Path) -> None:
+    """Installed and vendored copies of PyPI libraries are empty, read-only directories in a
+    sandbox without network (they hold pristine copies of task sources); a networked sandbox
+    (an environment build: pip needs them) still sees them."""
+    import glob
+    import sysconfig
+
+    venv = tmp_path / "venv"
+    vendor = venv / "lib" / "python3.11" / "site-packages" / "pip" / "_vendor"
+    vendor.mkdir(parents=True)
+    (vendor / "six.py").write_text("# a vendored copy\n")
+    (vendor.parent / "__init__.py").write_text("")
+    system = [
+        p
+        for p in [
+            *glob.glob("/usr/lib/python3/dist-packages"),
+            sysconfig.get_paths(vars={"base": sys.base_prefix})["purelib"],
+        ]
+        if os.path.isdir(p) and os.listdir(p)
+    ]
+    assert system  # this host has at least one non-empty system site directory
+    with Sandbox.create(repo, ro_mounts={"/venv": str(venv)}) as sb:
+        for path in [*system, "/venv/lib/python3.11/site-packages/pip/_vendor"]:
+            r = sb.exec(f"ls -A {path}")
+            assert r.exit_code == 0 and r.stdout.strip() == "", (path, r.stdout[:200])
+            assert sb.exec(f"touch {path}/x").exit_code != 0
+        assert sb.exec("cat /venv/lib/python3.11/site-packages/pip/_vendor/six.py").exit_code != 0
+        assert sb.exec("ls /venv/lib/python3.11/site-packages/pip/__init__.py").exit_code == 0
+        assert sb.exec("python3 -I -c 'import json'").exit_code == 0
+    with Sandbox.create(repo, ro_mounts={"/venv": str(venv)}, network=True) as sb:
+        r = sb.exec("cat /venv/lib/python3.11/site-packages/pip/_vendor/six.py")
+        assert r.stdout == "# a vendored copy\n"
+
+
 def test_bad_input_is_a_clear_error(repo: Path) -> None:
     with pytest.raises(ValueError, match="valid: \\['bwrap', 'local'\\]"):
         Sandbox.create(repo, backend="docker")

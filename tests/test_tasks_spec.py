@@ -106,3 +106,17 @@ def test_cli_humaneval_and_stats(tmp_path, capsys):
     assert main(["tasks", "stats", str(out), str(repo)]) == 0
     text = capsys.readouterr().out
     assert "66 tasks" in text and "wrong_return" in text and "pypi:repo==1.0" in text
+
+
+def test_json_errors_name_the_column(tmp_path):
+    from coderl.tasks.swebench import read_instances
+
+    bad = '{"id": "a", "problem_statement": "xx", "kind": "repo", "x": oops}'
+    col = bad.index("oops") + 1
+    path = write_lines(tmp_path / "t.jsonl", [bad])
+    with pytest.raises(TaskFileError, match=f"column {col}\\)"):
+        load_tasks(path)
+    array = tmp_path / "a.json"
+    array.write_text("[\n" + bad + "\n]\n")
+    with pytest.raises(TaskFileError, match=f":2: .*column {col}\\)"):
+        read_instances(array)

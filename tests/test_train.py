@@ -235,12 +235,13 @@ def test_demo_sets_a_previous_run_aside(tmp_path):
 
     run_dir = tmp_path / "default"
     assert set_aside(run_dir) is None
-    for n in (1, 2):
+    for n, name in ((1, "default.prev"), (2, "default.prev2"), (3, "default.prev3")):
         (run_dir / "checkpoints").mkdir(parents=True)
         (run_dir / "eval.jsonl").write_text(f"run {n}\n")
-        assert set_aside(run_dir) == tmp_path / "default.prev"
+        assert set_aside(run_dir) == tmp_path / name
         assert not run_dir.exists()
-        assert (tmp_path / "default.prev" / "eval.jsonl").read_text() == f"run {n}\n"
+    for n, name in ((1, "default.prev"), (2, "default.prev2"), (3, "default.prev3")):
+        assert (tmp_path / name / "eval.jsonl").read_text() == f"run {n}\n"  # none deleted
 
 
 def test_with_an_sft_warm_start_the_model_before_it_is_evaluated_too(tmp_path):

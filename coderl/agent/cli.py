@@ -18,21 +18,27 @@ from pathlib import Path
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    from coderl.agent.parsing import CALL_FORMATS  # `coderl agent` only: the harness is loaded
+    from coderl.agent.tools import TOOLSETS
+
     p = sub.add_parser("agent", help="run agent episodes on a directory in sandboxes")
     p.add_argument("--workspace", required=True, type=Path, help="directory the sandboxes copy")
     p.add_argument("--task", required=True, help="the problem statement given to the agent")
-    p.add_argument("--kind", default="repo", help="task kind, selects the tool set")
+    p.add_argument(
+        "--kind", default="repo", choices=sorted(TOOLSETS), help="task kind, selects the tool set"
+    )
     p.add_argument("--model", default="smollm2-135m", help="a load_policy spec")
     p.add_argument("--episodes", type=int, default=1)
     p.add_argument("--max-turns", type=int, default=10)
     p.add_argument("--max-tokens-per-turn", type=int, default=256)
     p.add_argument("--context-budget", type=int, default=4096)
-    p.add_argument("--call-format", default="hermes")
+    p.add_argument("--call-format", default="hermes", choices=sorted(CALL_FORMATS))
     p.add_argument("--temperature", type=float, default=1.0)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--backend", default="bwrap", help="sandbox backend (bwrap or local)")
     p.add_argument("--show", action="store_true", help="print the first episode's messages")
     p.add_argument("--out", type=Path, help="write the episodes as JSON here")
+    p.add_argument("--force", action="store_true", help="replace an existing --out")
     p.set_defaults(func=run)
 
 
@@ -44,7 +50,10 @@ def run(args: argparse.Namespace) -> int:
     from coderl.agent.runner import run_episodes
     from coderl.policy import load_policy
     from coderl.sandbox import Sandbox
+    from coderl.tasks.cli import writable
 
+    if args.out:  # before the model loads
+        writable(args.out, args.force)
     cfg = EpisodeConfig(
         max_turns=args.max_turns,
         max_tokens_per_turn=args.max_tokens_per_turn,

@@ -24,11 +24,12 @@ import json
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pydantic
 
-from coderl.agent.tools import Tool, format_validation_error
+if TYPE_CHECKING:  # the tools build their schemas with transformers (and torch) at import
+    from coderl.agent.tools import Tool
 
 
 @dataclass(frozen=True)
@@ -246,5 +247,7 @@ def validate(call: ParsedCall, tools: Mapping[str, Tool]) -> ValidCall | BrokenC
     try:
         args = tool.arguments.model_validate(call.arguments)
     except pydantic.ValidationError as e:
+        from coderl.agent.tools import format_validation_error
+
         return BrokenCall(call.text, format_validation_error(tool.name, e))
     return ValidCall(tool, dict(args), call.text)

@@ -2,12 +2,17 @@
 
 The config is the ``coderl train`` tree, whose ``async:`` section
 (:class:`coderl.config.AsyncConfig`) this command reads; ``async.max_staleness=1`` and the like
-override it.
+override it. ``--resume RUN_DIR`` (or ``--resume`` after the command line that started the run)
+continues the run with its own ``config.yaml``, as ``coderl train --resume`` does
+(:mod:`coderl.train.resume`): a CONFIG and overrides given with it are applied on top, printed,
+and refused where they change what the checkpoint holds.
 """
 
 from __future__ import annotations
 
 import argparse
+import shlex
+import sys
 
 from rich.console import Console
 
@@ -15,9 +20,23 @@ from rich.console import Console
 def run(args: argparse.Namespace) -> int:
     from coderl.asyncrl.trainer import train_async  # heavy imports, on use only
     from coderl.config import load_config
+    from coderl.train.resume import record_resume, resume_config, split_preset, stopped_line
 
-    cfg = load_config(args.config, args.overrides)
-    summary = train_async(cfg, resume=args.resume)
+    config, overrides = split_preset(args.config, args.overrides)
+    if args.resume:
+        named = args.resume if isinstance(args.resume, str) else None
+        run_dir = named or load_config(config, overrides).run_dir
+        cfg, changes, step = resume_config(run_dir, config, overrides)
+        for line in record_resume(cfg, changes, step):
+            print(line)
+    else:
+        cfg = load_config(config, overrides)
+    try:
+        summary = train_async(cfg, resume=bool(args.resume))
+    except KeyboardInterrupt:
+        again = f"coderl train-async --resume {shlex.quote(str(cfg.run_dir))}"
+        print(stopped_line("coderl train-async", cfg.run_dir, again), file=sys.stderr)
+        return 130
     console = Console()
     console.print(f"[bold]async run finished[/] in {cfg.run_dir}")
     for key, value in summary.items():
@@ -36,5 +55,13 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument(
         "overrides", nargs="*", help="key=value overrides, async.* for the async section"
     )
-    p.add_argument("--resume", action="store_true", help="continue from the latest checkpoint")
+    p.add_argument(
+        "--resume",
+        nargs="?",
+        const=True,
+        default=None,
+        metavar="RUN_DIR",
+        help="continue RUN_DIR (or the run the command line names) from its latest checkpoint "
+        "with its own config.yaml",
+    )
     p.set_defaults(func=run)

@@ -291,10 +291,10 @@ def train_async(
     """
     acfg = resolve(cfg.model_copy(update={"async_": acfg})) if acfg else resolve(cfg)
     run_dir = Path(cfg.run_dir)
-    if not resume:
+    if not resume:  # a resumed run's config.yaml changes only through coderl.train.resume
         ensure_new_run(run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "config.yaml").write_text(dump_config(cfg.model_copy(update={"async_": acfg})))
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / "config.yaml").write_text(dump_config(cfg.model_copy(update={"async_": acfg})))
     learner = TrainLearner(cfg)
     run = learner.run
 

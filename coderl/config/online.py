@@ -253,9 +253,9 @@ class OnlineConfig(_Section):
     """Exploration traffic (higher temperature, logged propensities)."""
     sandbox: str = "bwrap"
     """Where the hidden tests of the simulated population's single replies run the model's code
-    (the held-out eval grades through the run's environment, always sandboxed): ``bwrap`` (coderl.sandbox, isolated) or ``local`` (a plain subprocess with your
-    permissions, filesystem and network: NOT isolated, warns; only for trusted models on hosts
-    without bubblewrap)."""
+    (the held-out eval grades through the run's environment): ``bwrap`` (the function checker
+    in coderl.sandbox), the only valid value. ``local`` (the check in the reply's own
+    interpreter) is refused: these rewards are trained on (#25)."""
     cycles: int = Field(1, ge=1)
     """Cycles of ``coderl online run``."""
     interval_s: float = Field(0.0, ge=0)
@@ -274,7 +274,10 @@ class OnlineConfig(_Section):
     def _known_sandbox(cls, v: str) -> str:
         from coderl.online.suites import check_sandbox  # lazy: the graders
 
-        return check_sandbox(v)
+        try:
+            return check_sandbox(v)
+        except ValueError as e:
+            raise ValueError(f"online.sandbox={v!r}: {e}") from None
 
     @model_validator(mode="after")
     def _check(self) -> OnlineConfig:

@@ -4,7 +4,8 @@ adapter shape and environment). On repository tasks it also reports, per reposit
 rate and the fraction of FAIL_TO_PASS tests passed with 95% CIs (``per_repo`` in the JSON, and a
 table on stderr). ``--episodes-out FILE`` also writes every evaluated episode
 (task statement, diff, tool log, test outcomes, resolved) as the episodes JSONL that
-``coderl rm train --episodes`` and ``coderl graders probe`` read."""
+``coderl rm train --episodes`` and ``coderl graders probe`` read (an existing FILE is replaced
+only with ``--force``)."""
 
 from __future__ import annotations
 
@@ -14,19 +15,43 @@ from pathlib import Path
 from typing import Any
 
 from coderl.config import load_config
+from coderl.tasks.cli import writable
 
 
 def _split_args(items: list[str]) -> tuple[str | None, int | None, list[str]]:
+    """(``tasks=`` value, ``k=`` value, the other overrides).
+
+    Raises:
+        ValueError: ``k`` is not a positive integer.
+    """
     tasks, k, rest = None, None, []
     for item in items:
         key, _, value = item.partition("=")
         if key == "tasks":
             tasks = value
         elif key == "k":
+            if not value.strip().isdigit() or int(value) < 1:
+                raise ValueError(f"k={value}: k must be a positive integer (samples per task)")
             k = int(value)
         else:
             rest.append(item)
     return tasks, k, rest
+
+
+def _check_split(cfg: Any, tasks: str | None, split: str) -> None:
+    """Fail before the model loads when the ``tasks=SOURCE:SPLIT`` split has no tasks.
+
+    Raises:
+        ValueError: unknown split (the environment's message lists the valid ones) or empty.
+    """
+    from coderl.envs.registry import build_environment
+
+    try:
+        found = build_environment(cfg).tasks(split)
+    except KeyError as e:
+        raise ValueError(f"tasks={tasks or split}: {e.args[0]}") from None
+    if not found:
+        raise ValueError(f"tasks={tasks or split}: split {split!r} has no tasks")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -34,6 +59,8 @@ def run(args: argparse.Namespace) -> int:
     from coderl.train.checkpoint import latest_checkpoint, load_checkpoint
     from coderl.train.run import close_run, run_eval, setup_run
 
+    if args.episodes_out:  # before the model loads
+        writable(args.episodes_out, args.force)
     ckpt = Path(args.checkpoint)
     if not (ckpt / "state.json").is_file():
         ckpt = latest_checkpoint(ckpt)  # a run directory: its newest checkpoint
@@ -47,6 +74,7 @@ def run(args: argparse.Namespace) -> int:
     if k:
         overrides += [f"eval.samples={k}", f"eval.k={sorted({1, k})}"]
     cfg = load_config(run_dir / "config.yaml", overrides)
+    _check_split(cfg, tasks, split or cfg.tasks.heldout_split)
     run_ = setup_run(cfg, engine=False)
     if not args.base:
         load_checkpoint(ckpt, model=run_.policy.model, restore_rng=False)
@@ -83,4 +111,5 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         help="also write the evaluated episodes as JSONL (for `coderl rm train --episodes` "
         "and `coderl graders probe`)",
     )
+    p.add_argument("--force", action="store_true", help="replace an existing --episodes-out")
     p.set_defaults(func=run)

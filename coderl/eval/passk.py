@@ -10,6 +10,7 @@ estimates that get paired come from :func:`coderl.algorithms.pass_at_k`, the one
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
@@ -103,6 +104,7 @@ def evaluate(
     params: SamplingParams,
     tasks_per_batch: int = 4,
     episodes_out: list[tuple[Any, bool]] | None = None,
+    on_batch: Callable[[int, int], None] | None = None,
     graded_out: list[tuple[Any, Any, Any]] | None = None,
 ) -> EvalResult:
     """Sample ``samples`` episodes per task with ``env.rollout``, grade them, and summarize.
@@ -126,6 +128,8 @@ def evaluate(
             outcomes, as training's reward samples hold them) and whether it resolved the task
             are appended, in rollout order: what :func:`coderl.graders.pairs.write_episodes`
             writes for ``coderl rm train --episodes`` and ``coderl graders probe``.
+        on_batch: called after each batch with (tasks evaluated in it, its resolved samples),
+            e.g. a progress line.
         graded_out: when given, ``(task, EpisodeRecord, GradeRecord)`` of each graded episode
             is appended, in rollout order (what the hack detectors read, for the online gate).
 
@@ -185,6 +189,8 @@ def evaluate(
                     "broken_episodes": sum(b > 0 for b in broken),
                 }
             )
+        if on_batch is not None:
+            on_batch(len(chunk), sum(r["correct"] for r in per_task[-len(chunk) :]))
     res = summarize(per_task, ks, samples, errors)
     res.dropped_episodes = dropped
     return res

@@ -25,7 +25,7 @@ class JudgementCache:
     """``get`` / ``put`` JSON values by (rubric version, model id, input hash)."""
 
     def __init__(self, path: str | Path) -> None:
-        p = Path(path)
+        p = Path(path).expanduser()
         p.parent.mkdir(parents=True, exist_ok=True)
         self.path = p
         self._db = sqlite3.connect(p, check_same_thread=False)

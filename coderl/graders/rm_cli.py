@@ -3,6 +3,7 @@
 Pairs come from any of ``--pairs`` (labelled JSONL), ``--episodes`` (resolved over unresolved
 episodes of the same task) and ``--store`` (kept over discarded completions in the online store);
 see :mod:`coderl.graders.pairs`. ``train`` splits them by context, trains, writes the checkpoint
+(an existing ``--out`` only with ``--force``)
 and ``rm_eval.json`` (held-out pairwise accuracy with its Wilson 95% interval); ``eval`` scores a
 checkpoint on all the pairs given.
 """
@@ -59,7 +60,9 @@ def train(args: argparse.Namespace) -> int:
         summary,
         train_rm,
     )
+    from coderl.tasks.cli import writable
 
+    writable(args.out, args.force)  # before the pairs are read and the backbone loads
     pairs = _pairs(args)
     tr, held = split_pairs(pairs, args.heldout)
     if not tr:
@@ -95,6 +98,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     _sources(t)
     t.add_argument("--backbone", default="smollm2-135m", help="model name or path")
     t.add_argument("--out", type=Path, required=True, help="checkpoint directory")
+    t.add_argument("--force", action="store_true", help="replace an existing --out")
     t.add_argument("--lora-rank", type=int, default=16, help="LoRA rank; 0: full fine-tune")
     t.add_argument("--steps", type=int, default=200)
     t.add_argument("--batch-size", type=int, default=8, help="pairs per step")

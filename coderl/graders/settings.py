@@ -26,9 +26,10 @@ class JudgeConfig(_Section):
     mode: Literal["pointwise", "group"] = "pointwise"
     """``pointwise``: one judgement per episode; ``group``: the G episodes of a task in one
     judgement, scored relative to each other (RULER-style)."""
-    cache: str | None = "runs/judge-cache.sqlite"
-    """SQLite file of cached judgements keyed by (rubric version, judge model, input hash);
-    None: no cache."""
+    cache: str | None = "~/.cache/coderl/judge-cache.sqlite"
+    """SQLite file of cached judgements keyed by (rubric version, judge model, input hash), ``~``
+    expanded (the default is the user's cache directory, never the working directory); None: no
+    cache."""
     max_new_tokens: int = Field(256, ge=8)
     """Tokens the judge may write per judgement."""
     temperature: float = Field(0.0, ge=0)

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import statistics
+import sys
 import time
 from pathlib import Path
 
@@ -27,6 +29,7 @@ def _cfg(args: argparse.Namespace) -> Config:
 
 
 def cmd_cycle(args: argparse.Namespace) -> int:
+    """One cycle: claim the joined interactions, train a candidate, gate it, promote or not."""
     print_report(run_cycle(_cfg(args)))
     return 0
 
@@ -85,6 +88,12 @@ def cmd_run(args: argparse.Namespace) -> int:
                     console.print(f"now serving {server.router.route(pop).adapter} to {pop}")
             if i + 1 < cfg.online.cycles:
                 time.sleep(max(0.0, cfg.online.interval_s - (time.time() - start)))
+    except KeyboardInterrupt:  # the store and registry hold every finished cycle
+        again = shlex.join(["coderl", "online", "run", args.config, *args.overrides])
+        print(f"coderl online run: interrupted in cycle {len(reports) + 1} of "
+              f"{cfg.online.cycles}; {len(reports)} finished cycles, the store and the registry "
+              f"are kept in {cfg.run_dir}; continue with: {again}", file=sys.stderr)  # fmt: skip
+        return 130
     finally:
         if bg is not None:
             bg.stop()
@@ -114,6 +123,7 @@ def cycle_time_summary(reports: list[dict]) -> str:
 
 
 def cmd_import(args: argparse.Namespace) -> int:
+    """Store outcome events from a JSONL file (rejected lines are counted, with line numbers)."""
     store, _ = open_run(_cfg(args))
     res = store.import_jsonl(args.file, batch_size=args.batch_size)
     print(
@@ -127,6 +137,7 @@ def cmd_import(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
+    """Print the last cycle's report (run_dir/cycles.jsonl)."""
     path = Path(_cfg(args).run_dir) / "cycles.jsonl"
     if not path.exists():
         print(f"no cycles yet ({path} does not exist)")

@@ -118,6 +118,8 @@ class Rejected:
     key: str | None = None
     """Idempotency key of a rejected imported line (source, line number, content); None for
     rejects that cannot recur identically (HTTP requests): each is counted."""
+    line: int | None = None
+    """Line number of a rejected imported line (None: not from a file)."""
 
 
 def _no_constants(name: str) -> Any:
@@ -197,5 +199,5 @@ def read_jsonl(path: str | Path) -> Iterator[_Event | Rejected]:
                 ev = parse_event(line)
                 if isinstance(ev, Rejected):
                     h = hashlib.sha256(f"{source}\0{lineno}\0".encode() + line).hexdigest()
-                    ev = replace(ev, key=f"line:{h[:40]}")
+                    ev = replace(ev, key=f"line:{h[:40]}", line=lineno)
                 yield ev

@@ -330,7 +330,7 @@ class Store:
                 if isinstance(ev, Rejected):
                     category = ev.reason.split(":", 1)[0]
                     res.rejected[category] += 1
-                    res.reasons.append(ev.reason)
+                    res.reasons.append(f"line {ev.line}: {ev.reason}" if ev.line else ev.reason)
                     stmt = self._insert(REJECTED_EVENTS).values(
                         key=ev.key or uuid.uuid4().hex,
                         category=category,

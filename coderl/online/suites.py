@@ -21,9 +21,11 @@ code with :mod:`ast` (parsed, never run); a task carrying a ``style`` passes onl
 tests pass and the code keeps the convention. :func:`population_suite` gives a population's
 traffic tasks; the gate's held-out suite applies the same checks (:mod:`coderl.online.heldout`).
 
-``sandbox="local"`` (config ``sandbox: local``) runs the hidden tests in a plain ``python``
-subprocess instead: NOT isolated (the caller's permissions, filesystem and network), for hosts
-without bubblewrap and models you trust as much as your own code; it warns on use.
+There is no unisolated grader (#25 class 7): ``sandbox: local`` used to run the check in a plain
+``python`` process together with the reply's code, where the reply can rewrite the check (an
+``atexit`` hook that exits 0 after a failed ``assert`` passed); every reward here is trained on or
+gates a promotion, so ``local`` is refused with an error that says so. Hosts without bubblewrap
+cannot grade online.
 """
 
 from __future__ import annotations
@@ -32,19 +34,12 @@ import ast
 import json
 import os
 import re
-import signal
-import subprocess
-import sys
-import tempfile
-import warnings
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from functools import cached_property
-from pathlib import Path
 from typing import Any
 
-from coderl.sandbox.local import UnisolatedSandboxWarning
 from coderl.tasks.humaneval import function_task, grade_completion, humaneval_tasks, split_of
 from coderl.tasks.spec import Task
 
@@ -217,51 +212,23 @@ def _grade_bwrap(task: SuiteTask, code: str, timeout_s: float) -> bool:
     if r.grading_error:
         raise GradingError(
             f"{task.task_id}: the sandboxed grader failed ({r.grading_error}); install "
-            "bubblewrap (make sysdeps), or for trusted models only set sandbox=local"
+            "bubblewrap (make sysdeps)"
         )
     return r.resolved
 
 
-def _grade_local(task: SuiteTask, code: str, timeout_s: float) -> bool:
-    """Run the check in a plain ``python`` child in its own session; when it ends (pass, fail
-    or timeout) the whole process group is killed, so processes the reply started in the
-    background do not outlive the grade. Not isolated (see the module docstring): a reply that
-    leaves the group (``setsid`` in a grandchild) escapes that kill."""
-    program = f"{task.prompt}\n{code}\n\n{task.test}\n\ncheck({task.entry_point})\n"
-    with tempfile.TemporaryDirectory() as d:
-        # a file, not ``-c``: a NUL byte in the reply is then python's syntax error, not ours
-        (Path(d) / "grade.py").write_text(program)
-        proc = subprocess.Popen(
-            [sys.executable, "-I", "grade.py"],
-            cwd=d,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,  # no pipe a background child could hold open
-            stderr=subprocess.DEVNULL,
-            start_new_session=True,
-        )
-        try:
-            code_ = proc.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            code_ = None
-        finally:
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)  # the session's group: pgid == child pid
-            except ProcessLookupError:
-                pass
-            proc.wait()
-    return code_ == 0
-
-
-GRADERS: dict[str, Callable[[SuiteTask, str, float], bool]] = {
-    "bwrap": _grade_bwrap,
-    "local": _grade_local,
-}
-"""``sandbox`` name -> grader of one reply's code: ``bwrap`` (isolated, the default) or
-``local`` (a plain subprocess, NOT isolated; warns)."""
+GRADERS: dict[str, Callable[[SuiteTask, str, float], bool]] = {"bwrap": _grade_bwrap}
+"""``sandbox`` name -> grader of one reply's code: ``bwrap`` (the function checker, isolated)."""
 
 
 def check_sandbox(name: str) -> str:
-    """``name`` if it is a key of :data:`GRADERS`; ValueError listing the valid ones otherwise."""
+    """``name`` if it is a key of :data:`GRADERS`; ValueError listing the valid ones otherwise
+    (``local`` with why it is gone)."""
+    if name == "local":
+        raise ValueError(
+            "sandbox 'local' is refused: it ran the hidden check in the reply's own interpreter, "
+            f"which can rewrite the check, and online rewards are trained on; valid: {sorted(GRADERS)}"
+        )
     if name not in GRADERS:
         raise ValueError(f"unknown grading sandbox {name!r}; valid: {sorted(GRADERS)}")
     return name
@@ -305,13 +272,6 @@ def grade_replies(
         if code and t.entry_point in code and _is_text(code)
     ]
     out = [False] * len(replies)
-    if todo and sandbox == "local":
-        warnings.warn(
-            "coderl online grading with sandbox 'local' runs model-written code WITHOUT "
-            "ISOLATION (host filesystem, network and processes are reachable)",
-            UnisolatedSandboxWarning,
-            stacklevel=2,
-        )
 
     def one(i: int) -> bool:
         task, code = replies[i]

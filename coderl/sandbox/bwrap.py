@@ -60,6 +60,7 @@ import atexit
 import errno
 import fcntl
 import functools
+import glob
 import os
 import shutil
 import sys
@@ -274,6 +275,9 @@ class BwrapSandbox(Sandbox):
         argv += _parents(prefix, made) + ["--ro-bind", prefix, prefix]
         for flag, source, dest in self._binds:
             argv += _parents(dest, made) + [flag, source, dest]
+        if not self.network:  # environment builds (networked) need pip and its wheels
+            for path in hidden_paths(self.ro_mounts):
+                argv += ["--tmpfs", path, "--remount-ro", path]
         argv += ["--chdir", WORKDIR, "--clearenv", "--info-fd", str(info_fd)]
         argv += [] if seccomp_fd is None else ["--seccomp", str(seccomp_fd)]
         for key, value in self.env.items():
@@ -411,6 +415,48 @@ def _system_tree() -> list[str]:
         elif os.path.isdir(top):
             argv += ["--ro-bind", top, top]
     return argv
+
+
+SYSTEM_PACKAGE_GLOBS = (
+    "/usr/lib/python3/dist-packages",
+    "/usr/lib/python3*/site-packages",
+    "/usr/lib/python3*/dist-packages",
+    "/usr/lib/python3*/ensurepip/_bundled",
+    "/usr/local/lib/python3*/site-packages",
+    "/usr/local/lib/python3*/dist-packages",
+    "/usr/share/python-wheels",
+    "/usr/lib/google-cloud-sdk",  # its lib/third_party vendors dateutil, idna, six, cachetools
+    "/usr/lib/*/lib/third_party",
+    "/usr/lib/node_modules",
+    "{prefix}/lib/python3*/site-packages",
+    "{prefix}/lib/python3*/ensurepip/_bundled",
+)
+"""System trees hidden (an empty read-only tmpfs over each) from every sandbox without network:
+installed and vendored copies of PyPI libraries, some at the exact versions tasks are made from
+(Debian's toml, the host Python's six and python-dateutil). ``{prefix}``: ``sys.base_prefix``."""
+VENDORED_GLOBS = ("lib/python3*/site-packages/*/_vendor", "lib/python3*/site-packages/*/_vendored")
+"""Trees hidden inside each read-only mount (an environment's virtualenv): pip, setuptools and
+pkg_resources vendor copies of PyPI libraries (six, idna, packaging, more_itertools, tomli, ...)."""
+
+
+def hidden_paths(ro_mounts: dict[str, str]) -> list[str]:
+    """The sandbox paths masked by an empty mount in a sandbox without network whose read-only
+    mounts are ``ro_mounts`` (sandbox path -> host path): the ``SYSTEM_PACKAGE_GLOBS`` that
+    exist on the host and the ``VENDORED_GLOBS`` under each mounted directory."""
+    return list(_system_hidden()) + [
+        dest + found[len(host) :]
+        for dest, host in ro_mounts.items()
+        for pattern in VENDORED_GLOBS
+        for found in sorted(glob.glob(f"{glob.escape(host)}/{pattern}"))
+    ]
+
+
+@functools.cache
+def _system_hidden() -> tuple[str, ...]:
+    globs = [g.format(prefix=glob.escape(sys.base_prefix)) for g in SYSTEM_PACKAGE_GLOBS]
+    found = sorted({p for g in globs for p in glob.glob(g) if os.path.isdir(p)})
+    # one mask per tree: bwrap cannot make a mount point inside an empty read-only tmpfs
+    return tuple(p for p in found if not any(p.startswith(q + "/") for q in found))
 
 
 def _default_env() -> dict[str, str]:

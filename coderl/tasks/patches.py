@@ -41,27 +41,45 @@ def make_diff(rel: str, old: str, new: str) -> str:
     return "".join(out) if lines else ""
 
 
+_HUNK = re.compile(r"^@@ -\d+(?:,(\d+))? \+\d+(?:,(\d+))? @@")
+
+
 def split_diff(diff: str) -> list[tuple[str, str]]:
     """Split a multi-file diff into ``(path, chunk)`` pairs (path without the ``a/``/``b/`` prefix).
 
     Handles ``diff --git`` headers and plain ``---``/``+++`` headers; a chunk for a deleted file
-    is named by its old path, any other by its new path.
+    is named by its old path, any other by its new path. Lines end at ``\\n`` only and a hunk's
+    lines are counted from its ``@@`` header, as git reads them: a removed ``-- x`` line followed
+    by an added ``++ y`` is hunk content, not the next file's header.
     """
-    chunks: list[tuple[str, list[str]]] = []
-    lines = diff.splitlines(keepends=True)
-    i = 0
-    while i < len(lines):
-        line = lines[i]
-        m = _HEADER.match(line.rstrip("\n"))
+    chunks: list[list[str]] = []
+    lines = diff.split("\n")
+    lines = [ln + "\n" for ln in lines[:-1]] + ([lines[-1]] if lines[-1] else [])
+    old = new = 0  # lines the current hunk still holds
+    for i, line in enumerate(lines):
+        if old > 0 or new > 0:
+            if line.startswith((" ", "\n")) or line == "":
+                old, new = old - 1, new - 1
+            elif line.startswith("-"):
+                old -= 1
+            elif line.startswith("+"):
+                new -= 1
+            elif not line.startswith("\\"):
+                old = new = 0  # not hunk content: git ends the hunk here too
+            if old > 0 or new > 0 or line.startswith(("-", "+", " ", "\\")):
+                chunks[-1].append(line)
+                continue
+        header = line.startswith("diff --git ")  # git starts a patch at each, whatever its names
         plain = line.startswith("--- ") and i + 1 < len(lines) and lines[i + 1].startswith("+++ ")
-        if m or (plain and (not chunks or not _in_header(chunks[-1][1]))):
-            chunks.append(("", []))
-        if not chunks:
-            i += 1
-            continue
-        chunks[-1][1].append(line)
-        i += 1
-    return [(_chunk_path(body), "".join(body)) for _, body in chunks]
+        if header or (plain and (not chunks or not _in_header(chunks[-1]))):
+            chunks.append([])
+        if chunks:
+            chunks[-1].append(line)
+            hunk = _HUNK.match(line)
+            if hunk:
+                old = int(hunk.group(1) or 1)
+                new = int(hunk.group(2) or 1)
+    return [(_chunk_path(body), "".join(body)) for body in chunks]
 
 
 def _in_header(body: list[str]) -> bool:
@@ -174,6 +192,121 @@ def materialize(snapshot: Path, bug_patch: str, *, cache: Path | None = None) ->
 
 MAX_AGENT_DIFF_BYTES = 16 * 1024**2
 """Largest agent diff applied (bytes); a larger one is the agent's failure."""
+MAX_APPLY_FILES = 1000
+"""Most files applying one agent diff may write (created, changed, copied, renamed, chmod'ed)."""
+MAX_APPLY_BYTES = 64 * 1024**2
+"""Most bytes applying one agent diff may write, whatever its allowance (``write_bound``)."""
+APPLY_SLACK_BYTES = 256 * 1024
+"""What applying may write beyond the diff's own bytes and one rewrite of each file it edits."""
+
+_QUOTED = {"a": 7, "b": 8, "t": 9, "n": 10, "v": 11, "f": 12, "r": 13, '"': 34, "\\": 92}
+
+
+def _unquote(name: str) -> str:
+    """A path as git writes it in a header: C-quoted (``"a/\\303\\251.py"``) when it holds
+    special bytes, else bare (a tab ends it); no ``a/``/``b/`` prefix is removed here."""
+    if not name.startswith('"'):
+        return name.split("\t")[0].rstrip("\n")
+    out, i = bytearray(), 1
+    while i < len(name) and name[i] != '"':
+        c = name[i]
+        if c == "\\" and i + 1 < len(name):
+            nxt = name[i + 1]
+            if nxt in "01234567":
+                out.append(int(name[i + 1 : i + 4], 8) & 0xFF)
+                i += 4
+                continue
+            out.append(_QUOTED.get(nxt, ord(nxt) & 0xFF))
+            i += 2
+            continue
+        out += c.encode("utf-8", "surrogateescape")
+        i += 1
+    return out.decode("utf-8", "surrogateescape")
+
+
+def _noprefix(name: str) -> str:
+    name = _unquote(name)
+    return name[2:] if name.startswith(("a/", "b/")) else name
+
+
+def _patch_paths(chunk: str) -> tuple[str | None, str | None, str]:
+    """``(source, target, how)`` of one file's patch; ``how`` is ``"copy"``, ``"rename"``,
+    ``"new"``, ``"delete"`` or ``"edit"``; a name that cannot be read is None."""
+    src = dst = None
+    how = "edit"
+    for line in chunk.splitlines():
+        if line.startswith("@@"):
+            break
+        for word in ("copy", "rename"):
+            if line.startswith(f"{word} from "):
+                src, how = _unquote(line[len(word) + 6 :]), word
+            elif line.startswith(f"{word} to "):
+                dst = _unquote(line[len(word) + 4 :])
+        if line.startswith("new file mode") or line == "--- /dev/null":
+            how = "new"
+        elif line.startswith("deleted file mode") or line.startswith("+++ /dev/null"):
+            how = "delete"
+        elif line.startswith("--- ") and how == "edit":
+            src = _noprefix(line[4:])
+        elif line.startswith("+++ ") and how != "delete":
+            dst = _noprefix(line[4:])
+    if src is None and dst is None and chunk.startswith("diff --git "):
+        names = chunk.split("\n", 1)[0][len("diff --git ") :]
+        half = (len(names) - 1) // 2  # "a/NAME b/NAME": the one split where both names agree
+        if names[half : half + 1] == " " and _noprefix(names[:half]) == _noprefix(
+            names[half + 1 :]
+        ):
+            src = dst = _noprefix(names[:half])
+    if how == "edit" and dst is None:
+        dst = src
+    return src, dst, how
+
+
+def write_bound(diff: str, sizes: dict[str, int]) -> tuple[int, int, int]:
+    """``(bytes, files, allowance)``: at most how many bytes and files ``git apply`` writes for
+    ``diff`` on a tree whose files have ``sizes`` (path -> bytes), and the bytes it may write.
+
+    Each file's patch writes at most its source's size plus the patch's own bytes; the source of
+    a copy, a rename or a second patch to one path is what an earlier patch left there, so chains
+    add up. A source whose name cannot be read counts as the largest file. The allowance is the
+    diff's own bytes, plus one rewrite of each existing file it edits or renames (counted once),
+    plus ``APPLY_SLACK_BYTES``: copies, mode changes and repeated patches of one file earn none,
+    so a ``copy from``/``copy to`` header (no content) cannot make the host write a file's size.
+    """
+    left = dict(sizes)
+    written = files = 0
+    allowance = len(diff.encode("utf-8", "surrogateescape")) + APPLY_SLACK_BYTES
+    earned: set[str] = set()
+    for _, chunk in split_diff(diff):
+        src, dst, how = _patch_paths(chunk)
+        if how == "delete":
+            left.pop(src or "", None)
+            continue
+        if how == "new":
+            pre = 0
+        elif src is None or src not in left:  # a name we read differently from git: the worst
+            pre = max(left.values(), default=0)
+        else:
+            pre = left[src]
+        post = pre + len(chunk.encode("utf-8", "surrogateescape"))
+        written, files = written + post, files + 1
+        if how in ("edit", "rename") and src in sizes and src not in earned:
+            earned.add(src)
+            allowance += sizes[src]
+        if how == "rename" and src is not None:
+            left.pop(src, None)
+        left[dst if dst is not None else src or ""] = post
+    return written, files, min(allowance, MAX_APPLY_BYTES)
+
+
+def _check_bound(written: int, files: int, allowance: int, when: str) -> None:
+    if files > MAX_APPLY_FILES:
+        raise PatchError(f"applying the diff {when} {files} files (at most {MAX_APPLY_FILES})")
+    if written > allowance:
+        raise PatchError(
+            f"applying the diff {when} {written} bytes, more than the {allowance} it may write "
+            "(its own bytes plus one rewrite of each file it edits)"
+        )
 
 
 def _entries(root: Path) -> dict[str, os.stat_result]:
@@ -257,7 +390,10 @@ def apply_to_copy(
     refuses paths outside ``dest`` and paths through symbolic links. File modes end 0644/0755
     (no setuid bit survives). Raises PatchError when git refuses the diff, it is larger than
     ``MAX_AGENT_DIFF_BYTES``, holds a ``GIT binary patch`` (a compressed literal could fill the
-    host's disk) or git takes more than a minute (all the agent's doing).
+    host's disk), git takes more than a minute, or applying it would write more files or bytes
+    than ``write_bound`` allows (decided before git writes anything; checked again on the tree it
+    wrote, and no single file may grow past the allowance while git writes): all the agent's
+    doing.
     """
     base_entries = _entries(base)
     for rel in base_entries:
@@ -279,19 +415,17 @@ def apply_to_copy(
         "GIT_CONFIG_GLOBAL": os.devnull,
         "HOME": str(dest),
     }
-    try:
-        proc = subprocess.run(
-            ["git", "apply", "--whitespace=nowarn", "-"],
-            cwd=dest,
-            input=data,
-            capture_output=True,
-            env=env,
-            timeout=60,
+    sizes = {rel: st.st_size for rel, st in base_entries.items()}
+    written, files, allowance = write_bound(diff, sizes)
+    _check_bound(written, files, allowance, "would write up to")
+    seen = _git_apply(["--numstat"], data, dest, env).count(b"\n")
+    if seen != len(split_diff(diff)):  # git reads more file patches than the bound counted
+        raise PatchError(
+            f"git reads {seen} file patches in the diff, coderl {len(split_diff(diff))}"
         )
-    except subprocess.TimeoutExpired:
-        raise PatchError("git apply took longer than 60 s") from None
-    if proc.returncode != 0:
-        raise PatchError(proc.stderr.decode("utf-8", "replace").strip()[-2000:])
+    _git_apply([], data, dest, env, fsize=allowance)
+    after = [st for rel, st in _entries(dest).items() if _new_inode(rel, st, base_entries)]
+    _check_bound(sum(st.st_size for st in after), len(after), allowance, "wrote")
     changed = _changed(base, dest, base_entries)
     stripped = [rel for rel in changed if protected(rel)]
     for rel in stripped:
@@ -306,10 +440,34 @@ def apply_to_copy(
                 parent.rmdir()  # a directory git made only for the removed file
                 parent = parent.parent
     for rel, st in _entries(dest).items():
-        linked = rel in base_entries and st.st_ino == base_entries[rel].st_ino
-        if not linked and stat.S_ISREG(st.st_mode):
+        if _new_inode(rel, st, base_entries) and stat.S_ISREG(st.st_mode):
             os.chmod(dest / rel, 0o755 if st.st_mode & 0o111 else 0o644)
     return (_changed(base, dest, base_entries) if stripped else changed), stripped
+
+
+def _git_apply(
+    flags: list[str], data: bytes, dest: Path, env: dict[str, str], fsize: int = 0
+) -> bytes:
+    """``git apply FLAGS -`` on ``data`` in ``dest``; its stdout. With ``fsize``, no file git
+    writes can grow past that many bytes (``prlimit``, where the host has it). Raises
+    PatchError when git refuses the diff or takes more than a minute."""
+    cmd = ["git", "apply", "--whitespace=nowarn", *flags, "-"]
+    if fsize and shutil.which("prlimit"):
+        cmd = ["prlimit", f"--fsize={fsize}", "--", *cmd]
+    try:
+        proc = subprocess.run(cmd, cwd=dest, input=data, capture_output=True, env=env, timeout=60)
+    except subprocess.TimeoutExpired:
+        raise PatchError("git apply took longer than 60 s") from None
+    if proc.returncode != 0:
+        why = proc.stderr.decode("utf-8", "replace").strip()[-2000:]
+        raise PatchError(why or f"git apply ended with status {proc.returncode}")
+    return proc.stdout
+
+
+def _new_inode(rel: str, st: os.stat_result, base_entries: dict[str, os.stat_result]) -> bool:
+    """A file git wrote (not the hard link into the base that the copy started with)."""
+    old = base_entries.get(rel)
+    return old is None or (st.st_ino, st.st_dev) != (old.st_ino, old.st_dev)
 
 
 def _changed(base: Path, tree: Path, base_entries: dict[str, os.stat_result]) -> list[str]:

@@ -1,14 +1,25 @@
 """Run a repository's pytest suite inside a sandbox and collect per-test outcomes.
 
-The verdict never touches a file or a host path the code under test can reach. The run's secret
-(an HMAC key and its canaries) reaches ``coderl_boot`` through a FIFO the host writes once the
-boot has opened it, before any workspace code runs, so it is in no environment, file, command
-line or other process of the sandbox; the boot then makes pytest non-dumpable. The results
-plugin streams one MAC-signed line per finished test on a descriptor that no subprocess inherits,
-and the host reads the stream from the command's stdout while it runs. Only lines that verify,
-numbered ``0, 1, ...`` and closed by the plugin's end record before pytest exits, count; the
-sandbox is closed (every process in it killed) before the verdict is used. Runs use a fixed hash
-seed, no cache provider, no plugin autoload, no network (``network=False``) and a timeout.
+The verdict is produced outside the process it judges. ``coderl_boot`` forks before any
+workspace code runs: the pytest **worker** (the process under test) holds no key, no verdict
+channel and, until its test modules are imported, no canary; it reports unsigned events on a
+pipe. The **observer** (the parent, which never imports pytest or workspace code and is
+non-dumpable) reads the run's secret from a FIFO only after the fork, hands the worker the
+canaries once collection is done, MAC-signs and numbers every event line onto the sandbox's
+stdout (which only it holds) and closes the stream with the worker's exit status. The host
+then checks every record of the stream (:func:`parse_run`): exact keys, types, lengths and
+ranges, booleans that are ``bool``, trace entries of arity 2, one outcome per test, every id
+among the selected ones or the canaries, the sequence ``collected`` -> ``test``... -> ``end`` ->
+``exit``, the end record's count and exit status equal to what was seen. A stream that fails any
+check is a garbled verdict: the run counts as having no results (the agent's failure, never a
+mask). Runs use a fixed hash seed, no cache provider, no plugin autoload, no network
+(``network=False``) and a timeout; the sandbox is closed (every process in it killed) before
+the verdict is used.
+
+What this does not stop: code in the worker can write events of its own on the pipe (it is the
+same process as the plugin). It does not know the canaries until collection is over, and the
+canaries must fail; code that waits for them, tells them apart and forges the rest needs the
+process internals that ``coderl.tasks.diffguard`` denies reward for.
 
 Sandbox layout used by every run::
 
@@ -106,6 +117,8 @@ class TestRun:
     results_missing: bool = False
     """No complete, verified verdict stream (pytest crashed, was killed, exited at import, or
     the stream was cut or garbled)."""
+    garbled: str = ""
+    """Why the stream was rejected (a record failed the host's checks, :func:`parse_run`)."""
     exec: ExecResult | None = None
     """The raw command result (exit code, output tails, duration, timeout flag)."""
 
@@ -310,27 +323,13 @@ def run_pytest(
         feeder.join(timeout=5)
     run = TestRun(exec=result)
     records = read_stream(result.stdout, key)
-    if records is None:
-        run.results_missing = True
-        run.canaries_ok = not canaries
-        return run
-    by_name = {c.name: c for c in chosen}
-    for rec in records[:-1]:
-        node_id, outcome = str(rec["id"]), str(rec["outcome"])
-        parts = node_id.split("::")
-        canary = by_name.get(parts[1]) if len(parts) > 1 else None
-        if canary is not None and (len(parts) == 2 or canary.kind == "ufail"):
-            run.canaries[node_id] = outcome
-            run.canary_expected[node_id] = canary.expected
-            continue
-        run.outcomes[node_id] = outcome
-        if outcome != "passed":
-            run.longreprs[node_id] = str(rec.get("longrepr", ""))
-        if rec.get("trace"):
-            run.trace[node_id] = [(str(f), int(n)) for f, n in rec["trace"]]
-    end = records[-1]
-    run.tampered = [str(t) for t in end.get("tampered", [])]
-    run.collect_errors = [str(e) for e in end.get("collect_errors", [])]
+    why = "no complete, verified stream" if records is None else ""
+    if records is not None:
+        why = parse_run(records, run, chosen, set(select) if select is not None else None)
+    if why:
+        fresh = TestRun(exec=result, results_missing=True, canaries_ok=not canaries)
+        fresh.garbled = why
+        return fresh
     if canaries:
         run.canaries_ok = len(run.canaries) == len(chosen) and all(
             run.canaries[i] == run.canary_expected[i] for i in run.canaries
@@ -339,11 +338,11 @@ def run_pytest(
 
 
 def read_stream(stdout: str, key: bytes) -> list[dict[str, Any]] | None:
-    """The verified records of a verdict stream, the end record last; ``None`` when the stream is
-    incomplete (no end record, a gap in the numbering) or malformed.
+    """The verified records of the observer's stream, its ``exit`` record last; ``None`` when
+    the stream is incomplete (no ``exit`` record, a gap in the numbering) or not JSON objects.
 
     Lines whose MAC does not verify are skipped before they are parsed; a verified line is parsed
-    with a size limit, and anything unexpected in it makes the whole stream invalid.
+    with a size limit. The records' contents are checked by :func:`parse_run`.
     """
     records: list[dict[str, Any]] = []
     for raw in stdout.split("\n"):
@@ -361,8 +360,136 @@ def read_stream(stdout: str, key: bytes) -> list[dict[str, Any]] | None:
         if not isinstance(rec, dict) or rec.get("seq") != len(records):
             return None
         records.append(rec)
-        if rec.get("t") == "end":
-            return records if rec.get("n") == len(records) - 1 else None
-        if rec.get("t") != "test" or not isinstance(rec.get("id"), str):
-            return None
+        if rec.get("t") == "exit":
+            return records
     return None
+
+
+MAX_ID = 4096
+"""Longest node id, tampering note or trace file name accepted (characters)."""
+MAX_TEXT = 16_384
+"""Longest failure text or collection error accepted (characters)."""
+MAX_ITEMS = 100_000
+"""Most entries of any list in a record (ids, trace entries, notes)."""
+OUTCOMES = frozenset({"passed", "failed", "error", "skipped", "xfailed", "xpassed"})
+EVENT_KEYS = {
+    "collected": {"t", "ids"},
+    "test": {"t", "id", "outcome", "longrepr", "trace"},
+    "end": {"t", "n", "tampered", "collect_errors", "exitstatus"},
+}
+
+
+def _is_int(x: object, lo: int, hi: int) -> bool:
+    return type(x) is int and lo <= x <= hi  # bool is not an int here
+
+
+def _strs(x: object, longest: int) -> bool:
+    return (
+        type(x) is list
+        and len(x) <= MAX_ITEMS
+        and all(type(v) is str and len(v) <= longest for v in x)
+    )
+
+
+def check_event(ev: dict[str, Any]) -> str:
+    """Why the worker event ``ev`` is malformed, or ``""`` (exact keys, types, lengths, ranges)."""
+    kind = ev.get("t")
+    if type(kind) is not str or kind not in EVENT_KEYS or set(ev) != EVENT_KEYS[kind]:
+        return f"unexpected event shape: {sorted(ev)[:8]}"
+    if kind == "collected":
+        return "" if _strs(ev["ids"], MAX_ID) else "collected ids"
+    if kind == "end":
+        ok = (
+            _is_int(ev["n"], 0, 10 * MAX_ITEMS)
+            and _strs(ev["tampered"], MAX_ID)
+            and _strs(ev["collect_errors"], MAX_TEXT)
+            and _is_int(ev["exitstatus"], 0, 5)  # pytest.ExitCode
+        )
+        return "" if ok else "end record fields"
+    trace = ev["trace"]
+    ok = (
+        type(ev["id"]) is str
+        and 0 < len(ev["id"]) <= MAX_ID
+        and type(ev["outcome"]) is str
+        and ev["outcome"] in OUTCOMES
+        and type(ev["longrepr"]) is str
+        and len(ev["longrepr"]) <= MAX_TEXT
+        and type(trace) is list
+        and len(trace) <= MAX_ITEMS
+        and all(
+            type(e) is list
+            and len(e) == 2
+            and type(e[0]) is str
+            and len(e[0]) <= MAX_ID
+            and _is_int(e[1], 0, 10**7)
+            for e in trace
+        )
+    )
+    return "" if ok else f"test record fields ({str(ev.get('id'))[:80]})"
+
+
+def _canary_of(node_id: str, by_name: dict[str, Canary]) -> Canary | None:
+    parts = node_id.split("::")
+    canary = by_name.get(parts[1]) if len(parts) > 1 else None
+    if canary is not None and (len(parts) == 2 or canary.kind == "ufail"):
+        return canary
+    return None
+
+
+def parse_run(
+    records: list[dict[str, Any]], run: TestRun, chosen: list[Canary], select: set[str] | None
+) -> str:
+    """Fill ``run`` from the observer's verified ``records``; returns why the stream is a
+    garbled verdict (``""`` when every record checks out). Every field of every record is
+    checked before it is used (module docstring)."""
+    exit_rec = records[-1]
+    if set(exit_rec) != {"seq", "t", "code", "garbled"} or not _is_int(exit_rec["code"], -64, 255):
+        return "observer exit record"
+    if type(exit_rec["garbled"]) is not str or exit_rec["garbled"]:
+        return f"observer: {str(exit_rec['garbled'])[:200]}"
+    events = []
+    for rec in records[:-1]:
+        if set(rec) != {"seq", "w"} or type(rec["w"]) is not dict:
+            return "observer record shape"
+        why = check_event(rec["w"])
+        if why:
+            return why
+        events.append(rec["w"])
+    kinds = [e["t"] for e in events]
+    if not kinds or kinds[-1] != "end" or kinds.count("end") != 1:
+        return "no single end record closing the events"
+    if kinds.count("collected") > 1 or ("collected" in kinds and kinds[0] != "collected"):
+        return "collected event out of order"
+    if "test" in kinds and "collected" not in kinds:
+        return "tests reported before any collection"
+    end = events[-1]
+    if end["n"] != len(events) - 1 or exit_rec["code"] != end["exitstatus"]:
+        return "end record count or exit status disagrees with the stream"
+    collected = set(events[0]["ids"]) if kinds[0] == "collected" else set()
+    if select is not None and not collected <= select:
+        return "collected ids outside the selection"
+    by_name = {c.name: c for c in chosen}
+    for ev in events[1:-1]:
+        node_id, outcome = ev["id"], ev["outcome"]
+        canary = _canary_of(node_id, by_name)
+        if node_id in run.outcomes or node_id in run.canaries:
+            return f"two outcomes for one test ({node_id[:80]})"
+        if canary is not None and node_id not in collected:
+            run.canaries[node_id] = outcome
+            run.canary_expected[node_id] = canary.expected
+            continue
+        if node_id not in collected:
+            return f"an outcome for a test that was not collected ({node_id[:80]})"
+        run.outcomes[node_id] = outcome
+        if outcome != "passed":
+            run.longreprs[node_id] = ev["longrepr"]
+        if ev["trace"]:
+            run.trace[node_id] = [(f, n) for f, n in ev["trace"]]
+    failing = any(
+        o in ("failed", "error") for o in [*run.outcomes.values(), *run.canaries.values()]
+    )
+    if failing and end["exitstatus"] not in (1, 2):  # pytest's TESTS_FAILED / INTERRUPTED
+        return "exit status says no test failed, but some did (a crashed or forged worker)"
+    run.tampered = list(end["tampered"])
+    run.collect_errors = list(end["collect_errors"])
+    return ""

@@ -106,7 +106,8 @@ def read_instances(path: str | Path) -> list[tuple[int, dict[str, Any]]]:
             try:
                 item, pos = decoder.raw_decode(text, pos)
             except json.JSONDecodeError as e:
-                raise TaskFileError(path, e.lineno, "<json>", f"invalid JSON: {e.msg}") from None
+                msg = f"invalid JSON: {e.msg} (column {e.colno})"
+                raise TaskFileError(path, e.lineno, "<json>", msg) from None
             out.append((line, item))
     else:
         for number, line_text in enumerate(text.splitlines(), start=1):

@@ -22,8 +22,9 @@ from pathlib import Path
 
 from coderl.sandbox.base import Limits
 from coderl.tasks.envbuild import EnvRecord
+from coderl.tasks.exposure import check_readable
 from coderl.tasks.grading import PROTECTED_PATTERNS, is_protected
-from coderl.tasks.holdout import choose_held_out, hideable_in
+from coderl.tasks.holdout import choose_held_out, held_out_source, hideable_in
 from coderl.tasks.mutate import Mutant, first_line, functions, mutants_of
 from coderl.tasks.patches import make_diff, materialize
 from coderl.tasks.runner import (
@@ -38,7 +39,7 @@ from coderl.tasks.runner import (
     run_pytest,
 )
 from coderl.tasks.spec import Difficulty, Task
-from coderl.tasks.statement import write_statement
+from coderl.tasks.statement import held_out_mentions, write_statement
 
 MAX_FILE_BYTES = 100_000
 """Files larger than this are not mutated."""
@@ -142,6 +143,27 @@ def _run(
             sb.close()
 
 
+def statement_for(
+    repo: str, f2p: list[str], held_out: list[str], longreprs: dict[str, str], snapshot: Path
+) -> str:
+    """The problem statement of a task: visible failing tests' output, held-out ones' symptoms
+    only. Raises ValueError if it would still name or quote a held-out test (a bug here)."""
+    source = held_out_source(snapshot, held_out)
+    # A visible id that shares a held-out function's name (an inherited copy of a blanked
+    # method, say) would name it: it is left unnamed too.
+    hidden = {t for t in f2p if t in held_out or held_out_mentions(t, held_out)}
+    statement = write_statement(
+        repo,
+        {t: longreprs.get(t, "") for t in f2p if t not in hidden},
+        held_out={t: longreprs.get(t, "") for t in f2p if t in hidden},
+        held_out_source=source,
+    )
+    leaked = held_out_mentions(statement, held_out, source)
+    if leaked:
+        raise ValueError(f"problem statement reveals held-out tests: {leaked[:3]}")
+    return statement
+
+
 def try_candidate(
     env: EnvRecord, cand: Candidate, factory: SandboxFactory, *, timeout: float = 60.0
 ) -> Task | str:
@@ -170,10 +192,12 @@ def try_candidate(
     digest = hashlib.sha256(bug_patch.encode()).hexdigest()[:10]
     task_id = f"{env.name}-{env.version}/{digest}"
     held_out = choose_held_out(task_id, f2p, p2p, hideable_in(Path(env.snapshot)))
-    shown = [t for t in f2p if t not in held_out] or f2p  # quote held-out tests only if no other
-    statement = write_statement(
-        f"{env.name} {env.version}", {t: run.longreprs.get(t, "") for t in shown}
-    )
+    try:
+        statement = statement_for(
+            f"{env.name} {env.version}", f2p, held_out, run.longreprs, Path(env.snapshot)
+        )
+    except ValueError as e:
+        return str(e)
     return Task(
         id=task_id,
         kind="repo",
@@ -213,8 +237,12 @@ def synthesize(
     """Up to ``n`` kept tasks for ``env``; returns ``(tasks, rejection reason -> count)``.
 
     ``on_task`` is called with each kept task as soon as it is kept (for incremental saving).
+    Raises ExposureError when a rollout sandbox of ``env`` can read a pristine copy of its
+    source (``coderl.tasks.exposure``): no task is made from a bug that a copy undoes.
     """
     factory = factory or default_factory()
+    snapshot = Path(env.snapshot)
+    check_readable(snapshot, {"/venv": env.venv}, snapshot, factory=factory)  # ExposureError
     rng = random.Random(seed)
     tasks: list[Task] = []
     rejected: dict[str, int] = defaultdict(int)

@@ -7,7 +7,12 @@ Invalid tasks are dropped with a reason; grading errors are reported as such, no
 
 from __future__ import annotations
 
-from coderl.tasks.grading import grade
+from pathlib import Path
+
+from coderl.tasks.envbuild import find_env
+from coderl.tasks.exposure import ExposureError, check_readable
+from coderl.tasks.grading import grade, rollout_sandbox_args
+from coderl.tasks.patches import paths_in_diff
 from coderl.tasks.runner import SandboxFactory
 from coderl.tasks.spec import Task
 
@@ -19,7 +24,12 @@ def validate_task(
     check_bug: bool = True,
     timeout: float = 300.0,
 ) -> str | None:
-    """``None`` when valid, else the reason (prefixed ``grading error:`` for infrastructure)."""
+    """``None`` when valid, else the reason (prefixed ``grading error:`` for infrastructure).
+    A task whose pristine source (the files its bug patch touches, its held-out test files) a
+    rollout sandbox can read is invalid (``coderl.tasks.exposure``)."""
+    exposed = exposure_of(task, factory=factory)
+    if exposed:
+        return exposed
     gold = grade(task, task.gold_patch, factory=factory, timeout=timeout)
     if gold.grading_error:
         return f"grading error: {gold.grading_error}"
@@ -31,6 +41,20 @@ def validate_task(
             return f"grading error: {before.grading_error}"
         if before.resolved or before.fail_to_pass_passed > 0:
             return "the starting state already passes some FAIL_TO_PASS tests"
+    return None
+
+
+def exposure_of(task: Task, *, factory: SandboxFactory | None = None) -> str | None:
+    """Why ``task``'s pristine source is readable in its rollout sandbox, or None."""
+    if task.kind != "repo":
+        return None
+    base, ro_mounts = rollout_sandbox_args(task)
+    files = {*paths_in_diff(task.bug_patch), *(t.split("::")[0] for t in task.held_out_tests)}
+    snapshot = Path(find_env(task.env_id).snapshot)
+    try:
+        check_readable(base, ro_mounts, snapshot, sorted(files), factory=factory)
+    except ExposureError as e:
+        return str(e)
     return None
 
 

@@ -1,21 +1,29 @@
-"""``coderl train CONFIG [key=value ...] [--resume RUN_DIR]``."""
+"""``coderl train CONFIG [key=value ...]`` and ``coderl train --resume RUN_DIR [key=value ...]``.
+
+``--resume`` continues the run with its own ``config.yaml`` (:mod:`coderl.train.resume`);
+a CONFIG given with it and the overrides are applied on top, printed, and refused where they
+change what the checkpoint holds. Ctrl-C ends in one line: the last checkpoint and the resume
+command (exit 130).
+"""
 
 from __future__ import annotations
 
 import argparse
-
-from coderl.config import load_config
+import shlex
+import sys
 
 
 def run(args: argparse.Namespace) -> int:
-    overrides = list(args.overrides)
-    if args.resume:
-        overrides.append(f"run_dir={args.resume}")
-    cfg = load_config(args.config, overrides)
-    if args.resume:
-        from coderl.train.checkpoint import latest_checkpoint
+    from coderl.config import load_config
+    from coderl.train.resume import record_resume, resume_config, split_preset, stopped_line
 
-        latest_checkpoint(cfg.run_dir)  # fail before loading a model when there is nothing
+    config, overrides = split_preset(args.config, args.overrides)
+    if args.resume:
+        cfg, changes, step = resume_config(args.resume, config, overrides)
+    elif config is None:
+        raise ValueError("give a CONFIG (e.g. configs/default.yaml) or --resume RUN_DIR")
+    else:
+        cfg = load_config(config, overrides)
     if cfg.sft.enabled and not args.resume:
         from coderl.train.checkpoint import ensure_new_run
         from coderl.train.sft import run_sft
@@ -26,7 +34,15 @@ def run(args: argparse.Namespace) -> int:
     from coderl.eval.observers import default_observers
     from coderl.train.loop import train
 
-    run_dir = train(cfg, resume=bool(args.resume), observers=default_observers())
+    if args.resume:
+        for line in record_resume(cfg, changes, step):
+            print(line)
+    try:
+        run_dir = train(cfg, resume=bool(args.resume), observers=default_observers())
+    except KeyboardInterrupt:
+        again = f"coderl train --resume {shlex.quote(str(cfg.run_dir))}"
+        print(stopped_line("coderl train", cfg.run_dir, again), file=sys.stderr)
+        return 130
     if args.report:
         from coderl.eval.report import write_report
 
@@ -36,8 +52,17 @@ def run(args: argparse.Namespace) -> int:
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = sub.add_parser("train", help="RL training: rollouts, grading, rewards, updates")
-    p.add_argument("config", help="YAML preset, e.g. configs/default.yaml")
+    p.add_argument(
+        "config",
+        nargs="?",
+        help="YAML preset, e.g. configs/default.yaml (with --resume: applied on top of the "
+        "run's own config.yaml; usually left out)",
+    )
     p.add_argument("overrides", nargs="*", help="key=value overrides, e.g. trainer.lr=2e-5")
-    p.add_argument("--resume", metavar="RUN_DIR", help="continue RUN_DIR from its checkpoint")
+    p.add_argument(
+        "--resume",
+        metavar="RUN_DIR",
+        help="continue RUN_DIR from its latest checkpoint with its own config.yaml",
+    )
     p.add_argument("--no-report", dest="report", action="store_false", help="skip the report")
     p.set_defaults(func=run)

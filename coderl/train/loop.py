@@ -27,9 +27,10 @@ from pathlib import Path
 from typing import Any
 
 from coderl.config import Config, dump_config
+from coderl.progress import PhaseProgress
 from coderl.train import pipeline as P
 from coderl.train.checkpoint import ensure_new_run
-from coderl.train.metrics import MetricsLogger, progress_bar
+from coderl.train.metrics import MetricsLogger
 from coderl.train.run import (
     SFT_WEIGHTS,
     Run,
@@ -149,10 +150,10 @@ def train(cfg: Config, *, resume: bool = False, observers: Sequence[P.StepObserv
         FileNotFoundError: ``resume`` and there is no complete checkpoint.
     """
     run_dir = Path(cfg.run_dir)
-    if not resume:
+    if not resume:  # a resumed run's config.yaml changes only through coderl.train.resume
         ensure_new_run(run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "config.yaml").write_text(dump_config(cfg))
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / "config.yaml").write_text(dump_config(cfg))
     run = setup_run(cfg, resume=resume, load_sft=False)
     run.observers = list(observers)
     try:
@@ -174,13 +175,12 @@ def _train(run: Run, resume: bool) -> None:
         if cfg.eval.before_after:
             logger.log_eval(0, {**run_eval(run), "phase": "sft" if sft else "start"})
         prepass(run)  # tasks.pool.prepass_samples: seed the pool's estimates (0: nothing)
-    with progress_bar(cfg.progress) as bar:
-        job = bar.add_task("train", total=cfg.trainer.steps, completed=run.step, status="")
+    with PhaseProgress("train", cfg.trainer.steps, completed=run.step, enabled=cfg.progress) as bar:
         while run.step < cfg.trainer.steps:
             metrics = training_step(run)
             logger.log(run.step, metrics)
-            status = f"reward {metrics['reward/mean']:.3f}"
-            bar.update(job, advance=1, status=status)
+            reward, resolved = metrics["reward/mean"], metrics["resolved_rate"]
+            bar.advance(status=f"reward {reward:.3f} resolved {resolved:.0%} (unmasked episodes)")
             last = run.step == cfg.trainer.steps
             if (cfg.eval.every and run.step % cfg.eval.every == 0 and not last) or (
                 last and cfg.eval.before_after

@@ -1,5 +1,6 @@
 """Metrics logging: one JSON line per step (``metrics.jsonl``), evaluation lines
-(``eval.jsonl``), the same scalars in TensorBoard (``tb/``), and a progress bar with ETA.
+(``eval.jsonl``) and the same scalars in TensorBoard (``tb/``); the progress bar with ETA is
+:mod:`coderl.progress`.
 
 On resume the JSONL files (with the pipeline's ``audit.jsonl``) are cut back to the checkpoint's step, so a resumed run's files equal
 an uninterrupted run's.
@@ -11,15 +12,6 @@ import json
 import math
 from pathlib import Path
 from typing import Any
-
-from rich.progress import (
-    BarColumn,
-    MofNCompleteColumn,
-    Progress,
-    TextColumn,
-    TimeElapsedColumn,
-    TimeRemainingColumn,
-)
 
 AUDIT_FILE = "audit.jsonl"
 """The audit log of a run directory (written by :mod:`coderl.eval.observers`); the logger cuts
@@ -94,17 +86,3 @@ class MetricsLogger:
     def close(self) -> None:
         if self.tb is not None:
             self.tb.close()
-
-
-def progress_bar(enabled: bool) -> Progress:
-    """A rich progress bar with elapsed time, ETA and a free-text status column."""
-    return Progress(
-        TextColumn("[bold]{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        TextColumn("eta"),
-        TimeRemainingColumn(),
-        TextColumn("{task.fields[status]}"),
-        disable=not enabled,
-    )

@@ -221,22 +221,32 @@ def run_eval(
     always reported, besides the ``eval.k`` up to n. The record also holds ``temperature`` and
     ``time_s`` (wall seconds of the evaluation, rollouts and grading)."""
     from coderl.eval.passk import evaluate
+    from coderl.progress import PhaseProgress
 
     cfg = run.cfg
     n = samples or cfg.eval.samples
     t0 = time.perf_counter()
     tasks = run.env.tasks(split or cfg.tasks.heldout_split)[: cfg.eval.tasks]
     params = sampling_params(cfg, cfg.seed + EVAL_SEED_OFFSET, cfg.eval.temperature)
-    res = evaluate(
-        run.env,
-        run.engine if run.engine is not None else run.policy,
-        tasks,
-        samples=n,
-        ks=sorted({1, n, *(k for k in cfg.eval.k if k <= n)}),
-        params=params,
-        tasks_per_batch=max(1, cfg.eval.batch_episodes // n),
-        episodes_out=episodes_out,
-    )
+    resolved = 0
+    with PhaseProgress(f"eval ({n} samples/task)", len(tasks), enabled=cfg.progress) as bar:
+
+        def batch_done(done: int, correct: int) -> None:
+            nonlocal resolved
+            resolved += correct
+            bar.advance(done, status=f"resolved {resolved} of {(bar.done + done) * n} samples")
+
+        res = evaluate(
+            run.env,
+            run.engine if run.engine is not None else run.policy,
+            tasks,
+            samples=n,
+            ks=sorted({1, n, *(k for k in cfg.eval.k if k <= n)}),
+            params=params,
+            tasks_per_batch=max(1, cfg.eval.batch_episodes // n),
+            episodes_out=episodes_out,
+            on_batch=batch_done,
+        )
     out = res.to_dict()
     out.update(temperature=cfg.eval.temperature, time_s=time.perf_counter() - t0)
     return out

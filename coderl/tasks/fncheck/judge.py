@@ -7,14 +7,17 @@ hidden test defining ``check``). Modes:
 - ``record``: the candidate is the gold solution (``/testbed/solution.py`` after the gold patch),
   run here; prints the check's verdict on it and the inputs of every call it made.
 - ``replay``: the candidate is a table of answers: ``DIR/outputs.txt`` (what the candidate's
-  process printed, see ``callee.py``) for the inputs ``DIR/calls.json``. The i-th call must have
-  the i-th recorded input; a call that does not (the check's inputs depend on earlier answers)
-  ends the run as ``diverged`` with the inputs made so far, for another round.
+  process printed, see ``callee.py``) for the inputs ``DIR/calls.json``. Calls are matched to the
+  recording in order; a call whose input was already answered (an ``assert`` message that calls
+  the candidate again, HumanEval/78) gets that earlier answer again without using up a recorded
+  input. A call with an input the candidate was never asked about (the check's inputs depend on
+  its answers) fails the run. There is no second round: the inputs the candidate sees come from
+  the gold recording only, so no comparison's outcome ever reaches it.
 
 Every value crosses by value through ``wire`` in both modes (the gold solution's answers too), so
 both modes see the same objects. The check's stdout goes to ``/dev/null``; the result is one line
-``CODERL-JUDGE <json>`` on the original stdout: ``{"verdict": "passed"|"failed"|"diverged",
-"detail": str, "calls": [...]}``.
+``CODERL-JUDGE <json>`` on the original stdout: ``{"verdict": "passed"|"failed", "detail": str}``
+(``record`` adds ``"calls": [...]``).
 """
 
 import builtins
@@ -45,27 +48,39 @@ def _key(doc):
 
 
 class Candidate:
-    """What the check calls. ``answer(i, doc)`` gives the i-th call's result record."""
+    """What the check calls. ``answer(i, doc)`` gives the answer record for recorded input ``i``.
+
+    With ``expected_calls`` (replay) the inputs are matched to the recording in order; an input
+    seen before reuses its answer (a pure function gives the same answer again) and any other
+    input stops the run as failed: answering it would need a round the candidate could learn
+    its verdict from."""
 
     def __init__(self, answer, expected_calls=None):
         self.answer, self.expected = answer, expected_calls
         self.calls = []
         self.stop = ""  # why the run ended early ("" while it goes on)
-        self.diverged = False
+        self._index = {}  # input key -> index of the recorded input that answered it
 
     def __call__(self, *args, **kwargs):
         if self.stop:
             raise _Stop(self.stop)
         doc = [wire.encode(list(args)), wire.encode(kwargs)]
-        i = len(self.calls)
-        self.calls.append(doc)
-        if self.expected is not None and (
-            i >= len(self.expected) or _key(doc) != _key(self.expected[i])
-        ):
-            self.diverged = True
-            self.stop = f"call {i} has inputs the candidate was not asked about"
-            raise _Stop(self.stop)
-        record = self.answer(i, doc)
+        i, key = len(self.calls), _key(doc)
+        if self.expected is not None:
+            if i < len(self.expected) and key == _key(self.expected[i]):
+                self.calls.append(doc)
+                self._index.setdefault(key, i)
+            elif key in self._index:
+                return self._deliver(self._index[key])
+            else:
+                self.stop = f"call {i} has inputs the candidate was not asked about"
+                raise _Stop(self.stop)
+        else:
+            self.calls.append(doc)
+        return self._deliver(i, doc)
+
+    def _deliver(self, i, doc=None):
+        record = self.answer(i, self.calls[i] if doc is None else doc)
         if record[0] == "ok":
             try:
                 return wire.loads(record[1])
@@ -157,8 +172,6 @@ def run(mode, folder, entry):
         namespace["check"](candidate)
     except BaseException as e:  # noqa: BLE001 - the check failed (or was stopped)
         detail = f"{type(e).__name__}{_where(e)}: {repr(e)[:200]}"
-    if candidate.diverged:
-        return {"verdict": "diverged", "detail": candidate.stop, "calls": candidate.calls}
     if candidate.stop:
         return {"verdict": "failed", "detail": candidate.stop}
     result = {"verdict": "failed" if detail else "passed", "detail": detail}

@@ -1,27 +1,30 @@
-"""pytest plugin that streams per-test outcomes to the grader as tests finish.
+"""pytest plugin that reports per-test events to the grader's observer as tests finish.
 
-Started by ``coderl_boot`` (never by ``-p`` from the environment, never autoloaded); it imports
-nothing from coderl. ``start(signer, fd, spec)`` hands it:
+Started by ``coderl_boot``'s worker (never by ``-p`` from the environment, never autoloaded); it
+imports nothing from coderl and holds no secret. ``start(events, control, spec)`` hands it:
 
-- ``signer``: an HMAC-SHA256 object keyed with the run's secret (the key itself is dropped);
-- ``fd``: the verdict stream (the shell's stdout), a descriptor no subprocess inherits;
-- ``spec``: ``select`` (node ids to keep; others are deselected), ``canaries`` (must-pass and
-  must-fail tests to place among the real ones), ``trace_root`` (record which functions under it
-  each test called), ``allowed_conftests`` (the conftest files that may register hooks).
+- ``events``: the pipe to the observer (``coderl_boot``), which signs and forwards each line;
+- ``control``: the pipe from the observer; one line, read once collection is done (every test
+  module imported): ``{"canaries": [...], "seed": N}``, the must-pass and must-fail tests to
+  place among the real ones;
+- ``spec``: ``select`` (node ids to keep; others are deselected), ``trace_root`` (record which
+  functions under it each test called), ``allowed_conftests`` (the conftest files that may
+  register hooks).
 
-Stream: one line per record, ``<hex MAC> <json>``, each JSON object carrying ``seq`` (0, 1, ...).
-``{"t": "test", "id", "outcome", "longrepr", "trace"}`` is written when a test's teardown ends;
-``{"t": "end", "n", "tampered", "collect_errors", "exitstatus"}`` closes the stream at session
-finish. Outcomes are ``passed`` only when setup, call and teardown all passed; otherwise
-``failed``, ``error`` (setup/teardown, or a call that never ran), ``skipped``, ``xfailed`` or
-``xpassed``.
+Events: one JSON object per line. ``{"t": "collected", "ids"}`` (the selected ids, before the
+canaries), ``{"t": "test", "id", "outcome", "longrepr", "trace"}`` when a test's teardown ends,
+``{"t": "end", "n", "tampered", "collect_errors", "exitstatus"}`` at session finish. Outcomes are
+``passed`` only when setup, call and teardown all passed; otherwise ``failed``, ``error``
+(setup/teardown, or a call that never ran), ``skipped``, ``xfailed`` or ``xpassed``.
 
 Integrity checks (reported in ``tampered``): pytest's, pluggy's and unittest's running machinery
 and this plugin's own functions are the same objects with the same code at the end as when this
 module was imported (before any workspace code ran); every hook implementation comes from the
 virtualenv, the standard library, this directory or an allowed conftest; each test function is
 the object collected and keeps its code object until it runs. These are tripwires inside the
-process under test: code running there can defeat them (see ``coderl.tasks.grading``).
+process under test: code running there can defeat them, and it can write events of its own on
+the pipe. What stops that is outside this process (``coderl.tasks.grading``: the observer, the
+host's checks of every record, and the static detector ``coderl.tasks.diffguard``).
 """
 
 from __future__ import annotations
@@ -47,14 +50,15 @@ import pluggy._hooks
 import pytest
 
 SPEC: dict[str, Any] = {}
-_STATE: dict[str, Any] = {"seq": 0, "fd": -1, "signer": None}
+_STATE: dict[str, Any] = {"n": 0, "fd": -1, "control": -1}
 _RESULTS: dict[str, dict[str, Any]] = {}
 _TRACE: dict[str, set[tuple[str, int]]] = {}
 _COLLECT_ERRORS: list[str] = []
 _TAMPERED: list[str] = []
 _TEST_CODE: dict[str, tuple[object, object]] = {}
 _CANARY_IDS: set[str] = set()
-_write, _dumps, _getattr, _open = os.write, json.dumps, getattr, io.open
+_write, _read, _dumps, _loads = os.write, os.read, json.dumps, json.loads
+_getattr, _open = getattr, io.open
 _TRUSTED_PREFIXES = ("/venv/", "/coderl/plugin/", sys.base_prefix + "/lib/", "/usr/lib/python3")
 
 
@@ -95,22 +99,31 @@ def _watch_targets() -> dict[str, tuple[object, object]]:
 _WATCHED: dict[str, tuple[object, object]] = {}
 
 
-def start(signer: Any, fd: int, spec: dict[str, Any]) -> None:
-    """Called once by ``coderl_boot`` before pytest starts."""
-    _STATE.update(signer=signer, fd=fd)
+def start(events: int, control: int, spec: dict[str, Any]) -> None:
+    """Called once by ``coderl_boot``'s worker before pytest starts."""
+    _STATE.update(fd=events, control=control)
     SPEC.update(spec)
     _WATCHED.update(_watch_targets())
 
 
 def _emit(record: dict[str, Any]) -> None:
-    record["seq"] = _STATE["seq"]
-    _STATE["seq"] += 1
-    line = _dumps(record, separators=(",", ":")).encode()
-    mac = _STATE["signer"].copy()
-    mac.update(line)
-    data = mac.hexdigest().encode() + b" " + line + b"\n"
+    _STATE["n"] += 1
+    data = _dumps(record, separators=(",", ":")).encode() + b"\n"
     while data:
         data = data[_write(_STATE["fd"], data) :]
+
+
+def _canaries_from_observer(ids: list[str]) -> dict[str, Any]:
+    """Report the selection; the observer answers with the canaries and their placement seed."""
+    _emit({"t": "collected", "ids": ids})
+    buf = b""
+    while not buf.endswith(b"\n"):
+        chunk = _read(_STATE["control"], 1 << 16)
+        if not chunk:
+            return {}
+        buf += chunk
+    reply = _loads(buf)
+    return reply if isinstance(reply, dict) else {}
 
 
 # --- selection and canaries -----------------------------------------------------------------
@@ -142,8 +155,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         mod = it.getparent(pytest.Module)
         if mod is not None and mod not in modules:
             modules.append(mod)
-    rng = random.Random(SPEC.get("seed", 0))
-    for canary in SPEC.get("canaries", []) if modules else []:
+    reply = _canaries_from_observer([it.nodeid for it in items])
+    rng = random.Random(reply.get("seed", 0))
+    for canary in reply.get("canaries", []) if modules else []:
         new = _canary_items(modules[rng.randrange(len(modules))], canary)
         _CANARY_IDS.update(it.nodeid for it in new)
         pos = rng.randrange(len(items) + 1)
@@ -332,12 +346,12 @@ def _tampered(session: pytest.Session) -> list[str]:
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
-    if _STATE["signer"] is None:
+    if _STATE["fd"] < 0:
         return
     _emit(
         {
             "t": "end",
-            "n": _STATE["seq"],
+            "n": _STATE["n"],
             "tampered": _tampered(session),
             "collect_errors": _COLLECT_ERRORS,
             "exitstatus": int(exitstatus),

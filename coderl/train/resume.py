@@ -1,0 +1,140 @@
+"""``coderl train --resume RUN``: continue a run with the config it was started with.
+
+The run's own ``RUN/config.yaml`` is the base; a preset named with ``--resume`` and ``key=value``
+overrides are applied on top of it, and every key they change is printed. A change to what the
+checkpoint holds (:data:`FROZEN`: the model and its LoRA shape, the advantage estimator and so
+the value head, the optimizer's learning rates, the task source behind the data cursor) is
+refused: the run would silently go on with the checkpoint's values or fail half-way.
+``config.yaml`` is rewritten only after the resume is validated, and only together with a line
+in ``RUN/resume.jsonl`` recording what changed (step, time, ``{key: [old, new]}``).
+
+Not checked: a change that is allowed here but makes the continued run differ from an
+uninterrupted one (``seed``, ``rollout.*``...) is the user's choice; it is printed, not refused.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+from coderl.config import Config, ConfigError, apply_override, build_config, dump_config, load_tree
+from coderl.train.checkpoint import latest_checkpoint
+
+FROZEN = (
+    "model.",
+    "algorithm.advantage",
+    "algorithm.value_lr",
+    "trainer.lr",
+    "trainer.weight_decay",
+    "tasks.source",
+    "tasks.mix",
+)
+"""Dotted keys (a trailing ``.``: a whole section) whose value the checkpoint holds."""
+
+RESUME_LOG = "resume.jsonl"
+
+
+def flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
+    """``{"a": {"b": 1}}`` -> ``{"a.b": 1}`` (lists and other values are leaves)."""
+    if not isinstance(tree, dict):
+        return {prefix: tree}
+    out: dict[str, Any] = {}
+    for key, value in tree.items():
+        out.update(flatten(value, f"{prefix}{key}." if isinstance(value, dict) else prefix + key))
+    return out
+
+
+def config_changes(old: Config, new: Config) -> dict[str, tuple[Any, Any]]:
+    """``{dotted key: (old, new)}`` for every leaf that differs, ``run_dir`` left out."""
+    a, b = (flatten(c.model_dump(by_alias=True)) for c in (old, new))
+    keys = [k for k in {**a, **b} if k != "run_dir" and a.get(k) != b.get(k)]
+    return {k: (a.get(k), b.get(k)) for k in keys}
+
+
+def _merge(base: dict[str, Any], top: dict[str, Any]) -> None:
+    """Deep-merge ``top`` into ``base`` in place (sections merge, values replace)."""
+    for key, value in top.items():
+        if isinstance(value, dict) and isinstance(base.get(key), dict):
+            _merge(base[key], value)
+        else:
+            base[key] = value
+
+
+def split_preset(
+    config: str | None, overrides: list[str] | tuple[str, ...]
+) -> tuple[str | None, list[str]]:
+    """``(preset, overrides)`` of a command line whose first word may be an override instead of
+    a YAML preset (``coderl train --resume RUN k=v``: argparse puts ``k=v`` in ``config``)."""
+    if config is not None and "=" in config and not config.endswith((".yaml", ".yml")):
+        return None, [config, *overrides]
+    return config, list(overrides)
+
+
+def resume_config(
+    run_dir: str | Path, preset: str | None = None, overrides: list[str] | tuple[str, ...] = ()
+) -> tuple[Config, dict[str, tuple[Any, Any]], int]:
+    """The config to continue ``run_dir`` with, what it changes, and the checkpoint's step.
+
+    Raises:
+        FileNotFoundError: no ``config.yaml`` or no complete checkpoint in ``run_dir``.
+        ConfigError: an override changes a :data:`FROZEN` key or ``run_dir``; ``trainer.steps``
+            is not above the checkpoint's step; any validation error.
+    """
+    run_dir = Path(run_dir)
+    saved = run_dir / "config.yaml"
+    if not saved.is_file():
+        raise FileNotFoundError(f"--resume {run_dir}: no config.yaml (not a coderl train run)")
+    step = json.loads((latest_checkpoint(run_dir) / "state.json").read_text())["step"]
+    tree = load_tree(saved)
+    if preset is not None:
+        top = load_tree(preset)
+        top.pop("run_dir", None)  # --resume names the run
+        _merge(tree, top)
+    for ov in overrides:
+        if ov.partition("=")[0].strip() == "run_dir":
+            raise ConfigError(f"run_dir: --resume {run_dir} names the run; drop {ov!r}")
+        apply_override(tree, ov)
+    tree["run_dir"] = str(run_dir)
+    cfg = build_config(tree)
+    changes = config_changes(build_config(load_tree(saved)), cfg)
+    frozen = [k for k in changes if k.startswith(FROZEN) or k in FROZEN]
+    if frozen:
+        said = ", ".join(f"{k} {changes[k][0]!r} -> {changes[k][1]!r}" for k in frozen)
+        raise ConfigError(
+            f"--resume {run_dir}: {said} would change what the checkpoint holds (weights, value "
+            "head, optimizer, data cursor); start a new run with run_dir=... instead"
+        )
+    if cfg.trainer.steps <= step:
+        raise ConfigError(
+            f"--resume {run_dir}: the run is at step {step} and trainer.steps="
+            f"{cfg.trainer.steps}; give trainer.steps=N (N > {step}) to train further"
+        )
+    return cfg, changes, step
+
+
+def record_resume(cfg: Config, changes: dict[str, tuple[Any, Any]], step: int) -> list[str]:
+    """Write the resumed config to ``config.yaml`` with a ``resume.jsonl`` line of what changed
+    (nothing when nothing changed); returns one printable line per change."""
+    if not changes:
+        return []
+    run_dir = Path(cfg.run_dir)
+    row = {"step": step, "time": time.time(), "changes": {k: list(v) for k, v in changes.items()}}
+    with (run_dir / RESUME_LOG).open("a") as f:
+        f.write(json.dumps(row) + "\n")
+    (run_dir / "config.yaml").write_text(dump_config(cfg))
+    return [f"resume: {k} {old!r} -> {new!r}" for k, (old, new) in changes.items()]
+
+
+def stopped_line(command: str, run_dir: str | Path, resume: str) -> str:
+    """One line for an interrupted run: its last checkpoint and the command that resumes it."""
+    from coderl.train.checkpoint import list_checkpoints
+
+    ckpts = list_checkpoints(run_dir)
+    if not ckpts:
+        return f"{command}: interrupted before the first checkpoint of {run_dir}; nothing to resume"
+    step = json.loads((ckpts[-1] / "state.json").read_text()).get("step", "?")
+    return (
+        f"{command}: interrupted; last checkpoint {ckpts[-1]} (step {step}); resume with: {resume}"
+    )
