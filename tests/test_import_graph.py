@@ -44,7 +44,6 @@ KNOWN_UPWARD = {
     ("coderl.config.online", "coderl.agent.parsing"),  # validators that call up into
     ("coderl.config.online", "coderl.online.baselines"),  # the code they configure
     ("coderl.config.online", "coderl.online.rewards"),
-    ("coderl.config.online", "coderl.online.suites"),
 }
 """Upward imports today (pending)."""
 

@@ -11,6 +11,34 @@ from pydantic import ConfigDict, Field, field_validator, model_validator
 from coderl.config._base import _Section
 from coderl.online.rewards import RewardSpec
 
+HOUSE_STYLE_NAMES = ("type_hints", "no_print", "docstrings")
+"""The house styles a population may name (:data:`coderl.online.suites.HOUSE_STYLES` holds
+their checks and is checked against these names at its import)."""
+GRADING_SANDBOXES = ("bwrap",)
+"""Where the simulated population's replies are graded (:data:`coderl.online.suites.GRADERS`,
+checked against these names at its import)."""
+
+
+def check_house_style(name: str) -> str:
+    """``name`` if it is one of :data:`HOUSE_STYLE_NAMES`; ValueError listing them otherwise."""
+    if name not in HOUSE_STYLE_NAMES:
+        raise ValueError(f"unknown house style {name!r}; valid: {sorted(HOUSE_STYLE_NAMES)}")
+    return name
+
+
+def check_sandbox(name: str) -> str:
+    """``name`` if it is one of :data:`GRADING_SANDBOXES`; ValueError listing them otherwise
+    (``local`` with why it is gone)."""
+    valid = sorted(GRADING_SANDBOXES)
+    if name == "local":
+        raise ValueError(
+            "sandbox 'local' is refused: it ran the hidden check in the reply's own interpreter, "
+            f"which can rewrite the check, and online rewards are trained on; valid: {valid}"
+        )
+    if name not in GRADING_SANDBOXES:
+        raise ValueError(f"unknown grading sandbox {name!r}; valid: {valid}")
+    return name
+
 
 class AlarmRule(_Section):
     """Fire when ``metric`` moves by more than ``threshold`` (absolute) in ``direction``."""
@@ -195,8 +223,6 @@ class PopulationConfig(_Section):
     @classmethod
     def _style(cls, v: str | None) -> str | None:
         if v is not None:
-            from coderl.online.suites import check_house_style  # lazy: the graders
-
             check_house_style(v)
         return v
 
@@ -272,8 +298,6 @@ class OnlineConfig(_Section):
     @field_validator("sandbox")
     @classmethod
     def _known_sandbox(cls, v: str) -> str:
-        from coderl.online.suites import check_sandbox  # lazy: the graders
-
         try:
             return check_sandbox(v)
         except ValueError as e:

@@ -40,6 +40,12 @@ from dataclasses import dataclass, replace
 from functools import cached_property
 from typing import Any
 
+from coderl.config.online import (
+    GRADING_SANDBOXES,
+    HOUSE_STYLE_NAMES,
+    check_house_style,
+    check_sandbox,
+)
 from coderl.tasks.humaneval import function_task, grade_completion, humaneval_tasks, split_of
 from coderl.tasks.spec import Task
 
@@ -136,11 +142,8 @@ argument and its return), ``no_print`` (no call of ``print``), ``docstrings`` (e
 has one). A convention a model can learn from its organisation's reverted edits."""
 
 
-def check_house_style(name: str) -> str:
-    """``name`` if it is a key of :data:`HOUSE_STYLES`; ValueError listing them otherwise."""
-    if name not in HOUSE_STYLES:
-        raise ValueError(f"unknown house style {name!r}; valid: {sorted(HOUSE_STYLES)}")
-    return name
+if set(HOUSE_STYLES) != set(HOUSE_STYLE_NAMES):  # the config's names and these checks agree
+    raise ImportError(f"HOUSE_STYLES {sorted(HOUSE_STYLES)} != {sorted(HOUSE_STYLE_NAMES)}")
 
 
 def keeps_house_style(style: str | None, code: str | None) -> bool:
@@ -221,17 +224,8 @@ GRADERS: dict[str, Callable[[SuiteTask, str, float], bool]] = {"bwrap": _grade_b
 """``sandbox`` name -> grader of one reply's code: ``bwrap`` (the function checker, isolated)."""
 
 
-def check_sandbox(name: str) -> str:
-    """``name`` if it is a key of :data:`GRADERS`; ValueError listing the valid ones otherwise
-    (``local`` with why it is gone)."""
-    if name == "local":
-        raise ValueError(
-            "sandbox 'local' is refused: it ran the hidden check in the reply's own interpreter, "
-            f"which can rewrite the check, and online rewards are trained on; valid: {sorted(GRADERS)}"
-        )
-    if name not in GRADERS:
-        raise ValueError(f"unknown grading sandbox {name!r}; valid: {sorted(GRADERS)}")
-    return name
+if set(GRADERS) != set(GRADING_SANDBOXES):  # the config's names and these graders agree
+    raise ImportError(f"GRADERS {sorted(GRADERS)} != {sorted(GRADING_SANDBOXES)}")
 
 
 def _is_text(code: str) -> bool:
