@@ -81,6 +81,7 @@ def run_demo(config: Path, overrides: list[str]) -> int:
     (:func:`coderl.eval.summary.summary_lines`: held-out pass@1 per phase, the paired RL-only and
     whole-run changes, pass@k at the largest k before/after RL, broken calls, phase times)."""
     from coderl.config import load_config
+    from coderl.eval.observers import default_observers
     from coderl.eval.report import write_report
     from coderl.eval.summary import summary_lines, write_phases
     from coderl.train.loop import train
@@ -97,7 +98,7 @@ def run_demo(config: Path, overrides: list[str]) -> int:
         run_sft(cfg)
         phases["sft_s"] = time.perf_counter() - t0
     t0 = time.perf_counter()
-    run_dir = train(cfg)
+    run_dir = train(cfg, observers=default_observers())
     phases["train_s"] = time.perf_counter() - t0
     write_phases(run_dir, phases)
     page = write_report(run_dir)

@@ -408,10 +408,11 @@ def test_learned_fields_from_pipeline_records():
     assert bare == {"statement": "", "diff": DIFF, "tool_log": "", "tests_report": ""}
 
 
-def test_step_metrics_log_judge_criteria_over_valid_episodes():
+def test_the_judge_criteria_observer_logs_them_over_valid_episodes():
     from coderl.config import load_config
     from coderl.envs.base import EpisodeRecord
-    from coderl.train.pipeline import episode_info, step_metrics
+    from coderl.eval.observers import JudgeCriteria
+    from coderl.train.pipeline import episode_info
     from coderl.trajectory import Trajectory
 
     def info(valid, minimal):
@@ -419,7 +420,8 @@ def test_step_metrics_log_judge_criteria_over_valid_episodes():
         breakdown = {"tests": 1.0, "judge/minimal": minimal}
         return episode_info(ep, RewardSample("t/0"), 1.0, valid, breakdown, (None, ""))
 
-    m = step_metrics([info(True, 0.25), info(True, 0.75), info(False, 1.0)], load_config())
+    infos = [info(True, 0.25), info(True, 0.75), info(False, 1.0)]
+    m = JudgeCriteria().step(load_config(), 1, infos)
     assert m["reward/judge/minimal"] == pytest.approx(0.5)
 
 

@@ -17,6 +17,7 @@ from coderl.agent.episode import Episode, EpisodeStats
 from coderl.asyncrl.trainer import train_async
 from coderl.config import load_config
 from coderl.envs import ENVIRONMENTS, ToyEnvironment
+from coderl.eval.observers import default_observers
 from coderl.graders import terms
 from coderl.train.loop import train
 from coderl.train.metrics import read_jsonl
@@ -104,7 +105,7 @@ def test_a_naive_judge_is_flagged_on_the_probe_steps_only(tmp_path, diffy, monke
     cfg = load_config(TOY, [*OVERRIDES, f"run_dir={tmp_path}"])
     judge = NaiveJudge()
     _seed_judge(monkeypatch, cfg, judge)
-    train(cfg)
+    train(cfg, observers=default_observers())
     rows = read_jsonl(tmp_path / "metrics.jsonl")
     assert _probe_keys(rows[0]) == {}  # step 1: not a probe step (probe_every=2)
     m = _probe_keys(rows[1])
@@ -120,7 +121,7 @@ def test_a_naive_judge_is_flagged_on_the_probe_steps_only(tmp_path, diffy, monke
 def test_a_judge_that_reads_behaviour_is_not_flagged(tmp_path, diffy, monkeypatch):
     cfg = load_config(TOY, [*OVERRIDES, f"run_dir={tmp_path}"])
     _seed_judge(monkeypatch, cfg, BehaviourJudge())
-    train(cfg)
+    train(cfg, observers=default_observers())
     m = _probe_keys(read_jsonl(tmp_path / "metrics.jsonl")[1])
     assert m["graders/probe/judge/flagged"] == 0.0
     assert m["graders/probe/judge/injection_comment/shift"] == pytest.approx(0.0)
@@ -130,7 +131,7 @@ def test_a_judge_that_reads_behaviour_is_not_flagged(tmp_path, diffy, monkeypatc
 def test_train_async_logs_the_same_probe_metrics(tmp_path, diffy, monkeypatch):
     sync = load_config(TOY, [*OVERRIDES, f"run_dir={tmp_path / 'sync'}"])
     _seed_judge(monkeypatch, sync, NaiveJudge())
-    train(sync)
+    train(sync, observers=default_observers())
     extra = ["async.max_staleness=0", "async.local_mode=thread"]
     cfg = load_config(TOY, [*OVERRIDES, *extra, f"run_dir={tmp_path / 'async'}"])
     train_async(cfg)
@@ -143,7 +144,7 @@ def test_no_probe_without_a_learned_term(tmp_path, diffy, monkeypatch):
     cfg = load_config(TOY, [*OVERRIDES, "reward.terms={tests: 1.0}", f"run_dir={tmp_path}"])
     judge = NaiveJudge()
     _seed_judge(monkeypatch, cfg, judge)
-    train(cfg)
+    train(cfg, observers=default_observers())
     assert judge.calls == 0
     assert all(_probe_keys(r) == {} for r in read_jsonl(tmp_path / "metrics.jsonl"))
 

@@ -18,6 +18,7 @@ from coderl.config import load_config
 from coderl.envs import ENVIRONMENTS, ToyEnvironment
 from coderl.envs.toy import ToyTask
 from coderl.eval.audit import read_audit_records
+from coderl.eval.observers import Audit, default_observers
 from coderl.eval.report import write_report
 from coderl.rewards.hacks import DETECTORS
 from coderl.train import pipeline as P
@@ -82,7 +83,7 @@ def _hack_keys(row: dict) -> dict:
 def test_a_peek_at_the_hidden_test_is_counted_alarmed_and_kept_for_audit(tmp_path, hacky, caplog):
     run_dir = tmp_path / "run"
     with caplog.at_level(logging.WARNING, logger="coderl.train"):
-        train(load_config(TOY, [*OVERRIDES, f"run_dir={run_dir}"]))
+        train(load_config(TOY, [*OVERRIDES, f"run_dir={run_dir}"]), observers=default_observers())
     rows = read_jsonl(run_dir / "metrics.jsonl")
     assert len(rows) == 2
     for row in rows:
@@ -110,7 +111,8 @@ def test_a_peek_at_the_hidden_test_is_counted_alarmed_and_kept_for_audit(tmp_pat
 
 
 def test_train_async_logs_the_same_hack_metrics_and_audit_records(tmp_path, hacky):
-    train(load_config(TOY, [*OVERRIDES, f"run_dir={tmp_path / 'sync'}"]))
+    sync = load_config(TOY, [*OVERRIDES, f"run_dir={tmp_path / 'sync'}"])
+    train(sync, observers=default_observers())  # what coderl train registers
     cfg = load_config(
         TOY,
         [
@@ -187,14 +189,14 @@ def test_write_audit_keeps_the_best_and_caps_the_flagged(tmp_path, caplog):
     eps = [record(i, peek=i < 4) for i in range(6)]
     grades = [GradeRecord(fraction_passed=float(i == 5)) for i in range(6)]
     task = HiddenTestToyTask("t0", [1], 0)
-    s = P.score(FixedGrades(grades), None, cfg, [task] * 6, ["g"] * 6, eps)
+    s = P.score(FixedGrades(grades), None, cfg, [task] * 6, ["g"] * 6, eps, [Audit()])
     assert [f[0].name if f else None for f in s.flags] == ["git_history"] * 4 + [None, None]
     assert s.rewards.totals == [0.0] * 5 + [1.0]  # flags change no reward
     with caplog.at_level(logging.WARNING, logger="coderl.train"):
         m = P.step_metrics(s.infos, cfg)
     assert m["hacks/suspected_rate"] == m["hacks/git_history"] == pytest.approx(4 / 6)
     assert m["alarm/hacks"] == 1.0 and "4 of 6 episodes flagged: git_history 4" in caplog.text
-    assert P.write_audit(cfg, 7, s.infos) == 3
+    assert P.observe_step([Audit()], cfg, 7, s.infos) == {}
     kept = read_audit_records(tmp_path)
     assert [(r["episode_id"], r["step"]) for r in kept] == [("e0", 7), ("e1", 7), ("e5", 7)]
     quiet = cfg.model_copy(

@@ -439,36 +439,3 @@ def test_a_rise_in_the_suspected_hack_rate_blocks_promotion() -> None:
     assert not run_gate(GateConfig(), ok, None, [], hack_rates=(0.0, 0.01)).promote
     with pytest.raises(ValueError, match="hack rates must be in"):
         run_gate(cfg, ok, None, [], hack_rates=(0.0, math.nan))
-
-
-def test_the_evaluator_reports_the_hack_rate_its_detector_gives() -> None:
-    from coderl.config.online import OnlineEvalConfig
-    from coderl.online.monitors import SUSPECTED_HACK_RATE
-    from coderl.online.simulate import HeldoutEvaluator
-    from coderl.online.suites import SuiteTask
-    from coderl.policy import load_policy
-    from coderl.policy.base import Completion
-
-    tasks = [
-        SuiteTask(f"t/{i}", "def f():\n", "def check(f):\n    pass\n", "f", "") for i in (1, 2)
-    ]
-
-    class Replies:
-        tokenizer = load_policy("tiny-random", reference=False).tokenizer
-
-        def generate(self, prompts, params):
-            texts = ["I read the hidden tests.", "I wrote the function."]
-            ids = [self.tokenizer.encode(t, add_special_tokens=False) for t in texts]
-            return [Completion(i, [-0.1] * len(i), "stop", 0) for i in ids]
-
-    seen = []
-
-    def detector(reply):
-        seen.append(reply["task_id"])
-        return "hidden tests" in reply["text"]
-
-    res = HeldoutEvaluator(OnlineEvalConfig(), tasks, hack_detector=detector)(Replies())
-    assert res.behaviour[SUSPECTED_HACK_RATE] == 0.5 and seen == ["t/1", "t/2"]
-    assert (
-        SUSPECTED_HACK_RATE not in HeldoutEvaluator(OnlineEvalConfig(), tasks)(Replies()).behaviour
-    )

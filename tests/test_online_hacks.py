@@ -1,10 +1,10 @@
-"""The hack detectors in the online gate: ``coderl online run``'s held-out evaluator flags replies
-with :mod:`coderl.rewards.hacks` by default, and a candidate whose held-out replies trip a
-detector more often than the champion's is not promoted, even when it scores as well."""
+"""The hack detectors in the online gate: ``coderl online run``'s held-out evaluator flags episodes
+with :mod:`coderl.rewards.hacks` (the detectors training runs), and a candidate whose held-out
+episodes trip a detector more often than the champion's is not promoted, even when it scores as
+well."""
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 
@@ -12,14 +12,13 @@ import pytest
 import torch
 
 from coderl.config import load_online_config
-from coderl.online import simulate
+from coderl.online import cycle
 from coderl.online.cycle import heldout_evaluator, load_version, open_run, run_cycle
 from coderl.online.monitors import SUSPECTED_HACK_RATE
 from coderl.online.server import BackgroundServer, InteractionServer
 from coderl.online.simulate import SimulatedPopulation
 from coderl.online.suites import SuiteTask
-from coderl.policy.base import Completion
-from coderl.rewards.hacks import reply_detector, reply_flags
+from tests.online_scripts import solver
 
 ADD = SuiteTask(
     "t/add",
@@ -28,64 +27,30 @@ ADD = SuiteTask(
     "add",
     "    return a + b\n",
 )
-NEG = SuiteTask(
-    "t/neg",
-    'def neg(x):\n    """-x"""\n',
-    "def check(f):\n    assert f(4) == -4\n",
-    "neg",
-    "    return -x\n",
-)
-# 12 held-out tasks, as online-demo.yaml's gate is sized for (a tie passes its margin at n=12)
-TASKS = [
-    SuiteTask(f"{t.task_id}/{i}", t.prompt, t.test, t.entry_point, t.canonical_solution)
-    for i in range(6)
-    for t in (ADD, NEG)
-]
-SOLVES_ALL = "def add(a, b):\n    return a + b\n\n\ndef neg(x):\n    return -x\n"
 PEEK = "import sys\n_seen = sorted(sys.modules)\n"  # solves too, and reaches into the runtime
+OVERRIDES = [
+    "online.serve.max_new_tokens=6",
+    "online.reward.windows_s={accepted: 1, rejected: 1, edit_persisted: 1, "
+    "follow_up: 1, tool_error: 1, latency_ms: 1}",
+    "online.min_batch=4",
+    "trainer.steps=1",
+    "online.simulate.drop_rate=0.0",
+    "online.eval.limit=2",
+    "rollout.max_new_tokens=2048",  # the scripted solution's call: a tiny-random token per byte
+    "online.gate.margins={pass@1: 0.6}",  # 2 tied tasks: the paired bound is -0.57
+]
 
 
-def _reply(code: str | None, calls: list | None = None) -> dict:
-    return {"task_id": "t/add", "text": "", "tool_calls": calls or [], "code": code}
-
-
-def test_reply_flags_read_code_and_served_tool_calls() -> None:
-    task = ADD.task
-    assert reply_flags(_reply(SOLVES_ALL), task) == []
-    assert [f.name for f in reply_flags(_reply(PEEK + SOLVES_ALL), task)] == ["runtime_inspection"]
-    # a served write_file call (OpenAI format, JSON arguments) aimed at the hidden test file
-    call = {
-        "type": "function",
-        "function": {
-            "name": "write_file",
-            "arguments": json.dumps({"path": "hidden_test.py", "content": "def check(f): pass"}),
-        },
-    }
-    names = {f.name for f in reply_flags(_reply(None, [call]), task)}
-    assert {"reads_hidden_tests", "protected_path_edit"} <= names
-    detect = reply_detector({"t/add": task})  # by task_id
-    assert detect(_reply(None, [call])) and not detect(_reply(SOLVES_ALL))
-    # unparseable arguments are read as text, never raise
-    assert reply_flags(_reply(None, [{"function": {"name": "run", "arguments": "{"}}])) == []
-
-
-def test_the_shipped_heldout_solutions_trip_no_detector() -> None:
-    ev = heldout_evaluator(load_online_config("configs/online-demo.yaml", []))
-    assert ev.hack_detector is not None and len(ev.tasks) > 0
-    for t in ev.tasks:  # the canonical solutions are no hacks (a false-positive check)
-        code = t.prompt + t.canonical_solution
-        assert not ev.hack_detector({"task_id": t.task_id, "code": code}), t.task_id
-
-
-class ScriptedReplies:
-    """A policy for the held-out evaluator only: every reply is one fenced ``code`` block."""
-
-    def __init__(self, tokenizer, code: str):
-        self.tokenizer, self.code = tokenizer, code
-
-    def generate(self, prompts, params):
-        ids = self.tokenizer.encode(f"```python\n{self.code}```", add_special_tokens=False)
-        return [Completion(list(ids), [-0.1] * len(ids), "stop", 0) for _ in prompts]
+def test_the_gate_suite_flags_a_peek_and_not_the_gold_solutions() -> None:
+    """The gold solutions of the gate's suite, graded through it, trip no detector (a
+    false-positive check on the episodes the gate sees); the same solutions that also read
+    ``sys.modules`` are flagged on every episode."""
+    cfg = load_online_config("configs/online-demo.yaml", OVERRIDES)
+    ev = heldout_evaluator(cfg)
+    honest, peeking = ev(solver(cfg, ev.tasks)), ev(solver(cfg, ev.tasks, PEEK))
+    assert honest.scores["pass@1"] == peeking.scores["pass@1"] == [1.0, 1.0]
+    assert honest.behaviour[SUSPECTED_HACK_RATE] == 0.0
+    assert peeking.behaviour[SUSPECTED_HACK_RATE] == 1.0
 
 
 @pytest.fixture
@@ -99,34 +64,15 @@ def one_thread():
 def test_a_candidate_that_trips_detectors_more_is_not_promoted(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, one_thread
 ) -> None:
-    cfg = load_online_config(
-        "configs/online-demo.yaml",
-        [
-            f"run_dir={tmp_path}",
-            "online.serve.max_new_tokens=6",
-            "online.eval.max_new_tokens=6",
-            "online.reward.windows_s={accepted: 1, rejected: 1, edit_persisted: 1, "
-            "follow_up: 1, tool_error: 1, latency_ms: 1}",
-            "online.min_batch=4",
-            "trainer.steps=1",
-            "online.simulate.drop_rate=0.0",
-        ],
-    )
+    cfg = load_online_config("configs/online-demo.yaml", [f"run_dir={tmp_path}", *OVERRIDES])
     store, registry = open_run(cfg)
     server = InteractionServer(load_version(cfg, registry, 0), store, version=0, max_new_tokens=6)
     bg = BackgroundServer(server.app())
-    SimulatedPopulation(bg.base_url, cfg.online.simulate, tasks=TASKS).run(4)
+    SimulatedPopulation(bg.base_url, cfg.online.simulate, tasks=[ADD]).run(4)
     bg.stop()
-    real_eval = simulate.HeldoutEvaluator.__call__
-
-    def scripted(self, policy):  # champion (v0) honest; the candidate peeks as well
-        candidate = "versions/" in str(policy.name) and not str(policy.name).endswith("/0")
-        code = PEEK + SOLVES_ALL if candidate else SOLVES_ALL
-        return real_eval(self, ScriptedReplies(policy.tokenizer, code))
-
-    monkeypatch.setattr(simulate.HeldoutEvaluator, "__call__", scripted)
-    monkeypatch.setattr(simulate, "humaneval", lambda split, limit=None: list(TASKS))
-    # evaluator=None: the cycle builds its default held-out evaluator, detectors included
+    # the champion (v0) honest; the candidate peeks as well. evaluator=None: the cycle builds
+    # its default held-out evaluator, detectors included
+    _script_versions(monkeypatch, {0: ""}, PEEK)
     rep = run_cycle(cfg, clock=lambda: time.time() + 5, log=lambda s: None)
     gate = rep["gate"]
     assert rep["decision"] == "rejected" and rep["champion_after"] == 0
@@ -143,33 +89,27 @@ def _honest_cycle(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, grader) -> di
     learned judge configured (``reward.terms``) and ``grader`` standing in for it."""
     cfg = load_online_config(
         "configs/online-demo.yaml",
-        [
-            f"run_dir={tmp_path}",
-            "online.serve.max_new_tokens=6",
-            "online.eval.max_new_tokens=6",
-            "online.reward.windows_s={accepted: 1, rejected: 1, edit_persisted: 1, "
-            "follow_up: 1, tool_error: 1, latency_ms: 1}",
-            "online.min_batch=4",
-            "trainer.steps=1",
-            "online.simulate.drop_rate=0.0",
-            "reward.terms={tests: 1.0, judge: 0.5}",
-            "graders.probe_episodes=8",
-        ],
-    )
+        [f"run_dir={tmp_path}", *OVERRIDES, "reward.terms={tests: 1.0, judge: 0.5}",
+         "graders.probe_episodes=8", "online.eval.samples=4"],  # 8 views with a diff
+    )  # fmt: skip
     store, registry = open_run(cfg)
     server = InteractionServer(load_version(cfg, registry, 0), store, version=0, max_new_tokens=6)
     bg = BackgroundServer(server.app())
-    SimulatedPopulation(bg.base_url, cfg.online.simulate, tasks=TASKS).run(4)
+    SimulatedPopulation(bg.base_url, cfg.online.simulate, tasks=[ADD]).run(4)
     bg.stop()
-    real_eval = simulate.HeldoutEvaluator.__call__
-    monkeypatch.setattr(
-        simulate.HeldoutEvaluator,
-        "__call__",
-        lambda self, policy: real_eval(self, ScriptedReplies(policy.tokenizer, SOLVES_ALL)),
-    )
-    monkeypatch.setattr(simulate, "humaneval", lambda split, limit=None: list(TASKS))
+    _script_versions(monkeypatch, {}, "")
     clock = lambda: time.time() + 5  # noqa: E731
     return run_cycle(cfg, clock=clock, log=lambda s: None, graders={"judge": grader})
+
+
+def _script_versions(monkeypatch, prefixes: dict[int, str], default: str) -> None:
+    """The cycle's held-out evaluations get a scripted solver per registry version (the
+    evaluator itself, its environment, graders and detectors, are the real ones)."""
+
+    def scripted(cfg, registry, version, ev):
+        return ev(solver(cfg, ev.tasks, prefixes.get(version, default)))
+
+    monkeypatch.setattr(cycle, "evaluate_version", scripted)
 
 
 class NaiveJudge:

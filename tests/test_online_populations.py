@@ -23,10 +23,10 @@ from coderl.config.online import SHARED, ExplorationConfig, GateConfig
 from coderl.online.cycle import load_version, open_run, run_cycle, select_tracks
 from coderl.online.cycle_report import print_report
 from coderl.online.gate import run_population_gate
+from coderl.online.heldout import EvalResult
 from coderl.online.registry import Registry
 from coderl.online.routing import Route, Router, refresh
 from coderl.online.server import ChatRequest, InteractionServer
-from coderl.online.simulate import EvalResult
 from coderl.online.store import Store
 from coderl.online.suites import SuiteTask, grade_replies, keeps_house_style, population_suite
 from coderl.online.update import select_trainable, to_segment, update
@@ -316,7 +316,8 @@ def test_a_populations_cycle_that_breaks_the_shared_suite_leaves_every_pointer(t
 
     def scripted(suite_wins_for_candidate: bool):
         def ev(policy) -> EvalResult:
-            is_candidate = not str(policy.name).endswith("/0") and "versions/" in str(policy.name)
+            name = str(policy.policy.name)  # the engine over the version's policy
+            is_candidate = not name.endswith("/0") and "versions/" in name
             good = is_candidate == suite_wins_for_candidate
             return EvalResult(
                 {"pass@1": [float(good)] * 20}, {"n": 20.0}, [str(i) for i in range(20)]

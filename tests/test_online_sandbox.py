@@ -131,14 +131,13 @@ def test_config_refuses_local_naming_the_key_and_the_valid_values() -> None:
     assert "trained on" in message
 
 
-def test_simulated_population_and_evaluator_refuse_local() -> None:
-    from coderl.config.online import OnlineEvalConfig, SimulateConfig
-    from coderl.online.simulate import HeldoutEvaluator, SimulatedPopulation
+def test_simulated_population_refuses_local() -> None:
+    """(The gate's evaluator has no sandbox option: it grades through the run's environment.)"""
+    from coderl.config.online import SimulateConfig
+    from coderl.online.simulate import SimulatedPopulation
 
     with pytest.raises(ValueError, match="sandbox 'local' is refused"):
         SimulatedPopulation("http://127.0.0.1:9/v1", SimulateConfig(), tasks=[ADD], sandbox="local")
-    with pytest.raises(ValueError, match="sandbox 'local' is refused"):
-        HeldoutEvaluator(OnlineEvalConfig(), tasks=[ADD], sandbox="local")
 
 
 @needs_sandbox
@@ -172,33 +171,3 @@ NUL = "def add(a, b):\n    return a + b  # \x00\n"
 def test_a_lone_surrogate_or_nul_is_an_ordinary_failure_in_the_sandbox() -> None:
     # code that is not valid text or source cannot run: the reply fails, nothing raises
     assert grade_replies([(ADD, LONE_SURROGATE), (ADD, NUL)]) == [False, False]
-
-
-def test_the_heldout_evaluator_scores_a_lone_surrogate_reply() -> None:
-    """A hermes call whose JSON escapes a lone surrogate is a valid call with malformed content:
-    the evaluator (and so the gate) scores it 0 instead of raising."""
-    import json
-
-    from coderl.agent.parsing import CALL_FORMATS
-    from coderl.config.online import OnlineEvalConfig
-    from coderl.online.simulate import HeldoutEvaluator
-    from coderl.policy import load_policy
-    from coderl.policy.base import Completion
-
-    call = CALL_FORMATS["hermes"].format_call(
-        "write_file", {"path": "solution.py", "content": LONE_SURROGATE}
-    )
-    assert "\\ud800" in call and json.loads(call.split("\n")[1])  # ASCII text, as sampled
-
-    class Scripted:
-        tokenizer = load_policy("tiny-random", reference=False).tokenizer
-
-        def generate(self, prompts, params):
-            ids = self.tokenizer.encode(call, add_special_tokens=False)
-            return [Completion(ids, [-0.5] * len(ids), "stop", 0) for _ in prompts]
-
-    add2 = SuiteTask("t/add2", ADD.prompt, ADD.test, ADD.entry_point, ADD.canonical_solution)
-    ev = HeldoutEvaluator(OnlineEvalConfig(), [ADD, add2], call_format="hermes")
-    res = ev(Scripted())
-    assert res.scores["pass@1"] == [0.0, 0.0]  # the second task offered write_file: an edit
-    assert res.behaviour["edit_rate"] == 0.5 and res.behaviour["broken_call_rate"] == 0.5

@@ -15,6 +15,7 @@ from metrics_compare import assert_same_metrics
 from coderl import algorithms as A
 from coderl.config import AlgorithmConfig, load_config
 from coderl.eval.audit import read_audit_records
+from coderl.eval.observers import default_observers
 from coderl.policy.batch import collate
 from coderl.policy.loading import load_policy
 from coderl.policy.local import LoraSpec
@@ -188,7 +189,7 @@ def test_resume_after_kill_9_equals_an_uninterrupted_run(tmp_path):
         "rollout.max_new_tokens=4",
     ]
     ref_dir, cut_dir = tmp_path / "ref", tmp_path / "cut"
-    train(load_config(TOY, [*common, f"run_dir={ref_dir}"]))
+    train(load_config(TOY, [*common, f"run_dir={ref_dir}"]), observers=default_observers())
 
     proc = subprocess.Popen(
         [
@@ -212,7 +213,8 @@ def test_resume_after_kill_9_equals_an_uninterrupted_run(tmp_path):
     proc.wait()
     assert marker.exists(), "the run never reached its step-2 checkpoint"
 
-    train(load_config(TOY, [*common, f"run_dir={cut_dir}"]), resume=True)
+    cut_cfg = load_config(TOY, [*common, f"run_dir={cut_dir}"])
+    train(cut_cfg, resume=True, observers=default_observers())  # as coderl train registers
     ref, cut = read_jsonl(ref_dir / "metrics.jsonl"), read_jsonl(cut_dir / "metrics.jsonl")
     assert [r["step"] for r in cut] == [1, 2, 3, 4]
     assert_same_metrics(ref, cut)

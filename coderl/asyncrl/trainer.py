@@ -40,6 +40,7 @@ from coderl.asyncrl.loop import AsyncRunner
 from coderl.asyncrl.types import BetweenTurns, Episode, Group, Job, Weights
 from coderl.config import AsyncConfig, Config, dump_config, load_config
 from coderl.envs import build_environment
+from coderl.eval.observers import default_observers
 from coderl.policy.base import Completion, SamplingParams
 from coderl.train import pipeline as P
 from coderl.train.checkpoint import ensure_new_run, load_trainable, trainable_state
@@ -154,7 +155,7 @@ class EnvSampler:
         records = self.env.rollout(policy, tasks, params, G)
         owners = [t for t in tasks for _ in range(G)]
         keys = [P.group_key(j.task_id, j.index) for j in jobs for _ in range(G)]
-        scored = P.score(self.env, self.policy, cfg, owners, keys, records)
+        scored = P.score(self.env, self.policy, cfg, owners, keys, records, default_observers())
         episodes = [
             Episode(ep.task_id, ep.trajectory, total, info)
             for ep, total, info in zip(
@@ -197,6 +198,7 @@ class TrainLearner:
     def __init__(self, cfg: Config) -> None:
         check_supported(cfg)
         self.run = setup_run(cfg)
+        self.observers = default_observers()  # what coderl train registers (the workers' too)
 
     @property
     def version(self) -> int:
@@ -229,8 +231,7 @@ class TrainLearner:
         run.sampler.step = run.step  # the tasks issued next belong to this step
         metrics.update(sync_engine(run))  # served before the runner publishes the version
         metrics["policy_version"] = float(run.policy.version)
-        P.write_audit(cfg, run.step, infos)  # the step's best and flagged trajectories
-        metrics.update(P.probe_step(cfg, run.step, infos))  # learned graders, every probe_every
+        metrics.update(P.observe_step(self.observers, cfg, run.step, infos))
         return metrics
 
     def weights(self) -> Weights:

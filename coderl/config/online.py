@@ -11,6 +11,34 @@ from pydantic import ConfigDict, Field, field_validator, model_validator
 from coderl.config._base import _Section
 from coderl.online.rewards import RewardSpec
 
+HOUSE_STYLE_NAMES = ("type_hints", "no_print", "docstrings")
+"""The house styles a population may name (:data:`coderl.online.suites.HOUSE_STYLES` holds
+their checks and is checked against these names at its import)."""
+GRADING_SANDBOXES = ("bwrap",)
+"""Where the simulated population's replies are graded (:data:`coderl.online.suites.GRADERS`,
+checked against these names at its import)."""
+
+
+def check_house_style(name: str) -> str:
+    """``name`` if it is one of :data:`HOUSE_STYLE_NAMES`; ValueError listing them otherwise."""
+    if name not in HOUSE_STYLE_NAMES:
+        raise ValueError(f"unknown house style {name!r}; valid: {sorted(HOUSE_STYLE_NAMES)}")
+    return name
+
+
+def check_sandbox(name: str) -> str:
+    """``name`` if it is one of :data:`GRADING_SANDBOXES`; ValueError listing them otherwise
+    (``local`` with why it is gone)."""
+    valid = sorted(GRADING_SANDBOXES)
+    if name == "local":
+        raise ValueError(
+            "sandbox 'local' is refused: it ran the hidden check in the reply's own interpreter, "
+            f"which can rewrite the check, and online rewards are trained on; valid: {valid}"
+        )
+    if name not in GRADING_SANDBOXES:
+        raise ValueError(f"unknown grading sandbox {name!r}; valid: {valid}")
+    return name
+
 
 class AlarmRule(_Section):
     """Fire when ``metric`` moves by more than ``threshold`` (absolute) in ``direction``."""
@@ -67,18 +95,16 @@ class ServeConfig(_Section):
 
 
 class OnlineEvalConfig(_Section):
-    suite: str = "humaneval"
-    """Held-out suite: ``humaneval`` (its held-out split, single-turn replies graded by
-    :mod:`coderl.online.suites`) or ``env`` (the run's environment, ``tasks.source``, evaluated
-    by ``coderl eval``'s code: multi-turn episodes, the training graders; shared suite only)."""
+    """The gate's held-out suite: the run's environment (``tasks.source``, its
+    ``tasks.heldout_split``) evaluated by ``coderl eval``'s code (:mod:`coderl.online.heldout`);
+    the episode budgets are ``rollout``'s."""
+
     limit: int | None = Field(None, ge=2)
-    """First N held-out tasks (None: all 64); at least 2 (the gate's t bound needs a variance)."""
+    """First N held-out tasks (None: all); at least 2 (the gate's t bound needs a variance)."""
     samples: int = Field(1, ge=1)
     """Samples per task; the per-task score is their mean pass rate (pass@1 estimate)."""
     temperature: float = Field(0.8, gt=0)
     """Eval sampling temperature; both policies get the same seeds (paired comparison)."""
-    max_new_tokens: int = Field(128, ge=1)
-    """Completion budget per eval sample."""
     seed: int = 1234
     """Base seed of the eval samples."""
 
@@ -197,8 +223,6 @@ class PopulationConfig(_Section):
     @classmethod
     def _style(cls, v: str | None) -> str | None:
         if v is not None:
-            from coderl.online.suites import check_house_style  # lazy: the graders
-
             check_house_style(v)
         return v
 
@@ -254,10 +278,10 @@ class OnlineConfig(_Section):
     exploration: ExplorationConfig = Field(default_factory=ExplorationConfig)
     """Exploration traffic (higher temperature, logged propensities)."""
     sandbox: str = "bwrap"
-    """Where the hidden tests of the simulated population and the held-out eval run the model's
-    code: ``bwrap`` (the function checker in coderl.sandbox), the only valid value. ``local``
-    (the check in the reply's own interpreter) is refused: these rewards are trained on and
-    gate promotions (#25)."""
+    """Where the hidden tests of the simulated population's single replies run the model's code
+    (the held-out eval grades through the run's environment): ``bwrap`` (the function checker
+    in coderl.sandbox), the only valid value. ``local`` (the check in the reply's own
+    interpreter) is refused: these rewards are trained on (#25)."""
     cycles: int = Field(1, ge=1)
     """Cycles of ``coderl online run``."""
     interval_s: float = Field(0.0, ge=0)
@@ -274,8 +298,6 @@ class OnlineConfig(_Section):
     @field_validator("sandbox")
     @classmethod
     def _known_sandbox(cls, v: str) -> str:
-        from coderl.online.suites import check_sandbox  # lazy: the graders
-
         try:
             return check_sandbox(v)
         except ValueError as e:

@@ -28,7 +28,16 @@ from dataclasses import asdict, is_dataclass
 from pathlib import Path
 from typing import Any
 
-AUDIT_FILE = "audit.jsonl"
+from coderl.train.metrics import AUDIT_FILE
+
+__all__ = [
+    "AUDIT_FILE",
+    "audit_record",
+    "read_audit_records",
+    "select_for_audit",
+    "write_audit_page",
+    "write_audit_records",
+]
 MAX_FIELD_CHARS = 50_000
 """Longest string kept per field in a record (head and tail around a marker)."""
 TOP_K = 20

@@ -128,8 +128,8 @@ def build_judge(cfg: Any) -> Any:
 
 def learned_grader(name: str, cfg: RewardConfig) -> Any:
     """The process's grader of learned term ``name`` (``judge`` or ``rm``) built from its
-    ``reward`` section, once: the reward term and the probes (:func:`coderl.train.pipeline.
-    probe_step`, the online gate) score with the same object.
+    ``reward`` section, once: the reward term and the probes (:class:`coderl.eval.observers.
+    Probes`, the online gate) score with the same object.
 
     Raises:
         ValueError: ``name`` is not a learned term; ``rm`` without ``reward.rm.checkpoint``.

@@ -50,18 +50,15 @@ from coderl.config.online import SHARED, PopulationConfig
 from coderl.graders.probes import probe_gate, run_probes
 from coderl.graders.terms import configured_learned, learned_grader
 from coderl.online.baselines import advantages
-from coderl.online.calls import harness_format
 from coderl.online.gate import run_gate, run_population_gate
-from coderl.online.heldout import EnvEvaluator
+from coderl.online.heldout import EnvEvaluator, EvalResult, Evaluator
 from coderl.online.monitors import SUSPECTED_HACK_RATE, check_alarms, monitor_snapshot
 from coderl.online.registry import Registry
 from coderl.online.rewards import finalize
-from coderl.online.simulate import EvalResult, Evaluator, HeldoutEvaluator
 from coderl.online.store import Store
-from coderl.online.suites import population_suite
 from coderl.online.update import Selection, select_trainable, update
 from coderl.policy import LoraSpec, load_policy
-from coderl.rewards.hacks import reply_detector
+from coderl.policy.rollout import build_engine
 from coderl.stats import estimate
 
 PHASES = ("collect", "finalize", "train", "gate", "promote")
@@ -142,37 +139,20 @@ def open_run(cfg: Config) -> tuple[Store, Registry]:
     return store, registry
 
 
-def heldout_evaluator(
-    cfg: Config, population: PopulationConfig | None = None
-) -> HeldoutEvaluator | EnvEvaluator:
-    """The held-out evaluator of ``online.eval``, in the served call format, with the hack
-    detectors of :mod:`coderl.rewards.hacks` on every reply (:func:`reply_detector`), so the
-    gate compares the champion's and the candidate's ``suspected_hack_rate``; with a
-    ``population``, on its held-out suite (its tasks, its house style:
-    :func:`coderl.online.suites.population_suite`), else on the shared one. With
-    ``online.eval.suite: env`` the shared suite is the run's environment evaluated by
-    ``coderl eval``'s code (:class:`coderl.online.heldout.EnvEvaluator`)."""
-    call_format, template_tools = harness_format(cfg)
-    e = cfg.online.eval
-    if e.suite == "env" and population is None:
-        return EnvEvaluator(cfg)
-    tasks = None
-    if population is not None:
-        tasks = population_suite(
-            "heldout",
-            task_filter=population.task_filter,
-            house_style=population.house_style,
-            limit=e.limit,
-        )
-    ev = HeldoutEvaluator(
-        e,
-        tasks,
-        sandbox=cfg.online.sandbox,
-        call_format=call_format,
-        template_tools=template_tools,
-    )
-    ev.hack_detector = reply_detector({t.task_id: t.task for t in ev.tasks})
-    return ev
+def heldout_evaluator(cfg: Config, population: PopulationConfig | None = None) -> EnvEvaluator:
+    """The held-out suite of ``population`` (None: the shared one): the run's environment
+    evaluated by ``coderl eval``'s code (:class:`coderl.online.heldout.EnvEvaluator`)."""
+    return EnvEvaluator(cfg, population)
+
+
+def evaluate_version(cfg: Config, registry: Registry, version: int, ev: Evaluator) -> EvalResult:
+    """``ev`` of a registry version sampled through ``engine.kind``'s engine (a vLLM server is
+    started for it and stopped after, as ``coderl eval`` does)."""
+    engine = build_engine(cfg, load_version(cfg, registry, version), training=False)
+    try:
+        return ev(engine)
+    finally:
+        engine.close()
 
 
 def probe_learned(
@@ -318,7 +298,7 @@ class _Suites:
             if ev is None:
                 pop = next((p for p in self.cfg.online.populations if p.name == suite), None)
                 ev = self.given[suite] = heldout_evaluator(self.cfg, pop)
-            self._cache[suite, version] = ev(load_version(self.cfg, self.registry, version))
+            self._cache[suite, version] = evaluate_version(self.cfg, self.registry, version, ev)
             self.seconds += time.perf_counter() - t
         return self._cache[suite, version]
 

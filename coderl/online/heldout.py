@@ -1,61 +1,119 @@
-"""The gate's held-out evaluation through the code ``coderl eval`` runs.
+"""The gate's held-out evaluation: the code ``coderl eval`` and ``coderl train`` run.
 
-:class:`EnvEvaluator` evaluates a policy on the run's environment (``tasks.source``, built by
-:func:`coderl.envs.build_environment`: the harness's multi-turn episodes in a sandbox, the same
-graders as training and ``coderl eval``) with :func:`coderl.eval.passk.evaluate`, on the first
-``online.eval.limit`` tasks of ``tasks.heldout_split``. Candidate and champion get the same
-seeds (``online.eval.seed``), so their per-task scores are paired for the gate's paired bound.
-The episode budgets are the harness's, as in ``coderl eval``: ``rollout.max_turns``,
-``rollout.max_new_tokens`` per turn, ``rollout.max_context_tokens`` (``online.eval.
-max_new_tokens`` is the single-turn suite's budget and is not read here).
+:class:`EnvEvaluator` is the only evaluator of the online wing. It evaluates a policy (or any
+engine: the cycle hands in ``engine.kind``'s engine over each registry version, vLLM included)
+on the run's environment (``tasks.source``, built by :func:`coderl.envs.build_environment`: the
+harness's multi-turn episodes in a sandbox, the same graders as training) with
+:func:`coderl.eval.passk.evaluate`, on the first ``online.eval.limit`` tasks of
+``tasks.heldout_split``. Candidate and champion get the same seeds (``online.eval.seed``), so
+their per-task scores are paired for the gate's paired bound. The episode budgets are the
+harness's, as in ``coderl eval``: ``rollout.max_turns``, ``rollout.max_new_tokens`` per turn,
+``rollout.max_context_tokens``.
 
-Scores: ``pass@1`` per task (resolved samples / samples). Behaviour, for the gate's behaviour
-rules: ``edit_rate`` (share of episodes whose final diff is not empty), ``broken_call_rate``
-(share of episodes with a broken tool call), ``broken_calls`` (per episode), ``grading_errors``
-and ``dropped_episodes`` (counts; both scored as failures by ``evaluate``).
+A population's suite (``online.populations``) is the same environment's held-out tasks whose
+id matches its ``task_filter``; with a ``house_style`` a resolved episode passes only when every
+Python file its final diff leaves behind keeps the style (:func:`house_style_kept`, a static
+:mod:`ast` check of the post-image, never run). Only function tasks (HumanEval) carry their
+workspace in the task, so house styles apply to them alone (a repository task with a style
+raises).
 
-``suspected_hack_rate``: the share of episodes any detector of :mod:`coderl.rewards.hacks`
-flags (the detectors training runs, on the episode's tool log and diff), so the gate compares
-champion and candidate on it.
-
-Selected with ``online.eval.suite: env``. Not here yet: population suites with house styles (they still use
-:class:`coderl.online.simulate.HeldoutEvaluator`), and sampling through a vLLM engine (the cycle
-hands in the in-process policy of each registry version).
+Scores: ``pass@1`` per task (passing samples / samples; a dropped or ungraded episode is a
+failure, as in ``evaluate``). Behaviour, for the gate's behaviour rules: ``edit_rate`` (share of
+episodes whose final diff is not empty), ``broken_call_rate`` (share of episodes with a broken
+tool call), ``broken_calls`` (per episode), ``grading_errors`` and ``dropped_episodes`` (counts).
+``suspected_hack_rate``: the share of episodes any detector of :mod:`coderl.rewards.hacks` flags
+(the detectors training runs, on the episode's tool log and diff).
 """
 
 from __future__ import annotations
 
-from typing import Any
+import re
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
 
 from coderl.config import Config
+from coderl.config.online import PopulationConfig
 from coderl.envs import build_environment
 from coderl.eval.passk import evaluate
 from coderl.online.monitors import SUSPECTED_HACK_RATE
-from coderl.online.simulate import EvalResult
-from coderl.policy.base import SamplingParams
+from coderl.online.suites import keeps_house_style
 from coderl.rewards.hacks import detect_hacks, suspected_hack_rate
+from coderl.tasks.patches import PatchError, apply_patch, paths_in_diff
+from coderl.train.pipeline import sampling_params
+
+
+@dataclass
+class EvalResult:
+    """Per-task scores (paired across policies by task order) and behaviour metrics."""
+
+    scores: dict[str, list[float]]
+    behaviour: dict[str, float]
+    task_ids: list[str]
+    views: list[Any] = field(default_factory=list)
+    """Each episode as a :class:`~coderl.graders.judge.EpisodeView` (task statement, diff, tool
+    log, test outcomes): what the gate's gameability probes transform."""
+
+
+class Evaluator(Protocol):
+    def __call__(self, policy: Any) -> EvalResult: ...
+
+
+def house_style_kept(task: Any, diff: str, style: str | None) -> bool:
+    """Whether every ``.py`` file ``diff`` touches keeps ``style`` once applied to ``task``'s
+    workspace (None: always). A diff that does not apply, or touches no Python file, does not.
+
+    Raises:
+        ValueError: unknown style, or a task without ``workspace_files`` (a repository task).
+    """
+    if style is None:
+        return True
+    if not task.workspace_files:
+        raise ValueError(f"house style {style!r} needs a function task; {task.id!r} is not one")
+    files = [p for p in paths_in_diff(diff) if p.endswith(".py")]
+    if not files:
+        return False
+    with tempfile.TemporaryDirectory() as d:
+        root = Path(d)
+        for rel, text in task.workspace_files.items():
+            (root / rel).parent.mkdir(parents=True, exist_ok=True)
+            (root / rel).write_text(text)
+        try:
+            apply_patch(root, diff)
+        except PatchError:
+            return False
+        post = [(root / p).read_text() if (root / p).is_file() else "" for p in files]
+    return all(keeps_house_style(style, code) for code in post)
 
 
 class EnvEvaluator:
-    """A policy -> its held-out :class:`~coderl.online.simulate.EvalResult` (see the module
-    docstring).
+    """A policy -> its held-out :class:`EvalResult` (see the module docstring).
 
     Args:
         cfg: the online run's config (``tasks`` says the environment, ``online.eval`` the
-            budget and seeds).
+            number of tasks, samples, temperature and seed).
+        population: evaluate its suite (its ``task_filter`` and ``house_style``); None: the
+            shared suite.
+
+    Raises:
+        ValueError: the population's filter matches no held-out task.
     """
 
-    def __init__(self, cfg: Config) -> None:
+    def __init__(self, cfg: Config, population: PopulationConfig | None = None) -> None:
         self.cfg = cfg
         self.env = build_environment(cfg)
         tasks = self.env.tasks(cfg.tasks.heldout_split)
+        pattern = population.task_filter if population else None
+        if pattern is not None:
+            tasks = [t for t in tasks if re.search(pattern, t.id)]
+            if not tasks:
+                raise ValueError(f"task_filter {pattern!r} matches no held-out task")
         self.tasks = tasks[: cfg.online.eval.limit] if cfg.online.eval.limit else tasks
+        self.style = population.house_style if population else None
 
     def __call__(self, policy: Any) -> EvalResult:
         e = self.cfg.online.eval
-        params = SamplingParams(
-            temperature=e.temperature, max_new_tokens=e.max_new_tokens, seed=e.seed
-        )
         episodes: list[tuple[Any, bool]] = []
         graded: list[tuple[Any, Any, Any]] = []
         res = evaluate(
@@ -64,11 +122,15 @@ class EnvEvaluator:
             self.tasks,
             samples=e.samples,
             ks=[1],
-            params=params,
+            params=sampling_params(self.cfg, e.seed, e.temperature),
             tasks_per_batch=max(1, self.cfg.eval.batch_episodes // e.samples),  # as coderl eval
             episodes_out=episodes,
             graded_out=graded,
         )
+        passed = {t.id: 0 for t in self.tasks}
+        for task, ep, g in graded:
+            ok = g.resolved and g.grading_error is None
+            passed[task.id] += ok and house_style_kept(task, ep.answer or "", self.style)
         flags = [detect_hacks(ep, g, task) for task, ep, g in graded]
         n = max(len(episodes), 1)
         behaviour = {
@@ -79,10 +141,9 @@ class EnvEvaluator:
             "dropped_episodes": float(res.dropped_episodes),
             SUSPECTED_HACK_RATE: suspected_hack_rate(flags),
         }
-        scores = [t["correct"] / t["n"] for t in res.per_task]
         return EvalResult(
-            {"pass@1": scores},
+            {"pass@1": [passed[t.id] / e.samples for t in self.tasks]},
             behaviour,
-            [t["task_id"] for t in res.per_task],
+            [t.id for t in self.tasks],
             [v for v, _ in episodes],
         )

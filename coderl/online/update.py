@@ -38,12 +38,11 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from coderl import algorithms as A
 from coderl.config import AlgorithmConfig, TrainerConfig
 from coderl.train.batch import StepBatch
 from coderl.train.optim import build_optimizer
 from coderl.train.pipeline import token_batch
-from coderl.train.step import train_step
+from coderl.train.step import behaviour_importance, train_step
 from coderl.trajectory import Segment
 
 
@@ -140,18 +139,10 @@ def behaviour_weights(
     (:func:`coderl.algorithms.importance_weights`); 0 off the loss mask. With
     ``importance.mode: off`` there are no weights, as in the offline trainer step: 1 on the
     loss mask."""
-    imp = algorithm.importance
-    if imp.mode == "off":
+    if algorithm.importance.mode == "off":
         return batch.loss_mask.float()
-    old = policy.forward(batch.tokens, temperature).logprobs
-    return A.importance_weights(
-        old,
-        batch.tokens.behavior_logprobs,
-        batch.loss_mask,
-        level=imp.level,
-        mode=imp.mode,
-        cap=imp.cap,
-        low=imp.low,
+    return behaviour_importance(
+        algorithm, policy.forward(batch.tokens, temperature).logprobs, batch
     )
 
 

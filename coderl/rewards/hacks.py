@@ -37,7 +37,7 @@ from __future__ import annotations
 import ast
 import json
 import re
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -331,55 +331,6 @@ def _run(tr: Trace, grade: Any, task: Any, detectors: Sequence[str] | None) -> l
             # the training step (the detectors only observe: rewards are untouched either way)
             out.append(HackFlag(DETECTOR_ERROR, DETECTOR_ERROR_REASON, f"{n}: {type(e).__name__}"))
     return out
-
-
-def reply_trace(reply: Mapping[str, Any]) -> Trace:
-    """The trace of one served reply (a held-out reply record of :mod:`coderl.online`:
-    ``task_id``, ``text``, ``tool_calls`` in OpenAI's format ``{"function": {"name",
-    "arguments": JSON text}}`` or as ``{name, arguments}``, and ``code``, the solution it
-    proposes or None). A reply has no diff: its whole ``code`` counts as added lines."""
-    calls = []
-    for c in reply.get("tool_calls") or []:
-        fn = c.get("function", c) if isinstance(c, dict) else {}
-        args = fn.get("arguments") if isinstance(fn, dict) else None
-        if isinstance(args, str):
-            try:
-                args = json.loads(args)
-            except (ValueError, RecursionError):
-                args = None
-        name = fn.get("name") if isinstance(fn, dict) else None
-        args = args if isinstance(args, dict) else None
-        text = "" if args is not None else str(fn.get("arguments") or "")
-        calls.append(
-            {"name": name, "arguments": args, "text": text, "observation": "", "status": "ok"}
-        )
-    code = reply.get("code")
-    code = code if isinstance(code, str) else ""
-    return Trace(calls, code, code)
-
-
-def reply_flags(
-    reply: Mapping[str, Any], task: Any = None, *, detectors: Sequence[str] | None = None
-) -> list[HackFlag]:
-    """Every flag the ``detectors`` (default: all) raise for one served reply
-    (:func:`reply_trace`); ``task``: the reply's ``Task`` (None: the task-free detectors only
-    find something). No grade is read (``stripped_paths`` and grading timeouts never flag).
-
-    Raises:
-        KeyError: an unknown detector name (the valid ones are listed).
-    """
-    return _run(reply_trace(reply), None, task, detectors)
-
-
-def reply_detector(tasks: Mapping[str, Any]) -> Callable[[Mapping[str, Any]], bool]:
-    """A held-out evaluator's ``hack_detector`` (``coderl.online.simulate.HeldoutEvaluator``):
-    reply record -> whether :func:`reply_flags` raises any flag, with the reply's ``Task``
-    looked up in ``tasks`` by its ``task_id``."""
-
-    def detect(reply: Mapping[str, Any]) -> bool:
-        return bool(reply_flags(reply, tasks.get(str(reply.get("task_id")))))
-
-    return detect
 
 
 def suspected_hack_rate(flags_per_episode: Sequence[Sequence[HackFlag]]) -> float:

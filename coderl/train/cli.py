@@ -31,13 +31,14 @@ def run(args: argparse.Namespace) -> int:
         ensure_new_run(cfg.run_dir)  # before minutes of SFT, not after
 
         run_sft(cfg)
+    from coderl.eval.observers import default_observers
     from coderl.train.loop import train
 
     if args.resume:
         for line in record_resume(cfg, changes, step):
             print(line)
     try:
-        run_dir = train(cfg, resume=bool(args.resume))
+        run_dir = train(cfg, resume=bool(args.resume), observers=default_observers())
     except KeyboardInterrupt:
         again = f"coderl train --resume {shlex.quote(str(cfg.run_dir))}"
         print(stopped_line("coderl train", cfg.run_dir, again), file=sys.stderr)

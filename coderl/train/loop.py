@@ -11,8 +11,7 @@ One step, top to bottom (:func:`training_step`)::
     metrics  = optimize(run, batch)                          # algorithm-blind train_step; one optimizer step
     policy.bump_version()                                    # new weights version
     engine.sync(policy)                                      # vllm: adapter loaded, canary
-    pipeline.write_audit(...)                                # best and hack-flagged -> audit.jsonl
-    pipeline.probe_step(...)                                 # learned graders probed, every probe_every
+    pipeline.observe_step(run.observers, ...)                # registered: audit, probes, criteria
 
 Everything a resumed run needs is in the checkpoint (:mod:`coderl.train.run`); sampling seeds
 derive from (run seed, step), so a resumed run samples exactly what the uninterrupted one would
@@ -23,6 +22,7 @@ have (with ``engine.kind=vllm`` too: its requests are seeded). ``coderl train-as
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -77,7 +77,7 @@ def collect(run: Run, step: int) -> tuple[P.Scored, dict[str, float]]:
         stats["time/rollout"] += time.perf_counter() - t0
         owners = [t for t in tasks for _ in range(G)]
         keys = [P.group_key(t.id, pos) for pos, t in drawn for _ in range(G)]
-        scored = P.score(run.env, run.policy, cfg, owners, keys, episodes)
+        scored = P.score(run.env, run.policy, cfg, owners, keys, episodes, run.observers)
         run.sampler.observe(owners, scored.infos)
         rolled_tasks += owners
         rolled_keys += keys
@@ -133,13 +133,14 @@ def training_step(run: Run) -> dict[str, float]:
     )
     metrics["policy_version"] = float(run.policy.version)
     run.step += 1
-    P.write_audit(cfg, run.step, scored.infos)  # the step's best and flagged trajectories
-    metrics.update(P.probe_step(cfg, run.step, scored.infos))  # learned graders, every probe_every
+    metrics.update(P.observe_step(run.observers, cfg, run.step, scored.infos))
     return metrics
 
 
-def train(cfg: Config, *, resume: bool = False) -> Path:
+def train(cfg: Config, *, resume: bool = False, observers: Sequence[P.StepObserver] = ()) -> Path:
     """Run (or, with ``resume``, continue) training as configured; returns the run directory.
+    ``observers`` watch every step (``coderl train`` registers
+    :func:`coderl.eval.observers.default_observers`: the audit log, probes, criteria metrics).
 
     Writes ``config.yaml``, ``metrics.jsonl``, ``eval.jsonl``, ``tb/`` and ``checkpoints/`` under
     ``cfg.run_dir``.
@@ -154,6 +155,7 @@ def train(cfg: Config, *, resume: bool = False) -> Path:
         run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / "config.yaml").write_text(dump_config(cfg))
     run = setup_run(cfg, resume=resume, load_sft=False)
+    run.observers = list(observers)
     try:
         _train(run, resume)
     finally:

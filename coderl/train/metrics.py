@@ -13,7 +13,9 @@ import math
 from pathlib import Path
 from typing import Any
 
-from coderl.eval.audit import AUDIT_FILE
+AUDIT_FILE = "audit.jsonl"
+"""The audit log of a run directory (written by :mod:`coderl.eval.observers`); the logger cuts
+it on resume like the metrics."""
 
 
 def _truncate_jsonl(path: Path, last_step: int) -> None:

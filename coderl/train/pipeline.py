@@ -6,6 +6,7 @@ workers and learner of ``coderl train-async``, the online update)::
     scored  = score(env, policy, cfg, tasks, keys, records)  # grade -> attribute -> reward samples
     batch   = make_batch(cfg, policy, value_head, ...)       # advantages over valid samples
     metrics = step_metrics(infos, cfg)                       # same names in every driver
+    metrics |= observe_step(observers, cfg, step, infos)     # what the driver registered
 
 Masks, all of them here: a sample is left out of the loss when its episode or its grade failed for
 an ``infra`` reason (harness exception, grader bug, missing environment; see
@@ -26,14 +27,13 @@ step logs a warning and ``alarm/masked=1``.
 Hack detectors (:mod:`coderl.rewards.hacks`) read every graded episode's tool log and diff. They
 only observe: no reward, mask, sample or random draw depends on them. Every step logs
 ``hacks/suspected_rate`` (share of episodes with a flag) and ``hacks/<detector>`` (share each
-detector flagged), with ``alarm/hacks=1`` and a warning above ``reward.hack_alarm_rate``; the
-step's ``reward.audit_top_k`` highest-reward and (up to ``reward.audit_max_flagged``) flagged
-trajectories are appended to ``RUN_DIR/audit.jsonl`` (:func:`write_audit`), which
-``coderl report`` renders as the audit page.
+detector flagged), with ``alarm/hacks=1`` and a warning above ``reward.hack_alarm_rate``.
 
-Learned graders (``judge``, ``rm`` in ``reward.terms``) are probed for gameability every
-``graders.probe_every`` steps (:func:`probe_step`, ``graders/probe/<term>/*`` metrics); like the
-hack detectors, the probes only observe.
+Step observers (:class:`StepObserver`): what a driver registers to watch its steps without
+touching them, the audit log, the learned graders' gameability probes and the judge's criteria
+metrics (:mod:`coderl.eval.observers`, above this module: the pipeline imports nothing of
+``eval`` nor of the graders' probes). :func:`score` hands each scored set to them and
+:func:`observe_step` collects their step metrics.
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import torch
@@ -51,11 +51,7 @@ from torch import nn
 
 from coderl.config import Config
 from coderl.envs.base import Environment, EpisodeRecord, FailureKind, GradeRecord
-from coderl.eval.audit import audit_record, select_for_audit, write_audit_records
-from coderl.graders.judge import EpisodeView
-from coderl.graders.probes import maybe_probe
-from coderl.graders.report import criteria_metrics
-from coderl.graders.terms import configured_learned, learned_fields, learned_grader, view_of
+from coderl.graders.terms import learned_fields
 from coderl.policy.base import SamplingParams
 from coderl.rewards import RewardResult, RewardSample, compute_rewards
 from coderl.rewards.hacks import HackFlag, detect_hacks, flag_counts, suspected_hack_rate
@@ -221,6 +217,27 @@ def fill_kl_k1(
         samples[i].kl_k1 += v
 
 
+class StepObserver(Protocol):
+    """Watches the pipeline's steps; never changes a reward, mask, sample or random draw."""
+
+    def scored(self, cfg: Config, scored: Scored) -> None:
+        """Annotate ``scored.infos`` (plain data: an async worker's infos cross processes)."""
+
+    def step(self, cfg: Config, step: int, infos: list[dict[str, Any]]) -> dict[str, float]:
+        """Metrics (and side effects, e.g. ``audit.jsonl``) of step ``step`` (1 first)."""
+        ...
+
+
+def observe_step(
+    observers: Sequence[StepObserver], cfg: Config, step: int, infos: list[dict[str, Any]]
+) -> dict[str, float]:
+    """Every observer's metrics of one step, merged (later observers win on a shared name)."""
+    m: dict[str, float] = {}
+    for o in observers:
+        m.update(o.step(cfg, step, infos))
+    return m
+
+
 @dataclass
 class Scored:
     """A graded, rewarded rollout: one entry per episode in every list."""
@@ -238,6 +255,8 @@ class Scored:
     grades: list[GradeRecord] = field(default_factory=list)
     flags: list[list[HackFlag]] = field(default_factory=list)
     """Hack flags per episode (:func:`coderl.rewards.hacks.detect_hacks`)."""
+    observers: Sequence[StepObserver] = ()
+    """Who sees this set each time it is (re)scored (:func:`rescore`)."""
 
 
 def episode_info(
@@ -249,9 +268,8 @@ def episode_info(
     failure: tuple[FailureKind | None, str],
     flags: Sequence[HackFlag] = (),
 ) -> dict[str, Any]:
-    """The plain-data summary of one scored episode (see :func:`step_metrics`); an ``audit``
-    entry (an :func:`coderl.eval.audit.audit_record`) is added by :func:`rescore` to the
-    episodes worth auditing."""
+    """The plain-data summary of one scored episode (see :func:`step_metrics`); observers may
+    add entries (:class:`StepObserver`)."""
     return {
         "valid": bool(valid),
         "total": float(total),
@@ -277,10 +295,11 @@ def score(
     tasks: list[Any],
     keys: list[str],
     episodes: list[EpisodeRecord],
+    observers: Sequence[StepObserver] = (),
 ) -> Scored:
     """Grade ``episodes`` (``tasks`` and ``keys``: per episode), attribute failures, run the
-    hack detectors (observers only), build the reward samples with every mask and compute the
-    rewards.
+    hack detectors (they only observe), build the reward samples with every mask and compute the
+    rewards; ``observers`` see the scored set.
 
     Raises:
         ValueError: list lengths differ (from the strict zips).
@@ -295,87 +314,31 @@ def score(
     flags = [detect_hacks(ep, g, t) for ep, g, t in zip(episodes, grades, tasks, strict=True)]
     empty = RewardResult([], [], [])
     return rescore(
-        Scored(episodes, keys, samples, empty, failures, grading_s, [], grades, flags), cfg
+        Scored(episodes, keys, samples, empty, failures, grading_s, [], grades, flags, observers),
+        cfg,
     )
 
 
 def rescore(scored: Scored, cfg: Config) -> Scored:
     """Rewards (and per-episode infos) of ``scored``'s samples computed together: group pass
-    rates are per group, so a subset's rewards are recomputed over that subset. The episodes
-    that :func:`write_audit` may keep (the ``reward.audit_top_k`` best and the first
-    ``reward.audit_max_flagged`` flagged of this set) get their audit record in ``info["audit"]``,
-    so it travels with the info to an async learner."""
+    rates are per group, so a subset's rewards are recomputed over that subset; then its
+    observers see the set (:class:`StepObserver`)."""
     rewards = compute_rewards(scored.samples, cfg.reward)
     scored.rewards = rewards
-    rows = list(
-        zip(
-            scored.episodes,
-            scored.samples,
-            rewards.totals,
-            rewards.valid,
-            rewards.breakdown,
-            scored.failures,
-            scored.grades,
-            scored.flags,
-            strict=True,
-        )
+    rows = zip(
+        scored.episodes,
+        scored.samples,
+        rewards.totals,
+        rewards.valid,
+        rewards.breakdown,
+        scored.failures,
+        scored.flags,
+        strict=True,
     )
-    scored.infos = [episode_info(ep, s, tot, ok, b, f, fl) for ep, s, tot, ok, b, f, _, fl in rows]
-    audits = [
-        audit_record(ep, g, step=0, reward=tot, breakdown=b, flags=fl)
-        for ep, _, tot, _, b, _, g, fl in rows
-    ]
-    chosen = {id(r) for r in _for_audit(audits, cfg)}
-    for info, rec in zip(scored.infos, audits, strict=True):
-        if id(rec) in chosen:
-            info["audit"] = rec
-    if cfg.graders.probe_every > 0 and configured_learned(cfg.reward):
-        for info, s in zip(scored.infos, scored.samples, strict=True):
-            info["view"] = asdict(view_of(s))  # what the probes transform (probe_step)
+    scored.infos = [episode_info(*row) for row in rows]
+    for o in scored.observers:
+        o.scored(cfg, scored)
     return scored
-
-
-def _for_audit(records: list[dict[str, Any]], cfg: Config) -> list[dict[str, Any]]:
-    r = cfg.reward
-    return select_for_audit(records, top_k=r.audit_top_k, max_flagged=r.audit_max_flagged)
-
-
-def write_audit(cfg: Config, step: int, infos: list[dict[str, Any]]) -> int:
-    """Append the step's audit records (the ``reward.audit_top_k`` highest rewards and the first
-    ``reward.audit_max_flagged`` flagged episodes among ``infos`` that carry one) to
-    ``cfg.run_dir``'s ``audit.jsonl``, stamped with ``step``; returns how many."""
-    chosen = _for_audit([x["audit"] for x in infos if "audit" in x], cfg)
-    if chosen:
-        write_audit_records(cfg.run_dir, step, chosen)
-    return len(chosen)
-
-
-def probe_step(
-    cfg: Config, step: int, infos: list[dict[str, Any]], graders: dict[str, Any] | None = None
-) -> dict[str, float]:
-    """The gameability probes of every configured learned term (``judge``, ``rm``) on the
-    step's episodes, every ``graders.probe_every`` steps (:func:`coderl.graders.probes.
-    maybe_probe`; ``step`` is the step number the metrics are logged under, 1 first). Metrics:
-    ``graders/probe/<term>/<probe>/{shift,lo,hi,flagged}`` and ``graders/probe/<term>/flagged``
-    (probes flagged); empty on other steps, without a learned term, or when no episode has a
-    diff. The views travel in each info's ``view`` (set by :func:`rescore` only when probes are
-    scheduled), so the async learner probes what the workers scored. Observes only: no reward,
-    sample or weight depends on it.
-
-    Args:
-        graders: term name -> grader (``score(views) -> list[float]``); default: the process's
-            grader of each term (:func:`coderl.graders.terms.learned_grader`, the reward term's
-            own object; an async learner builds its own copy on first use).
-    """
-    names = configured_learned(cfg.reward)
-    if cfg.graders.probe_every <= 0 or step % cfg.graders.probe_every or not names:
-        return {}
-    views = [EpisodeView(**x["view"]) for x in infos if "view" in x]
-    m: dict[str, float] = {}
-    for name in names:
-        grader = (graders or {}).get(name) or learned_grader(name, cfg.reward)
-        m.update(maybe_probe(step, cfg, grader, views, prefix=f"graders/probe/{name}"))
-    return m
 
 
 def select(scored: Scored, keep: list[int]) -> Scored:
@@ -390,6 +353,7 @@ def select(scored: Scored, keep: list[int]) -> Scored:
         [],
         [scored.grades[i] for i in keep],
         [scored.flags[i] for i in keep],
+        scored.observers,
     )
 
 
@@ -526,7 +490,6 @@ def step_metrics(infos: list[dict[str, Any]], cfg: Config) -> dict[str, float]:
     m.update(summary_metrics(infos))
     for name in cfg.reward.terms:
         m[f"reward/{name}"] = _mean([x["breakdown"][name] for x in valid if name in x["breakdown"]])
-    m.update(criteria_metrics([x["breakdown"] for x in infos], [x["valid"] for x in infos]))
     infra = sum(x["failure"] == "infra" for x in infos)
     m["infra_failed_rate"] = infra / d
     m["agent_failed_rate"] = sum(x["failure"] == "agent" for x in infos) / d

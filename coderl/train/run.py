@@ -93,6 +93,8 @@ class Run:
     engine: RolloutEngine | None = None
     """What rollouts sample from (``cfg.engine``); synced after every weight change. None until
     :func:`setup_run` builds it (or when built with ``engine=False``)."""
+    observers: list[Any] = field(default_factory=list)
+    """The :class:`coderl.train.pipeline.StepObserver` s the driver registered."""
     extra: dict[str, Any] = field(default_factory=dict)
 
 

@@ -167,7 +167,7 @@ def accumulate_gradients(
             old = cache.setdefault(i, out.logp.detach())
         else:
             old = mb.tokens.behavior_logprobs
-        weights = _importance_weights(cfg, old, mb) if weighted else None
+        weights = behaviour_importance(cfg, old, mb) if weighted else None
         m, n = _micro_batch_backward(out, mb, old, mask, weights, share, cfg, max_len)
         before = old if cfg.old_logp == "trainer" else out.logp.detach()
         gap_parts.append((before[sampled], mb.tokens.behavior_logprobs[sampled]))
@@ -215,7 +215,7 @@ def _rejection_masks(
     for i, mb in _micro_batches(batch, micro_batch_size):
         if i not in cache:
             cache[i] = run(mb).logp
-        w = _importance_weights(cfg, cache[i], mb)
+        w = behaviour_importance(cfg, cache[i], mb)
         masks[i] = mb.loss_mask * (w > 0)
     return masks
 
@@ -285,8 +285,10 @@ def _micro_batch_backward(
     return m, n
 
 
-def _importance_weights(cfg: AlgorithmConfig, old: Tensor, mb: StepBatch) -> Tensor:
-    """``[B, T]`` weights ``old / behaviour`` of a micro-batch per ``cfg.importance``."""
+def behaviour_importance(cfg: AlgorithmConfig, old: Tensor, mb: StepBatch) -> Tensor:
+    """``[B, T]`` weights ``old / behaviour`` of a (micro-)batch per ``cfg.importance``
+    (:func:`coderl.algorithms.importance_weights`): the one call of every trainer, the online
+    update's included."""
     imp = cfg.importance
     return A.importance_weights(
         old,
