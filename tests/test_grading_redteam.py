@@ -265,6 +265,10 @@ FORGE_RESULTS_VIA = {
     "threading_sys": "import threading\n_s = threading._sys",
     "module_dict": "import os as _o\n_s = _o.__dict__['s' + 'ys']",
     "getattr_alias": "import shutil as _sh\n_g = getattr\n_s = _g(_sh, 's' + 'ys')",
+    # six's own importer returns sys.modules[name] for any name: a banned facility by its name
+    "library_helper": (
+        "class _s:\n    class modules:\n        get = staticmethod(lambda n: _importer.load_module(n))"
+    ),
 }
 FORGE_RESULTS_BODY = """
 

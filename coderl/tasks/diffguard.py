@@ -187,6 +187,7 @@ class _Scanner(ast.NodeVisitor):
 
     def __init__(self, tree: ast.AST) -> None:
         self.found: list[tuple[str, str, int, str]] = []
+        self.refs: list[tuple[str, int, str]] = []  # (name, line, scope) of every name used
         self.modules: dict[str, str] = {}  # local name -> sensitive module it is bound to
         self.imported: dict[str, str] = {}  # local name -> any module it is bound to (dotted)
         self.docstrings = _docstrings(tree)
@@ -270,7 +271,11 @@ class _Scanner(ast.NodeVisitor):
         own = self.own[-1] if self.own else None
         return node.attr == "__dict__" and isinstance(node.value, ast.Name) and node.value.id == own
 
+    def ref(self, name: str, node: ast.AST) -> None:
+        self.refs.append((name, getattr(node, "lineno", 0), ".".join(self.scope)))
+
     def visit_Attribute(self, node: ast.Attribute) -> None:
+        self.ref(node.attr, node)
         base = node.value
         if isinstance(base, ast.Name) and base.id in self.modules:
             self._module_attr(self.modules[base.id], node.attr, node)
@@ -306,6 +311,8 @@ class _Scanner(ast.NodeVisitor):
             self.add("module-attr", f"os.environ.{parent.attr}", node)
 
     def visit_Name(self, node: ast.Name) -> None:
+        if isinstance(node.ctx, ast.Load):
+            self.ref(node.id, node)
         if node.id in ("__builtins__", "__import__", "__loader__", "__spec__"):
             self.add("attr", node.id, node)
         parent = getattr(node, "_parent", None)
@@ -344,6 +351,9 @@ class _Scanner(ast.NodeVisitor):
                 self.add("dynamic-attr", name, node)
             elif any(p in BANNED_ATTRS or _CO_ATTR.match(p) for p in arg.value.split(".")):
                 self.add("dynamic-attr", f"{name} {arg.value}", node)
+            else:
+                for part in arg.value.split("."):
+                    self.ref(part, node)  # ``getattr(o, "helper")`` uses ``helper``
 
     def visit_Constant(self, node: ast.Constant) -> None:
         value = node.value
@@ -376,9 +386,7 @@ def _numeric(node: ast.AST) -> bool:
     return False
 
 
-def scan_source(source: bytes | str, path: str = "<diff>") -> list[Finding] | None:
-    """Every policy finding in one Python module; ``None`` when it does not parse (then it
-    cannot run as Python either)."""
+def _scan(source: bytes | str) -> _Scanner | None:
     try:
         tree = ast.parse(source)
     except (SyntaxError, ValueError, RecursionError, MemoryError):
@@ -388,12 +396,28 @@ def scan_source(source: bytes | str, path: str = "<diff>") -> list[Finding] | No
             child._parent = parent  # type: ignore[attr-defined]
     scanner = _Scanner(tree)
     scanner.visit(tree)
+    return scanner
+
+
+def scan_source(source: bytes | str, path: str = "<diff>") -> list[Finding] | None:
+    """Every policy finding in one Python module; ``None`` when it does not parse (then it
+    cannot run as Python either)."""
+    scanner = _scan(source)
+    if scanner is None:
+        return None
     return [Finding(path, line, rule, what, scope) for rule, what, line, scope in scanner.found]
 
 
-def _counts(source: bytes | None, path: str) -> Counter:
-    found = scan_source(source, path) if source else None
-    return Counter((f.rule, f.what, f.scope) for f in found or [])
+def _known(source: bytes | None) -> tuple[Counter, Counter, set[str]]:
+    """Counts of findings and of name uses per scope, and the *tainted helpers*: the names of
+    the functions and classes that hold a finding (a library's own ``sys.modules`` lookup)."""
+    scanner = _scan(source) if source else None
+    if scanner is None:
+        return Counter(), Counter(), set()
+    found = Counter((rule, what, scope) for rule, what, _, scope in scanner.found)
+    refs = Counter((name, scope) for name, _, scope in scanner.refs)
+    tainted = {scope.rsplit(".", 1)[-1] for _, _, _, scope in scanner.found if scope}
+    return found, refs, tainted
 
 
 def added_findings(
@@ -404,19 +428,32 @@ def added_findings(
     moving one into another function or to module level is). ``released`` (the file as the
     repository released it) raises each count to what it had there, so restoring code a
     synthesised bug deleted is never denied, while re-adding a released line anywhere else is.
+
+    A helper of the library that holds a finding (six's ``_SixMetaPathImporter.load_module``
+    returns ``sys.modules[name]`` for any name) is a banned facility by another name: a use of
+    its name beyond what the file had in that scope is a finding too (rule ``helper``).
     A file that does not parse gives none: it cannot run as Python, and reading it as code
     needs a banned facility."""
-    found = scan_source(new, path)
-    if found is None:
+    scanner = _scan(new)
+    if scanner is None:
         return []
-    budget = _counts(old, path) | _counts(released, path)  # per key, the larger count
+    old_found, old_refs, old_tainted = _known(old)
+    rel_found, rel_refs, rel_tainted = _known(released)
+    budget = old_found | rel_found  # per key, the larger count
     out: list[Finding] = []
-    for f in found:
-        key = (f.rule, f.what, f.scope)
-        if budget[key] > 0:
-            budget[key] -= 1
+    for rule, what, line, scope in scanner.found:
+        if budget[(rule, what, scope)] > 0:
+            budget[(rule, what, scope)] -= 1
         else:
-            out.append(f)
+            out.append(Finding(path, line, rule, what, scope))
+    tainted, uses = old_tainted | rel_tainted, old_refs | rel_refs
+    for name, line, scope in scanner.refs:
+        if name not in tainted:
+            continue
+        if uses[(name, scope)] > 0:
+            uses[(name, scope)] -= 1
+        else:
+            out.append(Finding(path, line, "helper", name, scope))
     return out
 
 
