@@ -31,15 +31,24 @@ Policy (allowlist-flavoured: the sensitive modules may be used only as ``module.
   ``coderl``, ``f_back``...) or path (``/proc``, ``/dev/fd``), so a name built at run time
   still needs one of the facilities above to be used;
 - symbolic links added or changed by the diff (a link can make a checked file import unchecked
-  bytes).
+  bytes);
+- laundered routes (red team g25x): a sensitive module reached as another module's attribute
+  (``collections._sys``, ``shutil.os``) is bound to its rules; getattr-family builtins and
+  ``eval``/``exec``/``vars`` used as values; ``__dict__`` (except a method's own ``self``) and a
+  builtin's ``__self__``; ``open`` on a visibly numeric argument or with ``opener=``; and a
+  *helper* of the changed file whose body holds a finding, used by name beyond the base.
 
-Not covered (the residual risk, stated in ``docs/tasks-and-grading.md``): a banned facility the
-library *already* uses, reached through the library's own code (the diff adds only a call to an
-existing helper); code outside Python files that the interpreter runs without a banned facility
-(none known for a text diff: ``.pth``, ``sitecustomize``, ``*.pyc``, binary patches and the
-test tree are stripped or refused before this check); and anything that needs no process
-internals at all (a fix that special-cases the tests' inputs is a wrong fix, not a forged
-verdict).
+Findings are counted per rule, name and scope (enclosing functions and classes); the base and
+the released file each allow what they have in a scope (:func:`added_findings`).
+
+Not covered (the residual risk, stated in ``docs/tasks-and-grading.md``): code around an
+existing use rewritten in its own function; helpers with a finding in another file; anything
+that turns data into a facility without a name on these lists (a descriptor number in a plain
+variable, strings built at run time, ``/proc/self/mem``); code outside Python files that the
+interpreter runs without a banned facility (none known for a text diff: ``.pth``,
+``sitecustomize``, ``*.pyc``, binary patches and the test tree are stripped or refused before
+this check); and anything that needs no process internals at all (a fix that special-cases the
+tests' inputs is a wrong fix, not a forged verdict).
 """
 
 from __future__ import annotations
@@ -143,7 +152,7 @@ class Finding:
     """Line in the changed file (0 for whole-file findings)."""
     rule: str
     """Which rule: ``import``, ``attr``, ``module-attr``, ``module-value``, ``call``,
-    ``dynamic-attr``, ``fd-open``, ``string`` or ``symlink``."""
+    ``dynamic-attr``, ``fd-open``, ``string``, ``helper``, ``size`` or ``symlink``."""
     what: str
     """The offending name or text (at most 80 characters)."""
     scope: str = ""
