@@ -24,7 +24,15 @@ verdict channel) and points fd 1 at stderr, then forks:
   the FIFO (whose path is in the worker's argv). It forwards each event line, MAC-signed
   and numbered, to the verdict channel, answers the ``collected`` event with the canaries, and
   closes the stream with its own ``exit`` record (the worker's exit code or signal, and whether
-  an event line was over-long or not a JSON object). The host checks everything else.
+  an event line was over-long, not a JSON object or without the event token). The host checks
+  everything else.
+- the **event token**: a random string the observer sends the worker on the go pipe, read and
+  the pipe closed before any workspace code runs; the plugin puts it into every event line and
+  the observer forwards only lines that carry it (and kills the worker at the first that does
+  not). Code under test that opens the event pipe by number (``open(5, "wb")``,
+  ``/proc/self/fd/5``) and writes a well-formed stream of its own is therefore a garbled
+  verdict; forging past it needs the token from this process's memory (the plugin's globals,
+  ``gc``, frames: what ``coderl.tasks.diffguard`` denies, or ``/proc/self/mem``: residual).
 """
 
 import ctypes
@@ -32,12 +40,16 @@ import hashlib
 import hmac
 import json
 import os
+import secrets
 import select
+import signal
 import site
 import sys
 
 EVENT_LINE_BYTES = 8 * 1024**2
 """Longest event line forwarded; a longer one ends the forwarding (``garbled``)."""
+TOKEN_BYTES = 32
+"""Length of the event token (hex characters) the observer hands the worker on the go pipe."""
 
 
 def _venv_plugins(site_dir: str) -> list[str]:
@@ -54,10 +66,20 @@ def _venv_plugins(site_dir: str) -> list[str]:
 
 def _worker(spec: dict, events: int, control: int, go: int) -> None:
     # nothing runs until the observer has drained the secret FIFO (its path is in our argv):
-    # workspace code opening it later finds no writer and blocks until the timeout
-    if os.read(go, 1) != b"1":
-        os._exit(3)
+    # workspace code opening it later finds no writer and blocks until the timeout. The same
+    # pipe brings the event token; it is read, and the pipe closed, before any workspace code
+    # runs, so the token exists only in this process's memory (no descriptor holds it)
+    got = b""
+    while len(got) < 1 + TOKEN_BYTES:
+        chunk = os.read(go, 1 + TOKEN_BYTES - len(got))
+        if not chunk:
+            os._exit(3)
+        got += chunk
     os.close(go)
+    if got[:1] != b"1":
+        os._exit(3)
+    token = got[1:].decode()
+    del got
     os.environ["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] = "1"
     code = 3
     try:
@@ -65,7 +87,8 @@ def _worker(spec: dict, events: int, control: int, go: int) -> None:
         site.addsitedir(spec["site"])
         import coderl_results
 
-        coderl_results.start(events, control, spec)
+        coderl_results.start(events, control, spec, token)
+        del token
         import pytest
 
         args = _venv_plugins(spec["site"]) + sys.argv[3:]
@@ -89,7 +112,8 @@ def _write_all(fd: int, data: bytes) -> None:
 def _observe(pid: int, stream: int, events: int, control: int, go: int) -> int:
     with open(sys.argv[2], "rb") as f:
         secret = json.loads(f.read())
-    os.write(go, b"1")  # the secret is drained: the worker may start
+    token = secrets.token_hex(TOKEN_BYTES // 2).encode()
+    _write_all(go, b"1" + token)  # the secret is drained: the worker may start
     os.close(go)
     key = bytes.fromhex(secret.pop("key"))
     seq = 0
@@ -124,6 +148,9 @@ def _observe(pid: int, stream: int, events: int, control: int, go: int) -> int:
             if not isinstance(event, dict):
                 garbled = "an event line that is not a JSON object"
                 break
+            if not hmac.compare_digest(str(event.pop("k", "")).encode(errors="replace"), token):
+                garbled = "an event line without the worker's token"
+                break
             emit({"w": event})
             if event.get("t") == "collected" and not answered:
                 answered = True
@@ -132,6 +159,10 @@ def _observe(pid: int, stream: int, events: int, control: int, go: int) -> int:
                     _write_all(control, json.dumps(reply).encode() + b"\n")
                 except OSError:
                     pass
+        if garbled and status is None:
+            os.kill(pid, signal.SIGKILL)  # nothing it says now counts; do not wait for it
+            _, status = os.waitpid(pid, 0)
+            break
     if pending and not garbled:
         garbled = "an unterminated event line"
     if status is None:

@@ -99,16 +99,19 @@ def _watch_targets() -> dict[str, tuple[object, object]]:
 _WATCHED: dict[str, tuple[object, object]] = {}
 
 
-def start(events: int, control: int, spec: dict[str, Any]) -> None:
-    """Called once by ``coderl_boot``'s worker before pytest starts."""
-    _STATE.update(fd=events, control=control)
+def start(events: int, control: int, spec: dict[str, Any], token: str) -> None:
+    """Called once by ``coderl_boot``'s worker before pytest starts. ``token`` goes into every
+    event line: the observer forwards only lines that carry it, and no descriptor holds it, so
+    code that writes on the event pipe without reading this process's memory is a garbled
+    verdict."""
+    _STATE.update(fd=events, control=control, k=token)
     SPEC.update(spec)
     _WATCHED.update(_watch_targets())
 
 
 def _emit(record: dict[str, Any]) -> None:
     _STATE["n"] += 1
-    data = _dumps(record, separators=(",", ":")).encode() + b"\n"
+    data = _dumps({**record, "k": _STATE["k"]}, separators=(",", ":")).encode() + b"\n"
     while data:
         data = data[_write(_STATE["fd"], data) :]
 
