@@ -27,10 +27,6 @@ FLOORS: list[tuple[str, ...]] = [
 ]  # fmt: skip
 
 KNOWN_CIRCLES = {
-    # sandbox: the base module builds backends that import it back (pending, see issue #26)
-    "coderl.sandbox.backends", "coderl.sandbox.base", "coderl.sandbox.bwrap",
-    "coderl.sandbox.files", "coderl.sandbox.local", "coderl.sandbox.pool",
-    "coderl.sandbox.shell",
     # tasks: humaneval <-> grading, grading -> envbuild -> buildpolicy -> synth -> grading
     "coderl.tasks.buildpolicy", "coderl.tasks.envbuild", "coderl.tasks.grading",
     "coderl.tasks.humaneval", "coderl.tasks.synth",

@@ -5,6 +5,7 @@ unisolated fallback, ``coderl.sandbox.pool`` (``SandboxPool``) for sandboxes sta
 time, and ``coderl.sandbox.base`` for the interface.
 """
 
+from coderl.sandbox import backends  # noqa: F401  - fills base.BACKENDS
 from coderl.sandbox.base import DIFF_EXCLUDES, ExecResult, Limits, Sandbox, SandboxError
 
 __all__ = ["DIFF_EXCLUDES", "ExecResult", "Limits", "Sandbox", "SandboxError"]

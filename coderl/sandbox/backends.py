@@ -1,12 +1,13 @@
-"""Backend name -> sandbox class: the only place a name selects a sandbox implementation."""
+"""Backend name -> sandbox class: fills ``coderl.sandbox.base.BACKENDS``, the only place a name
+selects a sandbox implementation (imported by the ``coderl.sandbox`` package, so every import of
+a sandbox module has it)."""
 
 from __future__ import annotations
 
+from coderl.sandbox.base import BACKENDS
 from coderl.sandbox.bwrap import BwrapSandbox
 from coderl.sandbox.local import LocalSandbox
 
-BACKENDS = {
-    "bwrap": BwrapSandbox,
-    "local": LocalSandbox,
-}
-"""``Sandbox.create(..., backend=NAME)`` builds ``BACKENDS[NAME](base, limits=..., ...)``."""
+BACKENDS.update({"bwrap": BwrapSandbox, "local": LocalSandbox})
+
+__all__ = ["BACKENDS"]

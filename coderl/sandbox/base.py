@@ -1,6 +1,6 @@
 """Sandbox interface types shared by the harness, the grader and the environment builder.
 
-``Sandbox.create(...)`` is the one entry point; ``BACKENDS`` (in ``coderl.sandbox.backends``) is
+``Sandbox.create(...)`` is the one entry point; ``BACKENDS`` (filled by ``coderl.sandbox.backends``) is
 the only place where a backend name selects an implementation.
 """
 
@@ -10,14 +10,17 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
-from typing import TYPE_CHECKING, Protocol, Self
-
-if TYPE_CHECKING:
-    from coderl.sandbox.pool import SandboxPool
+from typing import Any, Protocol, Self
 
 DIFF_EXCLUDES: tuple[str, ...] = ("__pycache__", "*.pyc", ".pytest_cache", "*.egg-info")
 """Glob patterns (matched against each path component) that ``Sandbox.diff`` leaves out by
 default: byproducts of running Python and pytest in the workspace, not edits."""
+
+
+BACKENDS: dict[str, Any] = {}
+"""Backend name -> sandbox class, the only place a name selects an implementation: filled by
+``coderl.sandbox.backends`` (which the package imports), so this module imports no backend and
+no backend imports back into a module that imports it."""
 
 
 class SandboxError(RuntimeError):
@@ -90,7 +93,7 @@ class Sandbox(Protocol):
         rw_mounts: dict[str, str] | None = None,
         network: bool = False,
         backend: str = "bwrap",
-        pool: SandboxPool | None = None,
+        pool: Any = None,
     ) -> Sandbox:
         """Start a sandbox whose workspace ``/testbed`` is a copy-on-write view of ``base``.
 
@@ -108,8 +111,6 @@ class Sandbox(Protocol):
         FileNotFoundError (``base`` or a mount source missing), SandboxError (the sandbox
         failed to start, the pool is closed).
         """
-        from coderl.sandbox.backends import BACKENDS
-
         if backend not in BACKENDS:
             raise ValueError(f"unknown sandbox backend {backend!r}; valid: {sorted(BACKENDS)}")
         if pool is not None:

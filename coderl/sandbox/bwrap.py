@@ -70,7 +70,8 @@ from collections.abc import Sequence
 from itertools import count
 from pathlib import Path
 
-from coderl.sandbox import mounts, seccomp
+import coderl.sandbox.mounts as mounts
+import coderl.sandbox.seccomp as seccomp
 from coderl.sandbox.base import DIFF_EXCLUDES, ExecResult, Limits, Sandbox, SandboxError
 from coderl.sandbox.files import FileOps
 from coderl.sandbox.process import BwrapProcess

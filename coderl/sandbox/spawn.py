@@ -28,7 +28,7 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any, TypeVar
 
-from coderl.sandbox import mounts
+import coderl.sandbox.mounts as mounts
 
 T = TypeVar("T")
 
