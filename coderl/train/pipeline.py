@@ -358,7 +358,8 @@ def probe_step(
     maybe_probe`; ``step`` is the step number the metrics are logged under, 1 first). Metrics:
     ``graders/probe/<term>/<probe>/{shift,lo,hi,flagged}`` and ``graders/probe/<term>/flagged``
     (probes flagged); empty on other steps, without a learned term, or when no episode has a
-    diff. The views travel in each info's ``view`` (set by :func:`rescore` only when probes are
+    diff. ``alarm/grader_gameable`` (logged on probe steps) is 1, with a warning, when any
+    term has a flagged probe: the run is training on a grader a probe reliably raises. The views travel in each info's ``view`` (set by :func:`rescore` only when probes are
     scheduled), so the async learner probes what the workers scored. Observes only: no reward,
     sample or weight depends on it.
 
@@ -375,6 +376,12 @@ def probe_step(
     for name in names:
         grader = (graders or {}).get(name) or learned_grader(name, cfg.reward)
         m.update(maybe_probe(step, cfg, grader, views, prefix=f"graders/probe/{name}"))
+    if m:
+        bad = [n for n in names if m.get(f"graders/probe/{n}/flagged", 0.0) > 0]
+        flagged = [k.split("/")[3] for k, v in m.items() if k.endswith("/flagged") and v > 0
+                   and k.count("/") == 4]  # fmt: skip
+        _alarm(m, "grader_gameable", float(len(bad)), "graders.max_shift", 0.0,
+               lambda: f"training on a gameable grader: {bad}; probes {sorted(set(flagged))}")  # fmt: skip
     return m
 
 
