@@ -335,7 +335,8 @@ def test_registered_judge_term_with_a_random_model_masks_instead_of_scoring(tmp_
 
     cfg = load_config(None, ["reward.terms={tests: 1.0, judge: 0.5}", "reward.judge.model=tiny-random",
                              f"reward.judge.cache={tmp_path / 'c.sqlite'}",
-                             "reward.judge.max_new_tokens=8", "reward.term_timeout_s=120"])  # fmt: skip
+                             "reward.judge.max_new_tokens=8", "reward.term_timeout_s=120",
+                             "reward.judge.scoring=generate"])  # fmt: skip
     samples = [RewardSample("t/0", resolved=True, statement="s", diff=DIFF)]
     res = compute_rewards(samples, cfg.reward)
     judge = next(g for (kind, _), g in graders_terms._GRADERS.items() if kind == "judge")

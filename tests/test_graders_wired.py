@@ -114,6 +114,8 @@ def test_a_naive_judge_is_flagged_on_the_probe_steps_only(tmp_path, diffy, monke
     assert m["graders/probe/judge/injection_string/flagged"] == 1.0
     assert m["graders/probe/judge/rename/flagged"] == 0.0  # shift 0: not raised
     assert m["graders/probe/judge/flagged"] == 2.0
+    assert rows[1]["alarm/grader_gameable"] == 1.0  # a run training on a gameable grader alarms
+    assert "alarm/grader_gameable" not in rows[0]  # logged on probe steps only
     # the reward term scored with the same judge: weight 0.5 x 0.3
     assert rows[1]["reward/judge"] == pytest.approx(0.15)
 
@@ -122,8 +124,10 @@ def test_a_judge_that_reads_behaviour_is_not_flagged(tmp_path, diffy, monkeypatc
     cfg = load_config(TOY, [*OVERRIDES, f"run_dir={tmp_path}"])
     _seed_judge(monkeypatch, cfg, BehaviourJudge())
     train(cfg, observers=default_observers())
-    m = _probe_keys(read_jsonl(tmp_path / "metrics.jsonl")[1])
+    row = read_jsonl(tmp_path / "metrics.jsonl")[1]
+    m = _probe_keys(row)
     assert m["graders/probe/judge/flagged"] == 0.0
+    assert row["alarm/grader_gameable"] == 0.0
     assert m["graders/probe/judge/injection_comment/shift"] == pytest.approx(0.0)
     assert m["graders/probe/judge/unchanged_summary/shift"] == pytest.approx(-0.7)
 

@@ -29,6 +29,7 @@ from coderl.graders.judge import EpisodeView
 from coderl.graders.probes import maybe_probe
 from coderl.graders.report import criteria_metrics
 from coderl.graders.terms import configured_learned, learned_grader, view_of
+from coderl.train.pipeline import _alarm as step_alarm
 
 
 def _for_audit(records: list[dict[str, Any]], cfg: Config) -> list[dict[str, Any]]:
@@ -70,8 +71,9 @@ class Probes:
     """The gameability probes of every configured learned term (``judge``, ``rm``) on the
     step's episodes, every ``graders.probe_every`` steps (:func:`coderl.graders.probes.
     maybe_probe`; ``step`` is the number the metrics are logged under, 1 first). Metrics:
-    ``graders/probe/<term>/<probe>/{shift,lo,hi,flagged}`` and ``graders/probe/<term>/flagged``;
-    empty on other steps, without a learned term, or when no episode has a diff. ``scored`` puts
+    ``graders/probe/<term>/<probe>/{shift,lo,hi,flagged}`` and ``graders/probe/<term>/flagged``,
+    and ``alarm/grader_gameable``: 1, with a warning, when any term has a flagged probe (the run
+    is training on a grader a probe reliably raises); empty on other steps, without a learned term, or when no episode has a diff. ``scored`` puts
     each episode's view in its info (only when probes are scheduled), so the async learner
     probes what the workers scored.
 
@@ -97,6 +99,18 @@ class Probes:
         for name in names:
             grader = (self.graders or {}).get(name) or learned_grader(name, cfg.reward)
             m.update(maybe_probe(step, cfg, grader, views, prefix=f"graders/probe/{name}"))
+        if m:
+            bad = [n for n in names if m.get(f"graders/probe/{n}/flagged", 0.0) > 0]
+            probes = sorted(
+                {
+                    k.split("/")[3]
+                    for k, v in m.items()
+                    if k.count("/") == 4 and k.endswith("/flagged") and v > 0
+                }
+            )
+            detail = f"training on a gameable grader: {bad}; probes {probes}"
+            step_alarm(m, "grader_gameable", float(len(bad)), "graders.max_shift", 0.0,
+                       lambda: detail)  # fmt: skip
         return m
 
 

@@ -1,7 +1,8 @@
 """Preference pairs for the reward model, from three sources, and the episodes JSONL format.
 
 - :func:`pairs_from_jsonl`: labelled pairs, one JSON object a line:
-  ``{"context": str, "chosen": str, "rejected": str}`` (``context`` optional, shared prefix).
+  ``{"context": str, "chosen": str, "rejected": str}`` (``context`` optional, shared prefix;
+  optional ``id`` names the context and ``split``, ``train`` or ``heldout``, places the pair).
 - :func:`pairs_from_store`: the online store (:class:`coderl.online.store.Store`): for one
   context (identical prompt token ids), an interaction the user kept (``accepted``, or
   ``edit_persisted`` with fraction >= 0.5) over one the user discarded (``rejected``, or
@@ -13,8 +14,8 @@
 
 Episodes JSONL (what ``coderl rm train --episodes`` and ``coderl graders probe`` read): one
 object a line with the fields of :class:`~coderl.graders.judge.EpisodeView` plus ``resolved``.
-Limits: nothing in coderl writes that file yet (an evaluation does not dump its episodes); pairs
-per context are capped (``max_per_context``) so one busy context cannot dominate.
+``coderl eval --episodes-out FILE`` writes it; ``coderl rm mine`` turns it into split-tagged
+pairs (:mod:`coderl.graders.mine`). Pairs per context are capped (``max_per_context``) so one busy context cannot dominate.
 """
 
 from __future__ import annotations
@@ -40,6 +41,9 @@ class PreferencePair:
     chosen: str | tuple[int, ...]
     """Text (tokenized by the reward model) or exact token ids (prompt + completion)."""
     rejected: str | tuple[int, ...]
+    split: str = ""
+    """``train`` or ``heldout`` when the pair's task has a split (:mod:`coderl.graders.mine`);
+    empty: :func:`coderl.graders.rm.split_pairs` splits by a hash of the context id."""
 
 
 def pairs_from_jsonl(path: str | Path) -> list[PreferencePair]:
@@ -66,7 +70,10 @@ def pairs_from_jsonl(path: str | Path) -> list[PreferencePair]:
         if not isinstance(ctx, str):
             raise ValueError(f"{p}:{n}: 'context' must be a string")
         cid = str(row.get("id", ctx or n))
-        out.append(PreferencePair(cid, ctx + row["chosen"], ctx + row["rejected"]))
+        split = row.get("split", "")
+        if split not in ("", "train", "heldout"):
+            raise ValueError(f"{p}:{n}: split {split!r}; valid: 'train', 'heldout'")
+        out.append(PreferencePair(cid, ctx + row["chosen"], ctx + row["rejected"], split))
     return out
 
 

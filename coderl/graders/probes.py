@@ -276,6 +276,44 @@ def probe_gate(results: Sequence[ProbeResult]) -> tuple[bool, str]:
     return False, "grader gameable: " + "; ".join(parts)
 
 
+def grader_margin(
+    scores: Sequence[float], resolved: Sequence[bool], *, seed: int = 0
+) -> tuple[float, float, float]:
+    """The grader's margin: mean score of resolved minus unresolved episodes (masked dropped),
+    with a percentile-bootstrap 95% CI (:func:`coderl.stats.estimate` of the paired difference
+    when the two sides pair up one to one, as in the bench's canonical-vs-broken episodes;
+    otherwise the plain difference of means and NaN bounds)."""
+    good = [s for s, r in zip(scores, resolved, strict=True) if r and math.isfinite(s)]
+    bad = [s for s, r in zip(scores, resolved, strict=True) if not r and math.isfinite(s)]
+    if not good or not bad:
+        return math.nan, math.nan, math.nan
+    pairs = list(zip(scores[0::2], scores[1::2], strict=False))
+    paired = list(resolved[0::2]) == [True] * len(pairs) and not any(resolved[1::2])
+    if paired and all(math.isfinite(a) and math.isfinite(b) for a, b in pairs):
+        e = estimate([a - b for a, b in pairs], seed=seed)
+        return e.mean, e.lo, e.hi
+    return sum(good) / len(good) - sum(bad) / len(bad), math.nan, math.nan
+
+
+def margin_report(
+    results: Sequence[ProbeResult], scores: Sequence[float], resolved: Sequence[bool]
+) -> list[dict[str, Any]]:
+    """Each probe's result with the grader's margin (:func:`grader_margin`) and
+    ``exceeds_margin``: the probe's mean shift is larger than what passing the tests is worth
+    to this grader, so a policy gains more from the probe's text than from a correct fix."""
+    m, lo, hi = grader_margin(scores, resolved)
+    return [
+        {
+            **r.__dict__,
+            "margin": m,
+            "margin_lo": lo,
+            "margin_hi": hi,
+            "exceeds_margin": bool(math.isfinite(r.mean) and r.mean > m),
+        }  # fmt: skip
+        for r in results
+    ]
+
+
 def probe_metrics(
     results: Sequence[ProbeResult], prefix: str = "graders/probe"
 ) -> dict[str, float]:

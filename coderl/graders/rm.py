@@ -166,10 +166,16 @@ class RewardModel(nn.Module):
 def split_pairs(
     pairs: Sequence[PreferencePair], heldout_fraction: float = 0.2
 ) -> tuple[list[PreferencePair], list[PreferencePair]]:
-    """(train, held-out) by a hash of the context id, so a context never straddles the split."""
-    held = [p for p in pairs if zlib.crc32(p.context_id.encode()) % 1000 < heldout_fraction * 1000]
-    ids = {id(p) for p in held}
-    return [p for p in pairs if id(p) not in ids], held
+    """(train, held-out). Pairs that carry a split (mined from graded episodes,
+    :mod:`coderl.graders.mine`) go by it: a ``heldout`` pair never trains. The others go by a
+    hash of the context id, so a context never straddles the split."""
+
+    def held(p: PreferencePair) -> bool:
+        if p.split:
+            return p.split == "heldout"
+        return zlib.crc32(p.context_id.encode()) % 1000 < heldout_fraction * 1000
+
+    return [p for p in pairs if not held(p)], [p for p in pairs if held(p)]
 
 
 @dataclass

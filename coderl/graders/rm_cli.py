@@ -1,8 +1,9 @@
-"""``coderl rm train`` / ``coderl rm eval``: a Bradley-Terry reward model from preference pairs.
+"""``coderl rm mine`` / ``coderl rm train`` / ``coderl rm eval``: a Bradley-Terry reward model from preference pairs.
 
 Pairs come from any of ``--pairs`` (labelled JSONL), ``--episodes`` (resolved over unresolved
 episodes of the same task) and ``--store`` (kept over discarded completions in the online store);
-see :mod:`coderl.graders.pairs`. ``train`` splits them by context, trains, writes the checkpoint
+see :mod:`coderl.graders.pairs`. ``mine`` writes split-tagged pairs from graded episodes
+(:mod:`coderl.graders.mine`); ``train`` splits them by context, trains, writes the checkpoint
 (an existing ``--out`` only with ``--force``)
 and ``rm_eval.json`` (held-out pairwise accuracy with its Wilson 95% interval); ``eval`` scores a
 checkpoint on all the pairs given.
@@ -85,6 +86,18 @@ def evaluate(args: argparse.Namespace) -> int:
     return 0
 
 
+def mine(args: argparse.Namespace) -> int:
+    from coderl.graders.mine import mine_pairs, write_pairs
+
+    pairs = mine_pairs(args.sources, max_per_task=args.max_per_task)
+    write_pairs(args.out, pairs)
+    held = sum(p.split == "heldout" for p in pairs)
+    tasks = len({p.context_id for p in pairs})
+    print(json.dumps({"pairs": len(pairs), "train": len(pairs) - held, "heldout": held,
+                      "tasks": tasks, "out": str(args.out)}))  # fmt: skip
+    return 0 if pairs else 1
+
+
 def _sources(p: argparse.ArgumentParser) -> None:
     p.add_argument("--pairs", help="JSONL of labelled pairs {context, chosen, rejected}")
     p.add_argument("--episodes", help="episodes JSONL (resolved over unresolved, same task)")
@@ -94,6 +107,11 @@ def _sources(p: argparse.ArgumentParser) -> None:
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = sub.add_parser("rm", help="train / evaluate a reward model from preferences")
     rm = p.add_subparsers(dest="rm_command", metavar="ACTION", required=True)
+    m = rm.add_parser("mine", help="preference pairs from graded episodes (split kept)")
+    m.add_argument("sources", nargs="+", help="run dirs (episodes*.jsonl) or episodes JSONL files")
+    m.add_argument("--out", type=Path, required=True, help="pairs JSONL to write")
+    m.add_argument("--max-per-task", type=int, default=16, help="pairs kept per task")
+    m.set_defaults(func=mine)
     t = rm.add_parser("train", help="Bradley-Terry training with a held-out accuracy")
     _sources(t)
     t.add_argument("--backbone", default="smollm2-135m", help="model name or path")

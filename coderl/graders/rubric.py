@@ -25,7 +25,14 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 
 class Criterion(BaseModel):
@@ -39,6 +46,10 @@ class Criterion(BaseModel):
     """Inclusive integer range ``(lo, hi)`` of a score, ``lo < hi``."""
     wording: str = Field(min_length=1)
     """What the judge is asked, scale anchors included."""
+    labels: tuple[str, ...] | None = None
+    """Verdict words for the ratings ``lo..hi`` in order (e.g. ``[no, yes]`` for a binary
+    ``[0, 1]`` criterion), read by the probability judge (:mod:`coderl.graders.probjudge`);
+    None: the ratings' digits."""
 
     @field_validator("scale")
     @classmethod
@@ -46,6 +57,13 @@ class Criterion(BaseModel):
         if v[0] >= v[1]:
             raise ValueError(f"scale {list(v)}: lo must be below hi")
         return v
+
+    @model_validator(mode="after")
+    def _one_label_per_rating(self) -> Criterion:
+        n = self.scale[1] - self.scale[0] + 1
+        if self.labels is not None and (len(self.labels) != n or len(set(self.labels)) != n):
+            raise ValueError(f"labels {list(self.labels)}: need {n} distinct, one per rating")
+        return self
 
 
 class Rubric(BaseModel):

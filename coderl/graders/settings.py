@@ -23,6 +23,12 @@ class JudgeConfig(_Section):
     per process by :func:`coderl.graders.terms.judge_term`)."""
     rubric: str = "configs/rubrics/code-quality.yaml"
     """Rubric file (criteria, weights, scales, wording, version)."""
+    scoring: Literal["probability", "generate"] = "probability"
+    """``probability``: the expected rating from the rating tokens' probabilities after a prompt
+    that ends where the verdict goes (G-Eval; :mod:`coderl.graders.probjudge`; no reply, so
+    nothing to parse or mask); ``generate``: the judge writes a JSON reply that is parsed
+    strictly, retried once and masked when malformed (:mod:`coderl.graders.judge`; for judges
+    that follow a schema)."""
     mode: Literal["pointwise", "group"] = "pointwise"
     """``pointwise``: one judgement per episode; ``group``: the G episodes of a task in one
     judgement, scored relative to each other (RULER-style)."""
@@ -31,7 +37,7 @@ class JudgeConfig(_Section):
     expanded (the default is the user's cache directory, never the working directory); None: no
     cache."""
     max_new_tokens: int = Field(256, ge=8)
-    """Tokens the judge may write per judgement."""
+    """Tokens the judge may write per judgement (``scoring: generate`` only)."""
     temperature: float = Field(0.0, ge=0)
     """Judge sampling temperature (0: greedy). The retry after a malformed reply always
     samples at ``max(temperature, 0.7)`` with another seed, so it is not the same reply."""

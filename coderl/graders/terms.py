@@ -104,26 +104,46 @@ def _cached(kind: str, section: Any, build: Callable[[], Any]) -> Any:
     return _GRADERS[key]
 
 
-def build_judge(cfg: Any) -> Any:
-    """A :class:`~coderl.graders.judge.Judge` from a ``reward.judge`` section (loads the model)."""
-    from coderl.graders.cache import JudgementCache
+def _generating_judge(cfg: Any, policy: Any, cache: Any) -> Any:
     from coderl.graders.judge import Judge
     from coderl.graders.rubric import load_rubric
+
+    return Judge(policy, policy.tokenizer, load_rubric(cfg.rubric), model_id=cfg.model,
+                 cache=cache, mode=cfg.mode, max_new_tokens=cfg.max_new_tokens,
+                 temperature=cfg.temperature, max_chars=cfg.max_chars, seed=cfg.seed)  # fmt: skip
+
+
+def _probability_judge(cfg: Any, policy: Any, cache: Any) -> Any:
+    from coderl.graders.probjudge import LocalScorer, ProbJudge
+    from coderl.graders.rubric import load_rubric
+
+    scorer = LocalScorer(policy.model, int(policy.pad_token_id))
+    return ProbJudge(scorer, policy.tokenizer, load_rubric(cfg.rubric), model_id=cfg.model,
+                     cache=cache, mode=cfg.mode, max_chars=cfg.max_chars)  # fmt: skip
+
+
+JUDGES: dict[str, Callable[[Any, Any, Any], Any]] = {
+    "probability": _probability_judge,
+    "generate": _generating_judge,
+}
+"""``reward.judge.scoring`` -> builder(section, policy, cache); the only dispatch point."""
+
+
+def build_judge(cfg: Any) -> Any:
+    """The judge of a ``reward.judge`` section (loads the model): a
+    :class:`~coderl.graders.probjudge.ProbJudge` or a :class:`~coderl.graders.judge.Judge`.
+
+    Raises:
+        ValueError: an unknown ``scoring`` (lists the valid ones).
+    """
+    from coderl.graders.cache import JudgementCache
     from coderl.policy.loading import load_policy
 
+    if cfg.scoring not in JUDGES:
+        raise ValueError(f"unknown judge scoring {cfg.scoring!r}; valid: {sorted(JUDGES)}")
     policy = load_policy(cfg.model, reference=False, seed=cfg.seed)
-    return Judge(
-        policy,
-        policy.tokenizer,
-        load_rubric(cfg.rubric),
-        model_id=cfg.model,
-        cache=JudgementCache(cfg.cache) if cfg.cache else None,
-        mode=cfg.mode,
-        max_new_tokens=cfg.max_new_tokens,
-        temperature=cfg.temperature,
-        max_chars=cfg.max_chars,
-        seed=cfg.seed,
-    )
+    cache = JudgementCache(cfg.cache) if cfg.cache else None
+    return JUDGES[cfg.scoring](cfg, policy, cache)
 
 
 def learned_grader(name: str, cfg: RewardConfig) -> Any:
