@@ -375,8 +375,10 @@ _forge_stream()
 def test_a_stream_written_on_the_event_pipe_is_garbled(env, task, route):
     code = FORGE_STREAM.replace("OPEN", FORGE_STREAM_OPEN[route])
     diff = episode(env, task, at_import(module_file(env, task), code))
-    for guard in (True, False):  # the detector does not see it; the observer must
-        result = grade(task, diff, env=env, guard=guard)
-        assert not result.resolved and result.failure_kind == "agent", (route, result.reason)
-        assert result.grading_error is None and not result.denied
-        assert "without the worker's token" in result.reason, result.reason
+    denied = grade(task, diff, env=env)  # the detector denies any added file I/O ...
+    assert not denied.resolved and denied.failure_kind == "agent" and denied.grading_error is None
+    assert any("file-io" in f for f in denied.denied), (route, denied.denied)
+    result = grade(task, diff, env=env, guard=False)  # ... and without it the observer garbles
+    assert not result.resolved and result.failure_kind == "agent", (route, result.reason)
+    assert result.grading_error is None and not result.denied
+    assert "without the worker's token" in result.reason, result.reason
