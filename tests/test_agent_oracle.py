@@ -164,14 +164,14 @@ def test_oracle_replay_resolves_every_mutation_kind(library, smollm2_tokenizer):
 
 @needs_sandbox
 def test_an_oracle_episode_that_must_summarise_still_resolves(smollm2_tokenizer):
-    """A window of 2,048 tokens cannot hold the statement, the code read and the fix: the expert
+    """A window of 1,536 tokens cannot hold the statement, the code read and the fix: the expert
     summarises (its summary names the bug), goes on in the new window and resolves the task."""
     from coderl.tasks.envbuild import build_env
     from coderl.tasks.grading import grade
 
     task = min(BY_LIBRARY["toolz"], key=lambda t: len(t.problem_statement))
     build_env(task.source.removeprefix("pypi:"))
-    (ep,) = oracle_episodes(smollm2_tokenizer, [task], _episode_config(budget=2048))
+    (ep,) = oracle_episodes(smollm2_tokenizer, [task], _episode_config(budget=1536))
     assert ep.stats.summaries >= 1 and len(ep.trajectory.segments) == ep.stats.summaries + 1
     summary = ep.transcripts[1][1]["content"]  # the new window's task message
     assert "Summary of your progress so far:" in summary and "must become" in summary
