@@ -276,12 +276,13 @@ def _env_id(name: str, version: str, digest: str, commands: tuple[str, ...]) -> 
 
 
 def _test_error(run: TestRun, n_pass: int) -> str:
-    """What went wrong in a test run: collection errors, else pytest's own last lines."""
+    """What went wrong in a test run: collection errors, else pytest's own last lines (its
+    stderr; stdout is the signed verdict stream)."""
     if run.collect_errors:
         return "; ".join(run.collect_errors)[-1500:]
     if n_pass or run.exec is None:
         return ""
-    return (run.exec.stdout + run.exec.stderr).strip()[-1500:] or f"exit {run.exec.exit_code}"
+    return run.exec.stderr.strip()[-1500:] or f"exit {run.exec.exit_code}"
 
 
 def _attempt_builds(

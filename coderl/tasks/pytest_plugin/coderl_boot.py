@@ -95,6 +95,12 @@ def _worker(spec: dict, events: int, control: int, go: int) -> None:
         code = int(pytest.main(args, plugins=[coderl_results]))
     except BaseException:  # noqa: BLE001 - whatever happened, leave without running atexit
         code = 3
+        try:  # say why on stderr (not the verdict channel): a build without pytest, a crash
+            import traceback
+
+            traceback.print_exc()
+        except BaseException:  # noqa: BLE001
+            pass
     for f in (sys.stdout, sys.stderr):
         try:
             f.flush()
