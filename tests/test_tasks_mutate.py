@@ -1,6 +1,7 @@
 """Mutation operators, diffs and problem statements (no sandbox)."""
 
 import ast
+import functools
 
 import pytest
 
@@ -37,9 +38,11 @@ def changed_lines(old, new):
     return [ln for ln in diff.splitlines() if ln[:1] in "+-" and ln[:3] not in ("+++", "---")]
 
 
+@functools.cache
 def all_mutants():
+    """Every mutant of SOURCE, made once for the module (the parametrised tests only read it)."""
     tree = ast.parse(SOURCE)
-    return [m for name, fn in functions(tree) for m in mutants_of(SOURCE, name, fn)]
+    return tuple(m for name, fn in functions(tree) for m in mutants_of(SOURCE, name, fn))
 
 
 def test_functions_and_first_lines():
