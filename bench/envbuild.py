@@ -22,7 +22,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from coderl.tasks.buildpolicy import build_function
+from coderl.agent.buildpolicy import build_function
 from coderl.tasks.ledger import build_many, finished, summary
 
 

@@ -135,7 +135,6 @@ def test_oracle_replay_resolves_every_mutation_kind(library, smollm2_tokenizer):
     """Each oracle episode, run through the harness (template, call format, parser, tools,
     sandbox), submits a diff that resolves its task in a fresh grading sandbox, with every
     call run cleanly and held-out tests never named."""
-    from coderl.envs.agent import sandbox_for  # noqa: F401 - the rollout sandboxes
     from coderl.tasks.envbuild import build_env
     from coderl.tasks.grading import grade
     from coderl.train.sft import clean_oracle_episode
@@ -277,7 +276,6 @@ def test_oracle_episodes_come_back_in_task_order_when_statements_force_two_batch
     from types import SimpleNamespace
 
     import coderl.agent.oracle as oracle
-    import coderl.envs.agent as envs_agent
     import coderl.tasks.grading as grading
 
     tasks = [
@@ -288,7 +286,7 @@ def test_oracle_episodes_come_back_in_task_order_when_statements_force_two_batch
     closed = []
     monkeypatch.setattr(grading, "rollout_base", lambda t: Path("/nonexistent"))
     monkeypatch.setattr(
-        envs_agent, "sandbox_for", lambda t: SimpleNamespace(close=lambda: closed.append(t.id))
+        grading, "rollout_sandbox", lambda t: SimpleNamespace(close=lambda: closed.append(t.id))
     )
     monkeypatch.setattr(oracle, "plan_episode", lambda t, base, seed: SimpleNamespace(t=t))
     monkeypatch.setattr(oracle, "OracleExpert", lambda plans, *a: plans)

@@ -22,7 +22,7 @@ from coderl.eval.audit import (
 )
 from coderl.eval.report import write_report
 from coderl.rewards.hacks import HackFlag
-from coderl.tasks.grading import GradeResult
+from coderl.tasks.verdict import GradeResult
 from coderl.trajectory import Trajectory
 
 CHROMIUM = "/usr/bin/chromium"

@@ -192,8 +192,8 @@ def test_help_texts_describe_actions_and_builders():
         line = next(x for x in online.splitlines() if x.strip().startswith(action + " "))
         assert len(line.split()) > 3, line  # a description, not only the name
 
+    from coderl.agent.buildpolicy import BUILDERS
     from coderl.tasks.cli import BUILDER_HELP
-    from coderl.tasks.envbuild import BUILDERS
 
     assert list(BUILDER_HELP) == list(BUILDERS)
     build = " ".join(help_of("tasks", "build-env").split())

@@ -5,8 +5,8 @@ import stat
 
 import pytest
 
-from coderl.tasks.grading import is_protected, strip_protected
 from coderl.tasks.patches import PatchError, apply_to_copy, make_diff, remove_tree
+from coderl.tasks.protected import is_protected, strip_protected
 
 
 @pytest.mark.parametrize(

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from coderl.online.suites import GradingError, SuiteTask, extract_code, grade_replies, passes
-from coderl.tasks.grading import GradeResult
+from coderl.tasks.verdict import GradeResult
 
 needs_sandbox = pytest.mark.skipif(
     shutil.which("bwrap") is None or os.geteuid() != 0,

@@ -5,8 +5,9 @@ import tarfile
 
 import pytest
 
+from coderl.agent.buildpolicy import BUILDERS, get_builder
 from coderl.tasks.detect import detect, propose_install_plans
-from coderl.tasks.envbuild import BUILDERS, RuleBasedPolicy, get_builder, read_license
+from coderl.tasks.envbuild import RuleBasedPolicy, read_license
 from coderl.tasks.snapshot import parse_spec, snapshot_dir, tree_digest, unpack
 
 

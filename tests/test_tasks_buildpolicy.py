@@ -12,12 +12,12 @@ from pathlib import Path
 import pytest
 from test_agent_tools import PLAIN_CHATML
 
+from coderl.agent.buildpolicy import ModelBuildPolicy, build_statement, build_with_model
 from coderl.agent.episode import EpisodeConfig
 from coderl.agent.parsing import CALL_FORMATS
 from coderl.agent.scripted import ScriptedPolicy
 from coderl.policy.tiny import tiny_tokenizer
 from coderl.sandbox import Sandbox, SandboxError
-from coderl.tasks.buildpolicy import ModelBuildPolicy, build_statement, build_with_model
 from coderl.tasks.detect import InstallPlan, detect
 from coderl.tasks.envbuild import BuildError, RuleBasedPolicy, build_env
 

@@ -8,14 +8,9 @@ import shutil
 import pytest
 
 from coderl.sandbox import Sandbox
+from coderl.tasks.function_grading import workspace_base
 from coderl.tasks.grading import grade
-from coderl.tasks.humaneval import (
-    completion_diff,
-    grade_completion,
-    humaneval_tasks,
-    split_of,
-    workspace_base,
-)
+from coderl.tasks.humaneval import completion_diff, grade_completion, humaneval_tasks, split_of
 from coderl.tasks.patches import make_diff
 
 needs_sandbox = pytest.mark.skipif(

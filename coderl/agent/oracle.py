@@ -451,8 +451,7 @@ def oracle_episodes(
         KeyError: a task's environment is not built (``coderl tasks build-env``).
         coderl.tasks.patches.PatchError, ValueError: a gold patch the expert cannot replay.
     """
-    from coderl.envs.agent import sandbox_for
-    from coderl.tasks.grading import rollout_base
+    from coderl.tasks.grading import rollout_base, rollout_sandbox
 
     bases = {t.id: rollout_base(t) for t in tasks}
     episodes: list[Episode] = []
@@ -461,7 +460,7 @@ def oracle_episodes(
         for batch in _apart(list(tasks)):
             plans = [plan_episode(t, bases[t.id], seed) for t in batch]
             expert = OracleExpert(plans, cfg.call_format, cfg.summary_instruction)
-            jobs = [(t, sandbox_for(t)) for t in batch]
+            jobs = [(t, rollout_sandbox(t)) for t in batch]
             try:
                 ran = run_episodes(
                     ScriptedPolicy(tokenizer, expert), jobs, cfg, max_workers=max_workers

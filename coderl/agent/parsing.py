@@ -28,6 +28,8 @@ from typing import TYPE_CHECKING, Any
 
 import pydantic
 
+from coderl.config.online import CALL_FORMAT_NAMES
+
 if TYPE_CHECKING:  # the tools build their schemas with transformers (and torch) at import
     from coderl.agent.tools import Tool
 
@@ -218,6 +220,8 @@ CALL_FORMATS: dict[str, CallFormat] = {
     "xml": CallFormat(parse_xml, format_xml, instructions_xml),
 }
 """Format name -> format; the only dispatch point for tool-call formats."""
+if set(CALL_FORMATS) != set(CALL_FORMAT_NAMES):  # the config's names and these formats agree
+    raise ImportError(f"CALL_FORMATS {sorted(CALL_FORMATS)} != {sorted(CALL_FORMAT_NAMES)}")
 
 
 def get_call_format(name: str) -> CallFormat:

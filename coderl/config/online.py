@@ -1,15 +1,29 @@
 """The ``online`` section: ``coderl serve`` and ``coderl online`` (serving, rewards from events,
-the gate, monitors, the simulated population)."""
+the gate, monitors, the simulated population).
+
+The plain data these sections are validated against lives here, below the code it configures:
+the event types, the reward spec, the single-sample baseline names, the tool-call format names,
+the house styles. Each module that implements them (``coderl.online.events``,
+``coderl.online.baselines``, ``coderl.agent.parsing``, ``coderl.online.suites``) checks at its
+import that its implementations match these names."""
 
 from __future__ import annotations
 
 import re
 from typing import Any, Literal
 
-from pydantic import ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from coderl.config._base import _Section
-from coderl.online.rewards import RewardSpec
+
+EVENT_TYPES = ("accepted", "rejected", "edit_persisted", "follow_up", "tool_error", "latency_ms")
+"""The outcome event kinds (:mod:`coderl.online.events` defines one model per kind)."""
+BASELINE_NAMES = ("batch-norm", "running-segment")
+"""Single-sample advantage baselines (:data:`coderl.online.baselines.BASELINES` implements them)."""
+GROUP_METHODS = ("grpo", "dr-grpo", "rloo", "group", "group-norm")
+"""Group-normalised advantage names, refused for production traffic (one sample per context)."""
+CALL_FORMAT_NAMES = ("hermes", "xml")
+"""Tool-call formats (:data:`coderl.agent.parsing.CALL_FORMATS` implements them)."""
 
 HOUSE_STYLE_NAMES = ("type_hints", "no_print", "docstrings")
 """The house styles a population may name (:data:`coderl.online.suites.HOUSE_STYLES` holds
@@ -17,6 +31,103 @@ their checks and is checked against these names at its import)."""
 GRADING_SANDBOXES = ("bwrap",)
 """Where the simulated population's replies are graded (:data:`coderl.online.suites.GRADERS`,
 checked against these names at its import)."""
+
+
+def check_baseline(name: str) -> None:
+    """Raise unless ``name`` is a single-sample baseline (:data:`BASELINE_NAMES`).
+
+    Raises:
+        ValueError: a group-normalised method (with why it cannot work on production data) or
+            an unknown name (listing the valid ones).
+    """
+    if name.lower() in GROUP_METHODS:
+        raise ValueError(
+            f"advantage baseline {name!r} is group-normalised: it compares several samples of "
+            "the same prompt, but production traffic gives one sample per context, so every "
+            "group has size 1 and every advantage would be 0. Use a single-sample baseline: "
+            f"{sorted(BASELINE_NAMES)}"
+        )
+    if name not in BASELINE_NAMES:
+        raise ValueError(f"unknown advantage baseline {name!r}; valid: {sorted(BASELINE_NAMES)}")
+
+
+def check_call_format(name: str) -> str:
+    """``name`` if it is one of :data:`CALL_FORMAT_NAMES`; ValueError listing them otherwise."""
+    if name not in CALL_FORMAT_NAMES:
+        raise ValueError(f"unknown tool-call format {name!r}; valid: {sorted(CALL_FORMAT_NAMES)}")
+    return name
+
+
+def _default_windows() -> dict[str, float]:
+    return {
+        "accepted": 900.0,
+        "rejected": 900.0,
+        "edit_persisted": 3600.0,
+        "follow_up": 1800.0,
+        "tool_error": 900.0,
+        "latency_ms": 900.0,
+    }
+
+
+class RewardSpec(BaseModel):
+    """Event -> reward mapping. Changing any field means a new ``version``."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    version: str = "v1"
+    """Name stored with every reward row; batches never mix versions."""
+    accept: float = Field(default=0.5, ge=0)
+    """Weight of the accepted (+1) / rejected (-1) signal."""
+    persist: float = Field(default=1.0, ge=0)
+    """Weight of edit persistence, mapped from fraction f in [0, 1] to 2f - 1."""
+    follow_up: float = Field(default=0.5, ge=0)
+    """Weight of follow-up sentiment (satisfied +1, neutral 0, dissatisfied -1)."""
+    latency: float = Field(default=0.1, ge=0)
+    """Weight of the latency penalty, -w * min(latency_ms / latency_scale_ms, 1)."""
+    latency_scale_ms: float = Field(default=30_000.0, gt=0)
+    """Latency (milliseconds) at which the latency penalty saturates."""
+    broken_tool_call: float = -2.5
+    """Reward of an episode with a broken tool call; must be below the deferral reward."""
+    deferral: float | None = None
+    """Reward of an episode without an edit; None means the worst edit reward (the cap)."""
+    windows_s: dict[str, float] = Field(default_factory=_default_windows)
+    """Join window per event type, seconds after the interaction; later events are ignored."""
+    orphan_window_s: float = Field(default=3600.0, gt=0)
+    """Events whose interaction has not arrived after this many seconds count as orphans."""
+
+    @property
+    def min_edit_reward(self) -> float:
+        """Worst reward an edit can receive: every term at its minimum."""
+        return -(self.accept + self.persist + self.follow_up + self.latency)
+
+    @property
+    def deferral_reward(self) -> float:
+        return self.min_edit_reward if self.deferral is None else self.deferral
+
+    @model_validator(mode="after")
+    def _check(self) -> RewardSpec:
+        missing = sorted(set(EVENT_TYPES) - set(self.windows_s))
+        unknown = sorted(set(self.windows_s) - set(EVENT_TYPES))
+        if missing or unknown:
+            raise ValueError(
+                f"windows_s must give one window per event type {list(EVENT_TYPES)}; "
+                f"missing {missing}, unknown {unknown}"
+            )
+        if any(w <= 0 for w in self.windows_s.values()):
+            raise ValueError(f"join windows must be > 0 seconds, got {self.windows_s}")
+        if self.deferral is not None and self.deferral > self.min_edit_reward:
+            raise ValueError(
+                f"deferral reward {self.deferral} exceeds the worst edit reward "
+                f"{self.min_edit_reward}: a turn that defers the edit (clarifying question, or "
+                "nothing) could then score above making the edit, which teaches the policy to "
+                "stop editing"
+            )
+        if self.broken_tool_call >= self.deferral_reward:
+            raise ValueError(
+                f"broken_tool_call {self.broken_tool_call} must be < the deferral reward "
+                f"{self.deferral_reward}: otherwise breaking a call is a way to dodge a bad outcome"
+            )
+        return self
 
 
 def check_house_style(name: str) -> str:
@@ -78,20 +189,13 @@ class ServeConfig(_Section):
     max_new_tokens: int = Field(128, ge=1)
     """Default and maximum completion tokens per request."""
     call_format: str | None = None
-    """Tool-call format of served replies, a key of ``coderl.agent.CALL_FORMATS`` (None: the
+    """Tool-call format of served replies, one of :data:`CALL_FORMAT_NAMES` (None: the
     run's harness format, ``tasks.options.episode.call_format``, else the harness default)."""
 
     @field_validator("call_format")
     @classmethod
     def _known_format(cls, v: str | None) -> str | None:
-        if v is not None:
-            from coderl.agent.parsing import get_call_format  # lazy: the harness
-
-            try:
-                get_call_format(v)
-            except KeyError as e:
-                raise ValueError(e.args[0]) from None
-        return v
+        return v if v is None else check_call_format(v)
 
 
 class OnlineEvalConfig(_Section):
@@ -281,7 +385,7 @@ class OnlineConfig(_Section):
     """Where the hidden tests of the simulated population's single replies run the model's code
     (the held-out eval grades through the run's environment): ``bwrap`` (the function checker
     in coderl.sandbox), the only valid value. ``local`` (the check in the reply's own
-    interpreter) is refused: these rewards are trained on (#25)."""
+    interpreter) is refused: these rewards are trained on."""
     cycles: int = Field(1, ge=1)
     """Cycles of ``coderl online run``."""
     interval_s: float = Field(0.0, ge=0)
@@ -290,8 +394,6 @@ class OnlineConfig(_Section):
     @field_validator("advantage")
     @classmethod
     def _single_sample(cls, v: str) -> str:
-        from coderl.online.baselines import check_baseline  # lazy: torch
-
         check_baseline(v)
         return v
 

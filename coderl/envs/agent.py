@@ -55,17 +55,11 @@ def _record(ep: Any) -> EpisodeRecord:
 
 
 def sandbox_for(task: Task) -> Any:
-    """A fresh sandbox holding the task's workspace (the caller closes it)."""
-    from coderl.sandbox import Sandbox
+    """A fresh sandbox holding the task's workspace (the caller closes it):
+    :func:`coderl.tasks.grading.rollout_sandbox`."""
+    from coderl.tasks.grading import rollout_sandbox
 
-    if task.kind == "function":
-        from coderl.tasks.humaneval import workspace_base
-
-        return Sandbox.create(workspace_base(task))
-    from coderl.tasks.grading import rollout_sandbox_args
-
-    base, ro = rollout_sandbox_args(task)  # held-out tests, caches and egg-info left out
-    return Sandbox.create(base, ro_mounts=ro)
+    return rollout_sandbox(task)
 
 
 @dataclass

@@ -24,7 +24,7 @@ from collections.abc import Callable, Mapping, Sequence
 import torch
 from torch import Tensor
 
-GROUP_METHODS = ("grpo", "dr-grpo", "rloo", "group", "group-norm")
+from coderl.config.online import BASELINE_NAMES, check_baseline
 
 BaselineState = dict[str, tuple[float, int]]
 """Segment -> ``(running baseline value, rewards seen)``; an unseen segment is ``(0.0, 0)``."""
@@ -84,22 +84,8 @@ BASELINES: dict[str, Callable[..., tuple[Tensor, BaselineState]]] = {
 """Baseline name -> pure function ``(rewards, segments, state, alpha) -> (advantages, state)``."""
 
 
-def check_baseline(name: str) -> None:
-    """Raise unless ``name`` is a single-sample baseline.
-
-    Raises:
-        ValueError: a group-normalised method (with why it cannot work on production data) or
-            an unknown name (listing the valid ones).
-    """
-    if name.lower() in GROUP_METHODS:
-        raise ValueError(
-            f"advantage baseline {name!r} is group-normalised: it compares several samples of "
-            "the same prompt, but production traffic gives one sample per context, so every "
-            "group has size 1 and every advantage would be 0. Use a single-sample baseline: "
-            f"{sorted(BASELINES)}"
-        )
-    if name not in BASELINES:
-        raise ValueError(f"unknown advantage baseline {name!r}; valid: {sorted(BASELINES)}")
+if set(BASELINES) != set(BASELINE_NAMES):  # the config's names and these functions agree
+    raise ImportError(f"BASELINES {sorted(BASELINES)} != {sorted(BASELINE_NAMES)}")
 
 
 def advantages(
@@ -115,7 +101,7 @@ def advantages(
     and saves the returned one.
 
     Raises:
-        ValueError: see :func:`check_baseline`; ``len(segments) != B``.
+        ValueError: see :func:`coderl.config.online.check_baseline`; ``len(segments) != B``.
     """
     check_baseline(name)
     if len(segments) != rewards.numel():

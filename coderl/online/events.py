@@ -25,7 +25,7 @@ import json
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args
 
 from pydantic import (
     BaseModel,
@@ -38,6 +38,7 @@ from pydantic import (
 )
 
 from coderl.agent.parsing import nesting_exceeds
+from coderl.config.online import EVENT_TYPES
 
 _Id = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_.:\-]+$")]
 
@@ -99,7 +100,11 @@ FeedbackEvent = Annotated[
     Accepted | RejectedSuggestion | EditPersisted | FollowUp | ToolError | LatencyMs,
     Field(discriminator="type"),
 ]
-EVENT_TYPES = ("accepted", "rejected", "edit_persisted", "follow_up", "tool_error", "latency_ms")
+_KINDS = [
+    get_args(m.model_fields["type"].annotation)[0] for m in get_args(get_args(FeedbackEvent)[0])
+]
+if _KINDS != list(EVENT_TYPES):  # one model per configured event type, in the same order
+    raise ImportError(f"event models {_KINDS} != EVENT_TYPES {list(EVENT_TYPES)}")
 _ADAPTER: TypeAdapter[Any] = TypeAdapter(FeedbackEvent)
 MAX_EVENT_BYTES = 16_384
 """Largest event, as JSON text (an imported line, or an event of an HTTP request re-encoded)."""

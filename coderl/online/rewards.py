@@ -39,87 +39,13 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from coderl.config.online import RewardSpec
 
-from coderl.online.events import EVENT_TYPES
-
-if TYPE_CHECKING:  # the spec is a config section (coderl.config): keep its import light
+if TYPE_CHECKING:
     from coderl.online.store import Store
 
 OUTCOME_TYPES = ("accepted", "rejected", "edit_persisted", "follow_up")
 SENTIMENT = {"dissatisfied": -1.0, "neutral": 0.0, "satisfied": 1.0}
-
-
-def _default_windows() -> dict[str, float]:
-    return {
-        "accepted": 900.0,
-        "rejected": 900.0,
-        "edit_persisted": 3600.0,
-        "follow_up": 1800.0,
-        "tool_error": 900.0,
-        "latency_ms": 900.0,
-    }
-
-
-class RewardSpec(BaseModel):
-    """Event -> reward mapping. Changing any field means a new ``version``."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    version: str = "v1"
-    """Name stored with every reward row; batches never mix versions."""
-    accept: float = Field(default=0.5, ge=0)
-    """Weight of the accepted (+1) / rejected (-1) signal."""
-    persist: float = Field(default=1.0, ge=0)
-    """Weight of edit persistence, mapped from fraction f in [0, 1] to 2f - 1."""
-    follow_up: float = Field(default=0.5, ge=0)
-    """Weight of follow-up sentiment (satisfied +1, neutral 0, dissatisfied -1)."""
-    latency: float = Field(default=0.1, ge=0)
-    """Weight of the latency penalty, -w * min(latency_ms / latency_scale_ms, 1)."""
-    latency_scale_ms: float = Field(default=30_000.0, gt=0)
-    """Latency (milliseconds) at which the latency penalty saturates."""
-    broken_tool_call: float = -2.5
-    """Reward of an episode with a broken tool call; must be below the deferral reward."""
-    deferral: float | None = None
-    """Reward of an episode without an edit; None means the worst edit reward (the cap)."""
-    windows_s: dict[str, float] = Field(default_factory=_default_windows)
-    """Join window per event type, seconds after the interaction; later events are ignored."""
-    orphan_window_s: float = Field(default=3600.0, gt=0)
-    """Events whose interaction has not arrived after this many seconds count as orphans."""
-
-    @property
-    def min_edit_reward(self) -> float:
-        """Worst reward an edit can receive: every term at its minimum."""
-        return -(self.accept + self.persist + self.follow_up + self.latency)
-
-    @property
-    def deferral_reward(self) -> float:
-        return self.min_edit_reward if self.deferral is None else self.deferral
-
-    @model_validator(mode="after")
-    def _check(self) -> RewardSpec:
-        missing = sorted(set(EVENT_TYPES) - set(self.windows_s))
-        unknown = sorted(set(self.windows_s) - set(EVENT_TYPES))
-        if missing or unknown:
-            raise ValueError(
-                f"windows_s must give one window per event type {list(EVENT_TYPES)}; "
-                f"missing {missing}, unknown {unknown}"
-            )
-        if any(w <= 0 for w in self.windows_s.values()):
-            raise ValueError(f"join windows must be > 0 seconds, got {self.windows_s}")
-        if self.deferral is not None and self.deferral > self.min_edit_reward:
-            raise ValueError(
-                f"deferral reward {self.deferral} exceeds the worst edit reward "
-                f"{self.min_edit_reward}: a turn that defers the edit (clarifying question, or "
-                "nothing) could then score above making the edit, which teaches the policy to "
-                "stop editing"
-            )
-        if self.broken_tool_call >= self.deferral_reward:
-            raise ValueError(
-                f"broken_tool_call {self.broken_tool_call} must be < the deferral reward "
-                f"{self.deferral_reward}: otherwise breaking a call is a way to dodge a bad outcome"
-            )
-        return self
 
 
 @dataclass

@@ -102,7 +102,7 @@ def _diff_keeps_style(task: Any, diff: str, style: str | None) -> bool:
     import tempfile
     from pathlib import Path
 
-    from coderl.tasks.humaneval import workspace_base
+    from coderl.tasks.function_grading import workspace_base
     from coderl.tasks.patches import PatchError, apply_patch, paths_in_diff
 
     with tempfile.TemporaryDirectory(prefix="style-") as d:

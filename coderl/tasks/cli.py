@@ -62,7 +62,7 @@ def _print_failure(spec: str, error: str, step: str, attempts: list[dict[str, ob
 
 
 def _builder(name: str) -> Callable[[str], EnvRecord]:
-    from coderl.tasks.buildpolicy import build_function
+    from coderl.agent.buildpolicy import build_function
 
     try:
         return build_function(name)
@@ -260,7 +260,7 @@ BUILDER_HELP = {
     "model": "the demo model (SmolLM2-135M) proposes the plans and writes tests where a "
     "repository has none; one repository at a time",
 }
-"""``--help`` text of each of ``coderl.tasks.envbuild.BUILDERS`` (a test checks both agree)."""
+"""``--help`` text of each of ``coderl.agent.buildpolicy.BUILDERS`` (a test checks both agree)."""
 
 
 def _builders() -> str:

@@ -17,17 +17,16 @@ bits it leaves there are cleared afterwards (``snapshot.clear_setid``). Test run
 writable host mount.
 
 The steps are pluggable through :class:`BuildPolicy` (explore, propose the next install plan,
-choose test paths); ``BUILDERS`` maps names to policies and the rule-based one is the default.
+choose test paths); the rule-based one is the default, and ``coderl.agent.buildpolicy.BUILDERS``
+maps names to policies (the model-driven builder drives the agent harness, so it lives above it).
 """
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import json
 import shutil
 import tempfile
-from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from email.parser import Parser
 from pathlib import Path
@@ -145,35 +144,6 @@ class RuleBasedPolicy:
 
     def test_paths(self, info: ProjectInfo) -> list[str]:
         return list(info.test_dirs)
-
-
-@functools.cache
-def demo_policy() -> Any:
-    """The demo model (SmolLM2-135M-Instruct), loaded once per process."""
-    from coderl.policy import load_policy
-
-    return load_policy("smollm2-135m", reference=False)
-
-
-def demo_model_builder() -> BuildPolicy:
-    """:class:`coderl.tasks.buildpolicy.ModelBuildPolicy` with the demo model (SmolLM2-135M,
-    loaded once per process), the rule-based builder as its fallback."""
-    from coderl.tasks.buildpolicy import ModelBuildPolicy
-
-    return ModelBuildPolicy(demo_policy())
-
-
-BUILDERS: dict[str, Callable[[], BuildPolicy]] = {
-    "rules": RuleBasedPolicy,
-    "model": demo_model_builder,
-}
-
-
-def get_builder(name: str) -> BuildPolicy:
-    """Instantiate a build policy by name. Raises KeyError listing the valid names."""
-    if name not in BUILDERS:
-        raise KeyError(f"unknown builder {name!r}; valid: {sorted(BUILDERS)}")
-    return BUILDERS[name]()
 
 
 def read_license(root: Path) -> str:
@@ -339,14 +309,14 @@ def _attempt_builds(
 def build_env(
     spec: str,
     *,
-    builder: str = "rules",
     factory: SandboxFactory | None = None,
     cache: Path | None = None,
     build_policy: BuildPolicy | None = None,
 ) -> EnvRecord:
     """Build (or reuse) the environment for ``spec`` (``NAME==VERSION`` or a local directory).
 
-    ``build_policy`` (e.g. a ``ModelBuildPolicy`` around an engine) replaces ``builder``.
+    ``build_policy`` proposes the install plans (default :class:`RuleBasedPolicy`; the named
+    builders, the model-driven one included, are ``coderl.agent.buildpolicy.BUILDERS``).
 
     Raises:
         BuildError: naming the failing step (download, explore, venv, install[i], import X, test)
@@ -357,7 +327,7 @@ def build_env(
         record = EnvRecord.load(existing)
         if record.spec == spec and Path(record.venv).is_dir():
             return record
-    policy = build_policy or get_builder(builder)
+    policy = build_policy or RuleBasedPolicy()
     factory = factory or default_factory()
     try:
         digest, snapshot = snapshot_spec(spec, cache=cache)

@@ -54,6 +54,7 @@ import hashlib
 import json
 import os
 import shlex
+import shutil
 import tempfile
 import threading
 import time
@@ -61,9 +62,14 @@ from pathlib import Path
 from typing import Any
 
 from coderl.sandbox.base import ExecResult, Limits, Sandbox
-from coderl.tasks.runner import SANDBOX_ENV, SandboxFactory
-from coderl.tasks.snapshot import cache_dir
+from coderl.tasks.protected import strip_protected
+from coderl.tasks.runner import SANDBOX_ENV, SandboxFactory, default_factory
+from coderl.tasks.snapshot import cache_dir, normalize_modes
 from coderl.tasks.spec import Task
+from coderl.tasks.verdict import GradeResult
+
+TEST_ID = "hidden_test.py::check"
+"""The one test id of a function task: its hidden ``check`` (FAIL_TO_PASS)."""
 
 FNCHECK_DIR = Path(__file__).parent / "fncheck"
 CANDIDATE_OUTPUT_BYTES = 4 * 1024**2
@@ -232,3 +238,53 @@ def _run_judge(sb: Sandbox, mode: str, entry: str, timeout: float) -> dict[str, 
     if mode == "record":
         raise CheckSetupError(f"the check gave no verdict on the gold solution ({why})")
     return {"verdict": "failed", "detail": f"the check died on the candidate's answers ({why})"}
+
+
+def workspace_base(task: Task, *, cache: Path | None = None) -> Path:
+    """A content-addressed directory holding the task's ``workspace_files`` (the sandbox base)."""
+    cache = cache or cache_dir()
+    key = hashlib.sha256(repr(sorted(task.workspace_files.items())).encode()).hexdigest()[:16]
+    target = cache / "bases" / f"fn-{key}"
+    if not target.exists():
+        staging = Path(tempfile.mkdtemp(dir=cache, prefix=".base-"))
+        for rel, text in task.workspace_files.items():
+            (staging / rel).parent.mkdir(parents=True, exist_ok=True)
+            (staging / rel).write_bytes(encode_text(text))
+        normalize_modes(staging)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            staging.rename(target)
+        except OSError:  # a concurrent grader made the same base first: use theirs
+            shutil.rmtree(staging)
+            if not target.is_dir():
+                raise
+    return target
+
+
+def grade_function(
+    task: Task, agent_diff: str, *, factory: SandboxFactory | None = None, timeout: float = 30.0
+) -> GradeResult:
+    """Grade a function task: apply the diff (hidden test names and protected paths stripped) in
+    a fresh sandbox, compute the candidate's answers there, and judge them with the hidden
+    ``check`` in a sandbox that never runs candidate code
+    (:mod:`coderl.tasks.function_grading`).
+
+    Never raises for the agent's failures; infrastructure failures (a sandbox that cannot start,
+    a gold solution that fails its own check) set ``grading_error``.
+    """
+    start = time.monotonic()
+    result = GradeResult(task_id=task.id)
+    extra = [*task.protected_paths, *task.hidden_tests]
+    diff, result.stripped_paths = strip_protected(agent_diff, extra)
+    try:
+        factory = factory or default_factory()
+        outcome, detail = check_function(task, workspace_base(task), diff, factory, timeout)
+    except Exception as e:  # sandbox or grader failure: mask, never score
+        result.grading_error = f"{type(e).__name__}: {e}"
+        return result
+    result.tests = {TEST_ID: "passed" if outcome == "passed" else "failed"}
+    result.resolved = outcome == "passed"
+    result.fraction_passed = result.fail_to_pass_passed = float(result.resolved)
+    result.reason = "" if result.resolved else f"{outcome}: {detail}".strip()
+    result.duration_s = time.monotonic() - start
+    return result

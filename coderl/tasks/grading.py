@@ -57,21 +57,18 @@ repository suite needs):
 from __future__ import annotations
 
 import errno
-import fnmatch
 import os
-import sys
 import tempfile
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
 
-from coderl.sandbox.base import Limits, SandboxError
+from coderl.sandbox.base import Limits, Sandbox, SandboxError
 from coderl.tasks.diffguard import scan_change
 from coderl.tasks.envbuild import EnvRecord, find_env
-from coderl.tasks.function_grading import encode_text
+from coderl.tasks.function_grading import encode_text, grade_function, workspace_base
 from coderl.tasks.holdout import rollout_workspace
-from coderl.tasks.patches import PatchError, apply_to_copy, remove_tree, split_diff
+from coderl.tasks.patches import PatchError, apply_to_copy, remove_tree
+from coderl.tasks.protected import is_protected
 from coderl.tasks.runner import (
     RUN_OUTPUT_BYTES,
     SANDBOX_ENV,
@@ -85,107 +82,7 @@ from coderl.tasks.runner import (
 )
 from coderl.tasks.snapshot import cache_dir
 from coderl.tasks.spec import Task
-
-PROTECTED_PATTERNS: tuple[str, ...] = (
-    "**/test_*.py",
-    "**/*_test.py",
-    "**/tests/**",
-    "**/test/**",
-    "**/testing/**",
-    "**/conftest.py",
-    "pytest.ini",
-    ".pytest.ini",
-    "tox.ini",
-    "setup.cfg",
-    "pyproject.toml",
-    "noxfile.py",
-    "**/*.pth",
-    "**/sitecustomize.py",
-    "**/usercustomize.py",
-    "**/__pycache__/**",
-    "**/*.pyc",
-    "**/.pytest_cache/**",
-    ".hypothesis/**",
-    "**/*.dist-info",
-    "**/*.dist-info/**",
-    "**/*.egg-info",
-    "**/*.egg-info/**",
-    "**/*.egg-link",
-    "**/.git/**",
-)
-SHADOW_NAMES = frozenset(sys.stdlib_module_names) | {
-    "pytest",
-    "_pytest",
-    "pluggy",
-    "py",
-    "coderl_results",
-    "coderl_boot",
-}
-
-
-@dataclass
-class GradeResult:
-    """The grader's verdict. The reward code reads ``resolved``, ``fraction_passed``,
-    ``grading_error`` and ``tests``."""
-
-    task_id: str
-    resolved: bool = False
-    """SWE-bench rule: every FAIL_TO_PASS and PASS_TO_PASS test passed (and no tampering)."""
-    tests: dict[str, str] = field(default_factory=dict)
-    """Expected test id -> outcome (``passed``, ``failed``, ``error``, ``skipped``, ``missing``...)."""
-    fraction_passed: float = 0.0
-    """Passed / expected tests, in [0, 1]; 0.0 whenever ``tampered``."""
-    fail_to_pass_passed: float = 0.0
-    """Fraction of the FAIL_TO_PASS tests that passed; 0.0 whenever ``tampered``."""
-    grading_error: str | None = None
-    """Set only for infrastructure failures (the grader itself failed): mask, do not score."""
-    failure_kind: Literal["infra", "agent"] | None = None
-    """Why there is no reward: ``infra`` (sandbox could not start, environment missing, grader
-    bug; ``grading_error`` says which; the sample is masked) or ``agent`` (anything the graded
-    code or diff caused: unresolved, tampering, crash, timeout, garbage; scored as a failure).
-    ``None`` when resolved."""
-    reason: str = ""
-    """Why the task is not resolved (first cause), empty when resolved."""
-    tampered: bool = False
-    """Canaries misbehaved or pytest/unittest internals were replaced."""
-    stripped_paths: list[str] = field(default_factory=list)
-    """Protected paths removed from the agent's diff."""
-    duration_s: float = 0.0
-    """Wall time of the grade (seconds)."""
-    denied: list[str] = field(default_factory=list)
-    """Findings of the reward-denying detector (``coderl.tasks.diffguard``): what the diff adds
-    that reaches into the interpreter, the runner or the process's memory (``path:line: rule
-    name``). Non-empty = scored 0 as the agent's failure, whatever the tests said; kept for
-    audit (``hack_flags`` reads it)."""
-
-
-def is_protected(
-    path: str,
-    extra: tuple[str, ...] | list[str] = (),
-    source_roots: tuple[str, ...] = (".",),
-    shadow: frozenset[str] = frozenset(),
-) -> bool:
-    """Whether a workspace-relative path may not be changed by the agent: it matches a pattern
-    of ``PROTECTED_PATTERNS`` or ``extra``, or its top-level module name (under a source root)
-    is in ``SHADOW_NAMES`` or ``shadow`` (e.g. the virtualenv's modules, :func:`venv_modules`)."""
-    path = path.lstrip("/")
-    for pattern in (*PROTECTED_PATTERNS, *extra):
-        if fnmatch.fnmatch(path, pattern):
-            return True
-        if pattern.startswith("**/") and fnmatch.fnmatch(path, pattern[3:]):
-            return True
-    for root in source_roots:
-        rel = (
-            path
-            if root == "."
-            else (path[len(root) + 1 :] if path.startswith(root + "/") else None)
-        )
-        if rel is not None:
-            top = rel.split("/")[0]
-            name = top[:-3] if top.endswith(".py") and "/" not in rel else top
-            if name in SHADOW_NAMES or name in shadow:
-                return True
-    return False
+from coderl.tasks.verdict import GradeResult
 
 
 def venv_modules(env: EnvRecord) -> frozenset[str]:
@@ -204,28 +101,6 @@ def venv_modules(env: EnvRecord) -> frozenset[str]:
             continue
         names.add(name.split(".")[0] if not entry.is_dir() else name)
     return frozenset(names - set(env.info.get("top_level", [])) - {""})
-
-
-def strip_protected(
-    diff: str, extra: tuple[str, ...] | list[str] = (), source_roots: tuple[str, ...] = (".",)
-) -> tuple[str, list[str]]:
-    """Remove every per-file chunk that touches a protected path; returns ``(diff, removed)``.
-
-    A text parse of the diff: used only for function tasks, whose sandbox holds nothing but the
-    solution file. Repository tasks decide on the tree git produced (``patches.apply_to_copy``).
-    """
-    kept, removed = [], []
-    for path, chunk in split_diff(diff):
-        touched = [path] + [
-            ln.split(" ", 2)[2].strip()
-            for ln in chunk.splitlines()
-            if ln.startswith(("rename from ", "copy from "))
-        ]
-        if not path or any(is_protected(p, extra, source_roots) for p in touched):
-            removed.append(path or "<unparsed chunk>")
-        else:
-            kept.append(chunk)
-    return "".join(kept), removed
 
 
 def _summarise(result: GradeResult, task: Task, outcomes: dict[str, str]) -> GradeResult:
@@ -258,11 +133,17 @@ def rollout_sandbox_args(task: Task) -> tuple[Path, dict[str, str]]:
     environment is not built.
     """
     if task.kind == "function":
-        from coderl.tasks.humaneval import workspace_base
-
         return workspace_base(task), {}
     env = find_env(task.env_id)
     return rollout_base(task, env), {"/venv": env.venv}
+
+
+def rollout_sandbox(task: Task, factory: SandboxFactory | None = None) -> Sandbox:
+    """A fresh rollout sandbox of ``task`` (the caller closes it): :func:`rollout_sandbox_args`
+    through ``factory`` (default ``coderl.sandbox.Sandbox.create``). Raises KeyError when the
+    environment is not built, ``SandboxError`` when the sandbox cannot start."""
+    base, ro_mounts = rollout_sandbox_args(task)  # held-out tests, caches and egg-info left out
+    return (factory or default_factory())(base, ro_mounts=ro_mounts)
 
 
 def grade(
@@ -281,11 +162,9 @@ def grade(
 
     Never raises for anything the agent did: that is a scored failure (``failure_kind="agent"``);
     infrastructure failures set ``grading_error`` (``failure_kind="infra"``).
-    ``function`` tasks are delegated to :func:`coderl.tasks.humaneval.grade_function`.
+    ``function`` tasks are delegated to :func:`coderl.tasks.function_grading.grade_function`.
     """
     if task.kind == "function":
-        from coderl.tasks.humaneval import grade_function
-
         return _attribute(grade_function(task, agent_diff, factory=factory, timeout=timeout))
     start = time.monotonic()
     result = GradeResult(task_id=task.id)

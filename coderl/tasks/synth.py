@@ -23,10 +23,10 @@ from pathlib import Path
 from coderl.sandbox.base import Limits
 from coderl.tasks.envbuild import EnvRecord
 from coderl.tasks.exposure import check_readable
-from coderl.tasks.grading import PROTECTED_PATTERNS, is_protected
 from coderl.tasks.holdout import choose_held_out, held_out_source, hideable_in
 from coderl.tasks.mutate import Mutant, first_line, functions, mutants_of
 from coderl.tasks.patches import make_diff, materialize
+from coderl.tasks.protected import PROTECTED_PATTERNS, is_protected
 from coderl.tasks.runner import (
     RUN_OUTPUT_BYTES,
     SANDBOX_ENV,

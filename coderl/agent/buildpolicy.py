@@ -1,6 +1,8 @@
 """Auto Install driven by a model: install plans found by agent episodes in the build sandbox.
 
-:class:`ModelBuildPolicy` is a :class:`~coderl.tasks.envbuild.BuildPolicy`. Each ``propose`` runs
+:class:`ModelBuildPolicy` is a :class:`~coderl.tasks.envbuild.BuildPolicy`; :data:`BUILDERS` names
+the build policies ``coderl tasks build-env --builder`` offers (this module sits above the harness it
+drives, so the registry that names it lives here too). Each ``propose`` runs
 one agent episode of any :class:`~coderl.policy.base.Policy` (a model, a remote engine, a
 :class:`~coderl.agent.scripted.ScriptedPolicy`) with the harness's tools (``run``, ``read_file``,
 ``search``, ``edit``, ``write_file``, ``submit``) in a build sandbox over the repository's
@@ -24,6 +26,7 @@ effect the episode relied on: the validation then fails and the attempt is recor
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import shutil
@@ -361,18 +364,46 @@ def build_with_model(
     return build_env(spec, factory=factory, cache=cache, build_policy=builder)
 
 
+@functools.cache
+def demo_policy() -> Policy:
+    """The demo model (SmolLM2-135M-Instruct), loaded once per process."""
+    from coderl.policy import load_policy
+
+    return load_policy("smollm2-135m", reference=False)
+
+
+def demo_model_builder() -> BuildPolicy:
+    """:class:`ModelBuildPolicy` with the demo model (SmolLM2-135M, loaded once per process), the
+    rule-based builder as its fallback."""
+    return ModelBuildPolicy(demo_policy())
+
+
+BUILDERS: dict[str, Callable[[], BuildPolicy]] = {
+    "rules": RuleBasedPolicy,
+    "model": demo_model_builder,
+}
+"""Builder name -> build policy; the only dispatch point for ``--builder``."""
+
+
+def get_builder(name: str) -> BuildPolicy:
+    """Instantiate a build policy by name. Raises KeyError listing the valid names."""
+    if name not in BUILDERS:
+        raise KeyError(f"unknown builder {name!r}; valid: {sorted(BUILDERS)}")
+    return BUILDERS[name]()
+
+
 def build_function(name: str) -> Callable[[str], EnvRecord]:
-    """spec -> built environment for the builder ``name`` (a key of ``envbuild.BUILDERS``):
+    """spec -> built environment for the builder ``name`` (a key of :data:`BUILDERS`):
     ``rules`` is :func:`build_env`; ``model`` is :func:`build_with_model` with the demo model,
     which also writes tests for a repository without any.
 
     Raises:
         KeyError: an unknown name (the message lists the valid ones).
     """
-    from coderl.tasks.envbuild import BUILDERS, build_env, demo_policy
+    from coderl.tasks.envbuild import build_env
 
     if name not in BUILDERS:
         raise KeyError(f"unknown builder {name!r}; valid: {sorted(BUILDERS)}")
     if name == "model":
         return lambda spec: build_with_model(spec, demo_policy())
-    return lambda spec: build_env(spec, builder=name)
+    return lambda spec: build_env(spec, build_policy=get_builder(name))
