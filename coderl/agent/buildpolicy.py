@@ -273,18 +273,10 @@ def write_tests(
         BuildError: ``write-tests`` (no test file written, or no written test catches a bug),
             or whatever :func:`build_env` raises for the copy.
     """
-    import random
-
-    from coderl.tasks.envbuild import BuildError, build_env
-    from coderl.tasks.snapshot import parse_spec, snapshot_spec
-    from coderl.tasks.synth import _run as run_selected
-    from coderl.tasks.synth import candidates
+    from coderl.tasks.envbuild import BuildError, build_env, snapshot_or_raise
 
     cache = cache or cache_dir()
-    try:
-        digest, snapshot = snapshot_spec(spec, cache=cache)
-    except (RuntimeError, FileNotFoundError, OSError) as e:
-        raise BuildError(spec, "download", str(e)) from e
+    digest, snapshot = snapshot_or_raise(spec, cache)
     info = detect(snapshot)
     task = SimpleTask(
         "build/write-tests", WRITE_TESTS + "\n\n" + build_statement(info, [], []), "build"
@@ -294,33 +286,12 @@ def write_tests(
     commands = install_commands(episode)
     if not files:
         raise BuildError(spec, "write-tests", "the model wrote no test file", [])
-    pinned = parse_spec(spec)
-    name = pinned[0] if pinned else Path(spec).resolve().name
-    key = hashlib.sha256(json.dumps([digest, sorted(files.items())]).encode()).hexdigest()[:12]
-    derived = cache / "written" / key / name
-    if not derived.exists():
-        staging = Path(tempfile.mkdtemp(dir=cache, prefix=".written-"))
-        shutil.copytree(snapshot, staging / name)
-        apply_patch(staging / name, "".join(files.values()))
-        derived.parent.mkdir(parents=True, exist_ok=True)
-        (staging / name).chmod(0o755)
-        (staging / name).rename(derived)
-        shutil.rmtree(staging, ignore_errors=True)
+    derived = _with_tests(spec, digest, snapshot, files, cache)
     first = _FirstPlan(InstallPlan("model[0]", tuple(commands)), RuleBasedPolicy())
     env = build_env(str(derived), factory=factory, cache=cache, build_policy=first)
     if "written_tests" in env.info:  # reused: the filter already ran
         return env
-    factory = factory or default_factory()
-    killed: set[str] = set()
-    tried = 0
-    for cand in candidates(env, random.Random(seed)):
-        if tried >= max_mutants:
-            break
-        tried += 1
-        bug = make_diff(cand.path, cand.original, cand.mutant.source)
-        run = run_selected(env, materialize(Path(env.snapshot), bug), env.passing, factory, 60.0)
-        if not run.results_missing:  # a crashed run tells nothing about single tests
-            killed |= {t for t in env.passing if not run.passed(t)}
+    killed, tried = _tests_catching_bugs(env, max_mutants, seed, factory or default_factory())
     kept = [t for t in env.passing if t in killed]
     dropped = [t for t in env.passing if t not in killed]
     if not kept:
@@ -338,6 +309,49 @@ def write_tests(
     return env
 
 
+def _with_tests(spec: str, digest: str, snapshot: Path, files: dict[str, str], cache: Path) -> Path:
+    """A content-addressed copy of ``snapshot`` with the written test files (path -> diff
+    chunk) applied, under ``<cache>/written``; made once."""
+    from coderl.tasks.snapshot import parse_spec
+
+    pinned = parse_spec(spec)
+    name = pinned[0] if pinned else Path(spec).resolve().name
+    key = hashlib.sha256(json.dumps([digest, sorted(files.items())]).encode()).hexdigest()[:12]
+    derived = cache / "written" / key / name
+    if not derived.exists():
+        staging = Path(tempfile.mkdtemp(dir=cache, prefix=".written-"))
+        shutil.copytree(snapshot, staging / name)
+        apply_patch(staging / name, "".join(files.values()))
+        derived.parent.mkdir(parents=True, exist_ok=True)
+        (staging / name).chmod(0o755)
+        (staging / name).rename(derived)
+        shutil.rmtree(staging, ignore_errors=True)
+    return derived
+
+
+def _tests_catching_bugs(
+    env: EnvRecord, max_mutants: int, seed: int, factory: SandboxFactory
+) -> tuple[set[str], int]:
+    """``(the passing tests that fail on at least one synthesised bug, bugs tried)``: up to
+    ``max_mutants`` of :func:`coderl.tasks.synth.candidates`, each run against ``env.passing``."""
+    import random
+
+    from coderl.tasks.synth import _run as run_selected
+    from coderl.tasks.synth import candidates
+
+    killed: set[str] = set()
+    tried = 0
+    for cand in candidates(env, random.Random(seed)):
+        if tried >= max_mutants:
+            break
+        tried += 1
+        bug = make_diff(cand.path, cand.original, cand.mutant.source)
+        run = run_selected(env, materialize(Path(env.snapshot), bug), env.passing, factory, 60.0)
+        if not run.results_missing:  # a crashed run tells nothing about single tests
+            killed |= {t for t in env.passing if not run.passed(t)}
+    return killed, tried
+
+
 def build_with_model(
     spec: str,
     policy: Policy,
@@ -349,13 +363,9 @@ def build_with_model(
 ) -> EnvRecord:
     """``build-env --builder model``: :func:`write_tests` when the repository has no tests,
     else :func:`build_env` with a :class:`ModelBuildPolicy` (``options`` go to it)."""
-    from coderl.tasks.envbuild import BuildError, build_env
-    from coderl.tasks.snapshot import snapshot_spec
+    from coderl.tasks.envbuild import build_env, snapshot_or_raise
 
-    try:
-        _, snapshot = snapshot_spec(spec, cache=cache)
-    except (RuntimeError, FileNotFoundError, OSError) as e:
-        raise BuildError(spec, "download", str(e)) from e
+    _, snapshot = snapshot_or_raise(spec, cache or cache_dir())
     if not detect(snapshot).test_dirs:
         return write_tests(spec, policy, cfg=cfg, factory=factory, cache=cache)
     if cfg is not None:

@@ -419,14 +419,7 @@ def _run_track(
     parent, shared_champion = registry.served(pop), registry.champion()
     assert shared_champion is not None
     rep["champion_before"] = parent
-    kept = sel.kept[: cfg.online.max_batch]
-    batch_id, claimed = store.claim_batch(
-        cfg.online.reward.version,
-        [r["interaction_id"] for r in kept],
-        claimed_by=f"cycle@{now:.0f}/{track}",
-        now=now,
-    )
-    kept = [r for r in kept if r["interaction_id"] in set(claimed)]
+    batch_id, kept = _claim(cfg, store, sel, track, now)
     rep["batch"] = {"batch_id": batch_id, "size": len(kept)}
     rep["finalize_s"] = time.perf_counter() - t0
     t = time.perf_counter()
@@ -463,19 +456,49 @@ def _run_track(
     }
     rep["gate_s"] = time.perf_counter() - t_gate
     t = time.perf_counter()
-    if gate.promote:
-        registry.promote(candidate, gate.to_dict(), pop)
-        if pop is None or parent != shared_champion:  # a population's first: the shared stays
-            store.set_version_status(parent, "retired", now=now)
-        store.set_version_status(candidate, "champion" if pop is None else "pop_champion", now=now)
-        rep["decision"] = "promoted"
-    else:
-        registry.reject(candidate, gate.to_dict(), pop)
-        store.set_version_status(candidate, "rejected", now=now)
-        rep["decision"] = "rejected"
+    rep["decision"] = _decide(store, registry, gate, candidate, (parent, shared_champion), pop, now)
     rep["champion_after"] = registry.served(pop)
     rep["promote_s"] = time.perf_counter() - t
     return rep
+
+
+def _claim(
+    cfg: Config, store: Store, sel: Selection, track: str, now: float
+) -> tuple[str, list[dict[str, Any]]]:
+    """Claim up to ``max_batch`` of the track's trainable rows: ``(batch_id, the rows this
+    cycle got)`` (a row another claimant holds is left out)."""
+    kept = sel.kept[: cfg.online.max_batch]
+    batch_id, claimed = store.claim_batch(
+        cfg.online.reward.version,
+        [r["interaction_id"] for r in kept],
+        claimed_by=f"cycle@{now:.0f}/{track}",
+        now=now,
+    )
+    return batch_id, [r for r in kept if r["interaction_id"] in set(claimed)]
+
+
+def _decide(
+    store: Store,
+    registry: Registry,
+    gate: Any,
+    candidate: int,
+    parents: tuple[int, int],
+    pop: str | None,
+    now: float,
+) -> str:
+    """Promote ``candidate`` or reject it, as ``gate`` says; the decision. ``parents`` is
+    ``(the version it was trained from, the shared champion)``: promotion retires the first,
+    unless a population's first adapter grew from the shared champion (which stays)."""
+    parent, shared_champion = parents
+    if not gate.promote:
+        registry.reject(candidate, gate.to_dict(), pop)
+        store.set_version_status(candidate, "rejected", now=now)
+        return "rejected"
+    registry.promote(candidate, gate.to_dict(), pop)
+    if pop is None or parent != shared_champion:  # a population's first: the shared stays
+        store.set_version_status(parent, "retired", now=now)
+    store.set_version_status(candidate, "champion" if pop is None else "pop_champion", now=now)
+    return "promoted"
 
 
 def _finish(cfg: Config, store: Store, rep: dict[str, Any], t0: float) -> dict[str, Any]:

@@ -306,6 +306,18 @@ def _attempt_builds(
     return best[1], best[2], best[3], attempts
 
 
+def snapshot_or_raise(spec: str, cache: Path) -> tuple[str, Path]:
+    """``snapshot.snapshot_spec``: ``(digest, snapshot directory)`` of ``spec``.
+
+    Raises:
+        BuildError: step ``download``, with why the snapshot could not be made.
+    """
+    try:
+        return snapshot_spec(spec, cache=cache)
+    except (RuntimeError, FileNotFoundError, OSError) as e:
+        raise BuildError(spec, "download", str(e)) from e
+
+
 def build_env(
     spec: str,
     *,
@@ -329,10 +341,7 @@ def build_env(
             return record
     policy = build_policy or RuleBasedPolicy()
     factory = factory or default_factory()
-    try:
-        digest, snapshot = snapshot_spec(spec, cache=cache)
-    except (RuntimeError, FileNotFoundError, OSError) as e:
-        raise BuildError(spec, "download", str(e)) from e
+    digest, snapshot = snapshot_or_raise(spec, cache)
     pinned = parse_spec(spec)
     name, version = pinned if pinned else (Path(spec).resolve().name, "local")
     dist = _project_name(snapshot, name)
