@@ -111,7 +111,7 @@ def test_a_populations_suite_is_its_tasks_through_the_env_with_its_house_style(t
 
 
 def test_house_style_reads_the_post_image_of_every_python_file():
-    from coderl.online.heldout import house_style_kept
+    from coderl.online.suites import diff_keeps_house_style
     from coderl.tasks.humaneval import humaneval_tasks
     from coderl.tasks.patches import make_diff
 
@@ -120,9 +120,11 @@ def test_house_style_reads_the_post_image_of_every_python_file():
     untyped = make_diff("solution.py", before, before + "\ndef helper(x):\n    return x\n")
     doc = make_diff("solution.py", before, before + '\ndef helper(x):\n    """x"""\n    return x\n')
     other = make_diff("util.py", "", "def g(x):\n    return x\n")
-    assert house_style_kept(task, untyped, None)
-    assert not house_style_kept(task, untyped, "docstrings")
-    assert house_style_kept(task, doc, "docstrings")
-    assert not house_style_kept(task, doc + other, "docstrings")  # the second file breaks it
-    assert house_style_kept(task, "", None) and not house_style_kept(task, "", "no_print")
-    assert not house_style_kept(task, "not a diff", "no_print")
+    assert diff_keeps_house_style(task, untyped, None)
+    assert not diff_keeps_house_style(task, untyped, "docstrings")
+    assert diff_keeps_house_style(task, doc, "docstrings")
+    assert not diff_keeps_house_style(task, doc + other, "docstrings")  # the second file breaks it
+    assert diff_keeps_house_style(task, "", None) and not diff_keeps_house_style(
+        task, "", "no_print"
+    )
+    assert not diff_keeps_house_style(task, "not a diff", "no_print")

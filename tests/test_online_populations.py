@@ -28,7 +28,7 @@ from coderl.online.registry import Registry
 from coderl.online.routing import Route, Router, refresh
 from coderl.online.server import ChatRequest, InteractionServer
 from coderl.online.store import Store
-from coderl.online.suites import SuiteTask, grade_replies, keeps_house_style, population_suite
+from coderl.online.suites import SuiteTask, keeps_house_style, passes, population_suite
 from coderl.online.update import select_trainable, to_segment, update
 from coderl.policy import LoraSpec, load_policy
 from coderl.train.batch import build_batch
@@ -387,7 +387,7 @@ def test_house_styles_are_static_checks_of_the_replys_code():
         "    return a + b\n",
     )
     [styled] = population_suite("heldout", house_style="type_hints", tasks=[task])
-    graded = grade_replies([(task, untyped), (styled, untyped), (styled, typed)], workers=1)
+    graded = [passes(task, untyped), passes(styled, untyped), passes(styled, typed)]
     assert graded == [True, False, True]  # passing tests alone does not pass the house style
     with pytest.raises(ValueError, match="matches no task"):
         population_suite("heldout", task_filter="^nope", tasks=[task])
@@ -492,8 +492,8 @@ def test_simulated_clients_keep_their_populations_tasks_and_house_style():
     whose tests would pass but which breaks the house style is not kept (the outcome events of
     the populations differ in what an own adapter can learn)."""
     from coderl.config.online import PopulationConfig, SimulateConfig
-    from coderl.online.simulate import SimulatedPopulation, _diff_keeps_style
-    from coderl.online.suites import humaneval
+    from coderl.online.simulate import SimulatedPopulation
+    from coderl.online.suites import diff_keeps_house_style, humaneval
     from coderl.tasks.patches import make_diff
 
     tasks = humaneval("train", limit=12)
@@ -516,7 +516,7 @@ def test_simulated_clients_keep_their_populations_tasks_and_house_style():
     [(rel, old)] = task.workspace_files.items()
     typed = "def f(x: int) -> int:\n    return x\n"
     untyped = "def f(x):\n    return x\n"
-    assert _diff_keeps_style(task, make_diff(rel, old, typed), "type_hints")
-    assert not _diff_keeps_style(task, make_diff(rel, old, untyped), "type_hints")
-    assert _diff_keeps_style(task, make_diff(rel, old, untyped), None)
-    assert not _diff_keeps_style(task, "--- a/nope\n+++ b/nope\n@@ garbage", "type_hints")
+    assert diff_keeps_house_style(task, make_diff(rel, old, typed), "type_hints")
+    assert not diff_keeps_house_style(task, make_diff(rel, old, untyped), "type_hints")
+    assert diff_keeps_house_style(task, make_diff(rel, old, untyped), None)
+    assert not diff_keeps_house_style(task, "--- a/nope\n+++ b/nope\n@@ garbage", "type_hints")

@@ -2,7 +2,8 @@
 (read a host file, write outside its workspace, open a network connection) cannot, and scores
 False; the same replies run in a plain subprocess with the check (what the removed
 ``sandbox: local`` grader did) do escape, which shows the attacks are real. ``local`` itself is
-refused everywhere online grading is configured (#25 class 7)."""
+refused everywhere online grading is configured. The grader is training's
+(``coderl.tasks.grading.grade``)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from coderl.online.suites import GradingError, SuiteTask, extract_code, grade_replies, passes
+from coderl.config.online import check_sandbox
+from coderl.online.suites import GradingError, SuiteTask, extract_code, passes, resolves
 from coderl.tasks.verdict import GradeResult
 
 needs_sandbox = pytest.mark.skipif(
@@ -71,13 +73,11 @@ def _connected(srv: socket.socket) -> bool:
 @needs_sandbox
 def test_escaping_replies_score_false_in_the_sandbox(tmp_path: Path, listener) -> None:
     attacks = _attacks(tmp_path, listener.getsockname()[1])
-    replies = [(ADD, extract_code(_reply(BODY.lstrip())))]
-    replies += [(ADD, extract_code(_reply(code))) for code in attacks.values()]
-    assert grade_replies(replies) == [True, False, False, False]
+    replies = [extract_code(_reply(BODY.lstrip()))]
+    replies += [extract_code(_reply(code)) for code in attacks.values()]
+    assert [passes(ADD, code) for code in replies] == [True, False, False, False]
     assert not (tmp_path / "escaped.txt").exists()
     assert not _connected(listener)
-    # the population's path (one reply at a time) grades the same way
-    assert not passes(ADD, extract_code(_reply(attacks["read_host_file"])))
 
 
 def _in_interpreter(task: SuiteTask, code: str | None) -> bool:
@@ -105,17 +105,15 @@ VERDICT_HACKS = {  # wrong answers that rewrite the check's outcome when they sh
 
 @pytest.mark.parametrize("name", sorted(VERDICT_HACKS))
 def test_local_grading_is_refused_and_its_verdict_hacks_fail_in_the_sandbox(name) -> None:
-    """#25 class 7: in the reply's interpreter a wrong answer passes (control); the online
-    grader judges it outside (False), and ``local`` cannot be chosen anywhere."""
+    """In the reply's interpreter a wrong answer passes (control); the online grader judges it
+    outside (False), and ``local`` cannot be chosen anywhere."""
     code = VERDICT_HACKS[name]
     assert _in_interpreter(ADD, code)
     assert not _in_interpreter(ADD, "def add(a, b):\n    return 0\n")  # the honest wrong answer
     if shutil.which("bwrap") is not None and os.geteuid() == 0:
-        assert grade_replies([(ADD, code)]) == [False]
+        assert not passes(ADD, code)
     with pytest.raises(ValueError, match=r"sandbox 'local' is refused.*valid: \['bwrap'\]"):
-        grade_replies([(ADD, code)], sandbox="local")
-    with pytest.raises(ValueError, match="sandbox 'local' is refused"):
-        passes(ADD, code, sandbox="local")
+        check_sandbox("local")
 
 
 def test_config_refuses_local_naming_the_key_and_the_valid_values() -> None:
@@ -143,24 +141,26 @@ def test_simulated_population_refuses_local() -> None:
 @needs_sandbox
 def test_wrong_crashing_or_hanging_code_scores_false_within_the_timeout() -> None:
     replies = [
-        (ADD, extract_code(_reply("def add(a, b):\n    return a - b\n"))),
-        (ADD, extract_code(_reply("import sys\nsys.exit(0)\n" + BODY))),
-        (ADD, extract_code(_reply("def add(a, b):\n    while True:\n        pass\n"))),
-        (ADD, "def plus(a, b):\n    return a + b\n"),  # never defines the entry point
-        (ADD, None),  # no code block at all
+        extract_code(_reply("def add(a, b):\n    return a - b\n")),
+        extract_code(_reply("import sys\nsys.exit(0)\n" + BODY)),
+        extract_code(_reply("def add(a, b):\n    while True:\n        pass\n")),
+        "def plus(a, b):\n    return a + b\n",  # never defines the entry point
+        None,  # no code block at all
     ]
-    assert grade_replies(replies, timeout_s=3.0) == [False] * 5  # the loop is cut at 3 s
+    assert [passes(ADD, code, timeout_s=3.0) for code in replies] == [False] * 5  # cut at 3 s
 
 
 def test_a_broken_grader_raises_instead_of_scoring(monkeypatch: pytest.MonkeyPatch) -> None:
-    def sandbox_down(task, completion, **kwargs) -> GradeResult:
+    def sandbox_down(task, diff, **kwargs) -> GradeResult:
         return GradeResult(task_id=task.id, grading_error="SandboxError: bwrap missing")
 
-    monkeypatch.setattr("coderl.online.suites.grade_completion", sandbox_down)
+    monkeypatch.setattr("coderl.online.suites.grade", sandbox_down)
     with pytest.raises(GradingError, match="t/add: the sandboxed grader failed .*bwrap missing"):
-        grade_replies([(ADD, BODY)])
+        passes(ADD, BODY)
+    with pytest.raises(GradingError, match="bwrap missing"):  # an agent's diff, the same grader
+        resolves(ADD, "--- a/solution.py\n+++ b/solution.py\n")
     with pytest.raises(ValueError, match=r"unknown grading sandbox 'docker'; valid: \['bwrap'"):
-        grade_replies([(ADD, BODY)], sandbox="docker")
+        check_sandbox("docker")
 
 
 LONE_SURROGATE = "def add(a, b):\n    return a + b  # \ud800\n"
@@ -170,4 +170,4 @@ NUL = "def add(a, b):\n    return a + b  # \x00\n"
 @needs_sandbox
 def test_a_lone_surrogate_or_nul_is_an_ordinary_failure_in_the_sandbox() -> None:
     # code that is not valid text or source cannot run: the reply fails, nothing raises
-    assert grade_replies([(ADD, LONE_SURROGATE), (ADD, NUL)]) == [False, False]
+    assert [passes(ADD, LONE_SURROGATE), passes(ADD, NUL)] == [False, False]

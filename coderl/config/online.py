@@ -29,8 +29,8 @@ HOUSE_STYLE_NAMES = ("type_hints", "no_print", "docstrings")
 """The house styles a population may name (:data:`coderl.online.suites.HOUSE_STYLES` holds
 their checks and is checked against these names at its import)."""
 GRADING_SANDBOXES = ("bwrap",)
-"""Where the simulated population's replies are graded (:data:`coderl.online.suites.GRADERS`,
-checked against these names at its import)."""
+"""Where the simulated population's replies are graded: ``bwrap``, the sandbox of training's
+grader (``coderl.tasks.grading.grade``)."""
 
 
 def check_baseline(name: str) -> None:

@@ -12,7 +12,8 @@ harness's, as in ``coderl eval``: ``rollout.max_turns``, ``rollout.max_new_token
 
 A population's suite (``online.populations``) is the same environment's held-out tasks whose
 id matches its ``task_filter``; with a ``house_style`` a resolved episode passes only when every
-Python file its final diff leaves behind keeps the style (:func:`house_style_kept`, a static
+Python file its final diff leaves behind keeps the style
+(:func:`coderl.online.suites.diff_keeps_house_style`, a static
 :mod:`ast` check of the post-image, never run). Only function tasks (HumanEval) carry their
 workspace in the task, so house styles apply to them alone (a repository task with a style
 raises).
@@ -28,9 +29,7 @@ tool call), ``broken_calls`` (per episode), ``grading_errors`` and ``dropped_epi
 from __future__ import annotations
 
 import re
-import tempfile
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Protocol
 
 from coderl.config import Config
@@ -38,9 +37,8 @@ from coderl.config.online import PopulationConfig
 from coderl.envs import build_environment
 from coderl.eval.passk import evaluate
 from coderl.online.monitors import SUSPECTED_HACK_RATE
-from coderl.online.suites import keeps_house_style
+from coderl.online.suites import diff_keeps_house_style
 from coderl.rewards.hacks import detect_hacks, suspected_hack_rate
-from coderl.tasks.patches import PatchError, apply_patch, paths_in_diff
 from coderl.train.pipeline import sampling_params
 
 
@@ -58,33 +56,6 @@ class EvalResult:
 
 class Evaluator(Protocol):
     def __call__(self, policy: Any) -> EvalResult: ...
-
-
-def house_style_kept(task: Any, diff: str, style: str | None) -> bool:
-    """Whether every ``.py`` file ``diff`` touches keeps ``style`` once applied to ``task``'s
-    workspace (None: always). A diff that does not apply, or touches no Python file, does not.
-
-    Raises:
-        ValueError: unknown style, or a task without ``workspace_files`` (a repository task).
-    """
-    if style is None:
-        return True
-    if not task.workspace_files:
-        raise ValueError(f"house style {style!r} needs a function task; {task.id!r} is not one")
-    files = [p for p in paths_in_diff(diff) if p.endswith(".py")]
-    if not files:
-        return False
-    with tempfile.TemporaryDirectory() as d:
-        root = Path(d)
-        for rel, text in task.workspace_files.items():
-            (root / rel).parent.mkdir(parents=True, exist_ok=True)
-            (root / rel).write_text(text)
-        try:
-            apply_patch(root, diff)
-        except PatchError:
-            return False
-        post = [(root / p).read_text() if (root / p).is_file() else "" for p in files]
-    return all(keeps_house_style(style, code) for code in post)
 
 
 class EnvEvaluator:
@@ -130,7 +101,7 @@ class EnvEvaluator:
         passed = {t.id: 0 for t in self.tasks}
         for task, ep, g in graded:
             ok = g.resolved and g.grading_error is None
-            passed[task.id] += ok and house_style_kept(task, ep.answer or "", self.style)
+            passed[task.id] += ok and diff_keeps_house_style(task, ep.answer or "", self.style)
         flags = [detect_hacks(ep, g, task) for task, ep, g in graded]
         n = max(len(episodes), 1)
         behaviour = {

@@ -11,12 +11,14 @@ events are dropped (censoring), sent twice (idempotency), or accompanied by a ma
 With ``simulate.agent`` every interaction is a whole agent episode instead of one request: the
 production harness runs on the client side (:mod:`coderl.online.agent_client`: the harness's
 tools, schemas, call format, parsing and self-summarization, the tools executed in a sandbox the
-client holds) and the server generates every turn. The episode is graded as training grades a
-``function`` task (:func:`coderl.tasks.humaneval.grade_function` on the workspace's diff); the
-outcome events name the episode's last turn and every turn (summaries included) shares them.
+client holds: the task's rollout sandbox, ``coderl.tasks.grading.rollout_sandbox``) and the
+server generates every turn. The episode's diff is graded as training grades it
+(:func:`coderl.online.suites.resolves`: ``coderl.tasks.grading.grade``), and a population's house
+style is checked on the files it leaves; the outcome events name the episode's last turn and
+every turn (summaries included) shares them.
 
-Hidden tests run in :mod:`coderl.sandbox` (see :mod:`coderl.online.suites`); the population grades
-each reply as it arrives. Tool schemas, prompts and call parsing are the harness's
+Every reply and episode is graded by training's grader as it arrives (see
+:mod:`coderl.online.suites`). Tool schemas, prompts and call parsing are the harness's
 (:mod:`coderl.online.calls`): the population offers the harness's ``write_file``.
 """
 
@@ -29,21 +31,20 @@ import urllib.error
 import urllib.request
 import uuid
 from dataclasses import dataclass, field
-from functools import partial
 from typing import Any
 
 from coderl.agent.episode import EpisodeConfig
 from coderl.agent.tools import TOOLS
-from coderl.config.online import PopulationConfig, SimulateConfig
+from coderl.config.online import PopulationConfig, SimulateConfig, check_sandbox
 from coderl.online.server import classify
 from coderl.online.suites import (
     SuiteTask,
-    check_sandbox,
+    diff_keeps_house_style,
     extract_code,
     humaneval,
-    keeps_house_style,
     passes,
     population_suite,
+    resolves,
 )
 
 WRITE_FILE = TOOLS["write_file"].schema
@@ -92,32 +93,6 @@ def outcome_events(edited: bool, passed: bool) -> list[dict[str, Any]]:
     return events
 
 
-def _diff_keeps_style(task: Any, diff: str, style: str | None) -> bool:
-    """Whether every Python file ``diff`` leaves in ``task``'s workspace keeps ``style``
-    (:func:`coderl.online.suites.keeps_house_style`; None: always). A diff that does not apply
-    keeps nothing."""
-    if style is None:
-        return True
-    import shutil
-    import tempfile
-    from pathlib import Path
-
-    from coderl.tasks.function_grading import workspace_base
-    from coderl.tasks.patches import PatchError, apply_patch, paths_in_diff
-
-    with tempfile.TemporaryDirectory(prefix="style-") as d:
-        root = Path(d) / "w"
-        shutil.copytree(workspace_base(task), root)
-        try:
-            apply_patch(root, diff)
-        except PatchError:  # a diff the client cannot apply keeps no style
-            return False
-        files = [root / p for p in paths_in_diff(diff) if p.endswith(".py")]
-        return all(
-            keeps_house_style(style, f.read_text(errors="replace")) for f in files if f.is_file()
-        )
-
-
 @dataclass
 class SimulatedPopulation:
     """Clients that call ``base_url`` (an OpenAI-compatible ``.../v1``) with traffic tasks."""
@@ -127,7 +102,7 @@ class SimulatedPopulation:
     model: str = "coderl"
     tasks: list[SuiteTask] = field(default_factory=lambda: humaneval("train"))
     sandbox: str = "bwrap"
-    """Where the hidden tests run (:data:`coderl.online.suites.GRADERS`)."""
+    """``online.sandbox``: only ``bwrap`` (the graders' sandbox) is valid; ``local`` is refused."""
     stats: SimStats = field(default_factory=SimStats)
     tokenizer: Any = None
     """The served model's tokenizer; the client-side harness renders with it (agent mode)."""
@@ -178,15 +153,13 @@ class SimulatedPopulation:
     def _episode(self) -> None:
         """One agent episode through the client-side harness, graded, then its events."""
         from coderl.online.agent_client import run_served_episode
-        from coderl.sandbox import Sandbox
-        from coderl.tasks.humaneval import grade_function, workspace_base
+        from coderl.tasks.grading import rollout_sandbox
 
         rng, s = self._rng, self.stats
         assert self.episode is not None
         population, suite_task = self._draw()
         task = suite_task.task
-        factory = partial(Sandbox.create, backend="local" if self.sandbox == "local" else "bwrap")
-        sandbox = factory(workspace_base(task))
+        sandbox = rollout_sandbox(task)
         try:
             served = run_served_episode(
                 self._client,
@@ -217,10 +190,10 @@ class SimulatedPopulation:
             code = extract_code(blocks[-1]) if blocks else None
         edited = bool(ep.diff.strip()) or code is not None
         if ep.diff.strip():
-            ok = grade_function(task, ep.diff, factory=factory).resolved
-            ok = ok and _diff_keeps_style(task, ep.diff, suite_task.style)
+            ok = resolves(suite_task, ep.diff)
+            ok = ok and diff_keeps_house_style(task, ep.diff, suite_task.style)
         else:
-            ok = code is not None and passes(suite_task, code, sandbox=self.sandbox)
+            ok = passes(suite_task, code)
         s.edits += edited
         s.passed += ok
         last = served.turns[-1].interaction_id
@@ -254,7 +227,7 @@ class SimulatedPopulation:
         text = msg.content or ""
         status = "valid" if calls else ("invalid" if "<tool_call>" in text else "none")
         edited = classify(text, calls, status) == "edit"
-        ok = edited and passes(task, extract_code(text, calls), sandbox=self.sandbox)
+        ok = edited and passes(task, extract_code(text, calls))
         s.edits += edited
         s.passed += ok
         events: list[dict[str, Any]] = [{"type": "latency_ms", "value": latency_ms}]

@@ -8,20 +8,21 @@ reply counts as an edit that passes (the simulated user keeps it) when its code 
 ``write_file`` tool call's ``content``, else the first fenced code block) defines the function
 and the hidden tests pass.
 
-Grading (:func:`grade_replies`) runs the model's code in :mod:`coderl.sandbox` through the
-HumanEval grader (:func:`coderl.tasks.humaneval.grade_completion`): a fresh bubblewrap sandbox
-per reply, no network, only ``/usr``, the Python prefix and the task's workspace visible, the
-hidden test in a read-only mount, CPU/memory/time limits, and the guarded ``check`` runner (plain
-return values only; a check that accepts a wrong candidate counts as tampering). Many replies
-are graded concurrently in a thread pool. See :mod:`coderl.sandbox.bwrap` for what the sandbox
-does not isolate (the shared kernel, per-process rather than per-sandbox memory limits).
+Grading (:func:`resolves`: a diff; :func:`passes`: one reply's code) is training's and
+evaluation's grader, :func:`coderl.tasks.grading.grade` (the function checker of
+:mod:`coderl.tasks.function_grading`: the candidate computes in a fresh bubblewrap sandbox with
+no network, a separate sandbox that never runs its code judges). See :mod:`coderl.sandbox.bwrap`
+for what the sandbox does not isolate (the shared kernel, per-process rather than per-sandbox
+memory limits).
 
-House styles (:data:`HOUSE_STYLES`): a population's convention, checked statically on the reply's
-code with :mod:`ast` (parsed, never run); a task carrying a ``style`` passes only when its hidden
-tests pass and the code keeps the convention. :func:`population_suite` gives a population's
-traffic tasks; the gate's held-out suite applies the same checks (:mod:`coderl.online.heldout`).
+House styles (:data:`HOUSE_STYLES`): a population's convention, checked statically with
+:mod:`ast` (parsed, never run) on a single reply's code, or on every Python file an agent's
+diff leaves (:func:`diff_keeps_house_style`); a task carrying a ``style`` passes only when its
+hidden tests pass and the code keeps the convention. :func:`population_suite` gives a
+population's traffic tasks; the gate's held-out suite applies :func:`diff_keeps_house_style`
+too (:mod:`coderl.online.heldout`).
 
-There is no unisolated grader (#25 class 7): ``sandbox: local`` used to run the check in a plain
+There is no unisolated grader: ``sandbox: local`` used to run the check in a plain
 ``python`` process together with the reply's code, where the reply can rewrite the check (an
 ``atexit`` hook that exits 0 after a failed ``assert`` passed); every reward here is trained on or
 gates a promotion, so ``local`` is refused with an error that says so. Hosts without bubblewrap
@@ -32,21 +33,18 @@ from __future__ import annotations
 
 import ast
 import json
-import os
 import re
+import tempfile
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from functools import cached_property
+from pathlib import Path
 from typing import Any
 
-from coderl.config.online import (
-    GRADING_SANDBOXES,
-    HOUSE_STYLE_NAMES,
-    check_house_style,
-    check_sandbox,
-)
-from coderl.tasks.humaneval import function_task, grade_completion, humaneval_tasks, split_of
+from coderl.config.online import HOUSE_STYLE_NAMES, check_house_style
+from coderl.tasks.grading import grade
+from coderl.tasks.humaneval import completion_diff, function_task, humaneval_tasks, split_of
+from coderl.tasks.patches import PatchError, apply_patch, paths_in_diff
 from coderl.tasks.spec import Task
 
 SPLITS = ("train", "heldout")
@@ -210,8 +208,43 @@ class GradingError(RuntimeError):
     reply's, so nothing may be scored."""
 
 
-def _grade_bwrap(task: SuiteTask, code: str, timeout_s: float) -> bool:
-    r = grade_completion(task.task, "\n" + code, timeout=timeout_s)
+def diff_keeps_house_style(task: Task, diff: str, style: str | None) -> bool:
+    """Whether every ``.py`` file ``diff`` touches keeps ``style`` once applied to ``task``'s
+    workspace (None: always). A diff that does not apply, or touches no Python file, does not.
+
+    Raises:
+        ValueError: unknown style, or a task without ``workspace_files`` (a repository task).
+    """
+    if style is None:
+        return True
+    if not task.workspace_files:
+        raise ValueError(f"house style {style!r} needs a function task; {task.id!r} is not one")
+    files = [p for p in paths_in_diff(diff) if p.endswith(".py")]
+    if not files:
+        return False
+    with tempfile.TemporaryDirectory(prefix="style-") as d:
+        root = Path(d)
+        for rel, text in task.workspace_files.items():
+            (root / rel).parent.mkdir(parents=True, exist_ok=True)
+            (root / rel).write_text(text)
+        try:
+            apply_patch(root, diff)
+        except PatchError:  # a diff that does not apply keeps no style
+            return False
+        post = [(root / p).read_text() if (root / p).is_file() else "" for p in files]
+    return all(keeps_house_style(style, code) for code in post)
+
+
+def resolves(task: SuiteTask, diff: str, *, timeout_s: float = 10.0) -> bool:
+    """Whether ``diff`` (against the task's workspace) resolves ``task``, as training and
+    evaluation grade it: :func:`coderl.tasks.grading.grade` (the function checker, each run in
+    a fresh bubblewrap sandbox, ``timeout_s`` seconds of wall time). Malformed code, a crash or
+    a timeout is the reply's failure (False).
+
+    Raises:
+        GradingError: the grader could not run (an infrastructure failure, never scored).
+    """
+    r = grade(task.task, diff, timeout=timeout_s)
     if r.grading_error:
         raise GradingError(
             f"{task.task_id}: the sandboxed grader failed ({r.grading_error}); install "
@@ -220,72 +253,15 @@ def _grade_bwrap(task: SuiteTask, code: str, timeout_s: float) -> bool:
     return r.resolved
 
 
-GRADERS: dict[str, Callable[[SuiteTask, str, float], bool]] = {"bwrap": _grade_bwrap}
-"""``sandbox`` name -> grader of one reply's code: ``bwrap`` (the function checker, isolated)."""
-
-
-if set(GRADERS) != set(GRADING_SANDBOXES):  # the config's names and these graders agree
-    raise ImportError(f"GRADERS {sorted(GRADERS)} != {sorted(GRADING_SANDBOXES)}")
-
-
-def _is_text(code: str) -> bool:
-    """Whether ``code`` encodes as UTF-8 (no lone surrogates)."""
-    try:
-        code.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
-
-
-def grade_replies(
-    replies: Sequence[tuple[SuiteTask, str | None]],
-    *,
-    sandbox: str = "bwrap",
-    timeout_s: float = 10.0,
-    workers: int | None = None,
-) -> list[bool]:
-    """Run the hidden tests of each ``(task, code)`` pair; one bool per pair, in order.
-
-    ``code`` (from :func:`extract_code`) is appended to the task's prompt, so the prompt's
-    imports and helpers exist; a pair passes iff ``check(entry_point)`` passes. No code, code
-    that never names the entry point, an error, a crash or a timeout (``timeout_s`` seconds of
-    wall time per reply) is False, and so is code that is not valid text (a lone surrogate
-    from a JSON ``\\udXXX`` escape cannot be written to a file or a command line): malformed
-    replies are the reply's failure, never an error of the grader. Replies are graded
-    concurrently in ``workers`` threads (default: twice the CPU count, at most 16), each in its
-    own sandbox.
+def passes(task: SuiteTask, code: str | None, *, timeout_s: float = 10.0) -> bool:
+    """Whether a single reply's ``code`` (from :func:`extract_code`; None: no code) passes:
+    appended to the task's prompt (so the prompt's imports and helpers exist) it
+    :func:`resolves` the task, and it keeps the task's house style (:func:`keeps_house_style`
+    of the code itself: the prompt is not the reply's).
 
     Raises:
-        ValueError: unknown ``sandbox`` (lists the valid ones).
-        GradingError: the sandbox could not run (an infrastructure failure, never scored).
+        GradingError: see :func:`resolves`.
     """
-    grader = GRADERS[check_sandbox(sandbox)]
-    todo = [
-        i
-        for i, (t, code) in enumerate(replies)
-        if code and t.entry_point in code and _is_text(code)
-    ]
-    out = [False] * len(replies)
-
-    def one(i: int) -> bool:
-        task, code = replies[i]
-        assert code is not None
-        return grader(task, code, timeout_s)
-
-    n = min(len(todo), workers or min(16, 2 * (os.cpu_count() or 1)))
-    if n <= 1:
-        results = [one(i) for i in todo]
-    else:
-        with ThreadPoolExecutor(max_workers=n, thread_name_prefix="coderl-grade") as pool:
-            results = list(pool.map(one, todo))
-    for i, ok in zip(todo, results, strict=True):
-        task, code = replies[i]
-        out[i] = ok and keeps_house_style(task.style, code)
-    return out
-
-
-def passes(
-    task: SuiteTask, code: str | None, *, sandbox: str = "bwrap", timeout_s: float = 10.0
-) -> bool:
-    """:func:`grade_replies` of one reply."""
-    return grade_replies([(task, code)], sandbox=sandbox, timeout_s=timeout_s)[0]
+    if code is None or not keeps_house_style(task.style, code):
+        return False
+    return resolves(task, completion_diff(task.task, "\n" + code), timeout_s=timeout_s)
