@@ -4,6 +4,8 @@ empties the cache."""
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 import torch
 from peft import get_peft_model_state_dict, set_peft_model_state_dict
@@ -16,6 +18,7 @@ from coderl.config import Config
 from coderl.policy import LoraSpec, SamplingParams, load_policy
 from coderl.policy.prefixcache import PrefixCache
 from coderl.policy.rollout import build_engine
+from coderl.policy.vllm_server import VLLMServer
 
 LORA = LoraSpec(rank=4, alpha=8.0)
 
@@ -199,3 +202,10 @@ def test_the_engine_config_sets_the_bound():
     build_engine(Config(engine={"prefix_cache_mib": 8}), policy)
     assert policy.engine.prefix_cache is not None
     assert policy.engine.prefix_cache.max_bytes == 8 * 2**20
+
+
+@pytest.mark.parametrize("on", [True, False])
+def test_the_vllm_server_is_started_with_prefix_caching_as_configured(tmp_path, on):
+    server = VLLMServer(tmp_path, tmp_path / "log", python=sys.executable, prefix_caching=on)
+    flag = "--enable-prefix-caching" if on else "--no-enable-prefix-caching"
+    assert flag in server.args and sum("prefix-caching" in a for a in server.args) == 1

@@ -222,6 +222,7 @@ def _vllm(cfg: Config, policy: LocalPolicy, training: bool) -> RolloutEngine:
             max_loras=e.max_loras,
             kv_cache_gib=e.kv_cache_gib,
             served_name=e.served_name,
+            prefix_caching=e.prefix_caching,
         ).start(e.ready_timeout_s)
         url = server.url
     try:
