@@ -77,10 +77,28 @@ def timed(fn: Callable[[], list], label: str) -> dict[str, float | str]:
     }
 
 
-def run_both(policy, base: Path, n: int, cfg: EpisodeConfig) -> list[dict[str, float | str]]:
-    tasks = [
+def sampling_config(args, **overrides) -> EpisodeConfig:
+    """The sampling workload's episodes: ``--turns`` turns of ``--tokens`` tokens, never ended
+    early by broken calls."""
+    return EpisodeConfig(
+        max_turns=args.turns,
+        max_tokens_per_turn=args.tokens,
+        max_consecutive_broken_calls=10**6,
+        toolsets={"repo": ("read_file", "submit")},
+        instructions="Fix the bug.",
+        seed=0,
+        **overrides,
+    )
+
+
+def bench_tasks(n: int) -> list[SimpleTask]:
+    return [
         SimpleTask(f"bench-{i}", f"TASK bench-{i}: fix add() in pkg/calc.py.") for i in range(n)
     ]
+
+
+def run_both(policy, base: Path, n: int, cfg: EpisodeConfig) -> list[dict[str, float | str]]:
+    tasks = bench_tasks(n)
     rows = []
     for label, concurrent in (("one by one", False), ("concurrent", True)):
         boxes = [open_sandbox(base) for _ in range(n)]
@@ -111,9 +129,7 @@ def prefilled(engine) -> int:
 
 def reuse_arm(engine, base: Path, n: int, cfg: EpisodeConfig) -> dict[str, object]:
     """The sampling episodes once through ``engine``, with its prefill count and timings."""
-    tasks = [
-        SimpleTask(f"bench-{i}", f"TASK bench-{i}: fix add() in pkg/calc.py.") for i in range(n)
-    ]
+    tasks = bench_tasks(n)
     boxes = [open_sandbox(base) for _ in range(n)]
     before = prefilled(engine)
     start, cpu = time.perf_counter(), time.process_time()
@@ -135,16 +151,7 @@ def reuse_arm(engine, base: Path, n: int, cfg: EpisodeConfig) -> dict[str, objec
 
 def run_reuse(args, policy, base: Path) -> None:
     """The ``--reuse`` workload (see the module docstring)."""
-    cfg = EpisodeConfig(
-        max_turns=args.turns,
-        max_tokens_per_turn=args.tokens,
-        context_budget=args.context,
-        summary_max_tokens=args.tokens,
-        max_consecutive_broken_calls=10**6,
-        toolsets={"repo": ("read_file", "submit")},
-        instructions="Fix the bug.",
-        seed=0,
-    )
+    cfg = sampling_config(args, context_budget=args.context, summary_max_tokens=args.tokens)
     print(f"cpu: {cpu_flags()}; load {os.getloadavg()}; torch threads {args.threads}")
     table = Table(
         title=f"KV reuse across turns: {args.episodes} episodes x {args.turns} turns, "
@@ -211,14 +218,7 @@ def main() -> None:
         run_reuse(args, policy, base)
         shutil.rmtree(tmp, ignore_errors=True)
         return
-    cfg = EpisodeConfig(
-        max_turns=args.turns,
-        max_tokens_per_turn=args.tokens,
-        max_consecutive_broken_calls=10**6,
-        toolsets={"repo": ("read_file", "submit")},
-        instructions="Fix the bug.",
-        seed=0,
-    )
+    cfg = sampling_config(args)
     results = {}
     for kind in args.engine.split(","):
         over = [f"model.name={args.model}", "model.lora=false", f"engine.kind={kind}"]
