@@ -11,6 +11,10 @@ One generate call serves prompts with different remaining budgets: it is asked f
 tokens of an autoregressive sample are an exact sample with budget ``m``, so the cut completions
 (and their logprobs) are what a separate call would have produced in distribution.
 
+When an episode ends the runner tells a sampler that keeps KV across calls (a
+``forget_prefixes`` method, :meth:`coderl.policy.local.LocalPolicy.forget_prefixes`) that its
+context windows will not be extended, so their cache is freed at once.
+
 Not parallel across processes: sampling happens on the caller's thread, tools in threads of this
 process (sandbox commands are separate processes, so they do run in parallel).
 """
@@ -72,6 +76,15 @@ def sample_batch(
     ]
 
 
+def _end_episode(policy: Policy, episode: Episode) -> None:
+    """Tell a sampler that keeps KV across calls (``forget_prefixes``, e.g.
+    :meth:`coderl.policy.local.LocalPolicy.forget_prefixes`) that no turn will extend this
+    episode's context windows, so their cache can go."""
+    forget = getattr(policy, "forget_prefixes", None)
+    if forget is not None:
+        forget([seg.token_ids for seg in episode.trajectory.segments])
+
+
 def run_episodes(
     policy: Policy,
     jobs: Sequence[tuple[AgentTask, Sandbox]],
@@ -119,6 +132,7 @@ def run_episodes(
                 req = gens[i].throw(error) if error is not None else gens[i].send(value)
             except StopIteration as stop:
                 done[i] = stop.value
+                _end_episode(policy, stop.value)
                 return
             if isinstance(req, SampleRequest):
                 ready[i] = req

@@ -389,6 +389,12 @@ class EngineConfig(_Section):
     """Context length (prompt + completion) of a server coderl starts."""
     kv_cache_gib: int = Field(2, ge=1)
     """KV-cache memory of a server coderl starts on CPU (``VLLM_CPU_KVCACHE_SPACE``)."""
+    prefix_caching: bool = True
+    """``vllm``: reuse the KV of prompt prefixes the server has seen (``--enable-prefix-caching``;
+    keyed by the adapter too, so a new version never reads an old one's KV)."""
+    prefix_cache_mib: float = Field(1024.0, ge=0)
+    """``torch``: MiB of KV kept across sampling calls so that an agent's next turn prefills only
+    its new tokens (``coderl.policy.prefixcache``; 0 turns it off; static backend only)."""
     served_name: str = "coderl-base"
     """The server's name for the base model."""
     ready_timeout_s: float = Field(300.0, gt=0)

@@ -17,8 +17,16 @@ the full tempered one (what a trainer can recompute, as vLLM reports); train wit
 for exact importance weights. ``finish_reason`` is set by this loop when it stops a row, never
 inferred from the last token afterwards.
 
-Limits: one process, one device; no continuous batching across calls; identical prompts in
-one call share their prefill, but there is no prefix cache across calls.
+KV reuse across calls (:mod:`coderl.policy.prefixcache`, static backend only): with
+``prefix_cache_bytes > 0`` the engine keeps the KV cache of every finished row (its prompt and
+completion) and prefills a later prompt that starts with one of them only after it, so an agent's
+next turn runs only its new observation (any other prompt is prefilled in full). The cache is emptied whenever the
+weights change (:func:`coderl.policy.prefixcache.weights_state`); :meth:`TorchEngine.forget`
+drops the entries of an episode that ended. :attr:`TorchEngine.prefill_stats` counts the tokens
+prefilled and reused.
+
+Limits: one process, one device; no continuous batching across calls; the ``hf`` backend never
+reuses KV across calls.
 """
 
 from __future__ import annotations
@@ -31,12 +39,16 @@ from torch import Tensor
 
 from coderl.policy.base import Completion, SamplingParams
 from coderl.policy.kvcache import HFCacheBackend, StaticCacheBackend, supports_static
+from coderl.policy.prefixcache import PrefixCache, weights_state
 
 
 class Backend(Protocol):
     """One sampling call's model runner (see :mod:`coderl.policy.kvcache`)."""
 
-    def start(self, prompts: list[list[int]]) -> Tensor: ...  # next-token logits (B, V)
+    prefilled: int  # tokens run through the model by ``start``
+    reused: int  # prompt tokens whose KV ``start`` read from the prefix cache
+
+    def start(self, prompts: list[list[int]], reuse: PrefixCache | None = None) -> Tensor: ...
     def drop(self, keep: Tensor) -> None: ...  # keep these active rows (indices)
     def step(self, tokens: Tensor) -> Tensor: ...  # tokens (b,) -> logits (b, V)
 
@@ -109,10 +121,12 @@ class TorchEngine:
         pad_token_id: fills padding (never attended to).
         backend: a name in ``BACKENDS``, or ``"auto"``: ``"static"`` for architectures it
             supports (:func:`coderl.policy.kvcache.supports_static`), else ``"hf"``.
+        prefix_cache_bytes: bound on the KV bytes kept for reuse across calls (see the module
+            docstring); 0 turns reuse off. Read by the static backend only.
 
     Raises:
-        ValueError: an unknown backend (lists the valid ones) or ``"static"`` on a model it
-            does not support.
+        ValueError: an unknown backend (lists the valid ones), ``"static"`` on a model it
+            does not support, or a negative ``prefix_cache_bytes``.
     """
 
     def __init__(
@@ -122,7 +136,10 @@ class TorchEngine:
         pad_token_id: int,
         *,
         backend: str = "auto",
+        prefix_cache_bytes: int = 0,
     ):
+        if prefix_cache_bytes < 0:
+            raise ValueError(f"prefix_cache_bytes must be >= 0, got {prefix_cache_bytes}")
         if backend == "auto":
             backend = "static" if supports_static(model) else "hf"
         if backend not in BACKENDS:
@@ -133,6 +150,17 @@ class TorchEngine:
         self.eos_token_ids = list(eos_token_ids)
         self.pad_token_id = pad_token_id
         self.backend = backend
+        self.prefix_cache: PrefixCache | None = None
+        if prefix_cache_bytes > 0 and backend == "static":
+            self.prefix_cache = PrefixCache(prefix_cache_bytes)
+        self.prefill_stats = {"prefilled_tokens": 0, "reused_tokens": 0, "prompt_tokens": 0}
+        """Totals over this engine's calls: tokens run by prefills (padding included), prompt
+        tokens read from the prefix cache, and prompt tokens asked for."""
+
+    def forget(self, sequences: list[list[int]]) -> int:
+        """Drop the cached prefixes of ``sequences`` (an ended episode's context windows);
+        returns how many entries were dropped (0 without a prefix cache)."""
+        return self.prefix_cache.forget(sequences) if self.prefix_cache is not None else 0
 
     @torch.no_grad()
     def generate(
@@ -155,7 +183,13 @@ class TorchEngine:
         stop = stop.to(device)
 
         run = BACKENDS[self.backend](self.model, self.pad_token_id, params.max_new_tokens)
-        logits = run.start(prompts)  # (B, V)
+        cache = self.prefix_cache
+        if cache is not None:
+            cache.validate(weights_state(self.model, version))
+        logits = run.start(prompts, cache)  # (B, V)
+        self.prefill_stats["prefilled_tokens"] += run.prefilled
+        self.prefill_stats["reused_tokens"] += run.reused
+        self.prefill_stats["prompt_tokens"] += sum(len(p) for p in prompts)
         rows = torch.arange(len(prompts), device=device)  # original index of each active row
         out = [Completion(policy_version=version) for _ in prompts]
         for step in range(params.max_new_tokens):
@@ -167,9 +201,11 @@ class TorchEngine:
             if step + 1 == params.max_new_tokens:
                 for r, s in zip(rows.tolist(), stopped.tolist(), strict=True):
                     out[r].finish_reason = "stop" if s else "length"
+                self._keep(run, cache, rows, torch.ones_like(stopped), prompts, out)
                 break
             for r in rows[stopped].tolist():
                 out[r].finish_reason = "stop"
+            self._keep(run, cache, rows, stopped, prompts, out)
             if bool(stopped.all()):
                 break
             if bool(stopped.any()):
@@ -178,3 +214,23 @@ class TorchEngine:
                 rows, tok = rows[keep], tok[keep]
             logits = run.step(tok)
         return out
+
+    @staticmethod
+    def _keep(
+        run: Backend,
+        cache: PrefixCache | None,
+        rows: Tensor,
+        finished: Tensor,
+        prompts: list[list[int]],
+        out: list[Completion],
+    ) -> None:
+        """Put the KV of the ``finished`` active rows (``[b]`` bool) into ``cache``: each row's
+        prompt and its completion but the last token (sampled, never run)."""
+        if cache is None or not bool(finished.any()):
+            return
+        assert isinstance(run, StaticCacheBackend)  # the only backend given a cache
+        idx = finished.nonzero().squeeze(-1)
+        sizes = run.row_bytes(idx)
+        idx = idx[torch.tensor([cache.fits(n) for n in sizes], dtype=torch.bool)]
+        for r, (k, v) in zip(rows[idx].tolist(), run.export(idx), strict=True):
+            cache.put(prompts[r] + out[r].token_ids[:-1], k, v)

@@ -13,6 +13,10 @@ one prefill and then one token per active row per step.
   MLPs, rotary embedding), so peft LoRA layers and ``disable_adapter`` work unchanged; only the
   attention product and the cache are ours.
 
+The static backend also reuses KV across calls: a prompt that extends a sequence held by a
+:class:`~coderl.policy.prefixcache.PrefixCache` (an agent's previous turn) copies that KV and
+prefills only the rest, and ``export`` hands a finished row's KV back for the cache.
+
 A backend's ``drop(keep)`` is told which rows are still active; the static backend compacts its
 cache only once a quarter of its rows have finished (finished rows in between decode a pad token
 whose output is ignored), so finishing rows do not each cost a full cache copy.
@@ -30,6 +34,8 @@ import torch.nn.functional as F
 from peft import PeftModel
 from torch import Tensor
 from transformers import DynamicCache
+
+from coderl.policy.prefixcache import PrefixCache
 
 # model_type values whose decoder layout the static backend reproduces exactly.
 STATIC_MODEL_TYPES = frozenset({"llama", "qwen2", "mistral"})
@@ -72,8 +78,9 @@ class HFCacheBackend:
         self.model = model
         self.pad_token_id = pad_token_id
 
-    def start(self, prompts: list[list[int]]) -> Tensor:
-        """Prefill left-padded prompts; returns next-token logits ``[B, V]`` float32."""
+    def start(self, prompts: list[list[int]], reuse: PrefixCache | None = None) -> Tensor:
+        """Prefill left-padded prompts; returns next-token logits ``[B, V]`` float32. ``reuse``
+        is not read: this backend prefills every prompt in full."""
         device = next(self.model.parameters()).device
         B, P = len(prompts), max(len(p) for p in prompts)
         ids = torch.full((B, P), self.pad_token_id, dtype=torch.long, device=device)
@@ -82,6 +89,7 @@ class HFCacheBackend:
             ids[b, P - len(p) :] = torch.tensor(p, dtype=torch.long)
             self.mask[b, P - len(p) :] = 1
         pos = (self.mask.cumsum(-1) - 1).clamp(min=0)  # (B, P)
+        self.prefilled, self.reused = B * P, 0  # padding included: it is computed
         self.cache = DynamicCache()
         self.next_pos = self.mask.sum(-1)  # (B,)
         return self._forward(ids, pos)
@@ -131,9 +139,10 @@ class StaticCacheBackend:
         self.D = getattr(config, "head_dim", None) or config.hidden_size // self.H
         self.scale = 1.0 / math.sqrt(self.D)
 
-    def start(self, prompts: list[list[int]]) -> Tensor:
-        """Prefill each distinct prompt once, their common prefix once for all of them; returns
-        next-token logits ``[B, V]`` float32."""
+    def start(self, prompts: list[list[int]], reuse: PrefixCache | None = None) -> Tensor:
+        """Prefill each distinct prompt once, their common prefix once for all of them, and only
+        the part after the cached sequence it extends where ``reuse`` holds one at least as
+        long as that common prefix; returns next-token logits ``[B, V]`` float32."""
         emb = self.decoder.embed_tokens.weight
         B, L = len(prompts), len(self.decoder.layers)
         cap = max(len(p) for p in prompts) + self.max_new_tokens
@@ -142,19 +151,28 @@ class StaticCacheBackend:
         self.v = torch.zeros(shape, dtype=emb.dtype, device=emb.device)
         self.length = torch.tensor([len(p) for p in prompts], device=emb.device)  # (B,)
         self.active = torch.ones(B, dtype=torch.bool, device=emb.device)
+        self.prefilled = self.reused = 0  # tokens run through the model / read from ``reuse``
         logits = torch.empty(B, self.lm_head.out_features, device=emb.device)
         first: dict[tuple[int, ...], int] = {}
         for b, p in enumerate(prompts):
             first.setdefault(tuple(p), b)
         S = shared_prefix_len(list(first)) if len(first) > 1 else 0
-        if S >= MIN_SHARED_PREFIX:  # e.g. the system prompt and tool definitions
-            a = next(iter(first.values()))
+        S = S if S >= MIN_SHARED_PREFIX else 0  # e.g. the system prompt and tool definitions
+        start = {b: 0 for b in first.values()}  # cache positions already filled per row
+        for b in first.values():
+            entry, m = reuse.lookup(prompts[b]) if reuse is not None else (None, 0)
+            if entry is not None and m >= max(S, 1):
+                self.k[:, b, :, :m] = entry.k[:, :, :m]
+                self.v[:, b, :, :m] = entry.v[:, :, :m]
+                start[b], self.reused = m, self.reused + m
+        rest = [b for b, s in start.items() if s == 0]
+        if S and rest:
+            a = rest[0]
             self._prefill(a, torch.tensor(prompts[a][:S], device=emb.device), 0)
-            for b in first.values():
+            for b in rest:
                 self.k[:, b, :, :S] = self.k[:, a, :, :S]
                 self.v[:, b, :, :S] = self.v[:, a, :, :S]
-        else:
-            S = 0
+                start[b] = S
         for b, p in enumerate(prompts):
             a = first[tuple(p)]
             if a != b:  # same prompt (a GRPO group): copy its cache rows and logits
@@ -162,8 +180,25 @@ class StaticCacheBackend:
                 self.v[:, b, :, : len(p)] = self.v[:, a, :, : len(p)]
                 logits[b] = logits[a]
                 continue
-            logits[b] = self._prefill(b, torch.tensor(p[S:], device=emb.device), S)
+            logits[b] = self._prefill(b, torch.tensor(p[start[b] :], device=emb.device), start[b])
         return logits
+
+    def export(self, keep: Tensor) -> list[tuple[Tensor, Tensor]]:
+        """Copies of the filled cache of active rows ``keep`` (indices into the active rows):
+        per row ``(k, v)``, each ``[L, KV, n, D]`` with ``n`` the tokens run through the model
+        in that row (its prompt and every sampled token but the last)."""
+        rows = self.active.nonzero().squeeze(-1)[keep]
+        out = []
+        for r in rows.tolist():
+            n = int(self.length[r])
+            out.append((self.k[:, r, :, :n].clone(), self.v[:, r, :, :n].clone()))
+        return out
+
+    def row_bytes(self, keep: Tensor) -> list[int]:
+        """Bytes :meth:`export` would copy per active row ``keep`` (indices into the active rows)."""
+        rows = self.active.nonzero().squeeze(-1)[keep]
+        per_token = 2 * self.k.shape[0] * self.KV * self.D * self.k.element_size()
+        return [int(self.length[r]) * per_token for r in rows.tolist()]
 
     def drop(self, keep: Tensor) -> None:
         """Rows not in ``keep`` finished; compact once a quarter of the cache rows are idle."""
@@ -189,6 +224,7 @@ class StaticCacheBackend:
         ``row``, attending to the ``start`` cached positions before them; returns the logits
         after the last one (``[V]`` float32)."""
         T, end = ids.shape[0], start + ids.shape[0]
+        self.prefilled += T
         x = self.decoder.embed_tokens(ids)[None]  # (1, T, hidden)
         positions = torch.arange(start, end, device=ids.device)
         cos, sin = self.decoder.rotary_emb(x, positions[None])

@@ -32,12 +32,16 @@ from peft import LoraConfig, PeftModel, get_peft_model
 from torch import Tensor
 
 from coderl import algorithms as A
-from coderl.policy.base import Completion, Engine, SamplingParams
+from coderl.policy.base import Completion, SamplingParams
 from coderl.policy.batch import TrainBatch, collate
 from coderl.policy.engine import TorchEngine
 from coderl.policy.forward import forward
 from coderl.policy.precision import LowPrecisionSampler, resolve_precision
 from coderl.trajectory import Segment
+
+DEFAULT_PREFIX_CACHE_MIB = 1024.0
+"""KV cache kept across sampling calls by default (SmolLM2-135M in fp32: ~45 KiB per token, so
+about 23k tokens, e.g. six 3.5k-token agent windows)."""
 
 
 @dataclass(frozen=True)
@@ -90,6 +94,9 @@ class LocalPolicy:
         sampler_precision: ``"float32"`` (sample from the trainer's weights), ``"bfloat16"`` (from
             a bf16 copy kept current, :class:`coderl.policy.precision.LowPrecisionSampler`) or
             ``"auto"`` (bf16 iff the device has bf16 units); see :meth:`set_sampler_precision`.
+        prefix_cache_mib: MiB of KV cache kept across :meth:`generate` calls so that an agent's
+            next turn prefills only its new tokens (:mod:`coderl.policy.prefixcache`; static
+            backend only); 0 turns it off. See :meth:`set_prefix_cache`.
     """
 
     def __init__(
@@ -104,6 +111,7 @@ class LocalPolicy:
         engine: str = "auto",
         name: str = "",
         sampler_precision: str = "float32",
+        prefix_cache_mib: float = DEFAULT_PREFIX_CACHE_MIB,
     ):
         self.tokenizer = tokenizer
         self.name = name
@@ -136,10 +144,37 @@ class LocalPolicy:
         pad = tokenizer.pad_token_id
         self.pad_token_id: int = pad if pad is not None else self.eos_token_ids[0]
         self.engine_backend = engine
-        self.engine: Engine
+        self.engine: TorchEngine
         self.low_precision: LowPrecisionSampler | None = None
         self._sampled_version = 0  # the version the last generate call sampled
+        self.prefix_cache_mib = _check_mib(prefix_cache_mib)
         self.set_sampler_precision(sampler_precision)
+
+    def set_prefix_cache(self, mib: float) -> None:
+        """Bound the KV kept for reuse across :meth:`generate` calls to ``mib`` MiB (0: off).
+
+        A fresh engine is made, so what was cached is dropped. Reuse changes no token and no
+        logprob beyond floating-point summation order (:mod:`coderl.policy.prefixcache`).
+
+        Raises:
+            ValueError: a negative ``mib``.
+        """
+        self.prefix_cache_mib = _check_mib(mib)
+        self._make_engine(self.engine.model)
+
+    def forget_prefixes(self, sequences: Sequence[Sequence[int]]) -> int:
+        """Drop the cached KV of an ended episode's context windows (their token ids); returns
+        how many cache entries were dropped."""
+        return self.engine.forget([list(s) for s in sequences])
+
+    def _make_engine(self, model: torch.nn.Module) -> None:
+        self.engine = TorchEngine(
+            model,
+            self.eos_token_ids,
+            self.pad_token_id,
+            backend=self.engine_backend,
+            prefix_cache_bytes=int(self.prefix_cache_mib * 2**20),
+        )
 
     def set_sampler_precision(self, precision: str) -> torch.dtype:
         """Sample from the trainer's weights (``"float32"``) or from a bf16 copy of them
@@ -166,9 +201,7 @@ class LocalPolicy:
             if self.low_precision is None or self.low_precision.dtype != dtype:
                 self.low_precision = LowPrecisionSampler(self.model, dtype)
             model = self.low_precision.model
-        self.engine = TorchEngine(
-            model, self.eos_token_ids, self.pad_token_id, backend=self.engine_backend
-        )
+        self._make_engine(model)
         return dtype
 
     @property
@@ -338,6 +371,12 @@ class LocalPolicy:
         self.tokenizer.save_pretrained(path)
         with open(os.path.join(path, "coderl_policy.txt"), "w") as f:
             f.write(f"source: {self.name}\nversion: {self.version}\nlora: {self.is_lora}\n")
+
+
+def _check_mib(mib: float) -> float:
+    if not mib >= 0:
+        raise ValueError(f"prefix_cache_mib must be >= 0, got {mib}")
+    return float(mib)
 
 
 def _spec_of(model: PeftModel) -> LoraSpec:

@@ -72,6 +72,10 @@ class TorchRollout:
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Completion]:
         return self.policy.generate(prompts, params)
 
+    def forget_prefixes(self, sequences: list[list[int]]) -> int:
+        """Drop an ended episode's cached KV (:meth:`LocalPolicy.forget_prefixes`)."""
+        return self.policy.forget_prefixes(sequences)
+
     def sync(self, policy: LocalPolicy) -> dict[str, float]:
         """Nothing to move: the sampler reads the live weights. Returns no metric."""
         return {}
@@ -184,7 +188,8 @@ class PinnedVersion:
 
 
 def _torch(cfg: Config, policy: LocalPolicy, training: bool) -> RolloutEngine:
-    policy.set_sampler_precision(cfg.engine.dtype)
+    policy.prefix_cache_mib = cfg.engine.prefix_cache_mib
+    policy.set_sampler_precision(cfg.engine.dtype)  # makes the engine with that cache bound
     return TorchRollout(policy)
 
 
@@ -217,6 +222,7 @@ def _vllm(cfg: Config, policy: LocalPolicy, training: bool) -> RolloutEngine:
             max_loras=e.max_loras,
             kv_cache_gib=e.kv_cache_gib,
             served_name=e.served_name,
+            prefix_caching=e.prefix_caching,
         ).start(e.ready_timeout_s)
         url = server.url
     try:

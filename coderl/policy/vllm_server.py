@@ -121,6 +121,12 @@ class VLLMServer:
         max_loras: adapters held at once (two versions in flight during a sync).
         kv_cache_gib: ``VLLM_CPU_KVCACHE_SPACE``, GiB of KV cache on CPU.
         served_name: the name requests use for the base model.
+        prefix_caching: reuse the KV blocks of prompt prefixes the server has already run
+            (``--enable-prefix-caching``; ``--no-enable-prefix-caching`` when False): an agent's
+            next turn, which extends its last prompt and completion, prefills only the new
+            tokens. vLLM keys cached blocks by the adapter's name and path too, and coderl loads
+            every weight version under a new name, so a new version never reads an old one's
+            KV; requests with ``prompt_logprobs`` (the canary) skip the cache, as vLLM does.
         extra_args: more command-line arguments for the server.
     """
 
@@ -136,6 +142,7 @@ class VLLMServer:
         max_loras: int = 2,
         kv_cache_gib: int = 2,
         served_name: str = "coderl-base",
+        prefix_caching: bool = True,
         extra_args: tuple[str, ...] = (),
     ):
         self.python = vllm_python(python)
@@ -151,6 +158,7 @@ class VLLMServer:
             "--dtype", dtype, "--enforce-eager", "--max-model-len", str(max_model_len),
             "--logprobs-mode", "processed_logprobs",
             "--generation-config", "vllm",  # no sampling defaults from the model directory
+            "--enable-prefix-caching" if prefix_caching else "--no-enable-prefix-caching",
         ]  # fmt: skip
         if max_lora_rank is not None:
             rank = str(lora_rank_bound(max_lora_rank))
