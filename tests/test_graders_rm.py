@@ -69,6 +69,19 @@ def test_feature_table_rows_follow_the_items_not_the_length_order():
     assert torch.allclose(table, one, atol=1e-5)
 
 
+def test_head_only_features_are_computed_once_per_sequence():
+    model = RewardModel(RMSpec("tiny-random", head_only=True, pool="mean", max_len=32))
+    calls = []
+    model.backbone.register_forward_hook(
+        lambda m, a, k, out: calls.append(k["input_ids"].shape[0]), with_kwargs=True
+    )
+    first = model.rewards([(11, 12), (13,), (11, 12)])
+    assert sum(calls) == 2  # the repeated item is one row
+    assert model.rewards([(13,), (11, 12)]) == pytest.approx(first[1:]) and sum(calls) == 2
+    model.rewards([(14, 15)])
+    assert sum(calls) == 3 and model.feature_table([]).shape == (0, model.head.in_features)
+
+
 def test_unknown_pool_lists_the_valid_ones():
     with pytest.raises(ValueError, match="valid: \\['last', 'mean'\\]"):
         RewardModel(RMSpec("tiny-random", head_only=True, pool="max"))

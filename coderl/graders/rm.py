@@ -92,6 +92,8 @@ def mean_pool(h: Tensor, mask: Tensor) -> Tensor:
 
 
 POOLS = {"last": last_token, "mean": mean_pool}
+FEATURE_CACHE = 65536
+"""Items whose frozen-backbone features a head-only model keeps (then it starts afresh)."""
 
 
 class RewardModel(nn.Module):
@@ -111,6 +113,7 @@ class RewardModel(nn.Module):
         backbone: Any = policy.model
         if spec.head_only:
             backbone.requires_grad_(False)
+        self._cache: dict[str | tuple[int, ...], Tensor] = {}
         self.backbone = backbone
         self.tokenizer = policy.tokenizer
         self.pad_id = int(policy.pad_token_id)
@@ -134,14 +137,28 @@ class RewardModel(nn.Module):
     @torch.no_grad()
     def feature_table(self, items: Sequence[str | Sequence[int]], batch_size: int = 8) -> Tensor:
         """(N, H) float features of ``items``, one no-grad pass per item; batches are formed
-        in length order so little is padded (row ``i`` is ``items[i]`` whatever the order)."""
+        in length order so little is padded (row ``i`` is ``items[i]`` whatever the order).
+        With a frozen backbone (``head_only``) an item's features never change: they are kept
+        (up to :data:`FEATURE_CACHE` items) and not computed again."""
         self.eval()
-        seqs = [self.encode(x) for x in items]
-        order = sorted(range(len(seqs)), key=lambda i: len(seqs[i]))
-        out = torch.empty(len(seqs), int(self.head.in_features))
-        for i in range(0, len(order), batch_size):
-            idx = order[i : i + batch_size]
-            out[idx] = self.features(*self.batch([seqs[j] for j in idx]))
+        if not items:
+            return torch.empty(0, int(self.head.in_features))
+        keys = [x if isinstance(x, str) else tuple(x) for x in items]
+        cache = self._cache if self.spec.head_only else {}
+        todo = list(dict.fromkeys(k for k in keys if k not in cache))
+        seqs = {k: self.encode(k) for k in todo}
+        todo.sort(key=lambda k: len(seqs[k]))
+        got: dict[str | tuple[int, ...], Tensor] = {}
+        for i in range(0, len(todo), batch_size):
+            chunk = todo[i : i + batch_size]
+            got.update(
+                zip(chunk, self.features(*self.batch([seqs[k] for k in chunk])), strict=True)
+            )
+        out = torch.stack([got[k] if k in got else cache[k] for k in keys])  # (N, H)
+        if self.spec.head_only:
+            if len(cache) + len(got) > FEATURE_CACHE:
+                cache.clear()
+            cache.update(got)
         return out
 
     def encode(self, item: str | Sequence[int]) -> list[int]:
