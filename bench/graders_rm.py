@@ -19,7 +19,8 @@ sequence's features, computed once. Reported: held-out pairwise accuracy per ori
 chosen minus the rejected side over held-out pairs, paired bootstrap CI); the probe shifts on
 held-out canonical solutions. Pairs that share an episode (one canonical solution against two
 mutants) are not independent: the intervals treat them as if they were. Episodes and pairs are kept in ``--out`` (``--reuse`` reads them
-back instead of sampling again). Prints JSON with the CPU flags and load average.
+back instead of sampling again), with each origin's ``pairs.jsonl`` and the reward model
+(``--out/rm``, a ``reward.rm.checkpoint``). Prints JSON with the CPU flags and load average.
 
     python bench/graders_rm.py --threads 1                     # ~25 min on a shared 2-core box
     python bench/graders_rm.py --train-n 8 --held-n 8 --k 2   # a smoke run
@@ -39,7 +40,7 @@ import torch
 from graders_judge import machine
 
 from coderl.graders.judge import EpisodeView, code_diff
-from coderl.graders.mine import mine_pairs
+from coderl.graders.mine import mine_pairs, write_pairs
 from coderl.graders.pairs import PreferencePair, read_episodes, render_episode, write_episodes
 from coderl.graders.probes import margin_report, run_probes
 from coderl.graders.report import agreement_with_tests
@@ -163,7 +164,11 @@ def main() -> None:
     out["episodes_s"] = time.perf_counter() - t0
     out["episodes"] = {name: {"n": len(ok), "resolved": sum(ok)} for name, (_, ok) in eps.items()}
     origins = ["mutant", "real"] if args.k else ["mutant"]
-    pairs = {o: split_pairs(mine_pairs([args.out / o])) for o in origins}  # (train, held-out)
+    pairs = {}
+    for o in origins:  # (train, held-out) pairs of each origin, also written for `coderl rm`
+        mined = mine_pairs([args.out / o])
+        write_pairs(args.out / o / "pairs.jsonl", mined)
+        pairs[o] = split_pairs(mined)
     out["pairs"] = {o: {"train": len(tr), "heldout": len(he)} for o, (tr, he) in pairs.items()}
     train = [p for tr, _ in pairs.values() for p in tr]
     model = RewardModel(RMSpec(args.backbone, head_only=True, pool=args.pool, max_len=args.max_len))
@@ -171,6 +176,7 @@ def main() -> None:
     losses = train_rm(model, train, steps=args.steps, batch_size=16, lr=args.lr,
                       weight_decay=args.weight_decay, seed=args.seed)  # fmt: skip
     out["fit_s"] = time.perf_counter() - t0
+    out["checkpoint"] = str(model.save(args.out / "rm"))  # for reward.rm.checkpoint
     out["loss_first_last"] = [losses[0], losses[-1]]
     out["train_pairwise"] = _accuracy(model, train)
     held_all = [p for _, he in pairs.values() for p in he]
