@@ -68,20 +68,22 @@ def test_rm_mine_cli(tmp_path, capsys):
 
 def test_the_learned_grader_preset_trains_on_tiny_random(tmp_path):
     from coderl.config import load_config
+    from coderl.graders.rm import RewardModel, RMSpec
     from coderl.train.loop import train
     from coderl.train.metrics import read_jsonl
 
     torch.set_num_threads(1)
+    rm = RewardModel(RMSpec("tiny-random", head_only=True, max_len=64)).save(tmp_path / "rm")
     cfg = load_config(ROOT / "configs" / "humaneval-learned.yaml", [
-        f"run_dir={tmp_path}", "model.name=tiny-random", "reward.judge.model=tiny-random",
-        f"reward.judge.cache={tmp_path / 'c.sqlite'}", "tasks.tasks_per_step=1",
+        f"run_dir={tmp_path / 'run'}", "model.name=tiny-random", f"reward.rm.checkpoint={rm}",
+        "tasks.tasks_per_step=1",
         "rollout.group_size=2", "rollout.max_new_tokens=16", "trainer.steps=1",
         "trainer.checkpoint_every=1", "sft.enabled=false", "eval.before_after=false",
         "graders.probe_every=1", "tensorboard=false", "progress=false",
     ])  # fmt: skip
-    assert cfg.reward.learned_requires_tests and cfg.reward.judge.scoring == "probability"
+    assert cfg.reward.learned_requires_tests and set(cfg.reward.terms) >= {"tests", "rm"}
     train(cfg)
-    (row,) = read_jsonl(tmp_path / "metrics.jsonl")
-    assert row["masked_rate"] == 0.0  # the probability judge masks nothing
-    # a random policy resolves nothing, so the tests-gate gives the judge term 0 everywhere
-    assert row["resolved_rate"] == 0.0 and row["reward/judge"] == 0.0
+    (row,) = read_jsonl(tmp_path / "run" / "metrics.jsonl")
+    assert row["masked_rate"] == 0.0
+    # a random policy resolves nothing, so the tests-gate gives the rm term 0 everywhere
+    assert row["resolved_rate"] == 0.0 and row["reward/rm"] == 0.0

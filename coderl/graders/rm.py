@@ -1,21 +1,29 @@
 """A reward model from preferences: a scalar head on a causal LM backbone, trained with the
 Bradley-Terry loss on (chosen, rejected) pairs.
 
-``r(x) = w . h_T(x) + b``, where ``h_T`` is the backbone's last-layer hidden state at the last
-token of ``x``. Training minimises the Bradley-Terry negative log-likelihood (Bradley & Terry 1952,
+``r(x) = w . h(x) + b``, where ``h`` pools the backbone's last-layer hidden states: the last
+token's (``pool: last``, InstructGPT's choice) or their mean over the sequence's tokens
+(``pool: mean``). Training minimises the Bradley-Terry negative log-likelihood (Bradley & Terry 1952,
 "Rank Analysis of Incomplete Block Designs", Biometrika 39; as the reward-model loss of Ouyang et
 al. 2022, InstructGPT, Sec. 3.5, Eq. 1)::
 
     loss = -mean_pairs log sigmoid(r(chosen) - r(rejected))
 
-The backbone is trained with LoRA (peft; only the adapter and the head learn) or fully. Held-out
+The backbone is trained with LoRA (peft; only the adapter and the head learn), fully, or not at
+all (``head_only``: the backbone is frozen, each distinct sequence goes through it once in a no-grad
+pass and the head is fitted on those cached features, i.e. logistic regression on feature
+differences, since the Bradley-Terry loss of a linear head only sees ``w . (h_c - h_r)``; the
+bias cancels). Head-only features are standardised with the training features' mean and
+standard deviation while fitting, and the scaling is folded back into ``w`` and ``b``, so the
+checkpoint is still one linear head. Held-out
 accuracy is the fraction of pairs with ``r(chosen) > r(rejected)`` with Wilson's 95% interval
 (:func:`coderl.stats.wilson_interval`); the split keeps every pair of one context on one side.
 Checkpoints: ``rm.safetensors`` (the trainable weights and the head) and ``rm.json`` (how to
 rebuild the backbone); loading rebuilds the backbone from its spec and loads those weights.
 
 Limits: sequences longer than ``max_len`` keep their first and last ``max_len // 2`` tokens; no
-padding-free packing; a full fine-tune checkpoint holds every weight.
+padding-free packing; a full fine-tune checkpoint holds every weight; a head-only model can only
+rank by what a frozen backbone's pooled features already separate linearly.
 """
 
 from __future__ import annotations
@@ -64,6 +72,28 @@ class RMSpec:
     """Weight seed (``tiny-random``) and head initialisation."""
     max_len: int = 512
     """Tokens per scored sequence."""
+    head_only: bool = False
+    """Freeze the backbone (no LoRA, ``lora_rank`` ignored) and train only the head, on features
+    computed once per sequence (module docstring)."""
+    pool: str = "last"
+    """Hidden states to features: a name in :data:`POOLS` (``last`` token or ``mean``)."""
+
+
+def last_token(h: Tensor, mask: Tensor) -> Tensor:
+    """h: (B, T, H) float, mask: (B, T) right-padded -> (B, H): the last real token's state."""
+    last = mask.sum(-1) - 1  # (B,)
+    return h[torch.arange(h.shape[0], device=h.device), last]
+
+
+def mean_pool(h: Tensor, mask: Tensor) -> Tensor:
+    """h: (B, T, H) float, mask: (B, T) -> (B, H): the mean over the real tokens."""
+    m = mask.unsqueeze(-1).to(h.dtype)  # (B, T, 1)
+    return (h * m).sum(1) / m.sum(1).clamp(min=1.0)
+
+
+POOLS = {"last": last_token, "mean": mean_pool}
+FEATURE_CACHE = 65536
+"""Items whose frozen-backbone features a head-only model keeps (then it starts afresh)."""
 
 
 class RewardModel(nn.Module):
@@ -74,10 +104,16 @@ class RewardModel(nn.Module):
         from coderl.policy.loading import load_policy
         from coderl.policy.local import LoraSpec
 
-        lora = LoraSpec(rank=spec.lora_rank, alpha=spec.lora_alpha) if spec.lora_rank else None
+        if spec.pool not in POOLS:
+            raise ValueError(f"unknown pool {spec.pool!r}; valid: {sorted(POOLS)}")
+        rank = None if spec.head_only else spec.lora_rank
+        lora = LoraSpec(rank=rank, alpha=spec.lora_alpha) if rank else None
         policy = load_policy(spec.backbone, lora=lora, reference=False, seed=spec.seed)
         self.spec = spec
         backbone: Any = policy.model
+        if spec.head_only:
+            backbone.requires_grad_(False)
+        self._cache: dict[str | tuple[int, ...], Tensor] = {}
         self.backbone = backbone
         self.tokenizer = policy.tokenizer
         self.pad_id = int(policy.pad_token_id)
@@ -88,14 +124,42 @@ class RewardModel(nn.Module):
             self.head.weight.copy_(torch.randn(1, hidden, generator=gen) / math.sqrt(hidden))
             self.head.bias.zero_()
 
+    def features(self, ids: Tensor, mask: Tensor) -> Tensor:
+        """ids, mask: (B, T) long, right-padded; returns (B, H) float pooled hidden states."""
+        out = self.backbone(input_ids=ids, attention_mask=mask, output_hidden_states=True)
+        return POOLS[self.spec.pool](out.hidden_states[-1], mask)  # (B, T, H) -> (B, H)
+
     def forward(self, ids: Tensor, mask: Tensor) -> Tensor:
         """ids, mask: (B, T) long, right-padded; returns (B,) float rewards."""
-        out = self.backbone(input_ids=ids, attention_mask=mask, output_hidden_states=True)
-        h = out.hidden_states[-1]  # (B, T, H)
-        last = mask.sum(-1) - 1  # (B,)
-        h_last = h[torch.arange(ids.shape[0], device=ids.device), last]  # (B, H)
-        r: Tensor = self.head(h_last).squeeze(-1)  # (B,)
+        r: Tensor = self.head(self.features(ids, mask)).squeeze(-1)  # (B,)
         return r
+
+    @torch.no_grad()
+    def feature_table(self, items: Sequence[str | Sequence[int]], batch_size: int = 8) -> Tensor:
+        """(N, H) float features of ``items``, one no-grad pass per item; batches are formed
+        in length order so little is padded (row ``i`` is ``items[i]`` whatever the order).
+        With a frozen backbone (``head_only``) an item's features never change: they are kept
+        (up to :data:`FEATURE_CACHE` items) and not computed again."""
+        self.eval()
+        if not items:
+            return torch.empty(0, int(self.head.in_features))
+        keys = [x if isinstance(x, str) else tuple(x) for x in items]
+        cache = self._cache if self.spec.head_only else {}
+        todo = list(dict.fromkeys(k for k in keys if k not in cache))
+        seqs = {k: self.encode(k) for k in todo}
+        todo.sort(key=lambda k: len(seqs[k]))
+        got: dict[str | tuple[int, ...], Tensor] = {}
+        for i in range(0, len(todo), batch_size):
+            chunk = todo[i : i + batch_size]
+            got.update(
+                zip(chunk, self.features(*self.batch([seqs[k] for k in chunk])), strict=True)
+            )
+        out = torch.stack([got[k] if k in got else cache[k] for k in keys])  # (N, H)
+        if self.spec.head_only:
+            if len(cache) + len(got) > FEATURE_CACHE:
+                cache.clear()
+            cache.update(got)
+        return out
 
     def encode(self, item: str | Sequence[int]) -> list[int]:
         """Token ids of a text (or ids as given), cut to ``max_len`` (head and tail kept)."""
@@ -118,10 +182,10 @@ class RewardModel(nn.Module):
 
     @torch.no_grad()
     def rewards(self, items: Sequence[str | Sequence[int]], batch_size: int = 8) -> list[float]:
-        self.eval()
-        out: list[float] = []
-        for i in range(0, len(items), batch_size):
-            out += self(*self.batch(items[i : i + batch_size])).tolist()
+        """Rewards of ``items`` (texts or token ids), in order."""
+        if not items:
+            return []
+        out: list[float] = self.head(self.feature_table(items, batch_size)).squeeze(-1).tolist()
         return out
 
     def trainable_state(self) -> dict[str, Tensor]:
@@ -207,18 +271,22 @@ def train_rm(
     steps: int = 100,
     batch_size: int = 8,
     lr: float = 1e-4,
+    weight_decay: float = 0.0,
     seed: int = 0,
 ) -> list[float]:
-    """AdamW on the Bradley-Terry loss over random minibatches of ``pairs``; returns the loss
-    per step.
+    """AdamW on the Bradley-Terry loss over random minibatches of ``batch_size`` pairs; returns
+    the loss per step. A ``head_only`` model is fitted on cached features (:func:`fit_head`).
 
     Raises:
         ValueError: no pairs.
     """
     if not pairs:
         raise ValueError("train_rm needs at least one preference pair")
+    if model.spec.head_only:
+        return fit_head(model, pairs, steps=steps, batch_size=batch_size, lr=lr,
+                        weight_decay=weight_decay, seed=seed)  # fmt: skip
     params = [p for p in model.parameters() if p.requires_grad]
-    opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
+    opt = torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay)
     rng = random.Random(seed)
     losses = []
     model.train()
@@ -231,6 +299,47 @@ def train_rm(
         opt.step()
         losses.append(float(loss.detach()))
     model.eval()
+    return losses
+
+
+def fit_head(
+    model: RewardModel,
+    pairs: Sequence[PreferencePair],
+    *,
+    steps: int = 100,
+    batch_size: int = 8,
+    lr: float = 1e-2,
+    weight_decay: float = 0.0,
+    seed: int = 0,
+) -> list[float]:
+    """Fit the head of a frozen backbone on the Bradley-Terry loss: the features of every
+    distinct sequence are computed once (:meth:`RewardModel.feature_table`), standardised
+    (``z = (h - mu) / sd`` over the training sequences), and AdamW fits ``v`` on
+    ``-log sigmoid(v . (z_c - z_r))``; then ``w = v / sd``, ``b = -w . mu`` go into the head
+    (exactly ``v . z`` on raw features, so the checkpoint is one linear head).
+    Returns the loss per step."""
+    items = list(dict.fromkeys(x for p in pairs for x in (p.chosen, p.rejected)))
+    row = {x: i for i, x in enumerate(items)}
+    feats = model.feature_table(items)  # (N, H)
+    mu, sd = feats.mean(0), feats.std(0, unbiased=False).clamp(min=1e-6)  # (H,)
+    z = (feats - mu) / sd  # (N, H)
+    ci = torch.tensor([row[p.chosen] for p in pairs])  # (P,)
+    ri = torch.tensor([row[p.rejected] for p in pairs])  # (P,)
+    gen = torch.Generator().manual_seed(seed)
+    v = (torch.randn(z.shape[1], generator=gen) / math.sqrt(z.shape[1])).requires_grad_()
+    opt = torch.optim.AdamW([v], lr=lr, weight_decay=weight_decay)
+    losses = []
+    for _ in range(steps):
+        mb = torch.randperm(len(pairs), generator=gen)[:batch_size]  # (b,)
+        loss = bt_loss(z[ci[mb]] @ v, z[ri[mb]] @ v)
+        opt.zero_grad()
+        loss.backward()  # type: ignore[no-untyped-call]
+        opt.step()
+        losses.append(float(loss.detach()))
+    with torch.no_grad():
+        w = v.detach() / sd  # (H,)
+        model.head.weight.copy_(w.unsqueeze(0))
+        model.head.bias.fill_(-float(w @ mu))
     return losses
 
 

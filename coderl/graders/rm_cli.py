@@ -4,7 +4,8 @@ Pairs come from any of ``--pairs`` (labelled JSONL), ``--episodes`` (resolved ov
 episodes of the same task) and ``--store`` (kept over discarded completions in the online store);
 see :mod:`coderl.graders.pairs`. ``mine`` writes split-tagged pairs from graded episodes
 (:mod:`coderl.graders.mine`); ``train`` splits them by context, trains, writes the checkpoint
-(an existing ``--out`` only with ``--force``)
+(an existing ``--out`` only with ``--force``; ``--head-only`` freezes the backbone and fits the
+head on cached features, :func:`coderl.graders.rm.fit_head`)
 and ``rm_eval.json`` (held-out pairwise accuracy with its Wilson 95% interval); ``eval`` scores a
 checkpoint on all the pairs given.
 """
@@ -68,9 +69,11 @@ def train(args: argparse.Namespace) -> int:
     tr, held = split_pairs(pairs, args.heldout)
     if not tr:
         raise ValueError(f"all {len(pairs)} pairs fell in the held-out split; lower --heldout")
-    spec = RMSpec(args.backbone, args.lora_rank or None, seed=args.seed, max_len=args.max_len)
+    spec = RMSpec(args.backbone, args.lora_rank or None, seed=args.seed, max_len=args.max_len,
+                  head_only=args.head_only, pool=args.pool)  # fmt: skip
     model = RewardModel(spec)
-    losses = train_rm(model, tr, steps=args.steps, batch_size=args.batch_size, lr=args.lr)
+    losses = train_rm(model, tr, steps=args.steps, batch_size=args.batch_size, lr=args.lr,
+                      weight_decay=args.weight_decay)  # fmt: skip
     out = model.save(args.out)
     result = {"train_pairs": len(tr), **summary(pairwise_accuracy(model, held), losses)}
     (out / "rm_eval.json").write_text(json.dumps(result, indent=1))
@@ -118,6 +121,18 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     t.add_argument("--out", type=Path, required=True, help="checkpoint directory")
     t.add_argument("--force", action="store_true", help="replace an existing --out")
     t.add_argument("--lora-rank", type=int, default=16, help="LoRA rank; 0: full fine-tune")
+    t.add_argument(
+        "--head-only",
+        action="store_true",
+        help="frozen backbone: fit only the head on features computed once per "
+        "sequence (fast on CPU; --lora-rank ignored; try --lr 1e-2)",
+    )
+    t.add_argument(
+        "--pool",
+        default="last",
+        help="features: `last` token's hidden state or their `mean` over tokens",
+    )
+    t.add_argument("--weight-decay", type=float, default=0.0, help="AdamW weight decay")
     t.add_argument("--steps", type=int, default=200)
     t.add_argument("--batch-size", type=int, default=8, help="pairs per step")
     t.add_argument("--lr", type=float, default=1e-4)
