@@ -66,9 +66,10 @@ def forward(
             sampled ones). A row's first token (``position_ids == 0``) has no prefix and must
             not be scored.
         value_head: PPO's value head, or None (``values`` is then None).
-        bf16: bf16 matmuls in the decoder (autocast; fp32 weights, their gradients fp32); the
-            LM head, the log-softmax and everything after it stay fp32 (see docs/training.md
-            for where autocast's gradient error came from).
+        bf16: bf16 matmuls in the decoder's MLPs (autocast; fp32 weights, their gradients
+            fp32); the attention blocks, the LM head, the log-softmax and everything after it
+            stay fp32 (see docs/training.md for where autocast's gradient error came from).
+            Models outside ``STATIC_MODEL_TYPES``: plain autocast of their whole forward.
         entropy_grad: let gradients flow through ``entropy`` (for an entropy bonus).
         pack: run the rows as one packed sequence without padding
             (:mod:`coderl.policy.packing`); the same numbers up to float summation order.
@@ -143,6 +144,8 @@ def _scored_logits(
             return _own_forward(model, tokens, scored, want_hidden, pack)
     flash = "flash" in str(lm.config._attn_implementation)  # takes no explicit mask
     S = _shared_context(tokens, scored) if share and not flash else 0
+    if bf16:
+        _fp32_attention(lm)
     with autocast:
         if pack:
             hidden = _packed_forward(lm.model, tokens, S)  # (B, T, H)
@@ -199,6 +202,49 @@ def _packed_forward(decoder: nn.Module, tokens: TrainBatch, S: int) -> Tensor:
         input_ids=p.input_ids, attention_mask=mask, position_ids=p.position_ids, use_cache=False
     )
     return packing.unpack(out.last_hidden_state, p)
+
+
+def _fp32_attention(lm: nn.Module) -> None:
+    """Make every decoder layer's self-attention (its projections and its softmax) run in fp32
+    under autocast, once per model: under bf16 only the MLPs multiply in bf16.
+
+    The switch is a pair of forward hooks keyed on the autocast state at call time, not on a
+    flag of this call, so a checkpointed layer's recompute in the backward (which restores the
+    forward's autocast state) computes what the forward did; a model copy (a bf16 sampler's)
+    carries the hooks, and they do nothing without autocast. Measured on SmolLM2-135M: bf16 in
+    the attention block is most of autocast's gradient error (docs/training.md)."""
+    if getattr(lm, "_coderl_fp32_attention", False):
+        return
+    for layer in lm.model.layers:
+        layer.self_attn.register_forward_pre_hook(_autocast_off, with_kwargs=True)
+        layer.self_attn.register_forward_hook(_autocast_back, always_call=True)
+    lm._coderl_fp32_attention = True
+
+
+def _autocast_off(module: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+    device = next(module.parameters()).device.type
+    stack = module.__dict__.setdefault("_coderl_autocast", [])
+    if not torch.is_autocast_enabled(device):
+        stack.append(None)
+        return args, kwargs
+    ctx = torch.autocast(device, enabled=False)
+    ctx.__enter__()
+    stack.append(ctx)
+
+    def fp32(x: object) -> object:
+        if isinstance(x, Tensor) and x.is_floating_point():
+            return x.float()
+        if isinstance(x, tuple):  # (cos, sin) position embeddings
+            return tuple(fp32(v) for v in x)
+        return x
+
+    return tuple(fp32(a) for a in args), {k: fp32(v) for k, v in kwargs.items()}
+
+
+def _autocast_back(module: nn.Module, args: tuple, output: object) -> None:
+    ctx = module.__dict__["_coderl_autocast"].pop()
+    if ctx is not None:
+        ctx.__exit__(None, None, None)
 
 
 @contextmanager
