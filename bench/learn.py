@@ -3,7 +3,8 @@ forward + backward (:func:`coderl.train.step.accumulate_gradients` over a whole 
 vs packed micro-batches, activation checkpointing off/on and fp32 vs bf16.
 
 Model: SmolLM2-135M-Instruct (GGUF, dequantised to fp32), LoRA r16 on every linear layer. Loss:
-GRPO's token-mean clipped surrogate with advantages +-1, behaviour logprobs = the trainer's.
+GRPO's token-mean clipped surrogate with advantages +-1 (ratio against the step's own
+logprobs, no importance weights).
 Batches (natural text, no sampling, so every variant sees the same tokens):
 
 - ``demo``: ``--rows`` rows shaped like the demo's one-turn episodes: a system prompt of agent
@@ -100,7 +101,6 @@ def child(args: argparse.Namespace) -> None:
 
     from coderl.config import AlgorithmConfig
     from coderl.policy import LoraSpec, load_policy
-    from coderl.policy.forward import forward
     from coderl.train.batch import build_batch
     from coderl.train.step import accumulate_gradients
 
@@ -114,10 +114,9 @@ def child(args: argparse.Namespace) -> None:
         segs = window_segment(tok, args.window, args.action)
     adv = [1.0 if i % 2 else -1.0 for i in range(len(segs))]
     batch = build_batch(segs, adv, policy.pad_token_id)
-    with torch.no_grad():  # behaviour = the fp32 trainer: importance weights 1
-        batch.tokens.behavior_logprobs.copy_(forward(policy.model, batch.tokens, temperature=1.0).logp)
     kw = VARIANTS[args.child]
-    cfg = AlgorithmConfig(old_logp="behaviour")
+    # the ratio is taken against the step's own logprobs (1 at the first epoch), no weights
+    cfg = AlgorithmConfig(old_logp="trainer", importance={"mode": "off"})
     peak = PeakRSS()
     peak.start()
     base = PeakRSS.rss()
