@@ -116,6 +116,11 @@ def test_client_errors_are_4xx_with_a_reason_and_engine_failures_503(tmp_path):
         assert status == 200 and body["choices"][0]["message"]["role"] == "assistant"
         status, body = _post(url, b'{"model": "m", "messages": [')
         assert status == 400 and "json" in body["error"]["message"].lower()
+        status, body = _post(url, json.dumps({"model": "m", "messages": "hi"}).encode())
+        assert status == 400 and "messages" in body["error"]["message"]  # a field's type
+        streamed = {"model": "m", "messages": MESSAGES, "stream": True}
+        status, body = _post(url, json.dumps(streamed).encode())
+        assert status == 400 and "stream" in body["error"]["message"]
         long = [{"role": "user", "content": "word " * 200}]
         status, body = _post(url, json.dumps({"model": "m", "messages": long}).encode())
         assert status == 400 and "context is 40 tokens" in body["error"]["message"]
@@ -125,3 +130,79 @@ def test_client_errors_are_4xx_with_a_reason_and_engine_failures_503(tmp_path):
         assert status == 400 and "rm_rf" in body["error"]["message"]
     finally:
         bg.stop()
+
+
+class _CountingSampler:
+    """A sampler that records the prompts of each ``generate`` call (no model)."""
+
+    def __init__(self) -> None:
+        self.calls: list[int] = []
+
+    def generate(self, prompts, params):
+        self.calls.append(len(prompts))
+        return [Completion(token_ids=[1], logprobs=[-1.0], finish_reason="length") for _ in prompts]
+
+
+def _request(batcher, sampler, delay_s: float, leave_without_generate: bool = False, ready=None):
+    """One server request as the batcher sees it: announced, prepared for ``delay_s`` (and
+    until every thread is at the barrier ``ready``), then handed over (or leaving without a
+    generate call, as a request that failed)."""
+    from coderl.policy.base import SamplingParams
+
+    with batcher.incoming():
+        time.sleep(delay_s)
+        if ready is not None:
+            ready.wait()
+        if leave_without_generate:
+            return None
+        return batcher.generate(sampler, [1, 2], SamplingParams(max_new_tokens=1))
+
+
+def test_a_batch_waits_for_the_requests_still_being_prepared():
+    """Eight requests announced together but handed over 30 ms apart are one generate call:
+    the call waits (its window is 10 s) while any announced request is still being prepared."""
+    from coderl.online.batching import WindowBatcher
+
+    batcher, sampler = WindowBatcher(window_s=10.0), _CountingSampler()
+    _together(8, lambda i: _request(batcher, sampler, 0.03 * i))
+    assert sampler.calls == [8]
+    batcher.close()
+
+
+def test_a_request_that_leaves_without_generating_is_not_waited_for():
+    """A request that fails before its generate call stops counting when it leaves: the other
+    request's call starts then, not at the end of the 10 s window."""
+    from coderl.online.batching import WindowBatcher
+
+    batcher, sampler = WindowBatcher(window_s=10.0), _CountingSampler()
+    t = time.monotonic()
+    _together(2, lambda i: _request(batcher, sampler, 0.2 * i, leave_without_generate=i == 1))
+    assert sampler.calls == [1] and time.monotonic() - t < 5.0
+    batcher.close()
+
+
+def test_clients_that_come_back_together_stay_one_batch_and_a_lone_one_never_waits():
+    """After a round of 4, the next 4 requests (announced one by one, 50 ms apart, so none is
+    in the server when the first is taken) are still one call: it waits for as many as the
+    previous round carried. A lone client's requests are served without waiting."""
+    from coderl.online.batching import WindowBatcher
+
+    batcher, sampler = WindowBatcher(window_s=10.0), _CountingSampler()
+    ready = threading.Barrier(4)  # all four announced before any hands over: one round of 4
+    _together(4, lambda i: _request(batcher, sampler, 0.0, ready=ready))
+    assert sampler.calls == [4]
+    sampler.calls.clear()
+
+    def late(i: int) -> None:
+        time.sleep(0.05 * i)
+        _request(batcher, sampler, 0.0)
+
+    _together(4, late)
+    assert sampler.calls == [4]
+    batcher.close()
+    batcher, sampler = WindowBatcher(window_s=10.0), _CountingSampler()
+    t = time.monotonic()
+    for _ in range(3):
+        _request(batcher, sampler, 0.0)
+    assert sampler.calls == [1, 1, 1] and time.monotonic() - t < 5.0  # not 3 windows of 10 s
+    batcher.close()

@@ -34,8 +34,8 @@ example downstream).
 
 Concurrency: requests are answered concurrently, each in its own thread. A vLLM engine gets
 them as they come and batches them itself; the in-process sampler gets them through
-:class:`coderl.online.batching.WindowBatcher` (requests arriving within ``batch_window_s`` are
-one ``generate`` call). Each interaction records its own sampled ids and logprobs. A reload
+:class:`coderl.online.batching.WindowBatcher` (each ``generate`` call carries every request that
+is waiting when it starts, and waits up to ``batch_window_s`` for the others the server holds). Each interaction records its own sampled ids and logprobs. A reload
 waits for the requests in flight and holds new ones back while routes change (a reader/writer
 gate, :class:`_Gate`), so no request samples an adapter while it is replaced.
 
@@ -56,7 +56,8 @@ import re
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from fastapi import FastAPI, HTTPException, Request
@@ -131,25 +132,18 @@ class _Gate:
             self._readers -= 1
             self._cond.notify_all()
 
-    def exclusive(self) -> _Exclusive:
-        return _Exclusive(self)
-
-
-class _Exclusive:
-    def __init__(self, gate: _Gate) -> None:
-        self.gate = gate
-
-    def __enter__(self) -> None:
-        g = self.gate
-        with g._cond:
-            g._cond.wait_for(lambda: not g._writing)
-            g._writing = True
-            g._cond.wait_for(lambda: g._readers == 0)
-
-    def __exit__(self, *exc: object) -> None:
-        with self.gate._cond:
-            self.gate._writing = False
-            self.gate._cond.notify_all()
+    @contextmanager
+    def exclusive(self) -> Iterator[None]:
+        with self._cond:
+            self._cond.wait_for(lambda: not self._writing)
+            self._writing = True
+            self._cond.wait_for(lambda: self._readers == 0)
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._writing = False
+                self._cond.notify_all()
 
 
 def in_process(sampler: Any) -> bool:
@@ -208,8 +202,9 @@ class InteractionServer:
             instead of ``reload``), returning the populations whose route changed.
         exploration: the share of requests sampled at the exploration temperature (None: no
             exploration).
-        batch_window_s: how long an in-process sampler's batch waits for more requests after
-            its first (:class:`coderl.online.batching.WindowBatcher`).
+        batch_window_s: the longest an in-process sampler's batch waits, before it starts, for
+            requests this server holds (:class:`coderl.online.batching.WindowBatcher`; 0:
+            never waits).
     """
 
     def __init__(
@@ -228,7 +223,7 @@ class InteractionServer:
         router: Router | None = None,
         refresh: Callable[[Router], list[str]] | None = None,
         exploration: ExplorationConfig | None = None,
-        batch_window_s: float = 0.005,
+        batch_window_s: float = 0.05,
     ) -> None:
         if default_temperature <= 0:
             raise ValueError("default_temperature must be > 0: greedy traffic teaches nothing")
@@ -293,11 +288,14 @@ class InteractionServer:
                 conversation cannot be rendered, or its prompt fills the engine's context.
             HTTPException(503): the engine failed (logged; the server keeps serving).
         """
+        with self.batcher.incoming():  # a batch about to start knows this request is coming
+            return self._complete(req)
+
+    def _complete(self, req: ChatRequest) -> dict[str, Any]:
         if req.stream:
             raise HTTPException(400, "stream=true is not supported")
         temperature, explore = self._sampling(req)
         population = req.population or req.user or "default"
-        budget = req.max_completion_tokens or req.max_tokens or self.max_new_tokens
         try:
             tools = served_tools(req.tools)
         except RequestError as e:
@@ -306,26 +304,7 @@ class InteractionServer:
         with self._gate:  # a reload waits for this reply: no adapter is replaced mid-request
             route = self.router.route(population)
             policy, version = route.sampler, route.version
-            try:
-                renderer = renderer_for(
-                    policy.tokenizer,
-                    req.messages,
-                    tools,
-                    call_format=self.call_format,
-                    template_tools=self.template_tools,
-                )
-                text_in = render_prompt(renderer, req.messages, call_format=self.call_format)
-                prompt = encode(policy.tokenizer, text_in)
-            except Exception as e:  # template errors are the client's bad input
-                raise HTTPException(400, f"cannot render the conversation: {e}") from None
-            room = self._room(policy, len(prompt))
-            params = SamplingParams(
-                temperature=temperature,
-                top_p=1.0 if req.top_p is None else req.top_p,
-                max_new_tokens=min(budget, self.max_new_tokens, room),
-                stop_token_ids=renderer.stop_token_ids,
-                seed=req.seed,
-            )
+            renderer, prompt, params = self._prompt(req, policy, tools, temperature)
             out = self._generate(policy, prompt, params)
         latency_ms = 1000.0 * (time.perf_counter() - start)
         text = renderer.content(out)  # what the harness parses: the final stop token dropped
@@ -363,6 +342,37 @@ class InteractionServer:
             body["prompt_token_ids"] = list(prompt)
             body["choices"][0]["token_ids"] = list(out.token_ids)
         return body
+
+    def _prompt(
+        self, req: ChatRequest, policy: Any, tools: dict[str, Any], temperature: float
+    ) -> tuple[Any, list[int], SamplingParams]:
+        """``(renderer, prompt token ids, sampling parameters)`` of ``req`` for ``policy``.
+
+        Raises:
+            HTTPException(400): the conversation cannot be rendered, or its prompt fills the
+                engine's context.
+        """
+        try:
+            renderer = renderer_for(
+                policy.tokenizer,
+                req.messages,
+                tools,
+                call_format=self.call_format,
+                template_tools=self.template_tools,
+            )
+            text_in = render_prompt(renderer, req.messages, call_format=self.call_format)
+            prompt = encode(policy.tokenizer, text_in)
+        except Exception as e:  # template errors are the client's bad input
+            raise HTTPException(400, f"cannot render the conversation: {e}") from None
+        budget = req.max_completion_tokens or req.max_tokens or self.max_new_tokens
+        params = SamplingParams(
+            temperature=temperature,
+            top_p=1.0 if req.top_p is None else req.top_p,
+            max_new_tokens=min(budget, self.max_new_tokens, self._room(policy, len(prompt))),
+            stop_token_ids=renderer.stop_token_ids,
+            seed=req.seed,
+        )
+        return renderer, prompt, params
 
     def _room(self, sampler: Any, n_prompt: int) -> int:
         """Tokens left to sample after a prompt of ``n_prompt`` tokens.
