@@ -146,7 +146,16 @@ def reuse_arm(engine, base: Path, n: int, cfg: EpisodeConfig) -> dict[str, objec
         "wall_s": wall,
         "cpu_s": cpu,
         "ids": [s.token_ids for s in segments],
+        "cache_mib": cache_peak_mib(engine),
     }
+
+
+def cache_peak_mib(engine) -> str:
+    """The most KV the in-process prefix cache held at once (MiB); '-' for a vLLM server."""
+    if not isinstance(engine, TorchRollout):
+        return "-"
+    cache = engine.policy.engine.prefix_cache
+    return f"{cache.peak_nbytes / 2**20:.0f}" if cache is not None else "0"
 
 
 def run_reuse(args, policy, base: Path) -> None:
@@ -158,7 +167,8 @@ def run_reuse(args, policy, base: Path) -> None:
         f"{args.tokens} tokens per turn, {args.context}-token windows, model {args.model}"
     )
     cols = ("engine", "reuse", "prefill/ep", "distinct/ep", "prefill/distinct", "windows/ep")
-    for col in (*cols, "turns/ep", "wall s", "cpu s", "wall ratio", "cpu ratio", "same ids"):
+    more = ("turns/ep", "wall s", "cpu s", "wall ratio", "cpu ratio", "same ids", "cache MiB")
+    for col in (*cols, *more):
         table.add_column(col, justify="right")
     for kind in args.engine.split(","):
         arms = []
@@ -185,6 +195,7 @@ def run_reuse(args, policy, base: Path) -> None:
                 f"{float(row['wall_s']) / float(off['wall_s']):.2f}",
                 f"{float(row['cpu_s']) / float(off['cpu_s']):.2f}",
                 "yes" if row["ids"] == off["ids"] else "no",
+                str(row["cache_mib"]),
             )
     Console(width=200).print(table)
     print(f"load at the end {os.getloadavg()}")

@@ -97,6 +97,8 @@ class PrefixCache:
         self.max_bytes = max_bytes
         self.entries: OrderedDict[tuple[int, ...], CachedPrefix] = OrderedDict()  # LRU first
         self.nbytes = 0
+        self.peak_nbytes = 0
+        """The most bytes held at once (after a :meth:`put`), for measurements."""
         self.state: tuple[object, ...] | None = None
         self._lock = threading.Lock()
 
@@ -153,6 +155,7 @@ class PrefixCache:
             while self.nbytes > self.max_bytes:
                 _, evicted = self.entries.popitem(last=False)
                 self.nbytes -= evicted.nbytes
+            self.peak_nbytes = max(self.peak_nbytes, self.nbytes)
 
     def forget(self, sequences: Sequence[Sequence[int]]) -> int:
         """Drop every entry that is a prefix of one of ``sequences`` (the context windows of an
