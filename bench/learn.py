@@ -155,9 +155,10 @@ def run(name: str, args: argparse.Namespace, grad_out: str) -> dict:
     env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "TOKENIZERS_PARALLELISM": "false"}
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
     lines = [x for x in proc.stdout.splitlines() if x.startswith("RESULT ")]
-    if proc.returncode != 0 or not lines:
-        sys.stderr.write(proc.stdout[-4000:] + proc.stderr[-8000:])
-        raise SystemExit(f"{name} failed (exit {proc.returncode})")
+    if proc.returncode != 0 or not lines:  # reported, and the other variants still run
+        sys.stderr.write(proc.stdout[-2000:] + proc.stderr[-4000:])
+        why = " (killed: out of memory?)" if proc.returncode in (-9, 137) else ""
+        return {"failed": f"exit {proc.returncode}{why}"}
     return json.loads(lines[-1][len("RESULT ") :])
 
 
@@ -190,9 +191,13 @@ def main() -> None:
         for name in args.variants:
             path = os.path.join(tmp, f"{name}.pt")
             results[name] = run(name, args, path)
-            grads[name] = torch.load(path).double()
-            print(f"  {name}: done, load {os.getloadavg()[0]:.1f}", flush=True)
-    first = args.variants[0]
+            if "failed" not in results[name]:
+                grads[name] = torch.load(path).double()
+            print(f"  {name}: {results[name].get('failed', 'done')}, load "
+                  f"{os.getloadavg()[0]:.1f}", flush=True)  # fmt: skip
+    if not grads:
+        raise SystemExit("every variant failed")
+    first = next(name for name in args.variants if name in grads)
     r0 = results[first]
     print(f"model {args.model}, LoRA r16; batch {args.batch}: {r0['rows']} rows, {r0['tokens']} "
           f"tokens ({r0['padded_tokens']} padded), {r0['sampled']} sampled; micro-batches of "
@@ -201,6 +206,9 @@ def main() -> None:
     print(f"{'variant':>17} {unit:>12} {'ratio':>6} {'rise GB':>8} {'peak GB':>8} "
           f"{'cos to ' + first:>16} {'rel L2':>8}")  # fmt: skip
     for name, r in results.items():
+        if "failed" in r:
+            print(f"{name:>17} failed: {r['failed']}")
+            continue
         rate = r["tokens"] / r["seconds"]
         g, g0 = grads[name], grads[first]
         cos = float(torch.nn.functional.cosine_similarity(g, g0, dim=0))

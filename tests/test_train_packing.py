@@ -124,12 +124,11 @@ def test_packed_gradient_equals_padded(lora):
     cfg = AlgorithmConfig(old_logp="trainer", kl={"coef": 0.1}, value_coef=0.5, entropy_coef=0.01)
     results = {}
     # padded rows (today's path, 2 rows each) vs packed by budgets that cut the 6 rows (25..40
-    # real tokens each) into 6, 3 and 1 micro-batches
+    # real tokens each) into 6 micro-batches of one row and 3 of 3, 2 and 1 rows
     for name, kw in {
         "padded": {"micro_batch_size": 2},
         "packed 40": {"micro_batch_size": 2, "max_tokens": 40},
         "packed 90": {"micro_batch_size": 2, "max_tokens": 90},
-        "packed all": {"micro_batch_size": 2, "max_tokens": 10_000},
     }.items():
         for p in params:
             p.grad = None
@@ -138,7 +137,7 @@ def test_packed_gradient_equals_padded(lora):
         )
         results[name] = (_grad(params), _grad(list(head.parameters())), m)
     g_ref, head_ref, m_ref = results["padded"]
-    for name in ("packed 40", "packed 90", "packed all"):
+    for name in ("packed 40", "packed 90"):
         g, g_head, m = results[name]
         _close(g, g_ref, name)
         _close(g_head, head_ref, f"{name}: value head")
@@ -155,7 +154,6 @@ def test_checkpointed_gradient_equals_plain_and_keeps_fewer_activations(lora):
     for name, kw in {
         "plain": {},
         "checkpointed": {"checkpoint": True},
-        "packed": {"pack": True},
         "packed, checkpointed": {"pack": True, "checkpoint": True},
     }.items():
         policy.model.zero_grad()
@@ -169,12 +167,12 @@ def test_checkpointed_gradient_equals_plain_and_keeps_fewer_activations(lora):
             out = forward(policy.model, batch.tokens, temperature=1.0, **kw)
         (out.logp * batch.tokens.loss_mask).sum().backward()
         grads[name], saved[name] = _grad(params), nbytes[0]
-    for name in ("checkpointed", "packed", "packed, checkpointed"):
+    for name in ("checkpointed", "packed, checkpointed"):
         _close(grads[name], grads["plain"], name)
     # what autograd keeps between forward and backward: the layers' inputs only, not their
     # activations (the recompute's own saved tensors are made and freed inside the backward)
     assert saved["checkpointed"] < 0.5 * saved["plain"]
-    assert saved["packed, checkpointed"] < 0.5 * saved["packed"]
+    assert saved["packed, checkpointed"] < 0.5 * saved["plain"]
     assert not any(m.training for m in policy.model.modules())  # eval mode is restored
 
 
