@@ -98,11 +98,12 @@ def test_plan_hand_worked():
 def test_level_stats_pool_outcomes():
     s = sampler()
     pool = s.pool()
-    pool.admit([toy_task("x/1", 2)])
+    pool.admit([toy_task("x/1", 2), toy_task("x/2", 3)])
     pool.outcomes.update({"seed/0": [1, 0], "seed/1": [1, 1, 1, 1], "x/1": [0]})
     st = S.level_stats(pool)
     assert st[0] == {"tasks": 4.0, "active": 1.0, "samples": 6.0, "pass_rate": 5 / 6}
     assert st[2] == {"tasks": 1.0, "active": 0.0, "samples": 1.0, "pass_rate": 0.0}
+    assert st[3]["samples"] == 0.0 and math.isnan(st[3]["pass_rate"]) and "solved" not in st[3]
 
 
 def run_steps(s: S.SynthSampler, n: int) -> tuple[list[list[str]], list[dict[str, float]]]:

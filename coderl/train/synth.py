@@ -82,7 +82,8 @@ def level_stats(pool: Pool) -> dict[int, dict[str, float]]:
         s["samples"] += len(xs)
         s["solved"] += sum(xs)
     for s in stats.values():
-        s["pass_rate"] = s.pop("solved") / s["samples"] if s["samples"] else math.nan
+        solved = s.pop("solved")
+        s["pass_rate"] = solved / s["samples"] if s["samples"] else math.nan
     return stats
 
 
