@@ -32,7 +32,7 @@ class SynthConfig(_Section):
     per_request: int = Field(8, ge=1)
     """Tasks proposed per synthesis request (each then validated in fresh sandboxes)."""
     lag: int = Field(1, ge=1)
-    """Ticks (sampler metric calls: one per step, one after a pre-pass) between a request and
+    """Ticks (sampler metric calls: one per step, one before the first) between a request and
     the admission of its validated tasks; the request runs in the background meanwhile and the
     admission waits for it if it is late, so a resumed run admits exactly what an uninterrupted
     one does."""

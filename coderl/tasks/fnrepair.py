@@ -37,6 +37,7 @@ import ast
 import functools
 import hashlib
 import random
+import time
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -362,8 +363,10 @@ def synthesise(request: dict[str, Any]) -> dict[str, Any]:
     """Run one synthesis request off the trainer's critical path: propose
     ``request["n"]`` tasks at ``request["level"]`` from :func:`training_seeds` (drawn with
     ``random.Random(request["key"])``, skipping ``request["exclude"]`` ids) and validate each
-    (:func:`validate`). Returns ``{"proposed": n, "tasks": [valid task JSON]}``: plain data, so it
-    crosses a process boundary. Deterministic in the request."""
+    (:func:`validate`). Returns ``{"proposed": n, "tasks": [valid task JSON], "seconds": wall
+    time}``: plain data, so it crosses a process boundary. The tasks are deterministic in the
+    request."""
+    t0 = time.perf_counter()
     rng = random.Random(request["key"])
     proposed = propose(
         training_seeds(),
@@ -373,4 +376,5 @@ def synthesise(request: dict[str, Any]) -> dict[str, Any]:
         exclude=set(request.get("exclude", ())),
     )
     valid = [t for t in proposed if validate(t) is None]
-    return {"proposed": len(proposed), "tasks": [t.model_dump(mode="json") for t in valid]}
+    tasks = [t.model_dump(mode="json") for t in valid]
+    return {"proposed": len(proposed), "tasks": tasks, "seconds": time.perf_counter() - t0}

@@ -4,8 +4,9 @@ A pool (:class:`coderl.train.sampling.PoolSampler`) learns each task's pass rate
 sharpen what the policy sometimes does, so the tasks that carry signal are the *active* ones (a
 running pass rate strictly inside (0, 1)). When the policy outgrows its tasks, or never reaches
 them, the active band empties. :class:`SynthSampler` wraps the run's sampler and, once per *tick*
-(each call of :meth:`SynthSampler.metrics`: one per training step, one after a pre-pass), reads
-the pool's statistics per difficulty level (``task.extra["fnrepair"]["level"]``,
+(each call of :meth:`SynthSampler.metrics`: one per training step, and one before the first
+step, where ``coderl train`` runs its pre-pass with or without samples; that one is not logged),
+reads the pool's statistics per difficulty level (``task.extra["fnrepair"]["level"]``,
 :mod:`coderl.tasks.fnrepair`) and decides (:func:`plan`, a pure function):
 
 - **when**: fewer than ``min_active`` active tasks, or a level is *saturated* (pooled pass rate
@@ -26,8 +27,9 @@ pool never exceeds ``max_tasks``.
 Metrics per tick: ``synth/requested`` (tasks asked for), ``synth/level`` (NaN: none),
 ``synth/proposed``, ``synth/validated``, ``synth/admitted`` (this tick's admission) and the same
 per level (``synth/<what>_L<level>``), ``synth/wait_s`` (time the admission waited: the
-critical-path cost), ``synth/pool_tasks``, ``synth/admitted_total``; the pool's per-level
-statistics as ``pool/level<level>/{tasks,active,pass_rate}``.
+critical-path cost), ``synth/request_s`` (the request's own wall time, off the critical path),
+``synth/pool_tasks``, ``synth/admitted_total``; the pool's per-level statistics as
+``pool/level<level>/{tasks,active,pass_rate}``.
 
 State (in every checkpoint with the sampler's; restored before the pool's, so the pool's outcomes
 of admitted tasks are kept): the tick, the counters, every admitted task (full JSON) and the
@@ -189,6 +191,7 @@ class SynthSampler:
         t0 = time.perf_counter()
         result = self._future.result()
         m["synth/wait_s"] = time.perf_counter() - t0
+        m["synth/request_s"] = float(result.get("seconds", math.nan))
         level = int(self.pending["request"]["level"])
         room = max(self.cfg.max_tasks - len(self.pool().tasks), 0)
         valid = [Task.model_validate(t) for t in result["tasks"]]
