@@ -13,10 +13,12 @@ from coderl.config import load_config
 from coderl.tasks.fnrepair import (
     KINDS,
     Knobs,
+    helpers_of,
     inject,
     knobs_at,
     level_of,
     make_task,
+    make_task_at,
     render_symptom,
     repair_tasks,
     statement,
@@ -111,6 +113,9 @@ def test_inject_puts_the_bug_where_the_distance_says():
     assert {m.function for m in far[1]} == {"_clean"}
     two = inject(SEED, Knobs("plain", 2, 0), rng)
     assert two is not None and len({m.line for m in two[1]}) == 2
+    he = {s.id: s for s in humaneval_seeds()}
+    assert helpers_of(he["HumanEval/10"]) == ["is_palindrome"]
+    assert helpers_of(he["HumanEval/38"]) == []  # its check encodes inputs with the helper
 
 
 def test_render_symptom_hides_the_assertion_when_asked():
@@ -184,6 +189,10 @@ def test_shipped_tasks_validate(shipped):
         sym = symptom(buggy, t.hidden_tests["hidden_test.py"], entry)  # the statement is current
         shown = render_symptom(sym, t.extra["fnrepair"]["show_assertion"])
         assert statement(buggy, entry, shown) == t.problem_statement
+        info, seeds = t.extra["fnrepair"], {s.id: s for s in humaneval_seeds() + load_seeds()}
+        level, rng = info["level"], random.Random(f"{info['seed']}/{info['level']}")
+        again = make_task_at(seeds[info["seed"]], level, rng)  # the build's draw reproduces it
+        assert again is not None and again.model_dump() == t.model_dump()
 
 
 def test_environment_serves_both_splits():

@@ -135,14 +135,22 @@ def _mutants(code: str, name: str, kind: str) -> list[Mutant]:
     return [m for m in mutants_of(code, name, fn) if m.operator in KINDS[kind]]
 
 
+def helpers_of(seed: Seed) -> list[str]:
+    """The seed's top-level helpers its entry point calls and its check does not name: a bug
+    there is one call away from the symptom, and the judge (whose globals are the task's file,
+    :mod:`coderl.tasks.function_grading`) never builds inputs with the buggy helper."""
+    used = {n.id for n in ast.walk(ast.parse(seed.test)) if isinstance(n, ast.Name)}
+    return [h for h in top_level_calls(seed.code, seed.entry_point) if h not in used]
+
+
 def inject(seed: Seed, knobs: Knobs, rng: random.Random) -> tuple[str, list[Mutant]] | None:
     """The seed's file with ``knobs.n_mutations`` bugs of ``knobs.kind`` in the function
     ``knobs.distance`` names (a second bug at another line), or ``None`` when the seed has no
-    such site (no helper for distance 1, no applicable operator)."""
+    such site (no :func:`helpers_of` for distance 1, no applicable operator)."""
     if knobs.distance == 0:
         target = seed.entry_point
     else:
-        helpers = top_level_calls(seed.code, seed.entry_point)
+        helpers = helpers_of(seed)
         if not helpers:
             return None
         target = rng.choice(helpers)
@@ -297,7 +305,7 @@ def make_task(seed: Seed, knobs: Knobs, rng: random.Random) -> Task | None:
 
 def make_task_at(seed: Seed, level: int, rng: random.Random) -> Task | None:
     """:func:`make_task` with knobs drawn at ``level`` (:func:`knobs_at`), or ``None``."""
-    knobs = knobs_at(level, rng, helpers=bool(top_level_calls(seed.code, seed.entry_point)))
+    knobs = knobs_at(level, rng, helpers=bool(helpers_of(seed)))
     return None if knobs is None else make_task(seed, knobs, rng)
 
 
