@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
-import os
 import random
-import shutil
 from types import SimpleNamespace
 
 import pytest
+import torch
+from test_sampling import FAST, TOY, RecToy
+from test_tasks_fnrepair import needs_sandbox
 
 from coderl.config import (
     ConfigError,
@@ -19,6 +21,7 @@ from coderl.config import (
     SynthConfig,
     load_config,
 )
+from coderl.envs.toy import ToyTask
 from coderl.tasks.fnrepair import level_of, synthesise, validate
 from coderl.tasks.spec import Task
 from coderl.train import synth as S
@@ -53,14 +56,16 @@ def toy_proposer(request: dict) -> dict:
     return {"proposed": len(made) + 1, "tasks": [t.model_dump(mode="json") for t in made]}
 
 
-S.PROPOSERS["toy"] = toy_proposer
-CFG = SynthConfig(enabled=True, min_active=3, min_samples=8, per_request=3, executor="thread")
+S.PROPOSERS["toy"] = S.Proposer(toy_proposer, Task.model_validate, lambda t: t.model_dump())
+CFG = SynthConfig(
+    enabled=True, proposer="toy", min_active=3, min_samples=8, per_request=3, executor="thread"
+)
 POOL = PoolConfig(window=8, settle=4, explore=0.25, revisit=0.05)
 
 
 def sampler(block: int = 4) -> S.SynthSampler:
     tasks = [toy_task(f"seed/{i}", 0) for i in range(4)]
-    return S.SynthSampler(PoolSampler(tasks, 7, POOL, block), CFG, 7, proposer="toy")
+    return S.SynthSampler(PoolSampler(tasks, 7, POOL, block), CFG, 7)
 
 
 def step(s: S.SynthSampler, n: int, G: int = 4) -> tuple[list[str], dict[str, float]]:
@@ -138,12 +143,6 @@ def test_synthesis_admits_training_tasks_and_resume_is_exact():
     assert resumed.pool().outcomes == whole.pool().outcomes
     keys = ("synth/admitted", "synth/level", "synth/pool_tasks")
     assert [[m[k] for k in keys] for m in ms2] == [[m[k] for k in keys] for m in ms[5:]]
-
-
-needs_sandbox = pytest.mark.skipif(
-    shutil.which("bwrap") is None or os.geteuid() != 0,
-    reason="needs bubblewrap and root (make sysdeps); CI has both",
-)
 
 
 @needs_sandbox
@@ -233,3 +232,71 @@ def test_build_sampler_wraps_the_pool():
     env = SimpleNamespace(tasks=lambda split: [toy_task("t/0", 0), toy_task("t/1", 1)])
     s = build_sampler(cfg, env)
     assert isinstance(s, S.SynthSampler) and isinstance(s.inner, PoolSampler)
+
+
+# ---------------------------------------------------------------- through coderl train
+def toy_env_proposer(request: dict) -> dict:
+    """New toy tasks (the harness-free task of ``coderl.envs.toy``), deterministic in the request."""
+    rng = random.Random(request["key"])
+    made = []
+    for _ in range(request["n"]):
+        i = rng.randrange(10**6)
+        made.append(
+            {
+                "id": f"syn/{i}",
+                "prompt_ids": [3 + (i + j) % 97 for j in range(5)],
+                "residue": 0,
+                "modulus": 4,
+                "split": "train",
+            }
+        )
+    return {"proposed": len(made), "tasks": made}
+
+
+@pytest.fixture
+def one_thread():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)  # a tiny model: more threads only contend
+    yield
+    torch.set_num_threads(before)
+
+
+def test_kill_and_resume_gives_the_same_pool_and_next_tasks(tmp_path, monkeypatch, one_thread):
+    from coderl.envs import ENVIRONMENTS
+    from coderl.train.loop import train
+    from coderl.train.metrics import read_jsonl
+
+    monkeypatch.setitem(ENVIRONMENTS, "rec", lambda cfg: RecToy(cfg.rollout.max_new_tokens))
+    monkeypatch.setitem(
+        S.PROPOSERS,
+        "toyenv",
+        S.Proposer(toy_env_proposer, lambda d: ToyTask(**d), dataclasses.asdict),
+    )
+    common = [
+        *FAST,
+        "tasks.source=rec",
+        "tasks.sampler=pool",
+        "tasks.pool.settle=2",
+        "tasks.tasks_per_step=3",
+        "tasks.synth.enabled=true",
+        "tasks.synth.proposer=toyenv",
+        "tasks.synth.executor=thread",
+        "tasks.synth.min_active=100",
+        "tasks.synth.per_request=2",
+        "trainer.checkpoint_every=1",
+    ]
+    RecToy.log = []
+    train(load_config(TOY, [*common, "trainer.steps=4", f"run_dir={tmp_path / 'ref'}"]))
+    ref_log, RecToy.log = RecToy.log, []
+    cut = tmp_path / "cut"
+    train(load_config(TOY, [*common, "trainer.steps=2", f"run_dir={cut}"]))  # "killed" here
+    train(load_config(TOY, [*common, "trainer.steps=4", f"run_dir={cut}"]), resume=True)
+    assert RecToy.log == ref_log  # the same next tasks, with the same seeds
+    assert any(i.startswith("syn/") for ids, _ in ref_log for i in ids)  # admitted were drawn
+    last = "checkpoints/step-000004/state.json"
+    a, b = (json.loads((d / last).read_text()) for d in (tmp_path / "ref", cut))
+    assert a["sampler"] == b["sampler"]  # the same pool: tasks, outcomes, synthesis state
+    assert len(a["sampler"]["synth"]["admitted"]) == 8  # 2 a tick, from the tick before step 1
+    keys = ("synth/admitted", "synth/pool_tasks", "synth/admitted_total")
+    ref, got = (read_jsonl(d / "metrics.jsonl") for d in (tmp_path / "ref", cut))
+    assert [[m[k] for k in keys] for m in got] == [[m[k] for k in keys] for m in ref]

@@ -14,6 +14,9 @@ class SynthConfig(_Section):
     enabled: bool = False
     """Synthesise function-repair tasks inside the loop (``coderl.train.synth``) and admit them to
     the pool (``tasks.sampler: pool``, or the ``source`` entry of a mix, which must be a pool)."""
+    proposer: str = "fnrepair"
+    """What makes the new tasks: a key of ``coderl.train.synth.PROPOSERS`` (``fnrepair``:
+    function-repair tasks from the training seeds)."""
     source: str | None = None
     """With ``tasks.mix``: the label of the entry that receives the new tasks (None: no mix)."""
     min_active: int = Field(4, ge=0)

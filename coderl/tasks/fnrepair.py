@@ -122,8 +122,8 @@ def knobs_at(level: int, rng: random.Random, *, helpers: bool = True) -> Knobs |
 
 
 def level_of(task: Task) -> int | None:
-    """The difficulty level a repair task records, ``None`` for other tasks."""
-    info = task.extra.get("fnrepair")
+    """The difficulty level a repair task records, ``None`` for other tasks (any object)."""
+    info = (getattr(task, "extra", None) or {}).get("fnrepair")
     return int(info["level"]) if info else None
 
 

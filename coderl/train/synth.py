@@ -36,9 +36,9 @@ of admitted tasks are kept): the tick, the counters, every admitted task (full J
 request in flight. On ``--resume`` a request in flight is run again: it is deterministic in its
 request, so the resumed run admits the same tasks at the same tick.
 
-Limits: requests are function-repair tasks only (the seeds of :mod:`coderl.tasks.fnseeds`); a
-request that raises (a sandbox failure) stops the run at admission rather than admitting
-something different from an uninterrupted run.
+Limits: the one shipped proposer (``tasks.synth.proposer: fnrepair``) makes function-repair
+tasks (the seeds of :mod:`coderl.tasks.fnseeds`); a request that raises (a sandbox failure) stops
+the run at admission rather than admitting something different from an uninterrupted run.
 """
 
 from __future__ import annotations
@@ -50,14 +50,31 @@ import weakref
 from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import Executor, Future, ProcessPoolExecutor, ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from coderl.config import SynthConfig
 from coderl.tasks.fnrepair import MAX_LEVEL, level_of, synthesise
 from coderl.tasks.spec import Task
 
-PROPOSERS: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {"fnrepair": synthesise}
-"""Request runner by name; the only dispatch point (tests register in-process proposers)."""
+
+@dataclass(frozen=True)
+class Proposer:
+    """How one family of tasks is synthesised and carried through JSON (requests cross a process
+    boundary, admitted tasks live in checkpoints)."""
+
+    run: Callable[[dict[str, Any]], dict[str, Any]]
+    """Request -> ``{"proposed": n, "tasks": [task JSON], "seconds": s}`` (module docstring)."""
+    load: Callable[[dict[str, Any]], Any]
+    """Task JSON -> task."""
+    dump: Callable[[Any], dict[str, Any]]
+    """Task -> task JSON."""
+
+
+PROPOSERS: dict[str, Proposer] = {
+    "fnrepair": Proposer(synthesise, Task.model_validate, lambda t: t.model_dump(mode="json")),
+}
+"""``tasks.synth.proposer`` -> :class:`Proposer`; the only dispatch point."""
 
 
 class Pool(Protocol):
@@ -113,10 +130,13 @@ class SynthSampler:
     synthesis (module docstring). Every :class:`coderl.train.sampling.TaskSource` method is the
     inner sampler's, except :meth:`metrics` (a tick) and the state."""
 
-    def __init__(
-        self, inner: Any, cfg: SynthConfig, seed: int, *, proposer: str = "fnrepair"
-    ) -> None:
-        self.inner, self.cfg, self.seed, self.proposer = inner, cfg, seed, proposer
+    def __init__(self, inner: Any, cfg: SynthConfig, seed: int) -> None:
+        if cfg.proposer not in PROPOSERS:
+            raise ValueError(
+                f"tasks.synth.proposer: unknown {cfg.proposer!r}; valid: {sorted(PROPOSERS)}"
+            )
+        self.inner, self.cfg, self.seed = inner, cfg, seed
+        self.proposer = PROPOSERS[cfg.proposer]
         self.tick = 0
         self.admitted: list[dict[str, Any]] = []
         """Every admitted task (JSON), in admission order: what a resumed run re-admits."""
@@ -166,7 +186,7 @@ class SynthSampler:
         """The pool that receives new tasks."""
         return self.inner.subs[self.cfg.source] if self.cfg.source else self.inner  # type: ignore[no-any-return]
 
-    def _admit(self, tasks: list[Task]) -> list[Task]:
+    def _admit(self, tasks: list[Any]) -> list[Any]:
         if self.cfg.source:
             return self.inner.admit(tasks, self.cfg.source)  # type: ignore[no-any-return]
         return self.inner.admit(tasks)  # type: ignore[no-any-return]
@@ -179,7 +199,7 @@ class SynthSampler:
             else:
                 self._executor = ThreadPoolExecutor(1, thread_name_prefix="coderl-synth")
             weakref.finalize(self, self._executor.shutdown, wait=False, cancel_futures=True)
-        self._future = self._executor.submit(PROPOSERS[self.proposer], request)
+        self._future = self._executor.submit(self.proposer.run, request)
 
     def _admission(self, m: dict[str, float]) -> None:
         """Admit the request in flight if it is due (waiting for it if late)."""
@@ -194,10 +214,10 @@ class SynthSampler:
         m["synth/request_s"] = float(result.get("seconds", math.nan))
         level = int(self.pending["request"]["level"])
         room = max(self.cfg.max_tasks - len(self.pool().tasks), 0)
-        valid = [Task.model_validate(t) for t in result["tasks"]]
+        valid = [self.proposer.load(t) for t in result["tasks"]]
         train = [t for t in valid if t.split == "train"]  # never admit held-out material
         added = self._admit(train[:room])
-        self.admitted += [t.model_dump(mode="json") for t in added]
+        self.admitted += [self.proposer.dump(t) for t in added]
         for what, n in (
             ("proposed", result["proposed"]),
             ("validated", len(valid)),
@@ -258,7 +278,7 @@ class SynthSampler:
         s = state.get("synth", {})
         self.tick = int(s.get("tick", 0))
         self.admitted = list(s.get("admitted", []))
-        self._admit([Task.model_validate(t) for t in self.admitted])
+        self._admit([self.proposer.load(t) for t in self.admitted])
         self.pending, self._future = s.get("pending"), None
         self.totals = Counter(s.get("totals", {}))
         self.inner.load_state_dict(state.get("inner", {}))
