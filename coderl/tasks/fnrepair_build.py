@@ -97,7 +97,11 @@ def main(argv: list[str] | None = None) -> int:
     t.add_argument("--out", type=Path, default=TASKS_FILE)
     args = ap.parse_args(argv)
     if args.cmd == "seeds":
-        build_seeds(args.sdists, args.out)
+        try:
+            build_seeds(args.sdists, args.out)
+        except FileNotFoundError as e:
+            print(f"fnrepair_build: {e}", file=sys.stderr)
+            return 2
         return 0
     seeds = humaneval_seeds()[: args.humaneval] + load_seeds()
     tasks = build_tasks(seeds, [int(x) for x in args.levels.split(",")], args.out)
