@@ -16,7 +16,10 @@ Limits: a function that takes or returns anything but plain data (callables, ite
 gets no recorded calls and no seed; a function whose module-level needs include a non-stdlib or
 relative import, or that cuts out longer than ``MAX_LINES``, is skipped. The checks test only what
 the library's suite happened to call; a bug that no recorded call reaches cannot become a task (the
-repair validation drops it: the buggy function must fail its check).
+repair validation drops it: the buggy function must fail its check). The trace is as
+deterministic as the suite: hashing is seeded (``PYTHONHASHSEED=0``), but a test that draws its
+own random inputs (boltons' ``is_uuid`` test takes ``uuid4()`` values) records other cases on
+another run, so a rebuilt seeds file can differ there.
 """
 
 from __future__ import annotations
@@ -252,7 +255,8 @@ def trace_library(src: Path, modules: tuple[str, ...], tests: tuple[str, ...]) -
             f"/out/calls.json {','.join(modules)} -- -q --noconftest -p no:cacheprovider "
             f"-p no:randomly {' '.join(tests)}"
         )
-        with Sandbox.create(src, ro_mounts=ro, rw_mounts={"/out": out}) as sb:
+        env = {"PYTHONHASHSEED": "0"}  # set and dict reprs in the same order every run
+        with Sandbox.create(src, env=env, ro_mounts=ro, rw_mounts={"/out": out}) as sb:
             res = sb.exec(cmd, timeout=600)
         path = Path(out, "calls.json")
         if not path.is_file():
