@@ -204,6 +204,27 @@ def test_mix_follows_the_curriculum_and_admits_to_its_pool():
         mix.admit([toy_task("b/new", 1)], "b")
 
 
+def test_synthesis_into_a_mix_entry():
+    a = [toy_task(f"a/{i}", 0) for i in range(4)]
+    b = [toy_task(f"b/{i}", 0) for i in range(4)]
+    mix = MixSampler(
+        [
+            (MixSourceConfig(source="fnrepair", name="a"), a),
+            (MixSourceConfig(source="humaneval", name="b"), b),
+        ],
+        {"a": "pool", "b": "uniform"},
+        0,
+        POOL,
+        4,
+    )
+    s = S.SynthSampler(mix, CFG.model_copy(update={"source": "a"}), 0)
+    for _ in range(3):
+        step(s, 4)
+    new = [t for t in s.pool().tasks if t.id.startswith("syn/")]
+    assert new and all(mix.source_of(t) == "a" for t in new)
+    assert not any(t.id.startswith("syn/") for t in mix.subs["b"].tasks)
+
+
 def test_config_refuses_synthesis_without_a_pool_and_unknown_stages():
     with pytest.raises(ConfigError, match="needs tasks.sampler=pool"):
         load_config(None, ["tasks.synth.enabled=true"])
