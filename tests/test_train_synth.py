@@ -204,6 +204,14 @@ def test_mix_follows_the_curriculum_and_admits_to_its_pool():
         mix.admit([toy_task("b/new", 1)], "b")
 
 
+def test_resuming_a_run_without_synthesis_keeps_its_pool():
+    plain = PoolSampler([toy_task(f"seed/{i}", 0) for i in range(4)], 7, POOL, 4)
+    plain.outcomes["seed/1"] = [1, 0]
+    s = sampler()
+    s.load_state_dict(json.loads(json.dumps(plain.state_dict())))
+    assert s.pool().outcomes["seed/1"] == [1, 0] and s.tick == 0
+
+
 def test_synthesis_into_a_mix_entry():
     a = [toy_task(f"a/{i}", 0) for i in range(4)]
     b = [toy_task(f"b/{i}", 0) for i in range(4)]

@@ -33,8 +33,8 @@ critical-path cost), ``synth/request_s`` (the request's own wall time, off the c
 
 State (in every checkpoint with the sampler's; restored before the pool's, so the pool's outcomes
 of admitted tasks are kept): the tick, the counters, every admitted task (full JSON) and the
-request in flight. On ``--resume`` a request in flight is run again: it is deterministic in its
-request, so the resumed run admits the same tasks at the same tick.
+request in flight. On ``--resume`` a request in flight is started again: it is deterministic in
+its request, so the resumed run admits the same tasks at the same tick.
 
 Limits: the one shipped proposer (``tasks.synth.proposer: fnrepair``) makes function-repair
 tasks (the seeds of :mod:`coderl.tasks.fnseeds`); a request that raises (a sandbox failure) stops
@@ -274,7 +274,10 @@ class SynthSampler:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Re-admit the saved tasks, then restore the inner sampler (its pool outcomes of those
-        tasks included); a request in flight is re-run at its due tick."""
+        tasks included); a request in flight is started again now (it is admitted at its due
+        tick). A state without ``synth`` (a run started without synthesis) is the inner's."""
+        if "synth" not in state and "inner" not in state:
+            state = {"inner": state}
         s = state.get("synth", {})
         self.tick = int(s.get("tick", 0))
         self.admitted = list(s.get("admitted", []))
@@ -282,3 +285,5 @@ class SynthSampler:
         self.pending, self._future = s.get("pending"), None
         self.totals = Counter(s.get("totals", {}))
         self.inner.load_state_dict(state.get("inner", {}))
+        if self.pending is not None:
+            self._submit(self.pending["request"])
