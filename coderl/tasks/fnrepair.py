@@ -347,7 +347,7 @@ def propose(
 
 def repair_tasks(split: str = "all", path: str | Path = TASKS_FILE) -> list[Task]:
     """The shipped repair tasks of ``split`` (train, heldout or all), interleaved by source
-    (HumanEval, then each library: :func:`coderl.tasks.repos.round_robin`), so a prefix
+    (HumanEval and each library, :func:`coderl.tasks.repos.round_robin`), so a prefix
     (``eval.tasks``) holds every source.
 
     Raises:
