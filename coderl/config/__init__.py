@@ -24,6 +24,7 @@ from pydantic import (
 from coderl.config._base import ConfigError, _error_message, _Section
 from coderl.config.asyncrl import AsyncConfig
 from coderl.config.online import OnlineConfig
+from coderl.config.synth import CurriculumConfig, SynthConfig
 from coderl.config.trainer import TrainerConfig
 from coderl.graders.settings import GradersConfig, JudgeConfig, RMConfig
 
@@ -112,7 +113,8 @@ class MixSourceConfig(_Section):
 class TaskConfig(_Section):
     source: str = "humaneval"
     """Task source: ``humaneval``, ``toy`` (an in-process task for tests and smoke runs),
-    ``repo`` (synthesised repository bug-fix tasks) or ``mix`` (the sources of ``mix``)."""
+    ``repo`` (synthesised repository bug-fix tasks), ``fnrepair`` (function-scope repair tasks,
+    ``coderl.tasks.fnrepair``) or ``mix`` (the sources of ``mix``)."""
     sampler: Literal["uniform", "pool"] = "uniform"
     """How training tasks are drawn: ``uniform`` (an epoch-shuffled stream) or ``pool`` (the
     difficulty-calibrated pool of ``pool``; see ``coderl.train.sampling``)."""
@@ -131,6 +133,33 @@ class TaskConfig(_Section):
     """Use only the first ``limit`` tasks of the training split (None: all)."""
     options: dict[str, Any] = Field(default_factory=dict)
     """Source-specific options (e.g. the repository environment directory for ``repo``)."""
+    synth: SynthConfig = Field(default_factory=SynthConfig)
+    """Task synthesis inside the loop (``coderl.train.synth``)."""
+    curriculum: CurriculumConfig | None = None
+    """With ``tasks.mix``: stages that advance by pass rate and set the mix weights (the entries'
+    ``weight`` schedules are then unused; ``coderl.train.curriculum``). None: the schedules."""
+
+    @model_validator(mode="after")
+    def _synth_and_curriculum(self) -> TaskConfig:
+        labels = [m.label() for m in self.mix]
+        if self.curriculum is not None:
+            unknown = sorted(set(self.curriculum.order) - set(labels))
+            if unknown or len(set(self.curriculum.order)) < len(self.curriculum.order):
+                raise ValueError(
+                    f"tasks.curriculum.order: {self.curriculum.order} must be distinct "
+                    f"tasks.mix labels; valid: {labels}"
+                )
+        s = self.synth
+        if s.enabled and self.mix:
+            entry = next((m for m in self.mix if m.label() == s.source), None)
+            if entry is None or (entry.sampler or self.sampler) != "pool":
+                raise ValueError(
+                    f"tasks.synth.source={s.source!r} must name a tasks.mix entry drawn by the "
+                    f"pool sampler; valid: {labels}"
+                )
+        elif s.enabled and self.sampler != "pool":
+            raise ValueError("tasks.synth.enabled needs tasks.sampler=pool (it admits to the pool)")
+        return self
 
     @model_validator(mode="after")
     def _mix_matches_source(self) -> TaskConfig:

@@ -54,6 +54,13 @@ def _humaneval(cfg: Config) -> Environment:
     return humaneval_environment(cfg)
 
 
+def _fnrepair(cfg: Config) -> Environment:
+    from coderl.envs.fnrepair import fnrepair_environment
+
+    _check_agent_options(cfg, {"episode", "tasks_file"})
+    return fnrepair_environment(cfg)
+
+
 def _repo(cfg: Config) -> Environment:
     from coderl.envs.agent import repo_environment
 
@@ -78,6 +85,7 @@ ENVIRONMENTS: dict[str, Callable[[Config], Environment]] = {
     "toy": _toy,
     "humaneval": _humaneval,
     "repo": _repo,
+    "fnrepair": _fnrepair,
     "mix": _mix,
 }
 

