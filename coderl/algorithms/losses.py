@@ -253,6 +253,36 @@ def policy_loss(
         ValueError: ``old_logp`` is None or non-finite at a trainable token (never silently ratio
             1), bad shapes, ``dual_clip <= 1``, negative clip ranges, a negative weight.
     """
+    m, weights, advantages = _trainable_tokens(
+        logp, old_logp, advantages, mask, weights, clip_low, clip_high, dual_clip
+    )
+    per_token, ratio, log_ratio, adv, dual_active = _clipped_surrogate(
+        logp, old_logp, advantages, m, clip_low, clip_high, dual_clip
+    )
+    if weights is not None:
+        per_token = per_token * weights
+    loss = aggregate(per_token, m, agg, max_len=max_len)
+    metrics = _ratio_metrics(ratio, log_ratio, adv, m, dual_active, clip_low, clip_high)
+    return loss, metrics
+
+
+def _trainable_tokens(
+    logp: Tensor,
+    old_logp: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    weights: Tensor | None,
+    clip_low: float,
+    clip_high: float,
+    dual_clip: float | None,
+) -> tuple[Tensor, Tensor | None, Tensor]:
+    """Check :func:`policy_loss`'s inputs; return ``(m, weights, advantages)``.
+
+    ``m`` is the ``[B, T]`` bool mask of tokens that count (trainable and not rejected by a zero
+    importance weight), ``weights`` the detached ``[B, T]`` weights or None, ``advantages`` the
+    ``[B, T]`` per-token advantages (a ``[B]`` input is broadcast over T). Raises the
+    ``ValueError`` s listed in :func:`policy_loss`.
+    """
     if old_logp is None:
         raise ValueError("old_logp is required: behaviour logprobs are missing")
     if clip_low < 0 or clip_high < 0:
@@ -277,7 +307,25 @@ def policy_loss(
     if advantages.dim() == 1:
         advantages = advantages.unsqueeze(-1).expand_as(logp)  # (B,) -> (B, T)
     _check_same_shape(logp=logp, advantages=advantages)
+    return m, weights, advantages
 
+
+def _clipped_surrogate(
+    logp: Tensor,
+    old_logp: Tensor,
+    advantages: Tensor,
+    m: Tensor,
+    clip_low: float,
+    clip_high: float,
+    dual_clip: float | None,
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """Per-token PPO clipped (and dual-clipped) loss, before importance weights.
+
+    The formula is :func:`policy_loss`'s (PPO Eq. 7, DAPO Sec. 3.1, dual clip Ye et al. 2020
+    Eq. 5). All inputs and outputs are ``[B, T]``; ``m`` is the bool mask of tokens that count,
+    and outside it the log-ratio and advantage are 0. Returns
+    ``(per_token, ratio, log_ratio, adv, dual_active)``.
+    """
     zero = torch.zeros_like(logp)
     log_ratio = torch.where(m, logp - torch.where(m, old_logp, zero), zero)
     log_ratio = log_ratio.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
@@ -291,24 +339,32 @@ def policy_loss(
         cap = -dual_clip * adv
         dual_active = m & (adv < 0) & (per_token > cap)
         per_token = torch.where(adv < 0, torch.minimum(per_token, cap), per_token)
-    if weights is not None:
-        per_token = per_token * weights
-    loss = aggregate(per_token, m, agg, max_len=max_len)
+    return per_token, ratio, log_ratio, adv, dual_active
 
-    with torch.no_grad():
-        n = m.sum().clamp(min=1).float()
-        low = m & (adv < 0) & (ratio < 1 - clip_low)
-        high = m & (adv > 0) & (ratio > 1 + clip_high)
-        k3 = (ratio - 1) - log_ratio
-        metrics = {
-            "clip_frac_low": float(low.sum() / n),
-            "clip_frac_high": float(high.sum() / n),
-            "dual_clip_frac": float(dual_active.sum() / n),
-            "approx_kl": float((k3 * m).sum() / n),
-            "ratio_mean": float((ratio * m).sum() / n),
-            "ratio_max": float(ratio[m].max()) if bool(m.any()) else 1.0,
-        }
-    return loss, metrics
+
+@torch.no_grad()
+def _ratio_metrics(
+    ratio: Tensor,
+    log_ratio: Tensor,
+    adv: Tensor,
+    m: Tensor,
+    dual_active: Tensor,
+    clip_low: float,
+    clip_high: float,
+) -> dict[str, float]:
+    """:func:`policy_loss`'s metrics (see its Returns) over the ``[B, T]`` tokens where ``m``."""
+    n = m.sum().clamp(min=1).float()
+    low = m & (adv < 0) & (ratio < 1 - clip_low)
+    high = m & (adv > 0) & (ratio > 1 + clip_high)
+    k3 = (ratio - 1) - log_ratio  # Schulman 2020's k3 estimate of KL(old || new)
+    return {
+        "clip_frac_low": float(low.sum() / n),
+        "clip_frac_high": float(high.sum() / n),
+        "dual_clip_frac": float(dual_active.sum() / n),
+        "approx_kl": float((k3 * m).sum() / n),
+        "ratio_mean": float((ratio * m).sum() / n),
+        "ratio_max": float(ratio[m].max()) if bool(m.any()) else 1.0,
+    }
 
 
 def value_loss(

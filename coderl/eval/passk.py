@@ -145,55 +145,75 @@ def evaluate(
     for start in range(0, len(tasks), tasks_per_batch):
         chunk = tasks[start : start + tasks_per_batch]
         seed = None if params.seed is None else params.seed + start
-        episodes = env.rollout(policy, chunk, replace(params, seed=seed), samples)
         by_id = {t.id: t for t in chunk}
-        stray = sorted({ep.task_id for ep in episodes} - set(by_id))
-        if stray:
-            raise ValueError(f"episodes for tasks not in this batch: {stray}")
-        owners = [by_id[ep.task_id] for ep in episodes]
-        grades = env.grade(owners, episodes) if episodes else []
-        if len(grades) != len(episodes):
-            raise ValueError(f"{len(grades)} grades for {len(episodes)} episodes")
-        joined: dict[str, list[Any]] = {t.id: [] for t in chunk}
-        eps_of: dict[str, list[Any]] = {t.id: [] for t in chunk}
-        for ep, g in zip(episodes, grades, strict=True):
-            joined[ep.task_id].append(g)
-            eps_of[ep.task_id].append(ep)
+        graded = _rollout_and_grade(env, policy, by_id, replace(params, seed=seed), samples)
+        joined: dict[str, list[tuple[Any, Any]]] = {t.id: [] for t in chunk}
+        for ep, g in graded:
+            task = by_id[ep.task_id]
+            joined[task.id].append((ep, g))
             if graded_out is not None:
-                graded_out.append((by_id[ep.task_id], ep, g))
+                graded_out.append((task, ep, g))
             if episodes_out is not None:
-                task = by_id[ep.task_id]
                 view = EpisodeView(task.id, **learned_fields(task, ep, g))
                 episodes_out.append((view, bool(g.resolved and g.grading_error is None)))
         for task in chunk:
-            g = joined[task.id]
-            if len(g) > samples:
-                raise ValueError(f"task {task.id!r}: {len(g)} episodes for {samples} samples")
-            dropped += samples - len(g)
-            errors += sum(x.grading_error is not None for x in g)
-            ok = [x.resolved and x.grading_error is None for x in g]
-            best = max(
-                ((x.fraction_passed if x.grading_error is None else 0.0) for x in g), default=0.0
-            )
-            broken = [ep.broken_tool_calls for ep in eps_of[task.id]]
-            f2p = sum(_f2p(x) for x in g) / samples  # missing samples count as 0
-            per_task.append(
-                {
-                    "task_id": task.id,
-                    "n": samples,
-                    "correct": sum(ok),
-                    "best": best,
-                    "f2p": f2p,
-                    "episodes": len(broken),
-                    "broken_calls": sum(broken),
-                    "broken_episodes": sum(b > 0 for b in broken),
-                }
-            )
+            pairs = joined[task.id]
+            per_task.append(_task_row(task.id, pairs, samples))
+            dropped += samples - len(pairs)
+            errors += sum(g.grading_error is not None for _, g in pairs)
         if on_batch is not None:
             on_batch(len(chunk), sum(r["correct"] for r in per_task[-len(chunk) :]))
     res = summarize(per_task, ks, samples, errors)
     res.dropped_episodes = dropped
     return res
+
+
+def _rollout_and_grade(
+    env: Any, policy: Any, by_id: dict[str, Any], params: SamplingParams, samples: int
+) -> list[tuple[Any, Any]]:
+    """Roll out ``samples`` episodes for each task of ``by_id`` (id -> task) and grade them;
+    ``(episode, grade)`` pairs in rollout order.
+
+    Raises:
+        ValueError: an episode whose ``task_id`` is not in ``by_id``, or a grade count that
+            differs from the episode count.
+    """
+    episodes = env.rollout(policy, list(by_id.values()), params, samples)
+    stray = sorted({ep.task_id for ep in episodes} - set(by_id))
+    if stray:
+        raise ValueError(f"episodes for tasks not in this batch: {stray}")
+    owners = [by_id[ep.task_id] for ep in episodes]
+    grades = env.grade(owners, episodes) if episodes else []
+    if len(grades) != len(episodes):
+        raise ValueError(f"{len(grades)} grades for {len(episodes)} episodes")
+    return list(zip(episodes, grades, strict=True))
+
+
+def _task_row(task_id: str, pairs: list[tuple[Any, Any]], samples: int) -> dict[str, Any]:
+    """One task's row of :attr:`EvalResult.per_task` from its ``(episode, grade)`` pairs; a
+    missing sample or a failed grading counts as a failure (n stays ``samples``).
+
+    Raises:
+        ValueError: more than ``samples`` episodes for the task.
+    """
+    if len(pairs) > samples:
+        raise ValueError(f"task {task_id!r}: {len(pairs)} episodes for {samples} samples")
+    grades = [g for _, g in pairs]
+    ok = [x.resolved and x.grading_error is None for x in grades]
+    best = max(
+        ((x.fraction_passed if x.grading_error is None else 0.0) for x in grades), default=0.0
+    )
+    broken = [ep.broken_tool_calls for ep, _ in pairs]
+    return {
+        "task_id": task_id,
+        "n": samples,
+        "correct": sum(ok),
+        "best": best,
+        "f2p": sum(_f2p(x) for x in grades) / samples,  # missing samples count as 0
+        "episodes": len(broken),
+        "broken_calls": sum(broken),
+        "broken_episodes": sum(b > 0 for b in broken),
+    }
 
 
 def paired_change(
