@@ -93,8 +93,13 @@ def variant_logp(policy, batch, name: str) -> torch.Tensor:
     lm = causal_lm(policy.model)
     layers = lm.model.layers
     parts = {
-        "lora": [d[k] for m in lm.modules() if isinstance(m, LoraLayer)
-                 for d in (m.lora_A, m.lora_B) for k in d],  # fmt: skip
+        "lora": [
+            d[k]
+            for m in lm.modules()
+            if isinstance(m, LoraLayer)
+            for d in (m.lora_A, m.lora_B)
+            for k in d
+        ],  # fmt: skip
         "attn": [layer.self_attn for layer in layers],
         "mlp": [layer.mlp for layer in layers],
     }

@@ -42,6 +42,7 @@ VARIANTS = {
     "padded+ckpt": {"checkpoint": True},
     "packed+ckpt": {"pack": True, "checkpoint": True},
     "padded+bf16": {"bf16": True},
+    "padded+ckpt+bf16": {"checkpoint": True, "bf16": True},
     "packed+bf16": {"pack": True, "bf16": True},
     "packed+ckpt+bf16": {"pack": True, "checkpoint": True, "bf16": True},
 }
