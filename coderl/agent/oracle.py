@@ -46,6 +46,7 @@ from coderl.agent.episode import Episode, EpisodeConfig
 from coderl.agent.parsing import get_call_format
 from coderl.agent.runner import run_episodes
 from coderl.agent.scripted import ScriptedPolicy
+from coderl.tasks.pyparse import parse_python
 
 TEST_COMMAND = "/venv/bin/python -m pytest -q -p no:cacheprovider --tb=line"
 """How the expert runs tests in a rollout workspace (the environment's virtualenv is at
@@ -180,7 +181,7 @@ def _enclosing_span(source: str, line: int) -> tuple[int, int] | None:
     """First line (decorators included) and last line of the innermost function around
     ``line``; None when the line is in no function or the file does not parse."""
     try:
-        tree = ast.parse(source)
+        tree = parse_python(source)
     except SyntaxError:
         return None
     best: tuple[int, int] | None = None
@@ -212,7 +213,7 @@ def _test_def(source: str, node_id: str) -> int | None:
         return None
     want = key.split("::", 1)[1]
     try:
-        tree = ast.parse(source)
+        tree = parse_python(source)
     except SyntaxError:
         return None
     return next((node.lineno for k, node in defined_tests(tree) if k == want), None)

@@ -158,6 +158,52 @@ class Judgement:
     """Criterion -> score rescaled to [0, 1]."""
 
 
+JUDGE_MODES = ("group", "pointwise")
+"""How a judge sees episodes: ``pointwise`` one at a time, ``group`` a task's episodes together
+(see the module docstring)."""
+
+
+def check_judge_mode(mode: str) -> None:
+    """Raises ValueError: ``mode`` is not one of :data:`JUDGE_MODES` (lists them)."""
+    if mode not in JUDGE_MODES:
+        raise ValueError(f"unknown judge mode {mode!r}; valid: {sorted(JUDGE_MODES)}")
+
+
+def judge_in_mode(
+    mode: str,
+    views: Sequence[EpisodeView],
+    judge: Callable[[Sequence[EpisodeView]], Sequence[Judgement | None]],
+    judge_groups: Callable[[list[list[EpisodeView]]], Sequence[Sequence[Judgement | None]]],
+    recent: dict[str, Judgement | None],
+) -> list[Judgement | None]:
+    """Judgements of ``views``, in their order, in ``mode``: ``judge(views)`` pointwise, or
+    ``judge_groups`` over the views grouped by ``task_id``; the ``judge_all`` of both judges.
+
+    ``recent`` holds the previous call's judgements by episode key and is replaced by this
+    call's: a call whose episodes were all judged by the previous call returns those again
+    without judging, since the reward composer re-calls a term on single samples to find the
+    one that failed, and a group must not be re-judged as a group of one.
+    """
+    keys = [v.key() for v in views]
+    if keys and all(k in recent for k in keys):
+        return [recent[k] for k in keys]
+    if mode == "pointwise":
+        result = list(judge(views))
+    else:
+        order: dict[str, list[int]] = {}
+        for i, v in enumerate(views):
+            order.setdefault(v.task_id, []).append(i)
+        groups = list(order.values())
+        judged = judge_groups([[views[i] for i in g] for g in groups])
+        result = [None] * len(views)
+        for g, js in zip(groups, judged, strict=True):
+            for i, j in zip(g, js, strict=True):
+                result[i] = j
+    recent.clear()
+    recent.update(zip(keys, result, strict=True))
+    return result
+
+
 @dataclass
 class Judge:
     """Scores episodes against a rubric with an LLM (see the module docstring).
@@ -189,8 +235,7 @@ class Judge:
     _recent: dict[str, Judgement | None] = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
-        if self.mode not in ("pointwise", "group"):
-            raise ValueError(f"unknown judge mode {self.mode!r}; valid: ['group', 'pointwise']")
+        check_judge_mode(self.mode)
 
     def _prompt_ids(self, messages: list[dict[str, str]]) -> list[int]:
         text = self.tokenizer.apply_chat_template(
@@ -274,23 +319,7 @@ class Judge:
         again without generating: the reward composer re-calls a term on single samples to find
         the one that failed, and a group must not be re-judged as a group of one.
         """
-        keys = [v.key() for v in views]
-        if keys and all(k in self._recent for k in keys):
-            return [self._recent[k] for k in keys]
-        if self.mode == "pointwise":
-            result = self.judge(views)
-        else:
-            order: dict[str, list[int]] = {}
-            for i, v in enumerate(views):
-                order.setdefault(v.task_id, []).append(i)
-            groups = list(order.values())
-            judged = self.judge_groups([[views[i] for i in g] for g in groups])
-            result = [None] * len(views)
-            for g, js in zip(groups, judged, strict=True):
-                for i, j in zip(g, js, strict=True):
-                    result[i] = j
-        self._recent = dict(zip(keys, result, strict=True))
-        return result
+        return judge_in_mode(self.mode, views, self.judge, self.judge_groups, self._recent)
 
     def score(self, views: Sequence[EpisodeView]) -> list[float]:
         """Rubric scores in [0, 1]; NaN where masked. The grader interface of the probes."""

@@ -44,7 +44,15 @@ from typing import Any, Protocol
 import torch
 
 from coderl.graders.cache import JudgementCache, input_hash
-from coderl.graders.judge import SYSTEM_PROMPT, EpisodeView, Judgement, _cut, _episode_block
+from coderl.graders.judge import (
+    SYSTEM_PROMPT,
+    EpisodeView,
+    Judgement,
+    _cut,
+    _episode_block,
+    check_judge_mode,
+    judge_in_mode,
+)
 from coderl.graders.rubric import Criterion, Rubric
 from coderl.policy.episode import encode
 
@@ -231,11 +239,10 @@ class ProbJudge:
     counts: Counter[str] = field(default_factory=Counter)
     """``judged`` (forward passes: one per episode and criterion), ``cached``; never
     ``malformed``: a probability judge has no format to break."""
-    _recent: dict[str, Judgement] = field(default_factory=dict, repr=False)
+    _recent: dict[str, Judgement | None] = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
-        if self.mode not in ("pointwise", "group"):
-            raise ValueError(f"unknown judge mode {self.mode!r}; valid: ['group', 'pointwise']")
+        check_judge_mode(self.mode)
 
     def _probs(self, items: list[tuple[list[dict[str, str]], str, Criterion]]) -> list[list[float]]:
         """Label probabilities of each (chat, assistant opening, criterion), through the cache."""
@@ -304,22 +311,7 @@ class ProbJudge:
     def judge_all(self, views: Sequence[EpisodeView]) -> list[Judgement | None]:
         """Judgements in this judge's mode (group mode groups by ``task_id``); a call whose
         episodes the previous call judged returns those again (see ``Judge.judge_all``)."""
-        keys = [v.key() for v in views]
-        if keys and all(k in self._recent for k in keys):
-            return [self._recent[k] for k in keys]
-        if self.mode == "pointwise":
-            result = self.judge(views)
-        else:
-            order: dict[str, list[int]] = {}
-            for i, v in enumerate(views):
-                order.setdefault(v.task_id, []).append(i)
-            judged = self.judge_groups([[views[i] for i in g] for g in order.values()])
-            result = [None] * len(views)  # type: ignore[list-item]
-            for g, js in zip(order.values(), judged, strict=True):
-                for i, j in zip(g, js, strict=True):
-                    result[i] = j
-        self._recent = dict(zip(keys, result, strict=True))
-        return list(result)
+        return judge_in_mode(self.mode, views, self.judge, self.judge_groups, self._recent)
 
     def score(self, views: Sequence[EpisodeView]) -> list[float]:
         """Rubric scores in [0, 1] (the grader interface of the probes)."""

@@ -42,6 +42,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from coderl.tasks.protected import is_protected
+from coderl.tasks.pyparse import parse_python
 
 
 @dataclass(frozen=True)
@@ -209,7 +210,7 @@ def expectation_literals(test_source: str) -> list[str]:
     (both sides of ``==``/``!=``/``is``/``in`` and the literal arguments of calls there),
     longer than 2 characters; empty when the source does not parse."""
     try:
-        tree = ast.parse(test_source)
+        tree = parse_python(test_source)
     except (SyntaxError, ValueError):
         return []
     out = []

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Protocol, Self
+from typing import Any, Protocol, Self, TypedDict
 
 DIFF_EXCLUDES: tuple[str, ...] = ("__pycache__", "*.pyc", ".pytest_cache", "*.egg-info")
 """Glob patterns (matched against each path component) that ``Sandbox.diff`` leaves out by
@@ -73,6 +73,18 @@ class ExecResult:
     """Wall-clock seconds from sending the command to its end (or to the kill)."""
     truncated: bool
     """True when stdout or stderr was longer than ``Limits.output_bytes`` and was cut."""
+
+
+class SandboxOptions(TypedDict, total=False):
+    """The keyword arguments of :meth:`Sandbox.create` that describe the sandbox itself (all but
+    ``backend`` and ``pool``; each is documented there): what ``SandboxPool.create`` takes and
+    keys its ready sandboxes by."""
+
+    limits: Limits | None
+    env: dict[str, str] | None
+    ro_mounts: dict[str, str] | None
+    rw_mounts: dict[str, str] | None
+    network: bool
 
 
 class Sandbox(Protocol):

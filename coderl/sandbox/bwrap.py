@@ -72,8 +72,9 @@ from pathlib import Path
 
 import coderl.sandbox.mounts as mounts
 import coderl.sandbox.seccomp as seccomp
-from coderl.sandbox.base import DIFF_EXCLUDES, ExecResult, Limits, Sandbox, SandboxError
+from coderl.sandbox.base import DIFF_EXCLUDES, Limits, Sandbox, SandboxError
 from coderl.sandbox.files import FileOps
+from coderl.sandbox.persistent import ShellSandboxMethods
 from coderl.sandbox.process import BwrapProcess
 from coderl.sandbox.shell import Shell, init_script, restore_script
 from coderl.sandbox.spawn import has_controlling_terminal, new_stage, spawn
@@ -157,7 +158,7 @@ def _clean_stale() -> None:
                 continue
 
 
-class BwrapSandbox(Sandbox):
+class BwrapSandbox(ShellSandboxMethods, Sandbox):
     """A sandbox isolated by bubblewrap; build it with ``Sandbox.create(..., backend="bwrap")``."""
 
     def __init__(
@@ -323,38 +324,7 @@ class BwrapSandbox(Sandbox):
             f"-u {lim.processes} -f {max(1, lim.file_size_bytes // 1024)}"
         )
 
-    def _ensure_shell(self) -> Shell:
-        if self._closed:
-            raise SandboxError("the sandbox is closed")
-        if self._shell is None or not self._shell.alive:
-            self._start_shell()
-        assert self._shell is not None
-        return self._shell
-
-    # --- the Sandbox interface ---------------------------------------------------------------
-
-    def exec(self, cmd: str, *, timeout: float | None = None) -> ExecResult:
-        limit = self.limits.timeout_s if timeout is None else timeout
-        if not limit > 0:  # NaN too: a NaN deadline breaks the shell's select mid-command
-            raise ValueError(f"timeout must be positive, got {limit}")
-        with self._lock:
-            shell = self._ensure_shell()
-            return shell.run(cmd, timeout=limit, output_bytes=self.limits.output_bytes)
-
-    def _run_internal(self, cmd: str, output_bytes: int) -> ExecResult:
-        """A helper command (file operations): default timeout, larger output budget."""
-        with self._lock:
-            shell = self._ensure_shell()
-            return shell.run(cmd, timeout=self.limits.timeout_s, output_bytes=output_bytes)
-
-    def read_text(self, path: str) -> str:
-        return self.files.read_text(path)
-
-    def write_text(self, path: str, text: str) -> None:
-        self.files.write_text(path, text)
-
-    def list(self, path: str = ".") -> list[str]:
-        return self.files.list(path)
+    # --- the Sandbox interface (exec and the file methods: ShellSandboxMethods) --------
 
     def diff(self, *, exclude: Sequence[str] = DIFF_EXCLUDES) -> str:
         # the scratch tmpfs exists only in the stage: reach it through the descriptor

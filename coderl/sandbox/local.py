@@ -28,8 +28,9 @@ import warnings
 from collections.abc import Sequence
 from pathlib import Path
 
-from coderl.sandbox.base import DIFF_EXCLUDES, ExecResult, Limits, Sandbox, SandboxError
+from coderl.sandbox.base import DIFF_EXCLUDES, Limits, Sandbox
 from coderl.sandbox.files import FileOps
+from coderl.sandbox.persistent import ShellSandboxMethods
 from coderl.sandbox.shell import Shell, init_script, restore_script
 from coderl.sandbox.workspace import remove_tree, tree_diff
 
@@ -38,7 +39,7 @@ class UnisolatedSandboxWarning(UserWarning):
     """A sandbox without isolation was created (``backend="local"``)."""
 
 
-class LocalSandbox(Sandbox):
+class LocalSandbox(ShellSandboxMethods, Sandbox):
     """An unisolated workspace copy; build it with ``Sandbox.create(..., backend="local")``."""
 
     def __init__(
@@ -100,37 +101,6 @@ class LocalSandbox(Sandbox):
             shell.state = self._shell.state
         shell.send(script)
         self._shell = shell
-
-    def _ensure_shell(self) -> Shell:
-        if self._closed:
-            raise SandboxError("the sandbox is closed")
-        if self._shell is None or not self._shell.alive:
-            self._start_shell()
-        assert self._shell is not None
-        return self._shell
-
-    def exec(self, cmd: str, *, timeout: float | None = None) -> ExecResult:
-        limit = self.limits.timeout_s if timeout is None else timeout
-        if not limit > 0:  # NaN too: a NaN deadline breaks the shell's select mid-command
-            raise ValueError(f"timeout must be positive, got {limit}")
-        with self._lock:
-            return self._ensure_shell().run(
-                cmd, timeout=limit, output_bytes=self.limits.output_bytes
-            )
-
-    def _run_internal(self, cmd: str, output_bytes: int) -> ExecResult:
-        with self._lock:
-            shell = self._ensure_shell()
-            return shell.run(cmd, timeout=self.limits.timeout_s, output_bytes=output_bytes)
-
-    def read_text(self, path: str) -> str:
-        return self.files.read_text(path)
-
-    def write_text(self, path: str, text: str) -> None:
-        self.files.write_text(path, text)
-
-    def list(self, path: str = ".") -> list[str]:
-        return self.files.list(path)
 
     def diff(self, *, exclude: Sequence[str] = DIFF_EXCLUDES) -> str:
         return tree_diff(self.base, self.root, exclude)

@@ -30,8 +30,9 @@ import weakref
 from collections import OrderedDict, deque
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Unpack
 
-from coderl.sandbox.base import Limits, Sandbox, SandboxError
+from coderl.sandbox.base import Limits, Sandbox, SandboxError, SandboxOptions
 from coderl.sandbox.bwrap import BwrapSandbox
 
 _pools: weakref.WeakSet[SandboxPool] = weakref.WeakSet()
@@ -116,17 +117,7 @@ class SandboxPool:
 
     # --- the caller's side -----------------------------------------------------------------
 
-    def prepare(
-        self,
-        base: str | Path,
-        count: int = 1,
-        *,
-        limits: Limits | None = None,
-        env: dict[str, str] | None = None,
-        ro_mounts: dict[str, str] | None = None,
-        rw_mounts: dict[str, str] | None = None,
-        network: bool = False,
-    ) -> None:
+    def prepare(self, base: str | Path, count: int = 1, **options: Unpack[SandboxOptions]) -> None:
         """Keep ``count`` sandboxes of these ``Sandbox.create`` arguments ready (0: stop).
 
         Returns at once; the sandboxes are started in the background. ``count`` is capped at
@@ -136,7 +127,7 @@ class SandboxPool:
         """
         if count < 0:
             raise ValueError(f"count must be >= 0, got {count}")
-        key = _key(base, limits, env, ro_mounts, rw_mounts, network)
+        key = _key(base, **options)
         evicted: list[BwrapSandbox] = []
         with self._cond:
             self._check_open()
@@ -151,22 +142,13 @@ class SandboxPool:
             self._cond.notify_all()
         self._close_unused(evicted)
 
-    def create(
-        self,
-        base: str | Path,
-        *,
-        limits: Limits | None = None,
-        env: dict[str, str] | None = None,
-        ro_mounts: dict[str, str] | None = None,
-        rw_mounts: dict[str, str] | None = None,
-        network: bool = False,
-    ) -> Sandbox:
+    def create(self, base: str | Path, **options: Unpack[SandboxOptions]) -> Sandbox:
         """A sandbox like ``Sandbox.create(base, ...)``: a warm one when ready (and a
         replacement is started in the background), else one started now.
 
         Raises what ``Sandbox.create`` raises, and SandboxError when the pool is closed.
         """
-        key = _key(base, limits, env, ro_mounts, rw_mounts, network)
+        key = _key(base, **options)
         with self._cond:
             self._check_open()
             ready = self._idle.get(key)
@@ -180,9 +162,9 @@ class SandboxPool:
                 self.stats.misses += 1
         return sb if sb is not None else key.start()
 
-    def ready(self, base: str | Path, **kwargs: object) -> int:
+    def ready(self, base: str | Path, **options: Unpack[SandboxOptions]) -> int:
         """How many sandboxes of these ``create`` arguments are ready now."""
-        key = _key(base, **kwargs)  # type: ignore[arg-type]
+        key = _key(base, **options)
         with self._cond:
             return len(self._idle.get(key, ()))
 
@@ -285,22 +267,15 @@ class SandboxPool:
             raise SandboxError("the sandbox pool is closed")
 
 
-def _key(
-    base: str | Path,
-    limits: Limits | None = None,
-    env: dict[str, str] | None = None,
-    ro_mounts: dict[str, str] | None = None,
-    rw_mounts: dict[str, str] | None = None,
-    network: bool = False,
-) -> _Key:
+def _key(base: str | Path, **options: Unpack[SandboxOptions]) -> _Key:
     path = Path(base).resolve()
     if not path.is_dir():
         raise FileNotFoundError(f"base {path} is not an existing directory")
     return _Key(
         base=path,
-        limits=limits or Limits(),
-        env=tuple(sorted((env or {}).items())),
-        ro_mounts=tuple(sorted((ro_mounts or {}).items())),
-        rw_mounts=tuple(sorted((rw_mounts or {}).items())),
-        network=network,
+        limits=options.get("limits") or Limits(),
+        env=tuple(sorted((options.get("env") or {}).items())),
+        ro_mounts=tuple(sorted((options.get("ro_mounts") or {}).items())),
+        rw_mounts=tuple(sorted((options.get("rw_mounts") or {}).items())),
+        network=options.get("network", False),
     )

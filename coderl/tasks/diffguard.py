@@ -62,6 +62,8 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
+from coderl.tasks.pyparse import parse_python
+
 BANNED_MODULES = frozenset(
     """gc inspect ctypes _ctypes traceback atexit signal faulthandler tracemalloc importlib
     builtins __builtin__ marshal subprocess socket _socket pytest _pytest pluggy unittest
@@ -410,7 +412,7 @@ def _numeric(node: ast.AST) -> bool:
 
 def _scan(source: bytes | str) -> _Scanner | None:
     try:
-        tree = ast.parse(source)
+        tree = parse_python(source)
     except (SyntaxError, ValueError, RecursionError, MemoryError):
         return None
     for parent in ast.walk(tree):
