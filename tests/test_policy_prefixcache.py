@@ -1,6 +1,6 @@
 """KV reuse across sampling calls (coderl.policy.prefixcache): an agent's next turn prefills only
-its new tokens, and samples exactly what a full prefill samples; any change of the weights
-empties the cache."""
+its new tokens and samples what a full prefill samples (the same tokens, logprobs equal up to
+rounding); any change of the weights empties the cache; the vLLM server's prefix caching flag."""
 
 from __future__ import annotations
 
