@@ -1,6 +1,6 @@
 """KV reuse across sampling calls (coderl.policy.prefixcache): an agent's next turn prefills only
-its new tokens, and samples exactly what a full prefill samples; any change of the weights
-empties the cache."""
+its new tokens and samples what a full prefill samples (the same tokens, logprobs equal up to
+rounding); any change of the weights empties the cache; the vLLM server's prefix caching flag."""
 
 from __future__ import annotations
 
@@ -116,6 +116,27 @@ def test_a_weight_change_of_any_kind_empties_the_cache():
     again = [nxt[0] + last[0].token_ids + [63]]
     _same(cached.generate(again, params), plain.generate(again, params))
     assert cached.engine.prefill_stats["reused_tokens"] - reused == len(again[0]) - 2
+
+
+@pytest.mark.usefixtures("one_torch_thread")
+def test_a_trainer_step_empties_the_cache_of_a_bf16_sampler():
+    # the bf16 copy takes up the changed adapter before sampling; its merged weights then
+    # change in place, which the cache sees (the copy, not the trainer's model, is sampled)
+    policy = load_policy("tiny-random", reference=False, lora=LORA)
+    policy.set_sampler_precision("bfloat16")
+    params = SamplingParams(temperature=1.0, max_new_tokens=8, seed=0)
+    prompt = list(range(5, 40))
+    first = policy.generate([prompt], params)[0]
+    nxt = prompt + first.token_ids + [61]
+    stats = policy.engine.prefill_stats
+    second = policy.generate([nxt], params)[0]
+    assert stats["reused_tokens"] == len(nxt) - 2  # unchanged weights: reused
+    with torch.no_grad():  # an optimizer step on the adapter, without a version bump
+        for p in policy.trainable_parameters():
+            p.add_(0.1)
+    reused = stats["reused_tokens"]
+    policy.generate([nxt + second.token_ids + [62]], params)
+    assert stats["reused_tokens"] == reused
 
 
 def test_the_cache_keeps_its_memory_bound_and_drops_what_is_covered():

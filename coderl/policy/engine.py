@@ -19,11 +19,11 @@ inferred from the last token afterwards.
 
 KV reuse across calls (:mod:`coderl.policy.prefixcache`, static backend only): with
 ``prefix_cache_bytes > 0`` the engine keeps the KV cache of every finished row (its prompt and
-completion) and prefills a later prompt that starts with one of them only after it, so an agent's
-next turn runs only its new observation (any other prompt is prefilled in full). The cache is emptied whenever the
-weights change (:func:`coderl.policy.prefixcache.weights_state`); :meth:`TorchEngine.forget`
-drops the entries of an episode that ended. :attr:`TorchEngine.prefill_stats` counts the tokens
-prefilled and reused.
+completion) and prefills a later prompt that starts with one of them only after it, so an
+agent's next turn runs only its new observation (any other prompt is prefilled in full). The
+cache is emptied whenever the weights change (:func:`coderl.policy.prefixcache.weights_state`);
+:meth:`TorchEngine.forget` drops the entries of an episode that ended.
+``TorchEngine.prefill_stats`` counts the tokens prefilled and reused.
 
 Limits: one process, one device; no continuous batching across calls; the ``hf`` backend never
 reuses KV across calls.
@@ -231,6 +231,6 @@ class TorchEngine:
         assert isinstance(run, StaticCacheBackend)  # the only backend given a cache
         idx = finished.nonzero().squeeze(-1)
         sizes = run.row_bytes(idx)
-        idx = idx[torch.tensor([cache.fits(n) for n in sizes], dtype=torch.bool)]
+        idx = idx[torch.tensor([cache.fits(n) for n in sizes], dtype=torch.bool, device=idx.device)]
         for r, (k, v) in zip(rows[idx].tolist(), run.export(idx), strict=True):
             cache.put(prompts[r] + out[r].token_ids[:-1], k, v)

@@ -195,7 +195,7 @@ class StaticCacheBackend:
         return out
 
     def row_bytes(self, keep: Tensor) -> list[int]:
-        """Bytes :meth:`export` would copy per active row ``keep`` (indices into the active rows)."""
+        """Bytes :meth:`export` would copy per active row ``keep`` (indices into active rows)."""
         rows = self.active.nonzero().squeeze(-1)[keep]
         per_token = 2 * self.k.shape[0] * self.KV * self.D * self.k.element_size()
         return [int(self.length[r]) * per_token for r in rows.tolist()]

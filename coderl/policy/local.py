@@ -32,6 +32,7 @@ from peft import LoraConfig, PeftModel, get_peft_model
 from torch import Tensor
 
 from coderl import algorithms as A
+from coderl.config import EngineConfig
 from coderl.policy.base import Completion, SamplingParams
 from coderl.policy.batch import TrainBatch, collate
 from coderl.policy.engine import TorchEngine
@@ -39,9 +40,9 @@ from coderl.policy.forward import forward
 from coderl.policy.precision import LowPrecisionSampler, resolve_precision
 from coderl.trajectory import Segment
 
-DEFAULT_PREFIX_CACHE_MIB = 1024.0
-"""KV cache kept across sampling calls by default (SmolLM2-135M in fp32: ~45 KiB per token, so
-about 23k tokens, e.g. six 3.5k-token agent windows)."""
+DEFAULT_PREFIX_CACHE_MIB: float = EngineConfig.model_fields["prefix_cache_mib"].default
+"""KV cache kept across sampling calls by default, ``engine.prefix_cache_mib``'s default (1024:
+SmolLM2-135M holds ~45 KiB per token in fp32, so about 23k tokens, six 3.5k-token windows)."""
 
 
 @dataclass(frozen=True)

@@ -130,7 +130,7 @@ class PrefixCache:
             return self.entries[best], len(best)
 
     def fits(self, n_bytes: int) -> bool:
-        """Whether an entry of ``n_bytes`` would be kept (callers skip copying one that would not)."""
+        """Whether an entry of ``n_bytes`` would be kept (callers skip copying one that won't)."""
         return 0 < n_bytes <= self.max_bytes
 
     def put(self, tokens: Sequence[int], k: Tensor, v: Tensor) -> None:

@@ -188,8 +188,8 @@ class PinnedVersion:
 
 
 def _torch(cfg: Config, policy: LocalPolicy, training: bool) -> RolloutEngine:
-    policy.prefix_cache_mib = cfg.engine.prefix_cache_mib
-    policy.set_sampler_precision(cfg.engine.dtype)  # makes the engine with that cache bound
+    policy.set_prefix_cache(cfg.engine.prefix_cache_mib)
+    policy.set_sampler_precision(cfg.engine.dtype)
     return TorchRollout(policy)
 
 
