@@ -112,3 +112,20 @@ def test_rm_cli_head_only_scores_as_the_rm_term(tmp_path):
         [RewardSample("t/0", diff="+x"), RewardSample("t/1", diff="")], cfg.reward
     )
     assert all(res.valid) and all(0 < b["rm"] < 1 for b in res.breakdown)
+
+
+def test_mined_pairs_never_hold_the_tests_verdict():
+    """A mined pair's label is the hidden tests' verdict; the tests report states it in words,
+    so the text a reward model reads (and is trained on) must not carry it, nor the outcome
+    lines, whatever the episode view holds."""
+    from coderl.graders.judge import EpisodeView
+    from coderl.graders.pairs import pairs_from_outcomes, render_episode
+
+    views = [
+        EpisodeView("t", "fix f", "-a\n+b", "run: 1 passed", "resolved: 2/2 tests passed"),
+        EpisodeView("t", "fix f", "-a\n+c", "run: 1 failed", "not resolved: 1/2 tests passed"),
+    ]
+    [pair] = pairs_from_outcomes(views, [True, False])
+    for text in (pair.chosen, pair.rejected, *map(render_episode, views)):
+        assert "resolved" not in text and "tests passed" not in text
+    assert "+b" in pair.chosen and "run: 1 failed" in pair.rejected  # the code and actions stay

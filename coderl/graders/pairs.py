@@ -113,12 +113,15 @@ def pairs_from_store(store: Any, *, max_per_context: int = 16) -> list[Preferenc
 
 
 def render_episode(v: EpisodeView) -> str:
-    """The text a reward model scores for an episode (the judge's fields, plain)."""
+    """The text a reward model scores for an episode: the task, the diff and the tool log.
+
+    Never the tests report (``v.tests_report``): it states the hidden tests' verdict
+    ("resolved" / "not resolved"), which is the preference label of a mined pair, so a reward
+    model trained on text that holds it learns to read the label instead of the code (and its
+    held-out accuracy measures nothing)."""
     parts = [f"Task:\n{v.statement}", f"Diff:\n{v.diff or '(no change)'}"]
     if v.tool_log:
         parts.append(f"Tool calls:\n{v.tool_log}")
-    if v.tests_report:
-        parts.append(f"Tests:\n{v.tests_report}")
     return "\n\n".join(parts)
 
 
