@@ -319,6 +319,11 @@ def test_kill_and_resume_gives_the_same_pool_and_next_tasks(tmp_path, monkeypatc
     ref_log, RecToy.log = RecToy.log, []
     cut = tmp_path / "cut"
     train(load_config(TOY, [*common, "trainer.steps=2", f"run_dir={cut}"]))  # "killed" here
+    from coderl.config import ConfigError
+    from coderl.train.resume import resume_config
+
+    with pytest.raises(ConfigError, match="tasks.synth.enabled True -> False"):
+        resume_config(cut, None, ["trainer.steps=4", "tasks.synth.enabled=false"])  # pool lost
     train(load_config(TOY, [*common, "trainer.steps=4", f"run_dir={cut}"]), resume=True)
     assert RecToy.log == ref_log  # the same next tasks, with the same seeds
     assert any(i.startswith("syn/") for ids, _ in ref_log for i in ids)  # admitted were drawn

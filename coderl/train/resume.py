@@ -79,7 +79,9 @@ def resume_config(
 
     Raises:
         FileNotFoundError: no ``config.yaml`` or no complete checkpoint in ``run_dir``.
-        ConfigError: an override changes a :data:`FROZEN` key or ``run_dir``; ``trainer.steps``
+        ConfigError: an override changes a :data:`FROZEN` key or ``run_dir``, or turns
+            ``tasks.synth.enabled`` off (the checkpoint's pool holds the synthesised tasks; turning
+            it on is allowed); ``trainer.steps``
             is not above the checkpoint's step; any validation error.
     """
     run_dir = Path(run_dir)
@@ -100,6 +102,8 @@ def resume_config(
     cfg = build_config(tree)
     changes = config_changes(build_config(load_tree(saved)), cfg)
     frozen = [k for k in changes if k.startswith(FROZEN) or k in FROZEN]
+    if changes.get("tasks.synth.enabled") == (True, False):
+        frozen.append("tasks.synth.enabled")  # the synthesised tasks live in the pool's state
     if frozen:
         said = ", ".join(f"{k} {changes[k][0]!r} -> {changes[k][1]!r}" for k in frozen)
         raise ConfigError(
