@@ -78,8 +78,14 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy coderl/algorithms
 
+# The vLLM module runs in a process of its own: its kill-and-resume exactness test
+# (test_server_killed_mid_training_then_resume_loses_and_repeats_nothing) passes alone and with
+# its module, and fails (grad_norm at step 4 outside rel 1e-4) after the rest of the suite in one
+# process: some state an earlier module leaves in the process changes an in-process resume.
+# Not found yet; see docs/policy-and-engines.md ("Known problems").
 test: $(STAMP) $(VLLM_STAMP) sysdeps lint typecheck
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q --ignore=tests/test_vllm_engine.py
+	$(BIN)/python -m pytest -q tests/test_vllm_engine.py
 
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest -q -x -m "not slow"
