@@ -20,8 +20,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
+import coderl.policy.packing as packing
 from coderl import algorithms as A
-from coderl.policy import packing
 from coderl.policy.batch import TrainBatch
 from coderl.policy.kvcache import STATIC_MODEL_TYPES, causal_lm
 

@@ -9,6 +9,7 @@ started (namespaces or none) and how the sandbox is torn down stay in each backe
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 
 from coderl.sandbox.base import ExecResult, Limits, SandboxError
 from coderl.sandbox.files import FileOps
@@ -30,8 +31,8 @@ class ShellSandboxMethods:
     _closed: bool
     _shell: Shell | None
 
-    def _start_shell(self) -> None:
-        raise NotImplementedError
+    _start_shell: Callable[[], None]
+    """Starts ``self._shell``: each backend that mixes this in defines it."""
 
     def _ensure_shell(self) -> Shell:
         """The live shell, restarted if it died. Raises SandboxError once closed."""
