@@ -117,7 +117,9 @@ def load_model():
     return load_gguf(smollm2_gguf_path(), torch.float32)
 
 
-def run_coderl(steps: int, warmup: int, precision: str) -> dict:
+def run_coderl(
+    steps: int, warmup: int, precision: str, budget: int | None = None, ckpt: bool = False
+) -> dict:
     import torch
 
     from coderl import algorithms as A
@@ -135,7 +137,9 @@ def run_coderl(steps: int, warmup: int, precision: str) -> dict:
     opt = torch.optim.AdamW(policy.trainable_parameters(), lr=LR)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda _: 1.0)
     alg = AlgorithmConfig(advantage="dr_grpo", loss_agg="seq-mean-token-sum-norm")
-    trainer = TrainerConfig(micro_batch_size=MICRO)
+    trainer = TrainerConfig(
+        micro_batch_size=MICRO, max_tokens_per_micro_batch=budget, activation_checkpointing=ckpt
+    )
     group_ids = torch.arange(PROMPTS).repeat_interleave(GROUP)
     policy.generate([[1, 2, 3]], SamplingParams(max_new_tokens=4))  # one-time set-up, untimed
     times = []
@@ -177,6 +181,8 @@ def run_coderl(steps: int, warmup: int, precision: str) -> dict:
         "step_rise_gb": hwm - peak.base / 1e9,
         "peak_rss_gb": maxrss,
         "sampler": str(policy.sampler_dtype).removeprefix("torch."),
+        "budget": budget,
+        "activation_checkpointing": ckpt,
     }
 
 
@@ -276,7 +282,9 @@ def child(side: str, args: argparse.Namespace) -> None:
 
     torch.set_num_threads(args.threads)
     if side == "coderl":
-        result = run_coderl(args.steps, args.warmup, args.coderl_precision)
+        result = run_coderl(
+            args.steps, args.warmup, args.coderl_precision, args.coderl_budget, args.coderl_ckpt
+        )
     else:
         result = run_trl(args.steps, args.warmup)
     print("RESULT " + json.dumps(result), flush=True)
@@ -286,6 +294,10 @@ def spawn(side: str, args: argparse.Namespace) -> dict:
     cmd = [sys.executable, __file__, "--child", side, "--threads", str(args.threads),
            "--steps", str(args.steps), "--warmup", str(args.warmup),
            "--coderl-precision", args.coderl_precision]  # fmt: skip
+    if args.coderl_budget:
+        cmd += ["--coderl-budget", str(args.coderl_budget)]
+    if args.coderl_ckpt:
+        cmd.append("--coderl-ckpt")
     env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "TOKENIZERS_PARALLELISM": "false"}
     load = os.getloadavg()[0]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
@@ -305,6 +317,10 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=0, help="untimed steps first")
     parser.add_argument("--coderl-precision", default="float32",
                         help="coderl's sampler: float32, bfloat16 or auto (bf16 iff bf16 units)")  # fmt: skip
+    parser.add_argument("--coderl-budget", type=int, default=None,
+                        help="coderl: trainer.max_tokens_per_micro_batch (packed micro-batches)")  # fmt: skip
+    parser.add_argument("--coderl-ckpt", action="store_true",
+                        help="coderl: trainer.activation_checkpointing (TRL's side has it on)")  # fmt: skip
     parser.add_argument("--sides", nargs="+", default=["trl", "coderl"])
     parser.add_argument("--child", choices=["trl", "coderl"], help=argparse.SUPPRESS)
     args = parser.parse_args()

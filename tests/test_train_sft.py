@@ -64,6 +64,27 @@ def test_bf16_sft_is_mixed_precision_close_to_the_fp32_step(tmp_path):
     assert abs(losses[True] - losses[False]) < 0.05 * losses[False]
 
 
+def test_packed_checkpointed_sft_step_has_the_padded_steps_gradient(tmp_path):
+    """The trainer's levers in SFT: micro-batches cut by a token budget and packed, with
+    activation checkpointing, give the padded row micro-batches' loss and gradient."""
+    cfg = load_config(DEFAULT, [f"run_dir={tmp_path}", "model.name=tiny-random"])
+    grads, losses = [], []
+    for kw in ({}, {"max_tokens": 1, "checkpoint": True}, {"max_tokens": 10_000}):
+        torch.manual_seed(0)
+        policy = build_policy(cfg)
+        tasks = build_environment(cfg).tasks("train")[:3]
+        segs = oracle_segments(cfg, policy, tasks)
+        batch = build_batch(segs, [1.0] * len(segs), policy.pad_token_id)
+        assert len(set(int(n) for n in batch.tokens.attention_mask.sum(-1))) > 1  # padding
+        optimizer = _Recorder(policy.trainable_parameters(), lr=0.0)
+        losses.append(nll_step(policy, batch, optimizer, micro=2, **kw))
+        grads.append(optimizer.seen)
+    assert grads[0].abs().sum() > 0
+    for g, loss in zip(grads[1:], losses[1:], strict=True):
+        torch.testing.assert_close(g, grads[0], rtol=1e-4, atol=1e-6)
+        assert loss == pytest.approx(losses[0], rel=1e-5)
+
+
 DEMO_REPO = Path(__file__).parent.parent / "configs" / "demo-repo.yaml"
 
 

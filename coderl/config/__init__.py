@@ -364,9 +364,11 @@ class SFTConfig(_Section):
     """Use only the first N training tasks as demonstrations (None: all)."""
     dtype: Literal["auto", "float32", "bfloat16"] = "float32"
     """Precision of the SFT forward and backward (fp32 weights and optimizer either way):
-    ``bfloat16`` is bf16 autocast (mixed precision), ``auto`` is bfloat16 iff the trainer
-    device has bf16 units (:func:`coderl.policy.precision.has_bf16_units`). Measured on one
-    Sapphire Rapids core (AMX): forward + backward of a 3,072-token row 2.0x faster in bf16."""
+    ``bfloat16`` is the trainer's bf16 (bf16 MLP matmuls under autocast; attention, LM head
+    and loss in fp32, see ``trainer.bf16``), ``auto`` is bfloat16 iff the trainer device has
+    bf16 units (:func:`coderl.policy.precision.has_bf16_units`). SFT also follows
+    ``trainer.max_tokens_per_micro_batch`` and ``trainer.activation_checkpointing``. Measured
+    figures of the levers: docs/training.md, "Memory and speed levers"."""
 
 
 class EngineConfig(_Section):

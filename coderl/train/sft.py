@@ -37,7 +37,7 @@ from coderl.agent.scripted import ScriptedPolicy
 from coderl.config import Config, ConfigError, load_config
 from coderl.policy.local import LocalPolicy
 from coderl.policy.precision import has_bf16_units
-from coderl.train.batch import StepBatch, build_batch
+from coderl.train.batch import StepBatch, build_batch, micro_batch_spans
 from coderl.train.checkpoint import trainable_state
 from coderl.train.optim import build_optimizer
 from coderl.train.run import SFT_WEIGHTS, build_policy, resolve_device
@@ -177,19 +177,32 @@ def nll_step(
     micro: int,
     *,
     bf16: bool = False,
+    max_tokens: int | None = None,
+    checkpoint: bool = False,
 ) -> float:
     """One optimizer step on the token-mean NLL of the sampled (assistant) tokens.
 
     Micro-batch losses are scaled by their share of the batch's tokens, so the accumulated
-    gradient equals the full-batch one. ``bf16``: bf16 autocast of the forward (mixed
-    precision; the weights, gradients and optimizer state stay fp32).
+    gradient equals the full-batch one. The trainer's levers apply as in RL
+    (:func:`coderl.train.step.accumulate_gradients`): ``bf16`` (bf16 MLP matmuls, fp32
+    weights, gradients and optimizer state), ``max_tokens`` (micro-batches cut by real tokens
+    and packed without padding, :func:`coderl.train.batch.micro_batch_spans`) and
+    ``checkpoint`` (activation checkpointing); each leaves the gradient unchanged up to float
+    summation order (bf16: within the cosine of docs/training.md).
     """
     total = float(batch.loss_mask.sum())
     loss_sum = 0.0
-    for start in range(0, batch.size, micro):
-        mb = batch.rows(start, start + micro)
+    for start, stop in micro_batch_spans(batch, micro, max_tokens):
+        mb = batch.rows(start, stop)
         mask = mb.loss_mask
-        out = forward(policy.model, mb.tokens, temperature=1.0, bf16=bf16)
+        out = forward(
+            policy.model,
+            mb.tokens,
+            temperature=1.0,
+            bf16=bf16,
+            pack=max_tokens is not None,
+            checkpoint=checkpoint,
+        )
         nll = -(out.logp * mask).sum() / max(total, 1.0)
         nll.backward()
         loss_sum += float(nll.detach())
@@ -216,7 +229,7 @@ def run_sft(cfg: Config, policy: LocalPolicy | None = None) -> Path:
     bf16 = cfg.sft.dtype == "bfloat16" or (
         cfg.sft.dtype == "auto" and has_bf16_units(resolve_device(cfg.trainer.device))
     )
-    print(f"sft: {'bf16 autocast' if bf16 else 'float32'} forward and backward")
+    print(f"sft: {'bf16 MLPs' if bf16 else 'float32'} forward and backward")
     segs: list[Segment] = []
     for epoch in range(cfg.sft.epochs):
         if epoch == 0 or redraw:
@@ -230,7 +243,15 @@ def run_sft(cfg: Config, policy: LocalPolicy | None = None) -> Path:
         for i in range(math.ceil(len(segs) / bs)):
             chunk = [segs[j] for j in order[i * bs : (i + 1) * bs]]
             batch = build_batch(chunk, [1.0] * len(chunk), policy.pad_token_id)
-            loss = nll_step(policy, batch, optimizer, cfg.trainer.micro_batch_size, bf16=bf16)
+            loss = nll_step(
+                policy,
+                batch,
+                optimizer,
+                cfg.trainer.micro_batch_size,
+                bf16=bf16,
+                max_tokens=cfg.trainer.max_tokens_per_micro_batch,
+                checkpoint=cfg.trainer.activation_checkpointing,
+            )
             print(f"sft epoch {epoch} batch {i}: nll/token {loss:.4f}", flush=True)
     path = Path(cfg.run_dir) / SFT_WEIGHTS
     path.parent.mkdir(parents=True, exist_ok=True)
