@@ -363,12 +363,9 @@ class SFTConfig(_Section):
     limit: int | None = Field(None, ge=1)
     """Use only the first N training tasks as demonstrations (None: all)."""
     dtype: Literal["auto", "float32", "bfloat16"] = "float32"
-    """Precision of the SFT forward and backward (fp32 weights and optimizer either way):
-    ``bfloat16`` is the trainer's bf16 (bf16 MLP matmuls under autocast; attention, LM head
-    and loss in fp32, see ``trainer.bf16``), ``auto`` is bfloat16 iff the trainer device has
-    bf16 units (:func:`coderl.policy.precision.has_bf16_units`). SFT also follows
-    ``trainer.max_tokens_per_micro_batch`` and ``trainer.activation_checkpointing``. Measured
-    figures of the levers: docs/training.md, "Memory and speed levers"."""
+    """SFT precision (fp32 weights and optimizer either way): ``bfloat16`` is ``trainer.bf16``'s
+    bf16 MLPs, ``auto`` is bfloat16 iff the device has bf16 units (``has_bf16_units``). SFT
+    follows the trainer's packing and checkpointing too (docs/training.md, "Memory and speed levers")."""
 
 
 class EngineConfig(_Section):
