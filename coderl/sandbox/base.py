@@ -171,6 +171,22 @@ class Sandbox(Protocol):
         each path component."""
         ...
 
+    def fork(self, *, limits: Limits | None = None) -> Sandbox:
+        """A new, independent sandbox that starts where this one is now (see ``docs/sandbox.md``,
+        "Fork", and ``coderl.sandbox.fork``).
+
+        The child gets a copy of the workspace (``bwrap``: the overlay's upper layer over the same
+        read-only base, plus ``/tmp`` and the home directory; ``local``: the whole tree), the
+        shell's cwd and exported variables, the same backend, environment, mounts (``rw_mounts``
+        stay shared host directories) and network setting, and its own uid, scratch directory,
+        shell and ``close``. Afterwards neither side sees the other's writes. Running processes,
+        non-exported variables, functions and ``/dev/shm`` are not carried.
+        limits: the child's limits (default: this sandbox's).
+        Raises SandboxError (this sandbox is closed; the copy or the child's start failed, e.g.
+        its ``disk_bytes`` cannot hold this sandbox's changes).
+        """
+        ...
+
     def close(self) -> None:
         """Kill every process and delete every file of the sandbox; idempotent."""
         ...

@@ -74,6 +74,7 @@ import coderl.sandbox.mounts as mounts
 import coderl.sandbox.seccomp as seccomp
 from coderl.sandbox.base import DIFF_EXCLUDES, Limits, Sandbox, SandboxError
 from coderl.sandbox.files import FileOps
+from coderl.sandbox.fork import Seed, copy_tree
 from coderl.sandbox.persistent import ShellSandboxMethods
 from coderl.sandbox.process import BwrapProcess
 from coderl.sandbox.shell import Shell, init_script, restore_script
@@ -170,7 +171,10 @@ class BwrapSandbox(ShellSandboxMethods, Sandbox):
         ro_mounts: dict[str, str],
         rw_mounts: dict[str, str],
         network: bool,
+        seed: Seed | None = None,
     ) -> None:
+        """``seed``: the parent of a fork (:meth:`fork`), whose workspace, ``/tmp``, home
+        directory and shell state the new sandbox starts from; None for a fresh sandbox."""
         if _bwrap_path() is None:
             raise SandboxError("bubblewrap is not installed (make sysdeps)")
         self.base = _check_dir(base, "base")
@@ -186,6 +190,7 @@ class BwrapSandbox(ShellSandboxMethods, Sandbox):
         self._mounted: list[str] = []  # idmapped views made for the mounts (in the stage)
         self._stage: int | None = None  # the mount namespace holding the workspace (as root)
         self._root: int | None = None  # the scratch tmpfs, opened inside the stage
+        self._seed = seed
         _clean_stale()
         self.rootless = rootless()
         self._lease = None if self.rootless else _UidLease()
@@ -209,7 +214,12 @@ class BwrapSandbox(ShellSandboxMethods, Sandbox):
         if self.rootless:
             for name in ("tmp", "home", "shm"):
                 os.mkdir(f"{s}/{name}")
-            shutil.copytree(self.base, self.scratch / "merged", symlinks=True)
+            if self._seed is None:
+                shutil.copytree(self.base, self.scratch / "merged", symlinks=True)
+            else:
+                os.mkdir(f"{s}/merged")
+                for name in ("merged", "tmp", "home"):
+                    copy_tree(f"{self._seed.tree}/{name}", f"{s}/{name}")
             self._binds += [("--ro-bind", host, dest) for dest, host in self.ro_mounts.items()]
             self._binds += [("--bind", host, dest) for dest, host in self.rw_mounts.items()]
             return "copy"
@@ -228,6 +238,10 @@ class BwrapSandbox(ShellSandboxMethods, Sandbox):
             os.chown(f"{s}/{name}", uid, uid)
         for name in ("tmp", "shm"):
             os.chmod(f"{s}/{name}", 0o1777)
+        seed = self._seed
+        if seed is not None:  # the parent's changes, /tmp and home; its work dir stays behind
+            for name in ("upper", "tmp", "home"):
+                copy_tree(f"{seed.tree}/{name}", f"{s}/{name}", owner=seed.uid, new_owner=uid)
         for dest, host in self.ro_mounts.items():
             self._binds.append(("--ro-bind", self._idmap(host, readonly=True), dest))
         for dest, host in self.rw_mounts.items():
@@ -237,11 +251,14 @@ class BwrapSandbox(ShellSandboxMethods, Sandbox):
         except OSError as e:
             if e.errno not in _NO_IDMAP:
                 raise
+            if seed is not None:
+                copy_tree(f"{seed.tree}/merged", f"{s}/merged", owner=seed.uid, new_owner=uid)
+                return _same_mode(seed, "copy")
             shutil.copytree(self.base, self.scratch / "merged", symlinks=True, dirs_exist_ok=True)
             _chown_tree(self.scratch / "merged", uid)
             return "copy"
         mounts.mount_overlay(f"{s}/lower", f"{s}/upper", f"{s}/work", f"{s}/merged")
-        return "overlay"
+        return "overlay" if seed is None else _same_mode(seed, "overlay")
 
     def _idmap(self, host: str, *, readonly: bool) -> str:
         """An idmapped view of directory ``host`` in the scratch dir (the host path itself for
@@ -308,7 +325,8 @@ class BwrapSandbox(ShellSandboxMethods, Sandbox):
                 os.close(fd)
         self._process = BwrapProcess(proc, ctl_r, info_r, self.uid, uid_kill=not self.rootless)
         shell = Shell(proc, ctl_r, kill=lambda: self._process.stop())
-        state = self._shell.state if self._shell is not None else None
+        old = self._shell or self._seed  # a restarted shell, or a fork's first one
+        state = None if old is None else old.state
         script = init_script(ctl_w, list(passed[1:]), self._ulimits())
         if state is not None:
             script += restore_script(state.cwd, state.env_decls)
@@ -333,6 +351,25 @@ class BwrapSandbox(ShellSandboxMethods, Sandbox):
             return overlay_diff(self.base, view / "upper", exclude)
         return tree_diff(self.base, view / "merged", exclude)
 
+    def fork(self, *, limits: Limits | None = None) -> BwrapSandbox:
+        with self._lock:
+            if self._closed:
+                raise SandboxError("cannot fork a closed sandbox")
+            assert self._shell is not None
+            # the parent's tmpfs exists only in its stage: the child's copy, made in the child's
+            # stage, reaches it through the descriptor (a magic link valid in any namespace)
+            tree = self.scratch if self._root is None else f"/proc/{os.getpid()}/fd/{self._root}"
+            seed = Seed(str(tree), self.uid, self.workspace_mode, self._shell.state)
+            return BwrapSandbox(
+                self.base,
+                limits=limits or self.limits,
+                env=self.env,
+                ro_mounts=self.ro_mounts,
+                rw_mounts=self.rw_mounts,
+                network=self.network,
+                seed=seed,
+            )
+
     def close(self) -> None:
         with self._lock:
             if self._closed:
@@ -352,6 +389,14 @@ class BwrapSandbox(ShellSandboxMethods, Sandbox):
     def __del__(self) -> None:
         if not getattr(self, "_closed", True):
             self.close()
+
+
+def _same_mode(seed: Seed, mode: str) -> str:
+    if seed.mode != mode:
+        raise SandboxError(
+            f"cannot fork: the parent's workspace is {seed.mode}, the child's {mode}"
+        )
+    return mode
 
 
 def _remove_scratch(scratch: Path, *, mounted: bool) -> None:

@@ -28,10 +28,11 @@ import warnings
 from collections.abc import Sequence
 from pathlib import Path
 
-from coderl.sandbox.base import DIFF_EXCLUDES, Limits, Sandbox
+from coderl.sandbox.base import DIFF_EXCLUDES, Limits, Sandbox, SandboxError
 from coderl.sandbox.files import FileOps
+from coderl.sandbox.fork import Seed, copy_tree
 from coderl.sandbox.persistent import ShellSandboxMethods
-from coderl.sandbox.shell import Shell, init_script, restore_script
+from coderl.sandbox.shell import Shell, ShellState, init_script, restore_script
 from coderl.sandbox.workspace import remove_tree, tree_diff
 
 
@@ -51,7 +52,10 @@ class LocalSandbox(ShellSandboxMethods, Sandbox):
         ro_mounts: dict[str, str],
         rw_mounts: dict[str, str],
         network: bool,
+        seed: Seed | None = None,
     ) -> None:
+        """``seed``: the parent of a fork (:meth:`fork`), whose tree and shell state the new
+        sandbox starts from; None for a fresh sandbox."""
         if ro_mounts or rw_mounts:
             raise ValueError("the local backend cannot mount trees; use the bwrap backend")
         base = Path(base).resolve()
@@ -67,7 +71,16 @@ class LocalSandbox(ShellSandboxMethods, Sandbox):
         self.env = {"PATH": os.defpath, "LANG": "C.UTF-8", "TERM": "dumb"} | dict(env)
         self.tmp = Path(tempfile.mkdtemp(prefix="coderl-local-"))
         self.root = self.tmp / "testbed"
-        shutil.copytree(base, self.root, symlinks=True)
+        self._seed = None if seed is None else _moved(seed, str(self.root))
+        try:
+            if seed is None:
+                shutil.copytree(base, self.root, symlinks=True)
+            else:
+                self.root.mkdir()
+                copy_tree(seed.tree, str(self.root))
+        except BaseException:
+            remove_tree(self.tmp)
+            raise
         self._lock = threading.Lock()
         self._closed = False
         self._shell: Shell | None = None
@@ -96,14 +109,31 @@ class LocalSandbox(ShellSandboxMethods, Sandbox):
             f"-f {max(1, lim.file_size_bytes // 1024)}"
         )
         script = init_script(ctl_w, [], ulimits)
-        if self._shell is not None:
-            script += restore_script(self._shell.state.cwd, self._shell.state.env_decls)
-            shell.state = self._shell.state
+        old = self._shell or self._seed  # a restarted shell, or a fork's first one
+        if old is not None:
+            script += restore_script(old.state.cwd, old.state.env_decls)
+            shell.state = old.state
         shell.send(script)
         self._shell = shell
 
     def diff(self, *, exclude: Sequence[str] = DIFF_EXCLUDES) -> str:
         return tree_diff(self.base, self.root, exclude)
+
+    def fork(self, *, limits: Limits | None = None) -> LocalSandbox:
+        with self._lock:
+            if self._closed:
+                raise SandboxError("cannot fork a closed sandbox")
+            assert self._shell is not None
+            seed = Seed(str(self.root), os.getuid(), "copy", self._shell.state)
+            return LocalSandbox(
+                self.base,
+                limits=limits or self.limits,
+                env=self.env,
+                ro_mounts={},
+                rw_mounts={},
+                network=self.network,
+                seed=seed,
+            )
 
     def close(self) -> None:
         with self._lock:
@@ -114,6 +144,16 @@ class LocalSandbox(ShellSandboxMethods, Sandbox):
                 self._shell.kill()
             with contextlib.suppress(OSError):  # a deep tree too: rmtree would recurse
                 remove_tree(self.tmp)
+
+
+def _moved(seed: Seed, root: str) -> Seed:
+    """``seed`` with its shell's cwd and exported variables pointing into ``root`` where they
+    pointed into the parent's workspace (the local backend has no fixed ``/testbed``)."""
+    cwd = seed.state.cwd
+    if cwd is not None and (cwd == seed.tree or cwd.startswith(seed.tree + "/")):
+        cwd = root + cwd[len(seed.tree) :]
+    state = ShellState(cwd=cwd, env_decls=seed.state.env_decls.replace(seed.tree, root))
+    return Seed(seed.tree, seed.uid, seed.mode, state)
 
 
 def _kill_group(proc: subprocess.Popen[bytes], ctl_r: int) -> None:
