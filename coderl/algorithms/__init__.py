@@ -15,6 +15,7 @@ from coderl.algorithms.losses import (
 )
 from coderl.algorithms.metrics import best_of_n, pass_at_k
 from coderl.algorithms.off_policy import importance_weights, logprob_gap
+from coderl.algorithms.turn_advantages import mc_turn_values, potential_shaping, turn_advantages
 
 __all__ = [
     "AGGREGATIONS",
@@ -29,8 +30,11 @@ __all__ = [
     "importance_weights",
     "kl_penalty",
     "logprob_gap",
+    "mc_turn_values",
     "pass_at_k",
     "policy_loss",
+    "potential_shaping",
     "token_logprobs",
+    "turn_advantages",
     "value_loss",
 ]
