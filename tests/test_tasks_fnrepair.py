@@ -179,7 +179,7 @@ def test_no_heldout_code_in_any_training_task_or_seed(shipped):
 
     seeds = humaneval_seeds() + load_seeds()
     heldout = heldout_functions(seeds)
-    assert len(heldout) > 100  # HumanEval's held-out problems and the held-out library's seeds
+    assert len(heldout) >= 50  # HumanEval's held-out problems and the held-out library's seeds
     training = {s.id: s for s in training_seeds()}
     train = [t for t in shipped if t.split == "train"]
     assert train and not provenance_leaks(train, training, pinned())
