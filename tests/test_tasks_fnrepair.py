@@ -170,14 +170,46 @@ def test_shipped_tasks_split_by_seed_and_cover_every_level(shipped):
     assert {"toolz", "boltons", "inflection"} <= libs
 
 
-def test_no_heldout_code_in_any_training_task(shipped):
-    heldout = [s for s in humaneval_seeds() + load_seeds() if s.split == "heldout"]
-    bodies = {s.id: s.code.split(f"def {s.entry_point}", 1)[1] for s in heldout}
-    for t in shipped:
-        if t.split == "train":
-            text = t.workspace_files["solution.py"] + t.extra["gold_file"]
-            leaked = [sid for sid, body in bodies.items() if body[:200] in text]
-            assert not leaked, (t.id, leaked)
+def test_no_heldout_code_in_any_training_task_or_seed(shipped):
+    # provenance: every training task names a training seed of a training source; content: no
+    # held-out function (normalised body or >= CONTAINMENT of its token shingles) in any text of
+    # a training task or a training seed
+    from coderl.tasks.fnrepair import training_seeds
+    from coderl.tasks.leakage import content_leaks, heldout_functions, provenance_leaks, task_texts
+
+    seeds = humaneval_seeds() + load_seeds()
+    heldout = heldout_functions(seeds)
+    assert len(heldout) >= 50  # HumanEval's held-out problems and the held-out library's seeds
+    training = {s.id: s for s in training_seeds()}
+    train = [t for t in shipped if t.split == "train"]
+    assert train and not provenance_leaks(train, training, pinned())
+    leaks = [x for t in train for x in content_leaks(t.id, task_texts(t), heldout)]
+    leaks += [x for s in training.values() for x in content_leaks(s.id, [s.code], heldout)]
+    assert not leaks, leaks[:5]
+
+
+def test_the_leakage_check_finds_a_planted_heldout_function(shipped):
+    # a copy of a training task that shows a held-out seed's code (with a bug injected: one
+    # token changed) and one that names a held-out seed are both caught
+
+    from coderl.tasks.fnrepair import training_seeds
+    from coderl.tasks.leakage import content_leaks, heldout_functions, provenance_leaks, task_texts
+
+    seeds = humaneval_seeds() + load_seeds()
+    held = next(s for s in load_seeds() if s.split == "heldout")
+    heldout = heldout_functions(seeds)
+    task = next(t for t in shipped if t.split == "train")
+    planted = held.code.replace("return ", "return not ", 1)
+    files = {**task.workspace_files, "solution.py": planted}
+    copy = task.model_copy(update={"workspace_files": files})
+    found = content_leaks(copy.id, task_texts(copy), heldout)
+    assert any(x.heldout_id.startswith(f"{held.id}:") for x in found), found
+    extra = {**task.extra, "fnrepair": {**task.extra["fnrepair"], "seed": held.id}}
+    named = task.model_copy(update={"extra": extra})
+    training = {s.id: s for s in training_seeds()}
+    assert [x.why for x in provenance_leaks([named], training, pinned())] == [
+        "its seed is not a training seed"
+    ]
 
 
 @needs_sandbox

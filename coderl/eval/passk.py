@@ -1,6 +1,7 @@
 """Held-out evaluation: pass@k (unbiased) and best-of-n over a task split, with 95% confidence
-intervals from a bootstrap over tasks, the broken-call rate, and the paired change between two
-evaluations of the same tasks (:func:`compare`).
+intervals from a bootstrap over tasks, the broken-call rate, the paired change between two
+evaluations of the same tasks (:func:`compare`), and the collapse alarm of a run's periodic
+evaluations (:func:`collapse_check`).
 
 The statistics live in :mod:`coderl.stats` (percentile bootstrap over tasks; before/after
 comparisons by the paired bootstrap of per-task differences, :func:`paired_difference`, which is
@@ -25,7 +26,9 @@ __all__ = [
     "EvalResult",
     "bootstrap_ci",
     "estimate",
+    "CollapseCheck",
     "Comparison",
+    "collapse_check",
     "compare",
     "evaluate",
     "paired_change",
@@ -308,3 +311,62 @@ def compare(before: dict[str, Any], after: dict[str, Any], seed: int = 0) -> Com
         ),
         broken_change=broken,
     )
+
+
+@dataclass
+class CollapseCheck:
+    """One evaluation's pass@k at the largest k against the best earlier evaluation of the run
+    (:func:`collapse_check`)."""
+
+    alarm: bool
+    """The upper end of the 95% CI of ``change`` is below 0: pass@k fell below the best earlier
+    evaluation's by more than its CI."""
+    drop: float
+    """Best earlier pass@k minus this evaluation's (the mean of the paired per-task
+    differences, negated): > 0 is a fall."""
+    k: int
+    """The largest k every compared evaluation holds (the smallest ``n`` of any task)."""
+    best_step: int
+    """Step of the best earlier evaluation."""
+    change: Estimate
+    """Paired change of pass@``k`` (this evaluation - the best earlier one) with its 95% CI."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def collapse_check(
+    earlier: list[dict[str, Any]], current: dict[str, Any], seed: int = 0
+) -> CollapseCheck | None:
+    """The collapse alarm of one held-out evaluation; None when there is no earlier one to
+    compare with.
+
+    Rule: with ``k`` the largest k that ``current`` and every earlier evaluation support (the
+    smallest per-task ``n``), take the earlier evaluation with the highest pass@k (the first
+    of equals) and the paired change of per-task pass@k from it to ``current``
+    (:func:`paired_change`: unbiased pass@k, Chen et al. 2021, Eq. 1; paired percentile
+    bootstrap over tasks, Efron & Tibshirani 1993, Ch. 13; 95%). The alarm is raised when the
+    upper end of that CI is below 0. pass@k at the largest k is the collapse check because RL
+    that sharpens the sampling distribution can raise pass@1 while it lowers pass@k. The base
+    model's evaluation (``phase: base``, before SFT) is not a reference: it measures the model
+    before the recipe, often with fewer samples.
+
+    Args:
+        earlier: ``EvalResult.to_dict()`` records of the run's earlier evaluations, as
+            ``eval.jsonl`` holds them (``step`` included).
+        current: the new evaluation's record.
+
+    Raises:
+        ValueError: from :func:`paired_change` (an earlier evaluation of other tasks).
+    """
+    refs = [e for e in earlier if e.get("phase") != "base"]
+    if not refs:
+        return None
+    k = min(t["n"] for e in [*refs, current] for t in e["per_task"])
+
+    def passk(e: dict[str, Any]) -> float:
+        return sum(A.pass_at_k(t["n"], t["correct"], k) for t in e["per_task"]) / len(e["per_task"])
+
+    best = max(refs, key=passk)  # max returns the first of equals
+    change = paired_change(best["per_task"], current["per_task"], k, seed)
+    return CollapseCheck(change.hi < 0, 0.0 - change.mean, k, int(best["step"]), change)

@@ -123,6 +123,11 @@ def _summary_rows(evals: list[dict[str, Any]]) -> str:
         b = e.get("best_of_n")
         if b:
             cells.append(f"best-of-{e['samples']} {b['mean']:.3f} [{b['lo']:.3f}, {b['hi']:.3f}]")
+        c = e.get("collapse")
+        if c:
+            alarm = "COLLAPSE ALARM" if c["alarm"] else "no collapse alarm"
+            change = c["change"]["mean"]
+            cells.append(f"{alarm}: pass@{c['k']} {change:+.3f} vs step {c['best_step']}")
         if "broken_calls" in e:
             cells.append(
                 f"broken calls/episode {e['broken_calls']:.2f} "

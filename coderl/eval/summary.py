@@ -6,7 +6,8 @@ Reads the records of ``eval.jsonl`` (``EvalResult.to_dict()`` plus ``step``, ``p
 ``coderl demo`` timed) and states: pass@1 with its 95% CI at each evaluation phase (base model,
 after SFT, after RL), the paired RL-only change (after RL - after SFT) and the whole-run change
 (after RL - first evaluation) with their 95% paired-bootstrap CIs, pass@k at the largest k before
-and after RL (the collapse check), the broken-call rate before and after RL, and the phase times.
+and after RL (the collapse check), the collapse alarm of the periodic evaluations
+(:func:`collapse_line`), the broken-call rate before and after RL, and the phase times.
 The comparisons are :func:`coderl.eval.passk.compare`; nothing is computed here that is not
 computed there.
 """
@@ -103,8 +104,30 @@ def summary_lines(
         )
     elif len(evals) >= 2:
         rows.append(("whole run: pass@1 change (paired, 95% CI)", _change(compare(first, last))))
+    alarm = collapse_line(evals)
+    if alarm:
+        rows.append(("collapse alarm (pass@k vs the best earlier evaluation)", alarm))
     rows.append(("phase times", _phase_times(evals, metrics or [], phases or {})))
     return rows
+
+
+def collapse_line(evals: list[dict[str, Any]]) -> str:
+    """What the collapse checks of a run's evaluations said (the ``collapse`` field that
+    :func:`coderl.train.loop.log_eval_with_alarm` writes): the steps where the alarm was raised,
+    or that it never was, with the largest drop; "" when no evaluation holds a check."""
+    checks = [(e["step"], e["collapse"]) for e in evals if e.get("collapse")]
+    if not checks:
+        return ""
+    step, worst = max(checks, key=lambda sc: sc[1]["drop"])
+    rule = "upper end of the paired 95% CI of the change below 0"
+    where = (
+        f"largest drop {worst['drop']:+.3f} at step {step} "
+        f"(pass@{worst['k']} vs step {worst['best_step']}, change {_ci(worst['change'], True)})"
+    )
+    raised = [str(s) for s, c in checks if c["alarm"]]
+    if raised:
+        return f"RAISED at step {', '.join(raised)} of {len(checks)} checks ({rule}); {where}"
+    return f"not raised in {len(checks)} checks ({rule}); {where}"
 
 
 def _phase_times(

@@ -21,16 +21,18 @@ have (with ``engine.kind=vllm`` too: its requests are seeded). ``coderl train-as
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from coderl.config import Config, dump_config
+from coderl.eval.passk import collapse_check
 from coderl.progress import PhaseProgress
 from coderl.train import pipeline as P
 from coderl.train.checkpoint import ensure_new_run
-from coderl.train.metrics import MetricsLogger
+from coderl.train.metrics import MetricsLogger, read_jsonl
 from coderl.train.run import (
     SFT_WEIGHTS,
     Run,
@@ -47,6 +49,8 @@ from coderl.train.sampling import prepass, rollout_metrics
 
 # the recipe's own functions, and the run pieces it composes (their home: coderl.train.run)
 __all__ = ["Run", "build_policy", "collect", "run_eval", "setup_run", "train", "training_step"]
+
+log = logging.getLogger("coderl.train")
 
 
 def collect(run: Run, step: int) -> tuple[P.Scored, dict[str, float]]:
@@ -163,6 +167,30 @@ def train(cfg: Config, *, resume: bool = False, observers: Sequence[P.StepObserv
     return run_dir
 
 
+def log_eval_with_alarm(
+    logger: MetricsLogger, step: int, record: dict[str, Any]
+) -> dict[str, float]:
+    """Log a held-out evaluation made during RL with its collapse alarm
+    (:func:`coderl.eval.passk.collapse_check` against the run's earlier evaluations, read back
+    from ``eval.jsonl`` so a resumed run compares with the same ones): the record gains
+    ``collapse`` (the check as a dict), a raised alarm logs one warning line, and the step's
+    metrics get ``eval/collapse_alarm`` (1 or 0) and ``eval/collapse_drop`` (returned; {} when
+    there is no earlier evaluation)."""
+    check = collapse_check(read_jsonl(logger.eval_path), record)
+    if check is None:
+        logger.log_eval(step, record)
+        return {}
+    if check.alarm:
+        c = check.change
+        log.warning(
+            "collapse alarm at step %d: held-out pass@%d fell %.3f below step %d's "
+            "(paired change %+.3f, 95%% CI [%+.3f, %+.3f])",
+            step, check.k, check.drop, check.best_step, c.mean, c.lo, c.hi,
+        )  # fmt: skip
+    logger.log_eval(step, {**record, "collapse": check.to_dict()})
+    return {"eval/collapse_alarm": float(check.alarm), "eval/collapse_drop": check.drop}
+
+
 def _train(run: Run, resume: bool) -> None:
     cfg, run_dir = run.cfg, Path(run.cfg.run_dir)
     logger = MetricsLogger(run_dir, resume_step=run.step, tensorboard=cfg.tensorboard)
@@ -178,14 +206,14 @@ def _train(run: Run, resume: bool) -> None:
     with PhaseProgress("train", cfg.trainer.steps, completed=run.step, enabled=cfg.progress) as bar:
         while run.step < cfg.trainer.steps:
             metrics = training_step(run)
-            logger.log(run.step, metrics)
             reward, resolved = metrics["reward/mean"], metrics["resolved_rate"]
             bar.advance(status=f"reward {reward:.3f} resolved {resolved:.0%} (unmasked episodes)")
             last = run.step == cfg.trainer.steps
             if (cfg.eval.every and run.step % cfg.eval.every == 0 and not last) or (
                 last and cfg.eval.before_after
             ):
-                logger.log_eval(run.step, run_eval(run))
+                metrics.update(log_eval_with_alarm(logger, run.step, run_eval(run)))
+            logger.log(run.step, metrics)
             if run.step % cfg.trainer.checkpoint_every == 0 or last:
                 save(run)
     logger.close()
