@@ -110,6 +110,7 @@ def test_evaluate_joins_by_task_and_counts_a_dropped_episode_as_a_failure():
     res = _evaluate(_ScriptedEnvironment(OUTCOMES, drop=[("c", 0), ("c", 1)]), tasks_per_batch=1)
     assert res.per_task[2] == {
         "task_id": "c",
+        "source": None,
         "n": 2,
         "correct": 0,
         "best": 0.0,
@@ -222,6 +223,42 @@ def test_compare_reads_the_collapse_check_at_the_largest_common_k():
     assert (c.passk_before.mean, c.passk_after.mean) == (1.0, 0.5)
     assert c.passk.mean == pytest.approx(-0.5)
     assert c.broken_calls == (0.5, 0.1) and c.broken_episode_rate == (0.4, 0.1)
+
+
+def test_the_summary_reports_each_task_family_with_its_own_paired_rl_change():
+    from coderl.eval.summary import families, summary_lines
+
+    # family "lib": 8 tasks, each 0 -> 2 of 4 after RL (+0.5 each, CI [0.5, 0.5]); family "he":
+    # 8 tasks, 4 up by 1 of 4 and 4 down by 1 of 4 (mean 0, a CI across zero); the whole split
+    # moves by (8 x 0.5 + 0) / 16 = +0.25.
+    def record(rows):
+        return {**summarize(rows, [1, 4], 4).to_dict(), "phase": "sft", "step": 0}
+
+    lib_b, lib_a = _per_task([0] * 8, prefix="l"), _per_task([2] * 8, prefix="l")
+    he_b, he_a = _per_task([2] * 8, prefix="h"), _per_task([3, 1] * 4, prefix="h")
+    for rows, src in ((lib_b, "lib"), (lib_a, "lib"), (he_b, "he"), (he_a, "he")):
+        for r in rows:
+            r["source"] = src
+    start = record(lib_b + he_b)
+    last = {**record(lib_a + he_a), "phase": None, "step": 6}
+    split = families(last)
+    assert list(split) == ["lib", "he"]  # order of first appearance
+    assert split["lib"]["pass_at"]["1"]["mean"] == 0.5 and len(split["he"]["per_task"]) == 8
+    rows = dict(summary_lines([start, last]))
+    assert rows["RL only: pass@1 change (paired, 95% CI)"].startswith("+0.250")
+    assert rows["lib: RL only pass@1 change (paired, 95% CI)"] == (
+        "+0.500 [+0.500, +0.500] (excludes zero)"
+    )
+    he = rows["he: RL only pass@1 change (paired, 95% CI)"]
+    assert he.startswith("+0.000") and he.endswith("(includes zero)")
+    assert rows["lib (8 tasks): pass@1 / pass@4 before -> after RL"] == (
+        "0.000 [0.000, 0.000] -> 0.500 [0.500, 0.500]; pass@4 0.000 [0.000, 0.000] -> "
+        "1.000 [1.000, 1.000]"
+    )
+    for r in lib_b + he_b + lib_a + he_a:  # records before `source`: no split
+        r.pop("source")
+    start, last = record(lib_b + he_b), {**record(lib_a + he_a), "phase": None, "step": 6}
+    assert families(last) == {} and not any("lib" in k for k in dict(summary_lines([start, last])))
 
 
 def test_evaluate_counts_broken_calls_per_episode_and_episodes_with_one():

@@ -48,8 +48,10 @@ class EvalResult:
     best_of_n: Estimate | None = None
     """Mean over tasks of the best ``fraction_passed`` among the n samples."""
     per_task: list[dict[str, Any]] = field(default_factory=list)
-    """``{"task_id", "n", "correct", "best", "f2p", "episodes", "broken_calls",
-    "broken_episodes"}`` per task (for paired comparisons): ``f2p`` is the mean over the n samples
+    """``{"task_id", "source", "n", "correct", "best", "f2p", "episodes", "broken_calls",
+    "broken_episodes"}`` per task (for paired comparisons): ``source`` is the task's
+    :attr:`~coderl.tasks.spec.Task.source` (its family in the summary; None for tasks without
+    one); ``f2p`` is the mean over the n samples
     of the fraction of FAIL_TO_PASS tests passed (0 for a sample that is missing or whose grading
     failed); ``episodes`` returned by the environment, the broken tool calls among them and how
     many had at least one."""
@@ -161,7 +163,7 @@ def evaluate(
                 episodes_out.append((view, bool(g.resolved and g.grading_error is None)))
         for task in chunk:
             pairs = joined[task.id]
-            per_task.append(_task_row(task.id, pairs, samples))
+            per_task.append(_task_row(task, pairs, samples))
             dropped += samples - len(pairs)
             errors += sum(g.grading_error is not None for _, g in pairs)
         if on_batch is not None:
@@ -192,13 +194,14 @@ def _rollout_and_grade(
     return list(zip(episodes, grades, strict=True))
 
 
-def _task_row(task_id: str, pairs: list[tuple[Any, Any]], samples: int) -> dict[str, Any]:
+def _task_row(task: Any, pairs: list[tuple[Any, Any]], samples: int) -> dict[str, Any]:
     """One task's row of :attr:`EvalResult.per_task` from its ``(episode, grade)`` pairs; a
     missing sample or a failed grading counts as a failure (n stays ``samples``).
 
     Raises:
         ValueError: more than ``samples`` episodes for the task.
     """
+    task_id = task.id
     if len(pairs) > samples:
         raise ValueError(f"task {task_id!r}: {len(pairs)} episodes for {samples} samples")
     grades = [g for _, g in pairs]
@@ -209,6 +212,7 @@ def _task_row(task_id: str, pairs: list[tuple[Any, Any]], samples: int) -> dict[
     broken = [ep.broken_tool_calls for ep, _ in pairs]
     return {
         "task_id": task_id,
+        "source": getattr(task, "source", None),
         "n": samples,
         "correct": sum(ok),
         "best": best,

@@ -5,8 +5,10 @@ Reads the records of ``eval.jsonl`` (``EvalResult.to_dict()`` plus ``step``, ``p
 ``temperature``, ``time_s``) and the run's ``phases.json`` (wall seconds of the phases
 ``coderl demo`` timed) and states: pass@1 with its 95% CI at each evaluation phase (base model,
 after SFT, after RL), the paired RL-only change (after RL - after SFT) and the whole-run change
-(after RL - first evaluation) with their 95% paired-bootstrap CIs, pass@k at the largest k before
-and after RL (the collapse check), the collapse alarm of the periodic evaluations
+(after RL - first evaluation) with their 95% paired-bootstrap CIs, the same RL-only change and
+pass@k before/after RL per task family when the split mixes several (each task's ``source``:
+the repair demo's held-out library and HumanEval's held-out problems), pass@k at the largest k
+before and after RL (the collapse check), the collapse alarm of the periodic evaluations
 (:func:`collapse_line`), the broken-call rate before and after RL, and the phase times.
 The comparisons are :func:`coderl.eval.passk.compare`; nothing is computed here that is not
 computed there.
@@ -18,7 +20,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from coderl.eval.passk import Comparison, Estimate, compare
+from coderl.eval.passk import Comparison, Estimate, compare, summarize
 
 PHASES_FILE = "phases.json"
 """``RUN_DIR/phases.json``: ``{"sft_s": ..., "train_s": ...}`` wall seconds, written by
@@ -102,6 +104,7 @@ def summary_lines(
                 ),
             )
         )
+        rows.extend(family_rows(start, last))
     elif len(evals) >= 2:
         rows.append(("whole run: pass@1 change (paired, 95% CI)", _change(compare(first, last))))
     alarm = collapse_line(evals)
@@ -128,6 +131,43 @@ def collapse_line(evals: list[dict[str, Any]]) -> str:
     if raised:
         return f"RAISED at step {', '.join(raised)} of {len(checks)} checks ({rule}); {where}"
     return f"not raised in {len(checks)} checks ({rule}); {where}"
+
+
+def families(e: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """One evaluation record split by task family (each ``per_task`` row's ``source``, in order
+    of first appearance): ``{source: record}``, each record holding that family's rows with its
+    pass@k recomputed (:func:`coderl.eval.passk.summarize`). Empty when the rows hold fewer than
+    two families (or predate ``source``)."""
+    groups: dict[str, list[dict[str, Any]]] = {}
+    for row in e["per_task"]:
+        groups.setdefault(str(row.get("source")), []).append(row)
+    if len(groups) < 2 or "None" in groups:
+        return {}
+    ks = [int(k) for k in e["pass_at"]]
+    return {
+        name: {**summarize(rows, ks, e["samples"]).to_dict(), "source": name}
+        for name, rows in groups.items()
+    }
+
+
+def family_rows(start: dict[str, Any], last: dict[str, Any]) -> list[tuple[str, str]]:
+    """Per task family (:func:`families`): pass@1 and pass@k at the largest k before -> after RL
+    and the paired RL-only change of pass@1, each with its 95% CI (:func:`compare` on the
+    family's tasks alone). Empty for a single family."""
+    before, after = families(start), families(last)
+    rows: list[tuple[str, str]] = []
+    for name, b in before.items():
+        c = compare(b, after[name])
+        n = len(b["per_task"])
+        rows.append(
+            (
+                f"{name} ({n} tasks): pass@1 / pass@{c.k} before -> after RL",
+                f"{_ci(b['pass_at']['1'])} -> {_ci(after[name]['pass_at']['1'])}; "
+                f"pass@{c.k} {_ci(c.passk_before)} -> {_ci(c.passk_after)}",
+            )
+        )
+        rows.append((f"{name}: RL only pass@1 change (paired, 95% CI)", _change(c)))
+    return rows
 
 
 def _phase_times(
