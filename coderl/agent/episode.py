@@ -15,16 +15,29 @@ them (each at most ``tools.max_observation_chars`` characters), the instruction 
 ``summary_max_tokens``: keep the budget that far below the model's real context length.
 A summary so long that the window it opens cannot fit one more turn ends the episode with
 ``finish_reason="context"``: the policy's own doing, graded and scored like any other ending.
+
+Branched episodes (``EpisodeConfig.branch``): at a chosen turn boundary ``s_t`` (after turn
+``t``'s tool results, before turn ``t + 1``) the episode forks ``k`` continuations: each gets a
+copy of the conversation (the token-exact segments, transcripts, tool log, counters) and a
+:meth:`coderl.sandbox.base.Sandbox.fork` of the workspace, and runs on as an episode of its own
+(it does not branch again) that closes its sandbox when it ends. The loop yields a
+:class:`SpawnRequest` with them; the runner drives them with the others and files their episodes
+under the parent's ``Episode.branches``. Not carried by a fork: whatever
+:mod:`coderl.sandbox.fork` does not carry (running processes).
 """
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import functools
 import time
 import traceback
 from collections.abc import Callable, Generator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
+
+from coderl.agent.branch import BranchSpec
 
 from coderl.agent.context import ChatRenderer, Message
 from coderl.agent.parsing import BrokenCall, ToolCall, get_call_format, validate
@@ -135,6 +148,8 @@ class EpisodeConfig:
     """Task kind -> names of the tools its episodes get (default ``TOOLSETS``)."""
     tools: ToolConfig = field(default_factory=ToolConfig)
     """Limits of the built-in tools (timeouts, result caps, observation size)."""
+    branch: BranchSpec = field(default_factory=BranchSpec)
+    """Turn boundaries at which the episode forks continuations (default: none)."""
 
     def __post_init__(self) -> None:
         positive = (
@@ -213,6 +228,21 @@ class Episode:
     """Who caused ``error``: ``infra`` (the harness or the sandbox raised) or ``agent`` (a
     workspace the policy made that the diff cannot walk: a tree too deep, an undecodable
     name); None without an error."""
+    branches: list[Branch] = field(default_factory=list)
+    """Continuations forked from this episode's turn boundaries (``EpisodeConfig.branch``), in
+    boundary order; each is a complete episode (the shared prefix, then its own turns)."""
+
+
+@dataclass
+class Branch:
+    """One continuation of an episode."""
+
+    turn: int
+    """The boundary it started from: ``s_turn``, after ``turn`` turns (1 or more)."""
+    index: int
+    """Which of the boundary's ``k`` continuations (0-based)."""
+    episode: Episode
+    """The continuation as a whole episode: the parent's first ``turn`` turns, then its own."""
 
 
 @dataclass
@@ -232,7 +262,18 @@ class ToolRequest:
     fn: Callable[[], Any]
 
 
-Step = Generator[SampleRequest | ToolRequest, Any, Episode]
+@dataclass
+class SpawnRequest:
+    """Continuations to run beside the episode that yields this (answered with None)."""
+
+    turn: int
+    """The boundary they start from."""
+    children: list[Step | Episode]
+    """Their episode generators; an :class:`Episode` where the fork failed (an ``infra``
+    error, already finished)."""
+
+
+Step = Generator[SampleRequest | ToolRequest | SpawnRequest, Any, Episode]
 
 
 @dataclass
@@ -253,10 +294,41 @@ class _State:
     pending: list[Message] = field(default_factory=list)
     """Messages after the last completion not yet appended as tokens."""
     consecutive_broken: int = 0
+    branched: int = 0
+    """The last boundary this episode forked at (0: none)."""
 
     @property
     def stats(self) -> EpisodeStats:
         return self.episode.stats
+
+    def fork(self, sandbox: Sandbox, episode_id: str) -> _State:
+        """A copy of this state at a turn boundary, over ``sandbox`` (a fork of this one's):
+        the segments, transcripts, tool log and counters are copied, the tokenizer shared; the
+        copy does not branch again."""
+        assert self.builder is not None and not self.ctx.submitted
+        builder = copy.copy(self.builder)  # the tokenizer and tool schemas are shared
+        builder.trajectory = copy.deepcopy(self.builder.trajectory)
+        builder.messages = copy.deepcopy(self.builder.messages)
+        ep = self.episode
+        episode = Episode(
+            ep.task_id,
+            episode_id,
+            builder.trajectory,
+            copy.deepcopy(ep.transcripts),
+            list(ep.tool_calls),
+            "",
+            dataclasses.replace(ep.stats),
+        )
+        cfg = dataclasses.replace(self.cfg, branch=BranchSpec())
+        ctx = ToolContext(sandbox, self.ctx.config)
+        return dataclasses.replace(
+            self,
+            cfg=cfg,
+            ctx=ctx,
+            episode=episode,
+            builder=builder,
+            pending=copy.deepcopy(self.pending),
+        )
 
     def new_window(self, user_message: str) -> None:
         messages = self.renderer.opening(user_message)
@@ -305,6 +377,8 @@ class _State:
         text = self.renderer.content(completion)
         message = {"role": "assistant", "content": text}
         self.builder.add_completion(completion, message=message)
+        # the turn (0-based) this action belongs to: a summary counts with the turn after it
+        self.builder.segment.provenance["actions"][-1].update(turn=self.stats.turns, summary=summary)
         self.stats.generated_tokens += len(completion.token_ids)
         self.sampled, self.pending = True, []
         self.episode.transcripts[-1].append(message)
@@ -362,6 +436,24 @@ def _summarize(st: _State, max_new: int) -> Generator[SampleRequest, Any, None]:
     st.new_window(st.task_text + st.cfg.summary_template.format(summary=summary.strip()))
 
 
+def _fork(st: _State, tools: Mapping[str, Tool]) -> list[Step | Episode]:
+    """``cfg.branch.k`` continuations of ``st`` at its current boundary, each over a fork of the
+    sandbox; a fork that fails becomes an ``infra``-failed episode (masked, counted)."""
+    t = st.stats.turns
+    out: list[Step | Episode] = []
+    for k in range(st.cfg.branch.k):
+        child_id = f"{st.episode.episode_id}@{t}.{k}"
+        try:
+            sandbox = st.ctx.sandbox.fork()
+        except Exception:  # noqa: BLE001 - infrastructure: that continuation is masked
+            ep = Episode(st.task.id, child_id, Trajectory(), [], [], "", EpisodeStats())
+            ep.error, ep.failure = traceback.format_exc(), "infra"
+            out.append(ep)
+            continue
+        out.append(_drive(st.fork(sandbox, child_id), tools, close=True))
+    return out
+
+
 def _loop(st: _State, tools: Mapping[str, Tool]) -> Generator[Any, Any, FinishReason]:
     cfg = st.cfg
     while True:
@@ -370,6 +462,10 @@ def _loop(st: _State, tools: Mapping[str, Tool]) -> Generator[Any, Any, FinishRe
         left = cfg.max_tokens - st.stats.generated_tokens
         if left <= 0:
             return "max_tokens"
+        if cfg.branch.at(st.stats.turns) and st.branched < st.stats.turns:
+            st.branched = st.stats.turns  # once per boundary (a summary loops back here)
+            children = yield ToolRequest(functools.partial(_fork, st, tools))
+            yield SpawnRequest(st.stats.turns, children)
         max_new = min(cfg.max_tokens_per_turn, left)
         if (n := st.context_len()) + max_new > cfg.context_budget:
             if not st.sampled:
@@ -428,12 +524,29 @@ def episode_steps(
         task_text = cfg.task_template.format(problem_statement=task.problem_statement)
         st = _State(task, cfg, renderer, ToolContext(sandbox, cfg.tools), episode, start, task_text)
         st.new_window(task_text)
+    except Exception:  # noqa: BLE001 - one broken episode must not take down a batch of rollouts
+        episode.stats.finish_reason = "error"
+        episode.error = traceback.format_exc()
+        episode.failure = "infra"
+        return (yield from _finish(episode, sandbox, start, close=False))
+    return (yield from _drive(st, tools, close=False))
+
+
+def _drive(st: _State, tools: Mapping[str, Tool], *, close: bool) -> Step:
+    """Run the loop from ``st`` to the end, then take the diff (and close the sandbox when
+    ``close``: a continuation owns its fork)."""
+    episode = st.episode
+    try:
         episode.stats.finish_reason = yield from _loop(st, tools)
         episode.transcripts[-1].extend(st.pending)  # results the model never got to read
     except Exception:  # noqa: BLE001 - one broken episode must not take down a batch of rollouts
         episode.stats.finish_reason = "error"
         episode.error = traceback.format_exc()
         episode.failure = "infra"
+    return (yield from _finish(episode, st.ctx.sandbox, st.start, close=close))
+
+
+def _finish(episode: Episode, sandbox: Sandbox, start: float, *, close: bool) -> Step:
     try:
         episode.diff = yield ToolRequest(sandbox.diff)
     except Exception as e:  # noqa: BLE001 - without a diff the episode cannot be graded
@@ -442,5 +555,10 @@ def episode_steps(
         if episode.failure is None:
             agent_made = isinstance(e, RecursionError | UnicodeError)
             episode.failure = "agent" if agent_made else "infra"
+    if close:
+        try:
+            yield ToolRequest(sandbox.close)
+        except Exception:  # noqa: BLE001 - the diff is taken; a leaked fork is only logged here
+            episode.error = (episode.error or "") + traceback.format_exc()
     episode.stats.wall_time_s = time.monotonic() - start
     return episode

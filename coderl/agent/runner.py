@@ -11,6 +11,12 @@ One generate call serves prompts with different remaining budgets: it is asked f
 tokens of an autoregressive sample are an exact sample with budget ``m``, so the cut completions
 (and their logprobs) are what a separate call would have produced in distribution.
 
+An episode that branches (``EpisodeConfig.branch``) yields a ``SpawnRequest``: its continuations
+join the episodes being driven (their first turn is sampled in the same call as the parent's
+next one, from the same prompt: the engine prefills that prompt once, and the local engine's
+prefix cache or vLLM's automatic prefix caching hold the KV of the prefix they share), and each
+finished continuation is filed under its parent's ``Episode.branches``.
+
 When an episode ends the runner tells a sampler that keeps KV across calls (a
 ``forget_prefixes`` method, :meth:`coderl.policy.local.LocalPolicy.forget_prefixes`) that its
 context windows will not be extended, so their cache is freed at once.
@@ -28,9 +34,11 @@ from typing import Any
 
 from coderl.agent.episode import (
     AgentTask,
+    Branch,
     Episode,
     EpisodeConfig,
     SampleRequest,
+    SpawnRequest,
     Step,
     episode_steps,
 )
@@ -98,7 +106,8 @@ def run_episodes(
     """Run one episode per ``(task, sandbox)`` pair, all at once; episodes in job order.
 
     The caller owns the sandboxes (create them before, close them after; the episode's
-    ``diff`` is taken before this returns). Episode ids are ``"{task.id}/{job index}"``.
+    ``diff`` is taken before this returns); continuations close their own forks. Episode ids
+    are ``"{task.id}/{job index}"``, a continuation's ``"{parent id}@{boundary}.{index}"``.
 
     Args:
         policy: samples turns; ``policy.tokenizer`` renders the prompts.
@@ -117,11 +126,12 @@ def run_episodes(
         Whatever ``policy.generate`` raises (it affects every episode of the batch).
     """
     tok = policy.tokenizer if tokenizer is None else tokenizer
-    gens: list[Step] = [
-        episode_steps(tok, task, sb, cfg, episode_id=f"{task.id}/{i}", registry=registry)
+    gens: dict[int, Step] = {
+        i: episode_steps(tok, task, sb, cfg, episode_id=f"{task.id}/{i}", registry=registry)
         for i, (task, sb) in enumerate(jobs)
-    ]
+    }
     done: list[Episode | None] = [None] * len(gens)
+    parents: dict[int, tuple[int, int, int]] = {}  # continuation -> (parent, boundary, index)
     ready: dict[int, SampleRequest] = {}
     running: dict[Future[Any], int] = {}
     calls = 0
@@ -136,10 +146,22 @@ def run_episodes(
                 return
             if isinstance(req, SampleRequest):
                 ready[i] = req
+            elif isinstance(req, SpawnRequest):
+                spawn(i, req)
             else:
                 running[pool.submit(req.fn)] = i
 
-        for i in range(len(gens)):
+        def spawn(i: int, req: SpawnRequest) -> None:
+            for k, child in enumerate(req.children):
+                j = len(done)
+                parents[j] = (i, req.turn, k)
+                done.append(child if isinstance(child, Episode) else None)  # failed fork: done
+                if not isinstance(child, Episode):
+                    gens[j] = child
+                    advance(j)
+            advance(i)
+
+        for i in range(len(jobs)):
             advance(i)
 
         def harvest() -> None:
@@ -165,7 +187,11 @@ def run_episodes(
                 calls += 1
                 for i, completion in zip(batch, completions, strict=True):
                     advance(i, completion)
-    return [e for e in done if e is not None]  # every generator has returned by now
+    for j, (i, turn, k) in sorted(parents.items()):  # every generator has returned by now
+        parent, child = done[i], done[j]
+        assert parent is not None and child is not None
+        parent.branches.append(Branch(turn, k, child))
+    return [e for e in done[: len(jobs)] if e is not None]
 
 
 def run_episode(

@@ -1,0 +1,106 @@
+"""Branched episodes: continuations forked at turn boundaries start from the parent's exact
+conversation and workspace, diverge independently, and leave the parent's sandbox untouched.
+A ScriptedPolicy drives them; the sandboxes are real (bubblewrap where it runs)."""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from test_agent_tools import PLAIN_CHATML, make_repo, open_sandbox
+
+from coderl.agent.branch import BranchSpec
+from coderl.agent.episode import EpisodeConfig, SimpleTask
+from coderl.agent.parsing import CALL_FORMATS
+from coderl.agent.runner import run_episodes
+from coderl.agent.scripted import ScriptedPolicy
+from coderl.policy.tiny import tiny_tokenizer
+
+call = CALL_FORMATS["hermes"].format_call
+
+
+@pytest.fixture(scope="module")
+def tok():
+    t = tiny_tokenizer()
+    t.chat_template = PLAIN_CHATML
+    return t
+
+
+def first_turn() -> str:
+    return call("write_file", {"path": "notes.txt", "content": "written in turn 1\n"})
+
+
+def second_turn(tag: str) -> str:
+    command = f"cat notes.txt && echo {tag} > out.txt"
+    return call("run", {"command": command}) + call("submit", {})
+
+
+class Script:
+    """Turn 1: write notes.txt. At s_1 (the same prompt, asked three times: the parent and its
+    two continuations) the n-th asker gets variant n: cat notes.txt, write its tag, submit."""
+
+    def __init__(self) -> None:
+        self.seen: Counter[str] = Counter()
+
+    def __call__(self, prompt: str) -> str:
+        if "<|im_start|>tool" not in prompt:
+            return first_turn()
+        self.seen[prompt] += 1
+        return second_turn(f"variant{self.seen[prompt]}")
+
+
+def test_continuations_share_the_prefix_diverge_and_leave_the_parent_untouched(tok, tmp_path: Path):
+    base = make_repo(tmp_path)
+    script = Script()
+    policy = ScriptedPolicy(tok, script)
+    cfg = EpisodeConfig(branch=BranchSpec(turns=(1,), k=2))
+    with open_sandbox(base) as sandbox:
+        (ep,) = run_episodes(policy, [(SimpleTask("calc", "Write notes."), sandbox)], cfg)
+        parent_out = sandbox.exec("cat out.txt").stdout
+        listing = sandbox.exec("ls").stdout.split()
+    assert ep.stats.finish_reason == "submitted" and ep.stats.turns == 2
+    assert [(b.turn, b.index) for b in ep.branches] == [(1, 0), (1, 1)]
+    assert len(script.seen) == 1 and list(script.seen.values()) == [3]  # one s_1 prompt, 3 askers
+    # the three second turns were sampled in one call (the parent's and both continuations')
+    assert 3 in policy.batch_sizes
+
+    (pseg,) = ep.trajectory.segments
+    starts = [s for kind, s, _ in pseg.provenance["spans"] if kind == "action"]
+    tags = set()
+    for b in ep.branches:
+        child = b.episode
+        assert child.episode_id == f"{ep.episode_id}@1.{b.index}"
+        assert child.error is None and child.stats.finish_reason == "submitted"
+        assert child.stats.turns == 2 and child.branches == []  # a continuation does not branch
+        (cseg,) = child.trajectory.segments
+        # the exact same conversation up to s_1: token ids, masks, and the transcript
+        assert cseg.token_ids[: starts[1]] == pseg.token_ids[: starts[1]]
+        assert cseg.loss_mask[: starts[1]] == pseg.loss_mask[: starts[1]]
+        assert child.transcripts[0][:4] == ep.transcripts[0][:4]
+        assert [c.name for c in child.tool_calls] == ["write_file", "run", "submit"]
+        # the same workspace state: the continuation read the parent's turn-1 file
+        assert "written in turn 1" in child.tool_calls[1].observation
+        tag = next(t for t in ("variant1", "variant2", "variant3") if t in child.diff)
+        tags.add(tag)
+        assert "+written in turn 1" in child.diff
+    parent_tag = parent_out.strip()
+    assert parent_tag.startswith("variant") and parent_tag not in tags and len(tags) == 2
+    # the parent's sandbox saw none of its continuations' writes, and its diff only its own
+    assert f"+{parent_tag}" in ep.diff and all(t not in ep.diff for t in tags)
+    assert sorted(listing) == ["notes.txt", "out.txt", "pkg", "test_calc.py"]
+    # the actions carry their turn (0-based) for per-turn credit
+    assert [a["turn"] for a in pseg.provenance["actions"]] == [0, 1]
+
+
+def test_every_and_a_boundary_past_the_end(tok, tmp_path: Path):
+    """``every=1`` forks at s_1 only when the episode ends at turn 2: no fork at the terminal."""
+    base = make_repo(tmp_path)
+    policy = ScriptedPolicy(tok, Script())
+    cfg = EpisodeConfig(branch=BranchSpec(every=1, k=1))
+    with open_sandbox(base) as sandbox:
+        (ep,) = run_episodes(policy, [(SimpleTask("calc", "Write notes."), sandbox)], cfg)
+    assert [(b.turn, b.index) for b in ep.branches] == [(1, 0)]
+    assert BranchSpec(every=2, k=1).at(4) and not BranchSpec(turns=(2,), k=0).at(2)
+    with pytest.raises(ValueError, match="turns"):
+        BranchSpec(turns=(0,), k=1)
