@@ -38,7 +38,6 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
 from coderl.agent.branch import BranchSpec
-
 from coderl.agent.context import ChatRenderer, Message
 from coderl.agent.parsing import BrokenCall, ToolCall, get_call_format, validate
 from coderl.agent.tools import (
@@ -378,7 +377,9 @@ class _State:
         message = {"role": "assistant", "content": text}
         self.builder.add_completion(completion, message=message)
         # the turn (0-based) this action belongs to: a summary counts with the turn after it
-        self.builder.segment.provenance["actions"][-1].update(turn=self.stats.turns, summary=summary)
+        self.builder.segment.provenance["actions"][-1].update(
+            turn=self.stats.turns, summary=summary
+        )
         self.stats.generated_tokens += len(completion.token_ids)
         self.sampled, self.pending = True, []
         self.episode.transcripts[-1].append(message)

@@ -234,10 +234,10 @@ def _run_command(ids: Sequence[str]) -> str:
 def _visible_tests(task: Any) -> tuple[list[str], list[str]]:
     """``(failing, related)``: the FAIL_TO_PASS ids whose test functions are in the workspace,
     and (for when there are none) visible PASS_TO_PASS ids of the same test files."""
-    from coderl.tasks.holdout import function_of
+    from coderl.tasks.holdout import function_of, visible_fail_to_pass
 
     held = set(task.held_out_tests)
-    failing = [i for i in task.FAIL_TO_PASS if i not in held]
+    failing = visible_fail_to_pass(task)
     files = {i.split("::", 1)[0] for i in task.FAIL_TO_PASS}
     related = [
         i

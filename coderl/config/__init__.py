@@ -24,6 +24,7 @@ from pydantic import (
 from coderl.config._base import ConfigError, _error_message, _Section
 from coderl.config.asyncrl import AsyncConfig
 from coderl.config.online import OnlineConfig
+from coderl.config.rollout import RolloutConfig
 from coderl.config.synth import CurriculumConfig, SynthConfig
 from coderl.config.trainer import TrainerConfig
 from coderl.graders.settings import GradersConfig, JudgeConfig, RMConfig
@@ -173,23 +174,6 @@ class TaskConfig(_Section):
         return self
 
 
-class RolloutConfig(_Section):
-    group_size: int = Field(8, ge=1)
-    """Episodes per task (G); group baselines compare episodes of the same task."""
-    max_turns: int = Field(3, ge=1)
-    """Agent turns per episode."""
-    max_new_tokens: int = Field(256, ge=1)
-    """Token budget of one model turn."""
-    max_context_tokens: int = Field(2048, ge=64)
-    """Context window of one segment; the harness summarises or stops beyond it."""
-    temperature: float = Field(1.0, gt=0)
-    """Sampling temperature; trainer logprobs use the same temperature."""
-    top_p: float = Field(1.0, gt=0, le=1)
-    """Nucleus mass; keep 1.0 for unbiased logprobs."""
-    concurrency: int = Field(8, ge=1)
-    """Episodes run at once (batched generation, parallel sandboxes)."""
-
-
 class LengthPenaltyConfig(_Section):
     coef: float = Field(0.1, ge=0)
     """Largest penalty (reward units), reached by an easiest task that uses its whole budget."""
@@ -242,6 +226,10 @@ class RewardConfig(_Section):
     """Rubric LLM judge; used when ``judge`` is in ``terms``."""
     rm: RMConfig = Field(default_factory=RMConfig)
     """Reward model from preferences; used when ``rm`` is in ``terms``."""
+    shaping: float = Field(0.0, ge=0)
+    """Weight of the potential-based shaping of ``vineppo``'s turns (0: off): the fraction of
+    the visible failing tests the harness saw pass after each ``run`` call
+    (``coderl.train.branching``)."""
 
 
 class KLConfig(_Section):
@@ -284,8 +272,12 @@ class ImportanceConfig(_Section):
 
 
 class AlgorithmConfig(_Section):
-    advantage: Literal["grpo", "dr_grpo", "rloo", "gae"] = "grpo"
-    """Advantage estimator: group baselines, or GAE with a value head (PPO)."""
+    advantage: Literal["grpo", "dr_grpo", "rloo", "gae", "vineppo"] = "grpo"
+    """Advantage estimator: group baselines, GAE with a value head (PPO), or ``vineppo``:
+    per-turn advantages from Monte-Carlo values of continuations (``rollout.branch``)."""
+    turn_lam: float = Field(0.0, ge=0, le=1)
+    """``vineppo``: GAE lambda over turns (0: VinePPO's ``V(s_{t+1}) - V(s_t)``); the discount
+    per turn is ``gamma``."""
     loss_agg: Literal[
         "token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"
     ] = "token-mean"
@@ -469,6 +461,13 @@ class Config(_Section):
             raise ValueError(
                 f"rollout.group_size={self.rollout.group_size}: advantage "
                 f"{alg.advantage!r} needs at least 2 episodes per task (a group baseline)"
+            )
+        branching = self.rollout.branch.k > 0
+        if (alg.advantage == "vineppo") != branching or (rew.shaping > 0 and not branching):
+            raise ValueError(
+                "rollout.branch.k: algorithm.advantage=vineppo needs continuations "
+                "(rollout.branch.k >= 1 with turns or every), and rollout.branch and "
+                "reward.shaping are used only by vineppo"
             )
         if "length" in rew.terms and rew.terms.get("broken_calls", 0.0) > 0:
             # one broken call must cost more than any length saving it could buy

@@ -16,6 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
+from coderl.agent.branch import BranchSpec
 from coderl.agent.episode import EpisodeConfig
 from coderl.agent.runner import run_episodes
 from coderl.config import Config
@@ -51,6 +52,7 @@ def _record(ep: Any) -> EpisodeRecord:
         episode=ep,
         failure=failure,
         failure_reason=_last_line(ep.error) if error else "",
+        branches=[(b.turn, _record(b.episode)) for b in ep.branches],
     )
 
 
@@ -82,9 +84,12 @@ class AgentEnvironment:
     def token_budget(self) -> int:
         return self.cfg.rollout.max_turns * self.cfg.rollout.max_new_tokens
 
-    def episode_config(self, params: SamplingParams) -> EpisodeConfig:
+    def episode_config(
+        self, params: SamplingParams, branch: BranchSpec | None = None
+    ) -> EpisodeConfig:
         r = self.cfg.rollout
         return EpisodeConfig(
+            branch=branch or BranchSpec(),
             max_turns=r.max_turns,
             max_tokens=self.token_budget(),
             max_tokens_per_turn=r.max_new_tokens,
@@ -101,6 +106,18 @@ class AgentEnvironment:
         """Episodes in task-major order. An episode whose sandbox cannot start (the task's
         environment is missing, the sandbox fails) is an ``infra`` failure with an empty
         trajectory; the others run."""
+        return self.rollout_branched(policy, tasks, params, group_size, BranchSpec())
+
+    def rollout_branched(
+        self,
+        policy: SamplingPolicy,
+        tasks: list[Any],
+        params: SamplingParams,
+        group_size: int,
+        branch: BranchSpec,
+    ) -> list[EpisodeRecord]:
+        """:meth:`rollout` with continuations forked where ``branch`` says (each record's
+        ``branches``; see :mod:`coderl.agent.episode`)."""
         owners = [t for t in tasks for _ in range(group_size)]
         started: dict[int, Any] = {}
         failed: dict[int, str] = {}
@@ -114,7 +131,7 @@ class AgentEnvironment:
                 run_episodes(
                     policy,
                     [(owners[i], sb) for i, sb in started.items()],
-                    self.episode_config(params),
+                    self.episode_config(params, branch),
                     max_workers=self.cfg.rollout.concurrency,
                 )
                 if started

@@ -17,7 +17,7 @@ A record that leaves ``failure`` unset is classified by :func:`coderl.train.pipe
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
 from coderl.policy.base import Completion, SamplingParams
@@ -56,6 +56,9 @@ class EpisodeRecord:
     ``finish_reason``)."""
     failure_reason: str = ""
     """One line on why it failed (empty when it did not)."""
+    branches: list[tuple[int, EpisodeRecord]] = field(default_factory=list)
+    """Continuations forked at turn boundaries (``rollout.branch``): ``(t, record)``, ``t`` the
+    boundary ``s_t`` it started from; each record is a whole episode, graded like one."""
 
 
 @dataclass

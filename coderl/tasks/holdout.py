@@ -55,6 +55,14 @@ def function_of(node_id: str) -> str | None:
     return "::".join(parts)
 
 
+def visible_fail_to_pass(task: Any) -> list[str]:
+    """The FAIL_TO_PASS ids whose tests are in the rollout workspace: less the held-out ones and
+    those in the task's hidden test files (a function task's check: none are visible)."""
+    held = set(getattr(task, "held_out_tests", ()))
+    hidden = set(getattr(task, "hidden_tests", {}) or {})
+    return [i for i in task.FAIL_TO_PASS if i not in held and i.split("::", 1)[0] not in hidden]
+
+
 def _ranked(task_id: str, keys: Iterable[str]) -> list[str]:
     return sorted(keys, key=lambda k: hashlib.sha256(f"{task_id}\0{k}".encode()).hexdigest())
 

@@ -4,17 +4,20 @@
 episode, from the episode's outcome and its group's baseline (an episode is one group member
 however many segments it has), given to every segment of the episode. ``"gae"`` (PPO) is per
 token and needs the value head; it runs over an episode's segments as one sequence, see
-:func:`gae_advantages`.
+:func:`gae_advantages`. ``"vineppo"`` is per turn (values from continuations,
+:mod:`coderl.train.branching`), broadcast to each turn's tokens by
+:func:`turn_token_advantages`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import torch
 from torch import Tensor
 
 from coderl import algorithms as A
+from coderl.trajectory import Segment
 
 
 def _grpo(rewards: Tensor, groups: Tensor, valid: Tensor) -> Tensor:
@@ -102,3 +105,35 @@ def gae_advantages(
         mean, std = adv[m].mean(), adv[m].std()
         adv = torch.where(m, (adv - mean) / (std + 1e-8), torch.zeros_like(adv))
     return adv, ret
+
+
+def turn_token_advantages(segment: Segment, turn_adv: Sequence[float]) -> list[float]:
+    """One segment's per-token advantages from its episode's per-turn ones (``vineppo``).
+
+    Each sampled action span gets the advantage of the turn it belongs to (the ``turn`` that
+    :mod:`coderl.agent.episode` records per action in ``provenance["actions"]``; a
+    self-summary counts with the turn after it, a summary after the last turn with the last);
+    prompts, tool outputs and template scaffolding (``loss_mask`` 0) get 0.
+
+    Args:
+        segment: a context window of the episode (its ``spans`` and ``actions`` provenance).
+        turn_adv: ``[n]`` the episode's advantage per turn, ``n >= 1`` turns.
+
+    Returns:
+        ``len(segment)`` floats.
+
+    Raises:
+        ValueError: no turns, or the segment's action spans and records disagree.
+    """
+    if not turn_adv:
+        raise ValueError("an episode with sampled tokens needs at least one turn's advantage")
+    spans = [(s, e) for kind, s, e in segment.provenance.get("spans", []) if kind == "action"]
+    actions = segment.provenance.get("actions", [])
+    if len(spans) != len(actions) or any("turn" not in a for a in actions):
+        raise ValueError(f"{len(spans)} action spans but {len(actions)} turn-tagged actions")
+    out = [0.0] * len(segment)
+    for (start, end), action in zip(spans, actions, strict=True):
+        a = float(turn_adv[min(int(action["turn"]), len(turn_adv) - 1)])
+        for t in range(start, end):
+            out[t] = a * segment.loss_mask[t]
+    return out

@@ -4,9 +4,11 @@ One step, top to bottom (:func:`training_step`)::
 
     tasks    = run.sampler.take(tasks_per_step)              # coderl.train.sampling; exact on resume
     episodes = env.rollout(engine, tasks, params, G)         # seed rollout_seed(seed, step, round)
+                                                             # (vineppo: rollout_branched)
     scored   = pipeline.score(...)                           # grade, attribute failures, rewards
     run.sampler.observe(tasks, scored.infos)                 # pool: pass-rate estimates
     (dynamic sampling: drop or resample zero-variance groups, counted)
+    turn_adv = branching.turn_credit(...)                    # vineppo: grade the continuations
     batch    = pipeline.make_batch(...)                      # advantages over valid members
     metrics  = optimize(run, batch)                          # algorithm-blind train_step; one optimizer step
     policy.bump_version()                                    # new weights version
@@ -27,10 +29,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from coderl.agent.branch import BranchSpec
 from coderl.config import Config, dump_config
 from coderl.eval.passk import collapse_check
 from coderl.progress import PhaseProgress
 from coderl.train import pipeline as P
+from coderl.train.branching import turn_credit
 from coderl.train.checkpoint import ensure_new_run
 from coderl.train.metrics import MetricsLogger, read_jsonl
 from coderl.train.run import (
@@ -77,7 +81,7 @@ def collect(run: Run, step: int) -> tuple[P.Scored, dict[str, float]]:
         t0 = time.perf_counter()
         params = P.sampling_params(cfg, P.rollout_seed(cfg.seed, step, rnd))
         assert run.engine is not None  # setup_run built it
-        episodes = run.env.rollout(run.engine, tasks, params, G)
+        episodes = rollout(run, tasks, params)
         stats["time/rollout"] += time.perf_counter() - t0
         owners = [t for t in tasks for _ in range(G)]
         keys = [P.group_key(t.id, pos) for pos, t in drawn for _ in range(G)]
@@ -96,7 +100,7 @@ def collect(run: Run, step: int) -> tuple[P.Scored, dict[str, float]]:
         if kept is None:
             kept = part
         else:
-            for name in ("episodes", "keys", "samples", "failures", "grades", "flags"):
+            for name in ("episodes", "keys", "samples", "failures", "grades", "flags", "tasks"):
                 getattr(kept, name).extend(getattr(part, name))
         wanted = len(flat)
         if dynamic != "resample" or wanted == 0:
@@ -107,10 +111,35 @@ def collect(run: Run, step: int) -> tuple[P.Scored, dict[str, float]]:
     return P.rescore(kept, cfg), stats
 
 
+def rollout(run: Run, tasks: list[Any], params: Any) -> list[Any]:
+    """``G`` episodes per task; with ``rollout.branch`` (``vineppo``) through the environment's
+    ``rollout_branched`` (continuations forked at the chosen turn boundaries).
+
+    Raises:
+        ValueError: branching is configured and the environment cannot fork (no harness).
+    """
+    cfg, G = run.cfg, run.cfg.rollout.group_size
+    assert run.engine is not None  # setup_run built it
+    b = cfg.rollout.branch
+    if b.k == 0:
+        return run.env.rollout(run.engine, tasks, params, G)
+    branched = getattr(run.env, "rollout_branched", None)
+    if branched is None:
+        raise ValueError(
+            f"rollout.branch: tasks.source={cfg.tasks.source!r} has no branched rollouts "
+            "(the agent-harness environments have: humaneval, fnrepair, repo)"
+        )
+    return branched(run.engine, tasks, params, G, BranchSpec(tuple(b.turns), b.every, b.k))
+
+
 def training_step(run: Run) -> dict[str, float]:
     """One step of the loop (see the module docstring); returns its metrics."""
     cfg = run.cfg
     scored, metrics = collect(run, run.step)
+    turn_adv = None
+    if cfg.algorithm.advantage == "vineppo":  # grade the continuations: per-turn values
+        turn_adv, branch_metrics = turn_credit(run.env, run.policy, cfg, scored)
+        metrics.update(branch_metrics)
     metrics.update(P.step_metrics(scored.infos, cfg))
     for k, v in scored.rewards.counts.items():
         metrics[f"reward/{k}"] = float(v)
@@ -123,6 +152,7 @@ def training_step(run: Run) -> dict[str, float]:
         scored.rewards.totals,
         scored.rewards.valid,
         scored.keys,
+        turn_adv,
     )
     metrics.update(optimize(run, batch))
     run.policy.bump_version()  # every step is a version, with or without an update

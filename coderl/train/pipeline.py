@@ -55,7 +55,7 @@ from coderl.graders.terms import learned_fields
 from coderl.policy.base import SamplingParams
 from coderl.rewards import RewardResult, RewardSample, compute_rewards
 from coderl.rewards.hacks import HackFlag, detect_hacks, flag_counts, suspected_hack_rate
-from coderl.train.advantages import episode_advantages, gae_advantages
+from coderl.train.advantages import episode_advantages, gae_advantages, turn_token_advantages
 from coderl.train.batch import StepBatch, build_batch
 from coderl.train.step import forward
 from coderl.trajectory import Segment, Trajectory
@@ -257,6 +257,8 @@ class Scored:
     """Hack flags per episode (:func:`coderl.rewards.hacks.detect_hacks`)."""
     observers: Sequence[StepObserver] = ()
     """Who sees this set each time it is (re)scored (:func:`rescore`)."""
+    tasks: list[Any] = field(default_factory=list)
+    """Each episode's task (what its continuations are graded against)."""
 
 
 def episode_info(
@@ -314,9 +316,12 @@ def score(
     flags = [detect_hacks(ep, g, t) for ep, g, t in zip(episodes, grades, tasks, strict=True)]
     empty = RewardResult([], [], [])
     return rescore(
-        Scored(episodes, keys, samples, empty, failures, grading_s, [], grades, flags, observers),
+        Scored(
+            episodes, keys, samples, empty, failures, grading_s, [], grades, flags, observers,
+            list(tasks),
+        ),
         cfg,
-    )
+    )  # fmt: skip
 
 
 def rescore(scored: Scored, cfg: Config) -> Scored:
@@ -354,6 +359,7 @@ def select(scored: Scored, keep: list[int]) -> Scored:
         [scored.grades[i] for i in keep],
         [scored.flags[i] for i in keep],
         scored.observers,
+        [scored.tasks[i] for i in keep] if scored.tasks else [],
     )
 
 
@@ -374,6 +380,7 @@ def make_batch(
     totals: list[float],
     valid: list[bool],
     keys: list[str],
+    turn_adv: list[list[float]] | None = None,
 ) -> StepBatch | None:
     """Advantages and the token batch of every valid episode's segments (None: no valid one,
     or no sampled token in any).
@@ -384,16 +391,28 @@ def make_batch(
     included, carries its advantage. GAE (PPO, needs ``value_head``) runs over an episode's
     segments as one sequence (:func:`coderl.train.advantages.gae_advantages`). Segments without
     a sampled token are left out. With ``algorithm.kl.coef > 0`` the batch carries reference
-    logprobs.
+    logprobs. ``vineppo`` gives each turn's tokens its advantage from ``turn_adv``
+    (:func:`coderl.train.advantages.turn_token_advantages`; computed from the continuations by
+    :func:`coderl.train.branching.turn_credit`).
 
     Args:
         trajectories, totals, valid, keys: per episode (reward totals are NaN where invalid).
+        turn_adv: ``vineppo`` only: per episode, its per-turn advantages.
+
+    Raises:
+        ValueError: ``gae`` without a value head; ``vineppo`` without ``turn_adv``.
     """
     keep = [i for i, ok in enumerate(valid) if ok]
     if not keep:
         return None
     gae = cfg.algorithm.advantage == "gae"
-    if not gae:
+    vine = cfg.algorithm.advantage == "vineppo"
+    if vine and turn_adv is None:
+        raise ValueError(
+            "algorithm.advantage=vineppo needs per-turn advantages from continuations "
+            "(coderl train; train-async and online do not branch)"
+        )
+    if not gae and not vine:
         ids = {k: j for j, k in enumerate(sorted({keys[i] for i in keep}))}
         a = episode_advantages(
             cfg.algorithm.advantage,
@@ -402,12 +421,16 @@ def make_batch(
             [True] * len(keep),
         )
     segs, adv, seg_reward, seg_episode = [], [], [], []
+    tok_adv: list[list[float]] = []
     for j, i in enumerate(keep):
         for s in trajectories[i].segments:
             if s.num_trainable == 0:  # e.g. the window a too-long summary opened: nothing to train
                 continue
             segs.append(s)
-            adv.append(0.0 if gae else float(a[j]))
+            adv.append(0.0 if gae or vine else float(a[j]))
+            if vine:
+                assert turn_adv is not None
+                tok_adv.append(turn_token_advantages(s, turn_adv[i]))
             seg_reward.append(totals[i])
             seg_episode.append(j)
     if not segs:
@@ -420,6 +443,11 @@ def make_batch(
         temperature=cfg.rollout.temperature,
         reference=policy.reference_logprobs if cfg.algorithm.kl.coef > 0 else None,
     )
+    if vine:
+        per_token = torch.zeros(batch.loss_mask.shape, dtype=torch.float32)  # (B, T)
+        for r, row in enumerate(tok_adv):
+            per_token[r, : len(row)] = torch.tensor(row)
+        batch.advantages = per_token.to(batch.loss_mask.device)
     if gae:
         if value_head is None:
             raise ValueError("algorithm.advantage=gae needs a value head")
