@@ -104,3 +104,40 @@ def test_every_and_a_boundary_past_the_end(tok, tmp_path: Path):
     assert BranchSpec(every=2, k=1).at(4) and not BranchSpec(turns=(2,), k=0).at(2)
     with pytest.raises(ValueError, match="turns"):
         BranchSpec(turns=(0,), k=1)
+
+
+def test_continuations_of_a_function_task_are_graded_by_its_hidden_check(tok, tmp_path: Path):
+    """Through the environment: ``rollout_branched`` forks the task's real sandbox, and each
+    continuation is graded by the task's own hidden check, like any episode."""
+    from coderl.config import load_config
+    from coderl.envs.agent import AgentEnvironment
+    from coderl.policy.base import SamplingParams
+    from coderl.tasks.humaneval import humaneval_tasks
+    from coderl.tasks.patches import apply_patch
+
+    task = humaneval_tasks("train")[0]
+    for rel, text in task.workspace_files.items():
+        (tmp_path / rel).write_text(text)
+    apply_patch(tmp_path, task.gold_patch)
+    fixed = (tmp_path / "solution.py").read_text()
+    seen: Counter[str] = Counter()
+
+    def script(prompt: str) -> str:
+        if "<|im_start|>tool" not in prompt:
+            return call("run", {"command": "ls"})
+        seen[prompt] += 1  # askers 1 and 3 write the gold solution, asker 2 submits as is
+        write = call("write_file", {"path": "solution.py", "content": fixed})
+        return (write if seen[prompt] != 2 else "") + call("submit", {})
+
+    limits = ["rollout.max_new_tokens=8192", "rollout.max_context_tokens=32768"]  # tiny vocab
+    cfg = load_config(None, ["rollout.max_turns=3", "rollout.group_size=2", *limits])
+    env = AgentEnvironment(cfg, humaneval_tasks)
+    (ep,) = env.rollout_branched(
+        ScriptedPolicy(tok, script), [task], SamplingParams(), 1, BranchSpec(turns=(1,), k=2)
+    )
+    records = [ep] + [r for _, r in ep.branches]
+    assert [t for t, _ in ep.branches] == [1, 1] and all(r.failure is None for r in records)
+    grades = env.grade([task] * 3, records)
+    wrote = ["solution.py" in (r.answer or "") for r in records]
+    assert [g.resolved for g in grades] == wrote and sorted(wrote) == [False, True, True]
+    assert all(g.grading_error is None for g in grades)
