@@ -13,13 +13,21 @@ import torch
 from safetensors.torch import load_file
 
 from coderl import algorithms as A
-from coderl.asyncrl.trainer import EnvSampler, TrainLearner, task_stream, train_async
-from coderl.asyncrl.types import Group, Job
+from coderl.asyncrl.metrics import hist_mean, token_staleness
+from coderl.asyncrl.trainer import (
+    EnvSampler,
+    TrainLearner,
+    check_supported,
+    task_stream,
+    train_async,
+)
+from coderl.asyncrl.types import Episode, Group, Job
 from coderl.config import load_config
 from coderl.policy import SamplingParams, load_policy
 from coderl.policy.batch import collate
 from coderl.train.checkpoint import load_trainable, trainable_state
 from coderl.train.metrics import read_jsonl
+from coderl.trajectory import Segment, Trajectory
 
 TOY = Path(__file__).parent.parent / "configs" / "toy.yaml"
 OVERRIDES = [
@@ -126,3 +134,148 @@ def test_chunk_boundaries_without_a_new_version_change_nothing(backend):
             c.finish_reason,
         )
         assert c.versions() == [0] * len(c.token_ids)
+
+
+def test_a_swap_inside_an_async_rollout_reaches_the_batch_and_its_importance_weights(tmp_path):
+    # the worker's sampler on the toy task; the first chunk boundary (after 3 of 8 tokens) loads
+    # version 1: each episode's first 3 tokens carry version 0 and the old policy's logprobs,
+    # the rest version 1 and the new one's, and at version 1 only the first 3 are off-policy
+    over = [*OVERRIDES, f"run_dir={tmp_path}", "async.inflight.enabled=true"]
+    cfg = load_config(TOY, [*over, "async.inflight.chunk_tokens=3"])
+    learner, sampler = TrainLearner(cfg), EnvSampler(cfg)
+    a = learner.weights()
+    b = _perturbed(a)
+    sampler.load_weights(0, a)
+    calls: list[int] = []
+
+    def between_turns() -> int:  # the worker's sync: call 1 starts the turn, call 2 is a boundary
+        calls.append(1)
+        if len(calls) == 2:
+            sampler.load_weights(1, b)
+        return sampler.policy.version
+
+    task_id, task = task_stream(learner.run.env.tasks("train"), 0)(0)
+    job = Job(0, task, task_id, seed=1)
+    episodes = sampler.rollout(job, between_turns)
+    assert len(calls) == 3  # the turn's start, then boundaries after 3 and 6 tokens
+    assert [ep.sampled_versions() for ep in episodes] == [[0] * 3 + [1] * 5] * 4
+    segs = [ep.trajectory.segments[0] for ep in episodes]
+    policy = learner.run.policy
+    load_trainable(policy.model, b)  # the trainer at version 1
+    batch = collate(segs, policy.pad_token_id)
+    mask = batch.loss_mask.float()
+    train_logp = policy.forward(batch).logprobs.detach()  # (B, T)
+    w = A.importance_weights(train_logp, batch.behavior_logprobs, mask, cap=1e9)
+    old = (batch.policy_versions == 0) & (mask > 0)
+    new = (batch.policy_versions == 1) & (mask > 0)
+    assert int(old.sum()) == 12 and int(new.sum()) == 20
+    assert (w[new] - 1).abs().max() < 1e-4  # sampled by the weights the trainer holds
+    assert (w[old] - 1).abs().min() > 1e-3  # corrected with their own (old) behaviour logprob
+    assert token_staleness([Group(job, episodes, version=0)], 1) == {1: 12, 0: 20}
+
+
+def test_token_staleness_worked_example():
+    # one group, two episodes: versions [0, 0, 1] and [2]; trained at version 2
+    def episode(versions):
+        seg = Segment()
+        seg.append_context([1], kind="prompt")
+        seg.append_sampled([5] * len(versions), [-1.0] * len(versions), versions)
+        return Episode("t", Trajectory([seg]))
+
+    group = Group(Job(0, None, "t", 0), [episode([0, 0, 1]), episode([2])])
+    hist = token_staleness([group], 2)
+    assert hist == {2: 2, 1: 1, 0: 1}
+    assert hist_mean(hist) == pytest.approx((2 + 2 + 1 + 0) / 4)
+    assert 2 - group.oldest_version() == max(hist)  # the group's staleness is its stalest token
+
+
+def _boundaries(monkeypatch) -> list[int]:
+    """Counts the chunk boundaries the torch engine reaches (thread workers share the class)."""
+    from coderl.policy.engine import TorchEngine
+
+    real, seen = TorchEngine.generate, []
+
+    def spy(self, prompts, params, *, version=0, between_chunks=None, chunk_tokens=0):
+        inner = between_chunks
+        if inner is not None:
+
+            def between_chunks():
+                seen.append(chunk_tokens)
+                return inner()
+
+        return real(
+            self,
+            prompts,
+            params,
+            version=version,
+            between_chunks=between_chunks,
+            chunk_tokens=chunk_tokens,
+        )
+
+    monkeypatch.setattr(TorchEngine, "generate", spy)
+    return seen
+
+
+def _weights(run_dir: Path, step: int) -> dict[str, torch.Tensor]:
+    return load_file(str(run_dir / "checkpoints" / f"step-{step:06d}" / "trainable.safetensors"))
+
+
+def test_inflight_on_without_mid_episode_updates_learns_exactly_what_off_does(
+    tmp_path, monkeypatch
+):
+    # max_staleness=0: every rollout is issued after the weights it uses were published, so no
+    # update arrives mid-episode; the chunk boundaries run and must change nothing
+    seen = _boundaries(monkeypatch)
+    common = [
+        *OVERRIDES,
+        "trainer.steps=3",
+        "trainer.checkpoint_every=3",
+        "async.max_staleness=0",
+        "async.num_workers=2",
+    ]
+    train_async(load_config(TOY, [*common, f"run_dir={tmp_path / 'off'}"]))
+    assert seen == []
+    on = [*common, f"run_dir={tmp_path / 'on'}", "async.inflight.enabled=true"]
+    summary = train_async(load_config(TOY, [*on, "async.inflight.chunk_tokens=3"]))
+    assert seen and set(seen) == {3}
+    assert summary["token_staleness_max"] == 0 and summary["token_staleness_mean"] == 0.0
+    a, b = _weights(tmp_path / "off", 3), _weights(tmp_path / "on", 3)
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    ma, mb = (read_jsonl(tmp_path / d / "metrics.jsonl") for d in ("off", "on"))
+    for key in ("loss", "reward/mean", "logprob_gap", "token_staleness_max"):
+        assert [m[key] for m in ma] == [m[key] for m in mb], key
+    assert all(m["async/token_staleness_mean"] == 0.0 for m in mb)
+
+
+def test_resume_with_inflight_on_equals_the_uninterrupted_run(tmp_path, monkeypatch):
+    seen = _boundaries(monkeypatch)
+    common = [
+        *OVERRIDES,
+        "trainer.checkpoint_every=2",
+        "async.max_staleness=0",
+        "async.num_workers=2",
+        "async.inflight.enabled=true",
+        "async.inflight.chunk_tokens=3",
+    ]
+    whole, parts = tmp_path / "whole", tmp_path / "parts"
+    train_async(load_config(TOY, [*common, "trainer.steps=4", f"run_dir={whole}"]))
+    train_async(load_config(TOY, [*common, "trainer.steps=2", f"run_dir={parts}"]))
+    train_async(load_config(TOY, [*common, "trainer.steps=4", f"run_dir={parts}"]), resume=True)
+    assert seen  # the chunk boundaries ran in every segment of both runs
+    a, b = _weights(whole, 4), _weights(parts, 4)
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    sa, sb = (
+        json.loads((d / "checkpoints" / "step-000004" / "state.json").read_text())
+        for d in (whole, parts)
+    )
+    assert (sa["cursor"], sa["version"]) == (sb["cursor"], sb["version"]) == (8, 4)
+    ma, mb = read_jsonl(whole / "metrics.jsonl"), read_jsonl(parts / "metrics.jsonl")
+    assert [m["loss"] for m in ma] == [m["loss"] for m in mb]
+
+
+def test_inflight_is_refused_with_the_vllm_engine(tmp_path):
+    cfg = load_config(
+        TOY, [*OVERRIDES, f"run_dir={tmp_path}", "engine.kind=vllm", "async.inflight.enabled=true"]
+    )
+    with pytest.raises(ValueError, match="in-flight weight updates are implemented by the torch"):
+        check_supported(cfg)
