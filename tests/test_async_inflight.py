@@ -101,6 +101,26 @@ def test_tokens_after_a_mid_completion_swap_carry_the_new_version_and_its_logpro
         assert max(abs(x - y) for x, y in zip(after, la[8:], strict=True)) > 1e-2
 
 
+def test_the_next_turn_reuses_the_kv_recomputed_at_the_swap():
+    # the prefix cache keeps each finished row's KV; after a swap that KV is the one recomputed
+    # under the new weights, so a next turn that extends the completion reads it and its
+    # logprobs are still the new weights'
+    policy = load_policy("tiny-random", reference=False, engine="static")
+    b = _perturbed(trainable_state(policy.model))
+    params = SamplingParams(max_new_tokens=10, seed=2, ignore_eos=True)
+    first = policy.generate(
+        PROMPTS[:2], params, between_chunks=SwapAt(policy, b, 1), chunk_tokens=4
+    )
+    turn = [p + c.token_ids + [40, 41] for p, c in zip(PROMPTS, first, strict=False)]
+    reused = policy.engine.prefill_stats["reused_tokens"]
+    second = policy.generate(turn, SamplingParams(max_new_tokens=5, seed=3))
+    assert policy.engine.prefill_stats["reused_tokens"] - reused == sum(len(t) - 3 for t in turn)
+    expected = _trainer_logprobs(policy, b, turn, second)
+    for c, lb in zip(second, expected, strict=True):
+        assert c.versions() == [1] * len(c.token_ids)
+        assert max(abs(x - y) for x, y in zip(c.logprobs, lb, strict=True)) < 1e-4
+
+
 def test_bf16_sampler_takes_up_the_swapped_weights():
     policy = load_policy("tiny-random", reference=False)
     policy.set_sampler_precision("bfloat16")
