@@ -59,6 +59,7 @@ def run_arm(args: argparse.Namespace, staleness: int, inflight: bool, seed: int)
                 "eval.before_after=false",
                 f"async.max_staleness={staleness}",
                 f"async.num_workers={args.workers}",
+                f"async.tasks_per_rollout={args.tasks_per_rollout}",
                 f"async.inflight.enabled={str(inflight).lower()}",
                 f"async.inflight.chunk_tokens={args.chunk}",
             ],
@@ -77,6 +78,9 @@ def main() -> None:
     p.add_argument("--chunk", type=int, default=32, help="async.inflight.chunk_tokens")
     p.add_argument("--group-size", type=int, default=8)
     p.add_argument("--workers", type=int, default=2)
+    p.add_argument(
+        "--tasks-per-rollout", type=int, default=2, help="1: each worker rolls out one group"
+    )
     p.add_argument("--staleness", type=int, nargs="+", default=[1, 2])
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--quick", action="store_true", help="a short smoke run")
@@ -96,6 +100,7 @@ def main() -> None:
         title=(
             f"train-async, tiny model, toy task: {args.steps} steps x 2 tasks x G={args.group_size}, "
             f"{args.max_new_tokens} tokens/episode, {args.workers} thread workers, "
+            f"{args.tasks_per_rollout} task(s) per rollout, "
             f"chunk {args.chunk}, {args.repeats} repeats"
         )
     )

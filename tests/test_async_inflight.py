@@ -6,11 +6,10 @@ depends on wall-clock timing (swaps happen at a chunk boundary the test chooses)
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 import torch
-from safetensors.torch import load_file
+from test_async_train import OVERRIDES, TOY, _weights, one_torch_thread  # noqa: F401 - a fixture
 
 from coderl import algorithms as A
 from coderl.asyncrl.metrics import hist_mean, token_staleness
@@ -29,23 +28,7 @@ from coderl.train.checkpoint import load_trainable, trainable_state
 from coderl.train.metrics import read_jsonl
 from coderl.trajectory import Segment, Trajectory
 
-TOY = Path(__file__).parent.parent / "configs" / "toy.yaml"
-OVERRIDES = [
-    "rollout.group_size=4",
-    "trainer.micro_batch_size=8",
-    "tensorboard=false",
-    "progress=false",
-    "eval.before_after=false",
-]
 PROMPTS = [[5, 6, 7], [8, 9, 10, 11, 12], [5, 6, 7]]  # the last repeats the first (shared prefill)
-
-
-@pytest.fixture(autouse=True)
-def one_torch_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 def _perturbed(weights: dict[str, torch.Tensor], seed: int = 1) -> dict[str, torch.Tensor]:
@@ -234,10 +217,6 @@ def _boundaries(monkeypatch) -> list[int]:
 
     monkeypatch.setattr(TorchEngine, "generate", spy)
     return seen
-
-
-def _weights(run_dir: Path, step: int) -> dict[str, torch.Tensor]:
-    return load_file(str(run_dir / "checkpoints" / f"step-{step:06d}" / "trainable.safetensors"))
 
 
 def test_inflight_on_without_mid_episode_updates_learns_exactly_what_off_does(

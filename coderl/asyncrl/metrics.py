@@ -12,11 +12,8 @@ from typing import Any
 from coderl.algorithms import logprob_gap
 from coderl.asyncrl.types import Group
 
-__all__ = [
-    "AsyncMetrics",
-    "logprob_gap",
-    "token_staleness",
-]  # the gap is the package's one (coderl.algorithms)
+# the gap is the package's one (coderl.algorithms)
+__all__ = ["AsyncMetrics", "hist_mean", "logprob_gap", "token_staleness"]
 
 
 @dataclass
