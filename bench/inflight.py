@@ -12,8 +12,15 @@ idle fraction, group staleness (``version - oldest token``, what admission bound
 staleness mean and max (``version - token's version``), dropped groups, the sampler/trainer
 logprob gap, and the last step's mean reward; then the CPU, its flags and the load.
 
-    .venv/bin/python bench/inflight.py            # the docs' figures (~3 min on 2 busy cores)
-    .venv/bin/python bench/inflight.py --quick    # a smoke run (~30 s)
+``--varied`` gives tasks episode lengths of 1/4 to 4/4 of ``--max-new-tokens`` (task ``i``:
+``(1 + i % 4) / 4``), so rollouts end at different times instead of in lockstep.
+
+    PYTHONPATH=. .venv/bin/python bench/inflight.py --repeats 3 --steps 10   # the docs' figures
+    PYTHONPATH=. .venv/bin/python bench/inflight.py --repeats 3 --steps 10 --varied
+    PYTHONPATH=. .venv/bin/python bench/inflight.py --quick                  # a smoke run (~15 s)
+
+(each full run ~3 min on the 2 shared cores; ``PYTHONPATH=.`` makes a worktree's ``coderl`` the
+one imported).
 """
 
 from __future__ import annotations
@@ -24,6 +31,7 @@ import os
 import statistics
 import sys
 import tempfile
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -36,9 +44,25 @@ from grading import cpu_flags  # noqa: E402
 
 from coderl.asyncrl.trainer import train_async  # noqa: E402
 from coderl.config import load_config  # noqa: E402
+from coderl.envs import ENVIRONMENTS, ToyEnvironment  # noqa: E402
 from coderl.train.metrics import read_jsonl  # noqa: E402
 
 TOY = Path(__file__).parent.parent / "configs" / "toy.yaml"
+
+
+@dataclass
+class VariedToy(ToyEnvironment):
+    """The toy task with episode lengths that vary by task: task ``i`` samples
+    ``max_new_tokens * (1 + i % 4) / 4`` tokens (a rollout takes its first task's), so rollouts
+    end at different times, as agent episodes do, instead of in lockstep."""
+
+    def rollout(self, policy, tasks, params, group_size):  # type: ignore[no-untyped-def]
+        i = int(tasks[0].id.rsplit("/", 1)[1])
+        n = max(1, self.max_new_tokens * (1 + i % 4) // 4)
+        return super().rollout(policy, tasks, replace(params, max_new_tokens=n), group_size)
+
+
+ENVIRONMENTS["toy-varied"] = lambda cfg: VariedToy(max_new_tokens=cfg.rollout.max_new_tokens)
 
 
 def run_arm(args: argparse.Namespace, staleness: int, inflight: bool, seed: int) -> dict:
@@ -62,6 +86,7 @@ def run_arm(args: argparse.Namespace, staleness: int, inflight: bool, seed: int)
                 f"async.tasks_per_rollout={args.tasks_per_rollout}",
                 f"async.inflight.enabled={str(inflight).lower()}",
                 f"async.inflight.chunk_tokens={args.chunk}",
+                f"tasks.source={'toy-varied' if args.varied else 'toy'}",
             ],
         )
         summary = train_async(cfg)
@@ -83,6 +108,9 @@ def main() -> None:
     )
     p.add_argument("--staleness", type=int, nargs="+", default=[1, 2])
     p.add_argument("--repeats", type=int, default=2)
+    p.add_argument(
+        "--varied", action="store_true", help="episode lengths vary by task (1/4 to 4/4)"
+    )
     p.add_argument("--quick", action="store_true", help="a short smoke run")
     args = p.parse_args()
     if args.quick:
@@ -99,7 +127,8 @@ def main() -> None:
     table = Table(
         title=(
             f"train-async, tiny model, toy task: {args.steps} steps x 2 tasks x G={args.group_size}, "
-            f"{args.max_new_tokens} tokens/episode, {args.workers} thread workers, "
+            f"{args.max_new_tokens} tokens/episode{' (1/4 to 4/4 by task)' if args.varied else ''}, "
+            f"{args.workers} thread workers, "
             f"{args.tasks_per_rollout} task(s) per rollout, "
             f"chunk {args.chunk}, {args.repeats} repeats"
         )

@@ -318,6 +318,8 @@ def train_async(
         ensure_new_run(run_dir)
         run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / "config.yaml").write_text(dump_config(cfg.model_copy(update={"async_": acfg})))
+    workers_cfg = cfg.model_copy(update={"async_": acfg})  # the section the runner reads
+    check_supported(workers_cfg)  # here, not first inside a worker
     learner = TrainLearner(cfg)
     run = learner.run
 
@@ -334,7 +336,6 @@ def train_async(
 
     try:
         shared = run.engine if cfg.engine.kind == "vllm" else None  # the workers' one server
-        workers_cfg = cfg.model_copy(update={"async_": acfg})  # the section the runner reads
         runner = AsyncRunner(
             acfg, learner, _SamplerFactory(workers_cfg, shared), run.sampler.at, seed=cfg.seed,
             on_step=on_step,
