@@ -47,12 +47,14 @@ class Segment:
 
         They get ``loss_mask`` 0, behaviour logprob 0.0 and version -1, and a provenance span.
         """
-        self._append(token_ids, 0, [0.0] * len(token_ids), -1, kind)
+        self._append(token_ids, 0, [0.0] * len(token_ids), [-1] * len(token_ids), kind)
 
     def append_sampled(
-        self, token_ids: Sequence[int], logprobs: Sequence[float], version: int
+        self, token_ids: Sequence[int], logprobs: Sequence[float], version: int | Sequence[int]
     ) -> None:
-        """Append tokens the policy sampled, with their behaviour logprobs and weight version.
+        """Append tokens the policy sampled, with their behaviour logprobs and weight version
+        (one for all of them, or one per token: :meth:`coderl.policy.base.Completion.versions`
+        after an in-flight weight update).
 
         Raises:
             ValueError: lengths differ, a logprob is not finite or positive, or the segment is
@@ -60,21 +62,29 @@ class Segment:
         """
         if len(token_ids) != len(logprobs):
             raise ValueError(f"{len(token_ids)} sampled tokens but {len(logprobs)} logprobs")
+        versions = [version] * len(token_ids) if isinstance(version, int) else list(version)
+        if len(versions) != len(token_ids):
+            raise ValueError(f"{len(token_ids)} sampled tokens but {len(versions)} versions")
         if not self.token_ids and token_ids:
             raise ValueError("a segment cannot start with sampled tokens: append the prompt first")
         bad = [x for x in logprobs if not (math.isfinite(x) and x <= 0.0)]
         if bad:
             raise ValueError(f"behaviour logprobs must be finite and <= 0, got {bad[:3]}")
-        self._append(token_ids, 1, list(logprobs), version, "action")
+        self._append(token_ids, 1, list(logprobs), versions, "action")
 
     def _append(
-        self, token_ids: Sequence[int], mask: int, logprobs: list[float], version: int, kind: str
+        self,
+        token_ids: Sequence[int],
+        mask: int,
+        logprobs: list[float],
+        versions: list[int],
+        kind: str,
     ) -> None:
         start = len(self.token_ids)
         self.token_ids.extend(int(t) for t in token_ids)
         self.loss_mask.extend([mask] * len(token_ids))
         self.behavior_logprobs.extend(logprobs)
-        self.policy_versions.extend([version] * len(token_ids))
+        self.policy_versions.extend(versions)
         self.provenance.setdefault("spans", []).append([kind, start, len(self.token_ids)])
 
     def validate(self) -> None:

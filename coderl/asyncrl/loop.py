@@ -32,7 +32,7 @@ from typing import Any, Protocol
 
 from coderl.asyncrl.buffer import EpisodeBuffer, TaskLedger, TaskStream
 from coderl.asyncrl.local import LocalBackend
-from coderl.asyncrl.metrics import AsyncMetrics
+from coderl.asyncrl.metrics import AsyncMetrics, hist_mean, token_staleness
 from coderl.asyncrl.types import Group, Job, Learner, SamplerFactory, Weights
 from coderl.config import AsyncConfig
 
@@ -56,7 +56,7 @@ def _local_backend(cfg: AsyncConfig, make_sampler: SamplerFactory, **_: Any) -> 
         make_sampler,
         num_workers=cfg.num_workers,
         mode=cfg.local_mode,
-        turn_sync=cfg.weight_sync == "turn",
+        turn_sync=cfg.mid_episode_sync,
     )
 
 
@@ -120,7 +120,8 @@ class AsyncRunner:
         self.on_step = on_step
         self.metrics = AsyncMetrics(num_workers=cfg.num_workers)
         self.history: list[dict[str, float]] = []
-        """Per-step metrics from the learner plus ``version``, ``staleness_max`` and ``tasks``."""
+        """Per-step metrics from the learner plus ``version``, ``staleness_max`` (per group),
+        ``token_staleness_mean`` and ``token_staleness_max`` (per sampled token)."""
         self._published = -1
         self.trained_tasks: list[int] = []
         """Task indices trained on, in order (a task re-sampled after a drop appears once)."""
@@ -198,6 +199,7 @@ class AsyncRunner:
         assert self.backend is not None
         version = self.learner.version
         staleness = [version - g.oldest_version() for g in batch]
+        tokens = token_staleness(batch, version)
         t0 = time.monotonic()
         step = dict(self.learner.train_step(batch))
         self.metrics.train_s += time.monotonic() - t0
@@ -213,10 +215,16 @@ class AsyncRunner:
             self.metrics.staleness[s] += 1
             self.metrics.trajectories_trained += len(group.episodes)
             self.trained_tasks.append(group.job.index)
+        self.metrics.token_staleness.update(tokens)
         self.metrics.steps += 1
         if "logprob_gap" in step:
             self.metrics.logprob_gaps.append(step["logprob_gap"])
-        step.update(version=float(self.learner.version), staleness_max=float(max(staleness)))
+        step.update(
+            version=float(self.learner.version),
+            staleness_max=float(max(staleness)),
+            token_staleness_mean=hist_mean(tokens),
+            token_staleness_max=float(max(tokens, default=0)),
+        )
         self.history.append(step)
 
     def summary(self) -> dict[str, Any]:

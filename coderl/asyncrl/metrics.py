@@ -1,5 +1,6 @@
-"""Metrics of an asynchronous run: staleness histogram, dropped and re-sampled groups, trainer and
-rollout idle fractions, sampler/trainer logprob gap, trajectories/s and optimizer steps/hour."""
+"""Metrics of an asynchronous run: staleness histograms (per group and per sampled token), dropped
+and re-sampled groups, trainer and rollout idle fractions, sampler/trainer logprob gap,
+trajectories/s and optimizer steps/hour."""
 
 from __future__ import annotations
 
@@ -9,8 +10,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from coderl.algorithms import logprob_gap
+from coderl.asyncrl.types import Group
 
-__all__ = ["AsyncMetrics", "logprob_gap"]  # the gap is the package's one (coderl.algorithms)
+# the gap is the package's one (coderl.algorithms)
+__all__ = ["AsyncMetrics", "hist_mean", "logprob_gap", "token_staleness"]
 
 
 @dataclass
@@ -20,6 +23,9 @@ class AsyncMetrics:
     num_workers: int = 1
     staleness: Counter[int] = field(default_factory=Counter)
     """Trained groups by staleness ``version_at_train - oldest_version_in_group``."""
+    token_staleness: Counter[int] = field(default_factory=Counter)
+    """Trained sampled tokens by staleness ``version_at_train - version_that_sampled_it``
+    (with in-flight weight updates one episode's tokens have several)."""
     stale_staleness: Counter[int] = field(default_factory=Counter)
     """Groups evicted as too stale, by staleness."""
     dropped_groups: int = 0
@@ -51,10 +57,21 @@ class AsyncMetrics:
             "dropped_groups": self.dropped_groups,
             "resampled_groups": self.resampled_groups,
             "staleness_hist": dict(sorted(self.staleness.items())),
-            "mean_staleness": (
-                sum(k * n for k, n in self.staleness.items()) / max(1, sum(self.staleness.values()))
-            ),
+            "mean_staleness": hist_mean(self.staleness),
+            "token_staleness_mean": hist_mean(self.token_staleness),
+            "token_staleness_max": max(self.token_staleness, default=0),
             "logprob_gap": sum(self.logprob_gaps) / len(self.logprob_gaps)
             if self.logprob_gaps
             else 0.0,
         }
+
+
+def hist_mean(hist: Counter[int]) -> float:
+    """Mean of a histogram ``{value: count}`` (0.0 when empty)."""
+    return sum(k * n for k, n in hist.items()) / max(1, sum(hist.values()))
+
+
+def token_staleness(groups: list[Group], version: int) -> Counter[int]:
+    """Sampled tokens of ``groups`` by staleness ``version - token_version`` (trained at
+    ``version``), the per-token counterpart of the per-group ``version - oldest_version``."""
+    return Counter(version - v for g in groups for ep in g.episodes for v in ep.sampled_versions())

@@ -184,7 +184,7 @@ class RayBackend:
         actor = ray.remote(_RolloutActor).options(
             num_cpus=cfg.ray_worker_cpus, num_gpus=cfg.ray_worker_gpus
         )
-        turn_sync = cfg.weight_sync == "turn"
+        turn_sync = cfg.mid_episode_sync
         self.workers = [
             actor.remote(f"ray-{i}", make_sampler, self.store, turn_sync)
             for i in range(cfg.num_workers)

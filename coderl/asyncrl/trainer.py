@@ -6,7 +6,9 @@
   one rollout = ``rollout.group_size`` episodes of each of its jobs' tasks through ``env.rollout``
   (the harness), scored by :func:`coderl.train.pipeline.score` (grading, failure attribution,
   rewards). Weights are picked up between turns by wrapping the policy: every ``generate`` call
-  (one turn of the rollout's episodes) first asks for newer weights when ``weight_sync="turn"``.
+  (one turn of the rollout's episodes) first asks for newer weights when ``weight_sync="turn"``
+  or ``inflight.enabled``, and with ``inflight.enabled`` again every ``inflight.chunk_tokens``
+  decode steps inside the call (in-flight weight updates; torch engine only).
 - :class:`TrainLearner` (a :class:`Learner`): :func:`coderl.train.pipeline.make_batch` (advantages
   by group, masked episodes left out) and :func:`coderl.train.step.train_step`, whose importance
   weights (``algorithm.importance``, ``algorithm.old_logp="trainer"``) correct for staleness with
@@ -72,6 +74,11 @@ def check_supported(cfg: Config) -> None:
     if cfg.dynamic_sampling.mode != "off":
         raise ValueError("dynamic_sampling is not supported by train-async; set it to 'off'")
     a = cfg.async_
+    if cfg.engine.kind == "vllm" and a.inflight.enabled:
+        raise ValueError(
+            "async.inflight.enabled with engine.kind=vllm: in-flight weight updates are "
+            "implemented by the torch engine only; set engine.kind=torch or turn inflight off"
+        )
     if cfg.engine.kind == "vllm" and (a.backend, a.local_mode) != ("local", "thread"):
         raise ValueError(
             f"engine.kind=vllm with async.backend={a.backend} (local_mode={a.local_mode}): the "
@@ -95,11 +102,16 @@ def resolve(cfg: Config) -> AsyncConfig:
 
 class _TurnSyncPolicy:
     """The worker's sampler as the harness sees it: each ``generate`` (one turn) first calls
-    ``between_turns``, which loads newer weights when turn-level sync is on; anything else
-    (the tokenizer) comes from the worker's policy."""
+    ``between_turns``, which loads newer weights when turn-level sync (or in-flight updates)
+    is on; with ``chunk_tokens > 0`` (``async.inflight``) it is also called between decode
+    chunks of the turn (:meth:`coderl.policy.local.LocalPolicy.generate`). Anything else (the
+    tokenizer) comes from the worker's policy."""
 
-    def __init__(self, sampler: Any, policy: Any, between_turns: BetweenTurns) -> None:
+    def __init__(
+        self, sampler: Any, policy: Any, between_turns: BetweenTurns, chunk_tokens: int = 0
+    ) -> None:
         self._sampler, self._policy, self._between_turns = sampler, policy, between_turns
+        self._chunk_tokens = chunk_tokens
 
     @property
     def version(self) -> int:
@@ -107,8 +119,17 @@ class _TurnSyncPolicy:
 
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Completion]:
         self._between_turns()
-        out: list[Completion] = self._sampler.generate(prompts, params)
-        return out
+        if not self._chunk_tokens:
+            out: list[Completion] = self._sampler.generate(prompts, params)
+            return out
+        return list(
+            self._sampler.generate(
+                prompts,
+                params,
+                between_chunks=self._between_turns,
+                chunk_tokens=self._chunk_tokens,
+            )
+        )
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._policy, name)
@@ -151,7 +172,9 @@ class EnvSampler:
         cfg, G = self.cfg, self.cfg.rollout.group_size
         tasks = [j.task for j in jobs]
         params = P.sampling_params(cfg, jobs[0].seed)
-        policy = _TurnSyncPolicy(self.client or self.policy, self.policy, between_turns)
+        inflight = cfg.async_.inflight
+        chunk = inflight.chunk_tokens if inflight.enabled else 0
+        policy = _TurnSyncPolicy(self.client or self.policy, self.policy, between_turns, chunk)
         records = self.env.rollout(policy, tasks, params, G)
         owners = [t for t in tasks for _ in range(G)]
         keys = [P.group_key(j.task_id, j.index) for j in jobs for _ in range(G)]
@@ -295,6 +318,8 @@ def train_async(
         ensure_new_run(run_dir)
         run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / "config.yaml").write_text(dump_config(cfg.model_copy(update={"async_": acfg})))
+    workers_cfg = cfg.model_copy(update={"async_": acfg})  # the section the runner reads
+    check_supported(workers_cfg)  # here, not first inside a worker
     learner = TrainLearner(cfg)
     run = learner.run
 
@@ -312,7 +337,7 @@ def train_async(
     try:
         shared = run.engine if cfg.engine.kind == "vllm" else None  # the workers' one server
         runner = AsyncRunner(
-            acfg, learner, _SamplerFactory(cfg, shared), run.sampler.at, seed=cfg.seed,
+            acfg, learner, _SamplerFactory(workers_cfg, shared), run.sampler.at, seed=cfg.seed,
             on_step=on_step,
         )  # fmt: skip
         if resume:

@@ -9,6 +9,20 @@ from pydantic import Field, ValidationError, model_validator
 from coderl.config._base import ConfigError, _error_message, _Section
 
 
+class InflightConfig(_Section):
+    """In-flight weight updates (AReaL's interruptible rollouts, slime's partial rollouts): a
+    running completion picks up newer weights between decode chunks."""
+
+    enabled: bool = False
+    """Off: a completion is sampled start to end with the weights it started with. On: after
+    every ``chunk_tokens`` sampled tokens the worker loads the newest published weights (if
+    newer) and the engine recomputes the KV cache of the context so far under them; every token
+    keeps the version that sampled it. Also syncs between turns (as ``weight_sync="turn"``).
+    Supported by the local torch engine (``engine.kind=torch``) only."""
+    chunk_tokens: int = Field(64, ge=1)
+    """Sampled tokens per decode chunk; weights can change only at a chunk boundary."""
+
+
 class AsyncConfig(_Section):
     """``coderl train-async``: rollout workers decoupled from the trainer, bounded staleness."""
 
@@ -40,6 +54,8 @@ class AsyncConfig(_Section):
     weight_sync: Literal["episode", "turn"] = "episode"
     """When workers pick up new weights: ``"episode"`` (before each rollout) or ``"turn"`` (also
     between turns of a running episode; tokens then carry several versions)."""
+    inflight: InflightConfig = Field(default_factory=InflightConfig)
+    """In-flight weight updates between decode chunks of a running completion."""
     poll_s: float = Field(0.05, gt=0)
     """Longest the trainer blocks waiting for one result before re-checking (seconds)."""
     ray_address: str | None = None
@@ -61,6 +77,12 @@ class AsyncConfig(_Section):
         if g is not None and r is not None and g % r:
             raise ValueError(f"async.tasks_per_rollout={r} must divide async.groups_per_step={g}")
         return self
+
+    @property
+    def mid_episode_sync(self) -> bool:
+        """Whether workers pick up new weights inside a running episode (between turns, and with
+        ``inflight.enabled`` also between decode chunks)."""
+        return self.weight_sync == "turn" or self.inflight.enabled
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> AsyncConfig:

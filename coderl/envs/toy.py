@@ -75,7 +75,7 @@ class ToyEnvironment:
             check_finish_reason(c)  # "truncated" below must not guess
             seg = Segment()
             seg.append_context(prompts[i], kind="prompt")
-            seg.append_sampled(c.token_ids, c.logprobs, c.policy_version)
+            seg.append_sampled(c.token_ids, c.logprobs, c.versions())
             episodes.append(
                 EpisodeRecord(
                     task_id=tasks[i // group_size].id,

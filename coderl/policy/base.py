@@ -41,10 +41,29 @@ class Completion:
     raises at construction and again where completions are consumed (the field may be
     reassigned), see :func:`check_finish_reason`."""
     policy_version: int = 0
-    """Weight version that produced these tokens."""
+    """Weight version the completion started with (that produced its first token)."""
+    token_versions: list[int] = field(default_factory=list)
+    """Weight version that produced each sampled token, aligned with ``token_ids``; it changes
+    inside a completion only with in-flight weight updates (``between_chunks`` of
+    :meth:`coderl.policy.engine.TorchEngine.generate`). Empty: every token carries
+    ``policy_version`` (engines that never swap weights mid-completion leave it so)."""
 
     def __post_init__(self) -> None:
         check_finish_reason(self)  # at construction too: an engine adapter fails where it maps
+
+    def versions(self) -> list[int]:
+        """The weight version of every sampled token (``[len(token_ids)]`` ints).
+
+        Raises:
+            ValueError: ``token_versions`` is set but not aligned with ``token_ids``.
+        """
+        if not self.token_versions:
+            return [self.policy_version] * len(self.token_ids)
+        if len(self.token_versions) != len(self.token_ids):
+            raise ValueError(
+                f"{len(self.token_ids)} sampled tokens but {len(self.token_versions)} versions"
+            )
+        return list(self.token_versions)
 
 
 FINISH_REASONS = ("stop", "length")

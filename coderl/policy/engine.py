@@ -41,6 +41,10 @@ from coderl.policy.base import Completion, SamplingParams
 from coderl.policy.kvcache import HFCacheBackend, StaticCacheBackend, supports_static
 from coderl.policy.prefixcache import PrefixCache, weights_state
 
+BetweenChunks = Callable[[], int]
+"""Called by :meth:`TorchEngine.generate` between decode chunks: may load newer weights into the
+engine's model (in place) and returns the version the model now carries."""
+
 
 class Backend(Protocol):
     """One sampling call's model runner (see :mod:`coderl.policy.kvcache`)."""
@@ -164,16 +168,36 @@ class TorchEngine:
 
     @torch.no_grad()
     def generate(
-        self, prompts: list[list[int]], params: SamplingParams, *, version: int = 0
+        self,
+        prompts: list[list[int]],
+        params: SamplingParams,
+        *,
+        version: int = 0,
+        between_chunks: BetweenChunks | None = None,
+        chunk_tokens: int = 0,
     ) -> list[Completion]:
         """Sample one completion per prompt; see :class:`coderl.policy.base.Engine`.
 
+        In-flight weight updates (AReaL's interruptible generation, Fu et al. 2025, Sec. 4.1):
+        with ``between_chunks`` and ``chunk_tokens > 0``, after every ``chunk_tokens`` decode
+        steps with rows still running, ``between_chunks()`` is called; it may change the model's
+        weights in place and returns the version they now carry. When that differs from the
+        current one, the KV cache of every running row (its prompt and the tokens sampled so
+        far) is recomputed under the new weights by a fresh prefill, and sampling continues from
+        its logits with the same RNG stream. Each token's logprob is then the logprob under the
+        weights that sampled it, and ``Completion.token_versions`` records their version. A
+        boundary that returns the same version changes nothing: the tokens and logprobs are
+        those of an unchunked call.
+
         Raises:
-            ValueError: an empty prompt list or prompt, or out-of-range ``params``.
+            ValueError: an empty prompt list or prompt, out-of-range ``params`` or a negative
+                ``chunk_tokens``.
         """
         check_params(params)
         if not prompts or any(len(p) == 0 for p in prompts):
             raise ValueError("generate needs a non-empty list of non-empty prompts")
+        if chunk_tokens < 0:
+            raise ValueError(f"chunk_tokens must be >= 0, got {chunk_tokens}")
         device = next(self.model.parameters()).device
         gen = None
         if params.seed is not None:
@@ -183,20 +207,16 @@ class TorchEngine:
         stop = stop.to(device)
 
         run = BACKENDS[self.backend](self.model, self.pad_token_id, params.max_new_tokens)
-        cache = self.prefix_cache
-        if cache is not None:
-            cache.validate(weights_state(self.model, version))
-        logits = run.start(prompts, cache)  # (B, V)
-        self.prefill_stats["prefilled_tokens"] += run.prefilled
-        self.prefill_stats["reused_tokens"] += run.reused
-        self.prefill_stats["prompt_tokens"] += sum(len(p) for p in prompts)
+        logits = self._start(run, prompts, version)  # (B, V)
         rows = torch.arange(len(prompts), device=device)  # original index of each active row
         out = [Completion(policy_version=version) for _ in prompts]
+        cache = self.prefix_cache
         for step in range(params.max_new_tokens):
             tok, lp = sample_next(logits, params.temperature, params.top_p, gen)
             for r, t, x in zip(rows.tolist(), tok.tolist(), lp.tolist(), strict=True):
                 out[r].token_ids.append(t)
                 out[r].logprobs.append(x)
+                out[r].token_versions.append(version)
             stopped = torch.isin(tok, stop)  # (b,)
             if step + 1 == params.max_new_tokens:
                 for r, s in zip(rows.tolist(), stopped.tolist(), strict=True):
@@ -212,8 +232,29 @@ class TorchEngine:
                 keep = (~stopped).nonzero().squeeze(-1)
                 run.drop(keep)
                 rows, tok = rows[keep], tok[keep]
-            logits = run.step(tok)
+            new = version
+            if between_chunks is not None and chunk_tokens and (step + 1) % chunk_tokens == 0:
+                new = between_chunks()  # a chunk boundary: newer weights may come in
+            if new == version:
+                logits = run.step(tok)
+                continue
+            version, left = new, params.max_new_tokens - step - 1
+            run = BACKENDS[self.backend](self.model, self.pad_token_id, left)
+            so_far = [prompts[r] + out[r].token_ids for r in rows.tolist()]
+            logits = self._start(run, so_far, version)  # the KV recomputed under the new weights
         return out
+
+    def _start(self, run: Backend, prompts: list[list[int]], version: int) -> Tensor:
+        """Prefill ``prompts`` with ``run`` (reading the prefix cache, first emptied if the
+        weights changed) and count the tokens; returns the next-token logits ``[B, V]``."""
+        cache = self.prefix_cache
+        if cache is not None:
+            cache.validate(weights_state(self.model, version))
+        logits = run.start(prompts, cache)  # (B, V)
+        self.prefill_stats["prefilled_tokens"] += run.prefilled
+        self.prefill_stats["reused_tokens"] += run.reused
+        self.prefill_stats["prompt_tokens"] += sum(len(p) for p in prompts)
+        return logits
 
     @staticmethod
     def _keep(

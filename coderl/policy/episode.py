@@ -142,7 +142,7 @@ class EpisodeBuilder:
             raise RuntimeError("add_observation must follow each completion")
         check_finish_reason(completion)
         self.segment.append_sampled(
-            completion.token_ids, completion.logprobs, completion.policy_version
+            completion.token_ids, completion.logprobs, completion.versions()
         )
         self.segment.provenance.setdefault("actions", []).append(
             {"finish_reason": completion.finish_reason, "version": completion.policy_version}

@@ -22,6 +22,7 @@ same function.
 from __future__ import annotations
 
 import copy
+import functools
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -35,7 +36,7 @@ from coderl import algorithms as A
 from coderl.config import EngineConfig
 from coderl.policy.base import Completion, SamplingParams
 from coderl.policy.batch import TrainBatch, collate
-from coderl.policy.engine import TorchEngine
+from coderl.policy.engine import BetweenChunks, TorchEngine
 from coderl.policy.forward import forward
 from coderl.policy.precision import LowPrecisionSampler, resolve_precision
 from coderl.trajectory import Segment
@@ -222,17 +223,42 @@ class LocalPolicy:
 
     # --- sampling -------------------------------------------------------------------------
 
-    def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Completion]:
+    def generate(
+        self,
+        prompts: list[list[int]],
+        params: SamplingParams,
+        *,
+        between_chunks: BetweenChunks | None = None,
+        chunk_tokens: int = 0,
+    ) -> list[Completion]:
         """Sample one completion per token-id prompt with the current weights.
 
         Every completion carries ``policy_version = self.version``; see
         :class:`~coderl.policy.engine.TorchEngine` for the logprob and finish-reason contract.
         With a bf16 sampler the copy first takes up any trainable weight that changed.
+
+        In-flight weight updates: every ``chunk_tokens`` decode steps ``between_chunks()`` runs;
+        it may load new weights into this policy (and set :attr:`version`), the bf16 copy then
+        takes them up, and the engine recomputes the running rows' KV cache under them
+        (:meth:`TorchEngine.generate`); tokens carry their version in
+        ``Completion.token_versions``.
         """
         if self.low_precision is not None:
             self.low_precision.refresh(force=self.version != self._sampled_version)
         self._sampled_version = self.version
-        return self.engine.generate(prompts, params, version=self.version)
+        swap = None if between_chunks is None else functools.partial(self._swap, between_chunks)
+        return self.engine.generate(
+            prompts, params, version=self.version, between_chunks=swap, chunk_tokens=chunk_tokens
+        )
+
+    def _swap(self, between_chunks: BetweenChunks) -> int:
+        """A chunk boundary: ``between_chunks`` may load new weights; the bf16 copy takes them
+        up; returns the version sampling continues with."""
+        between_chunks()
+        if self.low_precision is not None and self.version != self._sampled_version:
+            self.low_precision.refresh(force=True)
+        self._sampled_version = self.version
+        return self.version
 
     # --- trainer side ---------------------------------------------------------------------
 
@@ -333,7 +359,7 @@ class LocalPolicy:
             for p, c in pairs[i : i + batch_size]:
                 seg = Segment()
                 seg.append_context(list(p), kind="prompt")
-                seg.append_sampled(c.token_ids, c.logprobs, c.policy_version)
+                seg.append_sampled(c.token_ids, c.logprobs, c.versions())
                 segs.append(seg)
             batch = collate(segs, self.pad_token_id).to(self.device)
             lp = forward(self.model, batch, temperature=temperature).logp  # (b, T)
