@@ -25,7 +25,7 @@ from coderl.config._base import ConfigError, _error_message, _Section
 from coderl.config.asyncrl import AsyncConfig
 from coderl.config.online import OnlineConfig
 from coderl.config.synth import CurriculumConfig, SynthConfig
-from coderl.config.trainer import TrainerConfig
+from coderl.config.trainer import DistributedConfig, TrainerConfig
 from coderl.graders.settings import GradersConfig, JudgeConfig, RMConfig
 
 
