@@ -25,7 +25,8 @@ from coderl.config._base import ConfigError, _error_message, _Section
 from coderl.config.asyncrl import AsyncConfig
 from coderl.config.online import OnlineConfig
 from coderl.config.synth import CurriculumConfig, SynthConfig
-from coderl.config.trainer import DistributedConfig, TrainerConfig
+from coderl.config.trainer import DistributedConfig as DistributedConfig  # re-export
+from coderl.config.trainer import TrainerConfig
 from coderl.graders.settings import GradersConfig, JudgeConfig, RMConfig
 
 

@@ -31,15 +31,26 @@ are sharded per layer.
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from safetensors.torch import save_file
 from torch import Tensor, nn
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_state_dict,
+    set_state_dict,
+)
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import FSDPModule, fully_shard
 
@@ -48,6 +59,7 @@ from coderl.policy.batch import TrainBatch
 from coderl.policy.forward import ForwardOut, forward
 from coderl.policy.kvcache import causal_lm
 from coderl.train.batch import StepBatch
+from coderl.train.checkpoint import CKPT_PREFIX, list_checkpoints, rng_state, set_rng_state
 from coderl.train.step import DataParallel, train_step
 
 
@@ -111,9 +123,7 @@ class ShardedPolicy(nn.Module):
         return ForwardOut(logp=logp, entropy=entropy, values=values)
 
 
-def shard_policy(
-    model: nn.Module, value_head: nn.Module | None, mesh: DeviceMesh
-) -> ShardedPolicy:
+def shard_policy(model: nn.Module, value_head: nn.Module | None, mesh: DeviceMesh) -> ShardedPolicy:
     """Shard ``model`` (and ``value_head``) in place over ``mesh``: each decoder layer one FSDP
     unit, the root :class:`ShardedPolicy` the rest; gradients are summed, not averaged (see
     the module docstring). Build the optimizer *after* this: the parameters are replaced by
@@ -130,6 +140,10 @@ def shard_policy(
         fully_shard(layer, mesh=mesh)
     root = ShardedPolicy(model, value_head)
     fully_shard(root, mesh=mesh)
+    # FSDP picks its root at the first forward it sees; a direct call of a layer (the sampler,
+    # the LoRA reference under gathered()) before any root forward would make each layer a
+    # root of its own, so initialise now (FSDP's own lazy init, which no public call exposes)
+    root._get_fsdp_state()._lazy_init()  # type: ignore[operator]
     for m in root.modules():
         if isinstance(m, FSDPModule):
             m.set_gradient_divide_factor(1.0)
@@ -152,7 +166,7 @@ def gathered(root: ShardedPolicy) -> Iterator[None]:
     finally:
         for m in units:
             m.reshard()
-        for m in units[:-1]:  # decoder layers; the root (last) keeps FSDP's own False
+        for m in units[1:]:  # decoder layers; the root (first) keeps FSDP's own False
             m.set_reshard_after_forward(True, recurse=False)
 
 
@@ -172,23 +186,25 @@ def _all_reduce(value: float, op: dist.ReduceOp.RedOpType) -> float:
 
 
 # metric name -> how the ranks' values combine: losses were scaled by global shares (sum),
-# maxima by max, everything else is a mean over this rank's sampled tokens (token-weighted)
+# maxima by max, everything else is a mean over each rank's sampled tokens (token-weighted)
 _SUMMED = ("loss", "pg_loss", "kl", "entropy", "value_loss")
 
 
 def _reduce_metrics(metrics: dict[str, float], tokens: float) -> dict[str, float]:
-    """The ranks' step metrics combined (see ``_SUMMED``); ``tokens``: this rank's sampled
-    tokens. Every rank must call it with the same keys (a collective per key)."""
-    total = _all_reduce(tokens, dist.ReduceOp.SUM)
-    out = {}
-    for k in sorted(metrics):
-        v = metrics[k]
+    """The ranks' step metrics combined (see ``_SUMMED``; a rank without rows may lack keys);
+    ``tokens``: this rank's sampled tokens. Every rank calls it (one all-gather)."""
+    parts: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(parts, (metrics, tokens))
+    total = sum(t for _, t in parts)
+    out: dict[str, float] = {}
+    for k in sorted({k for m, _ in parts for k in m}):
+        have = [(m[k], t) for m, t in parts if k in m]
         if k in _SUMMED:
-            out[k] = _all_reduce(v, dist.ReduceOp.SUM)
+            out[k] = sum(v for v, _ in have)
         elif k.endswith("_max"):
-            out[k] = _all_reduce(v, dist.ReduceOp.MAX)
+            out[k] = max(v for v, _ in have)
         else:
-            out[k] = _all_reduce(v * tokens, dist.ReduceOp.SUM) / max(total, 1.0)
+            out[k] = sum(v * t for v, t in have) / max(total, 1.0)
     return out
 
 
@@ -238,3 +254,104 @@ def sharded_train_step(
     m = _reduce_metrics(m, float(share.loss_mask.sum()))
     m.update(fixed, sequences=float(batch.size), trained_tokens=float(batch.loss_mask.sum()))
     return m
+
+
+# --- distributed checkpoints (torch.distributed.checkpoint) ---------------------------------
+
+DCP_DIR = "dcp"
+"""The DCP folder inside a checkpoint directory of a sharded run."""
+_FROZEN = {"ignore_frozen_params": True}  # trainable weights and their optimizer state only
+_OPTIONS = StateDictOptions(**_FROZEN)
+
+
+def save_sharded_checkpoint(
+    run_dir: str | Path,
+    step: int,
+    *,
+    root: ShardedPolicy,
+    optimizer: torch.optim.Optimizer,
+    scheduler: torch.optim.lr_scheduler.LRScheduler,
+    state: dict[str, Any],
+    keep: int = 2,
+) -> Path:
+    """Write checkpoint ``step`` of a sharded run; every rank calls it (collectives).
+
+    ``dcp/`` holds the trainable weights and the optimizer state as DCP shards
+    (``torch.distributed.checkpoint.save`` of
+    ``torch.distributed.checkpoint.state_dict.get_state_dict``, frozen weights left out), so a
+    run with another world size reads it back (DCP reshards on load). Rank 0 also writes what
+    :func:`coderl.train.checkpoint.save_checkpoint` writes apart from the optimizer:
+    ``trainable.safetensors`` and ``value_head.safetensors`` (gathered full tensors, for
+    ``coderl eval`` and export), ``scheduler.pt``, ``rng.pt`` (rank 0's RNG states: the ranks
+    run the same rollouts from the same seeds) and ``state.json`` (with ``world_size``). Written
+    into a temporary directory and renamed into place, as the single-process checkpoint is.
+
+    Returns:
+        The checkpoint directory.
+    """
+    root_dir = Path(run_dir) / "checkpoints"
+    final = root_dir / f"{CKPT_PREFIX}{step:06d}"
+    tmp = root_dir / f".tmp-{final.name}"
+    rank0 = dist.get_rank() == 0
+    if rank0:
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+    dist.barrier()
+    model_sd, optim_sd = get_state_dict(root, optimizer, options=_OPTIONS)
+    dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(tmp / DCP_DIR))
+    full = get_model_state_dict(
+        root, options=StateDictOptions(full_state_dict=True, cpu_offload=True, **_FROZEN)
+    )
+    if rank0:
+        parts = {"model.": {}, "value_head.": {}}  # root's attribute -> its tensors
+        for name, t in full.items():
+            prefix = "model." if name.startswith("model.") else "value_head."
+            parts[prefix][name.removeprefix(prefix)] = t.contiguous()
+        save_file(parts["model."], str(tmp / "trainable.safetensors"))
+        if parts["value_head."]:
+            save_file(parts["value_head."], str(tmp / "value_head.safetensors"))
+        torch.save(scheduler.state_dict(), tmp / "scheduler.pt")
+        torch.save(rng_state(), tmp / "rng.pt")
+        body = {**state, "step": step, "world_size": dist.get_world_size()}
+        (tmp / "state.json").write_text(json.dumps(body, indent=1))
+        shutil.rmtree(final, ignore_errors=True)
+        tmp.rename(final)
+        for old in list_checkpoints(run_dir)[:-keep]:
+            shutil.rmtree(old, ignore_errors=True)
+    dist.barrier()
+    return final
+
+
+def load_sharded_checkpoint(
+    path: str | Path,
+    *,
+    root: ShardedPolicy,
+    optimizer: torch.optim.Optimizer,
+    scheduler: torch.optim.lr_scheduler.LRScheduler,
+    restore_rng: bool = True,
+) -> dict[str, Any]:
+    """Restore what :func:`save_sharded_checkpoint` wrote, at any world size (the sharded
+    weights and optimizer state through ``torch.distributed.checkpoint.load`` and
+    ``set_state_dict``; scheduler, RNG and ``state.json`` on every rank); every rank calls it.
+
+    Raises:
+        FileNotFoundError: ``path`` holds no complete sharded checkpoint.
+    """
+    path = Path(path)
+    if not (path / "state.json").is_file() or not (path / DCP_DIR).is_dir():
+        raise FileNotFoundError(f"{path} is not a complete sharded checkpoint (state.json, dcp/)")
+    model_sd, optim_sd = get_state_dict(root, optimizer, options=_OPTIONS)
+    loaded = {"model": model_sd, "optim": optim_sd}
+    dcp.load(loaded, checkpoint_id=str(path / DCP_DIR))
+    set_state_dict(
+        root,
+        optimizer,
+        model_state_dict=loaded["model"],
+        optim_state_dict=loaded["optim"],
+        options=_OPTIONS,
+    )
+    scheduler.load_state_dict(torch.load(path / "scheduler.pt", weights_only=False))
+    if restore_rng:
+        set_rng_state(torch.load(path / "rng.pt", weights_only=False))
+    out: dict[str, Any] = json.loads((path / "state.json").read_text())
+    return out

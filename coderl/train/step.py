@@ -203,7 +203,10 @@ def accumulate_gradients(
     full = sum(_normalisers(masks.get(i, mb.loss_mask))[by] for i, mb in micro_batches())
     if dp is not None:
         full = dp.all_sum(full)
-    passes = 0  # forward + backward passes run (a sharded step pads them to the ranks' max)
+        # the passes to run: every rank the same count (each pass is a sharded collective),
+        # known before the first one; the real ones first, then zero-loss fillers
+        real = sum(_normalisers(masks.get(i, mb.loss_mask))[by] > 0 for i, mb in micro_batches())
+        fillers = dp.all_max(real) - real
     totals = _Totals()
     gap_parts: list[tuple[Tensor, Tensor]] = []  # (trainer, behaviour) logprobs of sampled tokens
     for i, mb in micro_batches():
@@ -224,9 +227,8 @@ def accumulate_gradients(
         before = old if cfg.old_logp == "trainer" else out.logp.detach()
         gap_parts.append((before[sampled], mb.tokens.behavior_logprobs[sampled]))
         totals.add(m, n, share)
-        passes += 1
     if dp is not None:
-        for _ in range(dp.all_max(passes) - passes):
+        for _ in range(fillers):
             _zero_backward(run(dp.filler))
     return _batch_metrics(totals, batch, masks, gap_parts)
 
@@ -275,16 +277,18 @@ def _rejection_masks(
     ``cache`` (the trainer logprobs before the update) first; this costs one extra forward in
     mask mode only. Sharded (``dp``), the ranks' forward counts are padded to agree."""
     masks = {}
-    forwards = 0
-    for i, mb in micro_batches:
+    mbs = list(micro_batches)
+    fillers = 0
+    if dp is not None:  # the same forward count on every rank, known before the first one
+        forwards = sum(i not in cache for i, _ in mbs)
+        fillers = dp.all_max(forwards) - forwards
+    for i, mb in mbs:
         if i not in cache:
             cache[i] = run(mb).logp
-            forwards += 1
         w = behaviour_importance(cfg, cache[i], mb)
         masks[i] = mb.loss_mask * (w > 0)
-    if dp is not None:
-        for _ in range(dp.all_max(forwards) - forwards):
-            run(dp.filler)
+    for _ in range(fillers):
+        run(dp.filler)  # type: ignore[union-attr]
     return masks
 
 
