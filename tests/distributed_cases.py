@@ -142,12 +142,14 @@ def step_case(case: str, *, shard: bool) -> dict[str, Any]:
     opt, sched = _optimizer(policy, head, alg, trainer)
     named = _named(policy, head)
     grads = _capture_grads(opt, named)
+    before = {n: _full(p) for n, p in named.items()}
     kw: dict[str, Any] = {"temperature": 1.0, "max_len": 20}
     if shard:
         m = sharded_train_step(root, opt, sched, b, alg, trainer, **kw)
     else:
         m = train_step(policy.model, opt, sched, b, alg, trainer, value_head=head, **kw)
-    return {"metrics": m, "grads": grads, "weights": {n: _full(p) for n, p in named.items()}}
+    after = {n: _full(p) for n, p in named.items()}
+    return {"metrics": m, "grads": grads, "weights": after, "before": before}
 
 
 # --- checkpoints: the PPO case (LoRA + value head, two optimizer groups), two steps ----------

@@ -348,7 +348,9 @@ def load_sharded_checkpoint(
         optimizer,
         model_state_dict=loaded["model"],
         optim_state_dict=loaded["optim"],
-        options=_OPTIONS,
+        # frozen weights are not in the checkpoint (they come from the model's source); every
+        # trainable key is, or dcp.load above raised
+        options=StateDictOptions(strict=False, **_FROZEN),
     )
     scheduler.load_state_dict(torch.load(path / "scheduler.pt", weights_only=False))
     if restore_rng:
