@@ -303,10 +303,13 @@ def save_sharded_checkpoint(
         root, options=StateDictOptions(full_state_dict=True, cpu_offload=True, **_FROZEN)
     )
     if rank0:
-        parts = {"model.": {}, "value_head.": {}}  # root's attribute -> its tensors
+        # the names of coderl.train.checkpoint.trainable_state: a tied weight once
+        names = {n for n, p in root.named_parameters() if p.requires_grad}
+        parts: dict[str, dict[str, Tensor]] = {"model.": {}, "value_head.": {}}
         for name, t in full.items():
-            prefix = "model." if name.startswith("model.") else "value_head."
-            parts[prefix][name.removeprefix(prefix)] = t.contiguous()
+            if name in names:
+                prefix = "model." if name.startswith("model.") else "value_head."
+                parts[prefix][name.removeprefix(prefix)] = t.contiguous().clone()
         save_file(parts["model."], str(tmp / "trainable.safetensors"))
         if parts["value_head."]:
             save_file(parts["value_head."], str(tmp / "value_head.safetensors"))
