@@ -14,10 +14,14 @@ AdamW step to 1e-3 of its norm (see :func:`_assert_same_update`).
 
 from __future__ import annotations
 
+import json
 import os
 import socket
+import subprocess
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -25,6 +29,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 from distributed_cases import CASES, Trainer, resume_outcome, step_case, two_rank_worker
+
+from coderl.train.metrics import read_jsonl
 
 
 def _free_port() -> int:
@@ -172,3 +178,34 @@ def test_resuming_without_the_optimizer_state_would_differ(outcomes):
         fresh.train()
         gap = max(float((fresh.weights()[n] - w).abs().max()) for n, w in t.weights().items())
     assert gap > 1e-4
+
+
+REPO = Path(__file__).resolve().parent.parent
+TOY = ["configs/toy.yaml", "progress=false", "tensorboard=false", "eval.before_after=false"]
+
+
+def _coderl(args: list[str], nproc: int | None) -> None:
+    """``coderl ARGS`` in a subprocess, under ``torchrun --nproc-per-node nproc`` if given."""
+    launch = ["-m", "torch.distributed.run", f"--nproc-per-node={nproc}"] if nproc else []
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, *launch, "-m", "coderl", *args, "--no-report"]
+    subprocess.run(cmd, cwd=REPO, env=env, check=True, capture_output=True, timeout=240)
+
+
+def test_coderl_train_under_torchrun_equals_one_process_and_resumes_on_one_rank(tmp_path):
+    # configs/toy.yaml (full fine-tuning, 2 tasks x G=8): two steps on two ranks, checkpoint
+    # every step, then step 3 resumed on one rank, against one plain process throughout
+    steps = ["trainer.checkpoint_every=1", "trainer.distributed.enabled=true"]
+    sharded, plain = tmp_path / "sharded", tmp_path / "plain"
+    _coderl(["train", *TOY, "trainer.steps=2", f"run_dir={sharded}", *steps], nproc=2)
+    assert (sharded / "checkpoints" / "step-000002" / "dcp" / ".metadata").is_file()
+    _coderl(["train", "--resume", str(sharded), "trainer.steps=3"], nproc=1)
+    _coderl(["train", *TOY, "trainer.steps=3", f"run_dir={plain}"], nproc=None)
+    got, want = (read_jsonl(d / "metrics.jsonl") for d in (sharded, plain))
+    assert [r["step"] for r in got] == [r["step"] for r in want] == [1, 2, 3]
+    for g, w in zip(got, want, strict=True):
+        assert g["reward/mean"] == w["reward/mean"]  # the same rollouts
+        for k in ("loss", "grad_norm", "trained_tokens"):
+            assert g[k] == pytest.approx(w[k], rel=1e-4, abs=1e-6), (g["step"], k)
+    state = json.loads((sharded / "checkpoints" / "step-000003" / "state.json").read_text())
+    assert state["world_size"] == 1 and state["step"] == 3
