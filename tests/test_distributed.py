@@ -28,7 +28,15 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from distributed_cases import CASES, Trainer, resume_outcome, step_case, two_rank_worker
+from distributed_cases import (
+    CASES,
+    RESUME_CASE,
+    Trainer,
+    resume_outcome,
+    setup,
+    step_case,
+    two_rank_worker,
+)
 
 from coderl.train.metrics import read_jsonl
 
@@ -209,3 +217,16 @@ def test_coderl_train_under_torchrun_equals_one_process_and_resumes_on_one_rank(
             assert g[k] == pytest.approx(w[k], rel=1e-4, abs=1e-6), (g["step"], k)
     state = json.loads((sharded / "checkpoints" / "step-000003" / "state.json").read_text())
     assert state["world_size"] == 1 and state["step"] == 3
+
+
+def test_a_plain_resume_of_a_sharded_checkpoint_says_how(outcomes):
+    from coderl.train.checkpoint import latest_checkpoint, load_checkpoint
+
+    policy = setup(RESUME_CASE)[0]  # no process group: the plain, single-process path
+    opt = torch.optim.AdamW(policy.trainable_parameters())
+    with pytest.raises(ValueError, match="trainer.distributed.enabled=true under torchrun"):
+        load_checkpoint(
+            latest_checkpoint(outcomes["dir"] / "w2"), model=policy.model, optimizer=opt
+        )
+    state = load_checkpoint(latest_checkpoint(outcomes["dir"] / "w2"), model=policy.model)
+    assert state["world_size"] == 2  # the gathered weights load without the optimizer
