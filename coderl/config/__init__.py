@@ -26,6 +26,7 @@ from coderl.config.asyncrl import AsyncConfig
 from coderl.config.online import OnlineConfig
 from coderl.config.rollout import RolloutConfig
 from coderl.config.synth import CurriculumConfig, SynthConfig
+from coderl.config.trainer import DistributedConfig as DistributedConfig  # re-export
 from coderl.config.trainer import TrainerConfig
 from coderl.graders.settings import GradersConfig, JudgeConfig, RMConfig
 

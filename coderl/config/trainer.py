@@ -9,6 +9,18 @@ from pydantic import Field
 from coderl.config._base import _Section
 
 
+class DistributedConfig(_Section):
+    """Sharded data-parallel training on FSDP2 (:mod:`coderl.train.distributed`)."""
+
+    enabled: bool = False
+    """Shard the trainer over the processes ``torchrun`` started (world size, rank and
+    rendezvous come from its environment: ``WORLD_SIZE``, ``RANK``, ``MASTER_ADDR``...); each
+    rank takes its share of the rows of every step's batch. Off: one process."""
+    backend: Literal["auto", "gloo", "nccl"] = "auto"
+    """The ``torch.distributed`` backend: ``auto`` is ``nccl`` when the trainer device is CUDA,
+    else ``gloo`` (CPU)."""
+
+
 class TrainerConfig(_Section):
     steps: int = Field(20, ge=1)
     """Training steps (one optimizer step each, per update epoch)."""
@@ -51,3 +63,5 @@ class TrainerConfig(_Section):
     """Write a checkpoint every N steps (and at the end)."""
     keep_checkpoints: int = Field(2, ge=1)
     """Checkpoints kept on disk (the oldest are deleted)."""
+    distributed: DistributedConfig = Field(default_factory=DistributedConfig)
+    """Sharded training over several processes (FSDP2); see docs/scaling.md."""

@@ -48,6 +48,7 @@ def forward(
     entropy_grad: bool = False,
     pack: bool = False,
     checkpoint: bool = False,
+    share_prefix: bool = True,
 ) -> ForwardOut:
     """Per-token logprobs (tempered, as sampled), entropies and values of a causal LM.
 
@@ -78,6 +79,9 @@ def forward(
             layers' activations are recomputed in the backward instead of kept; the same
             gradient. Unpacked, it turns off the shared-prefix KV path (a cache written inside a
             recomputed layer would be written twice); packed, the prefix is still run once.
+        share_prefix: allow the unpacked shared-prefix path (two decoder calls per forward);
+            False runs every unpacked forward as one decoder call, which a sharded trainer
+            needs (each call of a sharded layer is a collective that every rank must make).
 
     Returns:
         :class:`ForwardOut`; ``logp`` is differentiable when grad is enabled.
@@ -102,7 +106,7 @@ def forward(
             value_head is not None,
             bf16=bf16,
             pack=pack,
-            share=pack or not checkpoint,
+            share=pack or (share_prefix and not checkpoint),
         )
     pred = pred.float()  # (N, V) logits that predicted the scored tokens
     picked = A.token_logprobs(pred, tokens.input_ids[:, 1:][scored], temperature=temperature)

@@ -160,11 +160,17 @@ def load_checkpoint(
 
     Raises:
         FileNotFoundError: ``path`` is not a complete checkpoint.
-        ValueError: the weights do not match the model.
+        ValueError: the weights do not match the model, or an optimizer is to be restored from
+            a sharded checkpoint (its weights alone load: ``coderl eval`` reads them).
     """
     path = Path(path)
     if not (path / "state.json").is_file():
         raise FileNotFoundError(f"{path} is not a complete checkpoint (no state.json)")
+    if optimizer is not None and (path / "dcp").is_dir():  # coderl.train.distributed's
+        raise ValueError(
+            f"{path} is a sharded (DCP) checkpoint: resume it with "
+            "trainer.distributed.enabled=true under torchrun (any world size, 1 included)"
+        )
     load_trainable(model, load_file(str(path / "trainable.safetensors")))
     if value_head is not None:
         load_trainable(value_head, load_file(str(path / "value_head.safetensors")))

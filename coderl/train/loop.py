@@ -42,6 +42,7 @@ from coderl.train.run import (
     Run,
     build_policy,
     close_run,
+    full_weights,
     load_sft_weights,
     optimize,
     run_eval,
@@ -135,25 +136,26 @@ def rollout(run: Run, tasks: list[Any], params: Any) -> list[Any]:
 def training_step(run: Run) -> dict[str, float]:
     """One step of the loop (see the module docstring); returns its metrics."""
     cfg = run.cfg
-    scored, metrics = collect(run, run.step)
-    turn_adv = None
-    if cfg.algorithm.advantage == "vineppo":  # grade the continuations: per-turn values
-        turn_adv, branch_metrics = turn_credit(run.env, run.policy, cfg, scored)
-        metrics.update(branch_metrics)
-    metrics.update(P.step_metrics(scored.infos, cfg))
-    for k, v in scored.rewards.counts.items():
-        metrics[f"reward/{k}"] = float(v)
-    t0 = time.perf_counter()
-    batch = P.make_batch(
-        cfg,
-        run.policy,
-        run.value_head,
-        [ep.trajectory for ep in scored.episodes],
-        scored.rewards.totals,
-        scored.rewards.valid,
-        scored.keys,
-        turn_adv,
-    )
+    with full_weights(run):  # sharded: every rank rolls out the whole batch, weights gathered
+        scored, metrics = collect(run, run.step)
+        turn_adv = None
+        if cfg.algorithm.advantage == "vineppo":  # grade the continuations: per-turn values
+            turn_adv, branch_metrics = turn_credit(run.env, run.policy, cfg, scored)
+            metrics.update(branch_metrics)
+        metrics.update(P.step_metrics(scored.infos, cfg))
+        for k, v in scored.rewards.counts.items():
+            metrics[f"reward/{k}"] = float(v)
+        t0 = time.perf_counter()
+        batch = P.make_batch(
+            cfg,
+            run.policy,
+            run.value_head,
+            [ep.trajectory for ep in scored.episodes],
+            scored.rewards.totals,
+            scored.rewards.valid,
+            scored.keys,
+            turn_adv,
+        )
     metrics.update(optimize(run, batch))
     run.policy.bump_version()  # every step is a version, with or without an update
     metrics["time/train"] = time.perf_counter() - t0
@@ -189,7 +191,7 @@ def train(cfg: Config, *, resume: bool = False, observers: Sequence[P.StepObserv
         run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / "config.yaml").write_text(dump_config(cfg))
     run = setup_run(cfg, resume=resume, load_sft=False)
-    run.observers = list(observers)
+    run.observers = list(observers) if _rank(run) == 0 else []  # one audit log per run
     try:
         _train(run, resume)
     finally:
@@ -221,9 +223,20 @@ def log_eval_with_alarm(
     return {"eval/collapse_alarm": float(check.alarm), "eval/collapse_drop": check.drop}
 
 
+def _rank(run: Run) -> int:
+    """This process's rank in a sharded run (0 in a single-process one)."""
+    if run.sharded is None:
+        return 0
+    import torch.distributed as dist
+
+    return dist.get_rank()
+
+
 def _train(run: Run, resume: bool) -> None:
     cfg, run_dir = run.cfg, Path(run.cfg.run_dir)
-    logger = MetricsLogger(run_dir, resume_step=run.step, tensorboard=cfg.tensorboard)
+    if (rank := _rank(run)) > 0:  # a sharded run's other ranks log their own view aside
+        run_dir = run_dir / "ranks" / f"rank-{rank}"
+    logger = MetricsLogger(run_dir, resume_step=run.step, tensorboard=cfg.tensorboard and not rank)
     if run.step == 0 and not resume:
         warm = Path(cfg.run_dir) / SFT_WEIGHTS
         if cfg.eval.before_after and cfg.eval.before_sft and cfg.sft.enabled and warm.is_file():

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import random
 import time
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -95,6 +96,9 @@ class Run:
     :func:`setup_run` builds it (or when built with ``engine=False``)."""
     observers: list[Any] = field(default_factory=list)
     """The :class:`coderl.train.pipeline.StepObserver` s the driver registered."""
+    sharded: Any = None
+    """The root :class:`coderl.train.distributed.ShardedPolicy` of a sharded run
+    (``trainer.distributed.enabled``), else None."""
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -116,11 +120,13 @@ def setup_run(
     torch.manual_seed(cfg.seed)
     env = build_environment(cfg)
     policy = build_policy(cfg)
-    groups: list[dict[str, Any]] = [{"params": policy.trainable_parameters()}]
     value_head = None
     if cfg.algorithm.advantage == "gae":
         torch.manual_seed(cfg.seed)
         value_head = nn.Linear(policy.model.config.hidden_size, 1).to(policy.device)
+    sharded = _shard(cfg, policy, value_head)  # before the optimizer: it takes the shards
+    groups: list[dict[str, Any]] = [{"params": policy.trainable_parameters()}]
+    if value_head is not None:
         groups.append({"params": list(value_head.parameters()), "lr": cfg.algorithm.value_lr})
     optimizer, scheduler = build_optimizer(groups, cfg.trainer)
     run = Run(
@@ -131,6 +137,7 @@ def setup_run(
         scheduler,
         build_sampler(cfg, env),
         value_head,
+        sharded=sharded,
     )
     if load_sft and not resume:
         load_sft_weights(run)  # start RL from the SFT warm start
@@ -139,6 +146,34 @@ def setup_run(
     if engine:
         run.engine = build_engine(cfg, policy)  # its first sync: the weights the run starts with
     return run
+
+
+def _shard(cfg: Config, policy: LocalPolicy, value_head: nn.Module | None) -> Any:
+    """Shard the policy and value head over the torchrun ranks when
+    ``trainer.distributed.enabled`` (:mod:`coderl.train.distributed`); None otherwise.
+
+    Raises:
+        ValueError: a sharded run with ``engine.kind`` other than ``torch``.
+    """
+    if not cfg.trainer.distributed.enabled:
+        return None
+    if cfg.engine.kind != "torch":
+        raise ValueError("trainer.distributed.enabled runs rollouts with engine.kind=torch only")
+    from coderl.train import distributed
+
+    world = distributed.init_distributed(cfg.trainer.distributed, policy.device)
+    return distributed.shard_policy(policy.model, value_head, world.mesh)
+
+
+def full_weights(run: Run) -> AbstractContextManager[None]:
+    """The block in which rollouts, reference logprobs and evaluations run: in a sharded run
+    every weight gathered (:func:`coderl.train.distributed.gathered`, on every rank), else
+    nothing to do."""
+    if run.sharded is None:
+        return nullcontext()
+    from coderl.train.distributed import gathered
+
+    return gathered(run.sharded)
 
 
 def close_run(run: Run) -> None:
@@ -162,6 +197,19 @@ def save(run: Run, **state: Any) -> Path:
     """Checkpoint ``run`` at its step (``state``: extra JSON entries, e.g. the async ledger);
     a sampler with state beyond the cursor (pool, mix) saves it as ``sampler``."""
     sampler = {"sampler": s} if (s := run.sampler.state_dict()) else {}
+    extra = {"cursor": run.sampler.position, "version": run.policy.version, **sampler, **state}
+    if run.sharded is not None:
+        from coderl.train.distributed import save_sharded_checkpoint
+
+        return save_sharded_checkpoint(
+            run.cfg.run_dir,
+            run.step,
+            root=run.sharded,
+            optimizer=run.optimizer,
+            scheduler=run.scheduler,
+            state=extra,
+            keep=run.cfg.trainer.keep_checkpoints,
+        )
     return save_checkpoint(
         run.cfg.run_dir,
         run.step,
@@ -169,7 +217,7 @@ def save(run: Run, **state: Any) -> Path:
         optimizer=run.optimizer,
         scheduler=run.scheduler,
         value_head=run.value_head,
-        state={"cursor": run.sampler.position, "version": run.policy.version, **sampler, **state},
+        state=extra,
         keep=run.cfg.trainer.keep_checkpoints,
     )
 
@@ -180,13 +228,23 @@ def restore(run: Run) -> dict[str, Any]:
     Raises:
         FileNotFoundError: no complete checkpoint.
     """
-    state = load_checkpoint(
-        latest_checkpoint(run.cfg.run_dir),
-        model=run.policy.model,
-        optimizer=run.optimizer,
-        scheduler=run.scheduler,
-        value_head=run.value_head,
-    )
+    if run.sharded is not None:  # DCP, at any world size
+        from coderl.train.distributed import load_sharded_checkpoint
+
+        state = load_sharded_checkpoint(
+            latest_checkpoint(run.cfg.run_dir),
+            root=run.sharded,
+            optimizer=run.optimizer,
+            scheduler=run.scheduler,
+        )
+    else:
+        state = load_checkpoint(
+            latest_checkpoint(run.cfg.run_dir),
+            model=run.policy.model,
+            optimizer=run.optimizer,
+            scheduler=run.scheduler,
+            value_head=run.value_head,
+        )
     run.step, run.policy.version = int(state["step"]), int(state["version"])
     run.sampler.position = int(state.get("cursor", 0))
     run.sampler.load_state_dict(state.get("sampler", {}))
@@ -201,6 +259,8 @@ def load_sft_weights(run: Run) -> bool:
     sft = Path(run.cfg.run_dir) / SFT_WEIGHTS
     if not (run.cfg.sft.enabled and sft.is_file()):
         return False
+    if run.sharded is not None:
+        raise NotImplementedError("an SFT warm start is not loaded into a sharded run yet")
     load_trainable(run.policy.model, load_file(str(sft)))
     sync_engine(run)
     return True
@@ -236,17 +296,18 @@ def run_eval(
             resolved += correct
             bar.advance(done, status=f"resolved {resolved} of {(bar.done + done) * n} samples")
 
-        res = evaluate(
-            run.env,
-            run.engine if run.engine is not None else run.policy,
-            tasks,
-            samples=n,
-            ks=sorted({1, n, *(k for k in cfg.eval.k if k <= n)}),
-            params=params,
-            tasks_per_batch=max(1, cfg.eval.batch_episodes // n),
-            episodes_out=episodes_out,
-            on_batch=batch_done,
-        )
+        with full_weights(run):
+            res = evaluate(
+                run.env,
+                run.engine if run.engine is not None else run.policy,
+                tasks,
+                samples=n,
+                ks=sorted({1, n, *(k for k in cfg.eval.k if k <= n)}),
+                params=params,
+                tasks_per_batch=max(1, cfg.eval.batch_episodes // n),
+                episodes_out=episodes_out,
+                on_batch=batch_done,
+            )
     out = res.to_dict()
     out.update(temperature=cfg.eval.temperature, time_s=time.perf_counter() - t0)
     return out
@@ -260,6 +321,14 @@ def optimize(run: Run, batch: StepBatch | None) -> dict[str, float]:
         return {"optimizer_steps": 0.0, "sequences": 0.0, "trained_tokens": 0.0}
     cfg = run.cfg
     metrics = advantage_metrics(batch)
+    if run.sharded is not None:  # this rank's share of the batch; gradients summed over ranks
+        from coderl.train.distributed import sharded_train_step
+
+        kw = {"temperature": cfg.rollout.temperature, "max_len": run.env.token_budget()}
+        step = sharded_train_step(
+            run.sharded, run.optimizer, run.scheduler, batch, cfg.algorithm, cfg.trainer, **kw
+        )
+        return {**metrics, **step}
     metrics.update(
         train_step(
             run.policy.model,

@@ -28,7 +28,35 @@ from coderl.policy.forward import ForwardOut, forward
 from coderl.policy.precision import has_bf16_units
 from coderl.train.batch import StepBatch, micro_batch_spans
 
-__all__ = ["ForwardOut", "accumulate_gradients", "forward", "optimizer_step", "train_step"]
+__all__ = [
+    "DataParallel",
+    "ForwardOut",
+    "accumulate_gradients",
+    "forward",
+    "optimizer_step",
+    "train_step",
+]
+
+
+@dataclass
+class DataParallel:
+    """How one rank's share of a data-parallel batch joins the other ranks' (the seam to
+    :mod:`coderl.train.distributed`; this module stays free of ``torch.distributed``).
+
+    Every rank must make the same sequence of sharded forwards and backwards (each is a
+    collective), so a rank with fewer micro-batches than another runs ``filler`` forwards and
+    zero-loss backwards until the counts agree; they add exactly zero to every gradient.
+    """
+
+    all_sum: Callable[[float], float]
+    """A count summed over the ranks (the batch normaliser of the global batch)."""
+    all_max: Callable[[int], int]
+    """A count's maximum over the ranks (micro-batches run)."""
+    forward: Callable[..., ForwardOut]
+    """:func:`coderl.policy.forward.forward` with the same signature, through the sharded
+    module (so its hooks gather the parameters)."""
+    filler: StepBatch
+    """A one-row micro-batch (any row with the batch's fields) for the padding passes."""
 
 
 def _normalisers(mask: Tensor) -> dict[str, float]:
@@ -96,6 +124,7 @@ def accumulate_gradients(
     bf16: bool = False,
     max_tokens: int | None = None,
     checkpoint: bool = False,
+    dp: DataParallel | None = None,
 ) -> dict[str, float]:
     """Backward the loss of ``batch`` in micro-batches; gradients accumulate in ``.grad``.
 
@@ -126,6 +155,10 @@ def accumulate_gradients(
             set, micro-batches are cut by :func:`coderl.train.batch.micro_batch_spans` and
             packed.
         checkpoint: activation checkpointing of the decoder layers.
+        dp: data-parallel training (:class:`DataParallel`): ``batch`` is this rank's share of
+            the global batch; every share is scaled by the *global* normaliser (the sum of the
+            ranks' counts), so the sum of the ranks' gradients is the gradient of the global
+            batch, and the loss metrics summed over ranks are the global batch's.
 
     Returns:
         Metrics averaged over the tokens in the loss: ``loss``, ``pg_loss``, ``kl``, ``entropy``,
@@ -146,8 +179,10 @@ def accumulate_gradients(
     cache = {} if old_logp_cache is None else old_logp_cache
     weighted = cfg.old_logp == "trainer" and cfg.importance.mode != "off"
 
+    fwd = forward if dp is None else dp.forward
+
     def run(mb: StepBatch) -> ForwardOut:
-        return forward(
+        return fwd(
             model,
             mb.tokens,
             temperature=temperature,
@@ -163,9 +198,15 @@ def accumulate_gradients(
 
     masks: dict[int, Tensor] = {}  # micro-batch -> loss mask with the rejected tokens removed
     if weighted and cfg.importance.mode == "mask":
-        masks = _rejection_masks(micro_batches(), cfg, cache, run)
+        masks = _rejection_masks(micro_batches(), cfg, cache, run, dp)
     by = _NORMALISED_BY[cfg.loss_agg]
     full = sum(_normalisers(masks.get(i, mb.loss_mask))[by] for i, mb in micro_batches())
+    if dp is not None:
+        full = dp.all_sum(full)
+        # the passes to run: every rank the same count (each pass is a sharded collective),
+        # known before the first one; the real ones first, then zero-loss fillers
+        real = sum(_normalisers(masks.get(i, mb.loss_mask))[by] > 0 for i, mb in micro_batches())
+        fillers = dp.all_max(real) - real
     totals = _Totals()
     gap_parts: list[tuple[Tensor, Tensor]] = []  # (trainer, behaviour) logprobs of sampled tokens
     for i, mb in micro_batches():
@@ -186,7 +227,17 @@ def accumulate_gradients(
         before = old if cfg.old_logp == "trainer" else out.logp.detach()
         gap_parts.append((before[sampled], mb.tokens.behavior_logprobs[sampled]))
         totals.add(m, n, share)
+    if dp is not None:
+        for _ in range(fillers):
+            _zero_backward(run(dp.filler))
     return _batch_metrics(totals, batch, masks, gap_parts)
+
+
+def _zero_backward(out: ForwardOut) -> None:
+    """A padding pass of a sharded step: backward ``0 * (sum of its outputs)``, which reaches
+    every parameter a real micro-batch reaches and adds exactly zero to each gradient."""
+    loss = out.logp.sum() + (out.values.sum() if out.values is not None else 0.0)
+    (loss * 0.0).backward()
 
 
 def _batch_metrics(
@@ -214,6 +265,7 @@ def _rejection_masks(
     cfg: AlgorithmConfig,
     cache: dict[int, Tensor],
     run: Callable[[StepBatch], ForwardOut],
+    dp: DataParallel | None = None,
 ) -> dict[int, Tensor]:
     """Masked importance sampling: micro-batch -> its loss mask without the rejected tokens.
 
@@ -223,13 +275,20 @@ def _rejection_masks(
     does not shrink with the number rejected. The rejections must be known before the first
     backward (they set the batch normaliser), so on the first epoch a no-grad forward fills
     ``cache`` (the trainer logprobs before the update) first; this costs one extra forward in
-    mask mode only."""
+    mask mode only. Sharded (``dp``), the ranks' forward counts are padded to agree."""
     masks = {}
-    for i, mb in micro_batches:
+    mbs = list(micro_batches)
+    fillers = 0
+    if dp is not None:  # the same forward count on every rank, known before the first one
+        forwards = sum(i not in cache for i, _ in mbs)
+        fillers = dp.all_max(forwards) - forwards
+    for i, mb in mbs:
         if i not in cache:
             cache[i] = run(mb).logp
         w = behaviour_importance(cfg, cache[i], mb)
         masks[i] = mb.loss_mask * (w > 0)
+    for _ in range(fillers):
+        run(dp.filler)  # type: ignore[union-attr]
     return masks
 
 
@@ -353,8 +412,10 @@ def train_step(
     temperature: float,
     max_len: int,
     value_head: nn.Module | None = None,
+    dp: DataParallel | None = None,
 ) -> dict[str, float]:
-    """``trainer.update_epochs`` optimizer steps on ``batch`` (one per epoch).
+    """``trainer.update_epochs`` optimizer steps on ``batch`` (one per epoch); ``dp``: a
+    sharded step on this rank's share (see :func:`accumulate_gradients`).
 
     Returns:
         The metrics of :func:`accumulate_gradients` for the first epoch (the on-policy one),
@@ -377,6 +438,7 @@ def train_step(
             bf16=uses_bf16(trainer, next(model.parameters()).device),
             max_tokens=trainer.max_tokens_per_micro_batch,
             checkpoint=trainer.activation_checkpointing,
+            dp=dp,
         )
         m.update(optimizer_step(params, optimizer, scheduler, trainer.grad_clip))
         if epoch == 0:

@@ -1,0 +1,232 @@
+"""The sharded trainer (FSDP2, gloo, CPU) against one process: two ranks give the loss, the
+reduced gradients and the updated weights of one process on the same global batch; its DCP
+checkpoints resume exactly, also across a change of world size (2 -> 1, 1 -> 2).
+
+Every outcome comes from one module fixture: the plain steps and the one-rank runs in this
+process, the two-rank runs in one spawn of two processes (tests/distributed_cases.py), so the
+process start-up (~10 s of imports each) is paid once.
+
+Tolerance: fp32 sums in another order (the ranks' partial gradients added by the
+reduce-scatter, the batch normaliser summed over ranks) differ by ~1e-7 of a gradient's scale;
+gradients are compared entry by entry to 1e-5 of the largest one, the weights' move in the
+AdamW step to 1e-3 of its norm (see :func:`_assert_same_update`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from distributed_cases import (
+    CASES,
+    RESUME_CASE,
+    Trainer,
+    resume_outcome,
+    setup,
+    step_case,
+    two_rank_worker,
+)
+
+from coderl.train.metrics import read_jsonl
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@contextmanager
+def _one_rank() -> Iterator[None]:
+    """This process as the only rank of a gloo group (what torchrun --nproc-per-node 1 sets)."""
+    env = {"RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1"}
+    env["MASTER_PORT"] = str(_free_port())
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        yield
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+@pytest.fixture(scope="module")
+def outcomes(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    out = tmp_path_factory.mktemp("distributed")
+    res: dict[str, Any] = {"plain": {c: step_case(c, shard=False) for c in CASES}}
+    with _one_rank():  # one rank: step 1, checkpoint w1, the uninterrupted step 2
+        t = Trainer()
+        t.train()
+        t.save(out / "w1")
+        res["one_rank"] = resume_outcome(t)
+    ctx = mp.get_context("spawn")
+    port = _free_port()
+    ranks = [ctx.Process(target=two_rank_worker, args=(r, port, str(out))) for r in range(2)]
+    for p in ranks:
+        p.start()
+    for p in ranks:
+        p.join(timeout=300)
+    assert [p.exitcode for p in ranks] == [0, 0], "a rank failed (its traceback is above)"
+    res["two"] = torch.load(out / "two_ranks.pt", weights_only=False)
+    with _one_rank():  # the two-rank checkpoint read back by one rank
+        t = Trainer()
+        t.load(out / "w2")
+        res["from_two_ranks"] = resume_outcome(t)
+    res["dir"] = out
+    return res
+
+
+def _assert_close_by_name(got: dict, want: dict, what: str) -> None:
+    """Entry by entry, within 1e-5 of the largest entry (gradients: this is what tests the
+    reduction; a mean of per-rank means instead of the global token-mean moves them by the
+    ranks' token shares)."""
+    assert sorted(got) == sorted(want), what
+    scale = max(float(w.abs().max()) for w in want.values())
+    assert scale > 0, what
+    for n in want:
+        torch.testing.assert_close(
+            got[n], want[n], rtol=1e-5, atol=1e-5 * scale,
+            msg=lambda m, n=n: f"{what} {n}: {m}",
+        )  # fmt: skip
+
+
+def _assert_same_update(got: dict, want: dict, before: dict) -> None:
+    """The weights after the step: their move from ``before`` within 1e-3 of the move's norm.
+    Not entry by entry: AdamW's first step moves an entry by ``lr * g / (|g| + eps)``, which
+    for a gradient of the order of eps amplifies its float error (seen: 7e-4 on one entry of
+    a million, 7% of that step)."""
+    assert sorted(got) == sorted(want) == sorted(before)
+    moved = torch.cat([(want[n] - before[n]).flatten() for n in want])
+    diff = torch.cat([(got[n] - want[n]).flatten() for n in want])
+    assert float(moved.norm()) > 0
+    assert float(diff.norm()) <= 1e-3 * float(moved.norm())
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_two_ranks_give_the_single_process_step(outcomes, case):
+    plain, two = outcomes["plain"][case], outcomes["two"][case]
+    for k in ("loss", "pg_loss", "kl", "value_loss", "grad_norm", "clip_frac_high"):
+        assert two["metrics"][k] == pytest.approx(plain["metrics"][k], rel=1e-5, abs=1e-7), k
+    assert two["metrics"]["sequences"] == plain["metrics"]["sequences"]
+    assert two["metrics"]["trained_tokens"] == plain["metrics"]["trained_tokens"]
+    _assert_close_by_name(two["grads"], plain["grads"], "gradient")
+    _assert_same_update(two["weights"], plain["weights"], plain["before"])
+    _assert_close_by_name(two["before"], plain["before"], "weights before the step")
+
+
+def test_the_cases_test_what_they_name(outcomes):
+    plain = outcomes["plain"]
+    assert plain["lora-kl"]["metrics"]["kl"] > 0 and plain["full-kl"]["metrics"]["kl"] > 0
+    assert plain["ppo"]["metrics"]["value_loss"] > 0
+    assert any(n.startswith("value_head.") for n in plain["ppo"]["grads"])
+    assert any("lora_A" in n for n in plain["lora-kl"]["grads"])
+    assert not any("lora" in n for n in plain["full-kl"]["grads"])
+
+
+def _assert_same_outcome(got: dict, want: dict, *, exact: bool) -> None:
+    """The resumed run's step 2 against the uninterrupted one's: exactly (same world size) or
+    to float-order tolerance (another world size; the weights entry by entry within 1e-5 of
+    the largest weight)."""
+    assert got["step"] == want["step"] == 1
+    assert got["sched"] == want["sched"]
+    assert torch.equal(got["rng"], want["rng"])
+    if exact:
+        for n, w in want["weights"].items():
+            assert torch.equal(got["weights"][n], w), n
+    else:
+        _assert_close_by_name(got["weights"], want["weights"], "weights after the resumed step")
+
+
+def test_a_sharded_checkpoint_resumes_exactly(outcomes):
+    two = outcomes["two"]
+    _assert_same_outcome(two["resumed"], two["uninterrupted"], exact=True)
+    ckpt = outcomes["dir"] / "w2" / "checkpoints" / "step-000001"
+    assert (ckpt / "dcp" / ".metadata").is_file()
+    assert (ckpt / "trainable.safetensors").is_file() and (
+        ckpt / "value_head.safetensors"
+    ).is_file()
+
+
+def test_a_two_rank_checkpoint_resumes_on_one_rank(outcomes):
+    _assert_same_outcome(outcomes["from_two_ranks"], outcomes["two"]["uninterrupted"], exact=False)
+
+
+def test_a_one_rank_checkpoint_resumes_on_two_ranks(outcomes):
+    _assert_same_outcome(outcomes["two"]["from_one_rank"], outcomes["one_rank"], exact=False)
+
+
+def test_resuming_without_the_optimizer_state_would_differ(outcomes):
+    # the resume tests can fail: a run restarted from the weights alone (fresh AdamW moments)
+    # ends its next step visibly elsewhere
+    with _one_rank():
+        t = Trainer()
+        t.load(outcomes["dir"] / "w1")
+        fresh = Trainer()
+        fresh.step = t.step
+        for p_fresh, p in zip(fresh.root.parameters(), t.root.parameters(), strict=True):
+            with torch.no_grad():
+                p_fresh.copy_(p)
+        t.train()
+        fresh.train()
+        gap = max(float((fresh.weights()[n] - w).abs().max()) for n, w in t.weights().items())
+    assert gap > 1e-4
+
+
+REPO = Path(__file__).resolve().parent.parent
+TOY = ["configs/toy.yaml", "progress=false", "tensorboard=false", "eval.before_after=false"]
+
+
+def _coderl(args: list[str], nproc: int | None) -> None:
+    """``coderl ARGS`` in a subprocess, under ``torchrun --nproc-per-node nproc`` if given."""
+    launch = ["-m", "torch.distributed.run", f"--nproc-per-node={nproc}"] if nproc else []
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, *launch, "-m", "coderl", *args, "--no-report"]
+    subprocess.run(cmd, cwd=REPO, env=env, check=True, capture_output=True, timeout=240)
+
+
+def test_coderl_train_under_torchrun_equals_one_process_and_resumes_on_one_rank(tmp_path):
+    # configs/toy.yaml (full fine-tuning, 2 tasks x G=8): two steps on two ranks, checkpoint
+    # every step, then step 3 resumed on one rank, against one plain process throughout
+    steps = ["trainer.checkpoint_every=1", "trainer.distributed.enabled=true"]
+    sharded, plain = tmp_path / "sharded", tmp_path / "plain"
+    _coderl(["train", *TOY, "trainer.steps=2", f"run_dir={sharded}", *steps], nproc=2)
+    assert (sharded / "checkpoints" / "step-000002" / "dcp" / ".metadata").is_file()
+    _coderl(["train", "--resume", str(sharded), "trainer.steps=3"], nproc=1)
+    _coderl(["train", *TOY, "trainer.steps=3", f"run_dir={plain}"], nproc=None)
+    got, want = (read_jsonl(d / "metrics.jsonl") for d in (sharded, plain))
+    assert [r["step"] for r in got] == [r["step"] for r in want] == [1, 2, 3]
+    for g, w in zip(got, want, strict=True):
+        assert g["reward/mean"] == w["reward/mean"]  # the same rollouts
+        for k in ("loss", "grad_norm", "trained_tokens"):
+            assert g[k] == pytest.approx(w[k], rel=1e-4, abs=1e-6), (g["step"], k)
+    state = json.loads((sharded / "checkpoints" / "step-000003" / "state.json").read_text())
+    assert state["world_size"] == 1 and state["step"] == 3
+
+
+def test_a_plain_resume_of_a_sharded_checkpoint_says_how(outcomes):
+    from coderl.train.checkpoint import latest_checkpoint, load_checkpoint
+
+    policy = setup(RESUME_CASE)[0]  # no process group: the plain, single-process path
+    opt = torch.optim.AdamW(policy.trainable_parameters())
+    with pytest.raises(ValueError, match="trainer.distributed.enabled=true under torchrun"):
+        load_checkpoint(
+            latest_checkpoint(outcomes["dir"] / "w2"), model=policy.model, optimizer=opt
+        )
+    state = load_checkpoint(latest_checkpoint(outcomes["dir"] / "w2"), model=policy.model)
+    assert state["world_size"] == 2  # the gathered weights load without the optimizer
