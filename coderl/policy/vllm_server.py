@@ -127,6 +127,10 @@ class VLLMServer:
             tokens. vLLM keys cached blocks by the adapter's name and path too, and coderl loads
             every weight version under a new name, so a new version never reads an old one's
             KV; requests with ``prompt_logprobs`` (the canary) skip the cache, as vLLM does.
+        dev_mode: expose vLLM's development endpoints (``VLLM_SERVER_DEV_MODE=1``: pause,
+            resume, ``collective_rpc``, prefix-cache reset, weight version), which a
+            full-weight sync needs (:mod:`coderl.policy.vllm_reload`). Unauthenticated: the
+            server listens on 127.0.0.1 only.
         extra_args: more command-line arguments for the server.
     """
 
@@ -143,6 +147,7 @@ class VLLMServer:
         kv_cache_gib: int = 2,
         served_name: str = "coderl-base",
         prefix_caching: bool = True,
+        dev_mode: bool = False,
         extra_args: tuple[str, ...] = (),
     ):
         self.python = vllm_python(python)
@@ -170,6 +175,8 @@ class VLLMServer:
             "VLLM_CPU_KVCACHE_SPACE": str(kv_cache_gib),
             "PYTHONUNBUFFERED": "1",
         }
+        if dev_mode:
+            self.env["VLLM_SERVER_DEV_MODE"] = "1"
         self.env.pop("PYTHONPATH", None)  # coderl's path must not leak into the vLLM interpreter
         self.proc: subprocess.Popen[bytes] | None = None
 
