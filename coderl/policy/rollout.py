@@ -208,7 +208,9 @@ def _vllm(cfg: Config, policy: LocalPolicy, training: bool) -> RolloutEngine:
     url = e.url
     cleanup: tuple[Path, ...] = ()
     if url is None:
-        model_dir = write_base_model(policy, tempfile.mkdtemp(prefix="model-", dir=work))
+        model_dir = write_base_model(
+            policy, tempfile.mkdtemp(prefix="model-", dir=work), untie=full_sync
+        )
         cleanup = (model_dir,)
         server = VLLMServer(
             model_dir,

@@ -35,6 +35,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from coderl.policy.vllm_server import write_base_model
+
 # The environment variable that exposes vLLM's development endpoints (pause, collective_rpc, ...).
 DEV_MODE_ENV = "VLLM_SERVER_DEV_MODE"
 
@@ -42,7 +44,9 @@ Request = Callable[..., Any]  # VLLMEngine._request(method, path, body=None, par
 
 
 def write_weights(policy: Any, path: str | os.PathLike[str]) -> Path:
-    """Save every weight of ``policy`` (no LoRA) as a Hugging Face safetensors directory.
+    """Save every weight of ``policy`` (no LoRA) as a safetensors directory for a reload, tied
+    embeddings untied (:func:`coderl.policy.vllm_server.write_base_model` says why; the server
+    must have been started from an untied directory too).
 
     Args:
         policy: a :class:`coderl.policy.local.LocalPolicy` that fine-tunes every weight.
@@ -56,9 +60,7 @@ def write_weights(policy: Any, path: str | os.PathLike[str]) -> Path:
     """
     if policy.is_lora:
         raise ValueError("a LoRA policy is synced as an adapter, not as full weights")
-    out = Path(path)
-    policy.model.save_pretrained(out, safe_serialization=True)
-    return out
+    return write_base_model(policy, path, untie=True, tokenizer=False)
 
 
 def reload_rpc(request: Request, path: Path) -> None:
