@@ -564,9 +564,13 @@ class VLLMEngine:
             return sorted(self._names)
 
     def close(self) -> None:
-        """Stop the server this engine started (if any) and delete its temporary adapters."""
+        """Stop the server this engine started (if any), delete its temporary adapters and the
+        last full weights it wrote."""
         if self.server is not None:
             self.server.stop()
+        if self._weights is not None and self._weights.is_relative_to(self.adapter_dir):
+            shutil.rmtree(self._weights, ignore_errors=True)
+            self._weights = None
         if self._tmp is not None:
             self._tmp.cleanup()
             self._tmp = None
