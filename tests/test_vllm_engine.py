@@ -11,6 +11,7 @@ missing ``.venv-vllm`` skips the module; under ``CI=true`` it fails.
 from __future__ import annotations
 
 import os
+import re
 import signal
 import stat
 import subprocess
@@ -54,9 +55,10 @@ def _cfg(tmp: Path, **engine) -> Config:
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("vllm")
-    model_dir = write_base_model(_policy(), tmp / "model")
+    # untied and with the dev endpoints: the full-weight tests reload its base weights in place
+    model_dir = write_base_model(_policy(), tmp / "model", untie=True)
     srv = VLLMServer(model_dir, tmp / "server.log", max_model_len=MAX_LEN, max_lora_rank=8,
-                     kv_cache_gib=1)  # fmt: skip
+                     kv_cache_gib=1, dev_mode=True)  # fmt: skip
     srv.start(timeout_s=240)
     yield srv
     srv.stop()
@@ -237,10 +239,16 @@ def _group(pid: int) -> list[psutil.Process]:
     return out
 
 
-def test_full_finetuning_is_refused_with_lora_named(tmp_path):
-    policy = load_policy("tiny-random", reference=False)
-    with pytest.raises(ValueError, match="model.lora=true"):
-        build_engine(_cfg(tmp_path), policy)
+def test_train_async_refuses_full_finetuning_on_vllm(tmp_path):
+    # one set of base weights in the server: a worker's held version cannot outlive a full sync
+    from coderl.asyncrl.trainer import check_supported
+
+    cfg = Config.model_validate(
+        {"run_dir": str(tmp_path), "model": {"name": "tiny-random", "lora": False},
+         "engine": {"kind": "vllm"}, "async": {"local_mode": "thread"}}
+    )  # fmt: skip
+    with pytest.raises(ValueError, match="model.lora=false: a full-weight sync"):
+        check_supported(cfg)
 
 
 def test_a_server_for_a_reloaded_adapter_enables_lora_at_its_rank(tmp_path, monkeypatch):
@@ -719,3 +727,74 @@ def test_population_adapters_are_routed_side_by_side_through_one_server(server, 
     )
     assert old not in {m["id"] for m in engine._request("GET", "/v1/models")["data"]}  # unloaded
     assert [served_by(p, 10 + i) for i, p in enumerate(["org-a", "org-b", "org-z"])] == [3, 2, 0]
+
+
+# --- full fine-tuning: every weight written, reloaded in the server, canary-checked ------------
+
+
+def _full_policy():
+    return load_policy("tiny-random", seed=0, reference=False)  # the module's base weights
+
+
+@pytest.fixture
+def base_restored(server, tmp_path):
+    """A full sync replaces the shared server's base weights: the module's base is synced back
+    afterwards (canary-checked, so a failed restore fails here, not in a later test)."""
+    yield
+    policy = _full_policy()
+    engine = VLLMEngine(server.url, policy.eos_token_ids, adapter_dir=tmp_path / "restore",
+                        full_sync=True)  # fmt: skip
+    engine.sync(policy)
+    engine.close()
+
+
+def test_full_finetuning_trains_through_vllm_with_every_sync_canary_checked(
+    server, base_restored, tmp_path
+):
+    from coderl.config import load_config
+    from coderl.train.loop import train
+    from coderl.train.metrics import read_jsonl
+
+    over = [*TRAIN, "model.lora=false", "trainer.lr=3e-3", "trainer.steps=3",
+            f"run_dir={tmp_path}", f"engine.url={server.url}"]  # fmt: skip
+    train(load_config(TOY, over))
+    rows = read_jsonl(tmp_path / "metrics.jsonl")
+    assert [r["step"] for r in rows] == [1, 2, 3]
+    for r in rows:  # every full sync was canary-checked, and rollouts are the trainer's
+        assert 0 <= r["engine/canary_gap"] < 1e-3 and r["logprob_gap"] < 1e-3, r
+    assert rows[-1]["policy_version"] == 3 and len({r["loss"] for r in rows}) > 1
+    # the server's own weight version is the last sync's, and its weights are not the base's
+    client = VLLMEngine(server.url, [])
+    assert re.fullmatch(r"coderl-[0-9a-f]{6}-v3-s\d+", client.weight_version())
+    base = _full_policy()
+    probe = canary_probe(base.tokenizer)
+    served, trainer = client._score(client.served_name, probe), base.logprobs([probe])[0]
+    assert max(abs(a - b) for a, b in zip(served[1:], trainer[1:], strict=True)) > 1e-2
+
+
+def test_a_full_sync_written_but_never_reloaded_is_stopped_by_the_canary(
+    server, base_restored, tmp_path, monkeypatch
+):
+    policy = _full_policy()
+    engine = VLLMEngine(server.url, policy.eos_token_ids, adapter_dir=tmp_path / "w",
+                        full_sync=True)  # fmt: skip
+    rollout = VLLMRollout(policy, engine)  # version 0: written, reloaded, stamped, canary
+    assert engine.weight_version() == f"{engine.tag}-v0-s0"
+    assert set(engine.last_sync_s) == {"write", "reload", "canary"}
+    long_prompt = [5 + i % 400 for i in range(300)]  # KV blocks cached under version 0
+    params = SamplingParams(max_new_tokens=8, seed=0)
+    rollout.generate([long_prompt], params)
+    _step(policy, _run_episodes(rollout, policy, 2, 1, SamplingParams(max_new_tokens=16, seed=0)))
+    monkeypatch.setattr(engine, "_reload", lambda request, path: None)  # the reload never runs
+    with pytest.raises(CanaryError, match=r"version 1 .*mean \|logprob gap\| [0-9.e-]+ nats"):
+        rollout.sync(policy)
+    assert engine.served_versions() == []  # the old weights are gone: nothing is served
+    with pytest.raises(StaleEngineError):
+        rollout.generate([[5, 6, 7]], params)
+    monkeypatch.undo()
+    rollout.sync(policy)  # the real reload: accepted, and the stale prefix KV was dropped
+    assert engine.weight_version() == f"{engine.tag}-v1-s2" and engine.served_versions() == [1]
+    (c,) = rollout.generate([long_prompt], params)
+    [trainer] = policy.logprobs([long_prompt + c.token_ids], 1.0)
+    assert trainer[len(long_prompt) :] == pytest.approx(c.logprobs, abs=1e-3)
+    engine.close()

@@ -85,6 +85,13 @@ def check_supported(cfg: Config) -> None:
             "workers share the learner's vLLM server only as threads; set async.backend=local "
             "async.local_mode=thread, or engine.kind=torch for process or Ray workers"
         )
+    if cfg.engine.kind == "vllm" and not cfg.model.lora:
+        raise ValueError(
+            "engine.kind=vllm with model.lora=false: a full-weight sync replaces the one set of "
+            "weights the server holds, so workers cannot keep sampling the version they hold "
+            "while the learner syncs the next; use model.lora=true, engine.kind=torch, or "
+            "coderl train"
+        )
 
 
 def resolve(cfg: Config) -> AsyncConfig:

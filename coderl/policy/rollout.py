@@ -8,14 +8,16 @@
 - ``torch``: the policy's own in-process sampler; ``sync`` has nothing to do (it reads the live
   weights, or with ``engine.dtype`` bf16 a bf16 copy that takes them up before each call);
 - ``vllm``: a vLLM server (started from ``.venv-vllm`` unless ``engine.url`` names one), weights
-  synced as versioned LoRA adapters and checked by the canary (:mod:`coderl.policy.vllm_engine`).
+  synced as versioned LoRA adapters, or with full fine-tuning as whole weights reloaded in the
+  server (:mod:`coderl.policy.vllm_reload`), and checked by the canary
+  (:mod:`coderl.policy.vllm_engine`).
 
 The loop's contract, for either kind::
 
     engine = build_engine(cfg, policy)       # vllm: server up, version policy.version synced
     ... env.rollout(engine, tasks, params, G) ...
     optimizer.step(); policy.bump_version()
-    engine.sync(policy)                      # vllm: adapter saved, loaded, canary-checked
+    engine.sync(policy)                      # vllm: adapter (or weights) saved, loaded, canary-checked
     ...
     engine.close()                           # vllm: server stopped, no process left
 
@@ -199,18 +201,16 @@ def _vllm(cfg: Config, policy: LocalPolicy, training: bool) -> RolloutEngine:
 
     e = cfg.engine
     dtype = str(resolve_precision(e.dtype, policy.device)).removeprefix("torch.")
-    if training and not policy.is_lora:
-        raise ValueError(
-            "engine.kind=vllm syncs weights as LoRA adapters and this policy fine-tunes every "
-            "weight (model.lora=false): set model.lora=true, or use engine.kind=torch"
-        )
+    full_sync = training and not policy.is_lora  # every weight reloaded in the server
     work = Path(cfg.run_dir) / "vllm"
     work.mkdir(parents=True, exist_ok=True)
     server = None
     url = e.url
     cleanup: tuple[Path, ...] = ()
     if url is None:
-        model_dir = write_base_model(policy, tempfile.mkdtemp(prefix="model-", dir=work))
+        model_dir = write_base_model(
+            policy, tempfile.mkdtemp(prefix="model-", dir=work), untie=full_sync
+        )
         cleanup = (model_dir,)
         server = VLLMServer(
             model_dir,
@@ -223,6 +223,7 @@ def _vllm(cfg: Config, policy: LocalPolicy, training: bool) -> RolloutEngine:
             kv_cache_gib=e.kv_cache_gib,
             served_name=e.served_name,
             prefix_caching=e.prefix_caching,
+            dev_mode=full_sync,
         ).start(e.ready_timeout_s)
         url = server.url
     try:
@@ -234,6 +235,7 @@ def _vllm(cfg: Config, policy: LocalPolicy, training: bool) -> RolloutEngine:
             adapter_dir=work / "adapters",
             server=server,
             timeout_s=e.request_timeout_s,
+            full_sync=full_sync,
         )
         return VLLMRollout(policy, engine, cleanup=cleanup)
     except BaseException:
@@ -255,12 +257,13 @@ def build_engine(cfg: Config, policy: LocalPolicy, *, training: bool = True) -> 
     """The rollout engine of ``cfg.engine`` over ``policy`` (see the module docstring).
 
     Args:
-        training: the policy will be updated (False for evaluation or serving only: then a
-            fully fine-tuned policy can be served by vLLM, unchanged).
+        training: the policy will be updated: with full fine-tuning on ``vllm`` the server then
+            runs with its development endpoints and every sync reloads all weights (False for
+            evaluation or serving only: a fully fine-tuned policy is served as the server
+            started).
 
     Raises:
-        ValueError: unknown ``engine.kind`` (lists the valid ones); ``vllm`` when training with
-            full fine-tuning.
+        ValueError: unknown ``engine.kind`` (lists the valid ones).
         coderl.policy.vllm_server.ServerError: the server did not become ready (its last log
             lines); FileNotFoundError: no vLLM virtualenv.
         coderl.policy.vllm_engine.CanaryError: the first sync already disagrees.

