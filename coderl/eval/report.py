@@ -4,8 +4,9 @@
 
 The page opens with the run's summary (:func:`coderl.eval.summary.summary_lines`: pass@1 per
 evaluation phase, the paired RL-only change, pass@k at the largest k before/after RL, broken
-calls before/after, phase times), then held-out pass@k per evaluation with 95% CI bands, and the
-training curves: reward (mean and per term), resolved rate, groups with signal (the share of
+calls before/after, phase times), then held-out pass@k per evaluation with 95% CI bands (collapse
+alarms marked), the learning curve (:mod:`coderl.eval.curve`: ``learning_curve.png`` and
+``curve.json``), and the training curves: reward (mean and per term), resolved rate, groups with signal (the share of
 groups whose rewards vary, ``signal/groups_with_signal``, when the run logged it), the task
 pool's scalars (``pool/*``, when logged), KL, entropy, length, broken calls, time split. Every
 step axis has integer ticks.
@@ -26,12 +27,18 @@ from matplotlib.figure import Figure  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 from coderl.eval.audit import write_audit_page  # noqa: E402
+from coderl.eval.curve import (  # noqa: E402
+    CURVE_JSON,
+    CURVE_PNG,
+    SIGNAL_KEY,
+    alarm_caption,
+    draw_passk,
+    reward_keys,
+    write_curve,
+)
 from coderl.eval.summary import phase_name, read_phases, summary_lines  # noqa: E402
 from coderl.graders.report import html_section  # noqa: E402
 from coderl.train.metrics import read_jsonl  # noqa: E402
-
-SIGNAL_KEY = "signal/groups_with_signal"
-"""Share of a step's groups with non-zero reward variance (logged by the task pool's code)."""
 
 # plot file -> (title, metric keys drawn on it); the one list of what the report shows. A plot
 # in OPTIONAL is drawn only when the run logged one of its keys.
@@ -86,30 +93,10 @@ def _plot(path: Path, title: str, lines: dict[str, tuple[list[int], list[float]]
 
 
 def heldout_figure(evals: list[dict[str, Any]]) -> tuple[Figure, Any]:
-    """Held-out pass@k per evaluation: for each k a line over the evaluations from the start of
-    RL on, with its 95% CI as a band; the base model (before SFT, also at step 0) as a separate
-    point with its CI as an error bar, slightly left of step 0."""
+    """Held-out pass@k per evaluation with 95% CI bands, the base model as its own point and
+    the collapse alarms marked (:func:`coderl.eval.curve.draw_passk`)."""
     fig, ax = _figure(HELDOUT[1])
-    base = [e for e in evals if e.get("phase") == "base"]
-    rest = [e for e in evals if e.get("phase") != "base"]
-    for key in sorted({k for e in evals for k in e["pass_at"]}, key=int):
-        pts = [(e["step"], e["pass_at"][key]) for e in rest if key in e["pass_at"]]
-        if pts:
-            x = [p[0] for p in pts]
-            (line,) = ax.plot(x, [p[1]["mean"] for p in pts], marker="o", label=f"pass@{key}")
-            lo, hi = [p[1]["lo"] for p in pts], [p[1]["hi"] for p in pts]
-            ax.fill_between(x, lo, hi, color=line.get_color(), alpha=0.2)
-        for e in base:
-            if key in e["pass_at"]:
-                est = e["pass_at"][key]
-                ax.errorbar(
-                    [-0.15],
-                    [est["mean"]],
-                    yerr=[[est["mean"] - est["lo"]], [est["hi"] - est["mean"]]],
-                    fmt="s",
-                    capsize=3,
-                    label=f"pass@{key}, base model",
-                )
+    draw_passk(ax, evals)
     ax.set_ylabel("pass@k (held-out)")
     return fig, ax
 
@@ -159,11 +146,7 @@ def write_report(run_dir: str | Path) -> Path:
     images = []
     for name, (title, keys) in PLOTS.items():
         if name == "reward.png":
-            keys = keys + sorted(
-                {k for r in metrics for k in r if k.startswith("reward/") and k.count("/") == 1}
-                - {"reward/mean", "reward/std", "reward/masked", "reward/grading_errors"}
-                - {"reward/term_errors", "reward/term_timeouts"}
-            )
+            keys = reward_keys(metrics)
         if name == "pool.png":
             keys = sorted(
                 {k for r in metrics for k, v in r.items() if k.startswith("pool/")}
@@ -173,10 +156,18 @@ def write_report(run_dir: str | Path) -> Path:
             continue
         _plot(out / name, title, {k: _series(metrics, k) for k in keys})
         images.append((name, title))
+    curve = ""
     if evals:
         fig, ax = heldout_figure(evals)
         _save(fig, ax, out / HELDOUT[0])
         images.insert(0, HELDOUT)
+        caption = html.escape(alarm_caption(write_curve(out, evals, metrics)))
+        curve = (
+            f'<h2>Learning curve</h2>\n<figure><img src="{CURVE_PNG}" alt="learning curve">'
+            f"<figcaption>Held-out pass@k with 95% CI bands, training reward per term, active "
+            f"band and synthesis per step; {caption}. Data: "
+            f'<a href="{CURVE_JSON}">{CURVE_JSON}</a></figcaption></figure>'
+        )
     figs = "\n".join(
         f'<figure><img src="{n}" alt="{html.escape(t)}"><figcaption>{html.escape(t)}'
         "</figcaption></figure>"
@@ -207,6 +198,7 @@ td,th{{padding:0.2em 0.8em;border-bottom:1px solid #ddd;text-align:left}}</style
 <table>{summary or "<tr><td>no evaluation logged</td></tr>"}</table>
 <h2>Held-out evaluation (95% bootstrap CIs over tasks)</h2>
 <table>{_summary_rows(evals) or "<tr><td>no evaluation logged</td></tr>"}</table>
+{curve}
 <h2>Training curves</h2>
 {signal}
 {figs}

@@ -212,6 +212,14 @@ def nll_step(
     return loss_sum
 
 
+def sft_bf16(cfg: Config) -> bool:
+    """Whether SFT runs with bf16 MLP matmuls: ``sft.dtype`` ``bfloat16``, or ``auto`` on a
+    ``trainer.device`` with bf16 units (:func:`coderl.policy.precision.has_bf16_units`)."""
+    return cfg.sft.dtype == "bfloat16" or (
+        cfg.sft.dtype == "auto" and has_bf16_units(resolve_device(cfg.trainer.device))
+    )
+
+
 def run_sft(cfg: Config, policy: LocalPolicy | None = None) -> Path:
     """Fine-tune on oracle episodes of the training split; returns the weights file. Repo
     oracle episodes are drawn again for every epoch, with seed ``seed + epoch``."""
@@ -226,9 +234,7 @@ def run_sft(cfg: Config, policy: LocalPolicy | None = None) -> Path:
     optimizer, _ = build_optimizer([{"params": policy.trainable_parameters()}], tcfg)
     g = torch.Generator().manual_seed(cfg.seed)
     bs = cfg.sft.batch_size
-    bf16 = cfg.sft.dtype == "bfloat16" or (
-        cfg.sft.dtype == "auto" and has_bf16_units(resolve_device(cfg.trainer.device))
-    )
+    bf16 = sft_bf16(cfg)
     print(f"sft: {'bf16 MLPs' if bf16 else 'float32'} forward and backward")
     segs: list[Segment] = []
     for epoch in range(cfg.sft.epochs):
