@@ -11,10 +11,10 @@ import json
 import shutil
 from pathlib import Path
 
-import pytest
 import torch
 from metrics_compare import assert_same_metrics
 from safetensors.torch import load_file
+from test_graders_wired import one_torch_thread  # noqa: F401 - autouse: one torch thread
 
 from coderl.cli import main
 from coderl.eval.audit import read_audit_records
@@ -39,14 +39,6 @@ TINY = [
     "trainer.checkpoint_every=1",
     "trainer.keep_checkpoints=5",
 ]
-
-
-@pytest.fixture(autouse=True)
-def one_torch_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 def test_branched_vineppo_trains_and_resumes_exactly(tmp_path, monkeypatch):
