@@ -149,6 +149,10 @@ class EpisodeConfig:
     """Limits of the built-in tools (timeouts, result caps, observation size)."""
     branch: BranchSpec = field(default_factory=BranchSpec)
     """Turn boundaries at which the episode forks continuations (default: none)."""
+    potential: Callable[[AgentTask, Sandbox], float | None] | None = None
+    """Called with the task and the episode's sandbox after each ``run`` call the harness
+    executed (``status="ok"``); its value is that call's ``ToolCallRecord.potential`` (the
+    shaping potential, :mod:`coderl.rewards.shaping`). Continuations do not call it."""
 
     def __post_init__(self) -> None:
         positive = (
@@ -192,6 +196,9 @@ class ToolCallRecord:
     started_s: float
     """Start time (seconds since the episode began)."""
     duration_s: float
+    potential: float | None = None
+    """``EpisodeConfig.potential`` of the workspace right after this ``run`` call (None: not
+    measured, or unknown)."""
 
 
 @dataclass
@@ -318,7 +325,7 @@ class _State:
             "",
             dataclasses.replace(ep.stats),
         )
-        cfg = dataclasses.replace(self.cfg, branch=BranchSpec())
+        cfg = dataclasses.replace(self.cfg, branch=BranchSpec(), potential=None)
         ctx = ToolContext(sandbox, self.ctx.config)
         return dataclasses.replace(
             self,
@@ -413,6 +420,8 @@ def _run_calls(st: _State, text: str, tools: Mapping[str, Tool]) -> list[ToolCal
         records.append(
             ToolCallRecord(turn, name, args, parsed.text, obs, status, started, duration)  # type: ignore[arg-type]
         )
+        if name == "run" and status == "ok" and st.cfg.potential is not None:
+            records[-1].potential = st.cfg.potential(st.task, st.ctx.sandbox)
     return records
 
 

@@ -228,9 +228,10 @@ class RewardConfig(_Section):
     rm: RMConfig = Field(default_factory=RMConfig)
     """Reward model from preferences; used when ``rm`` is in ``terms``."""
     shaping: float = Field(0.0, ge=0)
-    """Weight of the potential-based shaping of ``vineppo``'s turns (0: off): the fraction of
-    the visible failing tests the harness saw pass after each ``run`` call
-    (``coderl.train.branching``)."""
+    """Weight of the potential-based shaping of ``vineppo``'s turns (0: off): the share of the
+    visible tests passing after each ``run`` call, measured by the harness with the shown check
+    (function repair) or read from the run's pytest output (repository tasks)
+    (``coderl.rewards.shaping``)."""
 
 
 class KLConfig(_Section):

@@ -71,6 +71,10 @@ class AgentEnvironment:
     cfg: Config
     load: Callable[[str], list[Task]]
     grade_timeout_s: float = 60.0
+    potential: Callable[[Any, Any], float | None] | None = None
+    """The shaping potential measured by the harness after each ``run`` call
+    (``EpisodeConfig.potential``), used only when branched rollouts are shaped
+    (``reward.shaping > 0``); None: the tasks have none the harness can measure."""
     _cache: dict[str, list[Task]] = field(default_factory=dict)
 
     def tasks(self, split: str) -> list[Any]:
@@ -87,9 +91,11 @@ class AgentEnvironment:
     def episode_config(
         self, params: SamplingParams, branch: BranchSpec | None = None
     ) -> EpisodeConfig:
-        r = self.cfg.rollout
+        r, branch = self.cfg.rollout, branch or BranchSpec()
+        shaped = branch.k > 0 and self.cfg.reward.shaping > 0  # training rollouts of vineppo
         return EpisodeConfig(
-            branch=branch or BranchSpec(),
+            branch=branch,
+            potential=self.potential if shaped else None,
             max_turns=r.max_turns,
             max_tokens=self.token_budget(),
             max_tokens_per_turn=r.max_new_tokens,

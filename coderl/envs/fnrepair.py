@@ -6,14 +6,15 @@ graded out of the candidate's reach). ``tasks.options.tasks_file`` names the tas
 shipped ``data/fnrepair/tasks.jsonl.gz``); ``train`` and ``heldout`` are its splits (held-out
 tasks come only from held-out seeds). Tasks that the synthesiser admits during a run
 (:mod:`coderl.train.synth`) are served by the same environment: rollout and grading take the
-task objects themselves.
+task objects themselves. With ``reward.shaping > 0`` the harness measures each ``run``'s
+potential with the task's visible check (:func:`coderl.tasks.fnrepair.visible_potential`).
 """
 
 from __future__ import annotations
 
 from coderl.config import Config
 from coderl.envs.agent import AgentEnvironment
-from coderl.tasks.fnrepair import TASKS_FILE, repair_tasks
+from coderl.tasks.fnrepair import TASKS_FILE, repair_tasks, visible_potential
 from coderl.tasks.spec import Task
 
 
@@ -24,4 +25,4 @@ def fnrepair_environment(cfg: Config) -> AgentEnvironment:
     def load(split: str) -> list[Task]:
         return repair_tasks(split, path)
 
-    return AgentEnvironment(cfg, load)
+    return AgentEnvironment(cfg, load, potential=visible_potential)

@@ -33,6 +33,7 @@ def _episode_keys() -> list[str]:
 
     from_rollout = {"max_turns", "max_tokens", "max_tokens_per_turn", "context_budget"}
     from_rollout |= {"temperature", "top_p", "seed"}
+    from_rollout.add("potential")  # a function the environment sets, never YAML
     return [f.name for f in dataclasses.fields(EpisodeConfig) if f.name not in from_rollout]
 
 

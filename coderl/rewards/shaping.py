@@ -1,17 +1,24 @@
-"""The potential of potential-based shaping: how far the visible failing tests have got.
+"""The potential of potential-based shaping: how far the visible tests have got.
 
-``Phi(s_t)`` is the fraction of a task's *visible* FAIL_TO_PASS tests (those in the rollout
-workspace, :func:`coderl.tasks.holdout.visible_fail_to_pass`; never the hidden or held-out ones)
-that passed in the last report of each the agent has seen by boundary ``s_t``. The harness reads
-it from the observations of the ``run`` calls it executed (``status="ok"``: the command ran
-and this is its output), with its own parse of pytest's per-test lines
-(:func:`visible_outcomes`): text the agent wrote anywhere else (its messages, a file it wrote,
-a call the harness did not run) is never read. ``Phi(s_0) = 0``: nothing has run yet.
+``Phi(s_t)`` is the share of a task's *visible* tests (never the hidden or held-out ones) that
+passed at the last ``run`` call the harness executed by boundary ``s_t``; ``Phi(s_0) = 0``:
+nothing has run yet. Two sources, one per kind of task:
 
-Not defended, by design: the workspace is the agent's, so a ``run`` can print anything
-(``echo PASSED tests/t.py::test_a``, a conftest that fakes reports) and raise ``Phi`` at that
-boundary. That cannot raise an episode's shaped return: the shaping terms telescope to
-``-Phi(s_0) = 0`` because the terminal potential is pinned to 0
+- **Measured by the harness** (function repair, :func:`coderl.tasks.fnrepair.visible_potential`):
+  after each ``run`` call the harness itself judges the episode's workspace with the task's
+  visible check (the failing assertion its statement shows) in fresh sandboxes, out of the
+  candidate's process, and records the value (``ToolCallRecord.potential``). Nothing the agent
+  prints or writes into a report counts; only what its files compute.
+- **Read from the run's output** (repository tasks, whose visible FAIL_TO_PASS tests are in the
+  workspace, :func:`coderl.tasks.holdout.visible_fail_to_pass`): the harness's own parse of
+  pytest's per-test lines in the observations of the ``run`` calls it executed
+  (:func:`visible_outcomes`); text the agent wrote anywhere else is never read.
+
+Not defended, by design, for the second source: the workspace is the agent's, so a ``run`` can
+print anything (``echo PASSED tests/t.py::test_a``, a conftest that fakes reports) and raise
+``Phi`` at that boundary (the first source cannot be moved that way; a file that special-cases
+the visible check's input does pass it). Neither can raise an episode's shaped return: the
+shaping terms telescope to ``-Phi(s_0) = 0`` because the terminal potential is pinned to 0
 (:func:`coderl.algorithms.potential_shaping`, Ng et al. 1999), whatever the intermediate
 potentials were. A fake moves credit between the episode's turns, never adds to its total.
 """
@@ -52,8 +59,11 @@ def visible_potentials(
 
     Args:
         tool_calls: the episode's :class:`coderl.agent.episode.ToolCallRecord` s (``turn`` is
-            1-based: the call ran in turn ``turn``, so it is seen at ``s_turn``).
-        test_ids: the task's visible FAIL_TO_PASS ids; none: every potential is 0.
+            1-based: the call ran in turn ``turn``, so it is seen at ``s_turn``). A call with a
+            ``potential`` measured by the harness sets ``Phi`` to it; one without is parsed
+            for ``test_ids``.
+        test_ids: the task's visible FAIL_TO_PASS ids read from run output (none: only
+            measured potentials count; without those every potential is 0).
         turns: turns the episode took.
     """
     passed = dict.fromkeys(test_ids, False)
@@ -61,9 +71,13 @@ def visible_potentials(
     for c in tool_calls:
         if c.name == "run" and c.status == "ok":
             by_turn.setdefault(c.turn, []).append(c)
-    phi = [0.0]
+    phi, current = [0.0], 0.0
     for t in range(1, turns + 1):
         for c in by_turn.get(t, []):
-            passed.update(visible_outcomes(c.observation, test_ids))
-        phi.append(sum(passed.values()) / len(passed) if passed else 0.0)
+            if getattr(c, "potential", None) is not None:
+                current = float(c.potential)
+            elif passed:
+                passed.update(visible_outcomes(c.observation, test_ids))
+                current = sum(passed.values()) / len(passed)
+        phi.append(current)
     return phi

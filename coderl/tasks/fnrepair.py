@@ -26,17 +26,28 @@ Validation (:func:`validate`): in fresh sandboxes, the gold patch must resolve t
 unedited buggy file must not. Held-out tasks come only from held-out seeds (HumanEval's fixed split,
 the held-out libraries of ``data/repos.txt``).
 
+The *visible check* of a task (:func:`shown_check`) is the failing assertion its statement shows,
+as a ``check(candidate)`` of its own: the one test the agent can see. :func:`visible_potential`
+judges the episode's workspace with it exactly as the hidden check is judged (the same
+out-of-process checker, fresh sandboxes), so nothing the agent prints counts; it is the shaping
+potential of ``reward.shaping`` (:mod:`coderl.rewards.shaping`). Tasks whose statement shows no
+assertion (``show_assertion`` off), or whose assertion names what only the hidden check defines
+(a loop variable), have none.
+
 Not defended: a mutant can be equivalent on every input the check tries but not in general (the
 validation then drops it, since the buggy file passes); the symptom is one failing assertion (the
-first), not the check's whole output.
+first), not the check's whole output; a file that special-cases the visible check's input passes
+it (its potential rises; the hidden check still decides the reward).
 """
 
 from __future__ import annotations
 
 import ast
+import builtins
 import functools
 import hashlib
 import random
+import re
 import time
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass
@@ -252,6 +263,78 @@ def statement(buggy: str, entry: str, symptom_text: str) -> str:
         "Fix the bug in solution.py. Keep the function's name and signature; the hidden tests "
         "are not in your workspace."
     )
+
+
+_SHOWN = re.compile(r"The failing test reports:\n```\n(.*?)\n```", re.S)
+
+
+def shown_check(task: Any) -> str | None:
+    """The task's visible check: ``def check(candidate):`` around the failing assertion that its
+    statement shows (read from the statement, so it holds nothing the agent was not shown), or
+    ``None`` when the statement shows none (``show_assertion`` off, not a repair statement), or
+    the assertion names something neither ``candidate``, a builtin nor the workspace's
+    ``solution.py`` defines (the check's own locals: the shown line cannot run alone)."""
+    m = _SHOWN.search(getattr(task, "problem_statement", ""))
+    files = getattr(task, "workspace_files", {})
+    lines = m.group(1).split("\n") if m else []
+    if not lines or not lines[0].startswith("    ") or "solution.py" not in files:
+        return None
+    for i in range(1, len(lines) + 1):  # the shortest prefix that is one statement
+        src = "\n".join(lines[:i]).strip()
+        try:
+            body = ast.parse(src).body
+        except SyntaxError:
+            continue
+        if len(body) != 1 or not isinstance(body[0], ast.Assert):
+            return None
+        known = {"candidate", *dir(builtins), *_top_level_names(files["solution.py"])}
+        for node in ast.walk(body[0]):  # names bound inside the assertion itself
+            if isinstance(node, ast.comprehension):
+                known |= {n.id for n in ast.walk(node.target) if isinstance(n, ast.Name)}
+            elif isinstance(node, ast.Lambda):
+                known |= {a.arg for a in ast.walk(node.args) if isinstance(a, ast.arg)}
+        used = {n.id for n in ast.walk(body[0]) if isinstance(n, ast.Name)}
+        return f"def check(candidate):\n    {src}\n" if used <= known else None
+    return None
+
+
+def _top_level_names(code: str) -> set[str]:
+    try:
+        tree = ast.parse(code)
+    except SyntaxError:
+        return set()
+    out: set[str] = set()
+    for node in tree.body:
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            out.add(node.name)
+        elif isinstance(node, ast.Import | ast.ImportFrom):
+            out |= {(a.asname or a.name).split(".")[0] for a in node.names}
+        elif isinstance(node, ast.Assign | ast.AnnAssign | ast.AugAssign):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            out |= {n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)}
+    return out
+
+
+def visible_potential(task: Any, sandbox: Any) -> float | None:
+    """``Phi`` of the episode's current workspace: 1.0 when its ``sandbox.diff()`` passes the
+    task's :func:`shown_check`, judged by :func:`coderl.tasks.grading.grade` in fresh sandboxes
+    (the candidate's answers computed apart from the judge, as for the hidden check), else 0.0;
+    ``None`` when the task has no visible check or the grader could not run (infrastructure, or
+    a workspace whose diff cannot be taken): the potential is then unknown.
+
+    The hidden tests never take part: the judged check is the shown assertion alone."""
+    check = shown_check(task)
+    if check is None:
+        return None
+    from coderl.tasks.grading import grade
+
+    try:
+        diff = sandbox.diff()
+    except Exception:  # noqa: BLE001 - no diff, no potential; the episode's own end says why
+        return None
+    visible = task.model_copy(update={"hidden_tests": {"hidden_test.py": check}})
+    g = grade(visible, diff, timeout=2 * SYMPTOM_TIMEOUT_S)
+    return None if g.grading_error else float(g.resolved)
 
 
 def make_task(seed: Seed, knobs: Knobs, rng: random.Random) -> Task | None:

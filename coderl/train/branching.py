@@ -18,9 +18,11 @@ has no ``V(s_0)`` and gets advantage 0 on every turn (as a singleton group does 
 Continuations are never trained on; they only value states.
 
 Shaping (``reward.shaping > 0``, Ng et al. 1999): ``F_t = gamma Phi(s_{t+1}) - Phi(s_t)`` with
-``Phi`` the visible failing tests' progress (:mod:`coderl.rewards.shaping`) and the terminal
-potential pinned to 0, so an episode's shaped return is its outcome less ``Phi(s_0) = 0``:
-complete episodes keep their order and a faked test report cannot add to a return. The values
+``Phi`` the visible tests' progress (:mod:`coderl.rewards.shaping`: for function repair measured
+by the harness with the task's shown check after each ``run``, for repository tasks read from the
+runs' pytest output) and the terminal potential pinned to 0, so an episode's shaped return is its
+outcome less ``Phi(s_0) = 0``: complete episodes keep their order and a faked test report cannot
+add to a return. The values
 stay Monte-Carlo estimates of the unshaped return, so a turn's advantage gains ``F_t``.
 """
 
@@ -148,8 +150,9 @@ def turn_rewards(
 
 
 def potentials_of(cfg: Config, ep: EpisodeRecord, task: Any) -> list[float] | None:
-    """``Phi(s_0) .. Phi(s_n)`` of an episode from its harness tool log and its task's visible
-    FAIL_TO_PASS tests (None without shaping or a tool log)."""
+    """``Phi(s_0) .. Phi(s_n)`` of an episode from its harness tool log (the potentials the
+    harness measured after its ``run`` calls, else its task's visible FAIL_TO_PASS tests in their
+    output; None without shaping or a tool log)."""
     if cfg.reward.shaping <= 0 or ep.episode is None or task is None:
         return None
     return visible_potentials(ep.episode.tool_calls, visible_fail_to_pass(task), ep.turns)
