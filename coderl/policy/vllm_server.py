@@ -71,7 +71,9 @@ def lora_rank_bound(rank: int) -> int:
 
 
 def write_base_model(policy: Any, path: str | os.PathLike[str]) -> Path:
-    """Write the policy's base model (no LoRA layers) and tokenizer as a Hugging Face directory.
+    """Write the policy's base model (no LoRA layers) and tokenizer as a Hugging Face directory
+    (:func:`coderl.policy.loading.save_model_dir`; its generation config stops on the policy's
+    EOS ids).
 
     With LoRA the peft wrapper's ``base_layer`` weights are written under their plain names and the
     adapter weights are left out (the adapter is loaded into the server separately, per version);
@@ -84,20 +86,19 @@ def write_base_model(policy: Any, path: str | os.PathLike[str]) -> Path:
     Returns:
         The directory.
     """
-    out = Path(path)
-    out.mkdir(parents=True, exist_ok=True)
+    from coderl.policy.loading import save_model_dir  # torch and transformers: only when writing
+
+    model, state = policy.model, None
     if policy.is_lora:
-        base = policy.model.get_base_model()
+        model = policy.model.get_base_model()
         state = {
             k.replace(".base_layer.", "."): v
-            for k, v in base.state_dict().items()
+            for k, v in model.state_dict().items()
             if ".lora_" not in k
         }
-        base.save_pretrained(out, state_dict=state, safe_serialization=True)
-    else:
-        policy.model.save_pretrained(out, safe_serialization=True)
-    policy.tokenizer.save_pretrained(out)
-    return out
+    return save_model_dir(
+        model, policy.tokenizer, path, eos_token_ids=policy.eos_token_ids, state_dict=state
+    )
 
 
 def free_port() -> int:

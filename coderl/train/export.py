@@ -48,7 +48,9 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from coderl.config import load_config
 from coderl.policy.episode import encode, render
+from coderl.policy.loading import save_model_dir
 from coderl.policy.local import LocalPolicy
+from coderl.policy.vllm_server import write_base_model
 from coderl.train.checkpoint import load_checkpoint, resolve_checkpoint
 from coderl.train.run import build_policy
 
@@ -105,7 +107,8 @@ def export_run(
     ids = probe_ids(policy.tokenizer)
     expected = {"trained": policy.logprobs([ids])[0]}  # the trainer forward, in fp32
     if policy.is_lora:
-        with policy.model.disable_adapter():  # type: ignore[operator]
+        peft_model: Any = policy.model
+        with peft_model.disable_adapter():
             expected["base"] = policy.logprobs([ids])[0]
     tmp = dest.parent / f".tmp-{dest.name}"
     shutil.rmtree(tmp, ignore_errors=True)
@@ -139,38 +142,19 @@ def _write(policy: LocalPolicy, tmp: Path, *, merged: bool, final: Path) -> dict
     fine-tuning; "base", "adapter" and, with ``merged``, "merged" for LoRA)."""
     tok, eos = policy.tokenizer, policy.eos_token_ids
     if not policy.is_lora:
-        save_model_dir(policy.model, tok, eos, tmp)
-        return {"model": tmp}
+        return {"model": save_model_dir(policy.model, tok, tmp, eos_token_ids=eos)}
+    adapter, base = tmp / "adapter", write_base_model(policy, tmp / "base")
     peft_model: Any = policy.model
-    adapter, base_dir = tmp / "adapter", tmp / "base"
-    peft_model.save_pretrained(adapter, safe_serialization=True)
+    peft_model.save_pretrained(adapter, safe_serialization=True)  # the adapter only
     tok.save_pretrained(adapter)
     config = json.loads((adapter / "adapter_config.json").read_text())
     config["base_model_name_or_path"] = str((final / "base").resolve())
     (adapter / "adapter_config.json").write_text(json.dumps(config, indent=2, sort_keys=True))
-    base = peft_model.unload()  # the base weights, LoRA layers removed without merging
-    save_model_dir(base, tok, eos, base_dir)
-    dirs = {"base": base_dir, "adapter": adapter}
+    dirs = {"base": base, "adapter": adapter}
     if merged:  # the path a user takes: base directory + adapter directory, merged by peft
-        from peft import PeftModel
-
-        loaded = AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32)
-        fused = PeftModel.from_pretrained(loaded, adapter).merge_and_unload()
-        save_model_dir(fused, tok, eos, tmp / "merged")
-        dirs["merged"] = tmp / "merged"
+        fused = load_exported(adapter).merge_and_unload()
+        dirs["merged"] = save_model_dir(fused, tok, tmp / "merged", eos_token_ids=eos)
     return dirs
-
-
-def save_model_dir(model: Any, tokenizer: Any, eos_ids: list[int], path: Path) -> None:
-    """``model`` (a plain ``*ForCausalLM``) and ``tokenizer`` as one Hugging Face directory; the
-    generation config stops on ``eos_ids`` (what coderl's sampler stops on) and pads with the
-    tokenizer's pad id."""
-    gen = model.generation_config
-    gen.eos_token_id = eos_ids if len(eos_ids) > 1 else eos_ids[0]
-    if tokenizer.pad_token_id is not None:
-        gen.pad_token_id = tokenizer.pad_token_id
-    model.save_pretrained(path, safe_serialization=True)
-    tokenizer.save_pretrained(path)
 
 
 def probe_ids(tokenizer: Any) -> list[int]:
@@ -210,7 +194,7 @@ def check_dir(
     return {"max_logprob_gap": gap, "tokenizer_probes": len(texts)}
 
 
-def load_exported(path: str | Path) -> torch.nn.Module:
+def load_exported(path: str | Path) -> Any:
     """An exported directory as a float32 model in eval mode: a model directory with
     ``AutoModelForCausalLM``, an adapter directory with peft onto its sibling ``base``."""
     path = Path(path)

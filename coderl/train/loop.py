@@ -32,7 +32,7 @@ from coderl.eval.passk import collapse_check
 from coderl.progress import PhaseProgress
 from coderl.train import pipeline as P
 from coderl.train.checkpoint import ensure_new_run
-from coderl.train.metrics import MetricsLogger, read_jsonl
+from coderl.train.metrics import MetricsLogger, read_jsonl, run_logger
 from coderl.train.run import (
     SFT_WEIGHTS,
     Run,
@@ -192,8 +192,8 @@ def log_eval_with_alarm(
 
 
 def _train(run: Run, resume: bool) -> None:
-    cfg, run_dir = run.cfg, Path(run.cfg.run_dir)
-    logger = MetricsLogger(run_dir, resume_step=run.step, tensorboard=cfg.tensorboard)
+    cfg = run.cfg
+    logger = run_logger(cfg, run.step)
     if run.step == 0 and not resume:
         warm = Path(cfg.run_dir) / SFT_WEIGHTS
         if cfg.eval.before_after and cfg.eval.before_sft and cfg.sft.enabled and warm.is_file():
