@@ -181,7 +181,7 @@ def test_a_tokenizer_that_autotokenizer_rebuilds_differently_fails_the_check(tmp
         check_dir(tok, tmp_path, [0, 1], [0.0, 0.0])
 
 
-def test_a_logprob_gap_fails_the_check(full_run, tmp_path):
+def test_a_logprob_gap_fails_the_check(full_run, tmp_path, monkeypatch):
     out = export_run(full_run, tmp_path / "hf")["dirs"]["model"]
     policy = _trained(full_run)
     ids = probe_ids(policy.tokenizer)
@@ -190,3 +190,7 @@ def test_a_logprob_gap_fails_the_check(full_run, tmp_path):
     wrong = [lp + 1e-3 for lp in right]
     with pytest.raises(ExportError, match="logprobs differ"):
         check_dir(policy.tokenizer, Path(out), ids, wrong)
+    monkeypatch.setattr("coderl.train.export.LOGPROB_ATOL", -1.0)  # every export now fails
+    with pytest.raises(ExportError):
+        export_run(full_run, tmp_path / "failed")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["hf"]  # no OUT, no .tmp-OUT left

@@ -112,11 +112,15 @@ def export_run(
             expected["base"] = policy.logprobs([ids])[0]
     tmp = dest.parent / f".tmp-{dest.name}"
     shutil.rmtree(tmp, ignore_errors=True)
-    dirs = _write(policy, tmp, merged=merged, final=dest)
-    checks = {
-        role: check_dir(policy.tokenizer, path, ids, expected.get(role, expected["trained"]))
-        for role, path in dirs.items()
-    }
+    try:
+        dirs = _write(policy, tmp, merged=merged, final=dest)
+        checks = {
+            role: check_dir(policy.tokenizer, path, ids, expected.get(role, expected["trained"]))
+            for role, path in dirs.items()
+        }
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)  # nothing half-written is left behind
+        raise
     manifest = {
         "checkpoint": str(ckpt.resolve()),
         "step": int(state["step"]),
