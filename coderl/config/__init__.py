@@ -27,8 +27,8 @@ from coderl.config.engine import EngineConfig
 from coderl.config.online import OnlineConfig
 from coderl.config.rollout import RolloutConfig
 from coderl.config.synth import CurriculumConfig, SynthConfig
-from coderl.config.trainer import DistributedConfig as DistributedConfig  # re-export
 from coderl.config.tracking import LoggingConfig
+from coderl.config.trainer import DistributedConfig as DistributedConfig  # re-export
 from coderl.config.trainer import TrainerConfig
 from coderl.graders.settings import GradersConfig, JudgeConfig, RMConfig
 
