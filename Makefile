@@ -95,7 +95,7 @@ typecheck: $(STAMP)
 # worker), except the modules that time a child process against the clock (Ctrl-C at the first
 # checkpoint, weight sync inside an episode): they run alone after it. The vLLM module runs in its
 # own process (its kill-and-resume test fails after the rest of the suite in one process).
-SERIAL := tests/test_resume.py tests/test_async.py
+SERIAL := tests/test_resume.py tests/test_async.py tests/test_train_branched.py
 
 test: $(STAMP) $(VLLM_STAMP) sysdeps lint typecheck
 	$(BIN)/python -m pytest -q -n 2 --dist loadfile $(SERIAL:%=--ignore=%) --ignore=tests/test_vllm_engine.py

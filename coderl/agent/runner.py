@@ -51,7 +51,11 @@ def _cut(c: Completion, budget: int) -> Completion:
     if len(c.token_ids) <= budget:
         return c
     return replace(
-        c, token_ids=c.token_ids[:budget], logprobs=c.logprobs[:budget], finish_reason="length"
+        c,
+        token_ids=c.token_ids[:budget],
+        logprobs=c.logprobs[:budget],
+        token_versions=c.token_versions[:budget],  # per-token versions stay aligned
+        finish_reason="length",
     )
 
 
