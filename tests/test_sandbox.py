@@ -737,3 +737,22 @@ def test_diff_of_odd_names_and_deep_trees(repo: Path) -> None:
     from coderl.tasks.patches import remove_tree
 
     remove_tree(tree)
+
+
+def test_works_with_descriptors_past_fd_setsize(repo: Path) -> None:
+    """A process holding many sandboxes (SFT on hundreds of demonstrations) has descriptors past
+    select's FD_SETSIZE (1024); creating, running and closing a sandbox must still work there
+    (it raised "filedescriptor out of range in select()" when the pidfd was waited on by select)."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < 1200:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (min(1200, hard), hard))
+    held = [os.open(os.devnull, os.O_RDONLY) for _ in range(1100)]
+    try:
+        with Sandbox.create(repo) as sb:
+            assert sb.exec("echo ok").stdout == "ok\n"
+    finally:
+        for fd in held:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))

@@ -74,12 +74,12 @@ class BwrapProcess:
 
     def _alive(self) -> bool:
         if self._pidfd is not None:
-            return not select.select([self._pidfd], [], [], 0)[0]
+            return not _readable(self._pidfd, 0)
         return self.proc.poll() is None
 
     def _wait(self, timeout: float) -> bool:
         """Wait up to ``timeout`` s for the init (and bwrap) to exit; True when they did."""
-        if self._pidfd is not None and not select.select([self._pidfd], [], [], timeout)[0]:
+        if self._pidfd is not None and not _readable(self._pidfd, timeout):
             return False
         try:
             self.proc.wait(timeout=timeout)
@@ -121,3 +121,12 @@ def _read_child_pid(info_r: int) -> int | None:
             return int(json.loads(data)["child-pid"])
         except ValueError:
             continue
+
+
+def _readable(fd: int, timeout: float) -> bool:
+    """Whether ``fd`` (a pidfd: readable once the process exited) is readable within ``timeout``
+    seconds. ``poll``, not ``select``: a process holding many sandboxes has descriptors past
+    ``select``'s FD_SETSIZE (1024), where ``select`` raises "filedescriptor out of range"."""
+    poller = select.poll()
+    poller.register(fd, select.POLLIN)
+    return bool(poller.poll(max(timeout, 0.0) * 1000))

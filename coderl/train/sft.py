@@ -46,6 +46,8 @@ from coderl.trajectory import Segment
 
 ORACLE_TURN_TOKENS = 4096
 """Token budget of an oracle turn (the gold file can be longer than an RL turn's budget)."""
+ORACLE_CHUNK = 64
+"""Function-repair oracle episodes run (and sandboxes held) at once."""
 
 
 def without_docstrings(code: str) -> str:
@@ -131,12 +133,16 @@ def _function_segments(
         return oracle_message(task, ecfg.call_format)
 
     script = ScriptedPolicy(policy.tokenizer, reply)
-    jobs = [(t, sandbox_for(t)) for t in tasks]
-    try:
-        episodes = run_episodes(script, jobs, ecfg, max_workers=cfg.rollout.concurrency)
-    finally:
-        for _, sb in jobs:
-            sb.close()
+    episodes = []
+    # a chunk of sandboxes at a time: hundreds of demonstrations would otherwise hold hundreds of
+    # live sandboxes (processes, descriptors, overlay mounts) at once
+    for at in range(0, len(tasks), ORACLE_CHUNK):
+        jobs = [(t, sandbox_for(t)) for t in tasks[at : at + ORACLE_CHUNK]]
+        try:
+            episodes += run_episodes(script, jobs, ecfg, max_workers=cfg.rollout.concurrency)
+        finally:
+            for _, sb in jobs:
+                sb.close()
     return [s for ep in episodes for s in ep.trajectory.segments]
 
 
