@@ -6,8 +6,9 @@ episode that is not finished is waiting for a turn, and one ``policy.generate`` 
 those turns, rows in a fixed order (job order, each continuation right after its parent). So
 which prompts share a call, their order and the call's seed follow from the episodes' states
 alone, never from which tool call happened to return first: a run samples the same tokens (bit
-for bit, on the same machine) however long its tool calls take, which is what exact
-``--resume`` rests on. The price: a round waits for its slowest tool call (a long test run
+for bit, on the same machine, given the same tool results) however long its tool calls take,
+which is what exact ``--resume`` rests on (a served engine may still split or merge a call's
+prompts its own way). The price: a round waits for its slowest tool call (a long test run
 holds back the next turn of every episode, not only its own); the tool calls of a round still
 run at once.
 
