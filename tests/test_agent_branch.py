@@ -4,17 +4,24 @@ A ScriptedPolicy drives them; the sandboxes are real (bubblewrap where it runs).
 
 from __future__ import annotations
 
+import time
 from collections import Counter
 from pathlib import Path
 
 import pytest
+from test_agent_loop import (
+    one_torch_thread,  # noqa: F401 - the fixture, used by name
+    tiny_model_episodes,
+)
 from test_agent_tools import PLAIN_CHATML, make_repo, open_sandbox
 
+from coderl.agent import episode as E
 from coderl.agent.branch import BranchSpec
 from coderl.agent.episode import EpisodeConfig, SimpleTask
 from coderl.agent.parsing import CALL_FORMATS
 from coderl.agent.runner import run_episodes
 from coderl.agent.scripted import ScriptedPolicy
+from coderl.policy import load_policy
 from coderl.policy.tiny import tiny_tokenizer
 
 call = CALL_FORMATS["hermes"].format_call
@@ -141,3 +148,53 @@ def test_continuations_of_a_function_task_are_graded_by_its_hidden_check(tok, tm
     wrote = ["solution.py" in (r.answer or "") for r in records]
     assert [g.resolved for g in grades] == wrote and sorted(wrote) == [False, True, True]
     assert all(g.grading_error is None for g in grades)
+
+
+_FORK, _RUN_CALLS = E._fork, E._run_calls  # what delay() wraps, however often it is called
+
+
+def delay(monkeypatch, *, forks_of: int | None, tools_of: int | None, seconds=0.2) -> None:
+    """Make the forks of job ``forks_of``'s episode and the tool calls of job ``tools_of``'s
+    episode and its continuations take ``seconds`` longer (None: no job's)."""
+
+    def of(job: int | None, episode_id: str) -> bool:  # ids: "{task}/{job}[@{turn}.{k}]"
+        return job is not None and (episode_id.endswith(f"/{job}") or f"/{job}@" in episode_id)
+
+    def slow_fork(st, tools):
+        time.sleep(seconds if of(forks_of, st.episode.episode_id) else 0)
+        return _FORK(st, tools)
+
+    def slow_calls(st, text, tools):
+        time.sleep(seconds if of(tools_of, st.episode.episode_id) else 0)
+        return _RUN_CALLS(st, text, tools)
+
+    monkeypatch.setattr(E, "_fork", slow_fork)
+    monkeypatch.setattr(E, "_run_calls", slow_calls)
+
+
+@pytest.mark.usefixtures("one_torch_thread")
+def test_how_long_tool_calls_and_forks_take_changes_no_sampled_token(tmp_path: Path, monkeypatch):
+    """The tiny random model (real sampling: one RNG stream per generate call, float numerics
+    that depend on which rows share it) in real sandboxes, a group of two branched episodes, run
+    three times with different delays in forks and tool calls: the tokens and logprobs are the
+    same, bit for bit. The runner before rounds sampled the episodes that were ready after a
+    20 ms wait, so a fork or tool call that outlasted it split the batch and changed them."""
+    policy = load_policy("tiny-random", reference=False)
+    base = make_repo(tmp_path)
+    task, cfg = tiny_model_episodes(max_turns=3, branch=BranchSpec(turns=(1,), k=1))
+
+    def sampled(forks_of: int | None, tools_of: int | None) -> list[tuple[list[int], list[float]]]:
+        delay(monkeypatch, forks_of=forks_of, tools_of=tools_of)
+        boxes = [open_sandbox(base) for _ in range(2)]
+        try:
+            eps = run_episodes(policy, [(task, box) for box in boxes], cfg)
+        finally:
+            for box in boxes:
+                box.close()
+        everyone = eps + [b.episode for e in eps for b in e.branches]
+        assert len(everyone) == 4 and all(e.error is None for e in everyone)
+        return [(s.token_ids, s.behavior_logprobs) for e in everyone for s in e.trajectory.segments]
+
+    first = sampled(forks_of=None, tools_of=None)
+    assert first == sampled(forks_of=0, tools_of=None)  # the second turns split on the old runner
+    assert first == sampled(forks_of=None, tools_of=1)  # every turn after the first did

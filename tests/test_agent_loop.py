@@ -335,7 +335,7 @@ def test_self_summarization_crossing_the_budget_twice_gives_three_segments(tok, 
     assert_token_exact(ep, policy)
 
 
-def test_episodes_run_concurrently_with_batched_sampling(tok, tmp_path):
+def test_episodes_run_concurrently_with_batched_sampling_in_rounds(tok, tmp_path):
     base = make_repo(tmp_path)
     scripts = {
         "slow": [call("run", {"command": "sleep 2"}), call("submit", {})],
@@ -351,16 +351,16 @@ def test_episodes_run_concurrently_with_batched_sampling(tok, tmp_path):
     boxes = [open_sandbox(base) for _ in range(3)]
     policy = ScriptedPolicy(tok, script)
     jobs = list(zip(tasks, boxes, strict=True))
-    eps = run_episodes(policy, jobs, EpisodeConfig(), batch_wait_s=0.2)
+    eps = run_episodes(policy, jobs, EpisodeConfig())
     for box in boxes:
         box.close()
     assert [e.episode_id for e in eps] == ["slow/0", "fast/1", "fast/2"]
     assert all(e.stats.finish_reason == "submitted" for e in eps)
-    # the first turn of all three episodes is one generate call; the fast episodes then go on
-    # in batches of two while the slow tool call runs (each waits at most batch_wait_s = 0.2 s
-    # for it: 4 fast turns take ~0.6 s), and never wait for it to end
-    assert policy.batch_sizes[0] == 3 and policy.batch_sizes[1:4] == [2, 2, 2]
-    assert eps[0].stats.wall_time_s >= 2.0 > max(e.stats.wall_time_s for e in eps[1:])
+    # rounds: every episode's turn n is in the n-th generate call, so all second turns wait
+    # for the slow tool call (2 s, run beside the fast reads) and then share one call; batches
+    # never depend on how long a tool call took
+    assert policy.batch_sizes == [3, 3, 2, 2]
+    assert all(e.stats.wall_time_s >= 2.0 for e in eps)
     assert sum(policy.batch_sizes) == sum(e.stats.turns for e in eps) == 2 + 4 + 4
 
 
@@ -411,19 +411,20 @@ def one_torch_thread():
     torch.set_num_threads(before)
 
 
+def tiny_model_episodes(**overrides) -> tuple[SimpleTask, EpisodeConfig]:
+    """A task and episode settings the tiny random model runs cheaply: two tools and short
+    instructions keep the prompt (~500 tokens of its BPE) small; 2 turns of 12 tokens, seed 0."""
+    task = SimpleTask("calc", TASK, kind="tiny")
+    settings = dict(max_turns=2, max_tokens_per_turn=12, temperature=1.0, seed=0)
+    tools = {"tiny": ("read_file", "submit")}
+    cfg = EpisodeConfig(instructions="Fix the bug.", toolsets=tools, **{**settings, **overrides})
+    return task, cfg
+
+
 def test_real_tiny_model_episodes_end_to_end_in_sandboxes(tmp_path, one_torch_thread):
     policy = load_policy("tiny-random", reference=False)
     base = make_repo(tmp_path)
-    # two tools and short instructions keep the prompt (~500 tokens of this tiny BPE) cheap
-    task = SimpleTask("calc", TASK, kind="tiny")
-    cfg = EpisodeConfig(
-        max_turns=2,
-        max_tokens_per_turn=12,
-        instructions="Fix the bug.",
-        toolsets={"tiny": ("read_file", "submit")},
-        temperature=1.0,
-        seed=0,
-    )
+    task, cfg = tiny_model_episodes()
     boxes = [open_sandbox(base) for _ in range(2)]  # a group of two episodes on one task
     try:
         eps = run_episodes(policy, [(task, box) for box in boxes], cfg)

@@ -1,10 +1,16 @@
 """Run many episodes at once: batched sampling across episodes, tool calls in a thread pool.
 
 Every episode is a generator of requests (:func:`coderl.agent.episode.episode_steps`). The runner
-gathers the sample requests of all episodes that are ready into one ``policy.generate`` call and
-runs tool calls in a thread pool, so a slow tool call (a long test run) holds back only its own
-episode: when some episodes are ready to sample and others are still in tools, the runner waits at
-most ``batch_wait_s`` for the others before sampling for the ready ones.
+runs tool calls in a thread pool and samples in rounds: once no tool call is running, every
+episode that is not finished is waiting for a turn, and one ``policy.generate`` call samples
+those turns, rows in a fixed order (job order, each continuation right after its parent). So
+which prompts share a call, their order and the call's seed follow from the episodes' states
+alone, never from which tool call happened to return first: a run samples the same tokens (bit
+for bit, on the same machine, given the same tool results) however long its tool calls take,
+which is what exact ``--resume`` rests on (a served engine may still split or merge a call's
+prompts its own way). The price: a round waits for its slowest tool call (a long test run
+holds back the next turn of every episode, not only its own); the tool calls of a round still
+run at once.
 
 One generate call serves prompts with different remaining budgets: it is asked for the largest
 ``max_new_tokens`` of the batch and each completion is cut to its own budget. The first ``m``
@@ -28,7 +34,7 @@ process (sandbox commands are separate processes, so they do run in parallel).
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from concurrent.futures import ALL_COMPLETED, FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import replace
 from typing import Any
 
@@ -104,7 +110,6 @@ def run_episodes(
     *,
     registry: Mapping[str, Tool] = TOOLS,
     max_workers: int | None = None,
-    batch_wait_s: float = 0.02,
     tokenizer: Any = None,
 ) -> list[Episode]:
     """Run one episode per ``(task, sandbox)`` pair, all at once; episodes in job order.
@@ -119,8 +124,6 @@ def run_episodes(
         cfg: limits, prompts and sampling settings shared by all episodes.
         registry: tool name -> tool; each task kind's tool set is looked up here.
         max_workers: threads for tool calls (default: one per episode, at most 32).
-        batch_wait_s: longest wait (seconds) for episodes still in tools before sampling for the
-            ready ones.
         tokenizer: renders the prompts; default ``policy.tokenizer`` (for policies without one,
             e.g. a remote sampler).
 
@@ -136,6 +139,7 @@ def run_episodes(
     }
     done: list[Episode | None] = [None] * len(gens)
     parents: dict[int, tuple[int, int, int]] = {}  # continuation -> (parent, boundary, index)
+    order: dict[int, tuple[int, ...]] = {i: (i,) for i in gens}  # a batch's row order
     ready: dict[int, SampleRequest] = {}
     running: dict[Future[Any], int] = {}
     calls = 0
@@ -159,6 +163,7 @@ def run_episodes(
             for k, child in enumerate(req.children):
                 j = len(done)
                 parents[j] = (i, req.turn, k)
+                order[j] = (*order[i], req.turn, k)
                 done.append(child if isinstance(child, Episode) else None)  # failed fork: done
                 if not isinstance(child, Episode):
                     gens[j] = child
@@ -167,27 +172,19 @@ def run_episodes(
 
         for i in range(len(jobs)):
             advance(i)
-
-        def harvest() -> None:
-            for fut in [f for f in running if f.done()]:
-                i = running.pop(fut)
-                error = fut.exception()
-                if error is not None:
-                    advance(i, error=error)
-                else:
-                    advance(i, fut.result())
-
         while ready or running:
-            if running and not ready:
-                wait(running, return_when=FIRST_COMPLETED)
-            harvest()
-            if ready and running and batch_wait_s > 0:
-                wait(running, timeout=batch_wait_s, return_when=ALL_COMPLETED)
-                harvest()
+            while running:  # a round ends when no tool call is left: timing cannot shape it
+                for fut in wait(running, return_when=FIRST_COMPLETED).done:
+                    i = running.pop(fut)
+                    error = fut.exception()
+                    if error is not None:
+                        advance(i, error=error)
+                    else:
+                        advance(i, fut.result())
             if ready:
-                batch = dict(ready)
+                batch = sorted(ready, key=order.__getitem__)
+                completions = sample_batch(policy, [ready[i] for i in batch], cfg, calls)
                 ready.clear()
-                completions = sample_batch(policy, list(batch.values()), cfg, calls)
                 calls += 1
                 for i, completion in zip(batch, completions, strict=True):
                     advance(i, completion)
