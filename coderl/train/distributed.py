@@ -38,7 +38,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 import torch.distributed as dist
@@ -61,6 +61,8 @@ from coderl.policy.kvcache import causal_lm
 from coderl.train.batch import StepBatch
 from coderl.train.checkpoint import CKPT_PREFIX, list_checkpoints, rng_state, set_rng_state
 from coderl.train.step import DataParallel, train_step
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -179,6 +181,33 @@ def rank_rows(size: int, rank: int, world: int) -> tuple[int, int]:
     return start, start + base + (1 if rank < extra else 0)
 
 
+def rank_share(size: int) -> tuple[int, int]:
+    """This rank's :func:`rank_rows` of ``size`` items (groups of a round, batches of eval
+    tasks)."""
+    return rank_rows(size, dist.get_rank(), dist.get_world_size())
+
+
+def gather(obj: T) -> list[T]:
+    """Every rank's ``obj`` (picklable), in rank order; every rank calls it
+    (``all_gather_object``: pickled, on NCCL through the current CUDA device)."""
+    parts: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(parts, obj)
+    return parts
+
+
+def check_same_on_ranks(value: Any, what: str) -> None:
+    """Raise unless every rank holds an equal ``value``: what the ranks computed each on their
+    own (the rewards of the gathered episodes) must agree, or their batches differ silently.
+
+    Raises:
+        RuntimeError: the ranks' values differ (names ``what`` and the first differing rank).
+    """
+    parts = gather(value)
+    for r, v in enumerate(parts):
+        if v != parts[0]:
+            raise RuntimeError(f"ranks disagree on {what}: rank {r} differs from rank 0")
+
+
 def _all_reduce(value: float, op: dist.ReduceOp.RedOpType) -> float:
     t = torch.tensor([value], dtype=torch.float64)
     dist.all_reduce(t, op=op)
@@ -193,8 +222,7 @@ _SUMMED = ("loss", "pg_loss", "kl", "entropy", "value_loss")
 def _reduce_metrics(metrics: dict[str, float], tokens: float) -> dict[str, float]:
     """The ranks' step metrics combined (see ``_SUMMED``; a rank without rows may lack keys);
     ``tokens``: this rank's sampled tokens. Every rank calls it (one all-gather)."""
-    parts: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(parts, (metrics, tokens))
+    parts = gather((metrics, tokens))
     total = sum(t for _, t in parts)
     out: dict[str, float] = {}
     for k in sorted({k for m, _ in parts for k in m}):
