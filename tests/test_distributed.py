@@ -269,6 +269,22 @@ def test_ranks_that_disagree_stop(outcomes):
     assert outcomes["two"]["disagree"] == "ranks disagree on the rank: rank 1 differs from rank 0"
 
 
+def test_the_sharded_device_check_runs_on_cpu(tmp_path):
+    # bench/device_check.py --sharded 2 on a CPU: two gloo ranks, two steps, a DCP checkpoint
+    # and a split held-out evaluation, every tensor (each rank's shards) on the CPU
+    cmd = [sys.executable, "bench/device_check.py", "--sharded=2", "--device=cpu"]
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    out = subprocess.run(
+        [*cmd, f"--run-dir={tmp_path}"], cwd=REPO, env=env, capture_output=True, text=True,
+        timeout=240,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert "ran on: gloo, world size 2: cpu (CPU), cpu (CPU)" in out.stdout
+    assert out.stdout.count("every tensor on cpu") == 2
+    assert out.stdout.count("episodes this rank 8") == 4  # 2 tasks x G=8: a group per rank
+    assert (tmp_path / "checkpoints" / "step-000002" / "dcp" / ".metadata").is_file()
+
+
 def test_a_plain_resume_of_a_sharded_checkpoint_says_how(outcomes):
     from coderl.train.checkpoint import latest_checkpoint, load_checkpoint
 
