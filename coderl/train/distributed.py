@@ -21,12 +21,22 @@ reduce-scatter *sums* the ranks' gradients: ``set_gradient_divide_factor(1.0)`` 
 then the single-process gradient of the global batch, token-mean over the global batch and not
 a mean of per-rank means (tests/test_distributed.py checks it against one process).
 
-Limits: every rank runs the same rollouts (same seeds, same weights, gathered with
-:func:`gathered`): rollouts are replicated, not split; only the trainer step is data-parallel.
-The full fine-tuning reference copy is a full frozen copy on every rank (not sharded). The
-vLLM engine is not supported in a sharded run (each rank would start its own server). Only
-models of :data:`coderl.policy.kvcache.STATIC_MODEL_TYPES` (Llama layout: ``model.layers``)
-are sharded per layer.
+Rollouts (``trainer.distributed.split_rollouts``, on by default; weights gathered with
+:func:`gathered`): each rank rolls out and grades only its contiguous share of a round's task
+groups (:func:`rank_share`), each group its own rollout call with its own seed, and the ranks
+exchange the graded episodes (:func:`gather`, ``all_gather_object``), so every rank rewards the
+whole round and builds the global batch one process would (:func:`coderl.train.loop.rollout_round`);
+held-out evaluations split their batches of tasks the same way. Off: every rank runs the whole
+step's rollouts, the same ones from the same seeds.
+
+Limits: with split rollouts, the reward terms, the reference logprobs and the PPO values of the
+whole batch, vineppo's continuation grading and the pool pre-pass still run on every rank (only
+rollouts and grading are split); the ranks compare their rewards of each round
+(:func:`check_same_on_ranks`) and stop if they differ. A rank batches only within a group. The
+full fine-tuning reference copy is a full frozen copy on every rank (not sharded). The vLLM
+engine is not supported in a sharded run (each rank would start its own server). Only models of
+:data:`coderl.policy.kvcache.STATIC_MODEL_TYPES` (Llama layout: ``model.layers``) are sharded
+per layer.
 """
 
 from __future__ import annotations
@@ -310,9 +320,10 @@ def save_sharded_checkpoint(
     run with another world size reads it back (DCP reshards on load). Rank 0 also writes what
     :func:`coderl.train.checkpoint.save_checkpoint` writes apart from the optimizer:
     ``trainable.safetensors`` and ``value_head.safetensors`` (gathered full tensors, for
-    ``coderl eval`` and export), ``scheduler.pt``, ``rng.pt`` (rank 0's RNG states: the ranks
-    run the same rollouts from the same seeds) and ``state.json`` (with ``world_size``). Written
-    into a temporary directory and renamed into place, as the single-process checkpoint is.
+    ``coderl eval`` and export), ``scheduler.pt``, ``rng.pt`` (rank 0's RNG states, restored on
+    every rank: rollouts sample from generators seeded per group or round, not from these) and
+    ``state.json`` (with ``world_size``). Written into a temporary directory and renamed into
+    place, as the single-process checkpoint is.
 
     Returns:
         The checkpoint directory.

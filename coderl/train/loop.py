@@ -145,9 +145,9 @@ def rollout_round(
     One process, or a sharded run with replicated rollouts: one ``env.rollout`` call seeded
     ``seed``. Split rollouts: this rank rolls out and grades only its contiguous share of the
     groups (:func:`coderl.train.distributed.rank_share`; a group never splits), each group its
-    own call seeded :func:`group_seed` (so an episode does not depend on
-    the world size), then every rank gathers every share in rank order, which is ``drawn``
-    order. ``stats["dist/episodes_this_rank"]`` counts the episodes this rank rolled out.
+    own call seeded :func:`group_seed` (so an episode does not depend on the world size), then
+    every rank gathers every share in rank order, which is ``drawn`` order.
+    ``stats["dist/episodes_this_rank"]`` counts the episodes this rank rolled out in the step.
     """
     cfg, G = run.cfg, run.cfg.rollout.group_size
     split = split_rollouts(run)
