@@ -48,7 +48,6 @@ def main() -> int:
     ap.add_argument("--sharded", type=int, default=0, metavar="N", help="ranks (see above)")
     ap.add_argument("--run-dir", default=None, help="default: a new temporary directory")
     args = ap.parse_args()
-    sys.stdout.reconfigure(line_buffering=True)  # type: ignore[attr-defined]  # ranks' lines whole
     if args.sharded and "WORLD_SIZE" not in os.environ:
         return launch(args)
     overrides = [
@@ -70,7 +69,7 @@ def launch(args: argparse.Namespace) -> int:
     device = resolve_device(args.device)
     ranks = min(args.sharded, torch.cuda.device_count()) if device.type == "cuda" else args.sharded
     backend = "nccl" if device.type == "cuda" else "gloo"
-    print(f"sharded check: {ranks} rank(s) on {device.type} over {backend} (asked {args.sharded})")
+    say(f"sharded check: {ranks} rank(s) on {device.type} over {backend} (asked {args.sharded})")
     cmd = [
         sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={ranks}", __file__,
         f"--sharded={ranks}", f"--device={args.device}", f"--engine={args.engine}",
@@ -78,6 +77,12 @@ def launch(args: argparse.Namespace) -> int:
         f"--run-dir={args.run_dir or tempfile.mkdtemp(prefix='coderl-device-sharded-')}",
     ]  # fmt: skip
     return subprocess.run(cmd, check=False).returncode
+
+
+def say(line: str) -> None:
+    """Print ``line`` in one write, flushed (the ranks share one stdout: lines stay whole)."""
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
 
 
 def _local(t: torch.Tensor) -> torch.Tensor:
@@ -101,13 +106,13 @@ def check(cfg: Any, steps: int) -> int:
     tag = f"[rank {rank}] " if sharded else ""
     t0 = time.perf_counter()
     run = setup_run(cfg)
-    print(f"{tag}setup (load, engine start, first sync): {time.perf_counter() - t0:.1f} s")
+    say(f"{tag}setup (load, engine start, first sync): {time.perf_counter() - t0:.1f} s")
     try:
         if sharded and (world := _world(run)) and rank == 0:  # every rank gathers
-            print(f"ran on: {world}")
+            say(f"ran on: {world}")
         for _ in range(steps):
             m = loop.training_step(run)
-            print(
+            say(
                 f"{tag}step {run.step}: rollout {m['time/rollout']:.2f} s, train "
                 f"{m['time/train']:.2f} s, sync {m['time/sync']:.2f} s, reward "
                 f"{m['reward/mean']:.3f}, logprob_gap {m.get('logprob_gap', float('nan')):.2e}, "
@@ -129,7 +134,7 @@ def check(cfg: Any, steps: int) -> int:
             t0 = time.perf_counter()
             ckpt = save(run)
             ev = run_eval(run)
-            print(
+            say(
                 f"{tag}checkpoint {ckpt.name} and held-out eval ({len(ev['per_task'])} tasks, "
                 f"pass@1 {ev['pass_at']['1']['mean']:.3f}): {time.perf_counter() - t0:.2f} s"
             )
@@ -137,11 +142,11 @@ def check(cfg: Any, steps: int) -> int:
         close_run(run)
     bad = {k: v for k, v in places.items() if v != {want}}
     for k, v in places.items():
-        print(f"{tag}{k}: {sorted(str(d) for d in v)}")
+        say(f"{tag}{k}: {sorted(str(d) for d in v)}")
     if bad:
-        print(f"{tag}NOT on {want}: {bad}")
+        say(f"{tag}NOT on {want}: {bad}")
         return 1
-    print(f"{tag}every tensor on {want}")
+    say(f"{tag}every tensor on {want}")
     return 0
 
 
