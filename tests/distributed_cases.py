@@ -210,6 +210,19 @@ def resume_outcome(trainer: Trainer) -> dict[str, Any]:
     return {"rng": probe, "step": step, "sched": last_epoch, "weights": trainer.weights()}
 
 
+def _disagreement(rank: int) -> str | None:
+    """What :func:`coderl.train.distributed.check_same_on_ranks` raises when the ranks hold
+    different values (after it let an equal one pass); None if it raised nothing."""
+    from coderl.train.distributed import check_same_on_ranks
+
+    check_same_on_ranks(repr([1.0, float("nan")]), "an equal value")  # NaN: by repr
+    try:
+        check_same_on_ranks(rank, "the rank")
+    except RuntimeError as e:
+        return str(e)
+    return None
+
+
 def two_rank_worker(rank: int, port: int, out: str) -> None:
     """Rank ``rank`` of two (gloo): every equivalence case, then the checkpoint runs (save after
     step 1 into ``out/w2``, the uninterrupted step 2, the resumed step 2 from ``out/w2`` and
@@ -218,6 +231,7 @@ def two_rank_worker(rank: int, port: int, out: str) -> None:
     os.environ["MASTER_PORT"] = str(port)
     torch.set_num_threads(1)
     res: dict[str, Any] = {c: step_case(c, shard=True) for c in CASES}
+    res["disagree"] = _disagreement(rank)
     t = Trainer()
     t.train()
     t.save(Path(out) / "w2")

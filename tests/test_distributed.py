@@ -37,6 +37,7 @@ from distributed_cases import (
     step_case,
     two_rank_worker,
 )
+from safetensors.torch import load_file
 
 from coderl.train.metrics import read_jsonl
 
@@ -200,23 +201,88 @@ def _coderl(args: list[str], nproc: int | None) -> None:
     subprocess.run(cmd, cwd=REPO, env=env, check=True, capture_output=True, timeout=240)
 
 
-def test_coderl_train_under_torchrun_equals_one_process_and_resumes_on_one_rank(tmp_path):
-    # configs/toy.yaml (full fine-tuning, 2 tasks x G=8): two steps on two ranks, checkpoint
-    # every step, then step 3 resumed on one rank, against one plain process throughout
-    steps = ["trainer.checkpoint_every=1", "trainer.distributed.enabled=true"]
-    sharded, plain = tmp_path / "sharded", tmp_path / "plain"
-    _coderl(["train", *TOY, "trainer.steps=2", f"run_dir={sharded}", *steps], nproc=2)
-    assert (sharded / "checkpoints" / "step-000002" / "dcp" / ".metadata").is_file()
-    _coderl(["train", "--resume", str(sharded), "trainer.steps=3"], nproc=1)
-    _coderl(["train", *TOY, "trainer.steps=3", f"run_dir={plain}"], nproc=None)
-    got, want = (read_jsonl(d / "metrics.jsonl") for d in (sharded, plain))
-    assert [r["step"] for r in got] == [r["step"] for r in want] == [1, 2, 3]
+def _same_metrics(got: list[dict], want: list[dict]) -> None:
+    """Step by step: the same rollouts (rewards exactly), the trainer's loss and gradient norm
+    to float order (sums over ranks in another order: ~1e-7 relative seen)."""
+    assert [r["step"] for r in got] == [r["step"] for r in want]
     for g, w in zip(got, want, strict=True):
-        assert g["reward/mean"] == w["reward/mean"]  # the same rollouts
+        assert g["reward/mean"] == w["reward/mean"], g["step"]
         for k in ("loss", "grad_norm", "trained_tokens"):
             assert g[k] == pytest.approx(w[k], rel=1e-4, abs=1e-6), (g["step"], k)
-    state = json.loads((sharded / "checkpoints" / "step-000003" / "state.json").read_text())
+
+
+def _episodes_this_rank(run_dir: Path) -> list[float]:
+    return [r["dist/episodes_this_rank"] for r in read_jsonl(run_dir / "metrics.jsonl")]
+
+
+SPLIT = [  # 3 tasks x G=8 per step: the ranks take 2 and 1 groups (16 and 8 episodes);
+    # 6 held-out tasks in batches of 2 (8 episodes // 4 samples): the ranks evaluate 2 and 1
+    "tasks.tasks_per_step=3", "trainer.checkpoint_every=1", "trainer.distributed.enabled=true",
+    "eval.before_after=true", "eval.every=2", "eval.tasks=6", "eval.batch_episodes=8",
+]  # fmt: skip
+
+
+def test_split_rollouts_on_two_ranks_equal_one_process_and_resume_on_one_rank(tmp_path):
+    # two ranks, each rolling out and grading its share of the groups (and of the held-out
+    # batches), against one rank (one process) rolling out every group, three steps; the
+    # two-rank run stops after step 2 and resumes on one rank for step 3
+    two, one = tmp_path / "two", tmp_path / "one"
+    _coderl(["train", *TOY, *SPLIT, "trainer.steps=2", f"run_dir={two}"], nproc=2)
+    _coderl(["train", "--resume", str(two), "trainer.steps=3"], nproc=1)
+    _coderl(["train", *TOY, *SPLIT, "trainer.steps=3", f"run_dir={one}"], nproc=1)
+    _same_metrics(read_jsonl(two / "metrics.jsonl"), read_jsonl(one / "metrics.jsonl"))
+    assert _episodes_this_rank(two) == [16, 16, 24]  # rank 0 (step 3: the resumed one rank)
+    assert _episodes_this_rank(two / "ranks" / "rank-1") == [8, 8]
+    assert _episodes_this_rank(one) == [24, 24, 24]
+    evals = [read_jsonl(d / "eval.jsonl") for d in (two, one)]
+    assert [e["step"] for e in evals[0]] == [e["step"] for e in evals[1]] == [0, 2, 3]
+    for got, want in zip(*evals, strict=True):
+        assert len(got["per_task"]) == 6
+        assert got["per_task"] == want["per_task"] and got["pass_at"] == want["pass_at"]
+    # the weights after steps 2 and 3: within 1e-4 (lr 5e-3: 2% of one AdamW move; float
+    # order, amplified by AdamW where a gradient is of the order of its eps, seen 5e-5)
+    for step in ("step-000002", "step-000003"):
+        got, want = (
+            load_file(d / "checkpoints" / step / "trainable.safetensors") for d in (two, one)
+        )
+        assert sorted(got) == sorted(want)
+        for n, w in want.items():
+            torch.testing.assert_close(got[n], w, rtol=0, atol=1e-4, msg=lambda m, n=n: f"{n}: {m}")
+    state = json.loads((two / "checkpoints" / "step-000003" / "state.json").read_text())
     assert state["world_size"] == 1 and state["step"] == 3
+
+
+def test_replicated_rollouts_on_two_ranks_equal_one_plain_process(tmp_path):
+    # trainer.distributed.split_rollouts=false: every rank rolls out the whole step, the very
+    # batch of one plain process (one rollout call per round, not one per group)
+    sharded, plain = tmp_path / "sharded", tmp_path / "plain"
+    dist_on = ["trainer.distributed.enabled=true", "trainer.distributed.split_rollouts=false"]
+    _coderl(["train", *TOY, "trainer.steps=2", f"run_dir={sharded}", *dist_on], nproc=2)
+    _coderl(["train", *TOY, "trainer.steps=2", f"run_dir={plain}"], nproc=None)
+    got = read_jsonl(sharded / "metrics.jsonl")
+    _same_metrics(got, read_jsonl(plain / "metrics.jsonl"))
+    assert not any("dist/episodes_this_rank" in r for r in got)
+    assert (sharded / "checkpoints" / "step-000002" / "dcp" / ".metadata").is_file()
+
+
+def test_ranks_that_disagree_stop(outcomes):
+    assert outcomes["two"]["disagree"] == "ranks disagree on the rank: rank 1 differs from rank 0"
+
+
+def test_the_sharded_device_check_runs_on_cpu(tmp_path):
+    # bench/device_check.py --sharded 2 on a CPU: two gloo ranks, two steps, a DCP checkpoint
+    # and a split held-out evaluation, every tensor (each rank's shards) on the CPU
+    cmd = [sys.executable, "bench/device_check.py", "--sharded=2", "--device=cpu"]
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    out = subprocess.run(
+        [*cmd, f"--run-dir={tmp_path}"], cwd=REPO, env=env, capture_output=True, text=True,
+        timeout=240,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert "ran on: gloo, world size 2: cpu (CPU), cpu (CPU)" in out.stdout
+    assert out.stdout.count("every tensor on cpu") == 2
+    assert out.stdout.count("episodes this rank 8") == 4  # 2 tasks x G=8: a group per rank
+    assert (tmp_path / "checkpoints" / "step-000002" / "dcp" / ".metadata").is_file()
 
 
 def test_a_plain_resume_of_a_sharded_checkpoint_says_how(outcomes):

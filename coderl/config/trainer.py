@@ -16,6 +16,13 @@ class DistributedConfig(_Section):
     """Shard the trainer over the processes ``torchrun`` started (world size, rank and
     rendezvous come from its environment: ``WORLD_SIZE``, ``RANK``, ``MASTER_ADDR``...); each
     rank takes its share of the rows of every step's batch. Off: one process."""
+    split_rollouts: bool = True
+    """Each rank rolls out and grades only its contiguous share of a step's task groups (a
+    group never splits) and the ranks gather the scored episodes, so every rank builds the same
+    global batch; each group is then its own rollout call with its own seed, so the episodes do
+    not depend on the world size (nor batch across groups on a rank). Held-out evaluations split
+    their task batches the same way. Off: every rank rolls out the whole step, the same rollouts
+    from the same seeds as one plain process."""
     backend: Literal["auto", "gloo", "nccl"] = "auto"
     """The ``torch.distributed`` backend: ``auto`` is ``nccl`` when the trainer device is CUDA,
     else ``gloo`` (CPU)."""

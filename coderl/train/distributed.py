@@ -21,12 +21,22 @@ reduce-scatter *sums* the ranks' gradients: ``set_gradient_divide_factor(1.0)`` 
 then the single-process gradient of the global batch, token-mean over the global batch and not
 a mean of per-rank means (tests/test_distributed.py checks it against one process).
 
-Limits: every rank runs the same rollouts (same seeds, same weights, gathered with
-:func:`gathered`): rollouts are replicated, not split; only the trainer step is data-parallel.
-The full fine-tuning reference copy is a full frozen copy on every rank (not sharded). The
-vLLM engine is not supported in a sharded run (each rank would start its own server). Only
-models of :data:`coderl.policy.kvcache.STATIC_MODEL_TYPES` (Llama layout: ``model.layers``)
-are sharded per layer.
+Rollouts (``trainer.distributed.split_rollouts``, on by default; weights gathered with
+:func:`gathered`): each rank rolls out and grades only its contiguous share of a round's task
+groups (:func:`rank_share`), each group its own rollout call with its own seed, and the ranks
+exchange the graded episodes (:func:`gather`, ``all_gather_object``), so every rank rewards the
+whole round and builds the global batch one process would (:func:`coderl.train.loop.rollout_round`);
+held-out evaluations split their batches of tasks the same way. Off: every rank runs the whole
+step's rollouts, the same ones from the same seeds.
+
+Limits: with split rollouts, the reward terms, the reference logprobs and the PPO values of the
+whole batch, vineppo's continuation grading and the pool pre-pass still run on every rank (only
+rollouts and grading are split); the ranks compare their rewards of each round
+(:func:`check_same_on_ranks`) and stop if they differ. A rank batches only within a group. The
+full fine-tuning reference copy is a full frozen copy on every rank (not sharded). The vLLM
+engine is not supported in a sharded run (each rank would start its own server). Only models of
+:data:`coderl.policy.kvcache.STATIC_MODEL_TYPES` (Llama layout: ``model.layers``) are sharded
+per layer.
 """
 
 from __future__ import annotations
@@ -38,7 +48,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 import torch.distributed as dist
@@ -61,6 +71,8 @@ from coderl.policy.kvcache import causal_lm
 from coderl.train.batch import StepBatch
 from coderl.train.checkpoint import CKPT_PREFIX, list_checkpoints, rng_state, set_rng_state
 from coderl.train.step import DataParallel, train_step
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -179,6 +191,33 @@ def rank_rows(size: int, rank: int, world: int) -> tuple[int, int]:
     return start, start + base + (1 if rank < extra else 0)
 
 
+def rank_share(size: int) -> tuple[int, int]:
+    """This rank's :func:`rank_rows` of ``size`` items (groups of a round, batches of eval
+    tasks)."""
+    return rank_rows(size, dist.get_rank(), dist.get_world_size())
+
+
+def gather(obj: T) -> list[T]:
+    """Every rank's ``obj`` (picklable), in rank order; every rank calls it
+    (``all_gather_object``: pickled, on NCCL through the current CUDA device)."""
+    parts: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(parts, obj)
+    return parts
+
+
+def check_same_on_ranks(value: Any, what: str) -> None:
+    """Raise unless every rank holds an equal ``value``: what the ranks computed each on their
+    own (the rewards of the gathered episodes) must agree, or their batches differ silently.
+
+    Raises:
+        RuntimeError: the ranks' values differ (names ``what`` and the first differing rank).
+    """
+    parts = gather(value)
+    for r, v in enumerate(parts):
+        if v != parts[0]:
+            raise RuntimeError(f"ranks disagree on {what}: rank {r} differs from rank 0")
+
+
 def _all_reduce(value: float, op: dist.ReduceOp.RedOpType) -> float:
     t = torch.tensor([value], dtype=torch.float64)
     dist.all_reduce(t, op=op)
@@ -193,8 +232,7 @@ _SUMMED = ("loss", "pg_loss", "kl", "entropy", "value_loss")
 def _reduce_metrics(metrics: dict[str, float], tokens: float) -> dict[str, float]:
     """The ranks' step metrics combined (see ``_SUMMED``; a rank without rows may lack keys);
     ``tokens``: this rank's sampled tokens. Every rank calls it (one all-gather)."""
-    parts: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(parts, (metrics, tokens))
+    parts = gather((metrics, tokens))
     total = sum(t for _, t in parts)
     out: dict[str, float] = {}
     for k in sorted({k for m, _ in parts for k in m}):
@@ -282,9 +320,10 @@ def save_sharded_checkpoint(
     run with another world size reads it back (DCP reshards on load). Rank 0 also writes what
     :func:`coderl.train.checkpoint.save_checkpoint` writes apart from the optimizer:
     ``trainable.safetensors`` and ``value_head.safetensors`` (gathered full tensors, for
-    ``coderl eval`` and export), ``scheduler.pt``, ``rng.pt`` (rank 0's RNG states: the ranks
-    run the same rollouts from the same seeds) and ``state.json`` (with ``world_size``). Written
-    into a temporary directory and renamed into place, as the single-process checkpoint is.
+    ``coderl eval`` and export), ``scheduler.pt``, ``rng.pt`` (rank 0's RNG states, restored on
+    every rank: rollouts sample from generators seeded per group or round, not from these) and
+    ``state.json`` (with ``world_size``). Written into a temporary directory and renamed into
+    place, as the single-process checkpoint is.
 
     Returns:
         The checkpoint directory.

@@ -5,7 +5,10 @@ One step, top to bottom (:func:`training_step`)::
     tasks    = run.sampler.take(tasks_per_step)              # coderl.train.sampling; exact on resume
     episodes = env.rollout(engine, tasks, params, G)         # seed rollout_seed(seed, step, round)
                                                              # (vineppo: rollout_branched)
-    scored   = pipeline.score(...)                           # grade, attribute failures, rewards
+    graded   = pipeline.grade(...)                           # grade, attribute failures
+                                                             # (rollout_round; split rollouts: this
+                                                             # rank's groups, then gathered)
+    scored   = pipeline.rescore(graded)                      # rewards
     run.sampler.observe(tasks, scored.infos)                 # pool: pass-rate estimates
     (dynamic sampling: drop or resample zero-variance groups, counted)
     turn_adv = branching.turn_credit(...)                    # vineppo: grade the continuations
@@ -26,6 +29,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -64,7 +68,7 @@ def collect(run: Run, step: int) -> tuple[P.Scored, dict[str, float]]:
     sampling, drop (or replace) groups whose rewards have zero variance. Returns the kept
     episodes, rescored together, and timing, dynamic-sampling and sampling stats
     (:func:`coderl.train.sampling.rollout_metrics`, over every group rolled out)."""
-    cfg, G = run.cfg, run.cfg.rollout.group_size
+    cfg = run.cfg
     kept: P.Scored | None = None
     stats = {"time/rollout": 0.0, "time/grading": 0.0, "dynamic/zero_variance_groups": 0.0}
     stats["dynamic/dropped_groups"] = stats["dynamic/resampled_groups"] = 0.0
@@ -77,19 +81,17 @@ def collect(run: Run, step: int) -> tuple[P.Scored, dict[str, float]]:
     run.sampler.step = step  # the mix schedule reads the step
     for rnd in range(rounds):
         drawn = run.sampler.take(wanted)
-        tasks = [t for _, t in drawn]
         stats["dynamic/resampled_groups"] += len(drawn) if rnd else 0
-        t0 = time.perf_counter()
-        params = P.sampling_params(cfg, P.rollout_seed(cfg.seed, step, rnd))
-        assert run.engine is not None  # setup_run built it
-        episodes = rollout(run, tasks, params)
-        stats["time/rollout"] += time.perf_counter() - t0
-        owners = [t for t in tasks for _ in range(G)]
-        keys = [P.group_key(t.id, pos) for pos, t in drawn for _ in range(G)]
-        scored = P.score(run.env, run.policy, cfg, owners, keys, episodes, run.observers)
-        run.sampler.observe(owners, scored.infos)
-        rolled_tasks += owners
-        rolled_keys += keys
+        graded = rollout_round(run, drawn, P.rollout_seed(cfg.seed, step, rnd), stats)
+        scored = P.rescore(graded, cfg)
+        if split_rollouts(run):  # each rank rewarded the whole round itself: they must agree
+            from coderl.train.distributed import check_same_on_ranks
+
+            rewards = repr((scored.rewards.totals, scored.rewards.valid))
+            check_same_on_ranks(rewards, "the round's rewards (a reward term that timed out?)")
+        run.sampler.observe(scored.tasks, scored.infos)
+        rolled_tasks += scored.tasks
+        rolled_keys += scored.keys
         rolled_infos += scored.infos
         stats["time/grading"] += scored.grading_s
         flat = P.zero_variance_groups(scored.keys, scored.rewards)
@@ -98,11 +100,7 @@ def collect(run: Run, step: int) -> tuple[P.Scored, dict[str, float]]:
         if dynamic != "off":
             stats["dynamic/dropped_groups"] += len(flat)
         part = P.select(scored, keep)
-        if kept is None:
-            kept = part
-        else:
-            for name in ("episodes", "keys", "samples", "failures", "grades", "flags", "tasks"):
-                getattr(kept, name).extend(getattr(part, name))
+        kept = part if kept is None else concat([kept, part])
         wanted = len(flat)
         if dynamic != "resample" or wanted == 0:
             break
@@ -110,6 +108,76 @@ def collect(run: Run, step: int) -> tuple[P.Scored, dict[str, float]]:
     stats.update(rollout_metrics(run.sampler, rolled_tasks, rolled_keys, rolled_infos))
     # rewards of the kept samples, recomputed together (group pass rates are per group)
     return P.rescore(kept, cfg), stats
+
+
+def group_seed(round_seed: int, group: int) -> int:
+    """Sampling seed of group ``group`` (its index in the round) rolled out alone (split
+    rollouts, :func:`rollout_round`): the same whichever rank rolls it out. The stride is beyond
+    any ``rollout_seed`` step and :data:`coderl.envs.mix.SEED_STRIDE` offset."""
+    return round_seed + group * 1_000_000_007
+
+
+def concat(parts: Sequence[P.Scored]) -> P.Scored:
+    """The episodes of ``parts`` one after another (rewards not recomputed: call
+    :func:`coderl.train.pipeline.rescore`); ``grading_s`` is the longest part's (parts graded
+    side by side: the ranks of a sharded run), the observers are the first part's."""
+    out = P.select(parts[0], list(range(len(parts[0].episodes))))
+    for part in parts[1:]:
+        for name in ("episodes", "keys", "samples", "failures", "grades", "flags", "tasks"):
+            getattr(out, name).extend(getattr(part, name))
+    out.grading_s = max(p.grading_s for p in parts)
+    return out
+
+
+def split_rollouts(run: Run) -> bool:
+    """Whether this is a sharded run whose ranks split the rollouts
+    (``trainer.distributed.split_rollouts``)."""
+    return run.sharded is not None and run.cfg.trainer.distributed.split_rollouts
+
+
+def rollout_round(
+    run: Run, drawn: list[tuple[int, Any]], seed: int, stats: dict[str, float]
+) -> P.Scored:
+    """One round's episodes, ``G`` per drawn ``(position, task)``, graded but not yet rewarded
+    (:func:`coderl.train.pipeline.grade`), task-major in ``drawn`` order; adds the rollout time
+    to ``stats["time/rollout"]``.
+
+    One process, or a sharded run with replicated rollouts: one ``env.rollout`` call seeded
+    ``seed``. Split rollouts: this rank rolls out and grades only its contiguous share of the
+    groups (:func:`coderl.train.distributed.rank_share`; a group never splits), each group its
+    own call seeded :func:`group_seed` (so an episode does not depend on the world size), then
+    every rank gathers every share in rank order, which is ``drawn`` order.
+    ``stats["dist/episodes_this_rank"]`` counts the episodes this rank rolled out in the step.
+    """
+    cfg, G = run.cfg, run.cfg.rollout.group_size
+    split = split_rollouts(run)
+    if split:
+        from coderl.train import distributed
+
+        lo, hi = distributed.rank_share(len(drawn))
+    else:
+        lo, hi = 0, len(drawn)
+    mine = drawn[lo:hi]
+    t0 = time.perf_counter()
+    if split:
+        episodes = [
+            ep
+            for j, (_, task) in enumerate(mine, start=lo)
+            for ep in rollout(run, [task], P.sampling_params(cfg, group_seed(seed, j)))
+        ]
+    else:
+        episodes = rollout(run, [t for _, t in mine], P.sampling_params(cfg, seed))
+    stats["time/rollout"] += time.perf_counter() - t0
+    owners = [t for _, t in mine for _ in range(G)]
+    keys = [P.group_key(t.id, pos) for pos, t in mine for _ in range(G)]
+    graded = P.grade(run.env, run.policy, cfg, owners, keys, episodes, run.observers)
+    if not split:
+        return graded
+    stats["dist/episodes_this_rank"] = stats.get("dist/episodes_this_rank", 0.0) + len(episodes)
+    shares = distributed.gather(replace(graded, tasks=[], observers=()))  # tasks: every rank has
+    whole = concat(shares)
+    whole.tasks, whole.observers = [t for _, t in drawn for _ in range(G)], graded.observers
+    return whole
 
 
 def rollout(run: Run, tasks: list[Any], params: Any) -> list[Any]:
@@ -136,7 +204,7 @@ def rollout(run: Run, tasks: list[Any], params: Any) -> list[Any]:
 def training_step(run: Run) -> dict[str, float]:
     """One step of the loop (see the module docstring); returns its metrics."""
     cfg = run.cfg
-    with full_weights(run):  # sharded: every rank rolls out the whole batch, weights gathered
+    with full_weights(run):  # sharded: weights gathered; every rank ends with the whole batch
         scored, metrics = collect(run, run.step)
         turn_adv = None
         if cfg.algorithm.advantage == "vineppo":  # grade the continuations: per-turn values
@@ -245,7 +313,8 @@ def _train(run: Run, resume: bool) -> None:
         sft = load_sft_weights(run)
         if cfg.eval.before_after:
             logger.log_eval(0, {**run_eval(run), "phase": "sft" if sft else "start"})
-        prepass(run)  # tasks.pool.prepass_samples: seed the pool's estimates (0: nothing)
+        with full_weights(run):  # sharded: every rank runs the whole pre-pass
+            prepass(run)  # tasks.pool.prepass_samples: seed the pool's estimates (0: nothing)
     with PhaseProgress("train", cfg.trainer.steps, completed=run.step, enabled=cfg.progress) as bar:
         while run.step < cfg.trainer.steps:
             metrics = training_step(run)

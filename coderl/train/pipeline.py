@@ -299,9 +299,22 @@ def score(
     episodes: list[EpisodeRecord],
     observers: Sequence[StepObserver] = (),
 ) -> Scored:
+    """:func:`grade`, then :func:`rescore`: the rewards; ``observers`` see the scored set."""
+    return rescore(grade(env, policy, cfg, tasks, keys, episodes, observers), cfg)
+
+
+def grade(
+    env: Environment,
+    policy: Any,
+    cfg: Config,
+    tasks: list[Any],
+    keys: list[str],
+    episodes: list[EpisodeRecord],
+    observers: Sequence[StepObserver] = (),
+) -> Scored:
     """Grade ``episodes`` (``tasks`` and ``keys``: per episode), attribute failures, run the
-    hack detectors (they only observe), build the reward samples with every mask and compute the
-    rewards; ``observers`` see the scored set.
+    hack detectors (they only observe) and build the reward samples with every mask; the
+    rewards are :func:`rescore`'s (a sharded run grades its share, rescores the whole).
 
     Raises:
         ValueError: list lengths differ (from the strict zips).
@@ -315,12 +328,9 @@ def score(
     grading_s = time.perf_counter() - t0
     flags = [detect_hacks(ep, g, t) for ep, g, t in zip(episodes, grades, tasks, strict=True)]
     empty = RewardResult([], [], [])
-    return rescore(
-        Scored(
-            episodes, keys, samples, empty, failures, grading_s, [], grades, flags, observers,
-            list(tasks),
-        ),
-        cfg,
+    return Scored(
+        episodes, keys, samples, empty, failures, grading_s, [], grades, flags, observers,
+        list(tasks),
     )  # fmt: skip
 
 

@@ -18,6 +18,7 @@ A checkpoint's ``state.json`` holds ``step``, ``version`` (the policy's weights 
 
 from __future__ import annotations
 
+import os
 import random
 import time
 from contextlib import AbstractContextManager, nullcontext
@@ -70,11 +71,16 @@ def resolve_device(name: str) -> torch.device:
 
 def build_policy(cfg: Config) -> LocalPolicy:
     """The policy of ``cfg.model`` on ``trainer.device``: LoRA adapters (reference = adapter
-    disabled) or full fine-tuning (reference = a frozen copy on the same device)."""
+    disabled) or full fine-tuning (reference = a frozen copy on the same device). A sharded
+    run's ``cuda`` without an index is ``cuda:LOCAL_RANK`` (torchrun's local rank: one GPU per
+    rank, the device :func:`coderl.train.distributed.init_distributed` makes current)."""
     m = cfg.model
     lora = LoraSpec(rank=m.lora_r, alpha=m.lora_alpha, dropout=m.lora_dropout) if m.lora else None
     torch.manual_seed(m.seed)  # LoRA initialisation
-    return load_policy(m.name, lora=lora, seed=m.seed, device=resolve_device(cfg.trainer.device))
+    device = resolve_device(cfg.trainer.device)
+    if cfg.trainer.distributed.enabled and device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))  # a GPU per rank
+    return load_policy(m.name, lora=lora, seed=m.seed, device=device)
 
 
 @dataclass
@@ -279,15 +285,64 @@ def run_eval(
 
     ``samples``: n per task (None: ``eval.samples``). pass@1 and pass@n (the collapse check) are
     always reported, besides the ``eval.k`` up to n. The record also holds ``temperature`` and
-    ``time_s`` (wall seconds of the evaluation, rollouts and grading)."""
+    ``time_s`` (wall seconds of the evaluation, rollouts and grading).
+
+    A sharded run with ``trainer.distributed.split_rollouts``: each rank evaluates its
+    contiguous share of the batches of tasks (:func:`coderl.eval.passk.evaluate` seeds a batch
+    by its offset in the split, so the episodes are one process's) and every rank summarizes
+    the gathered per-task rows; ``time_s`` is this rank's."""
+    cfg = run.cfg
+    n = samples or cfg.eval.samples
+    ks = sorted({1, n, *(k for k in cfg.eval.k if k <= n)})
+    t0 = time.perf_counter()
+    tasks = run.env.tasks(split or cfg.tasks.heldout_split)[: cfg.eval.tasks]
+    per_batch = max(1, cfg.eval.batch_episodes // n)
+    lo, hi = 0, len(tasks)
+    split_eval = run.sharded is not None and cfg.trainer.distributed.split_rollouts
+    if split_eval:
+        from coderl.train.distributed import rank_share
+
+        b0, b1 = rank_share(-(-len(tasks) // per_batch))  # whole batches of tasks
+        lo, hi = b0 * per_batch, min(b1 * per_batch, len(tasks))
+    seed = cfg.seed + EVAL_SEED_OFFSET + lo
+    params = sampling_params(cfg, seed, cfg.eval.temperature)
+    views = None if episodes_out is None else []
+    res = None
+    with full_weights(run):  # every rank enters it (a collective), with tasks or without
+        if hi > lo or not split_eval:
+            res = _evaluate(run, tasks[lo:hi], n, ks, params, per_batch, views)
+    if split_eval:
+        from coderl.eval.passk import summarize
+        from coderl.train.distributed import gather
+
+        mine = (res.per_task, res.grading_errors, res.dropped_episodes, views) if res else None
+        parts = [p for p in gather(mine) if p is not None]
+        res = summarize([t for p in parts for t in p[0]], ks, n, sum(p[1] for p in parts))
+        res.dropped_episodes = sum(p[2] for p in parts)
+        views = None if views is None else [v for p in parts for v in p[3]]
+    assert res is not None  # evaluated above, or gathered
+    if episodes_out is not None and views is not None:
+        episodes_out.extend(views)
+    out = res.to_dict()
+    out.update(temperature=cfg.eval.temperature, time_s=time.perf_counter() - t0)
+    return out
+
+
+def _evaluate(
+    run: Run,
+    tasks: list[Any],
+    n: int,
+    ks: list[int],
+    params: Any,
+    per_batch: int,
+    episodes_out: list[tuple[Any, bool]] | None,
+) -> Any:
+    """:func:`coderl.eval.passk.evaluate` of ``tasks`` with a progress bar (the caller
+    gathers a sharded run's weights)."""
     from coderl.eval.passk import evaluate
     from coderl.progress import PhaseProgress
 
     cfg = run.cfg
-    n = samples or cfg.eval.samples
-    t0 = time.perf_counter()
-    tasks = run.env.tasks(split or cfg.tasks.heldout_split)[: cfg.eval.tasks]
-    params = sampling_params(cfg, cfg.seed + EVAL_SEED_OFFSET, cfg.eval.temperature)
     resolved = 0
     with PhaseProgress(f"eval ({n} samples/task)", len(tasks), enabled=cfg.progress) as bar:
 
@@ -296,21 +351,17 @@ def run_eval(
             resolved += correct
             bar.advance(done, status=f"resolved {resolved} of {(bar.done + done) * n} samples")
 
-        with full_weights(run):
-            res = evaluate(
-                run.env,
-                run.engine if run.engine is not None else run.policy,
-                tasks,
-                samples=n,
-                ks=sorted({1, n, *(k for k in cfg.eval.k if k <= n)}),
-                params=params,
-                tasks_per_batch=max(1, cfg.eval.batch_episodes // n),
-                episodes_out=episodes_out,
-                on_batch=batch_done,
-            )
-    out = res.to_dict()
-    out.update(temperature=cfg.eval.temperature, time_s=time.perf_counter() - t0)
-    return out
+        return evaluate(
+            run.env,
+            run.engine if run.engine is not None else run.policy,
+            tasks,
+            samples=n,
+            ks=ks,
+            params=params,
+            tasks_per_batch=per_batch,
+            episodes_out=episodes_out,
+            on_batch=batch_done,
+        )
 
 
 def optimize(run: Run, batch: StepBatch | None) -> dict[str, float]:
