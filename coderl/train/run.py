@@ -68,13 +68,15 @@ def resolve_device(name: str) -> torch.device:
     return device
 
 
-def build_policy(cfg: Config) -> LocalPolicy:
+def build_policy(cfg: Config, *, reference: bool = True) -> LocalPolicy:
     """The policy of ``cfg.model`` on ``trainer.device``: LoRA adapters (reference = adapter
-    disabled) or full fine-tuning (reference = a frozen copy on the same device)."""
+    disabled) or full fine-tuning (reference = a frozen copy on the same device; none with
+    ``reference=False``, e.g. to export or evaluate only)."""
     m = cfg.model
     lora = LoraSpec(rank=m.lora_r, alpha=m.lora_alpha, dropout=m.lora_dropout) if m.lora else None
     torch.manual_seed(m.seed)  # LoRA initialisation
-    return load_policy(m.name, lora=lora, seed=m.seed, device=resolve_device(cfg.trainer.device))
+    device = resolve_device(cfg.trainer.device)
+    return load_policy(m.name, lora=lora, seed=m.seed, device=device, reference=reference)
 
 
 @dataclass
