@@ -6,11 +6,13 @@ few milliseconds on a fixed built-in corpus (so every byte string can be encoded
 special tokens and a ChatML chat template that renders tool definitions, tool calls and tool
 results the way Qwen2.5's template does. It is a ``Qwen2Tokenizer`` (Qwen2's NFC normalizer and
 pre-tokenizer split, taken from transformers' own class), because that is what
-``AutoTokenizer`` builds for any ``model_type: qwen2`` directory in transformers 5: it keeps only
-the vocabulary and merges of a saved ``tokenizer.json`` and rebuilds the pipeline itself, so a
-tokenizer with another pre-tokenizer would come back from an exported directory
-(:mod:`coderl.train.export`) tokenizing differently. The weights are random, drawn from ``seed``: the model
-produces token soup, which is all the tests need (exact logprobs, masks, LoRA, references).
+``AutoTokenizer`` builds for any ``model_type: qwen2`` directory in transformers 5, whatever
+``tokenizer_config.json`` names: it keeps only the vocabulary and merges of a saved
+``tokenizer.json`` and rebuilds the pipeline itself, so a tokenizer with another pre-tokenizer
+would come back from a saved or exported directory (``load_policy(DIR)``,
+:mod:`coderl.train.export`) tokenizing differently. The weights are random, drawn from
+``seed``: the model produces token soup, which is all the tests need (exact logprobs, masks,
+LoRA, references).
 
 Limits: the corpus is tiny, so most text encodes to many short tokens; not a language model.
 """
