@@ -9,12 +9,12 @@ import pytest
 import torch
 from peft import PeftModel
 from tokenizers import Tokenizer, models, pre_tokenizers, trainers
-from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerFast
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerFast
 
 from coderl.cli import main
 from coderl.config import load_config
 from coderl.policy.episode import encode, render
-from coderl.policy.loading import load_policy
+from coderl.policy.loading import gguf_tokenizer, load_policy, smollm2_gguf_path
 from coderl.policy.tiny import (
     _CORPUS,
     CHAT_TEMPLATE,
@@ -24,7 +24,14 @@ from coderl.policy.tiny import (
     tiny_model,
 )
 from coderl.train.checkpoint import load_checkpoint, resolve_checkpoint
-from coderl.train.export import ExportError, check_dir, export_run, probe_ids
+from coderl.train.export import (
+    PROBE_TEXTS,
+    ExportError,
+    check_dir,
+    check_tokenizer,
+    export_run,
+    probe_ids,
+)
 from coderl.train.loop import train
 from coderl.train.run import build_policy
 
@@ -156,6 +163,19 @@ def test_lora_exports_base_adapter_and_merged(lora_run, tmp_path):
         _assert_tokenizer_round_trips(dirs[role], policy.tokenizer)
     _assert_generates(merged, policy.tokenizer, seqs[0])
     _assert_generates(adapted, policy.tokenizer, seqs[0])
+
+
+def test_smollm2_gguf_tokenizer_reloads_with_the_trainers_ids(tmp_path):
+    # tokenizer only (no weights): SmolLM2's GGUF tokenizer saved as export saves it, beside
+    # its config (model_type llama, which AutoTokenizer reads to pick the tokenizer class)
+    gguf = smollm2_gguf_path()  # raises with install instructions when missing
+    tok = gguf_tokenizer(gguf)
+    config = AutoConfig.from_pretrained(gguf.parent, gguf_file=gguf.name, local_files_only=True)
+    assert config.model_type == "llama"
+    config.save_pretrained(tmp_path)
+    tok.save_pretrained(tmp_path)
+    assert check_tokenizer(tok, tmp_path) == len(PROBE_TEXTS) + 1
+    _assert_tokenizer_round_trips(tmp_path, tok)
 
 
 def test_a_tokenizer_that_autotokenizer_rebuilds_differently_fails_the_check(tmp_path):

@@ -81,12 +81,17 @@ def load_gguf(path: str | os.PathLike[str], dtype: torch.dtype) -> tuple[torch.n
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"GGUF file {path} does not exist")
-    folder, name = str(path.parent), path.name
-    tok = AutoTokenizer.from_pretrained(folder, gguf_file=name, local_files_only=True)
     quantized = AutoModelForCausalLM.from_pretrained(
-        folder, gguf_file=name, dtype=dtype, local_files_only=True
+        str(path.parent), gguf_file=path.name, dtype=dtype, local_files_only=True
     )
-    return plain_copy(quantized, dtype), tok
+    return plain_copy(quantized, dtype), gguf_tokenizer(path)
+
+
+def gguf_tokenizer(path: str | os.PathLike[str]) -> Any:
+    """The tokenizer (with its chat template) of the GGUF file ``path``, as :func:`load_gguf`
+    loads it; no weights are read."""
+    path = Path(path)
+    return AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name, local_files_only=True)
 
 
 def plain_copy(model: torch.nn.Module, dtype: torch.dtype) -> torch.nn.Module:

@@ -167,18 +167,16 @@ def probe_ids(tokenizer: Any) -> list[int]:
     return encode(tokenizer, render(tokenizer, PROBE_MESSAGES, add_generation_prompt=True))
 
 
-def check_dir(
-    tokenizer: Any, path: Path, ids: list[int], expected: list[float]
-) -> dict[str, float | int]:
-    """Reload ``path`` with transformers (and peft for an adapter directory) and compare it with
-    the run: tokenizer ids on :data:`PROBE_TEXTS` and the probe conversation, then token
-    logprobs of ``ids`` against ``expected`` (the trainer's; entry 0 has no prefix).
+def check_tokenizer(tokenizer: Any, path: Path) -> int:
+    """Reload ``path``'s tokenizer with ``AutoTokenizer`` (which picks its class from the
+    directory's ``config.json`` too) and compare its ids with ``tokenizer``'s on
+    :data:`PROBE_TEXTS` and the probe conversation rendered by the run's chat template.
 
     Returns:
-        ``max_logprob_gap`` (nats) and ``tokenizer_probes`` (strings compared).
+        The number of strings compared.
 
     Raises:
-        ExportError: different ids, or a logprob gap above :data:`LOGPROB_ATOL`.
+        ExportError: different ids on one of them (names the class that was loaded).
     """
     reloaded = AutoTokenizer.from_pretrained(path, local_files_only=True)
     texts = [*PROBE_TEXTS, render(tokenizer, PROBE_MESSAGES, add_generation_prompt=True)]
@@ -188,6 +186,23 @@ def check_dir(
                 f"{path}: AutoTokenizer loads a {type(reloaded).__name__} that tokenizes "
                 f"{text[:40]!r} differently from the run's {type(tokenizer).__name__}"
             )
+    return len(texts)
+
+
+def check_dir(
+    tokenizer: Any, path: Path, ids: list[int], expected: list[float]
+) -> dict[str, float | int]:
+    """Reload ``path`` with transformers (and peft for an adapter directory) and compare it with
+    the run: the tokenizer (:func:`check_tokenizer`), then token logprobs of ``ids`` against
+    ``expected`` (the trainer's; entry 0 has no prefix).
+
+    Returns:
+        ``max_logprob_gap`` (nats) and ``tokenizer_probes`` (strings compared).
+
+    Raises:
+        ExportError: different ids, or a logprob gap above :data:`LOGPROB_ATOL`.
+    """
+    probes = check_tokenizer(tokenizer, path)
     model = load_exported(path)
     with torch.no_grad():
         logits = model(torch.tensor([ids])).logits[0].float()  # (T, V)
@@ -195,7 +210,7 @@ def check_dir(
     gap = float((got - torch.tensor(expected[1:])).abs().max())
     if not gap <= LOGPROB_ATOL:
         raise ExportError(f"{path}: logprobs differ from the trainer's by {gap:.3g} nats")
-    return {"max_logprob_gap": gap, "tokenizer_probes": len(texts)}
+    return {"max_logprob_gap": gap, "tokenizer_probes": probes}
 
 
 def load_exported(path: str | Path) -> Any:
