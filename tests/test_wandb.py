@@ -14,7 +14,7 @@ from coderl.train.loop import train
 from coderl.train.metrics import read_jsonl
 
 try:
-    import wandb  # noqa: F401
+    import wandb
 except ImportError:
     if in_ci():
         raise
@@ -49,6 +49,7 @@ def test_offline_history_has_the_jsonl_metrics(tmp_path, monkeypatch):
         f"run_dir={tmp_path / 'run'}",
     ]
     train(load_config(TOY, [*common, "trainer.steps=2"]))
+    wandb.teardown()  # run.finish() can return before wandb-core has written the log out
     (first,) = _offline_runs(wandb_dir)
     rows = {row["_step"]: row for row in history(first)}
     metrics = read_jsonl(tmp_path / "run" / "metrics.jsonl")
@@ -77,6 +78,7 @@ def test_offline_history_has_the_jsonl_metrics(tmp_path, monkeypatch):
     assert (run_record.project, run_record.display_name) == ("coderl-test", "run")
 
     train(load_config(TOY, [*common, "trainer.steps=3"]), resume=True)
+    wandb.teardown()
     second = next(p for p in _offline_runs(wandb_dir) if p != first)
     run_record = _run_record(second)
     assert (run_record.display_name, run_record.run_group) == ("run-resume-2", "run")
