@@ -38,6 +38,7 @@ from distributed_cases import (
     two_rank_worker,
 )
 
+from coderl.train.export import export_run
 from coderl.train.metrics import read_jsonl
 
 
@@ -207,6 +208,9 @@ def test_coderl_train_under_torchrun_equals_one_process_and_resumes_on_one_rank(
     sharded, plain = tmp_path / "sharded", tmp_path / "plain"
     _coderl(["train", *TOY, "trainer.steps=2", f"run_dir={sharded}", *steps], nproc=2)
     assert (sharded / "checkpoints" / "step-000002" / "dcp" / ".metadata").is_file()
+    # a sharded checkpoint exports in one process: its gathered weights, checked by the export
+    manifest = export_run(sharded / "checkpoints" / "step-000002", tmp_path / "hf")
+    assert manifest["step"] == 2 and manifest["checks"]["model"]["max_logprob_gap"] <= 1e-4
     _coderl(["train", "--resume", str(sharded), "trainer.steps=3"], nproc=1)
     _coderl(["train", *TOY, "trainer.steps=3", f"run_dir={plain}"], nproc=None)
     got, want = (read_jsonl(d / "metrics.jsonl") for d in (sharded, plain))
