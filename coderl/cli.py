@@ -20,6 +20,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "train": ("coderl.train.cli", "RL training: rollouts, grading, rewards, updates"),
     "sft": ("coderl.train.sft", "supervised warm start on oracle episodes (training split)"),
     "eval": ("coderl.eval.cli", "pass@k and best-of-n of a checkpoint on a task split"),
+    "export": ("coderl.train.export", "a run's weights as Hugging Face / peft directories"),
     "report": ("coderl.eval.report", "PNG plots and an HTML page for a training run"),
     "tasks": ("coderl.tasks.cli", "tasks from real repositories, HumanEval, grading"),
     "serve": ("coderl.online.cli_serve", "OpenAI-compatible endpoint that records interactions"),

@@ -39,6 +39,7 @@ from distributed_cases import (
 )
 from safetensors.torch import load_file
 
+from coderl.train.export import export_run
 from coderl.train.metrics import read_jsonl
 
 
@@ -228,6 +229,10 @@ def test_split_rollouts_on_two_ranks_equal_one_process_and_resume_on_one_rank(tm
     # two-rank run stops after step 2 and resumes on one rank for step 3
     two, one = tmp_path / "two", tmp_path / "one"
     _coderl(["train", *TOY, *SPLIT, "trainer.steps=2", f"run_dir={two}"], nproc=2)
+    assert (two / "checkpoints" / "step-000002" / "dcp" / ".metadata").is_file()
+    # a sharded checkpoint exports in one process: its gathered weights, checked by the export
+    manifest = export_run(two / "checkpoints" / "step-000002", tmp_path / "hf")
+    assert manifest["step"] == 2 and manifest["checks"]["model"]["max_logprob_gap"] <= 1e-4
     _coderl(["train", "--resume", str(two), "trainer.steps=3"], nproc=1)
     _coderl(["train", *TOY, *SPLIT, "trainer.steps=3", f"run_dir={one}"], nproc=1)
     _same_metrics(read_jsonl(two / "metrics.jsonl"), read_jsonl(one / "metrics.jsonl"))

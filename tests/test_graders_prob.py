@@ -53,14 +53,20 @@ def test_expected_rating_hand_worked():
 
 def test_verdict_prompt_picks_the_end_where_every_label_is_one_token():
     tok = tiny_tokenizer()
-    # on the tiny tokenizer " 2" is one token but " 1" is a space token then "1", so neither
-    # "correct:" + " k" nor "correct: " + "k" holds all three: the bare digits after ":" do
-    assert len(encode(tok, " 2")) == 1 and len(encode(tok, " 1")) == 2
+    # the tiny tokenizer splits text as Qwen2's does: a digit is always a token of its own, so
+    # " 1" is a space token then "1" and the digits go after "correct: " (as on SmolLM2)
+    assert encode(tok, " 1") == encode(tok, " ") + encode(tok, "1")
     ids, spell = verdict_prompt(tok, "correct:", ["1", "2", "3"])
-    assert ids == encode(tok, "correct:")
+    assert ids == encode(tok, "correct: ")
     assert spell == [encode(tok, "1"), encode(tok, "2"), encode(tok, "3")]
-    ids, spell = verdict_prompt(tok, "correct:", ["2", "3"])  # " 2", " 3": one token each
-    assert ids == encode(tok, "correct:") and spell == [encode(tok, " 2"), encode(tok, " 3")]
+    # " a" and " b" are one token each: the first ending, the label read with its space, wins
+    assert len(encode(tok, " a")) == len(encode(tok, " b")) == 1
+    ids, spell = verdict_prompt(tok, "correct:", ["a", "b"])
+    assert ids == encode(tok, "correct:") and spell == [encode(tok, " a"), encode(tok, " b")]
+    # " 1" is two tokens and "correct: " + "a" puts the space into " a": neither of the first
+    # two endings holds both, the bare labels after ":" do
+    ids, spell = verdict_prompt(tok, "correct:", ["1", "a"])
+    assert ids == encode(tok, "correct:") and spell == [encode(tok, "1"), encode(tok, "a")]
     with pytest.raises(ValueError, match="one token"):
         verdict_prompt(tok, "correct:", ["no", "yes"])  # two tokens each on this tokenizer
 
@@ -70,7 +76,7 @@ def _by_hand(model, tok, view, c, opening):
 
     chat = pointwise_heads(view, RUBRIC, 6000)[[x.name for x in RUBRIC.criteria].index(c.name)]
     text = tok.apply_chat_template(chat, tokenize=False, add_generation_prompt=True)
-    ids = encode(tok, text + opening)  # bare digits after ":" on this tokenizer (test above)
+    ids = encode(tok, text + opening)  # digits after ": " on this tokenizer (test above)
     with torch.no_grad():
         lp = model(input_ids=torch.tensor([ids])).logits[0, -1].log_softmax(-1)
     labs = [encode(tok, str(k))[0] for k in range(c.scale[0], c.scale[1] + 1)]
@@ -84,7 +90,7 @@ def test_scores_are_the_rating_expectation_of_one_forward_pass(tiny):
     js = judge.judge(VIEWS)
     assert judge.counts["judged"] == 6 and "malformed" not in judge.counts
     for v, j in zip(VIEWS, js, strict=True):
-        want = {c.name: _by_hand(model, tok, v, c, f"{c.name}:") for c in RUBRIC.criteria}
+        want = {c.name: _by_hand(model, tok, v, c, f"{c.name}: ") for c in RUBRIC.criteria}
         assert j.normalised == pytest.approx(want, abs=1e-5)
         assert j.score == pytest.approx((3 * want["correct"] + want["minimal"]) / 4, abs=1e-5)
     # right padding in a batch changes nothing: one at a time gives the same numbers

@@ -112,8 +112,9 @@ def test_repo_oracle_episodes_are_multi_turn_summarise_and_sft_lowers_nll(tmp_pa
             "sft.lr=0.003",
             f"tasks.options.tasks_file={tmp_path / 'one.jsonl'}",
             # the tiny tokenizer spends ~3 tokens per word: a window that holds the opening
-            # and a few turns, not the code the expert reads as well
-            "rollout.max_context_tokens=4096",
+            # and a few turns, not the code the expert reads as well (the whole episode is
+            # ~3,100 tokens: with 1,024-token turns 4096 never fills, 3584 summarises twice)
+            "rollout.max_context_tokens=3584",
             "rollout.max_new_tokens=1024",
         ],
     )

@@ -46,7 +46,7 @@ from coderl.eval.observers import default_observers
 from coderl.policy.base import Completion, SamplingParams
 from coderl.train import pipeline as P
 from coderl.train.checkpoint import ensure_new_run, load_trainable, trainable_state
-from coderl.train.metrics import MetricsLogger
+from coderl.train.metrics import run_logger
 from coderl.train.run import (
     build_policy,
     close_run,
@@ -358,7 +358,7 @@ def train_async(
             runner.ledger.load_state_dict(state["ledger"])
         else:
             prepass(run)  # tasks.pool.prepass_samples, as coderl train does
-        logger = MetricsLogger(run_dir, resume_step=run.step, tensorboard=cfg.tensorboard)
+        logger = run_logger(cfg, run.step)
         with runner:
             summary = runner.run(cfg.trainer.steps)
         logger.close()

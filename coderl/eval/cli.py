@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import json
-from pathlib import Path
 from typing import Any
 
 from coderl.config import load_config
@@ -56,15 +55,12 @@ def _check_split(cfg: Any, tasks: str | None, split: str) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from coderl.policy.rollout import build_engine
-    from coderl.train.checkpoint import latest_checkpoint, load_checkpoint
+    from coderl.train.checkpoint import load_checkpoint, resolve_checkpoint
     from coderl.train.run import close_run, run_eval, setup_run
 
     if args.episodes_out:  # before the model loads
         writable(args.episodes_out, args.force)
-    ckpt = Path(args.checkpoint)
-    if not (ckpt / "state.json").is_file():
-        ckpt = latest_checkpoint(ckpt)  # a run directory: its newest checkpoint
-    run_dir = ckpt.parent.parent
+    run_dir, ckpt = resolve_checkpoint(args.checkpoint)  # a run directory: its newest one
     tasks, k, rest = _split_args(args.overrides)
     overrides = [*rest, "eval.before_after=false"]
     split = None

@@ -19,6 +19,7 @@ the weights, so every loaded policy can be fine-tuned and saved the same way.
 
 from __future__ import annotations
 
+import copy
 import importlib.util
 import os
 from collections.abc import Callable
@@ -80,12 +81,17 @@ def load_gguf(path: str | os.PathLike[str], dtype: torch.dtype) -> tuple[torch.n
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"GGUF file {path} does not exist")
-    folder, name = str(path.parent), path.name
-    tok = AutoTokenizer.from_pretrained(folder, gguf_file=name, local_files_only=True)
     quantized = AutoModelForCausalLM.from_pretrained(
-        folder, gguf_file=name, dtype=dtype, local_files_only=True
+        str(path.parent), gguf_file=path.name, dtype=dtype, local_files_only=True
     )
-    return plain_copy(quantized, dtype), tok
+    return plain_copy(quantized, dtype), gguf_tokenizer(path)
+
+
+def gguf_tokenizer(path: str | os.PathLike[str]) -> Any:
+    """The tokenizer (with its chat template) of the GGUF file ``path``, as :func:`load_gguf`
+    loads it; no weights are read."""
+    path = Path(path)
+    return AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name, local_files_only=True)
 
 
 def plain_copy(model: torch.nn.Module, dtype: torch.dtype) -> torch.nn.Module:
@@ -105,6 +111,41 @@ def plain_copy(model: torch.nn.Module, dtype: torch.dtype) -> torch.nn.Module:
         plain.tie_weights()
     plain.generation_config = model.generation_config
     return plain.eval()
+
+
+def save_model_dir(
+    model: Any,
+    tokenizer: Any,
+    path: str | os.PathLike[str],
+    *,
+    eos_token_ids: list[int] | None = None,
+    state_dict: dict[str, torch.Tensor] | None = None,
+) -> Path:
+    """Write ``model`` (a plain ``*ForCausalLM``) and ``tokenizer`` as one Hugging Face model
+    directory, what ``load_policy(path)`` and ``AutoModelForCausalLM.from_pretrained`` read:
+    ``config.json``, ``generation_config.json``, ``model.safetensors``, the tokenizer files and
+    ``chat_template.jinja``.
+
+    Args:
+        eos_token_ids: written as the generation config's ``eos_token_id`` (with the tokenizer's
+            pad id as ``pad_token_id``), e.g. the ids coderl's sampler stops on; None keeps the
+            model's. The model's own generation config is not changed.
+        state_dict: the weights to write under the model's parameter names (None: the model's).
+
+    Returns:
+        The directory (created).
+    """
+    out = Path(path)
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out, state_dict=state_dict, safe_serialization=True)
+    if eos_token_ids:
+        gen = copy.deepcopy(model.generation_config)
+        gen.eos_token_id = list(eos_token_ids) if len(eos_token_ids) > 1 else eos_token_ids[0]
+        if tokenizer.pad_token_id is not None:
+            gen.pad_token_id = tokenizer.pad_token_id
+        gen.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    return out
 
 
 def _load_dir(path: Path, dtype: torch.dtype) -> tuple[torch.nn.Module, Any]:

@@ -4,8 +4,15 @@ in-process.
 Used by tests and examples: nothing is downloaded. The tokenizer is a byte-level BPE trained in a
 few milliseconds on a fixed built-in corpus (so every byte string can be encoded), with Qwen2.5's
 special tokens and a ChatML chat template that renders tool definitions, tool calls and tool
-results the way Qwen2.5's template does. The weights are random, drawn from ``seed``: the model
-produces token soup, which is all the tests need (exact logprobs, masks, LoRA, references).
+results the way Qwen2.5's template does. It is a ``Qwen2Tokenizer`` (Qwen2's NFC normalizer and
+pre-tokenizer split, taken from transformers' own class), because that is what
+``AutoTokenizer`` builds for any ``model_type: qwen2`` directory in transformers 5, whatever
+``tokenizer_config.json`` names: it keeps only the vocabulary and merges of a saved
+``tokenizer.json`` and rebuilds the pipeline itself, so a tokenizer with another pre-tokenizer
+would come back from a saved or exported directory (``load_policy(DIR)``,
+:mod:`coderl.train.export`) tokenizing differently. The weights are random, drawn from
+``seed``: the model produces token soup, which is all the tests need (exact logprobs, masks,
+LoRA, references).
 
 Limits: the corpus is tiny, so most text encodes to many short tokens; not a language model.
 """
@@ -13,8 +20,8 @@ Limits: the corpus is tiny, so most text encodes to many short tokens; not a lan
 from __future__ import annotations
 
 import torch
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+from transformers import Qwen2Config, Qwen2ForCausalLM, Qwen2Tokenizer
 
 # Special tokens as in Qwen2.5: <|endoftext|> pads, <|im_end|> ends a turn (the EOS of chat).
 PAD_TOKEN = "<|endoftext|>"
@@ -73,15 +80,19 @@ CHAT_TEMPLATE = (
 )
 
 
-def tiny_tokenizer(vocab_size: int = 512) -> PreTrainedTokenizerFast:
-    """A byte-level BPE tokenizer with ChatML special tokens and :data:`CHAT_TEMPLATE`.
+def tiny_tokenizer(vocab_size: int = 512) -> Qwen2Tokenizer:
+    """A byte-level BPE ``Qwen2Tokenizer`` with ChatML special tokens and :data:`CHAT_TEMPLATE`.
 
-    Deterministic: the same ``vocab_size`` always gives the same vocabulary. Ids 0, 1, 2 are
-    ``<|endoftext|>`` (pad), ``<|im_start|>``, ``<|im_end|>`` (EOS).
+    Trained with the normalizer, pre-tokenizer and decoder of transformers' ``Qwen2Tokenizer``
+    (NFC, Qwen2's split regex, byte-level), so ``AutoTokenizer`` reloads a saved copy with the
+    same ids. Deterministic: the same ``vocab_size`` always gives the same vocabulary. Ids 0, 1,
+    2 are ``<|endoftext|>`` (pad), ``<|im_start|>``, ``<|im_end|>`` (EOS).
     """
+    qwen2 = Qwen2Tokenizer().backend_tokenizer  # transformers' Qwen2 pipeline, empty vocabulary
     bpe = Tokenizer(models.BPE())
-    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    bpe.decoder = decoders.ByteLevel()
+    bpe.normalizer = qwen2.normalizer
+    bpe.pre_tokenizer = qwen2.pre_tokenizer
+    bpe.decoder = qwen2.decoder
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
         special_tokens=SPECIAL_TOKENS,
@@ -89,8 +100,8 @@ def tiny_tokenizer(vocab_size: int = 512) -> PreTrainedTokenizerFast:
         show_progress=False,
     )
     bpe.train_from_iterator(_CORPUS, trainer=trainer)
-    tok = PreTrainedTokenizerFast(
-        tokenizer_object=bpe, eos_token=EOS_TOKEN, pad_token=PAD_TOKEN, bos_token=None
+    tok = Qwen2Tokenizer(
+        tokenizer_object=bpe, eos_token=EOS_TOKEN, pad_token=PAD_TOKEN, unk_token=None
     )
     tok.add_tokens(MARKUP_TOKENS)
     tok.chat_template = CHAT_TEMPLATE
@@ -124,7 +135,7 @@ def tiny_model(vocab_size: int, *, seed: int = 0, eos_token_id: int = 2, pad_tok
     return model.float().eval()
 
 
-def tiny_random(seed: int = 0) -> tuple[Qwen2ForCausalLM, PreTrainedTokenizerFast]:
+def tiny_random(seed: int = 0) -> tuple[Qwen2ForCausalLM, Qwen2Tokenizer]:
     """The ``"tiny-random"`` model and tokenizer (see the module docstring)."""
     tok = tiny_tokenizer()
     model = tiny_model(

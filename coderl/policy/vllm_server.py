@@ -74,7 +74,9 @@ def lora_rank_bound(rank: int) -> int:
 def write_base_model(
     policy: Any, path: str | os.PathLike[str], *, untie: bool = False, tokenizer: bool = True
 ) -> Path:
-    """Write the policy's base model (no LoRA layers) and tokenizer as a Hugging Face directory.
+    """Write the policy's base model (no LoRA layers) and tokenizer as a Hugging Face directory
+    (:func:`coderl.policy.loading.save_model_dir`; its generation config stops on the policy's
+    EOS ids).
 
     With LoRA the peft wrapper's ``base_layer`` weights are written under their plain names and the
     adapter weights are left out (the adapter is loaded into the server separately, per version);
@@ -115,11 +117,17 @@ def write_base_model(
             tensors[k] = v.detach().clone() if ptr in seen else v.detach().contiguous()
             seen.add(ptr)
         save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
-    else:
+        if tokenizer:
+            policy.tokenizer.save_pretrained(out)
+        return out
+    if not tokenizer:
         model.save_pretrained(out, state_dict=state, safe_serialization=True)
-    if tokenizer:
-        policy.tokenizer.save_pretrained(out)
-    return out
+        return out
+    from coderl.policy.loading import save_model_dir  # torch and transformers: only when writing
+
+    return save_model_dir(
+        model, policy.tokenizer, out, eos_token_ids=policy.eos_token_ids, state_dict=state
+    )
 
 
 def free_port() -> int:

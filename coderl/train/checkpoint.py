@@ -147,6 +147,19 @@ def latest_checkpoint(run_dir: str | Path) -> Path:
     return ckpts[-1]
 
 
+def resolve_checkpoint(path: str | Path) -> tuple[Path, Path]:
+    """``(run_dir, checkpoint)`` of a checkpoint directory or of a run directory (then its newest
+    checkpoint); what ``coderl eval`` and ``coderl export`` accept.
+
+    Raises:
+        FileNotFoundError: ``path`` is neither a complete checkpoint nor a run with one.
+    """
+    ckpt = Path(path)
+    if not (ckpt / "state.json").is_file():
+        ckpt = latest_checkpoint(ckpt)
+    return ckpt.parent.parent, ckpt
+
+
 def load_checkpoint(
     path: str | Path,
     *,

@@ -40,7 +40,7 @@ from coderl.progress import PhaseProgress
 from coderl.train import pipeline as P
 from coderl.train.branching import turn_credit
 from coderl.train.checkpoint import ensure_new_run
-from coderl.train.metrics import MetricsLogger, read_jsonl
+from coderl.train.metrics import MetricsLogger, read_jsonl, run_logger
 from coderl.train.run import (
     SFT_WEIGHTS,
     Run,
@@ -301,10 +301,13 @@ def _rank(run: Run) -> int:
 
 
 def _train(run: Run, resume: bool) -> None:
-    cfg, run_dir = run.cfg, Path(run.cfg.run_dir)
+    cfg = run.cfg
     if (rank := _rank(run)) > 0:  # a sharded run's other ranks log their own view aside
-        run_dir = run_dir / "ranks" / f"rank-{rank}"
-    logger = MetricsLogger(run_dir, resume_step=run.step, tensorboard=cfg.tensorboard and not rank)
+        logger = MetricsLogger(
+            Path(cfg.run_dir) / "ranks" / f"rank-{rank}", resume_step=run.step, tensorboard=False
+        )
+    else:
+        logger = run_logger(cfg, run.step)
     if run.step == 0 and not resume:
         warm = Path(cfg.run_dir) / SFT_WEIGHTS
         if cfg.eval.before_after and cfg.eval.before_sft and cfg.sft.enabled and warm.is_file():

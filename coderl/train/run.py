@@ -69,18 +69,19 @@ def resolve_device(name: str) -> torch.device:
     return device
 
 
-def build_policy(cfg: Config) -> LocalPolicy:
+def build_policy(cfg: Config, *, reference: bool = True) -> LocalPolicy:
     """The policy of ``cfg.model`` on ``trainer.device``: LoRA adapters (reference = adapter
-    disabled) or full fine-tuning (reference = a frozen copy on the same device). A sharded
-    run's ``cuda`` without an index is ``cuda:LOCAL_RANK`` (torchrun's local rank: one GPU per
-    rank, the device :func:`coderl.train.distributed.init_distributed` makes current)."""
+    disabled) or full fine-tuning (reference = a frozen copy on the same device; none with
+    ``reference=False``, e.g. to export or evaluate only). A sharded run's ``cuda`` without an
+    index is ``cuda:LOCAL_RANK`` (torchrun's local rank: one GPU per rank, the device
+    :func:`coderl.train.distributed.init_distributed` makes current)."""
     m = cfg.model
     lora = LoraSpec(rank=m.lora_r, alpha=m.lora_alpha, dropout=m.lora_dropout) if m.lora else None
     torch.manual_seed(m.seed)  # LoRA initialisation
     device = resolve_device(cfg.trainer.device)
     if cfg.trainer.distributed.enabled and device.type == "cuda" and device.index is None:
         device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))  # a GPU per rank
-    return load_policy(m.name, lora=lora, seed=m.seed, device=device)
+    return load_policy(m.name, lora=lora, seed=m.seed, device=device, reference=reference)
 
 
 @dataclass

@@ -1,0 +1,27 @@
+"""The ``logging`` section: metric sinks beside ``metrics.jsonl`` and TensorBoard."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from coderl.config._base import _Section
+
+
+class WandbConfig(_Section):
+    enabled: bool = False
+    """Also log every step's metrics and each evaluation to Weights & Biases (needs the
+    ``wandb`` package: ``pip install 'coderl[wandb]'``)."""
+    project: str = "coderl"
+    """W&B project of the run."""
+    mode: Literal["offline", "online"] = "offline"
+    """``offline``: write the W&B run under ``run_dir/wandb`` (or ``$WANDB_DIR``) only, to upload
+    later with ``wandb sync``; ``online``: stream to the W&B server (needs a login)."""
+    name: str | None = None
+    """W&B run name (None: the run directory's name)."""
+
+
+class LoggingConfig(_Section):
+    wandb: WandbConfig = Field(default_factory=WandbConfig)
+    """Weights & Biases logging."""
