@@ -244,15 +244,19 @@ def test_split_rollouts_on_two_ranks_equal_one_process_and_resume_on_one_rank(tm
     for got, want in zip(*evals, strict=True):
         assert len(got["per_task"]) == 6
         assert got["per_task"] == want["per_task"] and got["pass_at"] == want["pass_at"]
-    # the weights after steps 2 and 3: within 1e-4 (lr 5e-3: 2% of one AdamW move; float
-    # order, amplified by AdamW where a gradient is of the order of its eps, seen 5e-5)
+    # the weights after steps 2 and 3: within 2.5e-4 (lr 5e-3: 5% of one AdamW move; float
+    # order, amplified by AdamW where a gradient is of the order of its eps: seen 4.8e-5 with
+    # the old tiny tokenizer, 1.02e-4 on one of 62,848 embedding entries with the Qwen2 one);
+    # the losses and gradient norms above are the tight check (rel 1e-4)
     for step in ("step-000002", "step-000003"):
         got, want = (
             load_file(d / "checkpoints" / step / "trainable.safetensors") for d in (two, one)
         )
         assert sorted(got) == sorted(want)
         for n, w in want.items():
-            torch.testing.assert_close(got[n], w, rtol=0, atol=1e-4, msg=lambda m, n=n: f"{n}: {m}")
+            torch.testing.assert_close(
+                got[n], w, rtol=0, atol=2.5e-4, msg=lambda m, n=n: f"{n}: {m}"
+            )
     state = json.loads((two / "checkpoints" / "step-000003" / "state.json").read_text())
     assert state["world_size"] == 1 and state["step"] == 3
 
