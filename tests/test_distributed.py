@@ -209,14 +209,20 @@ def test_coderl_train_under_torchrun_equals_one_process_and_resumes_on_one_rank(
     assert (sharded / "checkpoints" / "step-000002" / "dcp" / ".metadata").is_file()
     _coderl(["train", "--resume", str(sharded), "trainer.steps=3"], nproc=1)
     _coderl(["train", *TOY, "trainer.steps=3", f"run_dir={plain}"], nproc=None)
-    got, want = (read_jsonl(d / "metrics.jsonl") for d in (sharded, plain))
-    assert [r["step"] for r in got] == [r["step"] for r in want] == [1, 2, 3]
+    assert_same_metrics(sharded, plain, steps=3)
+    state = json.loads((sharded / "checkpoints" / "step-000003" / "state.json").read_text())
+    assert state["world_size"] == 1 and state["step"] == 3
+
+
+def assert_same_metrics(run: Path, plain: Path, *, steps: int) -> None:
+    """``run``'s steps 1..steps against a plain process's: the same rewards (the same
+    rollouts), loss and gradient norm to 1e-4 relative (float order), the same tokens."""
+    got, want = (read_jsonl(d / "metrics.jsonl") for d in (run, plain))
+    assert [r["step"] for r in got] == [r["step"] for r in want] == list(range(1, steps + 1))
     for g, w in zip(got, want, strict=True):
         assert g["reward/mean"] == w["reward/mean"]  # the same rollouts
         for k in ("loss", "grad_norm", "trained_tokens"):
             assert g[k] == pytest.approx(w[k], rel=1e-4, abs=1e-6), (g["step"], k)
-    state = json.loads((sharded / "checkpoints" / "step-000003" / "state.json").read_text())
-    assert state["world_size"] == 1 and state["step"] == 3
 
 
 def test_a_plain_resume_of_a_sharded_checkpoint_says_how(outcomes):
