@@ -212,6 +212,13 @@ def _same_metrics(got: list[dict], want: list[dict]) -> None:
             assert g[k] == pytest.approx(w[k], rel=1e-4, abs=1e-6), (g["step"], k)
 
 
+def assert_same_metrics(run: Path, plain: Path, *, steps: int) -> None:
+    """``run``'s steps 1..steps against ``plain``'s, as :func:`_same_metrics` compares them."""
+    got, want = (read_jsonl(d / "metrics.jsonl") for d in (run, plain))
+    assert [r["step"] for r in got] == list(range(1, steps + 1))
+    _same_metrics(got, want)
+
+
 def _episodes_this_rank(run_dir: Path) -> list[float]:
     return [r["dist/episodes_this_rank"] for r in read_jsonl(run_dir / "metrics.jsonl")]
 

@@ -2,9 +2,10 @@
 
 The objects are the local ones (:class:`RolloutWorker`, a :class:`Sampler`, a :class:`Learner`)
 wrapped in actors; weights travel through Ray's object store, and a small actor maps the newest
-version to its object reference. ``ray.init()`` starts a local Ray (``ray_num_cpus``), or joins a
-running cluster with ``ray_address="auto"``; actors then land on whichever nodes have the CPUs and
-GPUs they reserve. A backend that started Ray shuts it down on :meth:`RayBackend.close`.
+version to its object reference. :func:`coderl.ray_cluster.ensure_ray` starts a local Ray
+(``ray_num_cpus``), or joins a running cluster with ``ray_address="auto"``; actors then land on
+whichever nodes have the CPUs and GPUs they reserve. A backend that started Ray shuts it down on
+:meth:`RayBackend.close`.
 
 Needs ``pip install coderl[ray]``. Not fault-tolerant: a dead actor fails the run (resume from the
 last checkpoint; no task is skipped or repeated).
@@ -12,7 +13,6 @@ last checkpoint; no task is skipped or repeated).
 
 from __future__ import annotations
 
-import contextlib
 import time
 from collections import deque
 from collections.abc import Callable
@@ -23,67 +23,7 @@ import ray
 from coderl.asyncrl.types import Grader, Group, Job, Learner, SamplerFactory, Weights
 from coderl.asyncrl.worker import RolloutWorker
 from coderl.config import AsyncConfig
-
-# descendants of this process that existed before ensure_ray() started Ray (never reaped)
-_PIDS_BEFORE_RAY: set[int] = set()
-
-
-def ensure_ray(cfg: AsyncConfig) -> bool:
-    """Start or join Ray unless it is running already; True if this call started it."""
-    if ray.is_initialized():
-        return False
-    import psutil
-
-    _PIDS_BEFORE_RAY.clear()
-    _PIDS_BEFORE_RAY.update(p.pid for p in psutil.Process().children(recursive=True))
-    try:
-        if cfg.ray_address is None:
-            ray.init(num_cpus=cfg.ray_num_cpus, include_dashboard=False, log_to_driver=True)
-        else:
-            ray.init(address=cfg.ray_address, log_to_driver=True)
-    except BaseException:
-        shutdown_owned_ray()  # stop whatever half-started (a raylet that timed out, a GCS)
-        raise
-    return True
-
-
-def shutdown_owned_ray(grace_s: float = 10.0) -> None:
-    """``ray.shutdown()`` for a Ray this process started, then reap its processes.
-
-    Ray's shutdown signals its raylet, GCS and workers but does not wait for them; a worker busy
-    exiting can outlive the call by many seconds on a loaded machine. Every descendant of this
-    process that did not exist before :func:`ensure_ray` started Ray is Ray's: they are waited for
-    up to ``grace_s`` seconds and killed after that, so closing leaves no process behind.
-    """
-    import psutil
-
-    me = psutil.Process()
-    ours = [p for p in me.children(recursive=True) if _started_by_ray(p)]
-    ray.shutdown()
-    # anything Ray spawned while shutting down is a descendant too
-    ours += [
-        p
-        for p in me.children(recursive=True)
-        if _started_by_ray(p) and p.pid not in {q.pid for q in ours}
-    ]
-    _, alive = psutil.wait_procs(ours, timeout=grace_s)
-    for proc in alive:
-        with contextlib.suppress(psutil.NoSuchProcess):
-            proc.kill()
-    psutil.wait_procs(alive, timeout=5)
-
-
-def _started_by_ray(proc: Any) -> bool:
-    """Born after Ray started, and not Python's own multiprocessing resource tracker (which
-    serves this process for its lifetime and exits with it)."""
-    import psutil
-
-    if proc.pid in _PIDS_BEFORE_RAY:
-        return False
-    try:
-        return not any("resource_tracker" in part for part in proc.cmdline())
-    except (psutil.NoSuchProcess, psutil.AccessDenied):
-        return False
+from coderl.ray_cluster import ensure_ray, shutdown_owned_ray
 
 
 class _StoreActor:
@@ -166,7 +106,7 @@ class RayBackend:
         if cfg.ray_num_graders > 0 and make_grader is None:
             raise ValueError("async.ray_num_graders > 0 needs a grader factory (make_grader=...)")
         self.num_workers = cfg.num_workers
-        self.owns_ray = ensure_ray(cfg)
+        self.owns_ray = ensure_ray(cfg.ray_address, cfg.ray_num_cpus)
         try:
             self._start_actors(cfg, make_sampler, make_grader)
         except BaseException:
@@ -286,7 +226,7 @@ class RayLearner:
         self, make_learner: Callable[[], Learner], *, num_cpus: float = 1.0, num_gpus: float = 0.0
     ) -> None:
         if not ray.is_initialized():
-            raise RuntimeError("start Ray first (coderl.asyncrl.ray_backend.ensure_ray)")
+            raise RuntimeError("start Ray first (coderl.ray_cluster.ensure_ray)")
         opts = ray.remote(_LearnerActor).options(num_cpus=num_cpus, num_gpus=num_gpus)
         self.actor = opts.remote(make_learner)
         self.version: int = ray.get(self.actor.version.remote())

@@ -59,8 +59,10 @@ class AsyncConfig(_Section):
     poll_s: float = Field(0.05, gt=0)
     """Longest the trainer blocks waiting for one result before re-checking (seconds)."""
     ray_address: str | None = None
-    """For ``backend="ray"``: None starts a local Ray; ``"auto"`` joins the running cluster;
-    ``"ray://host:10001"`` connects a remote client."""
+    """For ``backend="ray"`` (and ``trainer.distributed.launcher=ray``): None starts a local
+    Ray; ``"auto"`` joins the running cluster; ``"host:6379"`` joins that one;
+    ``"ray://host:10001"`` connects a remote client. An explicit address that accepts no TCP
+    connection within 5 s is an error (:mod:`coderl.ray_cluster`)."""
     ray_num_cpus: int | None = Field(None, ge=1)
     """CPUs of a locally started Ray (None: all); ignored when joining a cluster."""
     ray_num_graders: int = Field(0, ge=0)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from coderl.config._base import _Section
 
@@ -13,8 +13,8 @@ class DistributedConfig(_Section):
     """Sharded data-parallel training on FSDP2 (:mod:`coderl.train.distributed`)."""
 
     enabled: bool = False
-    """Shard the trainer over the processes ``torchrun`` started (world size, rank and
-    rendezvous come from its environment: ``WORLD_SIZE``, ``RANK``, ``MASTER_ADDR``...); each
+    """Shard the trainer over the ranks ``launcher`` started (world size, rank and rendezvous
+    come from the environment it sets: ``WORLD_SIZE``, ``RANK``, ``MASTER_ADDR``...); each
     rank takes its share of the rows of every step's batch. Off: one process."""
     split_rollouts: bool = True
     """Each rank rolls out and grades only its contiguous share of a step's task groups (a
@@ -26,6 +26,25 @@ class DistributedConfig(_Section):
     backend: Literal["auto", "gloo", "nccl"] = "auto"
     """The ``torch.distributed`` backend: ``auto`` is ``nccl`` when the trainer device is CUDA,
     else ``gloo`` (CPU)."""
+    launcher: Literal["torchrun", "ray"] = "torchrun"
+    """Who starts the ranks. ``torchrun``: run ``torchrun --nproc-per-node N -m coderl train
+    ...``. ``ray``: plain ``coderl train ...`` starts ``world_size`` Ray actors, one per rank,
+    each running this same command with the environment torchrun would set
+    (:mod:`coderl.train.ray_launch`); Ray is started or joined as ``train-async`` does it
+    (``async.ray_address``, ``async.ray_num_cpus``). CPU (gloo) ranks only."""
+    world_size: int | None = Field(None, ge=1)
+    """Ranks the ``ray`` launcher starts (required with it); torchrun decides its own."""
+    ray_cpus_per_rank: float = Field(1.0, gt=0)
+    """CPUs each rank's Ray actor reserves; the ranks wait for a cluster with
+    ``world_size * ray_cpus_per_rank`` free CPUs (an error after two minutes)."""
+
+    @model_validator(mode="after")
+    def _check_launcher(self) -> DistributedConfig:
+        if self.launcher == "ray" and not self.enabled:
+            raise ValueError("launcher=ray needs trainer.distributed.enabled=true")
+        if self.launcher == "ray" and self.world_size is None:
+            raise ValueError("launcher=ray needs trainer.distributed.world_size=N (N >= 1)")
+        return self
 
 
 class TrainerConfig(_Section):

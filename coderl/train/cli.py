@@ -24,6 +24,10 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError("give a CONFIG (e.g. configs/default.yaml) or --resume RUN_DIR")
     else:
         cfg = load_config(config, overrides)
+    from coderl.train.ray_launch import launch, train_argv, wants_ray_launch
+
+    if wants_ray_launch(cfg):  # this process starts the ranks; each runs this function
+        return launch(cfg, train_argv(args))
     if cfg.sft.enabled and not args.resume:
         from coderl.train.checkpoint import ensure_new_run
         from coderl.train.sft import run_sft
