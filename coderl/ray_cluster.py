@@ -31,10 +31,10 @@ def ensure_ray(address: str | None = None, num_cpus: int | None = None) -> bool:
     """
     import ray
 
+    if address not in (None, "auto"):  # also when connected already: a named cluster must exist
+        _probe(address)
     if ray.is_initialized():
         return False
-    if address not in (None, "auto"):
-        _probe(address)
     import psutil
 
     _PIDS_BEFORE_RAY.clear()
