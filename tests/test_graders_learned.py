@@ -72,7 +72,8 @@ def test_the_learned_grader_preset_trains_on_tiny_random(tmp_path):
     from coderl.train.loop import train
     from coderl.train.metrics import read_jsonl
 
-    torch.set_num_threads(1)
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)  # restored below: later tests in this process compare with children
     rm = RewardModel(RMSpec("tiny-random", head_only=True, max_len=64)).save(tmp_path / "rm")
     cfg = load_config(ROOT / "configs" / "humaneval-learned.yaml", [
         f"run_dir={tmp_path / 'run'}", "model.name=tiny-random", f"reward.rm.checkpoint={rm}",
@@ -82,7 +83,10 @@ def test_the_learned_grader_preset_trains_on_tiny_random(tmp_path):
         "graders.probe_every=1", "tensorboard=false", "progress=false",
     ])  # fmt: skip
     assert cfg.reward.learned_requires_tests and set(cfg.reward.terms) >= {"tests", "rm"}
-    train(cfg)
+    try:
+        train(cfg)
+    finally:
+        torch.set_num_threads(before)
     (row,) = read_jsonl(tmp_path / "run" / "metrics.jsonl")
     assert row["masked_rate"] == 0.0
     # a random policy resolves nothing, so the tests-gate gives the rm term 0 everywhere

@@ -14,7 +14,8 @@ FLOORS: list[tuple[str, ...]] = [
     # lowest first; a module may import from its own floor and the floors below it
     ("coderl.config", "coderl.stats", "coderl.trajectory", "coderl.algorithms",
      "coderl.graders.settings",  # a config section, beside the graders it configures
-     "coderl.progress"),  # progress lines of long phases (rich only)
+     "coderl.progress",  # progress lines of long phases (rich only)
+     "coderl.ray_cluster"),  # start or join Ray (ray and psutil only), for train and asyncrl
     ("coderl.policy", "coderl.sandbox"),
     ("coderl.tasks",),
     ("coderl.agent",),  # the harness runs tasks in sandboxes

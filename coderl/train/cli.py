@@ -27,7 +27,9 @@ def run(args: argparse.Namespace) -> int:
     from coderl.train.ray_launch import launch, train_argv, wants_ray_launch
 
     if wants_ray_launch(cfg):  # this process starts the ranks; each runs this function
-        return launch(cfg, train_argv(args))
+        from coderl.cli import main
+
+        return launch(cfg, train_argv(args), main)
     if cfg.sft.enabled and not args.resume:
         from coderl.train.checkpoint import ensure_new_run
         from coderl.train.sft import run_sft

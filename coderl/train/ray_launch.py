@@ -12,7 +12,7 @@ or joins Ray the way ``train-async`` does (:func:`coderl.ray_cluster.ensure_ray`
    ``MASTER_PORT``);
 3. every actor sets ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK`` (its place among the ranks on its
    node), ``MASTER_ADDR`` and ``MASTER_PORT``, moves to the driver's working directory and
-   calls ``coderl train`` with the driver's own arguments (:func:`coderl.cli.main`), which
+   calls ``coderl train`` with the driver's own arguments (``coderl.cli.main``), which
    ``torchrun -m coderl train`` runs too: :func:`coderl.train.distributed.init_distributed`
    reads the same environment, and the training code is the same path.
 
@@ -70,9 +70,11 @@ def train_argv(args: argparse.Namespace) -> list[str]:
     return argv + ([] if args.report else ["--no-report"])
 
 
-def launch(cfg: Config, argv: list[str]) -> int:
+def launch(cfg: Config, argv: list[str], main: Callable[[list[str]], int | None]) -> int:
     """Run ``coderl train ARGV`` on ``trainer.distributed.world_size`` Ray actors (see the
     module docstring); 0 when every rank finished cleanly, else 1 after a one-line error.
+    ``main``: the ``coderl`` entry each rank calls with ``["train", *argv]``
+    (:func:`coderl.cli.main`; passed in from the command line's floor, never imported here).
 
     Raises:
         ConfigError: Ray is not installed, ``async.ray_address`` is unreachable, or the trainer
@@ -96,7 +98,7 @@ def launch(cfg: Config, argv: list[str]) -> int:
     except ConnectionError as err:
         line = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise ConfigError(f"async.ray_address={address!r}: {line}") from None
-    entry = functools.partial(_coderl, ["train", *argv])
+    entry = functools.partial(main, ["train", *argv])
     try:
         run_ranks(d.world_size or 1, entry, cpus_per_rank=d.ray_cpus_per_rank, cwd=os.getcwd())
     except RankFailed as err:
@@ -106,12 +108,6 @@ def launch(cfg: Config, argv: list[str]) -> int:
         if owns:
             shutdown_owned_ray()
     return 0
-
-
-def _coderl(argv: list[str]) -> int:
-    from coderl.cli import main
-
-    return main(argv)
 
 
 class _RankActor:
