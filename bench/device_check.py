@@ -71,7 +71,7 @@ def launch(args: argparse.Namespace) -> int:
     backend = "nccl" if device.type == "cuda" else "gloo"
     say(f"sharded check: {ranks} rank(s) on {device.type} over {backend} (asked {args.sharded})")
     cmd = [
-        sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={ranks}", __file__,
+        sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={ranks}", __file__,
         f"--sharded={ranks}", f"--device={args.device}", f"--engine={args.engine}",
         f"--model={args.model}", f"--steps={args.steps or 2}",
         f"--run-dir={args.run_dir or tempfile.mkdtemp(prefix='coderl-device-sharded-')}",

@@ -196,7 +196,9 @@ TOY = ["configs/toy.yaml", "progress=false", "tensorboard=false", "eval.before_a
 
 def _coderl(args: list[str], nproc: int | None) -> None:
     """``coderl ARGS`` in a subprocess, under ``torchrun --nproc-per-node nproc`` if given."""
-    launch = ["-m", "torch.distributed.run", f"--nproc-per-node={nproc}"] if nproc else []
+    # --standalone: a free rendezvous port, not torchrun's fixed 29500 (another test file's
+    # torchrun may be running beside this one under xdist)
+    launch = ["-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}"] if nproc else []  # fmt: skip
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
     cmd = [sys.executable, *launch, "-m", "coderl", *args, "--no-report"]
     subprocess.run(cmd, cwd=REPO, env=env, check=True, capture_output=True, timeout=240)

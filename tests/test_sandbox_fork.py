@@ -128,9 +128,9 @@ def lease_free(uid: int) -> bool:
 @pytest.mark.parametrize("parent_first", [True, False])
 def test_close_in_either_order_leaves_nothing(repo: Path, parent_first: bool) -> None:
     parent = Sandbox.create(repo)
-    parent.exec("echo 1 > one.txt && sleep 100 &")
+    parent.exec("echo 1 > one.txt; sleep 100 &")  # the write, then a process left running
     child = parent.fork()
-    child.exec("echo 2 > two.txt && sleep 100 &")
+    child.exec("echo 2 > two.txt; sleep 100 &")  # (`a && b &` would background the write too)
     grandchild = child.fork()  # a fork of a fork
     assert grandchild.read_text("one.txt") == "1\n" and grandchild.read_text("two.txt") == "2\n"
     assert "two.txt" not in parent.list(".")
