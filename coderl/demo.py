@@ -1,8 +1,10 @@
 """``coderl demo``: the main job on the embedded default.
 
-Runs ``coderl train configs/default.yaml`` (SFT warm start on oracle episodes of the HumanEval
-training split, then GRPO on SmolLM2-135M-Instruct + LoRA in the agent harness, held-out split
-evaluated before SFT, after it and after RL), writes the report, and prints the run's summary:
+Runs ``coderl train configs/repair.yaml`` (SFT warm start on oracle repairs of the
+function-repair training split, then GRPO on SmolLM2-135M-Instruct + LoRA in the agent harness
+from the difficulty pool with synthesis inside the loop, the held-out split evaluated after SFT
+and after RL; ``--config configs/default.yaml`` is the HumanEval demo of earlier rounds), writes
+the report, and prints the run's summary:
 held-out pass@1 per phase, the paired RL-only change with its 95% CI, pass@k at the largest k
 before and after RL, broken calls before and after, phase times. Every run starts fresh: an existing run directory (an
 earlier demo, finished or not) is first moved to ``RUN_DIR.prev``, or ``RUN_DIR.prev2``,
@@ -60,7 +62,7 @@ def self_check() -> list[tuple[str, float, float]]:
     return rows
 
 
-DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "default.yaml"
+DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "repair.yaml"
 
 
 def set_aside(run_dir: Path) -> Path | None:
@@ -134,6 +136,6 @@ def run(args: argparse.Namespace) -> int:
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = sub.add_parser("demo", help="run the main job on the embedded default")
     p.add_argument("overrides", nargs="*", help="key=value overrides of the default config")
-    p.add_argument("--config", default=str(DEFAULT_CONFIG), help="preset (default: default.yaml)")
+    p.add_argument("--config", default=str(DEFAULT_CONFIG), help="preset (default: repair.yaml)")
     p.add_argument("--self-check", action="store_true", help="only the algorithm self-check")
     p.set_defaults(func=run)
