@@ -77,10 +77,11 @@ demo-repo: $(STAMP) sysdeps
 # The same as make demo (kept for scripts that name it).
 demo-repair: demo
 
-# The learning curve (bench/learn_curve.py): the repair recipe for longer (default 12 RL steps,
-# a held-out evaluation every 3; about 2 h on 2 idle cores), then the curve printed and drawn in
-# RUN_DIR/report (learning_curve.png, curve.json, index.html). LEARN_ARGS passes options and
-# key=value overrides, e.g. make learn LEARN_ARGS="--steps 24 --every 4 sft.limit=256".
+# The learning curve (bench/learn_curve.py): the repair recipe for longer (default 256 SFT
+# demonstrations, 12 RL steps, a held-out evaluation every 3; about 45 min on 2 idle cores by the
+# demo's phase rates), then the curve printed and drawn in RUN_DIR/report (learning_curve.png,
+# curve.json, index.html). LEARN_ARGS passes options and key=value overrides, e.g.
+# make learn LEARN_ARGS="--steps 24 --every 4 --demos 128".
 LEARN_ARGS ?=
 learn: $(STAMP) sysdeps
 	$(BIN)/python bench/learn_curve.py $(LEARN_ARGS)

@@ -9,15 +9,17 @@ pass@k with 95% CIs and the alarm per evaluation; reward per term, the pool's ac
 synthesis counts per step) and what the run cost: wall time, CPU seconds (this process and
 its children: the synthesis worker, sandboxes, graders), peak RSS, CPU flags, load.
 
-Defaults (12 steps, an evaluation every 3: after SFT and at steps 3, 6, 9, 12) are sized to
-about 2 hours on 2 idle cores from the cut-down run of 2026-12-03 (docs/training.md, "The
-repair demo": SFT ~8.5 s a demonstration, ~4.3 s a held-out episode, ~6 min an RL step):
-SFT 64 demos ~9 min, 5 evaluations of 32 tasks x 4 samples ~46 min, 12 steps ~73 min. The
+Defaults: 256 SFT demonstrations (``--demos``; the demo's 128 start the policy at 0.016
+held-out pass@1, 256 at 0.047-0.057: docs/training.md, "The repair demo"), 12 steps, an
+evaluation every 3 (after SFT and at steps 3, 6, 9, 12). Sized from the phase rates of the
+measured ``make demo`` (2026-12-06, 2 idle cores: SFT 2.3 s a demonstration, 32 x 4 held-out
+episodes ~150 s, ~108 s an RL step): SFT ~10 min, five evaluations ~13 min, 12 steps ~22 min,
+about 45 minutes (an estimate from those rates; the default run was not timed end to end). The
 picture is ``RUN_DIR/report/learning_curve.png``, its data ``RUN_DIR/report/curve.json``, both
 in ``RUN_DIR/report/index.html``.
 
     .venv/bin/python bench/learn_curve.py                       # the defaults above
-    .venv/bin/python bench/learn_curve.py --steps 24 --every 4 sft.limit=256
+    .venv/bin/python bench/learn_curve.py --steps 24 --every 4 --demos 128
 """
 
 from __future__ import annotations
@@ -71,11 +73,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steps", type=int, default=12, help="RL steps (trainer.steps)")
     p.add_argument("--every", type=int, default=3, help="held-out evaluation every N steps")
     p.add_argument("--run-dir", default="runs/learn", help="run directory (run_dir)")
+    p.add_argument("--demos", type=int, default=256, help="SFT demonstrations (sft.limit)")
     args = p.parse_args(argv)
     print(f"{time.strftime('%Y-%m-%d %H:%M:%S %Z')}; cpu: {cpu_flags()}")
     print(f"load at start {os.getloadavg()}", flush=True)
     t0, c0 = time.perf_counter(), _cpu_s()
-    overrides = [f"run_dir={args.run_dir}", f"trainer.steps={args.steps}"]
+    overrides = [
+        f"run_dir={args.run_dir}",
+        f"trainer.steps={args.steps}",
+        f"sft.limit={args.demos}",
+    ]
     overrides += [f"eval.every={args.every}", *args.overrides]
     run_demo(Path(args.config), overrides)
     report = Path(args.run_dir) / "report"
