@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import math
+import threading
 import time
 
 import pytest
@@ -290,10 +291,35 @@ class VersionRecorder(ToyLearner):
         return super().train_step(groups)
 
 
+def waits_for_a_new_version() -> type[ToySampler]:
+    """A toy sampler (a fresh class, its flag shared by the workers' threads) whose first episode
+    overall waits at its later turns (up to 30 s) until ``between_turns`` hands it newer weights
+    than it started with: the learner's step, made from the other worker's groups, then falls
+    inside that episode whatever the machine's load (with 5 ms turns it only usually did). When
+    turn-level sync loads no weights the episode keeps one version and the test fails."""
+    claimed = threading.Lock()
+
+    class Sampler(ToySampler):
+        def rollout(self, job, between_turns):
+            if not claimed.acquire(blocking=False):
+                return super().rollout(job, between_turns)
+            start = self.version
+
+            def until_newer() -> int:
+                deadline = time.monotonic() + 30.0
+                while (v := between_turns()) == start and time.monotonic() < deadline:
+                    time.sleep(0.005)
+                return v
+
+            return super().rollout(job, until_newer)
+
+    return Sampler
+
+
 def test_turn_level_weight_sync_mixes_versions_inside_an_episode():
     learner = VersionRecorder(K, V)
     cfg = AsyncConfig(max_staleness=2, groups_per_step=1, num_workers=2, weight_sync="turn")
-    make = functools.partial(ToySampler, K, V, group_size=1, turns=4, delay_s=0.02)
+    make = functools.partial(waits_for_a_new_version(), K, V, group_size=1, turns=4, delay_s=0.02)
     with AsyncRunner(cfg, learner, make, TASKS) as runner:
         runner.run(20)
     assert any(len(vs) > 1 for vs in learner.seen)
