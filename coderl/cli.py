@@ -9,7 +9,10 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
+import signal
 import sys
+import threading
+from typing import Any
 
 from coderl import __version__
 
@@ -80,8 +83,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.command is None:
         parser.print_help()
         return 0
+    terminated, previous = _sigterm_as_interrupt()
     try:
-        return int(args.func(args) or 0)
+        code = int(args.func(args) or 0)
+        return 143 if terminated and code == 130 else code
     except USER_ERRORS as err:
         if os.environ.get("CODERL_TRACEBACK"):
             raise
@@ -90,7 +95,28 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except KeyboardInterrupt:  # the training commands say where they stopped themselves
         print(f"coderl {args.command}: interrupted", file=sys.stderr)
-        return 130
+        return 143 if terminated else 130
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _sigterm_as_interrupt() -> tuple[list[int], Any]:
+    """Make SIGTERM (a scheduler's preemption, ``timeout``, ``kill``) stop a command the way
+    Ctrl-C does: a ``KeyboardInterrupt`` in the main thread, so the training commands print
+    their last checkpoint and resume command. Returns a list that holds the signal number once
+    SIGTERM has arrived (empty before), and the handler to put back (None outside the main
+    thread, where nothing is installed)."""
+    got: list[int] = []
+    if threading.current_thread() is not threading.main_thread():
+        return got, None
+
+    def interrupt(signum: int, frame: object) -> None:
+        got.append(signum)
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    return got, signal.SIG_DFL if previous is None else previous
 
 
 if __name__ == "__main__":

@@ -26,6 +26,12 @@ import numpy as np
 BOOTSTRAP_RESAMPLES = 2000
 
 
+class NothingMeasured(ValueError):
+    """Every episode of an evaluation or a training step was masked (grading errors, infra
+    failures, dropped episodes): there is no number to report or to train on. A
+    ``ValueError``, so the command line prints it as one line and exits non-zero."""
+
+
 def bootstrap_ci(values: list[float], *, level: float = 0.95, seed: int = 0) -> tuple[float, float]:
     """Percentile-bootstrap CI of the mean of ``values`` (one value per task).
 

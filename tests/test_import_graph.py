@@ -15,6 +15,7 @@ FLOORS: list[tuple[str, ...]] = [
     ("coderl.config", "coderl.stats", "coderl.trajectory", "coderl.algorithms",
      "coderl.graders.settings",  # a config section, beside the graders it configures
      "coderl.progress",  # progress lines of long phases (rich only)
+     "coderl.rundir",  # the run directory's writer lock (stdlib only)
      "coderl.ray_cluster"),  # start or join Ray (ray and psutil only), for train and asyncrl
     ("coderl.policy", "coderl.sandbox"),
     ("coderl.tasks",),

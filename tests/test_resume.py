@@ -90,8 +90,11 @@ def test_resume_refuses_what_the_checkpoint_holds(tmp_path, monkeypatch, capsys,
     assert not (tmp_path / "resume.jsonl").exists()
 
 
+@pytest.mark.parametrize("sig, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
 @pytest.mark.parametrize("command, tail", [("train", []), ("train-async", ["--resume"])])
-def test_ctrl_c_prints_the_resume_command_and_exits_130(tmp_path, command, tail):
+def test_ctrl_c_or_sigterm_prints_the_resume_command(tmp_path, command, tail, sig, code):
+    """Ctrl-C, and SIGTERM (preemption, ``timeout``) alike: one line with the last checkpoint
+    and the resume command."""
     run_dir = tmp_path / "run"
     words = [str(TOY), *COMMON, "trainer.steps=100000", f"run_dir={run_dir}"]
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
@@ -106,9 +109,9 @@ def test_ctrl_c_prints_the_resume_command_and_exits_130(tmp_path, command, tail)
     deadline = time.time() + 240
     while not marker.exists() and proc.poll() is None and time.time() < deadline:
         time.sleep(0.05)
-    proc.send_signal(signal.SIGINT)
+    proc.send_signal(sig)
     out, _ = proc.communicate(timeout=120)
-    assert proc.returncode == 130, out
+    assert proc.returncode == code, out
     assert "Traceback" not in out and "KeyboardInterrupt" not in out, out
     line = [x for x in out.splitlines() if "interrupted" in x]
     assert len(line) == 1, out

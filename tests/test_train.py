@@ -134,10 +134,12 @@ def test_each_algorithm_completes_a_step_and_changes_parameters(overrides, tmp_p
     assert any(not torch.equal(a, b) for a, b in zip(after, before, strict=True))
     assert run.policy.version == 1 and run.step == 1
     assert m["optimizer_steps"] == cfg.trainer.update_epochs
+    # kl is measured against reference logprobs, which the batch has only with kl.coef > 0:
+    # absent otherwise, never a placeholder 0
+    assert ("kl" in m) == (cfg.algorithm.kl.coef > 0), m.get("kl")
     for key in (
         "loss",
         "entropy",
-        "kl",
         "clip_frac_low",
         "clip_frac_high",
         "iw_mean",

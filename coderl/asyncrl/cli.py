@@ -20,6 +20,7 @@ from rich.console import Console
 def run(args: argparse.Namespace) -> int:
     from coderl.asyncrl.trainer import train_async  # heavy imports, on use only
     from coderl.config import load_config
+    from coderl.rundir import run_lock
     from coderl.train.resume import record_resume, resume_config, split_preset, stopped_line
 
     config, overrides = split_preset(args.config, args.overrides)
@@ -27,16 +28,18 @@ def run(args: argparse.Namespace) -> int:
         named = args.resume if isinstance(args.resume, str) else None
         run_dir = named or load_config(config, overrides).run_dir
         cfg, changes, step = resume_config(run_dir, config, overrides)
-        for line in record_resume(cfg, changes, step):
-            print(line)
     else:
         cfg = load_config(config, overrides)
-    try:
-        summary = train_async(cfg, resume=bool(args.resume))
-    except KeyboardInterrupt:
-        again = f"coderl train-async --resume {shlex.quote(str(cfg.run_dir))}"
-        print(stopped_line("coderl train-async", cfg.run_dir, again), file=sys.stderr)
-        return 130
+    with run_lock(cfg.run_dir, "coderl train-async"):  # one writer at a time
+        if args.resume:
+            for line in record_resume(cfg, changes, step):
+                print(line)
+        try:
+            summary = train_async(cfg, resume=bool(args.resume))
+        except KeyboardInterrupt:
+            again = f"coderl train-async --resume {shlex.quote(str(cfg.run_dir))}"
+            print(stopped_line("coderl train-async", cfg.run_dir, again), file=sys.stderr)
+            return 130
     console = Console()
     console.print(f"[bold]async run finished[/] in {cfg.run_dir}")
     for key, value in summary.items():

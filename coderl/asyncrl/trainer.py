@@ -44,6 +44,8 @@ from coderl.config import AsyncConfig, Config, dump_config, load_config
 from coderl.envs import build_environment
 from coderl.eval.observers import default_observers
 from coderl.policy.base import Completion, SamplingParams
+from coderl.progress import PhaseProgress
+from coderl.rundir import run_lock
 from coderl.train import pipeline as P
 from coderl.train.checkpoint import ensure_new_run, load_trainable, trainable_state
 from coderl.train.metrics import run_logger
@@ -54,6 +56,7 @@ from coderl.train.run import (
     restore,
     save,
     setup_run,
+    step_status,
     sync_engine,
 )
 from coderl.train.sampling import TaskSampler, prepass, rollout_metrics
@@ -244,6 +247,7 @@ class TrainLearner:
         keys = [P.group_key(ep.task_id, g.job.index) for g, ep in eps]
         owners = [g.job.task for g, _ in eps]
         run.sampler.observe(owners, infos)  # as coderl train does after scoring
+        P.check_step_measured(run.step, infos)
         metrics: dict[str, float] = rollout_metrics(run.sampler, owners, keys, infos)
         metrics.update(P.step_metrics(infos, cfg))
         batch = P.make_batch(
@@ -317,9 +321,15 @@ def train_async(
         ValueError: unsupported settings (see :func:`check_supported`), or ``resume`` from a
             checkpoint of ``coderl train`` (no task ledger).
         FileNotFoundError: ``resume`` without a complete checkpoint.
-        FileExistsError: not ``resume`` and ``cfg.run_dir`` holds a previous run's checkpoints.
+        FileExistsError: not ``resume`` and ``cfg.run_dir`` holds a previous run's checkpoints
+            or logs, or another process writes to it (:class:`coderl.rundir.RunDirBusy`).
     """
     acfg = resolve(cfg.model_copy(update={"async_": acfg})) if acfg else resolve(cfg)
+    with run_lock(cfg.run_dir, "coderl train-async"):  # one writer at a time
+        return _train_async(cfg, acfg, resume)
+
+
+def _train_async(cfg: Config, acfg: AsyncConfig, resume: bool) -> dict[str, Any]:
     run_dir = Path(cfg.run_dir)
     if not resume:  # a resumed run's config.yaml changes only through coderl.train.resume
         ensure_new_run(run_dir)
@@ -334,6 +344,7 @@ def train_async(
         summary = runner.summary()
         extra = {f"async/{k}": float(v) for k, v in summary.items() if not isinstance(v, dict)}
         logger.log(run.step, {**metrics, **extra})
+        bar.advance(status=step_status(metrics))
         if run.step % cfg.trainer.checkpoint_every == 0 or run.step == cfg.trainer.steps:
             run.sampler.position = _cursor(runner)
             ledger = runner.ledger
@@ -359,8 +370,10 @@ def train_async(
         else:
             prepass(run)  # tasks.pool.prepass_samples, as coderl train does
         logger = run_logger(cfg, run.step)
-        with runner:
-            summary = runner.run(cfg.trainer.steps)
+        steps, at = cfg.trainer.steps, run.step
+        with PhaseProgress("train-async", steps, completed=at, enabled=cfg.progress) as bar:
+            with runner:
+                summary = runner.run(steps)
         logger.close()
     finally:
         close_run(run)  # a vLLM server coderl started stops, whatever happened

@@ -62,7 +62,9 @@ def run(args: argparse.Namespace) -> int:
         writable(args.episodes_out, args.force)
     run_dir, ckpt = resolve_checkpoint(args.checkpoint)  # a run directory: its newest one
     tasks, k, rest = _split_args(args.overrides)
-    overrides = [*rest, "eval.before_after=false"]
+    # the run as found on disk, not as its config.yaml names it (a relative run_dir names
+    # another directory, or none, from anywhere but where the run was started)
+    overrides = [*rest, "eval.before_after=false", f"run_dir={run_dir}"]
     split = None
     if tasks:
         source, _, split = tasks.partition(":")
@@ -71,7 +73,7 @@ def run(args: argparse.Namespace) -> int:
         overrides += [f"eval.samples={k}", f"eval.k={sorted({1, k})}"]
     cfg = load_config(run_dir / "config.yaml", overrides)
     _check_split(cfg, tasks, split or cfg.tasks.heldout_split)
-    run_ = setup_run(cfg, engine=False)
+    run_ = setup_run(cfg, engine=False, load_sft=False)  # --base: the model of model.name
     if not args.base:
         load_checkpoint(ckpt, model=run_.policy.model, restore_rng=False)
     run_.engine = build_engine(cfg, run_.policy, training=False)  # engine.kind, these weights

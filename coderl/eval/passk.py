@@ -19,12 +19,13 @@ from coderl import algorithms as A
 from coderl.graders.judge import EpisodeView
 from coderl.graders.terms import learned_fields
 from coderl.policy.base import SamplingParams
-from coderl.stats import Estimate, bootstrap_ci, estimate, paired_difference
+from coderl.stats import Estimate, NothingMeasured, bootstrap_ci, estimate, paired_difference
 
 __all__ = [
     "Estimate",
     "EvalResult",
     "bootstrap_ci",
+    "check_measured",
     "estimate",
     "CollapseCheck",
     "Comparison",
@@ -56,6 +57,9 @@ class EvalResult:
     failed); ``episodes`` returned by the environment, the broken tool calls among them and how
     many had at least one."""
     grading_errors: int = 0
+    """Episodes whose grading failed (infrastructure: counted as failures, in the denominator)."""
+    grading_error_examples: list[str] = field(default_factory=list)
+    """Up to three distinct ``grading_error`` texts, to say why episodes were masked."""
     dropped_episodes: int = 0
     """Episodes the environment did not return (counted as failures, in the denominator)."""
     broken_calls: float = 0.0
@@ -147,6 +151,7 @@ def evaluate(
         raise ValueError("evaluate needs distinct task ids")
     per_task: list[dict[str, Any]] = []
     errors = dropped = 0
+    examples: set[str] = set()
     for start in range(0, len(tasks), tasks_per_batch):
         chunk = tasks[start : start + tasks_per_batch]
         seed = None if params.seed is None else params.seed + start
@@ -166,11 +171,41 @@ def evaluate(
             per_task.append(_task_row(task, pairs, samples))
             dropped += samples - len(pairs)
             errors += sum(g.grading_error is not None for _, g in pairs)
+            for _, g in pairs:
+                if g.grading_error is not None and len(examples) < 3:
+                    examples.add(str(g.grading_error))
         if on_batch is not None:
             on_batch(len(chunk), sum(r["correct"] for r in per_task[-len(chunk) :]))
     res = summarize(per_task, ks, samples, errors)
     res.dropped_episodes = dropped
+    res.grading_error_examples = sorted(examples)
     return res
+
+
+def check_measured(result: dict[str, Any], what: str = "eval") -> str | None:
+    """Whether an evaluation (:meth:`EvalResult.to_dict`) measured anything: a warning line when
+    at least half its episodes were masked (grading errors or dropped; they count as failures,
+    so pass@k is then mostly a count of infrastructure faults), else None.
+
+    Raises:
+        coderl.stats.NothingMeasured: every episode was masked (says why, with the first
+            grading errors).
+    """
+    total = sum(t["n"] for t in result["per_task"])
+    masked = result["grading_errors"] + result["dropped_episodes"]
+    if total == 0 or masked < total / 2:
+        return None
+    why = "; ".join(result.get("grading_error_examples", [])[:3]) or "-"
+    said = (
+        f"{masked} of {total} episodes masked ({result['grading_errors']} grading errors, "
+        f"{result['dropped_episodes']} not returned by the environment); grading errors: {why}"
+    )
+    if masked >= total:
+        raise NothingMeasured(
+            f"{what}: nothing was measured: {said} (repository tasks need their environments "
+            "built first: coderl tasks build-env)"
+        )
+    return f"{what}: WARNING: {said}; pass@k counts them as failures"
 
 
 def _rollout_and_grade(

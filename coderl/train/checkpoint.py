@@ -10,10 +10,19 @@ Layout of ``RUN_DIR/checkpoints/step-000012/``::
     scheduler.pt            scheduler.state_dict()
     rng.pt                  Python, NumPy and torch RNG states
     state.json              step, policy version, data cursor, anything else JSON-serialisable
+    manifest.json           every other file's size and SHA-256, written last
+
+Verified when written (the weights are read back and compared, the manifest hashes what is on
+disk) and when read (:func:`verify_checkpoint`, by :func:`load_checkpoint` and ``--resume``): a
+damaged checkpoint (a truncated or altered file, a disk that filled up) is named in one line
+together with the newest intact checkpoint of the run, which ``coderl train --resume``,
+``coderl eval`` and ``coderl export`` accept in place of the run directory. A checkpoint written
+before manifests existed is read unverified.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import random
 import shutil
@@ -25,7 +34,86 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 
+from coderl.rundir import ensure_fresh_logs
+
 CKPT_PREFIX = "step-"
+MANIFEST = "manifest.json"
+
+
+class DamagedCheckpoint(ValueError):
+    """A checkpoint's files do not match its manifest (a ``ValueError``: the command line
+    prints it as one line); the message names the newest intact checkpoint of the run."""
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def write_manifest(ckpt: str | Path) -> None:
+    """Write ``manifest.json``: the size and SHA-256 of every other file under ``ckpt``
+    (recursively: a sharded checkpoint's ``dcp/`` too), hashed from the disk."""
+    ckpt = Path(ckpt)
+    files = {
+        str(p.relative_to(ckpt)): {"bytes": p.stat().st_size, "sha256": _sha256(p)}
+        for p in sorted(ckpt.rglob("*"))
+        if p.is_file() and p.name != MANIFEST
+    }
+    (ckpt / MANIFEST).write_text(json.dumps({"files": files}, indent=1))
+
+
+def checkpoint_damage(ckpt: str | Path) -> str | None:
+    """What is wrong with checkpoint ``ckpt`` (the first file that is missing, of another size
+    or another hash than its manifest says), or None when it is intact or has no manifest
+    (written before manifests existed: not verifiable)."""
+    ckpt = Path(ckpt)
+    if not (ckpt / MANIFEST).is_file():
+        return None
+    try:
+        files = json.loads((ckpt / MANIFEST).read_text())["files"]
+    except (ValueError, KeyError, TypeError):
+        return f"{MANIFEST} is unreadable"
+    for name, want in files.items():
+        p = ckpt / name
+        if not p.is_file():
+            return f"{name} is missing"
+        if p.stat().st_size != want["bytes"]:
+            return f"{name} has {p.stat().st_size} bytes, {want['bytes']} were written"
+        if _sha256(p) != want["sha256"]:
+            return f"{name} differs from what was written (SHA-256)"
+    return None
+
+
+def newest_intact(run_dir: str | Path) -> Path | None:
+    """The newest checkpoint of ``run_dir`` that :func:`checkpoint_damage` finds intact."""
+    for ckpt in reversed(list_checkpoints(run_dir)):
+        if checkpoint_damage(ckpt) is None:
+            return ckpt
+    return None
+
+
+def verify_checkpoint(ckpt: str | Path) -> None:
+    """Check ``ckpt`` against its manifest.
+
+    Raises:
+        DamagedCheckpoint: it is damaged; one line naming what is wrong and the newest intact
+            checkpoint of the same run (or that there is none).
+    """
+    ckpt = Path(ckpt)
+    what = checkpoint_damage(ckpt)
+    if what is None:
+        return
+    good = newest_intact(ckpt.parent.parent)
+    if good is None:
+        raise DamagedCheckpoint(f"checkpoint {ckpt} is damaged ({what}); no intact one is left")
+    raise DamagedCheckpoint(
+        f"checkpoint {ckpt} is damaged ({what}); the newest intact one is {good}: give it "
+        f"instead of the run directory (coderl train --resume {good}, coderl eval {good}, "
+        f"coderl export {good} ...)"
+    )
 
 
 def trainable_state(model: nn.Module) -> dict[str, torch.Tensor]:
@@ -73,6 +161,20 @@ def set_rng_state(state: dict[str, Any]) -> None:
     torch.set_rng_state(state["torch"])
 
 
+def save_verified(tensors: dict[str, torch.Tensor], path: Path) -> None:
+    """Write ``tensors`` as safetensors and read them back.
+
+    Raises:
+        OSError: the file read back differs from ``tensors`` (a full disk, a failing device).
+    """
+    save_file(tensors, str(path))
+    back = load_file(str(path))
+    if back.keys() != tensors.keys() or not all(
+        torch.equal(back[k], v) for k, v in tensors.items()
+    ):
+        raise OSError(f"{path}: the weights read back differ from the weights written")
+
+
 def save_checkpoint(
     run_dir: str | Path,
     step: int,
@@ -95,13 +197,14 @@ def save_checkpoint(
     tmp = root / f".tmp-{final.name}"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
-    save_file(trainable_state(model), str(tmp / "trainable.safetensors"))
+    save_verified(trainable_state(model), tmp / "trainable.safetensors")
     if value_head is not None:
-        save_file(trainable_state(value_head), str(tmp / "value_head.safetensors"))
+        save_verified(trainable_state(value_head), tmp / "value_head.safetensors")
     torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
     torch.save(scheduler.state_dict(), tmp / "scheduler.pt")
     torch.save(rng_state(), tmp / "rng.pt")
     (tmp / "state.json").write_text(json.dumps({**state, "step": step}, indent=1))
+    write_manifest(tmp)  # last: it hashes what is on disk
     shutil.rmtree(final, ignore_errors=True)
     tmp.rename(final)
     for old in list_checkpoints(run_dir)[:-keep]:
@@ -119,13 +222,16 @@ def list_checkpoints(run_dir: str | Path) -> list[Path]:
 
 
 def ensure_new_run(run_dir: str | Path) -> None:
-    """Refuse to start a fresh run in a directory that already holds checkpoints.
+    """Refuse to start a fresh run in a directory that already holds checkpoints or a run's logs.
 
     A new run there would overwrite the old run's logs while older, higher-numbered checkpoints
-    outrank its own, so ``--resume`` and ``coderl eval`` would silently pick the old weights.
+    outrank its own, so ``--resume`` and ``coderl eval`` would silently pick the old weights; a
+    run stopped before its first checkpoint has only logs, and they are kept too
+    (:func:`coderl.rundir.ensure_fresh_logs`).
 
     Raises:
-        FileExistsError: ``run_dir`` holds checkpoints (names them and the way out).
+        FileExistsError: ``run_dir`` holds checkpoints or non-empty logs (names them and the way
+            out).
     """
     found = list_checkpoints(run_dir)
     if found:
@@ -133,6 +239,7 @@ def ensure_new_run(run_dir: str | Path) -> None:
             f"{run_dir} already holds checkpoints of a previous run (latest: {found[-1].name}); "
             "continue it with --resume, or set run_dir=... to start a new run elsewhere"
         )
+    ensure_fresh_logs(run_dir)
 
 
 def latest_checkpoint(run_dir: str | Path) -> Path:
@@ -175,10 +282,12 @@ def load_checkpoint(
         FileNotFoundError: ``path`` is not a complete checkpoint.
         ValueError: the weights do not match the model, or an optimizer is to be restored from
             a sharded checkpoint (its weights alone load: ``coderl eval`` reads them).
+        DamagedCheckpoint: the files differ from the manifest (names the newest intact one).
     """
     path = Path(path)
     if not (path / "state.json").is_file():
         raise FileNotFoundError(f"{path} is not a complete checkpoint (no state.json)")
+    verify_checkpoint(path)
     if optimizer is not None and (path / "dcp").is_dir():  # coderl.train.distributed's
         raise ValueError(
             f"{path} is a sharded (DCP) checkpoint: resume it with "

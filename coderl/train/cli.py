@@ -2,8 +2,8 @@
 
 ``--resume`` continues the run with its own ``config.yaml`` (:mod:`coderl.train.resume`);
 a CONFIG given with it and the overrides are applied on top, printed, and refused where they
-change what the checkpoint holds. Ctrl-C ends in one line: the last checkpoint and the resume
-command (exit 130).
+change what the checkpoint holds. Ctrl-C or SIGTERM (preemption, ``timeout``) ends in one line:
+the last intact checkpoint and the resume command (exit 130; 143 for SIGTERM).
 """
 
 from __future__ import annotations
@@ -30,25 +30,26 @@ def run(args: argparse.Namespace) -> int:
         from coderl.cli import main
 
         return launch(cfg, train_argv(args), main)
-    if cfg.sft.enabled and not args.resume:
-        from coderl.train.checkpoint import ensure_new_run
-        from coderl.train.sft import run_sft
-
-        ensure_new_run(cfg.run_dir)  # before minutes of SFT, not after
-
-        run_sft(cfg)
     from coderl.eval.observers import default_observers
+    from coderl.rundir import run_lock
     from coderl.train.loop import train
 
-    if args.resume:
-        for line in record_resume(cfg, changes, step):
-            print(line)
-    try:
-        run_dir = train(cfg, resume=bool(args.resume), observers=default_observers())
-    except KeyboardInterrupt:
-        again = f"coderl train --resume {shlex.quote(str(cfg.run_dir))}"
-        print(stopped_line("coderl train", cfg.run_dir, again), file=sys.stderr)
-        return 130
+    with run_lock(cfg.run_dir, "coderl train"):  # one writer, SFT and RL alike
+        try:
+            if cfg.sft.enabled and not args.resume:
+                from coderl.train.checkpoint import ensure_new_run
+                from coderl.train.sft import run_sft
+
+                ensure_new_run(cfg.run_dir)  # before minutes of SFT, not after
+                run_sft(cfg)
+            if args.resume:
+                for line in record_resume(cfg, changes, step):
+                    print(line)
+            run_dir = train(cfg, resume=bool(args.resume), observers=default_observers())
+        except KeyboardInterrupt:
+            again = f"coderl train --resume {shlex.quote(str(cfg.run_dir))}"
+            print(stopped_line("coderl train", cfg.run_dir, again), file=sys.stderr)
+            return 130
     if args.report:
         from coderl.eval.report import write_report
 
@@ -68,7 +69,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument(
         "--resume",
         metavar="RUN_DIR",
-        help="continue RUN_DIR from its latest checkpoint with its own config.yaml",
+        help="continue RUN_DIR from its latest checkpoint with its own config.yaml (or from "
+        "RUN_DIR/checkpoints/step-N: newer checkpoints are set aside to checkpoints/superseded/)",
     )
     p.add_argument("--no-report", dest="report", action="store_false", help="skip the report")
     p.set_defaults(func=run)

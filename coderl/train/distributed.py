@@ -69,7 +69,14 @@ from coderl.policy.batch import TrainBatch
 from coderl.policy.forward import ForwardOut, forward
 from coderl.policy.kvcache import causal_lm
 from coderl.train.batch import StepBatch
-from coderl.train.checkpoint import CKPT_PREFIX, list_checkpoints, rng_state, set_rng_state
+from coderl.train.checkpoint import (
+    CKPT_PREFIX,
+    list_checkpoints,
+    rng_state,
+    set_rng_state,
+    verify_checkpoint,
+    write_manifest,
+)
 from coderl.train.step import DataParallel, train_step
 
 T = TypeVar("T")
@@ -356,6 +363,7 @@ def save_sharded_checkpoint(
         torch.save(rng_state(), tmp / "rng.pt")
         body = {**state, "step": step, "world_size": dist.get_world_size()}
         (tmp / "state.json").write_text(json.dumps(body, indent=1))
+        write_manifest(tmp)  # last: every rank's DCP shard is written (dcp.save returned)
         shutil.rmtree(final, ignore_errors=True)
         tmp.rename(final)
         for old in list_checkpoints(run_dir)[:-keep]:
@@ -382,6 +390,7 @@ def load_sharded_checkpoint(
     path = Path(path)
     if not (path / "state.json").is_file() or not (path / DCP_DIR).is_dir():
         raise FileNotFoundError(f"{path} is not a complete sharded checkpoint (state.json, dcp/)")
+    verify_checkpoint(path)
     model_sd, optim_sd = get_state_dict(root, optimizer, options=_OPTIONS)
     loaded = {"model": model_sd, "optim": optim_sd}
     dcp.load(loaded, checkpoint_id=str(path / DCP_DIR))

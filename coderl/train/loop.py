@@ -37,6 +37,7 @@ from coderl.agent.branch import BranchSpec
 from coderl.config import Config, dump_config
 from coderl.eval.passk import collapse_check
 from coderl.progress import PhaseProgress
+from coderl.rundir import run_lock
 from coderl.train import pipeline as P
 from coderl.train.branching import turn_credit
 from coderl.train.checkpoint import ensure_new_run
@@ -52,6 +53,7 @@ from coderl.train.run import (
     run_eval,
     save,
     setup_run,
+    step_status,
     sync_engine,
 )
 from coderl.train.sampling import prepass, rollout_metrics
@@ -105,6 +107,7 @@ def collect(run: Run, step: int) -> tuple[P.Scored, dict[str, float]]:
         if dynamic != "resample" or wanted == 0:
             break
     assert kept is not None
+    P.check_step_measured(step, rolled_infos)
     stats.update(rollout_metrics(run.sampler, rolled_tasks, rolled_keys, rolled_infos))
     # rewards of the kept samples, recomputed together (group pass rates are per group)
     return P.rescore(kept, cfg), stats
@@ -250,20 +253,22 @@ def train(cfg: Config, *, resume: bool = False, observers: Sequence[P.StepObserv
     ``cfg.run_dir``.
 
     Raises:
-        FileExistsError: not ``resume`` and ``cfg.run_dir`` holds a previous run's checkpoints.
+        FileExistsError: not ``resume`` and ``cfg.run_dir`` holds a previous run's checkpoints
+            or logs; or another process is writing to ``cfg.run_dir``
+            (:class:`coderl.rundir.RunDirBusy`).
         FileNotFoundError: ``resume`` and there is no complete checkpoint.
     """
     run_dir = Path(cfg.run_dir)
-    if not resume:  # a resumed run's config.yaml changes only through coderl.train.resume
-        ensure_new_run(run_dir)
-        run_dir.mkdir(parents=True, exist_ok=True)
-        (run_dir / "config.yaml").write_text(dump_config(cfg))
-    run = setup_run(cfg, resume=resume, load_sft=False)
-    run.observers = list(observers) if _rank(run) == 0 else []  # one audit log per run
-    try:
-        _train(run, resume)
-    finally:
-        close_run(run)  # a vLLM server coderl started stops, whatever happened
+    with run_lock(run_dir, "coderl train"):  # one writer at a time
+        if not resume:  # a resumed run's config.yaml changes only through coderl.train.resume
+            ensure_new_run(run_dir)
+            (run_dir / "config.yaml").write_text(dump_config(cfg))
+        run = setup_run(cfg, resume=resume, load_sft=False)
+        run.observers = list(observers) if _rank(run) == 0 else []  # one audit log per run
+        try:
+            _train(run, resume)
+        finally:
+            close_run(run)  # a vLLM server coderl started stops, whatever happened
     return run_dir
 
 
@@ -321,8 +326,7 @@ def _train(run: Run, resume: bool) -> None:
     with PhaseProgress("train", cfg.trainer.steps, completed=run.step, enabled=cfg.progress) as bar:
         while run.step < cfg.trainer.steps:
             metrics = training_step(run)
-            reward, resolved = metrics["reward/mean"], metrics["resolved_rate"]
-            bar.advance(status=f"reward {reward:.3f} resolved {resolved:.0%} (unmasked episodes)")
+            bar.advance(status=step_status(metrics))
             last = run.step == cfg.trainer.steps
             if (cfg.eval.every and run.step % cfg.eval.every == 0 and not last) or (
                 last and cfg.eval.before_after

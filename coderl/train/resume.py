@@ -20,7 +20,13 @@ from pathlib import Path
 from typing import Any
 
 from coderl.config import Config, ConfigError, apply_override, build_config, dump_config, load_tree
-from coderl.train.checkpoint import latest_checkpoint
+from coderl.train.checkpoint import (
+    CKPT_PREFIX,
+    latest_checkpoint,
+    list_checkpoints,
+    newest_intact,
+    verify_checkpoint,
+)
 
 FROZEN = (
     "model.",
@@ -76,19 +82,23 @@ def resume_config(
     run_dir: str | Path, preset: str | None = None, overrides: list[str] | tuple[str, ...] = ()
 ) -> tuple[Config, dict[str, tuple[Any, Any]], int]:
     """The config to continue ``run_dir`` with, what it changes, and the checkpoint's step.
+    ``run_dir`` may name one of the run's checkpoints instead (:func:`resume_target`): the run
+    continues from it, and :func:`record_resume` sets the newer ones aside.
 
     Raises:
         FileNotFoundError: no ``config.yaml`` or no complete checkpoint in ``run_dir``.
+        coderl.train.checkpoint.DamagedCheckpoint: the checkpoint is damaged (names the newest
+            intact one).
         ConfigError: an override changes a :data:`FROZEN` key or ``run_dir``, or turns
             ``tasks.synth.enabled`` off (the checkpoint's pool holds the synthesised tasks; turning
             it on is allowed); ``trainer.steps``
             is not above the checkpoint's step; any validation error.
     """
-    run_dir = Path(run_dir)
+    run_dir, ckpt = resume_target(run_dir)
     saved = run_dir / "config.yaml"
     if not saved.is_file():
         raise FileNotFoundError(f"--resume {run_dir}: no config.yaml (not a coderl train run)")
-    step = json.loads((latest_checkpoint(run_dir) / "state.json").read_text())["step"]
+    step = json.loads((ckpt / "state.json").read_text())["step"]
     tree = load_tree(saved)
     if preset is not None:
         top = load_tree(preset)
@@ -118,27 +128,62 @@ def resume_config(
     return cfg, changes, step
 
 
+def resume_target(path: str | Path) -> tuple[Path, Path]:
+    """``(run_dir, checkpoint)`` that ``--resume PATH`` continues: PATH is a run directory (its
+    newest checkpoint) or one of its checkpoints (``RUN/checkpoints/step-000004``, e.g. the
+    intact one a damaged newer one names).
+
+    Raises:
+        FileNotFoundError: PATH is neither.
+        coderl.train.checkpoint.DamagedCheckpoint: that checkpoint is damaged.
+    """
+    path = Path(path)
+    if (path / "state.json").is_file() and path.parent.name == "checkpoints":
+        run_dir, ckpt = path.parent.parent, path
+    else:
+        run_dir, ckpt = path, latest_checkpoint(path)
+    verify_checkpoint(ckpt)
+    return run_dir, ckpt
+
+
+def set_aside_newer(run_dir: str | Path, step: int) -> list[Path]:
+    """Move the checkpoints of ``run_dir`` newer than ``step`` to ``checkpoints/superseded/``
+    (kept, not deleted: a run resumed from an older checkpoint would otherwise be outranked by
+    them); returns where they went."""
+    moved = []
+    for ckpt in list_checkpoints(run_dir):
+        if int(ckpt.name[len(CKPT_PREFIX) :]) > step:
+            aside = ckpt.parent / "superseded" / ckpt.name
+            n = 1
+            while aside.exists():
+                n += 1
+                aside = ckpt.parent / "superseded" / f"{ckpt.name}.{n}"
+            aside.parent.mkdir(exist_ok=True)
+            ckpt.rename(aside)
+            moved.append(aside)
+    return moved
+
+
 def record_resume(cfg: Config, changes: dict[str, tuple[Any, Any]], step: int) -> list[str]:
-    """Write the resumed config to ``config.yaml`` with a ``resume.jsonl`` line of what changed
-    (nothing when nothing changed); returns one printable line per change."""
+    """Set aside the checkpoints newer than ``step`` (:func:`set_aside_newer`: the run was
+    resumed from an older one), and write the resumed config to ``config.yaml`` with a
+    ``resume.jsonl`` line of what changed (nothing when nothing changed); returns one printable
+    line per change or checkpoint set aside."""
+    aside = [f"resume: {p.name} set aside to {p}" for p in set_aside_newer(cfg.run_dir, step)]
     if not changes:
-        return []
+        return aside
     run_dir = Path(cfg.run_dir)
     row = {"step": step, "time": time.time(), "changes": {k: list(v) for k, v in changes.items()}}
     with (run_dir / RESUME_LOG).open("a") as f:
         f.write(json.dumps(row) + "\n")
     (run_dir / "config.yaml").write_text(dump_config(cfg))
-    return [f"resume: {k} {old!r} -> {new!r}" for k, (old, new) in changes.items()]
+    return aside + [f"resume: {k} {old!r} -> {new!r}" for k, (old, new) in changes.items()]
 
 
 def stopped_line(command: str, run_dir: str | Path, resume: str) -> str:
     """One line for an interrupted run: its last checkpoint and the command that resumes it."""
-    from coderl.train.checkpoint import list_checkpoints
-
-    ckpts = list_checkpoints(run_dir)
-    if not ckpts:
+    last = newest_intact(run_dir)
+    if last is None:
         return f"{command}: interrupted before the first checkpoint of {run_dir}; nothing to resume"
-    step = json.loads((ckpts[-1] / "state.json").read_text()).get("step", "?")
-    return (
-        f"{command}: interrupted; last checkpoint {ckpts[-1]} (step {step}); resume with: {resume}"
-    )
+    step = json.loads((last / "state.json").read_text()).get("step", "?")
+    return f"{command}: interrupted; last checkpoint {last} (step {step}); resume with: {resume}"

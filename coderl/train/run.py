@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import os
 import random
+import sys
 import time
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
@@ -33,6 +34,7 @@ from torch import nn
 
 from coderl.config import Config
 from coderl.envs import Environment, build_environment
+from coderl.eval.passk import check_measured
 from coderl.policy.loading import load_policy
 from coderl.policy.local import LocalPolicy, LoraSpec
 from coderl.policy.rollout import RolloutEngine, build_engine
@@ -200,6 +202,24 @@ def sync_engine(run: Run) -> dict[str, float]:
     return run.engine.sync(run.policy) if run.engine is not None else {}
 
 
+def step_status(metrics: dict[str, float]) -> str:
+    """A training step's progress status: reward and resolved rate over the episodes it
+    measured, and what it did not measure, said as such (never ``reward nan``): groups dropped
+    by dynamic sampling, episodes masked as infrastructure failures."""
+    n = int(metrics.get("episodes", 0))
+    masked = int(metrics.get("reward/masked", 0))
+    dropped = int(metrics.get("dynamic/dropped_groups", 0))
+    notes = [f"{dropped} zero-variance groups dropped"] if dropped else []
+    if masked:
+        notes.append(f"{masked} of {n} episodes masked")
+    if n - masked <= 0:
+        head = "no episode measured (no update)"
+    else:
+        reward, resolved = metrics["reward/mean"], metrics["resolved_rate"]
+        head = f"reward {reward:.3f} resolved {resolved:.0%} of {n - masked} episodes"
+    return "; ".join([head, *notes])
+
+
 def save(run: Run, **state: Any) -> Path:
     """Checkpoint ``run`` at its step (``state``: extra JSON entries, e.g. the async ledger);
     a sampler with state beyond the cursor (pool, mix) saves it as ``sampler``."""
@@ -291,7 +311,13 @@ def run_eval(
     A sharded run with ``trainer.distributed.split_rollouts``: each rank evaluates its
     contiguous share of the batches of tasks (:func:`coderl.eval.passk.evaluate` seeds a batch
     by its offset in the split, so the episodes are one process's) and every rank summarizes
-    the gathered per-task rows; ``time_s`` is this rank's."""
+    the gathered per-task rows; ``time_s`` is this rank's.
+
+    Raises:
+        coderl.stats.NothingMeasured: every episode was masked (grading errors, dropped);
+            at least half masked prints a warning line on stderr
+            (:func:`coderl.eval.passk.check_measured`).
+    """
     cfg = run.cfg
     n = samples or cfg.eval.samples
     ks = sorted({1, n, *(k for k in cfg.eval.k if k <= n)})
@@ -316,16 +342,30 @@ def run_eval(
         from coderl.eval.passk import summarize
         from coderl.train.distributed import gather
 
-        mine = (res.per_task, res.grading_errors, res.dropped_episodes, views) if res else None
+        mine = (
+            (
+                res.per_task,
+                res.grading_errors,
+                res.dropped_episodes,
+                views,
+                res.grading_error_examples,
+            )
+            if res
+            else None
+        )
         parts = [p for p in gather(mine) if p is not None]
         res = summarize([t for p in parts for t in p[0]], ks, n, sum(p[1] for p in parts))
         res.dropped_episodes = sum(p[2] for p in parts)
+        res.grading_error_examples = sorted({e for p in parts for e in p[4]})[:3]
         views = None if views is None else [v for p in parts for v in p[3]]
     assert res is not None  # evaluated above, or gathered
     if episodes_out is not None and views is not None:
         episodes_out.extend(views)
     out = res.to_dict()
     out.update(temperature=cfg.eval.temperature, time_s=time.perf_counter() - t0)
+    warning = check_measured(out)  # nothing measured: raises
+    if warning:
+        print(warning, file=sys.stderr, flush=True)
     return out
 
 

@@ -272,8 +272,11 @@ def run_sft(cfg: Config, policy: LocalPolicy | None = None) -> Path:
 
 
 def run(args: argparse.Namespace) -> int:
+    from coderl.rundir import run_lock
+
     cfg = load_config(args.config, args.overrides)
-    print(run_sft(cfg))
+    with run_lock(cfg.run_dir, "coderl sft"):  # one writer at a time
+        print(run_sft(cfg))
     return 0
 
 

@@ -161,7 +161,8 @@ def accumulate_gradients(
             batch, and the loss metrics summed over ranks are the global batch's.
 
     Returns:
-        Metrics averaged over the tokens in the loss: ``loss``, ``pg_loss``, ``kl``, ``entropy``,
+        Metrics averaged over the tokens in the loss: ``loss``, ``pg_loss``, ``kl`` (only when
+        the batch has reference logprobs: absent, not 0, otherwise), ``entropy``,
         ``clip_frac_low``, ``clip_frac_high``, ``dual_clip_frac``, ``approx_kl``,
         ``ratio_mean``, ``ratio_max``, ``iw_mean``, ``iw_max``, ``value_loss``;
         ``iw_rejected_frac`` (sampled tokens rejected by masked importance sampling); and over
@@ -327,7 +328,7 @@ def _micro_batch_backward(
     ent = A.aggregate(out.entropy, mask, agg, max_len=max_len)
     if cfg.entropy_coef > 0:
         loss = loss - cfg.entropy_coef * ent
-    kl = torch.zeros((), device=out.logp.device)
+    kl = None  # measured only against reference logprobs (algorithm.kl.coef > 0): else absent
     if mb.ref_logp is not None:
         kl_tok = A.kl_penalty(out.logp, mb.ref_logp, cfg.kl.estimator)
         kl = A.aggregate(kl_tok, mask, agg, max_len=max_len)
@@ -348,12 +349,13 @@ def _micro_batch_backward(
         m.update(
             loss=float(loss),
             pg_loss=float(pg),
-            kl=float(kl),
             entropy=float(ent),
             value_loss=float(vloss),
             iw_mean=float((w * mask).sum() / max(n, 1.0)),
             iw_max=float(w[keep].max()) if n else 1.0,
         )
+        if kl is not None:
+            m["kl"] = float(kl)
     return m, n
 
 

@@ -1,0 +1,267 @@
+"""A user's first day (issue 48): no run directory is clobbered, a number that is not a
+measurement is never printed as one, a damaged run is recoverable in one line.
+
+Each class is tested through the command line a user types (``coderl.cli.main``) on the toy
+task, so a refusal is checked together with its one-line message and exit status."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from coderl.cli import main
+from coderl.envs.base import GradeRecord
+from coderl.envs.toy import ToyEnvironment
+from coderl.train.checkpoint import list_checkpoints, verify_checkpoint
+from coderl.train.metrics import read_jsonl
+from coderl.train.run import step_status
+
+ROOT = Path(__file__).parent.parent
+TOY = str(ROOT / "configs" / "toy.yaml")
+FAST = [
+    "progress=false",
+    "tensorboard=false",
+    "eval.before_after=false",
+    "trainer.steps=3",
+    "trainer.checkpoint_every=1",
+    "trainer.keep_checkpoints=5",
+    "rollout.group_size=4",
+    "rollout.max_new_tokens=4",
+]
+
+
+def _train(run_dir: Path, *extra: str) -> int:
+    return main(["train", TOY, *FAST, f"run_dir={run_dir}", *extra, "--no-report"])
+
+
+def _one_line_error(err: str) -> str:
+    lines = [x for x in err.strip().splitlines() if not x.startswith("(set CODERL_TRACEBACK")]
+    assert "Traceback" not in err and len(lines) == 1, err
+    return lines[0]
+
+
+# --- 1. nothing clobbers a run directory ------------------------------------------------------
+
+HOLD = """
+import sys, time
+from coderl.rundir import run_lock
+with run_lock(sys.argv[1], "coderl train (the first one)"):
+    print("held", flush=True)
+    time.sleep(600)
+"""
+
+
+def _holder(run_dir: Path) -> subprocess.Popen:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen(
+        [sys.executable, "-c", HOLD, str(run_dir)], stdout=subprocess.PIPE, text=True, env=env
+    )
+    assert proc.stdout is not None and proc.stdout.readline().strip() == "held"
+    return proc
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["train", TOY, *FAST],
+        ["train-async", TOY, *FAST],
+        ["sft", TOY],
+    ],
+    ids=["train", "train-async", "sft"],
+)
+def test_a_second_writer_is_refused_and_a_killed_one_leaves_no_stale_lock(tmp_path, capsys, argv):
+    run_dir = tmp_path / "run"
+    holder = _holder(run_dir)
+    try:
+        assert main([*argv, f"run_dir={run_dir}"]) == 2
+        line = _one_line_error(capsys.readouterr().err)
+        assert f"pid {holder.pid}" in line and "the first one" in line and "in use" in line, line
+        assert not (run_dir / "metrics.jsonl").exists() and not (run_dir / "config.yaml").exists()
+    finally:
+        holder.send_signal(signal.SIGKILL)  # a crashed or kill -9'd run
+        holder.wait()
+    assert _train(run_dir) == 0  # the kernel dropped the lock with its process
+    steps = [r["step"] for r in read_jsonl(run_dir / "metrics.jsonl")]
+    assert steps == [1, 2, 3]  # one writer: each step once
+
+
+@pytest.mark.parametrize("name", ["metrics.jsonl", "eval.jsonl", "audit.jsonl"])
+def test_a_run_stopped_before_its_first_checkpoint_keeps_its_logs(tmp_path, capsys, name):
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / name).write_text('{"step": 1, "precious": true}\n')
+    assert _train(run_dir) == 2
+    line = _one_line_error(capsys.readouterr().err)
+    assert name in line and "run_dir=" in line, line
+    assert (run_dir / name).read_text() == '{"step": 1, "precious": true}\n'
+    assert not list_checkpoints(run_dir)
+
+
+def test_a_second_train_into_a_finished_run_is_refused(tmp_path, capsys):
+    run_dir = tmp_path / "run"
+    assert _train(run_dir) == 0
+    before = (run_dir / "metrics.jsonl").read_text()
+    assert _train(run_dir, "seed=7") == 2
+    assert "--resume" in _one_line_error(capsys.readouterr().err)
+    assert (run_dir / "metrics.jsonl").read_text() == before
+
+
+# --- 2. a number that is not a measurement is never printed as one ----------------------------
+
+
+def _grade_errors(share: float):
+    """A toy grader whose first ``share`` of the episodes of each call fail to grade, as
+    repository tasks do whose environments are not built."""
+    real = ToyEnvironment.grade
+
+    def grade(self, tasks, episodes):
+        out = real(self, tasks, episodes)
+        cut = round(share * len(out))
+        broken = GradeRecord(grading_error="environment 'toolz-1.0.0' is not built")
+        return [broken] * cut + out[cut:]
+
+    return grade
+
+
+@pytest.fixture
+def trained(tmp_path_factory):
+    run_dir = tmp_path_factory.mktemp("trained") / "run"
+    assert _train(run_dir, "trainer.steps=1") == 0
+    return run_dir
+
+
+def test_eval_where_every_episode_failed_to_grade_fails_instead_of_printing_zeros(
+    trained, monkeypatch, capsys
+):
+    monkeypatch.setattr(ToyEnvironment, "grade", _grade_errors(1.0))
+    assert main(["eval", str(trained), "k=2"]) == 2
+    out, err = capsys.readouterr()
+    line = _one_line_error(err)
+    assert "nothing was measured" in line and "not built" in line, line
+    assert "0.000" not in out and "pass_at" not in out  # no table of zeros on stdout
+
+
+def test_eval_mostly_masked_says_so_and_counts_them(trained, monkeypatch, capsys):
+    monkeypatch.setattr(ToyEnvironment, "grade", _grade_errors(0.5))
+    assert main(["eval", str(trained), "k=2"]) == 0
+    out, err = capsys.readouterr()
+    result = json.loads(out)
+    total = sum(t["n"] for t in result["per_task"]) if "per_task" in result else None
+    assert result["grading_errors"] >= result["samples"]  # at least one task's worth
+    assert "WARNING" in err and "masked" in err and "not built" in err, err
+    assert total is None  # per_task stays out of the printed document
+
+
+def test_a_step_whose_episodes_were_all_masked_fails_the_run(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(ToyEnvironment, "grade", _grade_errors(1.0))
+    assert _train(tmp_path / "run") == 2
+    line = _one_line_error(capsys.readouterr().err)
+    assert "all 8 episodes were masked" in line and "nothing to train on" in line, line
+    assert not list_checkpoints(tmp_path / "run")  # nothing trained, nothing saved
+
+
+def test_a_step_status_never_prints_nan_for_what_it_did_not_measure():
+    nan = float("nan")
+    dropped = {"episodes": 0.0, "reward/mean": nan, "resolved_rate": nan}
+    dropped["dynamic/dropped_groups"] = 4.0
+    said = step_status(dropped)
+    assert "nan" not in said and "no episode measured" in said and "4 zero-variance" in said
+    masked = {"episodes": 8.0, "reward/masked": 6.0, "reward/mean": 0.5, "resolved_rate": 0.5}
+    said = step_status(masked)
+    assert "6 of 8 episodes masked" in said and "of 2 episodes" in said, said
+    plain = {"episodes": 8.0, "reward/masked": 0.0, "reward/mean": 0.25, "resolved_rate": 0.125}
+    assert step_status(plain) == "reward 0.250 resolved 12% of 8 episodes"
+
+
+def test_kl_is_not_logged_as_zero_when_it_is_not_measured(trained):
+    rows = read_jsonl(trained / "metrics.jsonl")
+    assert rows and all("kl" not in r for r in rows)  # toy: algorithm.kl.coef is 0
+
+
+def test_eval_base_is_the_base_model_from_any_directory(tmp_path, monkeypatch, capsys):
+    """A run with a relative run_dir and an SFT warm start beside its checkpoints: ``--base``
+    evaluates the model of ``model.name`` whether run from where the run was started or not."""
+    import coderl.policy.rollout as rollout
+    from coderl.config import load_config
+    from coderl.train.run import build_policy
+
+    monkeypatch.chdir(tmp_path)
+    assert _train(Path("runs/rel"), "trainer.steps=1") == 0
+    trained = load_config(TOY, [f"run_dir={tmp_path / 'runs/rel'}"])
+    sft = tmp_path / "runs/rel/sft"
+    sft.mkdir()
+    ckpt = list_checkpoints(tmp_path / "runs/rel")[-1]
+    (sft / "trainable.safetensors").write_bytes((ckpt / "trainable.safetensors").read_bytes())
+    base = [p.detach().clone() for p in build_policy(trained).trainable_parameters()]
+    seen = []
+    real = rollout.build_engine
+
+    def spy(cfg, policy, **kw):
+        seen.append([p.detach().clone() for p in policy.trainable_parameters()])
+        return real(cfg, policy, **kw)
+
+    monkeypatch.setattr(rollout, "build_engine", spy)  # what coderl eval builds
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    for cwd, run in ((tmp_path, "runs/rel"), (elsewhere, str(tmp_path / "runs/rel"))):
+        monkeypatch.chdir(cwd)
+        assert main(["eval", run, "--base", "k=1", "sft.enabled=true"]) == 0
+        capsys.readouterr()
+    assert len(seen) == 2
+    for weights in seen:
+        assert all(torch.equal(a, b) for a, b in zip(weights, base, strict=True))
+
+
+# --- 3. a damaged run is recoverable in one line ----------------------------------------------
+
+
+def _truncate(path: Path) -> None:
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2])
+
+
+def test_checkpoints_carry_a_manifest_that_finds_damage(tmp_path):
+    run_dir = tmp_path / "run"
+    assert _train(run_dir) == 0
+    ckpts = list_checkpoints(run_dir)
+    for c in ckpts:
+        files = json.loads((c / "manifest.json").read_text())["files"]
+        assert {"trainable.safetensors", "optimizer.pt", "state.json", "rng.pt"} <= set(files)
+        verify_checkpoint(c)
+    (ckpts[-1] / "rng.pt").write_bytes((ckpts[-1] / "rng.pt").read_bytes()[:-1] + b"x")
+    with pytest.raises(ValueError, match="rng.pt differs"):
+        verify_checkpoint(ckpts[-1])
+    (ckpts[-2] / "optimizer.pt").unlink()
+    with pytest.raises(ValueError, match=f"newest intact one is {ckpts[-3]}"):
+        verify_checkpoint(ckpts[-1])
+
+
+def test_a_truncated_checkpoint_is_named_with_the_intact_one_which_every_command_takes(
+    tmp_path, capsys
+):
+    run_dir = tmp_path / "run"
+    assert _train(run_dir) == 0
+    step1, step2, step3 = list_checkpoints(run_dir)
+    _truncate(step3 / "trainable.safetensors")
+    for argv in (
+        ["train", "--resume", str(run_dir), "trainer.steps=4"],
+        ["eval", str(run_dir), "k=1"],
+        ["export", str(run_dir), "--out", str(tmp_path / "export")],
+    ):
+        assert main(argv) == 2, argv
+        line = _one_line_error(capsys.readouterr().err)
+        assert f"{step3} is damaged" in line and f"newest intact one is {step2}" in line, line
+    assert main(["eval", str(step2), "k=1"]) == 0
+    assert json.loads(capsys.readouterr().out)["checkpoint"] == str(step2)
+    # --resume takes the checkpoint: the damaged newer one is set aside, not deleted
+    assert main(["train", "--resume", str(step2), "--no-report"]) == 0
+    out = capsys.readouterr().out
+    assert "step-000003 set aside" in out, out
+    assert (run_dir / "checkpoints" / "superseded" / "step-000003").is_dir()
+    assert [r["step"] for r in read_jsonl(run_dir / "metrics.jsonl")] == [1, 2, 3]
+    verify_checkpoint(list_checkpoints(run_dir)[-1])  # the new step 3, intact
