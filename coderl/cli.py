@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import logging
 import os
 import signal
 import sys
 import threading
-from typing import Any
+import warnings
+from typing import Any, TextIO
 
 from coderl import __version__
 
@@ -83,6 +85,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command is None:
         parser.print_help()
         return 0
+    quiet_libraries()
     terminated, previous = _sigterm_as_interrupt()
     try:
         code = int(args.func(args) or 0)
@@ -99,6 +102,24 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
+
+
+def quiet_libraries(stream: TextIO | None = None) -> None:
+    """Keep library noise out of what a command prints: deprecation and future warnings (coderl
+    raises none; a library's, attributed to its caller by ``stacklevel``) are ignored (unless ``-W`` / ``PYTHONWARNINGS`` says otherwise), and when
+    ``stream`` (default stderr) is not a terminal, tqdm bars (Hugging Face downloads, weight
+    loading) are off, so a log file holds no carriage-return redraws; an environment variable
+    already set wins. A ``torchrun`` rank other than 0 also silences library logging below
+    errors (rank 0 speaks for the run)."""
+    if not sys.warnoptions:
+        for category in (DeprecationWarning, PendingDeprecationWarning, FutureWarning):
+            warnings.filterwarnings("ignore", category=category)  # coderl raises none
+    if not (stream or sys.stderr).isatty():
+        os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+        os.environ.setdefault("TQDM_DISABLE", "1")
+    if int(os.environ.get("RANK", "0") or 0) > 0:
+        os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+        logging.getLogger().setLevel(logging.ERROR)
 
 
 def _sigterm_as_interrupt() -> tuple[list[int], Any]:

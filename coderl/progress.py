@@ -3,11 +3,14 @@
 On a terminal (stderr is a TTY) a rich progress bar; otherwise (``make demo > demo.log 2>&1``,
 ``nohup``, a cluster job) one plain line per update on stderr, e.g.
 ``eval 8/40 elapsed 0:01:02 eta 0:04:08 resolved 3``, where rich's bar would print nothing until
-the end. stdout stays free for a command's result (``coderl eval`` prints one JSON document).
+the end (and no carriage returns land in a log file). stdout stays free for a command's result
+(``coderl eval`` prints one JSON document). In a ``torchrun`` run only rank 0 shows progress
+(``RANK`` unset or 0).
 """
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from types import TracebackType
@@ -57,7 +60,8 @@ class PhaseProgress:
             completed,
             completed,
         )
-        self.enabled, self.stream = enabled, stream or sys.stderr
+        rank0 = int(os.environ.get("RANK", "0") or 0) == 0  # torchrun: one rank speaks
+        self.enabled, self.stream = enabled and rank0, stream or sys.stderr
         self.bar: Progress | None = None
         self.t0 = time.perf_counter()
 

@@ -265,3 +265,129 @@ def test_a_truncated_checkpoint_is_named_with_the_intact_one_which_every_command
     assert (run_dir / "checkpoints" / "superseded" / "step-000003").is_dir()
     assert [r["step"] for r in read_jsonl(run_dir / "metrics.jsonl")] == [1, 2, 3]
     verify_checkpoint(list_checkpoints(run_dir)[-1])  # the new step 3, intact
+
+
+# --- 5. long work shows progress, in a log file too; library noise kept out -------------------
+
+
+def _logged(argv: list[str], cwd: Path, **env: str) -> str:
+    """stderr and stdout of ``coderl ARGV`` as a log file holds them (not a terminal)."""
+    run = subprocess.run(
+        [sys.executable, "-m", "coderl", *argv],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT), **env},
+        timeout=600,
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    return run.stdout + run.stderr
+
+
+def _progress_lines(log: str, phase: str, total: int) -> list[str]:
+    lines = [x for x in log.splitlines() if x.startswith(f"{phase} ") and f"/{total} " in x]
+    assert lines, log[-3000:]
+    assert all("elapsed" in x and " eta " in x for x in lines), lines
+    return lines
+
+
+def test_train_async_shows_steps_with_total_and_eta_in_a_log(tmp_path):
+    log = _logged(["train-async", TOY, *FAST, "progress=true", f"run_dir={tmp_path}/r"], tmp_path)
+    lines = _progress_lines(log, "train-async", 3)
+    assert lines[-1].startswith("train-async 3/3") and "reward" in lines[-1], lines
+    assert "\r" not in log
+
+
+def test_train_in_a_log_has_progress_lines(tmp_path):
+    argv = ["train", TOY, *FAST, "progress=true", f"run_dir={tmp_path}/r", "--no-report"]
+    log = _logged(argv, tmp_path)
+    assert _progress_lines(log, "train", 3)[-1].startswith("train 3/3")
+    assert "\r" not in log, log[-3000:]
+
+
+def test_library_deprecations_and_tqdm_bars_are_kept_out_of_a_log(monkeypatch):
+    import io
+    import warnings
+
+    from coderl.cli import quiet_libraries
+
+    monkeypatch.setattr(sys, "warnoptions", [])
+    for name in ("TQDM_DISABLE", "HF_HUB_DISABLE_PROGRESS_BARS"):
+        monkeypatch.delenv(name, raising=False)
+    with warnings.catch_warnings(record=True) as got:
+        quiet_libraries(io.StringIO())  # a log file, not a terminal
+        warnings.warn("`is_gradient_checkpointing` is deprecated", FutureWarning, stacklevel=1)
+        warnings.warn("old", DeprecationWarning, stacklevel=1)
+        warnings.warn("a real problem", UserWarning, stacklevel=1)
+    assert [w.category for w in got] == [UserWarning]
+    assert os.environ["TQDM_DISABLE"] == "1" == os.environ["HF_HUB_DISABLE_PROGRESS_BARS"]
+    monkeypatch.setattr(sys, "warnoptions", ["default"])  # -W / PYTHONWARNINGS wins
+    with warnings.catch_warnings(record=True) as got:
+        warnings.simplefilter("default")
+        quiet_libraries(io.StringIO())
+        warnings.warn("old", DeprecationWarning, stacklevel=1)
+    assert [w.category for w in got] == [DeprecationWarning]
+
+
+def test_sft_shows_batches_with_total_and_eta(tmp_path):
+    argv = ["sft", str(ROOT / "configs" / "default.yaml"), "model.name=tiny-random"]
+    argv += ["sft.limit=2", "sft.epochs=1", "sft.batch_size=1", f"run_dir={tmp_path}/r"]
+    log = _logged(argv, tmp_path)
+    lines = _progress_lines(log, "sft epoch 1/1", 2)
+    assert "nll/token" in lines[-1] and lines[-1].startswith("sft epoch 1/1 2/2"), lines
+
+
+def test_rm_train_shows_steps_with_total_and_eta(tmp_path):
+    pairs = tmp_path / "pairs.jsonl"
+    rows = [
+        {"id": f"t{i}", "chosen": f"return x + {i}", "rejected": "return None",
+         "split": "heldout" if i < 2 else "train"}
+        for i in range(8)
+    ]  # fmt: skip
+    pairs.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    argv = ["rm", "train", "--pairs", str(pairs), "--backbone", "tiny-random"]
+    argv += ["--out", str(tmp_path / "rm"), "--steps", "4"]
+    log = _logged(argv, tmp_path)
+    assert _progress_lines(log, "rm train", 4)[-1].startswith("rm train 4/4"), log[-2000:]
+
+
+def test_only_rank_0_shows_progress(monkeypatch):
+    import io
+
+    from coderl.progress import PhaseProgress
+
+    for rank, shown in (("0", True), ("1", False)):
+        monkeypatch.setenv("RANK", rank)
+        out = io.StringIO()
+        with PhaseProgress("train", 2, stream=out) as bar:
+            bar.advance(status="reward 0.5")
+        assert bool(out.getvalue()) == shown, (rank, out.getvalue())
+
+
+# --- 4. every output is usable by the next command --------------------------------------------
+
+
+def _only_split(keep: str):
+    """Toy tasks as a task file of one split holds them (the other split empty)."""
+    real = ToyEnvironment.tasks
+
+    def tasks(self, split):
+        return real(self, split) if split == keep else []
+
+    return tasks
+
+
+def test_tasks_that_are_all_train_train_without_heldout_evals(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(ToyEnvironment, "tasks", _only_split("train"))
+    run_dir = tmp_path / "run"
+    assert _train(run_dir, "eval.before_after=true", "eval.every=1") == 0
+    err = capsys.readouterr().err
+    assert "holds no tasks" in err and "without held-out evaluations" in err, err
+    assert [r["step"] for r in read_jsonl(run_dir / "metrics.jsonl")] == [1, 2, 3]
+    assert not read_jsonl(run_dir / "eval.jsonl")
+
+
+def test_eval_takes_a_task_source_of_only_heldout_tasks(trained, monkeypatch, capsys):
+    monkeypatch.setattr(ToyEnvironment, "tasks", _only_split("heldout"))
+    assert main(["eval", str(trained), "k=1"]) == 0
+    assert json.loads(capsys.readouterr().out)["pass_at"]["1"]["mean"] >= 0

@@ -73,7 +73,8 @@ def run(args: argparse.Namespace) -> int:
         overrides += [f"eval.samples={k}", f"eval.k={sorted({1, k})}"]
     cfg = load_config(run_dir / "config.yaml", overrides)
     _check_split(cfg, tasks, split or cfg.tasks.heldout_split)
-    run_ = setup_run(cfg, engine=False, load_sft=False)  # --base: the model of model.name
+    # --base: the model of model.name; no data cursor (a task file may hold only held-out tasks)
+    run_ = setup_run(cfg, engine=False, load_sft=False, training=False)
     if not args.base:
         load_checkpoint(ckpt, model=run_.policy.model, restore_rng=False)
     run_.engine = build_engine(cfg, run_.policy, training=False)  # engine.kind, these weights

@@ -31,6 +31,8 @@ from __future__ import annotations
 import json
 import math
 import random
+import sys
+import time
 import zlib
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
@@ -44,6 +46,7 @@ from torch import Tensor, nn
 
 from coderl.graders.judge import EpisodeView
 from coderl.graders.pairs import PreferencePair, render_episode
+from coderl.progress import PhaseProgress
 from coderl.stats import wilson_interval
 
 
@@ -273,9 +276,11 @@ def train_rm(
     lr: float = 1e-4,
     weight_decay: float = 0.0,
     seed: int = 0,
+    progress: bool = False,
 ) -> list[float]:
     """AdamW on the Bradley-Terry loss over random minibatches of ``batch_size`` pairs; returns
     the loss per step. A ``head_only`` model is fitted on cached features (:func:`fit_head`).
+    ``progress``: a progress line per step with its loss and the ETA (:mod:`coderl.progress`).
 
     Raises:
         ValueError: no pairs.
@@ -284,20 +289,22 @@ def train_rm(
         raise ValueError("train_rm needs at least one preference pair")
     if model.spec.head_only:
         return fit_head(model, pairs, steps=steps, batch_size=batch_size, lr=lr,
-                        weight_decay=weight_decay, seed=seed)  # fmt: skip
+                        weight_decay=weight_decay, seed=seed, progress=progress)  # fmt: skip
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay)
     rng = random.Random(seed)
     losses = []
     model.train()
-    for _ in range(steps):
-        mb = rng.sample(list(pairs), min(batch_size, len(pairs)))
-        r = model(*model.batch([p.chosen for p in mb] + [p.rejected for p in mb]))  # (2P,)
-        loss = bt_loss(r[: len(mb)], r[len(mb) :])
-        opt.zero_grad()
-        loss.backward()  # type: ignore[no-untyped-call]
-        opt.step()
-        losses.append(float(loss.detach()))
+    with PhaseProgress("rm train", steps, enabled=progress) as bar:
+        for _ in range(steps):
+            mb = rng.sample(list(pairs), min(batch_size, len(pairs)))
+            r = model(*model.batch([p.chosen for p in mb] + [p.rejected for p in mb]))  # (2P,)
+            loss = bt_loss(r[: len(mb)], r[len(mb) :])
+            opt.zero_grad()
+            loss.backward()  # type: ignore[no-untyped-call]
+            opt.step()
+            losses.append(float(loss.detach()))
+            bar.advance(status=f"Bradley-Terry loss {losses[-1]:.4f}")
     model.eval()
     return losses
 
@@ -311,16 +318,23 @@ def fit_head(
     lr: float = 1e-2,
     weight_decay: float = 0.0,
     seed: int = 0,
+    progress: bool = False,
 ) -> list[float]:
     """Fit the head of a frozen backbone on the Bradley-Terry loss: the features of every
     distinct sequence are computed once (:meth:`RewardModel.feature_table`), standardised
     (``z = (h - mu) / sd`` over the training sequences), and AdamW fits ``v`` on
     ``-log sigmoid(v . (z_c - z_r))``; then ``w = v / sd``, ``b = -w . mu`` go into the head
     (exactly ``v . z`` on raw features, so the checkpoint is one linear head).
-    Returns the loss per step."""
+    Returns the loss per step; ``progress``: a line when the features are being computed (the
+    long part) and when they are done."""
     items = list(dict.fromkeys(x for p in pairs for x in (p.chosen, p.rejected)))
     row = {x: i for i, x in enumerate(items)}
+    t0 = time.perf_counter()
+    if progress:
+        print(f"rm train: backbone features of {len(items)} sequences...", file=sys.stderr)
     feats = model.feature_table(items)  # (N, H)
+    if progress:
+        print(f"rm train: features done ({time.perf_counter() - t0:.0f} s)", file=sys.stderr)
     mu, sd = feats.mean(0), feats.std(0, unbiased=False).clamp(min=1e-6)  # (H,)
     z = (feats - mu) / sd  # (N, H)
     ci = torch.tensor([row[p.chosen] for p in pairs])  # (P,)
@@ -329,13 +343,15 @@ def fit_head(
     v = (torch.randn(z.shape[1], generator=gen) / math.sqrt(z.shape[1])).requires_grad_()
     opt = torch.optim.AdamW([v], lr=lr, weight_decay=weight_decay)
     losses = []
-    for _ in range(steps):
-        mb = torch.randperm(len(pairs), generator=gen)[:batch_size]  # (b,)
-        loss = bt_loss(z[ci[mb]] @ v, z[ri[mb]] @ v)
-        opt.zero_grad()
-        loss.backward()  # type: ignore[no-untyped-call]
-        opt.step()
-        losses.append(float(loss.detach()))
+    with PhaseProgress("rm train (head)", steps, enabled=progress) as bar:
+        for _ in range(steps):
+            mb = torch.randperm(len(pairs), generator=gen)[:batch_size]  # (b,)
+            loss = bt_loss(z[ci[mb]] @ v, z[ri[mb]] @ v)
+            opt.zero_grad()
+            loss.backward()  # type: ignore[no-untyped-call]
+            opt.step()
+            losses.append(float(loss.detach()))
+            bar.advance(status=f"Bradley-Terry loss {losses[-1]:.4f}")
     with torch.no_grad():
         w = v.detach() / sd  # (H,)
         model.head.weight.copy_(w.unsqueeze(0))

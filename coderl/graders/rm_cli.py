@@ -73,7 +73,7 @@ def train(args: argparse.Namespace) -> int:
                   head_only=args.head_only, pool=args.pool)  # fmt: skip
     model = RewardModel(spec)
     losses = train_rm(model, tr, steps=args.steps, batch_size=args.batch_size, lr=args.lr,
-                      weight_decay=args.weight_decay)  # fmt: skip
+                      weight_decay=args.weight_decay, progress=True)  # fmt: skip
     out = model.save(args.out)
     result = {"train_pairs": len(tr), **summary(pairwise_accuracy(model, held), losses)}
     (out / "rm_eval.json").write_text(json.dumps(result, indent=1))

@@ -37,6 +37,7 @@ or the task).
 from __future__ import annotations
 
 import json
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import asdict
@@ -106,6 +107,12 @@ def first_version(cfg: Config, registry: Registry) -> int:
         from coderl.train.run import build_policy
         from coderl.train.sft import run_sft
 
+        print(
+            "version 0: training the SFT warm start first (sft.enabled; the endpoint opens "
+            "after it)",
+            file=sys.stderr,
+            flush=True,
+        )
         policy = build_policy(cfg)  # seeded LoRA initialisation, as `coderl sft` builds it
         t0 = time.perf_counter()
         run_sft(cfg, policy)

@@ -27,6 +27,7 @@ have (with ``engine.kind=vllm`` too: its requests are seeded). ``coderl train-as
 from __future__ import annotations
 
 import logging
+import sys
 import time
 from collections.abc import Sequence
 from dataclasses import replace
@@ -305,7 +306,32 @@ def _rank(run: Run) -> int:
     return dist.get_rank()
 
 
+def without_heldout_evals(run: Run) -> None:
+    """A run whose task source has no held-out tasks (a user's own synthesised tasks, all
+    ``train``) trains without held-out evaluations, saying so in one line, rather than failing
+    after the model loaded; ``run.cfg`` is changed only when evaluations were configured."""
+    cfg = run.cfg
+    if not (cfg.eval.before_after or cfg.eval.every):
+        return
+    try:
+        heldout = run.env.tasks(cfg.tasks.heldout_split)
+    except KeyError:
+        heldout = []
+    if heldout:
+        return
+    print(
+        f"train: tasks.heldout_split={cfg.tasks.heldout_split!r} holds no tasks of "
+        f"tasks.source={cfg.tasks.source!r}: training without held-out evaluations (mark some "
+        "tasks split=heldout, or evaluate later with coderl eval RUN tasks=SOURCE:SPLIT)",
+        file=sys.stderr,
+        flush=True,
+    )
+    off = cfg.eval.model_copy(update={"before_after": False, "every": 0})
+    run.cfg = cfg.model_copy(update={"eval": off})
+
+
 def _train(run: Run, resume: bool) -> None:
+    without_heldout_evals(run)
     cfg = run.cfg
     if (rank := _rank(run)) > 0:  # a sharded run's other ranks log their own view aside
         logger = MetricsLogger(

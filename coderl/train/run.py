@@ -95,9 +95,10 @@ class Run:
     policy: LocalPolicy
     optimizer: torch.optim.Optimizer
     scheduler: torch.optim.lr_scheduler.LambdaLR
-    sampler: TaskSource
+    sampler: TaskSource | None
     """The task order and data cursor (the async driver's ledger reads tasks from it too);
-    ``tasks.sampler`` / ``tasks.mix``, see :mod:`coderl.train.sampling`."""
+    ``tasks.sampler`` / ``tasks.mix``, see :mod:`coderl.train.sampling`. None in a run built
+    for evaluation only (:func:`setup_run` with ``training=False``)."""
     value_head: nn.Module | None = None
     step: int = 0
     engine: RolloutEngine | None = None
@@ -112,12 +113,18 @@ class Run:
 
 
 def setup_run(
-    cfg: Config, *, resume: bool = False, load_sft: bool = True, engine: bool = True
+    cfg: Config,
+    *,
+    resume: bool = False,
+    load_sft: bool = True,
+    engine: bool = True,
+    training: bool = True,
 ) -> Run:
     """Build policy, environment, optimizer and data cursor; restore them from the latest
     checkpoint of ``cfg.run_dir`` when ``resume``; then the rollout engine (``engine=False``:
     none, e.g. to load other weights first and build an evaluation engine). The caller closes
-    ``run.engine`` (:func:`close_run`).
+    ``run.engine`` (:func:`close_run`). ``training=False`` (``coderl eval``): no data cursor is
+    built, so a task file without training tasks (only held-out ones) is fine.
 
     Raises:
         FileNotFoundError: ``resume`` and the run has no complete checkpoint.
@@ -144,7 +151,7 @@ def setup_run(
         policy,
         optimizer,
         scheduler,
-        build_sampler(cfg, env),
+        build_sampler(cfg, env) if training else None,
         value_head,
         sharded=sharded,
     )
@@ -223,6 +230,7 @@ def step_status(metrics: dict[str, float]) -> str:
 def save(run: Run, **state: Any) -> Path:
     """Checkpoint ``run`` at its step (``state``: extra JSON entries, e.g. the async ledger);
     a sampler with state beyond the cursor (pool, mix) saves it as ``sampler``."""
+    assert run.sampler is not None  # built for training
     sampler = {"sampler": s} if (s := run.sampler.state_dict()) else {}
     extra = {"cursor": run.sampler.position, "version": run.policy.version, **sampler, **state}
     if run.sharded is not None:
@@ -273,6 +281,7 @@ def restore(run: Run) -> dict[str, Any]:
             value_head=run.value_head,
         )
     run.step, run.policy.version = int(state["step"]), int(state["version"])
+    assert run.sampler is not None  # built for training
     run.sampler.position = int(state.get("cursor", 0))
     run.sampler.load_state_dict(state.get("sampler", {}))
     run.sampler.step = run.step

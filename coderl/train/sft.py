@@ -37,6 +37,7 @@ from coderl.agent.scripted import ScriptedPolicy
 from coderl.config import Config, ConfigError, load_config
 from coderl.policy.local import LocalPolicy
 from coderl.policy.precision import has_bf16_units
+from coderl.progress import PhaseProgress
 from coderl.train.batch import StepBatch, build_batch, micro_batch_spans
 from coderl.train.checkpoint import trainable_state
 from coderl.train.optim import build_optimizer
@@ -252,19 +253,22 @@ def run_sft(cfg: Config, policy: LocalPolicy | None = None) -> Path:
                 f"({time.perf_counter() - t0:.0f} s)"
             )
         order = torch.randperm(len(segs), generator=g).tolist()
-        for i in range(math.ceil(len(segs) / bs)):
-            chunk = [segs[j] for j in order[i * bs : (i + 1) * bs]]
-            batch = build_batch(chunk, [1.0] * len(chunk), policy.pad_token_id)
-            loss = nll_step(
-                policy,
-                batch,
-                optimizer,
-                cfg.trainer.micro_batch_size,
-                bf16=bf16,
-                max_tokens=cfg.trainer.max_tokens_per_micro_batch,
-                checkpoint=cfg.trainer.activation_checkpointing,
-            )
-            print(f"sft epoch {epoch} batch {i}: nll/token {loss:.4f}", flush=True)
+        batches = math.ceil(len(segs) / bs)
+        name = f"sft epoch {epoch + 1}/{cfg.sft.epochs}"
+        with PhaseProgress(name, batches, enabled=cfg.progress) as bar:
+            for i in range(batches):
+                chunk = [segs[j] for j in order[i * bs : (i + 1) * bs]]
+                batch = build_batch(chunk, [1.0] * len(chunk), policy.pad_token_id)
+                loss = nll_step(
+                    policy,
+                    batch,
+                    optimizer,
+                    cfg.trainer.micro_batch_size,
+                    bf16=bf16,
+                    max_tokens=cfg.trainer.max_tokens_per_micro_batch,
+                    checkpoint=cfg.trainer.activation_checkpointing,
+                )
+                bar.advance(status=f"nll/token {loss:.4f}")
     path = Path(cfg.run_dir) / SFT_WEIGHTS
     path.parent.mkdir(parents=True, exist_ok=True)
     save_file(trainable_state(policy.model), str(path))
