@@ -85,9 +85,8 @@ def run_demo(config: Path, overrides: list[str]) -> int:
     from coderl.config import load_config
     from coderl.eval.observers import default_observers
     from coderl.eval.report import write_report
-    from coderl.eval.summary import summary_lines, write_phases
+    from coderl.eval.summary import print_summary, write_phases
     from coderl.train.loop import train
-    from coderl.train.metrics import read_jsonl
     from coderl.train.sft import run_sft
 
     cfg = load_config(config, overrides)
@@ -104,17 +103,8 @@ def run_demo(config: Path, overrides: list[str]) -> int:
     phases["train_s"] = time.perf_counter() - t0
     write_phases(run_dir, phases)
     page = write_report(run_dir)
-    evals = read_jsonl(run_dir / "eval.jsonl")
-    table = Table(
-        title=f"held-out summary ({cfg.tasks.heldout_split} split, 95% CIs)", show_header=False
-    )
-    table.add_column("what")
-    table.add_column("measured")
-    for label, text in summary_lines(evals, read_jsonl(run_dir / "metrics.jsonl"), phases):
-        table.add_row(label, text)
-    console = Console()
-    console.print(table)
-    console.print(f"report: {page}")
+    print_summary(run_dir, phases)
+    Console().print(f"report: {page}")
     return 0
 
 

@@ -391,3 +391,44 @@ def test_eval_takes_a_task_source_of_only_heldout_tasks(trained, monkeypatch, ca
     monkeypatch.setattr(ToyEnvironment, "tasks", _only_split("heldout"))
     assert main(["eval", str(trained), "k=1"]) == 0
     assert json.loads(capsys.readouterr().out)["pass_at"]["1"]["mean"] >= 0
+
+
+# --- 7. names a TRL or verl user can find -------------------------------------------------------
+
+
+def test_the_metric_name_table_names_only_what_coderl_logs(trained):
+    """docs/training.md's table of coderl -> TRL / verl names: every coderl name in its first
+    column is logged by a toy run, or is one of the metrics logged only when measured."""
+    import re
+
+    text = (ROOT / "docs" / "training.md").read_text()
+    section = text.split("## Metric names for TRL and verl users", 1)[1].split("\n## ", 1)[0]
+    rows = [line for line in section.splitlines() if line.startswith("| `")]
+    names = {n for row in rows for n in re.findall(r"`([^`]+)`", row.split("|")[1])}
+    logged = {k for r in read_jsonl(trained / "metrics.jsonl") for k in r}
+    conditional = {"kl", "value_loss", "reward/<term>", "eval/pass@1", "eval/pass@k"}
+    assert len(rows) >= 20 and "reward/mean" in names
+    assert names - logged - conditional == set(), names - logged - conditional
+    assert "kl" not in logged and "value_loss" not in logged  # not measured: absent
+
+
+def test_wandb_project_and_mode_come_from_the_environment_unless_configured(monkeypatch):
+    from coderl.config import load_config
+    from coderl.train.metrics import wandb_settings
+
+    monkeypatch.setenv("WANDB_PROJECT", "theirs")
+    monkeypatch.setenv("WANDB_MODE", "disabled")
+    cfg = load_config(TOY, ["logging.wandb.enabled=true"])
+    assert wandb_settings(cfg.logging.wandb) == ("theirs", "disabled")
+    cfg = load_config(TOY, ["logging.wandb.project=mine", "logging.wandb.mode=online"])
+    assert wandb_settings(cfg.logging.wandb) == ("mine", "online")
+    monkeypatch.delenv("WANDB_PROJECT")
+    monkeypatch.delenv("WANDB_MODE")
+    assert wandb_settings(load_config(TOY).logging.wandb) == ("coderl", "offline")
+
+
+def test_the_end_of_train_prints_the_held_out_summary_demo_prints(tmp_path, capsys):
+    assert _train(tmp_path / "run", "eval.before_after=true", "trainer.steps=1") == 0
+    out = capsys.readouterr().out
+    assert "held-out summary (heldout split, 95% CIs)" in out, out
+    assert "pass@1, start" in out and "RL only: pass@1 change" in out, out

@@ -204,3 +204,29 @@ def write_phases(run_dir: str | Path, phases: dict[str, float]) -> Path:
     p = Path(run_dir) / PHASES_FILE
     p.write_text(json.dumps(phases, indent=1) + "\n")
     return p
+
+
+def print_summary(run_dir: str | Path, phases: dict[str, float] | None = None) -> bool:
+    """Print the held-out summary table of a run (:func:`summary_lines` of its ``eval.jsonl``
+    and ``metrics.jsonl``) on stdout, as ``coderl demo`` and the end of ``coderl train`` show
+    it; returns whether there was anything to print (a run without evaluations prints
+    nothing)."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from coderl.config import load_config
+    from coderl.train.metrics import read_jsonl
+
+    run_dir = Path(run_dir)
+    evals = read_jsonl(run_dir / "eval.jsonl")
+    rows = summary_lines(evals, read_jsonl(run_dir / "metrics.jsonl"), phases)
+    if not rows:
+        return False
+    split = load_config(run_dir / "config.yaml").tasks.heldout_split
+    table = Table(title=f"held-out summary ({split} split, 95% CIs)", show_header=False)
+    table.add_column("what")
+    table.add_column("measured")
+    for label, text in rows:
+        table.add_row(label, text)
+    Console().print(table)
+    return True

@@ -50,6 +50,9 @@ def run(args: argparse.Namespace) -> int:
             again = f"coderl train --resume {shlex.quote(str(cfg.run_dir))}"
             print(stopped_line("coderl train", cfg.run_dir, again), file=sys.stderr)
             return 130
+    from coderl.eval.summary import print_summary
+
+    print_summary(run_dir)  # the held-out table coderl demo prints (none without evaluations)
     if args.report:
         from coderl.eval.report import write_report
 

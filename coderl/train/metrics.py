@@ -134,6 +134,14 @@ def run_logger(cfg: Config, resume_step: int) -> MetricsLogger:
     )
 
 
+def wandb_settings(settings: WandbConfig) -> tuple[str, str]:
+    """``(project, mode)`` of the W&B run: the config's when it sets them, else
+    ``$WANDB_PROJECT`` / ``$WANDB_MODE`` (what a W&B user already exports), else ``coderl`` and
+    ``offline``."""
+    project = settings.project or os.environ.get("WANDB_PROJECT") or "coderl"
+    return project, settings.mode or os.environ.get("WANDB_MODE") or "offline"
+
+
 def _wandb_run(
     settings: WandbConfig, run_dir: Path, resume_step: int, config: dict[str, Any]
 ) -> Any:
@@ -146,9 +154,10 @@ def _wandb_run(
             "logging.wandb.enabled needs the wandb package: pip install 'coderl[wandb]'"
         ) from e
     name = settings.name or run_dir.resolve().name
+    project, mode = wandb_settings(settings)
     return wandb.init(
-        project=settings.project,
-        mode=settings.mode,
+        project=project,
+        mode=mode,
         dir=None if os.environ.get("WANDB_DIR") else str(run_dir),
         name=f"{name}-resume-{resume_step}" if resume_step else name,
         group=name,

@@ -164,7 +164,8 @@ def accumulate_gradients(
         Metrics averaged over the tokens in the loss: ``loss``, ``pg_loss``, ``kl`` (only when
         the batch has reference logprobs: absent, not 0, otherwise), ``entropy``,
         ``clip_frac_low``, ``clip_frac_high``, ``dual_clip_frac``, ``approx_kl``,
-        ``ratio_mean``, ``ratio_max``, ``iw_mean``, ``iw_max``, ``value_loss``;
+        ``ratio_mean``, ``ratio_max``, ``iw_mean``, ``iw_max``, ``value_loss`` (only with a
+        value head);
         ``iw_rejected_frac`` (sampled tokens rejected by masked importance sampling); and over
         every sampled token, the sampler/trainer gap of :func:`coderl.algorithms.logprob_gap`
         (``logprob_gap``, ``logprob_gap_max``, ``logprob_gap_kl``) at the weights before the
@@ -334,7 +335,7 @@ def _micro_batch_backward(
         kl = A.aggregate(kl_tok, mask, agg, max_len=max_len)
         if cfg.kl.coef > 0:
             loss = loss + cfg.kl.coef * kl
-    vloss = torch.zeros((), device=out.logp.device)
+    vloss = None  # a value head's loss (gae): absent without one, not 0
     if out.values is not None:
         assert mb.old_values is not None and mb.returns is not None
         vloss = A.value_loss(
@@ -350,12 +351,13 @@ def _micro_batch_backward(
             loss=float(loss),
             pg_loss=float(pg),
             entropy=float(ent),
-            value_loss=float(vloss),
             iw_mean=float((w * mask).sum() / max(n, 1.0)),
             iw_max=float(w[keep].max()) if n else 1.0,
         )
         if kl is not None:
             m["kl"] = float(kl)
+        if vloss is not None:
+            m["value_loss"] = float(vloss)
     return m, n
 
 
