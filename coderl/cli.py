@@ -42,15 +42,35 @@ COMMANDS: dict[str, tuple[str, str]] = {
 USER_ERRORS = (ValueError, FileNotFoundError, FileExistsError)
 
 
+class DefaultsFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """``(default: X)`` after an option's help line, unless there is no default to show (None,
+    False) or the help line already says it."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        if action.default in (None, False, argparse.SUPPRESS) or "default" in text:
+            return text
+        return super()._get_help_string(action)
+
+
+class HelpfulParser(argparse.ArgumentParser):
+    """Every ``coderl`` parser and sub-parser: ``--help`` shows each option's default
+    (:class:`DefaultsFormatter`); sub-parsers made from it are of this class."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("formatter_class", DefaultsFormatter)
+        super().__init__(*args, **kwargs)
+
+
 def build_parser(command: str | None = "*") -> argparse.ArgumentParser:
     """The parser with ``command``'s real sub-parser (``"*"``: every command's; None: none)
     and a help-only entry for each other command, whose module is not imported."""
-    parser = argparse.ArgumentParser(
+    parser = HelpfulParser(
         prog="coderl",
         description="Reinforcement-learning post-training for LLM coding agents.",
     )
     parser.add_argument("--version", action="version", version=f"coderl {__version__}")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=HelpfulParser)
     for name, (module, help_) in COMMANDS.items():
         if command in ("*", name):
             importlib.import_module(module).register(sub)
@@ -65,6 +85,14 @@ def command_of(argv: list[str]) -> str | None:
         if not word.startswith("-"):
             return word if word in COMMANDS else None
     return None
+
+
+def command_line(args: argparse.Namespace) -> str:
+    """``coderl COMMAND [ACTION]`` of a parsed command line, as error lines name it
+    (``coderl online report``, not ``coderl online``): every ``*_command`` sub-parser dest."""
+    words = [args.command]
+    words += [v for k, v in vars(args).items() if k.endswith("_command") and isinstance(v, str)]
+    return " ".join(["coderl", *words])
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -93,11 +121,11 @@ def main(argv: list[str] | None = None) -> int:
     except USER_ERRORS as err:
         if os.environ.get("CODERL_TRACEBACK"):
             raise
-        print(f"coderl {args.command}: error: {err}", file=sys.stderr)
+        print(f"{command_line(args)}: error: {err}", file=sys.stderr)
         print("(set CODERL_TRACEBACK=1 for the full traceback)", file=sys.stderr)
         return 2
     except KeyboardInterrupt:  # the training commands say where they stopped themselves
-        print(f"coderl {args.command}: interrupted", file=sys.stderr)
+        print(f"{command_line(args)}: interrupted", file=sys.stderr)
         return 143 if terminated else 130
     finally:
         if previous is not None:

@@ -93,7 +93,7 @@ def test_unknown_task_format_is_a_one_line_user_error(tmp_path, capsys):
         main(["tasks", "export", "data/tasks/ci.jsonl", "--format", "sweb", "--out", str(out)]) == 2
     )
     err = capsys.readouterr().err
-    assert "coderl tasks: error: unknown format 'sweb'; valid: ['swebench']" in err
+    assert "coderl tasks export: error: unknown format 'sweb'; valid: ['swebench']" in err
     assert not out.exists()
 
 

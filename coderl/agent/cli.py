@@ -28,13 +28,14 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         "--kind", default="repo", choices=sorted(TOOLSETS), help="task kind, selects the tool set"
     )
     p.add_argument("--model", default="smollm2-135m", help="a load_policy spec")
-    p.add_argument("--episodes", type=int, default=1)
-    p.add_argument("--max-turns", type=int, default=10)
-    p.add_argument("--max-tokens-per-turn", type=int, default=256)
-    p.add_argument("--context-budget", type=int, default=4096)
-    p.add_argument("--call-format", default="hermes", choices=sorted(CALL_FORMATS))
-    p.add_argument("--temperature", type=float, default=1.0)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--episodes", type=int, default=1, help="episodes to run on the task")
+    p.add_argument("--max-turns", type=int, default=10, help="turns per episode")
+    p.add_argument("--max-tokens-per-turn", type=int, default=256, help="sampled tokens per turn")
+    p.add_argument("--context-budget", type=int, default=4096, help="tokens of one context window")
+    p.add_argument("--call-format", default="hermes", choices=sorted(CALL_FORMATS),
+                   help="how the model writes tool calls")  # fmt: skip
+    p.add_argument("--temperature", type=float, default=1.0, help="sampling temperature")
+    p.add_argument("--seed", type=int, default=0, help="sampling seed")
     p.add_argument("--backend", default="bwrap", help="sandbox backend (bwrap or local)")
     p.add_argument("--show", action="store_true", help="print the first episode's messages")
     p.add_argument("--out", type=Path, help="write the episodes as JSON here")

@@ -217,5 +217,5 @@ def run(args: argparse.Namespace) -> int:
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = sub.add_parser("report", help="PNG plots and an HTML page for a training run")
-    p.add_argument("run_dir")
+    p.add_argument("run_dir", help="a run directory (its metrics.jsonl and eval.jsonl)")
     p.set_defaults(func=run)

@@ -47,7 +47,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     pr = g.add_parser("probe", help="score shifts of the probe suite on a grader")
     pr.add_argument("episodes", help="episodes JSONL (see coderl.graders.pairs)")
     pr.add_argument("overrides", nargs="*", help="key=value config overrides")
-    pr.add_argument("--grader", choices=["judge", "rm"], default="judge")
+    pr.add_argument("--grader", choices=["judge", "rm"], default="judge",
+                    help="the rubric judge (reward.judge) or a reward model (reward.rm)")  # fmt: skip
     pr.add_argument("--config", help="a YAML preset (default: the built-in defaults)")
     pr.add_argument("--out", help="append the results to this JSONL file")
     pr.set_defaults(func=probe)

@@ -158,6 +158,6 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         q.add_argument("config", help="YAML preset, e.g. configs/online-demo.yaml")
         if name == "import":
             q.add_argument("file", help="JSONL file of outcome events")
-            q.add_argument("--batch-size", type=int, default=500)
+            q.add_argument("--batch-size", type=int, default=500, help="events per transaction")
         q.add_argument("overrides", nargs="*", help="key=value overrides")
         q.set_defaults(func=fn)

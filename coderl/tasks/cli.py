@@ -287,24 +287,24 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = tsub.add_parser("synth", help="synthesise bug-fix tasks in a built environment")
     p.add_argument("env", help="env id, NAME==VERSION or NAME")
     p.add_argument("--n", type=int, default=20, help="tasks to keep")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="mutation sampling seed")
     p.add_argument("--max-tries", type=int, default=None, help="stop after this many mutants")
     p.add_argument("--out", help="JSONL(.gz) file (default data/tasks/NAME.jsonl.gz)")
     p.add_argument("--append", action="store_true", help="add to the tasks already in --out")
     _force(p, "replace an existing --out (its tasks are lost)")
-    p.add_argument("--quiet", action="store_true")
+    p.add_argument("--quiet", action="store_true", help="no line per mutant tried")
     p.set_defaults(func=cmd_synth)
 
     p = tsub.add_parser("validate", help="apply each gold patch in a fresh sandbox; drop invalid")
-    p.add_argument("files", nargs="+")
+    p.add_argument("files", nargs="+", help="coderl task JSONL(.gz) files")
     p.add_argument("--out", help="write the valid tasks here")
     _force(p)
     p.add_argument("--gold-only", action="store_true", help="skip the starting-state check")
-    p.add_argument("--quiet", action="store_true")
+    p.add_argument("--quiet", action="store_true", help="no line per task")
     p.set_defaults(func=cmd_validate)
 
     p = tsub.add_parser("stats", help="per-repo counts and mutation kinds")
-    p.add_argument("files", nargs="+")
+    p.add_argument("files", nargs="+", help="coderl task JSONL(.gz) files")
     p.set_defaults(func=cmd_stats)
 
     p = tsub.add_parser("import", help="read tasks in another format (SWE-bench instances)")
@@ -331,7 +331,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.set_defaults(func=cmd_export)
 
     p = tsub.add_parser("humaneval", help="write HumanEval function tasks (train or heldout)")
-    p.add_argument("--split", choices=["train", "heldout", "all"], default="train")
-    p.add_argument("--out", required=True)
+    p.add_argument("--split", choices=["train", "heldout", "all"], default="train",
+                   help="which tasks of coderl's one fixed HumanEval split")  # fmt: skip
+    p.add_argument("--out", required=True, help="coderl task JSONL(.gz)")
     _force(p)
     p.set_defaults(func=cmd_humaneval)

@@ -286,6 +286,6 @@ def run(args: argparse.Namespace) -> int:
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = sub.add_parser("sft", help="supervised warm start on oracle episodes (training split)")
-    p.add_argument("config")
+    p.add_argument("config", help="YAML preset, e.g. configs/default.yaml")
     p.add_argument("overrides", nargs="*", help="key=value overrides")
     p.set_defaults(func=run)
