@@ -329,12 +329,27 @@ def test_library_deprecations_and_tqdm_bars_are_kept_out_of_a_log(monkeypatch):
     assert [w.category for w in got] == [DeprecationWarning]
 
 
-def test_sft_shows_batches_with_total_and_eta(tmp_path):
+def test_sft_shows_progress_and_its_output_is_taken_by_eval_export_and_report(tmp_path, capsys):
+    """Class 5 and 4: ``coderl sft`` shows its batches with a total and an ETA, and the run it
+    writes is one that ``eval``, ``export`` and ``report`` take; a second ``sft`` into it is
+    refused (its weights kept) unless ``--force``."""
+    run_dir = tmp_path / "r"
     argv = ["sft", str(ROOT / "configs" / "default.yaml"), "model.name=tiny-random"]
-    argv += ["sft.limit=2", "sft.epochs=1", "sft.batch_size=1", f"run_dir={tmp_path}/r"]
+    argv += ["sft.limit=2", "sft.epochs=1", "sft.batch_size=1", f"run_dir={run_dir}"]
     log = _logged(argv, tmp_path)
     lines = _progress_lines(log, "sft epoch 1/1", 2)
     assert "nll/token" in lines[-1] and lines[-1].startswith("sft epoch 1/1 2/2"), lines
+    assert [r["step"] for r in read_jsonl(run_dir / "sft" / "metrics.jsonl")] == [1, 2]
+    assert main(["eval", str(run_dir), "k=1", "eval.tasks=2"]) == 0
+    assert json.loads(capsys.readouterr().out)["checkpoint"] == str(run_dir / "sft")
+    assert main(["export", str(run_dir), "--out", str(tmp_path / "export")]) == 0
+    assert main(["report", str(run_dir)]) == 0
+    assert (run_dir / "report" / "sft.png").is_file()
+    weights = (run_dir / "sft" / "trainable.safetensors").read_bytes()
+    capsys.readouterr()
+    assert main(argv) == 2
+    assert "--force" in _one_line_error(capsys.readouterr().err)
+    assert (run_dir / "sft" / "trainable.safetensors").read_bytes() == weights
 
 
 def test_rm_train_shows_steps_with_total_and_eta(tmp_path):

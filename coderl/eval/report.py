@@ -38,7 +38,7 @@ from coderl.eval.curve import (  # noqa: E402
 )
 from coderl.eval.summary import phase_name, read_phases, summary_lines  # noqa: E402
 from coderl.graders.report import html_section  # noqa: E402
-from coderl.train.metrics import read_jsonl  # noqa: E402
+from coderl.train.metrics import SFT_LOG, read_jsonl  # noqa: E402
 
 # plot file -> (title, metric keys drawn on it); the one list of what the report shows. A plot
 # in OPTIONAL is drawn only when the run logged one of its keys.
@@ -61,6 +61,7 @@ PLOTS: dict[str, tuple[str, list[str]]] = {
 }
 OPTIONAL = {"signal.png", "pool.png"}
 HELDOUT = ("heldout.png", "Held-out pass@k per evaluation (95% CI bands)")
+SFT_PLOT = ("sft.png", "SFT warm start: NLL per assistant token, per batch")
 
 
 def _series(rows: list[dict[str, Any]], key: str) -> tuple[list[int], list[float]]:
@@ -139,12 +140,16 @@ def write_report(run_dir: str | Path) -> Path:
     """
     run = Path(run_dir)
     metrics, evals = read_jsonl(run / "metrics.jsonl"), read_jsonl(run / "eval.jsonl")
-    if not metrics and not evals:
-        raise FileNotFoundError(f"{run}: no metrics.jsonl or eval.jsonl to report on")
+    sft = read_jsonl(run / SFT_LOG)
+    if not metrics and not evals and not sft:
+        raise FileNotFoundError(f"{run}: no metrics.jsonl, eval.jsonl or {SFT_LOG} to report on")
     out = run / "report"
     out.mkdir(exist_ok=True)
     images = []
-    for name, (title, keys) in PLOTS.items():
+    if sft:
+        _plot(out / SFT_PLOT[0], SFT_PLOT[1], {"nll": _series(sft, "nll")})
+        images.append(SFT_PLOT)
+    for name, (title, keys) in PLOTS.items() if metrics else ():  # none for SFT alone
         if name == "reward.png":
             keys = reward_keys(metrics)
         if name == "pool.png":

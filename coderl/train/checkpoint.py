@@ -256,15 +256,19 @@ def latest_checkpoint(run_dir: str | Path) -> Path:
 
 def resolve_checkpoint(path: str | Path) -> tuple[Path, Path]:
     """``(run_dir, checkpoint)`` of a checkpoint directory or of a run directory (then its newest
-    checkpoint); what ``coderl eval`` and ``coderl export`` accept.
+    checkpoint; a run of ``coderl sft`` alone: its ``sft/`` weights, which hold no optimizer
+    state); what ``coderl eval`` and ``coderl export`` accept.
 
     Raises:
         FileNotFoundError: ``path`` is neither a complete checkpoint nor a run with one.
     """
     ckpt = Path(path)
     if not (ckpt / "state.json").is_file():
+        sft = ckpt / "sft"
+        if not list_checkpoints(ckpt) and (sft / "state.json").is_file():
+            return ckpt, sft
         ckpt = latest_checkpoint(ckpt)
-    return ckpt.parent.parent, ckpt
+    return (ckpt.parent.parent if ckpt.parent.name == "checkpoints" else ckpt.parent), ckpt
 
 
 def load_checkpoint(

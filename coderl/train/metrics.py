@@ -23,6 +23,9 @@ if TYPE_CHECKING:
     from coderl.config import Config
     from coderl.config.tracking import WandbConfig
 
+SFT_LOG = "sft/metrics.jsonl"
+"""Where ``coderl sft`` logs each batch (``step``: the batch, from 1; ``epoch``; ``nll``: the
+mean negative log-likelihood per assistant token), under the run directory."""
 AUDIT_FILE = "audit.jsonl"
 """The audit log of a run directory (written by :mod:`coderl.eval.observers`); the logger cuts
 it on resume like the metrics."""

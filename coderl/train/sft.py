@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import json
 import math
 import time
 from dataclasses import replace
@@ -29,7 +30,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import save_file
 
 from coderl.agent.parsing import get_call_format
 from coderl.agent.runner import run_episodes
@@ -39,7 +39,8 @@ from coderl.policy.local import LocalPolicy
 from coderl.policy.precision import has_bf16_units
 from coderl.progress import PhaseProgress
 from coderl.train.batch import StepBatch, build_batch, micro_batch_spans
-from coderl.train.checkpoint import trainable_state
+from coderl.train.checkpoint import save_verified, trainable_state, write_manifest
+from coderl.train.metrics import SFT_LOG
 from coderl.train.optim import build_optimizer
 from coderl.train.run import SFT_WEIGHTS, build_policy, resolve_device
 from coderl.train.step import forward
@@ -244,6 +245,10 @@ def run_sft(cfg: Config, policy: LocalPolicy | None = None) -> Path:
     bf16 = sft_bf16(cfg)
     print(f"sft: {'bf16 MLPs' if bf16 else 'float32'} forward and backward")
     segs: list[Segment] = []
+    log = Path(cfg.run_dir) / SFT_LOG
+    log.parent.mkdir(parents=True, exist_ok=True)
+    log.unlink(missing_ok=True)  # the weights below are replaced too
+    done = 0
     for epoch in range(cfg.sft.epochs):
         if epoch == 0 or redraw:
             t0 = time.perf_counter()
@@ -269,17 +274,31 @@ def run_sft(cfg: Config, policy: LocalPolicy | None = None) -> Path:
                     checkpoint=cfg.trainer.activation_checkpointing,
                 )
                 bar.advance(status=f"nll/token {loss:.4f}")
+                done += 1
+                with log.open("a") as f:
+                    f.write(json.dumps({"step": done, "epoch": epoch, "nll": loss}) + "\n")
     path = Path(cfg.run_dir) / SFT_WEIGHTS
-    path.parent.mkdir(parents=True, exist_ok=True)
-    save_file(trainable_state(policy.model), str(path))
+    save_verified(trainable_state(policy.model), path)
+    # a checkpoint of weights alone, which coderl eval and export take (no optimizer state)
+    (path.parent / "state.json").write_text(json.dumps({"step": 0, "version": 0, "phase": "sft"}))
+    write_manifest(path.parent)
     return path
 
 
 def run(args: argparse.Namespace) -> int:
+    from coderl.config import dump_config
     from coderl.rundir import run_lock
 
     cfg = load_config(args.config, args.overrides)
-    with run_lock(cfg.run_dir, "coderl sft"):  # one writer at a time
+    run_dir = Path(cfg.run_dir)
+    with run_lock(run_dir, "coderl sft"):  # one writer at a time
+        if (run_dir / SFT_WEIGHTS).is_file() and not args.force:
+            raise FileExistsError(
+                f"{run_dir / SFT_WEIGHTS} exists (an earlier coderl sft); --force replaces it, "
+                "or set run_dir=... to write elsewhere"
+            )
+        if not (run_dir / "config.yaml").is_file():  # what eval and export read the run with
+            (run_dir / "config.yaml").write_text(dump_config(cfg))
         print(run_sft(cfg))
     return 0
 
@@ -288,4 +307,5 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = sub.add_parser("sft", help="supervised warm start on oracle episodes (training split)")
     p.add_argument("config", help="YAML preset, e.g. configs/default.yaml")
     p.add_argument("overrides", nargs="*", help="key=value overrides")
+    p.add_argument("--force", action="store_true", help="replace the run's SFT weights")
     p.set_defaults(func=run)
