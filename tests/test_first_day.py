@@ -447,3 +447,53 @@ def test_the_end_of_train_prints_the_held_out_summary_demo_prints(tmp_path, caps
     out = capsys.readouterr().out
     assert "held-out summary (heldout split, 95% CIs)" in out, out
     assert "pass@1, start" in out and "RL only: pass@1 change" in out, out
+
+
+def test_online_report_takes_the_run_directory(tmp_path, monkeypatch, capsys):
+    import coderl.online.cli as online_cli
+
+    rows = [{"cycle": 1}, {"cycle": 2}]
+    (tmp_path / "cycles.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    shown = []
+    monkeypatch.setattr(online_cli, "print_report", shown.append)
+    assert main(["online", "report", str(tmp_path)]) == 0, capsys.readouterr()
+    assert shown == [{"cycle": 2}]  # the last cycle's report, no preset needed
+
+
+def test_online_continue_line_runs_the_cycles_left(tmp_path):
+    import argparse
+
+    from coderl.online.cli import continue_command
+
+    args = argparse.Namespace(
+        config="configs/online-demo.yaml", overrides=["online.cycles=5", "a=1"]
+    )
+    assert continue_command(args, 3) == (
+        "coderl online run configs/online-demo.yaml a=1 online.cycles=3"
+    )
+
+
+def test_an_adapter_given_as_the_model_is_refused_naming_what_to_give(tmp_path):
+    from coderl.policy.loading import load_policy
+
+    (tmp_path / "adapter_config.json").write_text("{}")
+    with pytest.raises(FileNotFoundError, match="give model.name the model it was trained on"):
+        load_policy(str(tmp_path))
+
+
+def test_a_runs_task_file_is_the_one_it_trained_on_from_any_directory(tmp_path, monkeypatch):
+    """config.yaml holds the task file absolute: a relative tasks_file named where the run was
+    started is the same file for eval, export and --resume run elsewhere."""
+    from coderl.config import anchored, dump_config, load_config
+
+    repair = str(ROOT / "configs" / "repair.yaml")
+    monkeypatch.chdir(tmp_path)
+    cfg = load_config(repair, ["tasks.options.tasks_file=mine/tasks.jsonl.gz"])
+    saved = tmp_path / "config.yaml"
+    saved.write_text(dump_config(anchored(cfg)))
+    monkeypatch.chdir(ROOT)  # somewhere else
+    back = load_config(saved)
+    assert back.tasks.options["tasks_file"] == str(tmp_path / "mine" / "tasks.jsonl.gz")
+    assert anchored(back) == back  # absolute paths stay as they are
+    globbed = anchored(load_config(repair, ["tasks.options.tasks_file=[a/*.jsonl, /b.jsonl]"]))
+    assert globbed.tasks.options["tasks_file"] == [str(ROOT / "a" / "*.jsonl"), "/b.jsonl"]

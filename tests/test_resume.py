@@ -145,7 +145,12 @@ def test_ctrl_c_in_online_run_says_what_is_kept_and_exits_130(tmp_path):
     assert proc.returncode == 130, out[-3000:]
     assert "Traceback" not in out and "KeyboardInterrupt" not in out, out[-3000:]
     line = [x for x in out.splitlines() if "interrupted" in x]
-    assert len(line) == 1 and f"continue with: coderl online run {' '.join(words)}" in line[0]
+    assert len(line) == 1, out[-3000:]
+    # the line goes on with the cycles left, not all 50 again
+    finished = int(line[0].split(" finished cycles")[0].rsplit(" ", 1)[-1])
+    kept = " ".join(w for w in words if not w.startswith("online.cycles="))
+    again = f"continue with: coderl online run {kept} online.cycles={50 - finished}"
+    assert again in line[0], line[0]
 
 
 def test_train_async_resume_continues_the_runs_own_config(tmp_path, monkeypatch, capsys):

@@ -40,7 +40,7 @@ from typing import Any
 from coderl.asyncrl.buffer import TaskStream
 from coderl.asyncrl.loop import AsyncRunner
 from coderl.asyncrl.types import BetweenTurns, Episode, Group, Job, Weights
-from coderl.config import AsyncConfig, Config, dump_config, load_config
+from coderl.config import AsyncConfig, Config, anchored, dump_config, load_config
 from coderl.envs import build_environment
 from coderl.eval.observers import default_observers
 from coderl.policy.base import Completion, SamplingParams
@@ -334,7 +334,9 @@ def _train_async(cfg: Config, acfg: AsyncConfig, resume: bool) -> dict[str, Any]
     if not resume:  # a resumed run's config.yaml changes only through coderl.train.resume
         ensure_new_run(run_dir)
         run_dir.mkdir(parents=True, exist_ok=True)
-        (run_dir / "config.yaml").write_text(dump_config(cfg.model_copy(update={"async_": acfg})))
+        (run_dir / "config.yaml").write_text(
+            dump_config(anchored(cfg.model_copy(update={"async_": acfg})))
+        )
     workers_cfg = cfg.model_copy(update={"async_": acfg})  # the section the runner reads
     check_supported(workers_cfg)  # here, not first inside a worker
     learner = TrainLearner(cfg)

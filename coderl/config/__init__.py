@@ -549,6 +549,33 @@ def load_online_config(
     return cfg
 
 
+FILE_OPTIONS = ("tasks_file", "repos_file")
+"""``tasks.options`` (and each ``tasks.mix`` source's ``options``) that name files: a run's
+``config.yaml`` holds them absolute (:func:`anchored`)."""
+
+
+def anchored(cfg: Config, base: str | Path | None = None) -> Config:
+    """``cfg`` with every relative path of :data:`FILE_OPTIONS` made absolute against ``base``
+    (default: the working directory), as a run's ``config.yaml`` holds it: the task file a run
+    trained on is then the one ``coderl eval``, ``export`` and ``--resume`` read, from whatever
+    directory they run in. Globs stay globs."""
+    root = Path(base or Path.cwd()).resolve()
+
+    def fix(value: Any) -> Any:
+        if isinstance(value, str):
+            return value if Path(value).is_absolute() else str(root / value)
+        if isinstance(value, list):
+            return [fix(v) for v in value]
+        return value
+
+    def options(opts: dict[str, Any]) -> dict[str, Any]:
+        return {k: fix(v) if k in FILE_OPTIONS else v for k, v in opts.items()}
+
+    mix = [m.model_copy(update={"options": options(m.options)}) for m in cfg.tasks.mix]
+    tasks = cfg.tasks.model_copy(update={"options": options(cfg.tasks.options), "mix": mix})
+    return cfg.model_copy(update={"tasks": tasks})
+
+
 def dump_config(cfg: Config) -> str:
     """The config as YAML (what ``run_dir/config.yaml`` holds; loads back to an equal Config)."""
     return yaml.safe_dump(cfg.model_dump(by_alias=True), sort_keys=False)

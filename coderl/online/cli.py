@@ -89,7 +89,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             if i + 1 < cfg.online.cycles:
                 time.sleep(max(0.0, cfg.online.interval_s - (time.time() - start)))
     except KeyboardInterrupt:  # the store and registry hold every finished cycle
-        again = shlex.join(["coderl", "online", "run", args.config, *args.overrides])
+        again = continue_command(args, cfg.online.cycles - len(reports))
         print(f"coderl online run: interrupted in cycle {len(reports) + 1} of "
               f"{cfg.online.cycles}; {len(reports)} finished cycles, the store and the registry "
               f"are kept in {cfg.run_dir}; continue with: {again}", file=sys.stderr)  # fmt: skip
@@ -101,6 +101,14 @@ def cmd_run(args: argparse.Namespace) -> int:
             server.policy.close()  # the serving engine (a vLLM server coderl started stops)
     console.print(cycle_time_summary(reports))
     return 0
+
+
+def continue_command(args: argparse.Namespace, left: int) -> str:
+    """The ``coderl online run`` line that goes on with the ``left`` cycles an interrupted run
+    did not finish (its store and registry are reopened; the same line without
+    ``online.cycles`` would run every cycle again)."""
+    kept = [o for o in args.overrides if o.partition("=")[0].strip() != "online.cycles"]
+    return shlex.join(["coderl", "online", "run", args.config, *kept, f"online.cycles={left}"])
 
 
 def cycle_time_summary(reports: list[dict]) -> str:
@@ -137,8 +145,10 @@ def cmd_import(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    """Print the last cycle's report (run_dir/cycles.jsonl)."""
-    path = Path(_cfg(args).run_dir) / "cycles.jsonl"
+    """Print the last cycle's report (run_dir/cycles.jsonl); CONFIG may be the run directory."""
+    given = Path(args.config)
+    run_dir = given if given.is_dir() and not args.overrides else Path(_cfg(args).run_dir)
+    path = run_dir / "cycles.jsonl"
     if not path.exists():
         print(f"no cycles yet ({path} does not exist)")
         return 1
@@ -155,7 +165,10 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     ops = p.add_subparsers(dest="online_command", metavar="OP", required=True)
     for name, fn in SUBCOMMANDS.items():
         q = ops.add_parser(name, help=(fn.__doc__ or name).strip().splitlines()[0])
-        q.add_argument("config", help="YAML preset, e.g. configs/online-demo.yaml")
+        what = "YAML preset, e.g. configs/online-demo.yaml"
+        q.add_argument(
+            "config", help=what + (" (or the run directory)" if name == "report" else "")
+        )
         if name == "import":
             q.add_argument("file", help="JSONL file of outcome events")
             q.add_argument("--batch-size", type=int, default=500, help="events per transaction")

@@ -150,7 +150,13 @@ def save_model_dir(
 
 def _load_dir(path: Path, dtype: torch.dtype) -> tuple[torch.nn.Module, Any]:
     if not (path / "config.json").is_file():
-        hint = " (it holds a LoRA adapter: pass it as adapter=)" if _is_adapter(path) else ""
+        hint = (
+            " (it holds a LoRA adapter, not a model: give model.name the model it was trained on, "
+            "e.g. OUT/base of coderl export, or the merged model of coderl export --merged, "
+            "OUT/merged)"
+            if _is_adapter(path)
+            else ""
+        )
         raise FileNotFoundError(f"{path} is not a Hugging Face model directory{hint}")
     tok = AutoTokenizer.from_pretrained(path, local_files_only=True)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, local_files_only=True)

@@ -31,8 +31,8 @@ on that conversation equal the trainer forward's (:func:`coderl.policy.forward.f
 :data:`LOGPROB_ATOL` nats (fp32; a merged model is within rounding of ``W + (alpha / r) B A``).
 
 Limits: weights are written in the trainer's dtype (float32); the PPO value head is not exported
-(a serving stack has no use for it); only ``checkpoints/`` are exported, not the SFT weights of a
-run that never took an RL step.
+(a serving stack has no use for it). A run of ``coderl sft`` alone exports its SFT weights
+(``RUN_DIR/sft``, see :func:`coderl.train.checkpoint.resolve_checkpoint`).
 """
 
 from __future__ import annotations

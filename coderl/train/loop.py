@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from coderl.agent.branch import BranchSpec
-from coderl.config import Config, dump_config
+from coderl.config import Config, anchored, dump_config
 from coderl.eval.passk import collapse_check
 from coderl.progress import PhaseProgress
 from coderl.rundir import run_lock
@@ -263,7 +263,7 @@ def train(cfg: Config, *, resume: bool = False, observers: Sequence[P.StepObserv
     with run_lock(run_dir, "coderl train"):  # one writer at a time
         if not resume:  # a resumed run's config.yaml changes only through coderl.train.resume
             ensure_new_run(run_dir)
-            (run_dir / "config.yaml").write_text(dump_config(cfg))
+            (run_dir / "config.yaml").write_text(dump_config(anchored(cfg)))
         run = setup_run(cfg, resume=resume, load_sft=False)
         run.observers = list(observers) if _rank(run) == 0 else []  # one audit log per run
         try:

@@ -19,7 +19,15 @@ import time
 from pathlib import Path
 from typing import Any
 
-from coderl.config import Config, ConfigError, apply_override, build_config, dump_config, load_tree
+from coderl.config import (
+    Config,
+    ConfigError,
+    anchored,
+    apply_override,
+    build_config,
+    dump_config,
+    load_tree,
+)
 from coderl.train.checkpoint import (
     CKPT_PREFIX,
     latest_checkpoint,
@@ -109,7 +117,7 @@ def resume_config(
             raise ConfigError(f"run_dir: --resume {run_dir} names the run; drop {ov!r}")
         apply_override(tree, ov)
     tree["run_dir"] = str(run_dir)
-    cfg = build_config(tree)
+    cfg = anchored(build_config(tree))  # a preset's relative task file, as config.yaml holds it
     changes = config_changes(build_config(load_tree(saved)), cfg)
     frozen = [k for k in changes if k.startswith(FROZEN) or k in FROZEN]
     if changes.get("tasks.synth.enabled") == (True, False):

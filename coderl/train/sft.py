@@ -286,7 +286,7 @@ def run_sft(cfg: Config, policy: LocalPolicy | None = None) -> Path:
 
 
 def run(args: argparse.Namespace) -> int:
-    from coderl.config import dump_config
+    from coderl.config import anchored, dump_config
     from coderl.rundir import run_lock
 
     cfg = load_config(args.config, args.overrides)
@@ -298,7 +298,7 @@ def run(args: argparse.Namespace) -> int:
                 "or set run_dir=... to write elsewhere"
             )
         if not (run_dir / "config.yaml").is_file():  # what eval and export read the run with
-            (run_dir / "config.yaml").write_text(dump_config(cfg))
+            (run_dir / "config.yaml").write_text(dump_config(anchored(cfg)))
         print(run_sft(cfg))
     return 0
 
