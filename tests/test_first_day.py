@@ -302,6 +302,8 @@ def test_train_in_a_log_has_progress_lines(tmp_path):
     argv = ["train", TOY, *FAST, "progress=true", f"run_dir={tmp_path}/r", "--no-report"]
     log = _logged(argv, tmp_path)
     assert _progress_lines(log, "train", 3)[-1].startswith("train 3/3")
+    setup = log.index("setup: tasks of 'toy', model tiny-random")  # said before it loads
+    assert setup < log.index("setup: done in") < log.index("train 1/3"), log[-3000:]
     assert "\r" not in log, log[-3000:]
 
 

@@ -134,6 +134,10 @@ def setup_run(
     random.seed(cfg.seed)
     np.random.seed(cfg.seed)
     torch.manual_seed(cfg.seed)
+    t0 = time.perf_counter()
+    say = cfg.progress and int(os.environ.get("RANK", "0") or 0) == 0
+    if say:  # minutes can pass before the first progress line (tasks, weights, the engine)
+        print(f"setup: tasks of {cfg.tasks.source!r}, model {cfg.model.name}...", file=sys.stderr)
     env = build_environment(cfg)
     policy = build_policy(cfg)
     value_head = None
@@ -161,6 +165,9 @@ def setup_run(
         restore(run)
     if engine:
         run.engine = build_engine(cfg, policy)  # its first sync: the weights the run starts with
+    if say:
+        where = f"{policy.device}, engine {cfg.engine.kind}" if engine else str(policy.device)
+        print(f"setup: done in {time.perf_counter() - t0:.0f} s ({where})", file=sys.stderr)
     return run
 
 
