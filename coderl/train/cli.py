@@ -9,6 +9,7 @@ the last intact checkpoint and the resume command (exit 130; 143 for SIGTERM).
 from __future__ import annotations
 
 import argparse
+import os
 import shlex
 import sys
 
@@ -52,7 +53,8 @@ def run(args: argparse.Namespace) -> int:
             return 130
     from coderl.eval.summary import print_summary
 
-    print_summary(run_dir)  # the held-out table coderl demo prints (none without evaluations)
+    if int(os.environ.get("RANK", "0") or 0) == 0:  # torchrun: one rank speaks
+        print_summary(run_dir)  # the held-out table coderl demo prints (none without evals)
     if args.report:
         from coderl.eval.report import write_report
 

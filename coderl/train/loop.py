@@ -263,6 +263,7 @@ def train(cfg: Config, *, resume: bool = False, observers: Sequence[P.StepObserv
     with run_lock(run_dir, "coderl train"):  # one writer at a time
         if not resume:  # a resumed run's config.yaml changes only through coderl.train.resume
             ensure_new_run(run_dir)
+            run_dir.mkdir(parents=True, exist_ok=True)  # torchrun ranks > 0 take no lock
             (run_dir / "config.yaml").write_text(dump_config(anchored(cfg)))
         run = setup_run(cfg, resume=resume, load_sft=False)
         run.observers = list(observers) if _rank(run) == 0 else []  # one audit log per run
