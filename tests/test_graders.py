@@ -23,10 +23,10 @@ from coderl.graders.rubric import (
     parse_group_judgement,
     parse_judgement,
 )
-from coderl.graders.terms import grader_term
 from coderl.policy.base import Completion
 from coderl.policy.tiny import tiny_tokenizer
 from coderl.rewards import RewardSample, compute_rewards
+from coderl.rewards.learned import grader_term
 
 RUBRIC = Rubric.model_validate(
     {
@@ -231,8 +231,8 @@ def test_outcome_pairs_prefer_resolved_episodes_of_the_same_task():
 def test_episodes_without_pairs_say_why(tmp_path):
     import argparse
 
+    from coderl.cli.rm import _pairs
     from coderl.graders.pairs import write_episodes
-    from coderl.graders.rm_cli import _pairs
 
     eps = tmp_path / "eps.jsonl"
     write_episodes(eps, [EpisodeView("a", "s", "d1"), EpisodeView("b", "s", "d2")], [True, True])
@@ -331,7 +331,7 @@ def test_registered_judge_term_with_a_random_model_masks_instead_of_scoring(tmp_
     """End to end through REWARD_TERMS: a random tiny judge writes token soup, every judgement
     is malformed twice, and the samples are masked and counted (not rewarded 0)."""
     from coderl.config import load_config
-    from coderl.graders import terms as graders_terms
+    from coderl.rewards import learned as graders_terms
 
     cfg = load_config(None, ["reward.terms={tests: 1.0, judge: 0.5}", "reward.judge.model=tiny-random",
                              f"reward.judge.cache={tmp_path / 'c.sqlite'}",
@@ -397,7 +397,7 @@ def test_probe_schedule_for_the_training_loop():
 def test_learned_fields_from_pipeline_records():
     from types import SimpleNamespace as NS
 
-    from coderl.graders.terms import learned_fields
+    from coderl.rewards.learned import learned_fields
 
     call = NS(turn=1, name="edit", arguments={"path": "m.py"}, status="ok")
     ep = NS(answer="ignored", episode=NS(diff=DIFF, tool_calls=[call]))

@@ -18,9 +18,9 @@ from coderl.asyncrl.trainer import train_async
 from coderl.config import load_config
 from coderl.envs import ENVIRONMENTS, ToyEnvironment
 from coderl.eval.observers import default_observers
-from coderl.graders import terms
+from coderl.metrics import read_jsonl
+from coderl.rewards import learned as terms
 from coderl.train.loop import train
-from coderl.train.metrics import read_jsonl
 
 TOY = Path(__file__).parent.parent / "configs" / "toy.yaml"
 OVERRIDES = [

@@ -715,8 +715,8 @@ def test_diff_of_odd_names_and_deep_trees(repo: Path) -> None:
     """Names that are not UTF-8 are quoted the way git writes them, and a tree 1,100 levels
     deep does not crash the walk (os.fwalk recursed once per level): files within
     ``MAX_DEPTH`` levels are in the diff, deeper ones are left out; the diff applies back."""
+    from coderl.grading.apply import apply_to_copy
     from coderl.sandbox import workspace
-    from coderl.tasks.patches import apply_to_copy
 
     deep = "/".join(["d"] * 1100)
     near = "/".join(["e"] * (workspace.MAX_DEPTH - 1))
@@ -734,7 +734,7 @@ def test_diff_of_odd_names_and_deep_trees(repo: Path) -> None:
     changed, _ = apply_to_copy(repo, diff, lambda p: False, tree)
     assert os.fsdecode(b"caf\xe9.txt") in changed and f"{near}/w" in changed
     assert f"{deep}/x" not in changed  # past MAX_DEPTH: left out of the diff, not a crash
-    from coderl.tasks.patches import remove_tree
+    from coderl.grading.apply import remove_tree
 
     remove_tree(tree)
 

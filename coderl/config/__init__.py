@@ -24,13 +24,13 @@ from pydantic import (
 from coderl.config._base import ConfigError, _error_message, _Section
 from coderl.config.asyncrl import AsyncConfig
 from coderl.config.engine import EngineConfig
+from coderl.config.graders import GradersConfig, JudgeConfig, RMConfig
 from coderl.config.online import OnlineConfig
 from coderl.config.rollout import RolloutConfig
 from coderl.config.synth import CurriculumConfig, SynthConfig
 from coderl.config.tracking import LoggingConfig
 from coderl.config.trainer import DistributedConfig as DistributedConfig  # re-export
 from coderl.config.trainer import TrainerConfig
-from coderl.graders.settings import GradersConfig, JudgeConfig, RMConfig
 
 
 class ModelConfig(_Section):
@@ -118,7 +118,7 @@ class TaskConfig(_Section):
     source: str = "humaneval"
     """Task source: ``humaneval``, ``toy`` (an in-process task for tests and smoke runs),
     ``repo`` (synthesised repository bug-fix tasks), ``fnrepair`` (function-scope repair tasks,
-    ``coderl.tasks.fnrepair``) or ``mix`` (the sources of ``mix``)."""
+    ``coderl.synth.fnrepair``) or ``mix`` (the sources of ``mix``)."""
     sampler: Literal["uniform", "pool"] = "uniform"
     """How training tasks are drawn: ``uniform`` (an epoch-shuffled stream) or ``pool`` (the
     difficulty-calibrated pool of ``pool``; see ``coderl.train.sampling``)."""

@@ -30,7 +30,7 @@ HOUSE_STYLE_NAMES = ("type_hints", "no_print", "docstrings")
 their checks and is checked against these names at its import)."""
 GRADING_SANDBOXES = ("bwrap",)
 """Where the simulated population's replies are graded: ``bwrap``, the sandbox of training's
-grader (``coderl.tasks.grading.grade``)."""
+grader (``coderl.grading.grade.grade``)."""
 
 
 def check_baseline(name: str) -> None:

@@ -48,7 +48,6 @@ import torch
 from coderl.config import Config
 from coderl.config.online import SHARED, PopulationConfig
 from coderl.graders.probes import probe_gate, run_probes
-from coderl.graders.terms import configured_learned, learned_grader
 from coderl.online.baselines import advantages
 from coderl.online.gate import run_gate, run_population_gate
 from coderl.online.heldout import EnvEvaluator, EvalResult, Evaluator
@@ -59,6 +58,7 @@ from coderl.online.store import Store
 from coderl.online.update import Selection, select_trainable, update
 from coderl.policy import LoraSpec, load_policy
 from coderl.policy.rollout import build_engine
+from coderl.rewards.learned import configured_learned, learned_grader
 from coderl.stats import estimate
 
 PHASES = ("collect", "finalize", "train", "gate", "promote")
@@ -166,7 +166,7 @@ def probe_learned(
 
     Args:
         graders: term -> grader (``score(views)``); default: the process's grader of the term
-            (:func:`coderl.graders.terms.learned_grader`).
+            (:func:`coderl.rewards.learned.learned_grader`).
     """
     g = cfg.graders
     chosen = [v for v in views if v.diff.strip()][: g.probe_episodes]

