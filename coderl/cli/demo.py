@@ -62,7 +62,7 @@ def self_check() -> list[tuple[str, float, float]]:
     return rows
 
 
-DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "repair.yaml"
+DEFAULT_CONFIG = Path(__file__).resolve().parents[2] / "configs" / "repair.yaml"
 
 
 def set_aside(run_dir: Path) -> Path | None:
