@@ -118,7 +118,7 @@ def test_malformed_is_retried_once_then_masked_and_counted_never_zero(tok):
         RewardSample(v.task_id, resolved=True, statement=v.statement, diff=v.diff)
         for v in (good, bad)
     ]
-    cfg = RewardConfig(terms={"tests": 1.0, "judge": 1.0})
+    cfg = RewardConfig(terms={"tests": 1.0, "judge": 1.0}, learned_requires_tests=False)
     res = compute_rewards(samples, cfg, terms={"tests": _tests, "judge": grader_term(judge)})
     assert eng.calls[0][0] == 2 and eng.calls[1][0] == 1  # first pass both, retry only the bad one
     assert eng.calls[1][1] >= 0.7 and eng.calls[1][2] != eng.calls[0][2]  # retry samples anew
@@ -176,9 +176,10 @@ def test_tests_gate_gives_a_failing_patch_no_learned_reward(tok):
     judge, eng = _judge(tok, lambda p, c: '{"correct": 5, "minimal": 2}')  # loves everything
     samples = [RewardSample("t/0", resolved=r, diff=DIFF) for r in (True, False)]
     terms = {"tests": _tests, "judge": grader_term(judge)}
-    ungated = compute_rewards(samples, RewardConfig(terms={"tests": 1.0, "judge": 1.0}), terms)
+    off = RewardConfig(terms={"tests": 1.0, "judge": 1.0}, learned_requires_tests=False)
+    ungated = compute_rewards(samples, off, terms)
     assert ungated.totals == [2.0, 1.0]  # without the gate the judge rewards the failing patch
-    cfg = RewardConfig(terms={"tests": 1.0, "judge": 1.0}, learned_requires_tests=True)
+    cfg = RewardConfig(terms={"tests": 1.0, "judge": 1.0})  # gated by default
     gated = compute_rewards(
         [RewardSample("t/0", resolved=r, diff=DIFF) for r in (True, False)], cfg, terms
     )
@@ -365,7 +366,8 @@ def test_rm_cli_train_probe_and_report_section(tmp_path, capsys):
     cfg = load_config(None, ["reward.terms={tests: 1.0, rm: 1.0}", f"reward.rm.checkpoint={ckpt}",
                              "reward.term_timeout_s=120"])  # fmt: skip
     res = compute_rewards(
-        [RewardSample("t/0", diff=DIFF), RewardSample("t/1", diff="")], cfg.reward
+        [RewardSample("t/0", resolved=True, diff=DIFF), RewardSample("t/1", resolved=True)],
+        cfg.reward,  # the rm is gated on the tests (the default): it scores solved samples
     )
     assert all(res.valid) and all(0 < b["rm"] < 1 for b in res.breakdown)
     out = tmp_path / "probes.jsonl"
