@@ -64,7 +64,7 @@ from typing import Any
 from coderl.grading.protected import strip_protected
 from coderl.grading.runner import SANDBOX_ENV, SandboxFactory, default_factory
 from coderl.grading.verdict import GradeResult
-from coderl.sandbox.base import ExecResult, Limits, Sandbox
+from coderl.sandbox.base import ExecResult, Limits, Sandbox, SandboxError
 from coderl.tasks.humaneval import completion_diff
 from coderl.tasks.snapshot import cache_dir, normalize_modes
 from coderl.tasks.spec import TEST_ID, Task
@@ -79,6 +79,10 @@ _lock = threading.Lock()
 
 class CheckSetupError(RuntimeError):
     """The check could not be recorded on the gold solution: a task or grader fault (mask)."""
+
+
+HOST_FAULTS = (SandboxError, CheckSetupError, OSError)
+"""What masks a function grade: the sandbox, the host's own file I/O, the task's check."""
 
 
 def encode_text(text: str) -> bytes:
@@ -267,19 +271,30 @@ def grade_function(
     ``check`` in a sandbox that never runs candidate code
     (:mod:`coderl.grading.function`).
 
-    Never raises for the agent's failures; infrastructure failures (a sandbox that cannot start,
-    a gold solution that fails its own check) set ``grading_error``.
+    Never raises (``Exception``): infrastructure failures (``HOST_FAULTS``: a sandbox that cannot
+    start, the host's I/O, a gold solution that fails its own check) set ``grading_error``;
+    anything else raised while handling the agent's diff or answers is the agent's scored
+    failure (a hunk header of 5,000 digits once made this function raise, and the training loop
+    masks what ``grade`` raises).
     """
     start = time.monotonic()
     result = GradeResult(task_id=task.id)
-    extra = [*task.protected_paths, *task.hidden_tests]
-    diff, result.stripped_paths = strip_protected(agent_diff, extra)
     try:
         factory = factory or default_factory()
-        outcome, detail = check_function(task, workspace_base(task), diff, factory, timeout)
-    except Exception as e:  # sandbox or grader failure: mask, never score
+        base = workspace_base(task)
+    except Exception as e:  # the grader could not set up (nothing of the agent's yet): mask
+        result.grading_error = f"setup: {type(e).__name__}: {e}"
+        return result
+    try:
+        extra = [*task.protected_paths, *task.hidden_tests]
+        diff, result.stripped_paths = strip_protected(agent_diff, extra)
+        outcome, detail = check_function(task, base, diff, factory, timeout)
+    except HOST_FAULTS as e:  # a sandbox, the host's I/O or the task's own check: mask
         result.grading_error = f"{type(e).__name__}: {e}"
         return result
+    except Exception as e:  # noqa: BLE001 - raised on what the agent produced: scored, counted
+        outcome = "failed"
+        detail = f"the grader raised on the agent's output: {type(e).__name__}: {e}"[:400]
     result.tests = {TEST_ID: "passed" if outcome == "passed" else "failed"}
     result.resolved = outcome == "passed"
     result.fraction_passed = result.fail_to_pass_passed = float(result.resolved)

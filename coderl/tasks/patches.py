@@ -75,9 +75,20 @@ def split_diff(diff: str) -> list[tuple[str, str]]:
             chunks[-1].append(line)
             hunk = _HUNK.match(line)
             if hunk:
-                old = int(hunk.group(1) or 1)
-                new = int(hunk.group(2) or 1)
+                old, new = _count(hunk.group(1)), _count(hunk.group(2))
     return [(_chunk_path(body), "".join(body)) for body in chunks]
+
+
+_MAX_COUNT = 10**12
+"""Hunk line counts above this (more lines than any diff holds) are read as this: a header of
+5,000 digits would exceed Python's int conversion limit, and git refuses such a hunk anyway."""
+
+
+def _count(digits: str | None) -> int:
+    """A hunk header's line count (absent: 1), at most ``_MAX_COUNT``."""
+    if not digits:
+        return 1
+    return _MAX_COUNT if len(digits) > 12 else min(int(digits), _MAX_COUNT)
 
 
 def _in_header(body: list[str]) -> bool:
