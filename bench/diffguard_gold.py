@@ -17,7 +17,7 @@ import tempfile
 from pathlib import Path
 
 from coderl.grading.apply import apply_to_copy, remove_tree
-from coderl.grading.diffguard import scan_change
+from coderl.grading.guardproc import scan_change
 from coderl.tasks.env import find_env
 from coderl.tasks.patches import PatchError
 from coderl.tasks.snapshot import unpack

@@ -206,6 +206,33 @@ def _restore(base: Path, tree: Path, rel: str) -> None:
     os.link(base / rel, tree / rel, follow_symlinks=False)
 
 
+_BINARY_NOTE = re.compile(r"^(Binary files .* differ|GIT binary patch)$", re.MULTILINE)
+
+
+def drop_binary(diff: str) -> tuple[str, list[str]]:
+    """The diff without the file patches that carry no text: ``(diff, dropped paths)``.
+
+    What a binary or untracked artefact means: the verdict grades the text the agent changed. A
+    file patch that only notes a binary file (``Binary files a/x and b/x differ``, what
+    ``Sandbox.diff`` writes for binary, non-UTF-8 and over-2-MiB files) or carries a ``GIT
+    binary patch`` holds nothing ``git apply`` can use without the blobs, and git refuses the
+    whole diff for it; a test run's byproduct (a SQLite file, a coverage database, a log in
+    latin-1) would then void a correct fix. Such patches are dropped: not applied, not graded,
+    listed in ``GradeResult.dropped_paths``. Untracked text files are ordinary new files and are
+    applied like any other. Dropping only removes what the agent wrote, so it cannot raise a
+    grade; a fix that needs a binary file changed cannot be graded (no shipped task has one).
+    """
+    if not _BINARY_NOTE.search(diff):
+        return diff, []
+    kept, dropped = [], []
+    for path, chunk in split_diff(diff):
+        if _BINARY_NOTE.search(chunk):
+            dropped.append(path or "<unparsed chunk>")
+        else:
+            kept.append(chunk)
+    return "".join(kept), dropped
+
+
 def apply_to_copy(
     base: Path, diff: str, protected: Callable[[str], bool], dest: Path
 ) -> tuple[list[str], list[str]]:

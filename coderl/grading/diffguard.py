@@ -4,7 +4,7 @@ Repository tests run in the same process as the code under test, so a few lines 
 library can, in principle, reach whatever in that process reports a test's outcome (see
 ``coderl.grading.runner``: the verdict's key and channel now live in an observer process, but the
 worker that reports events is still the tested code's process). A bug fix has no business
-reaching into the interpreter, so :func:`scan_change` reads the graded tree on the host, before
+reaching into the interpreter, so ``guardproc.scan_change`` reads the graded tree on the host, before
 any of it runs, and every finding denies the reward (``GradeResult.denied``: scored 0, failure
 kind ``agent``, counted, kept for audit). It compares each changed file with the base and
 reports only what the diff *adds* (a library that already calls ``sys._getframe`` is not
@@ -60,7 +60,6 @@ import ast
 import re
 from collections import Counter
 from dataclasses import dataclass
-from pathlib import Path
 
 from coderl.grading.pyparse import parse_python
 
@@ -164,8 +163,8 @@ class Finding:
     """Line in the changed file (0 for whole-file findings)."""
     rule: str
     """Which rule: ``import``, ``attr``, ``module-attr``, ``module-value``, ``call``,
-    ``dynamic-attr``, ``file-io``, ``fd-open``, ``string``, ``helper``, ``size`` or
-    ``symlink``."""
+    ``dynamic-attr``, ``file-io``, ``fd-open``, ``string``, ``helper``, ``size``, ``symlink``
+    or ``unscannable`` (the host could not read it within bounds: fail closed)."""
     what: str
     """The offending name or text (at most 80 characters)."""
     scope: str = ""
@@ -204,8 +203,13 @@ def _string_hits(text: str) -> list[str]:
     return hits
 
 
-class _Scanner(ast.NodeVisitor):
-    """Collects ``(rule, what, line, scope)`` for one module's AST."""
+_EXIT = object()  # marks, on the walk's stack, the end of a function's or class's body
+
+
+class _Scanner:
+    """Collects ``(rule, what, line, scope)`` for one module's AST, walked with an explicit
+    stack (:meth:`run`): an AST of any depth is scanned, never a ``RecursionError`` on the host
+    that would leave a file the sandbox compiles unread."""
 
     def __init__(self, tree: ast.AST) -> None:
         self.found: list[tuple[str, str, int, str]] = []
@@ -219,12 +223,28 @@ class _Scanner(ast.NodeVisitor):
     def add(self, rule: str, what: str, node: ast.AST) -> None:
         self.found.append((rule, what[:80], getattr(node, "lineno", 0), ".".join(self.scope)))
 
+    def run(self, tree: ast.AST) -> None:
+        """Visit every node in pre-order (children in source order), each ``visit_<Type>``
+        once; a function's or class's scope is open while its children are visited."""
+        stack: list[object] = [tree]
+        while stack:
+            node = stack.pop()
+            if node is _EXIT:
+                self.scope.pop()
+                self.own.pop()
+                continue
+            assert isinstance(node, ast.AST)
+            visit = getattr(self, f"visit_{type(node).__name__}", None)
+            if visit is not None:
+                visit(node)
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                stack.append(_EXIT)
+            stack.extend(reversed(list(ast.iter_child_nodes(node))))
+
     def _scoped(self, node: ast.AST, own: str | None) -> None:
+        """Open ``node``'s scope; :meth:`run` closes it after its children."""
         self.scope.append(getattr(node, "name", "?"))
         self.own.append(own)
-        self.generic_visit(node)
-        self.scope.pop()
-        self.own.pop()
 
     def visit_FunctionDef(self, node: ast.FunctionDef | ast.AsyncFunctionDef) -> None:
         args = [*node.args.posonlyargs, *node.args.args]
@@ -281,12 +301,12 @@ class _Scanner(ast.NodeVisitor):
 
     def _dotted(self, node: ast.AST) -> str | None:
         """``pkg.sub.name`` when ``node`` is an attribute chain on an imported module."""
-        if isinstance(node, ast.Name):
-            return self.imported.get(node.id)
-        if isinstance(node, ast.Attribute):
-            base = self._dotted(node.value)
-            return f"{base}.{node.attr}" if base else None
-        return None
+        attrs: list[str] = []
+        while isinstance(node, ast.Attribute):
+            attrs.append(node.attr)
+            node = node.value
+        base = self.imported.get(node.id) if isinstance(node, ast.Name) else None
+        return ".".join([base, *reversed(attrs)]) if base else None
 
     def _own_dict(self, node: ast.Attribute) -> bool:
         """``self.__dict__`` on the enclosing method's first argument, never rebound there."""
@@ -315,7 +335,6 @@ class _Scanner(ast.NodeVisitor):
             self.add("attr", dotted, node)  # ``logging.config``
         if attr in NAME_ATTR_CALLS and not _called(node):
             self.add("dynamic-attr", f"{attr} as a value", node)
-        self.generic_visit(node)
 
     def _environ_use(self, node: ast.Attribute) -> None:
         parent = getattr(node, "_parent", None)
@@ -361,7 +380,6 @@ class _Scanner(ast.NodeVisitor):
             keys = {k.arg for k in node.keywords}
             if (first is not None and _numeric(first)) or keys & {"closefd", "opener", "fd"}:
                 self.add("fd-open", name, node)
-        self.generic_visit(node)
 
     def _literal_attrs(self, name: str, node: ast.Call) -> None:
         if name in ("attrgetter", "methodcaller"):
@@ -396,18 +414,25 @@ def _called(node: ast.AST) -> bool:
 def _numeric(node: ast.AST) -> bool:
     """Whether ``node`` is visibly a number (so ``open(node)`` opens a descriptor): a numeric
     literal, arithmetic on one, or a call that returns one (``int(...)``, ``x.fileno()``).
-    A plain name holding a number is not seen (residual risk)."""
-    if isinstance(node, ast.Constant):
-        return isinstance(node.value, (int, float))  # bool is an int
-    if isinstance(node, ast.UnaryOp):
-        return _numeric(node.operand)
-    if isinstance(node, ast.BinOp):
-        return _numeric(node.left) or _numeric(node.right)
-    if isinstance(node, ast.Call):
-        fn = node.func
-        name = fn.id if isinstance(fn, ast.Name) else getattr(fn, "attr", "")
-        return name in NUMERIC_CALLS
+    A plain name holding a number is not seen (residual risk). Walked without recursion."""
+    todo = [node]
+    while todo:
+        node = todo.pop()
+        if isinstance(node, ast.Constant) and isinstance(node.value, (int, float)):
+            return True  # bool is an int
+        if isinstance(node, ast.UnaryOp):
+            todo.append(node.operand)
+        elif isinstance(node, ast.BinOp):
+            todo += [node.left, node.right]
+        elif isinstance(node, ast.Call):
+            fn = node.func
+            if (fn.id if isinstance(fn, ast.Name) else getattr(fn, "attr", "")) in NUMERIC_CALLS:
+                return True
     return False
+
+
+PYTHON_SUFFIXES = (".py", ".pyw")
+"""Files the import system runs as Python source (``importlib.machinery.SOURCE_SUFFIXES``)."""
 
 
 def _scan(source: bytes | str) -> _Scanner | None:
@@ -419,7 +444,7 @@ def _scan(source: bytes | str) -> _Scanner | None:
         for child in ast.iter_child_nodes(parent):
             child._parent = parent  # type: ignore[attr-defined]
     scanner = _Scanner(tree)
-    scanner.visit(tree)
+    scanner.run(tree)
     return scanner
 
 
@@ -456,10 +481,15 @@ def added_findings(
     A helper of the library that holds a finding (six's ``_SixMetaPathImporter.load_module``
     returns ``sys.modules[name]`` for any name) is a banned facility by another name: a use of
     its name beyond what the file had in that scope is a finding too (rule ``helper``).
-    A file that does not parse gives none: it cannot run as Python, and reading it as code
-    needs a banned facility."""
+    A Python file (``PYTHON_SUFFIXES``) that the host cannot parse, for any reason (a syntax
+    error, an AST deeper than the host's parser accepts, memory), is one finding (rule
+    ``unscannable``): the sandbox's interpreter may compile what the host's cannot, so a file
+    the guard cannot read never passes. Any other file that does not parse gives none: it is
+    not imported, and reading it as code needs a banned facility."""
     scanner = _scan(new)
     if scanner is None:
+        if path.endswith(PYTHON_SUFFIXES):
+            return [Finding(path, 0, "unscannable", "the host cannot parse it as Python")]
         return []
     old_found, old_refs, old_tainted = _known(old)
     rel_found, rel_refs, rel_tainted = _known(released)
@@ -478,42 +508,4 @@ def added_findings(
             uses[(name, scope)] -= 1
         else:
             out.append(Finding(path, line, "helper", name, scope))
-    return out
-
-
-MAX_SCAN_BYTES = 4 * 1024**2
-"""A changed file larger than this is not parsed; it is a finding (no bug fix needs it)."""
-
-
-def _plain(path: Path | None) -> bytes | None:
-    return (
-        path.read_bytes() if path is not None and path.is_file() and not path.is_symlink() else None
-    )
-
-
-def scan_change(
-    base: Path, tree: Path, changed: list[str], pristine: Path | None = None
-) -> list[Finding]:
-    """Findings in the files ``changed`` between ``base`` and ``tree`` (workspace-relative).
-
-    ``pristine`` is the repository as released (the environment's snapshot, before the task's
-    bug): what the released file has in a scope is allowed there (:func:`added_findings`), so
-    restoring the original code is never denied (a synthesised bug may have deleted a line
-    that used ``sys.modules``; its gold patch puts it back), but its lines are no licence to
-    use the same facility anywhere else in the file.
-    """
-    out: list[Finding] = []
-    for rel in changed:
-        new, old = tree / rel, base / rel
-        if new.is_symlink():
-            if not (old.is_symlink() and old.readlink() == new.readlink()):
-                out.append(Finding(rel, 0, "symlink", str(new.readlink())[:80]))
-            continue
-        if not new.is_file():
-            continue  # deleted
-        if new.stat().st_size > MAX_SCAN_BYTES:
-            out.append(Finding(rel, 0, "size", f"{new.stat().st_size} bytes"))
-            continue
-        released = _plain(pristine / rel) if pristine is not None else None
-        out += added_findings(_plain(old), new.read_bytes(), rel, released)
     return out

@@ -61,6 +61,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from coderl.grading.apply import drop_binary
 from coderl.grading.protected import strip_protected
 from coderl.grading.runner import SANDBOX_ENV, SandboxFactory, default_factory
 from coderl.grading.verdict import GradeResult
@@ -287,7 +288,8 @@ def grade_function(
         return result
     try:
         extra = [*task.protected_paths, *task.hidden_tests]
-        diff, result.stripped_paths = strip_protected(agent_diff, extra)
+        diff, result.dropped_paths = drop_binary(agent_diff)  # not applied, not graded
+        diff, result.stripped_paths = strip_protected(diff, extra)
         outcome, detail = check_function(task, base, diff, factory, timeout)
     except HOST_FAULTS as e:  # a sandbox, the host's I/O or the task's own check: mask
         result.grading_error = f"{type(e).__name__}: {e}"

@@ -4,7 +4,9 @@ Every grade runs in a fresh sandbox, never the rollout's. Repo tasks:
 
 1. the base is the task's rollout workspace (``rollout_base``: env snapshot + ``bug_patch``,
    without the held-out test functions, caches, VCS data or egg-info; ``coderl.tasks.holdout``);
-2. the agent's diff is applied by ``git apply`` on the host to a hard-linked copy of that base
+2. file patches that carry no text (binary files, noted by ``Sandbox.diff``; ``GIT binary
+   patch``) are dropped (``apply.drop_binary``: a test run's SQLite file must not void a fix);
+   the rest of the agent's diff is applied by ``git apply`` on the host to a hard-linked copy of that base
    (``patches.apply_to_copy``); every path git changed is compared with the base and each
    protected one is put back (test files and the env's test paths, every ``conftest.py``,
    pytest/tox/setup.cfg/pyproject configuration, ``*.pth``, ``sitecustomize``/``usercustomize``,
@@ -62,9 +64,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from coderl.grading.apply import apply_to_copy, remove_tree
-from coderl.grading.diffguard import scan_change
+from coderl.grading.apply import apply_to_copy, drop_binary, remove_tree
 from coderl.grading.function import encode_text, grade_function, workspace_base
+from coderl.grading.guardproc import scan_change
 from coderl.grading.protected import is_protected
 from coderl.grading.runner import (
     RUN_OUTPUT_BYTES,
@@ -221,6 +223,8 @@ def _grade_tree(
 ) -> None:
     roots = (".",) if env.info.get("source_root", ".") == "." else (".", env.info["source_root"])
     extra = [*task.protected_paths, *env.test_paths, *(f"{p}/**" for p in env.test_paths)]
+    agent_diff, dropped = drop_binary(agent_diff)  # binary byproducts: not applied, not graded
+    result.dropped_paths = [_shown(p) for p in dropped]
     try:
         shadow = venv_modules(env)
         changed, stripped = apply_to_copy(

@@ -34,6 +34,9 @@ class GradeResult:
     """Canaries misbehaved or pytest/unittest internals were replaced."""
     stripped_paths: list[str] = field(default_factory=list)
     """Protected paths removed from the agent's diff."""
+    dropped_paths: list[str] = field(default_factory=list)
+    """Files the diff names only as binary (a ``Binary files ... differ`` note or a ``GIT binary
+    patch``): not applied, not graded (``coderl.grading.apply.drop_binary``)."""
     duration_s: float = 0.0
     """Wall time of the grade (seconds)."""
     denied: list[str] = field(default_factory=list)
