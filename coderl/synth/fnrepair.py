@@ -54,6 +54,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from coderl.synth.fnlookup import lookup_passes
 from coderl.synth.mutate import MUTATORS, Mutant, functions, mutants_of
 from coderl.tasks.fnseeds import Seed, run_script, top_level_calls
 from coderl.tasks.patches import make_diff
@@ -393,8 +394,10 @@ def make_task_at(seed: Seed, level: int, rng: random.Random) -> Task | None:
 
 
 def validate(task: Task, *, timeout: float = 30.0) -> str | None:
-    """``None`` when, each in fresh sandboxes, the gold patch resolves ``task`` and the unedited
-    buggy file does not; else why not (one line)."""
+    """``None`` when, each in fresh sandboxes, the gold patch resolves ``task``, the unedited
+    buggy file does not, and no lookup of the inputs the statement and workspace show passes
+    the check (:func:`coderl.synth.fnlookup.lookup_passes`: the statement cannot let a table of
+    shown answers beside the bug earn the reward); else why not (one line)."""
     from coderl.grading.grade import grade
 
     gold = grade(task, task.gold_patch, timeout=timeout)
@@ -403,7 +406,11 @@ def validate(task: Task, *, timeout: float = 30.0) -> str | None:
     empty = grade(task, "", timeout=timeout)
     if empty.grading_error:
         return f"the buggy file could not be graded: {empty.grading_error}"
-    return "the unedited buggy file passes" if empty.resolved else None
+    if empty.resolved:
+        return "the unedited buggy file passes"
+    if lookup_passes([task]).get(task.id):
+        return "a lookup of the inputs the statement shows passes the check"
+    return None
 
 
 def propose(
