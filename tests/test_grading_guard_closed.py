@@ -121,3 +121,10 @@ def test_a_graded_fix_with_an_unscannable_file_is_denied() -> None:
     g = grade(task, task.gold_patch + extra, env=env)
     assert not g.resolved and g.failure_kind == "agent" and g.grading_error is None
     assert any("unscannable" in d for d in g.denied), g.denied
+
+
+def test_a_path_the_host_cannot_stat_is_a_finding(tmp_path: Path) -> None:
+    base, tree, _ = _tree(tmp_path, {"ok.py": "x = 1\n"})
+    deep = "/".join(["d" * 200] * 30) + "/m.py"  # 6,000 characters: past PATH_MAX
+    found = scan_change(base, tree, ["ok.py", deep])
+    assert [(f.path, f.rule) for f in found] == [(deep, "unscannable")]

@@ -103,19 +103,34 @@ def scan_change(
     out: list[Finding] = []
     jobs: list[tuple[str, str | None, str, str | None]] = []
     for rel in changed:
-        new, old = tree / rel, base / rel
-        if new.is_symlink():
-            if not (old.is_symlink() and old.readlink() == new.readlink()):
-                out.append(Finding(rel, 0, "symlink", str(new.readlink())[:80]))
-            continue
-        if not new.is_file():
-            continue  # deleted
-        if new.stat().st_size > MAX_SCAN_BYTES:
-            out.append(Finding(rel, 0, "size", f"{new.stat().st_size} bytes"))
-            continue
-        released = pristine / rel if pristine is not None else None
-        jobs.append((rel, _plain_path(old), str(new), _plain_path(released)))
+        try:
+            out += _check_entry(base, tree, rel, pristine, jobs)
+        except OSError as e:  # a path the host cannot stat or read: closed, never open
+            out.append(Finding(rel, 0, "unscannable", f"{type(e).__name__}: {e}"[:80]))
     return out + scan_bounded(jobs)
+
+
+def _check_entry(
+    base: Path,
+    tree: Path,
+    rel: str,
+    pristine: Path | None,
+    jobs: list[tuple[str, str | None, str, str | None]],
+) -> list[Finding]:
+    """The host-side findings of one changed path (a link, a file too large); a regular file
+    to parse is appended to ``jobs``."""
+    new, old = tree / rel, base / rel
+    if new.is_symlink():
+        if not (old.is_symlink() and old.readlink() == new.readlink()):
+            return [Finding(rel, 0, "symlink", str(new.readlink())[:80])]
+        return []
+    if not new.is_file():
+        return []  # deleted
+    if new.stat().st_size > MAX_SCAN_BYTES:
+        return [Finding(rel, 0, "size", f"{new.stat().st_size} bytes")]
+    released = pristine / rel if pristine is not None else None
+    jobs.append((rel, _plain_path(old), str(new), _plain_path(released)))
+    return []
 
 
 def _read(path: str | None) -> bytes | None:
