@@ -52,7 +52,7 @@ def scan_bounded(
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "PYTHONPATH": _PACKAGE_ROOT}
     try:
         proc = subprocess.run(
-            [sys.executable, "-s", "-B", "-m", "coderl.grading.guardproc"],
+            [sys.executable, "-S", "-m", "coderl.grading.guardproc"],  # no site: starts faster
             input=json.dumps({"cpu_s": cpu_s, "memory_bytes": memory_bytes, "jobs": jobs}).encode(),
             capture_output=True,
             env=env,
