@@ -6,8 +6,8 @@ Every grade runs in a fresh sandbox, never the rollout's. Repo tasks:
    without the held-out test functions, caches, VCS data or egg-info; ``coderl.tasks.holdout``);
 2. file patches that carry no text (binary files, noted by ``Sandbox.diff``; ``GIT binary
    patch``) are dropped (``apply.drop_binary``: a test run's SQLite file must not void a fix);
-   the rest of the agent's diff is applied by ``git apply`` on the host to a hard-linked copy of that base
-   (``patches.apply_to_copy``); every path git changed is compared with the base and each
+   the rest of the agent's diff is applied by ``git apply`` on the host to a hard-linked copy
+   of that base (``apply.apply_to_copy``); every path git changed is compared with the base and each
    protected one is put back (test files and the env's test paths, every ``conftest.py``,
    pytest/tox/setup.cfg/pyproject configuration, ``*.pth``, ``sitecustomize``/``usercustomize``,
    ``*.dist-info``/``*.egg-info``, caches, and top-level modules that would shadow the standard
