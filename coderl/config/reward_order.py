@@ -36,17 +36,15 @@ staying put (not solving) always satisfies. Keep ``kl_coef`` small; the check do
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from coderl.config import RewardConfig
+from typing import Any
 
 LEARNED = ("judge", "rm")
 """The learned terms: each pays at most its weight per episode (``rm`` with ``squash``)."""
 
 
-def check_reward_order(rew: RewardConfig) -> None:
-    """Refuse a reward composition under which an episode that does not solve its task can
+def check_reward_order(rew: Any) -> None:
+    """Refuse a reward composition (``rew``: a :class:`coderl.config.RewardConfig`; duck-typed
+    because the config package imports this module) under which an episode that does not solve its task can
     outscore one that does (see the module docstring for each term's range).
 
     Raises:

@@ -23,11 +23,13 @@ from collections.abc import Callable
 from typing import Any
 
 from coderl.config import RewardConfig
+from coderl.config.reward_order import LEARNED
 from coderl.graders.judge import EpisodeView, Judge, tests_report, tool_log_summary
 from coderl.rewards.sample import RewardSample, Term
 
-LEARNED_TERMS = ("judge", "rm")
-"""Reward terms from learned graders: the ones the tests-gate applies to."""
+LEARNED_TERMS = LEARNED
+"""Reward terms from learned graders: the ones the tests-gate applies to (named once, in
+:data:`coderl.config.reward_order.LEARNED`)."""
 
 _GRADERS: dict[tuple[str, str], Any] = {}
 
