@@ -1,4 +1,4 @@
-"""False positives of the reward-denying detector (``coderl.tasks.diffguard``) on shipped gold
+"""False positives of the reward-denying detector (``coderl.grading.diffguard``) on shipped gold
 patches: every task of ``data/tasks/*.jsonl.gz`` whose repository source is at hand (a built
 environment's snapshot, or an sdist in ``--sdists``) gets its buggy tree (snapshot +
 ``bug_patch``), the gold patch applied as the grader applies a diff, and the detector run on the
@@ -16,9 +16,10 @@ import re
 import tempfile
 from pathlib import Path
 
-from coderl.tasks.diffguard import scan_change
-from coderl.tasks.envbuild import find_env
-from coderl.tasks.patches import PatchError, apply_to_copy, remove_tree
+from coderl.grading.apply import apply_to_copy, remove_tree
+from coderl.grading.guardproc import scan_change
+from coderl.tasks.env import find_env
+from coderl.tasks.patches import PatchError
 from coderl.tasks.snapshot import unpack
 
 ROOT = Path(__file__).resolve().parent.parent

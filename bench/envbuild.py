@@ -23,7 +23,7 @@ from rich.console import Console
 from rich.table import Table
 
 from coderl.agent.buildpolicy import build_function
-from coderl.tasks.ledger import build_many, finished, summary
+from coderl.envbuild.ledger import build_many, finished, summary
 
 
 def main() -> None:

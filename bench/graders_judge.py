@@ -20,11 +20,11 @@ import json
 import os
 import time
 
+from coderl.config.graders import JudgeConfig
 from coderl.graders.judge import EpisodeView, code_diff
 from coderl.graders.probes import margin_report, run_probes
 from coderl.graders.report import agreement_with_tests
-from coderl.graders.settings import JudgeConfig
-from coderl.graders.terms import build_judge
+from coderl.rewards.learned import build_judge
 
 
 def episodes(n: int, split: str = "heldout") -> tuple[list[EpisodeView], list[bool]]:

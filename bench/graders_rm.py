@@ -5,7 +5,7 @@ tests-graded HumanEval episodes of two origins, reported apart:
   at T = 1 per problem, the first fenced code block, graded by the hidden tests in the
   sandbox); a task gives pairs only where some samples pass and some fail.
 - ``mutant``: the canonical solution against single-site mutants of it
-  (:mod:`coderl.tasks.mutate`) that the hidden tests reject. Both sides are graded by the tests
+  (:mod:`coderl.synth.mutate`) that the hidden tests reject. Both sides are graded by the tests
   (the canonical one must pass), so each is a real tests-graded preference; mutants the tests
   accept (equivalent or untested) are dropped.
 
@@ -53,7 +53,7 @@ from coderl.graders.rm import (
     train_rm,
 )
 from coderl.online.suites import SuiteTask, extract_code, grade_replies, humaneval
-from coderl.tasks.mutate import functions, mutants_of
+from coderl.synth.mutate import functions, mutants_of
 
 Episodes = tuple[list[EpisodeView], list[bool]]
 

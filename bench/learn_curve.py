@@ -1,7 +1,7 @@
 """``make learn``: the learning curve of the repair recipe, one longer run.
 
 Runs ``coderl demo --config configs/repair.yaml`` (SFT on oracle repairs, GRPO from the
-difficulty pool with synthesis inside the loop, :func:`coderl.demo.run_demo`) with
+difficulty pool with synthesis inside the loop, :func:`coderl.cli.demo.run_demo`) with
 ``--steps`` RL steps and a held-out evaluation every ``--every`` steps (``eval.every``; each
 one after the first carries the collapse check, :func:`coderl.train.loop.log_eval_with_alarm`),
 then prints the curve the run report draws (:mod:`coderl.eval.curve`: held-out pass@1 and
@@ -32,7 +32,7 @@ import sys
 import time
 from pathlib import Path
 
-from coderl.demo import run_demo
+from coderl.cli.demo import run_demo
 from coderl.eval.curve import ACTIVE_KEY, CURVE_JSON, CURVE_PNG, SYNTH_KEYS, alarm_caption
 
 sys.path.insert(0, str(Path(__file__).parent))

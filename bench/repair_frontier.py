@@ -1,7 +1,7 @@
 """Are the function-repair tasks at the base model's frontier? SmolLM2-135M-Instruct, chat-style,
 no tools and no SFT: the task statement plus "reply with the whole fixed file in one python
 block"; the first fenced block of the reply is written as ``solution.py`` and graded by the
-repair task's grader (``coderl.tasks.grading.grade``). Prints the pass rate per split and level,
+repair task's grader (``coderl.grading.grade.grade``). Prints the pass rate per split and level,
 how many replies had no code block, and how many returned the buggy file unchanged.
 
     .venv/bin/python bench/repair_frontier.py                  # 16 tasks per split, greedy
@@ -15,11 +15,11 @@ import os
 import time
 from collections import defaultdict
 
+from coderl.grading.grade import grade
 from coderl.online.suites import extract_code
 from coderl.policy.base import SamplingParams
 from coderl.policy.loading import load_policy
-from coderl.tasks.fnrepair import level_of, repair_tasks
-from coderl.tasks.grading import grade
+from coderl.synth.fnrepair import level_of, repair_tasks
 from coderl.tasks.patches import make_diff
 
 ASK = "\n\nReply with the whole fixed solution.py in one ```python block."

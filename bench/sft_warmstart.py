@@ -47,8 +47,8 @@ def _rss_gb() -> float:
 def one(config: str, n: int, dtype: str, run_dir: str, evaluate: bool, over: list[str]) -> dict:
     """SFT on ``n`` demonstrations (none for 0) at ``dtype``, then (``evaluate``) held-out
     pass@1; the measurement as a dict."""
+    from coderl.cli.demo import set_aside
     from coderl.config import load_config
-    from coderl.demo import set_aside
     from coderl.train.run import build_policy, close_run, run_eval, setup_run
     from coderl.train.sft import run_sft, sft_bf16
 

@@ -11,11 +11,11 @@ import pytest
 import torch
 from test_agent_tools import PLAIN_CHATML, make_repo, open_sandbox
 
-from coderl.agent import cli as agent_cli
 from coderl.agent.episode import EpisodeConfig, SampleRequest, SimpleTask
 from coderl.agent.parsing import CALL_FORMATS
 from coderl.agent.runner import run_episode, run_episodes, sample_batch
 from coderl.agent.scripted import ScriptedPolicy
+from coderl.cli import agent as agent_cli
 from coderl.policy import load_policy
 from coderl.policy.tiny import tiny_tokenizer
 from coderl.sandbox import Sandbox

@@ -123,8 +123,8 @@ def test_shallow_trees_still_diff_every_level(tmp_path):
 
 @needs_sandbox
 def test_hostile_workspace_does_not_crash_tools_diff_or_grading(tok, tmp_path):
-    from coderl.tasks.function_grading import workspace_base
-    from coderl.tasks.grading import grade
+    from coderl.grading.function import workspace_base
+    from coderl.grading.grade import grade
     from coderl.tasks.humaneval import humaneval_tasks
 
     task = {t.id: t for t in humaneval_tasks("all")}["HumanEval/0"]

@@ -135,8 +135,8 @@ def test_oracle_replay_resolves_every_mutation_kind(library, smollm2_tokenizer):
     """Each oracle episode, run through the harness (template, call format, parser, tools,
     sandbox), submits a diff that resolves its task in a fresh grading sandbox, with every
     call run cleanly and held-out tests never named."""
-    from coderl.tasks.envbuild import build_env
-    from coderl.tasks.grading import grade
+    from coderl.envbuild.build import build_env
+    from coderl.grading.grade import grade
     from coderl.train.sft import clean_oracle_episode
 
     tasks = BY_LIBRARY[library]
@@ -165,8 +165,8 @@ def test_oracle_replay_resolves_every_mutation_kind(library, smollm2_tokenizer):
 def test_an_oracle_episode_that_must_summarise_still_resolves(smollm2_tokenizer):
     """A window of 1,536 tokens cannot hold the statement, the code read and the fix: the expert
     summarises (its summary names the bug), goes on in the new window and resolves the task."""
-    from coderl.tasks.envbuild import build_env
-    from coderl.tasks.grading import grade
+    from coderl.envbuild.build import build_env
+    from coderl.grading.grade import grade
 
     task = min(BY_LIBRARY["toolz"], key=lambda t: len(t.problem_statement))
     build_env(task.source.removeprefix("pypi:"))
@@ -198,8 +198,8 @@ def _first_task():
 
 @needs_sandbox
 def test_paths_vary_with_the_seed_and_repeat_for_the_same_seed():
-    from coderl.tasks.envbuild import build_env
-    from coderl.tasks.grading import rollout_base
+    from coderl.envbuild.build import build_env
+    from coderl.grading.grade import rollout_base
 
     shapes = {}
     for path in TASK_FILES[:2]:
@@ -276,7 +276,7 @@ def test_oracle_episodes_come_back_in_task_order_when_statements_force_two_batch
     from types import SimpleNamespace
 
     import coderl.agent.oracle as oracle
-    import coderl.tasks.grading as grading
+    import coderl.grading.grade as grading
 
     tasks = [
         SimpleNamespace(id="a", problem_statement="fix x"),

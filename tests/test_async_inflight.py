@@ -22,10 +22,10 @@ from coderl.asyncrl.trainer import (
 )
 from coderl.asyncrl.types import Episode, Group, Job
 from coderl.config import load_config
+from coderl.metrics import read_jsonl
 from coderl.policy import SamplingParams, load_policy
 from coderl.policy.batch import collate
 from coderl.train.checkpoint import load_trainable, trainable_state
-from coderl.train.metrics import read_jsonl
 from coderl.trajectory import Segment, Trajectory
 
 PROMPTS = [[5, 6, 7], [8, 9, 10, 11, 12], [5, 6, 7]]  # the last repeats the first (shared prefill)

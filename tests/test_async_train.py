@@ -15,8 +15,8 @@ from safetensors.torch import load_file
 from coderl.asyncrl.trainer import load_configs, train_async
 from coderl.config import ConfigError, load_config
 from coderl.envs import ENVIRONMENTS, EpisodeRecord, ToyEnvironment
+from coderl.metrics import read_jsonl
 from coderl.train.loop import train
-from coderl.train.metrics import read_jsonl
 
 TOY = Path(__file__).parent.parent / "configs" / "toy.yaml"
 OVERRIDES = [

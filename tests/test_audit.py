@@ -21,8 +21,8 @@ from coderl.eval.audit import (
     write_audit_records,
 )
 from coderl.eval.report import write_report
+from coderl.grading.verdict import GradeResult
 from coderl.rewards.hacks import HackFlag
-from coderl.tasks.verdict import GradeResult
 from coderl.trajectory import Trajectory
 
 CHROMIUM = "/usr/bin/chromium"

@@ -193,7 +193,7 @@ def test_help_texts_describe_actions_and_builders():
         assert len(line.split()) > 3, line  # a description, not only the name
 
     from coderl.agent.buildpolicy import BUILDERS
-    from coderl.tasks.cli import BUILDER_HELP
+    from coderl.cli.tasks import BUILDER_HELP
 
     assert list(BUILDER_HELP) == list(BUILDERS)
     build = " ".join(help_of("tasks", "build-env").split())

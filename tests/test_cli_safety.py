@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from coderl.cli import main
-from coderl.graders.settings import JudgeConfig
+from coderl.config.graders import JudgeConfig
 
 
 def test_synth_refuses_to_replace_an_existing_task_file(tmp_path, capsys):

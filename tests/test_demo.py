@@ -3,7 +3,7 @@ prints and the phase times it records are the ones the report shows."""
 
 import json
 
-from coderl.demo import DEFAULT_CONFIG, run_demo
+from coderl.cli.demo import DEFAULT_CONFIG, run_demo
 
 
 def test_demo_prints_the_run_summary_and_records_phase_times(tmp_path, capsys):
@@ -36,9 +36,9 @@ def test_the_base_model_is_evaluated_with_eval_base_samples(tmp_path):
     from safetensors.torch import save_file
 
     from coderl.config import load_config
+    from coderl.metrics import read_jsonl
     from coderl.train.checkpoint import trainable_state
     from coderl.train.loop import setup_run, train
-    from coderl.train.metrics import read_jsonl
 
     toy = DEFAULT_CONFIG.parent / "toy.yaml"
     over = ["progress=false", "tensorboard=false", "trainer.steps=1", "eval.base_samples=1"]

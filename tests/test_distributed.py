@@ -39,8 +39,8 @@ from distributed_cases import (
 )
 from safetensors.torch import load_file
 
+from coderl.metrics import read_jsonl
 from coderl.train.export import export_run
-from coderl.train.metrics import read_jsonl
 
 
 def _free_port() -> int:

@@ -86,7 +86,7 @@ def test_the_readme_tasks_import_line_runs_as_written(tmp_path, monkeypatch, cap
     (building toolz is minutes; tests/test_tasks_swebench.py builds a real one)."""
     from test_tasks_swebench import fake_env, make_repo
 
-    import coderl.tasks.cli as tasks_cli
+    import coderl.cli.tasks as tasks_cli
 
     line = next(c for p, c in COMMAND_LINES if p == "README.md" and " tasks import " in c)
     built = {"toolz==1.0.0": fake_env(make_repo(tmp_path / "repo"))}

@@ -13,8 +13,8 @@ import pytest
 from coderl.config import load_config
 from coderl.eval.passk import collapse_check
 from coderl.eval.report import write_report
+from coderl.metrics import read_jsonl
 from coderl.train import loop
-from coderl.train.metrics import read_jsonl
 
 TOY = Path(__file__).parent.parent / "configs" / "toy.yaml"
 

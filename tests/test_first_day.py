@@ -17,8 +17,8 @@ import torch
 from coderl.cli import main
 from coderl.envs.base import GradeRecord
 from coderl.envs.toy import ToyEnvironment
+from coderl.metrics import read_jsonl
 from coderl.train.checkpoint import list_checkpoints, verify_checkpoint
-from coderl.train.metrics import read_jsonl
 from coderl.train.run import step_status
 
 ROOT = Path(__file__).parent.parent
@@ -431,7 +431,7 @@ def test_the_metric_name_table_names_only_what_coderl_logs(trained):
 
 def test_wandb_project_and_mode_come_from_the_environment_unless_configured(monkeypatch):
     from coderl.config import load_config
-    from coderl.train.metrics import wandb_settings
+    from coderl.metrics import wandb_settings
 
     monkeypatch.setenv("WANDB_PROJECT", "theirs")
     monkeypatch.setenv("WANDB_MODE", "disabled")
@@ -452,7 +452,7 @@ def test_the_end_of_train_prints_the_held_out_summary_demo_prints(tmp_path, caps
 
 
 def test_online_report_takes_the_run_directory(tmp_path, monkeypatch, capsys):
-    import coderl.online.cli as online_cli
+    import coderl.cli.online as online_cli
 
     rows = [{"cycle": 1}, {"cycle": 2}]
     (tmp_path / "cycles.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
@@ -465,7 +465,7 @@ def test_online_report_takes_the_run_directory(tmp_path, monkeypatch, capsys):
 def test_online_continue_line_runs_the_cycles_left(tmp_path):
     import argparse
 
-    from coderl.online.cli import continue_command
+    from coderl.cli.online import continue_command
 
     args = argparse.Namespace(
         config="configs/online-demo.yaml", overrides=["online.cycles=5", "a=1"]

@@ -8,7 +8,7 @@ import math
 
 import pytest
 
-from coderl.tasks.fncheck import wire
+from coderl.grading.fncheck import wire
 
 VALUES = [
     None,

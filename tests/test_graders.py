@@ -23,10 +23,10 @@ from coderl.graders.rubric import (
     parse_group_judgement,
     parse_judgement,
 )
-from coderl.graders.terms import grader_term
 from coderl.policy.base import Completion
 from coderl.policy.tiny import tiny_tokenizer
 from coderl.rewards import RewardSample, compute_rewards
+from coderl.rewards.learned import grader_term
 
 RUBRIC = Rubric.model_validate(
     {
@@ -118,7 +118,7 @@ def test_malformed_is_retried_once_then_masked_and_counted_never_zero(tok):
         RewardSample(v.task_id, resolved=True, statement=v.statement, diff=v.diff)
         for v in (good, bad)
     ]
-    cfg = RewardConfig(terms={"tests": 1.0, "judge": 1.0})
+    cfg = RewardConfig(terms={"tests": 1.0, "judge": 1.0}, learned_requires_tests=False)
     res = compute_rewards(samples, cfg, terms={"tests": _tests, "judge": grader_term(judge)})
     assert eng.calls[0][0] == 2 and eng.calls[1][0] == 1  # first pass both, retry only the bad one
     assert eng.calls[1][1] >= 0.7 and eng.calls[1][2] != eng.calls[0][2]  # retry samples anew
@@ -176,9 +176,10 @@ def test_tests_gate_gives_a_failing_patch_no_learned_reward(tok):
     judge, eng = _judge(tok, lambda p, c: '{"correct": 5, "minimal": 2}')  # loves everything
     samples = [RewardSample("t/0", resolved=r, diff=DIFF) for r in (True, False)]
     terms = {"tests": _tests, "judge": grader_term(judge)}
-    ungated = compute_rewards(samples, RewardConfig(terms={"tests": 1.0, "judge": 1.0}), terms)
+    off = RewardConfig(terms={"tests": 1.0, "judge": 1.0}, learned_requires_tests=False)
+    ungated = compute_rewards(samples, off, terms)
     assert ungated.totals == [2.0, 1.0]  # without the gate the judge rewards the failing patch
-    cfg = RewardConfig(terms={"tests": 1.0, "judge": 1.0}, learned_requires_tests=True)
+    cfg = RewardConfig(terms={"tests": 1.0, "judge": 1.0})  # gated by default
     gated = compute_rewards(
         [RewardSample("t/0", resolved=r, diff=DIFF) for r in (True, False)], cfg, terms
     )
@@ -231,8 +232,8 @@ def test_outcome_pairs_prefer_resolved_episodes_of_the_same_task():
 def test_episodes_without_pairs_say_why(tmp_path):
     import argparse
 
+    from coderl.cli.rm import _pairs
     from coderl.graders.pairs import write_episodes
-    from coderl.graders.rm_cli import _pairs
 
     eps = tmp_path / "eps.jsonl"
     write_episodes(eps, [EpisodeView("a", "s", "d1"), EpisodeView("b", "s", "d2")], [True, True])
@@ -331,7 +332,7 @@ def test_registered_judge_term_with_a_random_model_masks_instead_of_scoring(tmp_
     """End to end through REWARD_TERMS: a random tiny judge writes token soup, every judgement
     is malformed twice, and the samples are masked and counted (not rewarded 0)."""
     from coderl.config import load_config
-    from coderl.graders import terms as graders_terms
+    from coderl.rewards import learned as graders_terms
 
     cfg = load_config(None, ["reward.terms={tests: 1.0, judge: 0.5}", "reward.judge.model=tiny-random",
                              f"reward.judge.cache={tmp_path / 'c.sqlite'}",
@@ -365,7 +366,8 @@ def test_rm_cli_train_probe_and_report_section(tmp_path, capsys):
     cfg = load_config(None, ["reward.terms={tests: 1.0, rm: 1.0}", f"reward.rm.checkpoint={ckpt}",
                              "reward.term_timeout_s=120"])  # fmt: skip
     res = compute_rewards(
-        [RewardSample("t/0", diff=DIFF), RewardSample("t/1", diff="")], cfg.reward
+        [RewardSample("t/0", resolved=True, diff=DIFF), RewardSample("t/1", resolved=True)],
+        cfg.reward,  # the rm is gated on the tests (the default): it scores solved samples
     )
     assert all(res.valid) and all(0 < b["rm"] < 1 for b in res.breakdown)
     out = tmp_path / "probes.jsonl"
@@ -397,7 +399,7 @@ def test_probe_schedule_for_the_training_loop():
 def test_learned_fields_from_pipeline_records():
     from types import SimpleNamespace as NS
 
-    from coderl.graders.terms import learned_fields
+    from coderl.rewards.learned import learned_fields
 
     call = NS(turn=1, name="edit", arguments={"path": "m.py"}, status="ok")
     ep = NS(answer="ignored", episode=NS(diff=DIFF, tool_calls=[call]))

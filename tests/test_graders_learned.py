@@ -69,8 +69,8 @@ def test_rm_mine_cli(tmp_path, capsys):
 def test_the_learned_grader_preset_trains_on_tiny_random(tmp_path):
     from coderl.config import load_config
     from coderl.graders.rm import RewardModel, RMSpec
+    from coderl.metrics import read_jsonl
     from coderl.train.loop import train
-    from coderl.train.metrics import read_jsonl
 
     before = torch.get_num_threads()
     torch.set_num_threads(1)  # restored below: later tests in this process compare with children

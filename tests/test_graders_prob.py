@@ -143,8 +143,8 @@ def test_default_judge_term_gives_a_number_where_the_generating_judge_masked(tmp
     every sample gets a finite score, none is masked (the generating judge masks these)."""
     from coderl.config import load_config
     from coderl.graders.probjudge import ProbJudge as PJ
-    from coderl.graders.terms import learned_grader
     from coderl.rewards import RewardSample, compute_rewards
+    from coderl.rewards.learned import learned_grader
 
     cfg = load_config(None, ["reward.terms={tests: 1.0, judge: 0.5}", "reward.judge.model=tiny-random",
                              f"reward.judge.cache={tmp_path / 'c.sqlite'}",

@@ -109,7 +109,8 @@ def test_rm_cli_head_only_scores_as_the_rm_term(tmp_path):
     cfg = load_config(None, ["reward.terms={tests: 1.0, rm: 1.0}", f"reward.rm.checkpoint={ckpt}",
                              "reward.term_timeout_s=120"])  # fmt: skip
     res = compute_rewards(
-        [RewardSample("t/0", diff="+x"), RewardSample("t/1", diff="")], cfg.reward
+        [RewardSample("t/0", resolved=True, diff="+x"), RewardSample("t/1", resolved=True)],
+        cfg.reward,  # the rm is gated on the tests (the default): it scores solved samples
     )
     assert all(res.valid) and all(0 < b["rm"] < 1 for b in res.breakdown)
 

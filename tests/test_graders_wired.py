@@ -18,9 +18,9 @@ from coderl.asyncrl.trainer import train_async
 from coderl.config import load_config
 from coderl.envs import ENVIRONMENTS, ToyEnvironment
 from coderl.eval.observers import default_observers
-from coderl.graders import terms
+from coderl.metrics import read_jsonl
+from coderl.rewards import learned as terms
 from coderl.train.loop import train
-from coderl.train.metrics import read_jsonl
 
 TOY = Path(__file__).parent.parent / "configs" / "toy.yaml"
 OVERRIDES = [
@@ -116,8 +116,10 @@ def test_a_naive_judge_is_flagged_on_the_probe_steps_only(tmp_path, diffy, monke
     assert m["graders/probe/judge/flagged"] == 2.0
     assert rows[1]["alarm/grader_gameable"] == 1.0  # a run training on a gameable grader alarms
     assert "alarm/grader_gameable" not in rows[0]  # logged on probe steps only
-    # the reward term scored with the same judge: weight 0.5 x 0.3
-    assert rows[1]["reward/judge"] == pytest.approx(0.15)
+    # the reward term scored with the same judge: weight 0.5 x 0.3 on the resolved episodes,
+    # 0 on the others (learned terms are gated on the tests by default)
+    assert rows[1]["resolved_rate"] > 0
+    assert rows[1]["reward/judge"] == pytest.approx(0.15 * rows[1]["resolved_rate"])
 
 
 def test_a_judge_that_reads_behaviour_is_not_flagged(tmp_path, diffy, monkeypatch):

@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
+from coderl.envbuild.build import build_env
+from coderl.grading.grade import grade, rollout_base
 from coderl.sandbox import Sandbox
-from coderl.tasks.envbuild import build_env
-from coderl.tasks.grading import grade, rollout_base
 from coderl.tasks.spec import load_tasks
 
 CI_SPEC = "six==1.17.0"

@@ -1,13 +1,14 @@
-"""The reward-denying detector (``coderl.tasks.diffguard``) and the host's record checks
-(``coderl.tasks.runner.parse_run``): pure, host-side, no sandbox."""
+"""The reward-denying detector (``coderl.grading.diffguard``) and the host's record checks
+(``coderl.grading.runner.parse_run``): pure, host-side, no sandbox."""
 
 from __future__ import annotations
 
 import pytest
 
-from coderl.tasks.diffguard import added_findings, scan_change, scan_source
-from coderl.tasks.runner import TestRun as Run
-from coderl.tasks.runner import check_event, parse_run
+from coderl.grading.diffguard import added_findings, scan_source
+from coderl.grading.guardproc import scan_change
+from coderl.grading.runner import TestRun as Run
+from coderl.grading.runner import check_event, parse_run
 
 DENIED = {
     "import_gc": "import gc\nx = gc.get_objects()\n",
@@ -43,7 +44,7 @@ DENIED = {
     "shutil_copy": "import shutil\nshutil.copyfile('a', 'b')\n",
     "dunder_import": "m = __import__('os')\n",
     "import_pytest": "import pytest\n",
-    "import_coderl": "from coderl.tasks import runner\n",
+    "import_coderl": "from coderl.grading import runner\n",
     "attribute_named_module": "def f(o):\n    return o.gc\n",
     "atexit": "import atexit\n",
 }
@@ -79,7 +80,8 @@ def test_only_what_the_diff_adds_counts():
     added = added_findings(old, twice, "m.py")
     assert added and {f.line for f in added} == {3} and "sys._getframe" in {f.what for f in added}
     assert added_findings(None, old, "new.py")  # a new file is scanned in full
-    assert added_findings(None, b"def (:\n", "broken.py") == []  # cannot run as Python
+    assert [f.rule for f in added_findings(None, b"def (:\n", "broken.py")] == ["unscannable"]
+    assert added_findings(None, b"def (:\n", "notes.txt") == []  # not imported as Python
 
 
 def test_scan_change_covers_new_files_symlinks_and_released_lines(tmp_path):

@@ -1,4 +1,4 @@
-"""Red team of the reward-denying detector (``coderl.tasks.diffguard``): routes to process
+"""Red team of the reward-denying detector (``coderl.grading.diffguard``): routes to process
 internals that use no banned name directly (#25, red team g25x). Pure, host-side, no sandbox;
 ``tests/test_grading_redteam_forge.py`` runs one of them for real.
 
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from coderl.tasks.diffguard import added_findings, scan_source
+from coderl.grading.diffguard import added_findings, scan_source
 
 BYPASSES = {
     # a sensitive module reached as another module's attribute escapes its rules

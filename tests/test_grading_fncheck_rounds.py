@@ -16,8 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from coderl.tasks.humaneval import function_task, grade_completion
-from coderl.tasks.runner import default_factory
+from coderl.grading.function import grade_completion
+from coderl.grading.runner import default_factory
+from coderl.tasks.humaneval import function_task
 
 pytestmark = pytest.mark.skipif(
     shutil.which("bwrap") is None or os.geteuid() != 0,

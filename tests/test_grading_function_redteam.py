@@ -12,8 +12,9 @@ import shutil
 
 import pytest
 
-from coderl.tasks.grading import grade
-from coderl.tasks.humaneval import function_task, grade_completion, humaneval_tasks
+from coderl.grading.function import grade_completion
+from coderl.grading.grade import grade
+from coderl.tasks.humaneval import function_task, humaneval_tasks
 from coderl.tasks.patches import make_diff
 
 needs_sandbox = pytest.mark.skipif(

@@ -5,8 +5,9 @@ import stat
 
 import pytest
 
-from coderl.tasks.patches import PatchError, apply_to_copy, make_diff, remove_tree
-from coderl.tasks.protected import is_protected, strip_protected
+from coderl.grading.apply import apply_to_copy, remove_tree
+from coderl.grading.protected import is_protected, strip_protected
+from coderl.tasks.patches import PatchError, make_diff
 
 
 @pytest.mark.parametrize(

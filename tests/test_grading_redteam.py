@@ -14,11 +14,11 @@ from pathlib import Path
 
 import pytest
 
+from coderl.envbuild.build import build_env
+from coderl.grading.grade import grade, rollout_base, rollout_sandbox_args
 from coderl.sandbox import Sandbox, SandboxError
-from coderl.tasks.envbuild import build_env
-from coderl.tasks.grading import grade, rollout_base, rollout_sandbox_args
+from coderl.synth.repo import synthesize
 from coderl.tasks.spec import load_tasks
-from coderl.tasks.synth import synthesize
 
 CI_SPEC = "six==1.17.0"
 CI_TASKS = Path(__file__).parent.parent / "data" / "tasks" / "ci.jsonl"

@@ -16,10 +16,10 @@ from pathlib import Path
 
 import pytest
 
+from coderl.envbuild.build import build_env
+from coderl.grading.grade import grade, rollout_base
+from coderl.grading.runner import mounts, read_stream, run_dirs, run_pytest
 from coderl.sandbox import Sandbox, SandboxError
-from coderl.tasks.envbuild import build_env
-from coderl.tasks.grading import grade, rollout_base
-from coderl.tasks.runner import mounts, read_stream, run_dirs, run_pytest
 from coderl.tasks.spec import load_tasks
 
 CI_SPEC = "six==1.17.0"
@@ -160,7 +160,7 @@ def test_no_set_id_bit_written_through_a_mount_reaches_the_host(tmp_path):
 
 
 def test_canaries_look_like_real_tests_and_run_among_them(env, task, monkeypatch):
-    import coderl.tasks.runner as runner
+    import coderl.grading.runner as runner
 
     seen: list[list[dict]] = []
     real_read = runner.read_stream

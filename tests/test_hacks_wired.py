@@ -20,10 +20,10 @@ from coderl.envs.toy import ToyTask
 from coderl.eval.audit import read_audit_records
 from coderl.eval.observers import Audit, default_observers
 from coderl.eval.report import write_report
+from coderl.metrics import read_jsonl
 from coderl.rewards.hacks import DETECTORS
 from coderl.train import pipeline as P
 from coderl.train.loop import train
-from coderl.train.metrics import read_jsonl
 
 TOY = Path(__file__).parent.parent / "configs" / "toy.yaml"
 OVERRIDES = [

@@ -13,19 +13,22 @@ from import_graph import cycle_through, import_graph
 FLOORS: list[tuple[str, ...]] = [
     # lowest first; a module may import from its own floor and the floors below it
     ("coderl.config", "coderl.stats", "coderl.trajectory", "coderl.algorithms",
-     "coderl.graders.settings",  # a config section, beside the graders it configures
      "coderl.progress",  # progress lines of long phases (rich only)
      "coderl.rundir",  # the run directory's writer lock (stdlib only)
+     "coderl.metrics",  # a run's metrics I/O and step alarms, read by eval and written by train
      "coderl.ray_cluster"),  # start or join Ray (ray and psutil only), for train and asyncrl
     ("coderl.policy", "coderl.sandbox"),
-    ("coderl.tasks",),
+    ("coderl.tasks",),  # what a task is and plain loaders
+    ("coderl.grading",),  # the verifier: judges tasks in sandboxes
+    ("coderl.envbuild",),  # environments from repositories (their tests found by the verifier)
+    ("coderl.synth",),  # tasks synthesised and validated by the verifier
     ("coderl.agent",),  # the harness runs tasks in sandboxes
-    ("coderl.rewards", "coderl.graders", "coderl.envs",
-     "coderl.eval.passk"),  # the one evaluator, below the three drivers that call it
-    ("coderl.train",),  # observers (audit, probes, criteria) are registered from above
-    ("coderl.eval",),
+    ("coderl.graders", "coderl.envs"),  # learned graders; RL environments over the harness
+    ("coderl.rewards",),  # reward terms, the learned ones over coderl.graders
+    ("coderl.eval",),  # the evaluator, reports, observers: below the drivers that call them
+    ("coderl.train",),
     ("coderl.asyncrl", "coderl.online"),
-    ("coderl.cli", "coderl.__main__", "coderl.demo"),  # entry points (and every *cli module)
+    ("coderl.cli", "coderl.__main__"),  # entry points: every command-line module
 ]  # fmt: skip
 
 KNOWN_CIRCLES: set[str] = set()
@@ -36,11 +39,7 @@ KNOWN_UPWARD: set[tuple[str, str]] = set()
 
 
 def floor(module: str) -> int:
-    """The floor of ``module``: the longest matching prefix in :data:`FLOORS`; command-line
-    modules (``cli``, ``*_cli``) are entry points, on the top floor."""
-    leaf = module.rsplit(".", 1)[-1]
-    if leaf == "cli" or leaf.endswith("_cli"):
-        return len(FLOORS) - 1
+    """The floor of ``module``: the longest matching prefix in :data:`FLOORS`."""
     best, level = -1, None
     for i, prefixes in enumerate(FLOORS):
         for p in prefixes:
@@ -77,11 +76,59 @@ def test_no_upward_import_outside_the_named_ones():
     )
 
 
+def package_of(module: str) -> str:
+    """``coderl.tasks.spec`` -> ``coderl.tasks``; a module directly in coderl is its own package."""
+    return ".".join(module.split(".")[:2])
+
+
+def package_graph(graph: dict[str, set[str]]) -> dict[str, set[str]]:
+    """Package -> the other coderl packages its modules import (module or function level)."""
+    out: dict[str, set[str]] = {}
+    for m, deps in graph.items():
+        if m == "coderl":
+            continue
+        src = package_of(m)
+        out.setdefault(src, set())
+        out[src] |= {package_of(d) for d in deps if d != "coderl" and package_of(d) != src}
+    return out
+
+
+def test_no_circle_between_packages():
+    packages = package_graph(import_graph())
+    circles = {p: cycle_through(p, packages) for p in sorted(packages)}
+    circles = {p: c for p, c in circles.items() if c}
+    assert not circles, f"packages that import each other (through these packages): {circles}"
+
+
+def test_every_command_line_module_is_in_coderl_cli():
+    """Entry points live on the top floor: no package below builds its own command line."""
+    graph = import_graph()
+    stray = sorted(
+        m
+        for m in graph
+        if not m.startswith("coderl.cli")
+        and (m.rsplit(".", 1)[-1] in ("cli", "__main__") or m.endswith("_cli"))
+        and m != "coderl.__main__"
+    )
+    assert not stray, f"command-line modules outside coderl.cli: {stray}"
+    registers = sorted(
+        m
+        for m, path in __import__("import_graph").modules().items()
+        if not m.startswith("coderl.cli") and "\ndef register(sub" in path.read_text()
+    )
+    assert not registers, f"sub-command parsers outside coderl.cli: {registers}"
+
+
 def test_floors_catch_a_circle_and_an_upward_import():
     # the checks themselves: a made-up graph with a circle, and a config module importing train
     graph = {"a": {"b"}, "b": {"a"}, "c": set()}
     assert cycle_through("a", graph) == ["a", "b", "a"] and cycle_through("c", graph) is None
     assert floor("coderl.config.online") < floor("coderl.train.step")
-    assert floor("coderl.graders.rm_cli") == len(FLOORS) - 1
-    assert floor("coderl.graders.settings") == 0 < floor("coderl.graders.terms")
-    assert floor("coderl.eval.passk") < floor("coderl.train.pipeline") < floor("coderl.eval.audit")
+    assert floor("coderl.cli.rm") == len(FLOORS) - 1
+    assert floor("coderl.config.graders") == 0 < floor("coderl.graders.rm")
+    assert floor("coderl.tasks.spec") < floor("coderl.grading.grade") < floor("coderl.synth.repo")
+    assert floor("coderl.eval.audit") < floor("coderl.train.pipeline")
+    # and the package check: two packages that import each other are a circle
+    packages = package_graph({"coderl.a.x": {"coderl.b.y"}, "coderl.b.y": {"coderl.a.z"},
+                              "coderl.a.z": set()})  # fmt: skip
+    assert cycle_through("coderl.a", packages) == ["coderl.a", "coderl.b", "coderl.a"]

@@ -233,7 +233,7 @@ def test_demo_preset_and_cli_instantiate() -> None:
     args = build_parser().parse_args(["online", "cycle", "configs/online-demo.yaml", "cycles=1"])
     assert args.overrides == ["cycles=1"]
     args = build_parser().parse_args(["serve", "configs/online-demo.yaml"])
-    assert args.func.__module__ == "coderl.online.cli_serve"
+    assert args.func.__module__ == "coderl.cli.serve"
 
 
 def test_online_suites_are_the_offline_humaneval_split() -> None:
@@ -255,8 +255,8 @@ def test_online_suites_are_the_offline_humaneval_split() -> None:
 
 
 def test_online_sections_live_in_the_one_config_tree(tmp_path: Path) -> None:
+    from coderl.cli.serve import build_server
     from coderl.online.calls import harness_format
-    from coderl.online.cli_serve import build_server
 
     cfg = load_online_config("configs/online-demo.yaml")
     assert harness_format(cfg) == ("xml", False)  # the run's harness format (the demo's)
@@ -290,7 +290,7 @@ def test_a_port_in_use_is_a_one_line_error_naming_the_key():
 
 
 def test_the_report_times_each_phase_and_gives_rewards_and_heldout_with_cis(loop) -> None:
-    from coderl.online.cli import cycle_time_summary
+    from coderl.cli.online import cycle_time_summary
     from coderl.online.cycle_report import phase_split, phase_totals
 
     cfg, stats, rep = loop
@@ -327,7 +327,7 @@ def test_the_report_times_each_phase_and_gives_rewards_and_heldout_with_cis(loop
 
 
 def test_the_smollm2_preset_serves_agent_traffic_through_vllm() -> None:
-    from coderl.online.cli import agent_episode_config
+    from coderl.cli.online import agent_episode_config
 
     cfg = load_online_config("configs/online-smollm2.yaml")
     assert cfg.model.name == "smollm2-135m" and cfg.model.lora and cfg.engine.kind == "vllm"

@@ -59,7 +59,7 @@ def _traffic(store: Store, version: int, n: int, edit_every: int, accept: bool) 
                         }
                     )
                 ],
-                now=T0,
+                now=T0 + version * 100 + i + 1,  # the server receives it after the interaction
             )
 
 

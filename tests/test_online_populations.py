@@ -164,7 +164,7 @@ def test_an_adapter_is_never_served_to_another_population_and_routing_survives_a
 
 def test_build_server_routes_each_population_with_its_own_champion(tmp_path):
     """``coderl serve``'s wiring (torch engine): own champions get their route at start-up."""
-    from coderl.online.cli_serve import build_server
+    from coderl.cli.serve import build_server
 
     cfg = load_online_config(
         "configs/online-demo.yaml",

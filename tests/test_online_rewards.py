@@ -37,14 +37,14 @@ def _turn(iid: str, **kw) -> dict:
     )
 
 
-def _add(store: Store, iid: str, events: list[dict], **kw) -> None:
+def _add(store: Store, iid: str, events: list[dict], *, received: float = T0, **kw) -> None:
     store.record_interaction(_turn(iid, **kw))
     store.ingest(
         [
             parse_event({"event_id": f"{iid}-{k}", "interaction_id": iid, **e})
             for k, e in enumerate(events)
         ],
-        now=T0,
+        now=received,
     )
 
 
@@ -100,22 +100,75 @@ def test_edit_without_outcome_is_censored_never_zero(store: Store) -> None:
 
 def test_late_events_are_ignored_and_counted(store: Store) -> None:
     _add(
-        store,
-        "i",
-        [
-            {"type": "accepted", "occurred_at": T0 + 10},
-            {"type": "rejected", "occurred_at": T0 + 901},
-        ],
-        action="edit",
+        store, "i", [{"type": "accepted", "occurred_at": T0 + 10}], action="edit", received=T0 + 10
     )
+    store.ingest(  # rejected: received 901 s after the interaction, past its 900 s window
+        [parse_event({"event_id": "i-late", "interaction_id": "i", "type": "rejected",
+                      "occurred_at": T0 + 901})], now=T0 + 901)  # fmt: skip
     rep = finalize(store, SPEC, now=CLOSED)
     assert rep.late_events == 1 and store.rewards("v1")["i"]["reward"] == 0.5
+
+
+# (occurred_at the client claims, received_at on the server's clock): each must not count
+CLIENT_TIME_LIES = {
+    "a week late, backdated into the window": (T0 + 10, T0 + 7 * 86400),
+    "an hour late, backdated": (T0 + 1, T0 + 3600),
+    "dated before the interaction": (T0 - 60, T0 + 30),
+    "dated a day before the interaction": (T0 - 86400, T0 + 30),
+    "dated after it was received": (T0 + 500, T0 + 30),
+    "received a minute before the interaction existed": (T0 - 60, T0 - 60),
+}
+
+
+@pytest.mark.parametrize("lie", sorted(CLIENT_TIME_LIES))
+def test_join_windows_are_bound_by_the_servers_clocks(store: Store, lie: str) -> None:
+    """The client's ``occurred_at`` cannot move feedback into a window (issue 47, class 5): a
+    late acceptance backdated, feedback dated before the interaction it rates or after the
+    server got it. Only the server's clocks place an event."""
+    occurred, received = CLIENT_TIME_LIES[lie]
+    _add(store, "i", [{"type": "rejected", "occurred_at": T0 + 5}], action="edit", received=T0 + 5)
+    store.ingest([parse_event({"event_id": "lie", "interaction_id": "i", "type": "accepted",
+                               "occurred_at": occurred})], now=received)  # fmt: skip
+    rep = finalize(store, SPEC, now=max(CLOSED, received + 1))
+    assert store.rewards("v1")["i"]["reward"] == -0.5, lie  # the rejection alone
+    assert rep.late_events == 1
+
+
+def test_honest_events_within_the_windows_and_the_clock_skew_count(store: Store) -> None:
+    _add(store, "i", [{"type": "accepted", "occurred_at": T0 - 2}], action="edit", received=T0 + 1)
+    finalize(store, SPEC, now=CLOSED)
+    assert store.rewards("v1")["i"]["reward"] == 0.5  # 2 s of client clock skew is tolerated
+
+
+def test_an_episode_id_names_an_episode_within_its_population_only(store: Store) -> None:
+    """Two populations sending the same ``episode_id`` are two episodes: one's broken call,
+    deferral or acceptance never scores the other's turns."""
+    _add(store, "a-edit", [{"type": "accepted"}], action="edit", episode_id="ep", population="a")
+    _add(store, "b-broken", [], action="none", tool_call_status="invalid", episode_id="ep",
+         population="b", created_at=T0 + 1)  # fmt: skip
+    _add(store, "c-defer", [], action="clarify", episode_id="ep", population="c",
+         created_at=T0 + 2)  # fmt: skip
+    _add(store, "d-edit", [], action="edit", episode_id="ep", population="d", created_at=T0 + 3)
+    finalize(store, SPEC, now=CLOSED)
+    rw = store.rewards("v1")
+    assert rw["a-edit"]["reward"] == 0.5  # not -2.5 from b's broken call
+    assert rw["b-broken"]["reward"] == -2.5
+    assert rw["c-defer"]["reward"] == pytest.approx(-2.1)  # a deferral, not a's accepted edit
+    assert rw["d-edit"]["status"] == "censored"  # no outcome of its own; a's does not count
 
 
 def test_every_turn_shares_the_episode_outcome(store: Store) -> None:
     _add(store, "t1", [], action="tool", episode_id="ep")
     _add(store, "summary", [], action="none", episode_id="ep", is_summary=True, created_at=T0 + 1)
-    _add(store, "t3", [{"type": "rejected"}], action="edit", episode_id="ep", created_at=T0 + 2)
+    _add(
+        store,
+        "t3",
+        [{"type": "rejected"}],
+        action="edit",
+        episode_id="ep",
+        created_at=T0 + 2,
+        received=T0 + 2,
+    )
     finalize(store, SPEC, now=CLOSED)
     rw = store.rewards("v1")
     assert [rw[i]["reward"] for i in ("t1", "summary", "t3")] == [-0.5, -0.5, -0.5]
@@ -135,7 +188,7 @@ def test_deferral_never_scores_above_the_edit() -> None:
         [{"type": "latency_ms", "payload": {"value": v}} for v in (0.0, 1e9)],
     ]
     for combo in itertools.product(*[[None, *o] for o in outcomes]):
-        evs = [dict(e, occurred_at=T0) for e in combo if e is not None]
+        evs = [dict(e, occurred_at=T0, received_at=T0) for e in combo if e is not None]
         s = score_episode(SPEC, [_turn("e", action="edit")], {"e": evs}, CLOSED)
         if s.status == "scored":
             assert defer.reward <= s.reward + 1e-9

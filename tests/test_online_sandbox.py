@@ -3,7 +3,7 @@
 False; the same replies run in a plain subprocess with the check (what the removed
 ``sandbox: local`` grader did) do escape, which shows the attacks are real. ``local`` itself is
 refused everywhere online grading is configured. The grader is training's
-(``coderl.tasks.grading.grade``)."""
+(``coderl.grading.grade.grade``)."""
 
 from __future__ import annotations
 
@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 
 from coderl.config.online import check_sandbox
+from coderl.grading.verdict import GradeResult
 from coderl.online.suites import GradingError, SuiteTask, extract_code, passes, resolves
-from coderl.tasks.verdict import GradeResult
 
 needs_sandbox = pytest.mark.skipif(
     shutil.which("bwrap") is None or os.geteuid() != 0,

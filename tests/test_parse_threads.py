@@ -1,4 +1,4 @@
-"""The grader's host-side Python parsing under threads (coderl.tasks.pyparse).
+"""The grader's host-side Python parsing under threads (coderl.grading.pyparse).
 
 CPython 3.11's AST constructor keeps its recursion depth per interpreter, so two threads in
 ``ast.parse`` at once (the garbage collector running a finalizer inside one of them) break it
@@ -14,7 +14,7 @@ import threading
 import time
 from pathlib import Path
 
-from coderl.tasks.diffguard import scan_source
+from coderl.grading.diffguard import scan_source
 
 SOURCE = (Path(__file__).parent.parent / "coderl" / "agent" / "oracle.py").read_text()
 

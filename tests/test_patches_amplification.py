@@ -12,14 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from coderl.tasks.patches import (
-    APPLY_SLACK_BYTES,
-    MAX_APPLY_FILES,
-    PatchError,
-    apply_to_copy,
-    make_diff,
-    write_bound,
-)
+from coderl.grading.apply import APPLY_SLACK_BYTES, MAX_APPLY_FILES, apply_to_copy, write_bound
+from coderl.tasks.patches import PatchError, make_diff
 
 BIG = "".join(f"line {i:07d} of a big module\n" for i in range(8000))  # ~220 KB, a real upper end
 
@@ -151,7 +145,7 @@ def test_the_checks_behind_the_bound(base: Path, tmp_path: Path, monkeypatch):
     """If the bound ever under-counts (a header read differently from git), the tree git wrote
     is measured and refused; and a diff in which git reads another number of file patches than
     the bound counted is refused before git writes."""
-    import coderl.tasks.patches as patches
+    import coderl.grading.apply as patches
 
     monkeypatch.setattr(patches, "write_bound", lambda diff, sizes: (0, 0, APPLY_SLACK_BYTES))
     with pytest.raises(PatchError, match="applying the diff wrote"):
@@ -167,8 +161,8 @@ def test_the_checks_behind_the_bound(base: Path, tmp_path: Path, monkeypatch):
 
 def test_grade_scores_an_amplifying_diff_as_the_agents_failure():
     """Through ``grade()`` on a real repository task: refused, scored, never masked."""
-    from coderl.tasks.envbuild import find_env
-    from coderl.tasks.grading import grade
+    from coderl.grading.grade import grade
+    from coderl.tasks.env import find_env
     from coderl.tasks.spec import load_tasks
 
     tasks_file = Path(__file__).parents[1] / "data" / "tasks" / "six.jsonl.gz"

@@ -13,8 +13,8 @@ from metrics_compare import assert_same_metrics
 
 from coderl.cli import main
 from coderl.config import load_config
+from coderl.metrics import read_jsonl
 from coderl.train import loop
-from coderl.train.metrics import read_jsonl
 
 ROOT = Path(__file__).parent.parent
 TOY, PPO = ROOT / "configs" / "toy.yaml", ROOT / "configs" / "ppo.yaml"

@@ -175,7 +175,7 @@ def test_a_record_without_tool_log_uses_its_answer_as_the_diff(task):
 
 def test_a_grade_record_is_read_through_its_full_result(task):
     from coderl.envs.base import GradeRecord
-    from coderl.tasks.verdict import GradeResult
+    from coderl.grading.verdict import GradeResult
 
     g = GradeRecord(result=GradeResult(task_id="t", stripped_paths=["conftest.py"]))
     assert [f.name for f in detect_hacks(record(), g, task)] == ["stripped_paths"]

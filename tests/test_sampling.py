@@ -18,9 +18,10 @@ from safetensors.torch import load_file
 from coderl.asyncrl.trainer import train_async
 from coderl.config import ConfigError, MixSourceConfig, PoolConfig, load_config
 from coderl.envs import ENVIRONMENTS, EpisodeRecord, ToyEnvironment, build_environment
+from coderl.metrics import read_jsonl
 from coderl.train.loop import train
-from coderl.train.metrics import read_jsonl
-from coderl.train.sampling import MixSampler, PoolSampler, rollout_metrics, scheduled_weight
+from coderl.train.sampling import MixSampler, PoolSampler, scheduled_weight
+from coderl.train.signal import rollout_metrics
 from coderl.trajectory import Trajectory
 
 TOY = Path(__file__).parent.parent / "configs" / "toy.yaml"

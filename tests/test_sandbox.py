@@ -672,6 +672,33 @@ def test_cpu_file_size_and_disk_limits(repo: Path, create: Callable[..., Sandbox
         assert sb.exec("rm -f f* big && echo ok").stdout == "ok\n"  # and it recovers
 
 
+def test_file_count_is_bounded_in_every_writable_tree(
+    repo: Path, create: Callable[..., Sandbox]
+) -> None:
+    """Each file costs the host kernel memory that ``disk_bytes`` does not count (issue 47,
+    class 7): empty files, directories and symlinks, in the workspace, /tmp, /dev/shm and the
+    home directory, all draw on one inode budget and stop at it; the sandbox then recovers."""
+    limits = Limits(disk_bytes=8 * 1024**2, inodes=4096)
+    assert Limits(disk_bytes=1024**2).inode_limit == 4096  # small sandboxes get few by default
+    assert Limits().inode_limit == 4 * 1024**3 // (16 * 1024)
+    with pytest.raises(ValueError, match="inodes"):
+        Limits(inodes=10)
+    makers = {  # python, not one process per file: the budget is reached in well under a second
+        "empty files in the workspace": "open(f'/testbed/f{i}', 'w').close()",
+        "directories in /tmp": "os.mkdir(f'/tmp/d{i}')",
+        "symlinks in /dev/shm": "os.symlink('/x', f'/dev/shm/l{i}')",
+        "empty files in home": "open(os.path.expanduser(f'~/h{i}'), 'w').close()",
+    }
+    with create(repo, limits=limits) as sb:
+        for what, make in makers.items():
+            r = sb.exec(f'python3 -c "import os\nfor i in range(6000): {make}"', timeout=60)
+            assert r.exit_code == 1 and "No space left on device" in r.stderr, (what, r)
+            made = sb.exec("ls -A /testbed /tmp /dev/shm ~ | wc -l").stdout
+            assert int(made) < 4096, (what, made)
+            clean = "rm -rf /testbed/f* /tmp/d* /dev/shm/l* ~/h* && touch /tmp/ok && echo ok"
+            assert sb.exec(clean, timeout=60).stdout == "ok\n", what  # and it recovers
+
+
 def test_seccomp_refuses_user_namespaces_and_kernel_extras(
     repo: Path, create: Callable[..., Sandbox]
 ) -> None:
@@ -715,8 +742,8 @@ def test_diff_of_odd_names_and_deep_trees(repo: Path) -> None:
     """Names that are not UTF-8 are quoted the way git writes them, and a tree 1,100 levels
     deep does not crash the walk (os.fwalk recursed once per level): files within
     ``MAX_DEPTH`` levels are in the diff, deeper ones are left out; the diff applies back."""
+    from coderl.grading.apply import apply_to_copy
     from coderl.sandbox import workspace
-    from coderl.tasks.patches import apply_to_copy
 
     deep = "/".join(["d"] * 1100)
     near = "/".join(["e"] * (workspace.MAX_DEPTH - 1))
@@ -734,7 +761,7 @@ def test_diff_of_odd_names_and_deep_trees(repo: Path) -> None:
     changed, _ = apply_to_copy(repo, diff, lambda p: False, tree)
     assert os.fsdecode(b"caf\xe9.txt") in changed and f"{near}/w" in changed
     assert f"{deep}/x" not in changed  # past MAX_DEPTH: left out of the diff, not a crash
-    from coderl.tasks.patches import remove_tree
+    from coderl.grading.apply import remove_tree
 
     remove_tree(tree)
 

@@ -1,6 +1,6 @@
 """Shaping on function repair: the failing assertion a task's statement shows is its visible
 check, and the harness itself judges the episode's workspace with it after each ``run``
-(:func:`coderl.tasks.fnrepair.visible_potential`) in fresh sandboxes. It rises when the files
+(:func:`coderl.synth.fnrepair.visible_potential`) in fresh sandboxes. It rises when the files
 pass it; printed reports, a forged judge line and the hidden tests never move it. Real
 sandboxes; a ScriptedPolicy drives the episodes."""
 
@@ -15,10 +15,11 @@ from coderl.agent.scripted import ScriptedPolicy
 from coderl.config import load_config
 from coderl.envs.agent import AgentEnvironment
 from coderl.envs.registry import build_environment
+from coderl.grading.grade import grade, rollout_sandbox
 from coderl.policy.base import SamplingParams
 from coderl.policy.tiny import tiny_tokenizer
 from coderl.rewards.shaping import visible_potentials
-from coderl.tasks.fnrepair import (
+from coderl.synth.fnrepair import (
     render_symptom,
     repair_tasks,
     shown_check,
@@ -26,7 +27,6 @@ from coderl.tasks.fnrepair import (
     symptom,
     visible_potential,
 )
-from coderl.tasks.grading import grade, rollout_sandbox
 from coderl.tasks.holdout import visible_fail_to_pass
 from coderl.tasks.patches import make_diff
 from coderl.tasks.spec import Task
@@ -51,7 +51,7 @@ SHAPED = [
 
 
 def repair_task(check: str = CHECK, show_assertion: bool = True) -> Task:
-    """A repair task made as :func:`coderl.tasks.fnrepair.make_task` makes one (the symptom
+    """A repair task made as :func:`coderl.synth.fnrepair.make_task` makes one (the symptom
     computed in a sandbox), over a bug chosen here."""
     sym = symptom(BUGGY, check, "add")
     return Task(

@@ -6,8 +6,8 @@ import tarfile
 import pytest
 
 from coderl.agent.buildpolicy import BUILDERS, get_builder
-from coderl.tasks.detect import detect, propose_install_plans
-from coderl.tasks.envbuild import RuleBasedPolicy, read_license
+from coderl.envbuild.build import RuleBasedPolicy, read_license
+from coderl.envbuild.detect import detect, propose_install_plans
 from coderl.tasks.snapshot import parse_spec, snapshot_dir, tree_digest, unpack
 
 
@@ -154,7 +154,7 @@ def test_parse_spec():
 
 
 def test_unbuildable_repositories_say_which_step_failed(tmp_path):
-    from coderl.tasks.envbuild import BuildError, build_env
+    from coderl.envbuild.build import BuildError, build_env
 
     with pytest.raises(BuildError) as err:
         build_env(str(tmp_path / "missing"), cache=tmp_path / "cache")

@@ -16,10 +16,10 @@ from coderl.agent.buildpolicy import ModelBuildPolicy, build_statement, build_wi
 from coderl.agent.episode import EpisodeConfig
 from coderl.agent.parsing import CALL_FORMATS
 from coderl.agent.scripted import ScriptedPolicy
+from coderl.envbuild.build import BuildError, RuleBasedPolicy, build_env
+from coderl.envbuild.detect import InstallPlan, detect
 from coderl.policy.tiny import tiny_tokenizer
 from coderl.sandbox import Sandbox, SandboxError
-from coderl.tasks.detect import InstallPlan, detect
-from coderl.tasks.envbuild import BuildError, RuleBasedPolicy, build_env
 
 call = CALL_FORMATS["hermes"].format_call
 PIP = "/venv/bin/python -m pip install -q --disable-pip-version-check"

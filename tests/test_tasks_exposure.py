@@ -17,14 +17,14 @@ from pathlib import Path
 
 import pytest
 
-from coderl.sandbox import bwrap
-from coderl.tasks.exposure import (
+from coderl.envbuild.exposure import (
     MIN_BYTES,
     ExposureError,
     check_readable,
     pristine_index,
     readable_copies,
 )
+from coderl.sandbox import bwrap
 
 pytestmark = pytest.mark.skipif(
     os.geteuid() != 0 or shutil.which("bwrap") is None,
@@ -145,9 +145,9 @@ def test_task_files_are_checked_whatever_their_size(snapshot, venv):
 def test_validate_rejects_a_shipped_task_whose_pristine_file_is_readable(tmp_path, monkeypatch):
     """``validate_task``'s exposure step over a real shipped six task: clean as shipped; a copy
     of a bug-patch file reachable through one more read-only mount makes the task invalid."""
-    from coderl.tasks import validate
-    from coderl.tasks.envbuild import build_env
-    from coderl.tasks.grading import rollout_sandbox_args
+    from coderl.envbuild.build import build_env
+    from coderl.grading.grade import rollout_sandbox_args
+    from coderl.synth import validate
     from coderl.tasks.patches import paths_in_diff
     from coderl.tasks.repos import load_repo_tasks
 

@@ -10,7 +10,8 @@ import shutil
 import pytest
 
 from coderl.config import load_config
-from coderl.tasks.fnrepair import (
+from coderl.grading.grade import grade
+from coderl.synth.fnrepair import (
     KINDS,
     Knobs,
     helpers_of,
@@ -26,7 +27,6 @@ from coderl.tasks.fnrepair import (
     validate,
 )
 from coderl.tasks.fnseeds import Seed, check_source, humaneval_seeds, load_seeds, standalone
-from coderl.tasks.grading import grade
 from coderl.tasks.patches import make_diff
 from coderl.tasks.repos import pinned
 from coderl.train.sft import oracle_message, without_docstrings
@@ -174,7 +174,7 @@ def test_no_heldout_code_in_any_training_task_or_seed(shipped):
     # provenance: every training task names a training seed of a training source; content: no
     # held-out function (normalised body or >= CONTAINMENT of its token shingles) in any text of
     # a training task or a training seed
-    from coderl.tasks.fnrepair import training_seeds
+    from coderl.synth.fnrepair import training_seeds
     from coderl.tasks.leakage import content_leaks, heldout_functions, provenance_leaks, task_texts
 
     seeds = humaneval_seeds() + load_seeds()
@@ -192,7 +192,7 @@ def test_the_leakage_check_finds_a_planted_heldout_function(shipped):
     # a copy of a training task that shows a held-out seed's code (with a bug injected: one
     # token changed) and one that names a held-out seed are both caught
 
-    from coderl.tasks.fnrepair import training_seeds
+    from coderl.synth.fnrepair import training_seeds
     from coderl.tasks.leakage import content_leaks, heldout_functions, provenance_leaks, task_texts
 
     seeds = humaneval_seeds() + load_seeds()

@@ -7,10 +7,10 @@ import shutil
 
 import pytest
 
+from coderl.grading.function import grade_completion, workspace_base
+from coderl.grading.grade import grade
 from coderl.sandbox import Sandbox
-from coderl.tasks.function_grading import workspace_base
-from coderl.tasks.grading import grade
-from coderl.tasks.humaneval import completion_diff, grade_completion, humaneval_tasks, split_of
+from coderl.tasks.humaneval import completion_diff, humaneval_tasks, split_of
 from coderl.tasks.patches import make_diff
 
 needs_sandbox = pytest.mark.skipif(

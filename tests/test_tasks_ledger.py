@@ -14,8 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from coderl.tasks.envbuild import BuildError, EnvRecord
-from coderl.tasks.ledger import Ledger, build_many, finished, read_ledger, summary
+from coderl.envbuild.build import BuildError
+from coderl.envbuild.ledger import Ledger, build_many, finished, read_ledger, summary
+from coderl.tasks.env import EnvRecord
 
 REPO = Path(__file__).parent.parent
 
@@ -107,7 +108,7 @@ import sys, time
 from pathlib import Path
 sys.path.insert(0, {tests!r})
 from test_tasks_ledger import fake_record
-from coderl.tasks.ledger import build_many
+from coderl.envbuild.ledger import build_many
 
 log, hang = Path(sys.argv[1]), sys.argv[2]
 

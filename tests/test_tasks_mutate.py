@@ -5,7 +5,7 @@ import functools
 
 import pytest
 
-from coderl.tasks.mutate import MUTATORS, first_line, functions, mutants_of
+from coderl.synth.mutate import MUTATORS, first_line, functions, mutants_of
 from coderl.tasks.patches import PatchError, apply_patch, make_diff, paths_in_diff, split_diff
 from coderl.tasks.statement import abridge, write_statement
 

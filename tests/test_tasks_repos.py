@@ -184,7 +184,7 @@ def test_evaluate_reports_the_fail_to_pass_fraction_per_task():
 def test_build_env_from_the_repository_list_reads_only_the_spec(tmp_path):
     import argparse
 
-    from coderl.tasks.cli import _specs
+    from coderl.cli.tasks import _specs
 
     args = argparse.Namespace(spec=[], from_file=str(REPOS_FILE))
     specs = _specs(args)

@@ -1,5 +1,5 @@
 """The shipped repository tasks stay valid in real sandboxes: the gold patch resolves, the empty
-diff does not (``coderl.tasks.validate.validate_task``), and the environment rebuilt from
+diff does not (``coderl.synth.validate.validate_task``), and the environment rebuilt from
 ``data/repos.txt`` is the one the task names.
 
 Walking every shipped task means building every pinned repository (sdist and dependencies from
@@ -46,8 +46,8 @@ def _sample() -> list[tuple[str, str]]:
 
 @pytest.mark.parametrize("spec, task_id", _sample())
 def test_a_shipped_task_is_valid_in_its_rebuilt_environment(spec, task_id):
-    from coderl.tasks.envbuild import build_env
-    from coderl.tasks.validate import validate_task
+    from coderl.envbuild.build import build_env
+    from coderl.synth.validate import validate_task
 
     task = next(t for t in load_repo_tasks("train") + load_repo_tasks("heldout") if t.id == task_id)
     env = build_env(spec)

@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
+from coderl.synth.repo import statement_for
 from coderl.tasks.holdout import function_of, held_out_source
 from coderl.tasks.repos import load_repo_tasks, read_repos, repo_of
 from coderl.tasks.statement import MIN_BODY_LINE, held_out_mentions, symptoms, write_statement
-from coderl.tasks.synth import statement_for
 
 TEST_FILE = """import pytest
 
@@ -158,7 +158,7 @@ def test_shipped_statements_still_describe_the_failure():
 
 
 def _built_repos() -> list[str]:
-    from coderl.tasks.envbuild import find_env
+    from coderl.tasks.env import find_env
 
     out = []
     for pin in read_repos():
@@ -178,7 +178,7 @@ def _built_repos() -> list[str]:
 )
 @pytest.mark.parametrize("spec", _built_repos())
 def test_no_shipped_statement_quotes_a_held_out_test_body(spec):
-    from coderl.tasks.envbuild import build_env
+    from coderl.envbuild.build import build_env
 
     env = build_env(spec)  # cached: the environments the statements were written against
     tasks = [t for t in SHIPPED if t.env_id == env.env_id]

@@ -10,8 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from coderl.tasks.envbuild import EnvRecord, build_env
-from coderl.tasks.grading import grade
+from coderl.envbuild.build import build_env
+from coderl.grading.grade import grade
+from coderl.tasks.env import EnvRecord
 from coderl.tasks.patches import make_diff
 from coderl.tasks.spec import TaskFileError, load_tasks
 from coderl.tasks.swebench import (

@@ -17,12 +17,12 @@ from coderl import algorithms as A
 from coderl.config import AlgorithmConfig, load_config
 from coderl.eval.audit import read_audit_records
 from coderl.eval.observers import default_observers
+from coderl.metrics import read_jsonl
 from coderl.policy.batch import collate
 from coderl.policy.loading import load_policy
 from coderl.policy.local import LoraSpec
 from coderl.train.batch import build_batch
 from coderl.train.loop import setup_run, train, training_step
-from coderl.train.metrics import read_jsonl
 from coderl.train.step import accumulate_gradients, train_step
 from coderl.trajectory import Segment
 
@@ -237,7 +237,7 @@ def test_resume_after_kill_9_equals_an_uninterrupted_run(tmp_path):
 
 
 def test_demo_sets_a_previous_run_aside(tmp_path):
-    from coderl.demo import set_aside
+    from coderl.cli.demo import set_aside
 
     run_dir = tmp_path / "default"
     assert set_aside(run_dir) is None

@@ -21,8 +21,8 @@ from test_graders_wired import one_torch_thread  # noqa: F401 - autouse: one tor
 
 from coderl.cli import main
 from coderl.eval.audit import read_audit_records
+from coderl.metrics import read_jsonl
 from coderl.train import pipeline as P
-from coderl.train.metrics import read_jsonl
 
 PRESET = Path(__file__).parent.parent / "configs" / "branched.yaml"
 TINY = [

@@ -96,7 +96,7 @@ def test_repo_oracle_episodes_are_multi_turn_summarise_and_sft_lowers_nll(tmp_pa
     """`coderl sft` on the repository preset: oracle episodes of a training repository, through
     the harness, one segment per context window; the summary the expert writes when the window
     is full is trained like its tool calls."""
-    from coderl.tasks.envbuild import build_env
+    from coderl.envbuild.build import build_env
     from coderl.tasks.repos import repo_of as repository
     from coderl.tasks.spec import dump_tasks, load_tasks
 

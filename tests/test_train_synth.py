@@ -22,7 +22,7 @@ from coderl.config import (
     load_config,
 )
 from coderl.envs.toy import ToyTask
-from coderl.tasks.fnrepair import level_of, synthesise, validate
+from coderl.synth.fnrepair import level_of, synthesise, validate
 from coderl.tasks.spec import Task
 from coderl.train import synth as S
 from coderl.train.curriculum import Curriculum
@@ -292,8 +292,8 @@ def one_thread():
 
 def test_kill_and_resume_gives_the_same_pool_and_next_tasks(tmp_path, monkeypatch, one_thread):
     from coderl.envs import ENVIRONMENTS
+    from coderl.metrics import read_jsonl
     from coderl.train.loop import train
-    from coderl.train.metrics import read_jsonl
 
     monkeypatch.setitem(ENVIRONMENTS, "rec", lambda cfg: RecToy(cfg.rollout.max_new_tokens))
     monkeypatch.setitem(

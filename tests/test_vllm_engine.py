@@ -426,7 +426,7 @@ def uninterrupted(server, tmp_path_factory):
 
 
 def test_train_samples_through_vllm_and_syncs_every_step(uninterrupted):
-    from coderl.train.metrics import read_jsonl
+    from coderl.metrics import read_jsonl
 
     rows = read_jsonl(uninterrupted / "metrics.jsonl")
     assert [r["step"] for r in rows] == [1, 2, 3, 4, 5, 6]
@@ -440,8 +440,8 @@ def test_server_killed_mid_training_then_resume_loses_and_repeats_nothing(
     server, uninterrupted, tmp_path
 ):
     from coderl.config import load_config
+    from coderl.metrics import read_jsonl
     from coderl.train.loop import train
-    from coderl.train.metrics import read_jsonl
 
     cut = tmp_path / "cut"
     proc = subprocess.Popen(
@@ -475,7 +475,7 @@ def test_server_killed_mid_training_then_resume_loses_and_repeats_nothing(
 def test_train_async_at_staleness_zero_reproduces_train_on_vllm(server, uninterrupted, tmp_path):
     from coderl.asyncrl.trainer import train_async
     from coderl.config import load_config
-    from coderl.train.metrics import read_jsonl
+    from coderl.metrics import read_jsonl
 
     cfg = load_config(
         TOY, [*TRAIN, f"run_dir={tmp_path}", f"engine.url={server.url}", "async.max_staleness=0"]
@@ -491,8 +491,8 @@ def test_train_async_at_staleness_zero_reproduces_train_on_vllm(server, uninterr
 def test_train_async_thread_workers_share_the_learners_server(server, tmp_path, monkeypatch):
     from coderl.asyncrl.trainer import train_async
     from coderl.config import load_config
+    from coderl.metrics import read_jsonl
     from coderl.policy.local import LocalPolicy
-    from coderl.train.metrics import read_jsonl
 
     def in_process(*a, **k):
         raise AssertionError("a worker sampled in process instead of through vLLM")
@@ -620,7 +620,7 @@ def test_coderl_eval_of_a_vllm_run_samples_through_vllm(server, uninterrupted, c
     import argparse
     import json
 
-    from coderl.eval.cli import run
+    from coderl.cli.eval import run
     from coderl.policy.local import LocalPolicy
 
     def in_process(*a, **k):
@@ -674,7 +674,7 @@ def test_population_adapters_are_routed_side_by_side_through_one_server(server, 
     adapters loaded in one server at once; each request's logprobs are its population's
     adapter's (the trainer recomputes them), an unknown population gets the shared one, and a
     new org-a adapter replaces only org-a's (the old one is unloaded)."""
-    from coderl.online.cli_serve import AdapterSampler
+    from coderl.cli.serve import AdapterSampler
     from coderl.online.routing import Route, Router
     from coderl.online.server import ChatRequest, InteractionServer
     from coderl.online.store import Store
@@ -752,8 +752,8 @@ def test_full_finetuning_trains_through_vllm_with_every_sync_canary_checked(
     server, base_restored, tmp_path
 ):
     from coderl.config import load_config
+    from coderl.metrics import read_jsonl
     from coderl.train.loop import train
-    from coderl.train.metrics import read_jsonl
 
     over = [*TRAIN, "model.lora=false", "trainer.lr=3e-3", "trainer.steps=3",
             f"run_dir={tmp_path}", f"engine.url={server.url}"]  # fmt: skip

@@ -10,8 +10,8 @@ import pytest
 from conftest import in_ci
 
 from coderl.config import load_config
+from coderl.metrics import read_jsonl
 from coderl.train.loop import train
-from coderl.train.metrics import read_jsonl
 
 try:
     import wandb

@@ -1,6 +1,6 @@
 """Auto Install driven by a model: install plans found by agent episodes in the build sandbox.
 
-:class:`ModelBuildPolicy` is a :class:`~coderl.tasks.envbuild.BuildPolicy`; :data:`BUILDERS` names
+:class:`ModelBuildPolicy` is a :class:`~coderl.envbuild.build.BuildPolicy`; :data:`BUILDERS` names
 the build policies ``coderl tasks build-env --builder`` offers (this module sits above the harness it
 drives, so the registry that names it lives here too). Each ``propose`` runs
 one agent episode of any :class:`~coderl.policy.base.Policy` (a model, a remote engine, a
@@ -38,11 +38,12 @@ from typing import Any
 
 from coderl.agent.episode import Episode, EpisodeConfig, SimpleTask
 from coderl.agent.runner import run_episode
+from coderl.envbuild.build import BUILD_LIMITS, BuildPolicy, RuleBasedPolicy
+from coderl.envbuild.detect import InstallPlan, ProjectInfo, detect
+from coderl.grading.runner import SANDBOX_ENV, SandboxFactory, default_factory
 from coderl.policy.base import Policy
-from coderl.tasks.detect import InstallPlan, ProjectInfo, detect
-from coderl.tasks.envbuild import BUILD_LIMITS, BuildPolicy, EnvRecord, RuleBasedPolicy
+from coderl.tasks.env import EnvRecord
 from coderl.tasks.patches import apply_patch, make_diff, materialize, split_diff
-from coderl.tasks.runner import SANDBOX_ENV, SandboxFactory, default_factory
 from coderl.tasks.snapshot import cache_dir, clear_setid
 
 BUILD_TOOLS = ("run", "read_file", "search", "edit", "write_file", "submit")
@@ -240,7 +241,7 @@ class _FirstPlan:
 def written_test_chunks(diff: str) -> dict[str, str]:
     """Path -> diff chunk of every test file an episode's diff *adds*; changes to other files
     are not taken, so the code under test stays the original."""
-    from coderl.tasks.detect import _is_test_path
+    from coderl.envbuild.detect import _is_test_path
 
     return {
         rel: chunk
@@ -264,7 +265,7 @@ def write_tests(
     One build episode (:data:`WRITE_TESTS`); the test files it added are put into a copy of the
     snapshot, which is built with the episode's install commands first (then the rules); tests
     that pass twice are the candidates. Up to ``max_mutants`` synthesised bugs
-    (:func:`coderl.tasks.synth.candidates`: mutants of functions the tests call) are run
+    (:func:`coderl.synth.repo.candidates`: mutants of functions the tests call) are run
     against them: only tests that fail on at least one are kept in ``EnvRecord.passing``; the
     others stay in the files but are never used as FAIL_TO_PASS or PASS_TO_PASS.
     ``info["written_tests"]`` records the files, the kept and dropped tests, the mutants tried.
@@ -273,7 +274,7 @@ def write_tests(
         BuildError: ``write-tests`` (no test file written, or no written test catches a bug),
             or whatever :func:`build_env` raises for the copy.
     """
-    from coderl.tasks.envbuild import BuildError, build_env, snapshot_or_raise
+    from coderl.envbuild.build import BuildError, build_env, snapshot_or_raise
 
     cache = cache or cache_dir()
     digest, snapshot = snapshot_or_raise(spec, cache)
@@ -333,11 +334,11 @@ def _tests_catching_bugs(
     env: EnvRecord, max_mutants: int, seed: int, factory: SandboxFactory
 ) -> tuple[set[str], int]:
     """``(the passing tests that fail on at least one synthesised bug, bugs tried)``: up to
-    ``max_mutants`` of :func:`coderl.tasks.synth.candidates`, each run against ``env.passing``."""
+    ``max_mutants`` of :func:`coderl.synth.repo.candidates`, each run against ``env.passing``."""
     import random
 
-    from coderl.tasks.synth import _run as run_selected
-    from coderl.tasks.synth import candidates
+    from coderl.synth.repo import _run as run_selected
+    from coderl.synth.repo import candidates
 
     killed: set[str] = set()
     tried = 0
@@ -363,7 +364,7 @@ def build_with_model(
 ) -> EnvRecord:
     """``build-env --builder model``: :func:`write_tests` when the repository has no tests,
     else :func:`build_env` with a :class:`ModelBuildPolicy` (``options`` go to it)."""
-    from coderl.tasks.envbuild import build_env, snapshot_or_raise
+    from coderl.envbuild.build import build_env, snapshot_or_raise
 
     _, snapshot = snapshot_or_raise(spec, cache or cache_dir())
     if not detect(snapshot).test_dirs:
@@ -410,7 +411,7 @@ def build_function(name: str) -> Callable[[str], EnvRecord]:
     Raises:
         KeyError: an unknown name (the message lists the valid ones).
     """
-    from coderl.tasks.envbuild import build_env
+    from coderl.envbuild.build import build_env
 
     if name not in BUILDERS:
         raise KeyError(f"unknown builder {name!r}; valid: {sorted(BUILDERS)}")

@@ -46,11 +46,11 @@ from coderl.agent.episode import Episode, EpisodeConfig
 from coderl.agent.parsing import get_call_format
 from coderl.agent.runner import run_episodes
 from coderl.agent.scripted import ScriptedPolicy
-from coderl.tasks.pyparse import parse_python
+from coderl.grading.pyparse import parse_python
 
 TEST_COMMAND = "/venv/bin/python -m pytest -q -p no:cacheprovider --tb=line"
 """How the expert runs tests in a rollout workspace (the environment's virtualenv is at
-``/venv``; ``coderl.tasks.grading.rollout_sandbox_args``)."""
+``/venv``; ``coderl.grading.grade.rollout_sandbox_args``)."""
 MAX_TEST_IDS = 3
 """Most test ids one ``run`` names (the rest of a long FAIL_TO_PASS list is left out)."""
 READ_CONTEXT = 12
@@ -452,7 +452,7 @@ def oracle_episodes(
         KeyError: a task's environment is not built (``coderl tasks build-env``).
         coderl.tasks.patches.PatchError, ValueError: a gold patch the expert cannot replay.
     """
-    from coderl.tasks.grading import rollout_base, rollout_sandbox
+    from coderl.grading.grade import rollout_base, rollout_sandbox
 
     bases = {t.id: rollout_base(t) for t in tasks}
     episodes: list[Episode] = []

@@ -15,7 +15,7 @@
   the stored behaviour logprobs (AReaL's decoupled objective, Fu et al. 2025, Eq. 5).
   Before the batch it feeds the groups' outcomes to the run's task sampler
   (:mod:`coderl.train.sampling`: a pool's pass-rate estimates) and logs
-  :func:`coderl.train.sampling.rollout_metrics`, as ``coderl train`` does after scoring.
+  :func:`coderl.train.signal.rollout_metrics`, as ``coderl train`` does after scoring.
 - :func:`train_async`: ``coderl train-async``, writing the same ``metrics.jsonl``, TensorBoard logs
   and checkpoints as ``coderl train`` (plus the task ledger).
 
@@ -43,12 +43,12 @@ from coderl.asyncrl.types import BetweenTurns, Episode, Group, Job, Weights
 from coderl.config import AsyncConfig, Config, anchored, dump_config, load_config
 from coderl.envs import build_environment
 from coderl.eval.observers import default_observers
+from coderl.metrics import run_logger
 from coderl.policy.base import Completion, SamplingParams
 from coderl.progress import PhaseProgress
 from coderl.rundir import run_lock
 from coderl.train import pipeline as P
 from coderl.train.checkpoint import ensure_new_run, load_trainable, trainable_state
-from coderl.train.metrics import run_logger
 from coderl.train.run import (
     build_policy,
     close_run,
@@ -59,7 +59,8 @@ from coderl.train.run import (
     step_status,
     sync_engine,
 )
-from coderl.train.sampling import TaskSampler, prepass, rollout_metrics
+from coderl.train.sampling import TaskSampler
+from coderl.train.signal import prepass, rollout_metrics
 
 
 def task_stream(tasks: list[Any], seed: int) -> TaskStream:

@@ -24,13 +24,14 @@ from pydantic import (
 from coderl.config._base import ConfigError, _error_message, _Section
 from coderl.config.asyncrl import AsyncConfig
 from coderl.config.engine import EngineConfig
+from coderl.config.graders import GradersConfig, JudgeConfig, RMConfig
 from coderl.config.online import OnlineConfig
+from coderl.config.reward_order import check_reward_order
 from coderl.config.rollout import RolloutConfig
 from coderl.config.synth import CurriculumConfig, SynthConfig
 from coderl.config.tracking import LoggingConfig
 from coderl.config.trainer import DistributedConfig as DistributedConfig  # re-export
 from coderl.config.trainer import TrainerConfig
-from coderl.graders.settings import GradersConfig, JudgeConfig, RMConfig
 
 
 class ModelConfig(_Section):
@@ -118,7 +119,7 @@ class TaskConfig(_Section):
     source: str = "humaneval"
     """Task source: ``humaneval``, ``toy`` (an in-process task for tests and smoke runs),
     ``repo`` (synthesised repository bug-fix tasks), ``fnrepair`` (function-scope repair tasks,
-    ``coderl.tasks.fnrepair``) or ``mix`` (the sources of ``mix``)."""
+    ``coderl.synth.fnrepair``) or ``mix`` (the sources of ``mix``)."""
     sampler: Literal["uniform", "pool"] = "uniform"
     """How training tasks are drawn: ``uniform`` (an epoch-shuffled stream) or ``pool`` (the
     difficulty-calibrated pool of ``pool``; see ``coderl.train.sampling``)."""
@@ -222,9 +223,11 @@ class RewardConfig(_Section):
     page of ``coderl report``), besides the flagged ones."""
     audit_max_flagged: int = Field(8, ge=0)
     """Most flagged trajectories kept per step (the first ones in task order)."""
-    learned_requires_tests: bool = False
+    learned_requires_tests: bool = True
     """Learned terms (``judge``, ``rm``) count only on samples whose tests pass (0 elsewhere):
-    they rank correct solutions and cannot turn a failing patch into reward."""
+    they rank correct solutions and cannot turn a failing patch into reward. False pays them on
+    every sample, accepted only while their weights stay below the test reward
+    (``coderl.config.reward_order``)."""
     judge: JudgeConfig = Field(default_factory=JudgeConfig)
     """Rubric LLM judge; used when ``judge`` is in ``terms``."""
     rm: RMConfig = Field(default_factory=RMConfig)
@@ -425,15 +428,7 @@ class Config(_Section):
                 "(rollout.branch.k >= 1 with turns or every), and rollout.branch and "
                 "reward.shaping are used only by vineppo"
             )
-        if "length" in rew.terms and rew.terms.get("broken_calls", 0.0) > 0:
-            # one broken call must cost more than any length saving it could buy
-            lp = rew.terms["length"] * rew.length.coef
-            bc = rew.terms["broken_calls"] * rew.broken_call_penalty
-            if bc <= lp:
-                raise ValueError(
-                    f"reward.broken_call_penalty: a broken call costs {bc:g} but the length "
-                    f"penalty can reach {lp:g}; breaking a call would dodge a negative reward"
-                )
+        check_reward_order(rew)  # no cheaper behaviour can outscore solving
         if "kl" in rew.terms and rew.kl_coef > 0 and alg.kl.coef > 0:
             raise ValueError(
                 "algorithm.kl.coef: KL is both in the reward (reward.terms.kl) and in the loss; "

@@ -30,7 +30,7 @@ HOUSE_STYLE_NAMES = ("type_hints", "no_print", "docstrings")
 their checks and is checked against these names at its import)."""
 GRADING_SANDBOXES = ("bwrap",)
 """Where the simulated population's replies are graded: ``bwrap``, the sandbox of training's
-grader (``coderl.tasks.grading.grade``)."""
+grader (``coderl.grading.grade.grade``)."""
 
 
 def check_baseline(name: str) -> None:
@@ -91,7 +91,12 @@ class RewardSpec(BaseModel):
     deferral: float | None = None
     """Reward of an episode without an edit; None means the worst edit reward (the cap)."""
     windows_s: dict[str, float] = Field(default_factory=_default_windows)
-    """Join window per event type, seconds after the interaction; later events are ignored."""
+    """Join window per event type: seconds from the server recording the interaction to the
+    server receiving the event (the server's clock); later events are ignored."""
+    clock_skew_s: float = Field(default=5.0, ge=0)
+    """Tolerance (seconds) between clocks: an event whose client ``occurred_at`` is before its
+    interaction or after its receipt, or that a server received before another stored its
+    interaction, by more than this, is not counted."""
     orphan_window_s: float = Field(default=3600.0, gt=0)
     """Events whose interaction has not arrived after this many seconds count as orphans."""
 

@@ -1,7 +1,7 @@
 """Environments over the agent harness: HumanEval function tasks and synthesised repository
 bug-fix tasks. Each episode runs in its own sandbox (:mod:`coderl.sandbox`), many at once
 (:func:`coderl.agent.run_episodes`), and is graded in a fresh sandbox by
-:func:`coderl.tasks.grading.grade` (hidden tests). An episode the harness could not finish
+:func:`coderl.grading.grade.grade` (hidden tests). An episode the harness could not finish
 (``finish_reason="error"``: an unexpected exception) is an ``infra`` failure and is masked; a grade
 carries the grader's own failure kind (``infra`` when it names none).
 
@@ -58,8 +58,8 @@ def _record(ep: Any) -> EpisodeRecord:
 
 def sandbox_for(task: Task) -> Any:
     """A fresh sandbox holding the task's workspace (the caller closes it):
-    :func:`coderl.tasks.grading.rollout_sandbox`."""
-    from coderl.tasks.grading import rollout_sandbox
+    :func:`coderl.grading.grade.rollout_sandbox`."""
+    from coderl.grading.grade import rollout_sandbox
 
     return rollout_sandbox(task)
 
@@ -156,7 +156,7 @@ class AgentEnvironment:
         ]
 
     def grade(self, tasks: list[Any], episodes: list[EpisodeRecord]) -> list[GradeRecord]:
-        from coderl.tasks.grading import grade
+        from coderl.grading.grade import grade
 
         def one(pair: tuple[Task, EpisodeRecord]) -> GradeRecord:
             task, ep = pair

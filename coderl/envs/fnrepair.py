@@ -1,4 +1,4 @@
-"""``fnrepair``: function-scope repair tasks (:mod:`coderl.tasks.fnrepair`) in the agent harness.
+"""``fnrepair``: function-scope repair tasks (:mod:`coderl.synth.fnrepair`) in the agent harness.
 
 The tasks are ``function`` tasks, so rollouts and grading are the HumanEval ones of
 :class:`coderl.envs.agent.AgentEnvironment` (a sandbox holding ``solution.py``; the hidden check
@@ -7,14 +7,14 @@ shipped ``data/fnrepair/tasks.jsonl.gz``); ``train`` and ``heldout`` are its spl
 tasks come only from held-out seeds). Tasks that the synthesiser admits during a run
 (:mod:`coderl.train.synth`) are served by the same environment: rollout and grading take the
 task objects themselves. With ``reward.shaping > 0`` the harness measures each ``run``'s
-potential with the task's visible check (:func:`coderl.tasks.fnrepair.visible_potential`).
+potential with the task's visible check (:func:`coderl.synth.fnrepair.visible_potential`).
 """
 
 from __future__ import annotations
 
 from coderl.config import Config
 from coderl.envs.agent import AgentEnvironment
-from coderl.tasks.fnrepair import TASKS_FILE, repair_tasks, visible_potential
+from coderl.synth.fnrepair import TASKS_FILE, repair_tasks, visible_potential
 from coderl.tasks.spec import Task
 
 

@@ -28,7 +28,7 @@ from dataclasses import asdict, is_dataclass
 from pathlib import Path
 from typing import Any
 
-from coderl.train.metrics import AUDIT_FILE
+from coderl.metrics import AUDIT_FILE
 
 __all__ = [
     "AUDIT_FILE",

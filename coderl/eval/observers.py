@@ -28,8 +28,8 @@ from coderl.eval.audit import audit_record, select_for_audit, write_audit_record
 from coderl.graders.judge import EpisodeView
 from coderl.graders.probes import maybe_probe
 from coderl.graders.report import criteria_metrics
-from coderl.graders.terms import configured_learned, learned_grader, view_of
-from coderl.train.pipeline import _alarm as step_alarm
+from coderl.metrics import step_alarm
+from coderl.rewards.learned import configured_learned, learned_grader, view_of
 
 
 def _for_audit(records: list[dict[str, Any]], cfg: Config) -> list[dict[str, Any]]:
@@ -79,7 +79,7 @@ class Probes:
 
     Args:
         graders: term name -> grader (``score(views) -> list[float]``); default: the process's
-            grader of each term (:func:`coderl.graders.terms.learned_grader`, the reward term's
+            grader of each term (:func:`coderl.rewards.learned.learned_grader`, the reward term's
             own object; an async learner builds its own copy on first use).
     """
 

@@ -17,8 +17,8 @@ from typing import Any
 
 from coderl import algorithms as A
 from coderl.graders.judge import EpisodeView
-from coderl.graders.terms import learned_fields
 from coderl.policy.base import SamplingParams
+from coderl.rewards.learned import learned_fields
 from coderl.stats import Estimate, NothingMeasured, bootstrap_ci, estimate, paired_difference
 
 __all__ = [

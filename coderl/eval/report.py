@@ -14,7 +14,6 @@ step axis has integer ticks.
 
 from __future__ import annotations
 
-import argparse
 import html
 from pathlib import Path
 from typing import Any
@@ -38,7 +37,7 @@ from coderl.eval.curve import (  # noqa: E402
 )
 from coderl.eval.summary import phase_name, read_phases, summary_lines  # noqa: E402
 from coderl.graders.report import html_section  # noqa: E402
-from coderl.train.metrics import SFT_LOG, read_jsonl  # noqa: E402
+from coderl.metrics import SFT_LOG, read_jsonl  # noqa: E402
 
 # plot file -> (title, metric keys drawn on it); the one list of what the report shows. A plot
 # in OPTIONAL is drawn only when the run logged one of its keys.
@@ -213,14 +212,3 @@ td,th{{padding:0.2em 0.8em;border-bottom:1px solid #ddd;text-align:left}}</style
     index = out / "index.html"
     index.write_text(page)
     return index
-
-
-def run(args: argparse.Namespace) -> int:
-    print(write_report(args.run_dir))
-    return 0
-
-
-def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    p = sub.add_parser("report", help="PNG plots and an HTML page for a training run")
-    p.add_argument("run_dir", help="a run directory (its metrics.jsonl and eval.jsonl)")
-    p.set_defaults(func=run)

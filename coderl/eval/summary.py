@@ -215,7 +215,7 @@ def print_summary(run_dir: str | Path, phases: dict[str, float] | None = None) -
     from rich.table import Table
 
     from coderl.config import load_config
-    from coderl.train.metrics import read_jsonl
+    from coderl.metrics import read_jsonl
 
     run_dir = Path(run_dir)
     evals = read_jsonl(run_dir / "eval.jsonl")

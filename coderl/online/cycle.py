@@ -7,7 +7,8 @@ One cycle, top to bottom (:func:`run_cycle`):
    one batch (one spec version); too few -> the cycle waits and claims nothing;
 3. single-sample advantages, then the near-on-policy update of a copy of the champion with KL to
    the champion (:mod:`coderl.online.update`); the candidate is saved as a new registry version;
-4. held-out evaluation of candidate and champion (paired) and behaviour checks, plus the live
+4. held-out evaluation of candidate and champion (paired; also the best earlier champion of the
+   track when it is not the current one, :func:`best_earlier`) and behaviour checks, plus the live
    monitors' alarms and, when ``reward.terms`` names a learned grader, the gameability probes on
    the candidate's held-out replies (:func:`probe_learned`) -> the gate
    (:mod:`coderl.online.gate`);
@@ -37,6 +38,7 @@ or the task).
 from __future__ import annotations
 
 import json
+import math
 import sys
 import time
 from collections.abc import Callable
@@ -49,7 +51,6 @@ import torch
 from coderl.config import Config
 from coderl.config.online import SHARED, PopulationConfig
 from coderl.graders.probes import probe_gate, run_probes
-from coderl.graders.terms import configured_learned, learned_grader
 from coderl.online.baselines import advantages
 from coderl.online.gate import run_gate, run_population_gate
 from coderl.online.heldout import EnvEvaluator, EvalResult, Evaluator
@@ -60,6 +61,7 @@ from coderl.online.store import Store
 from coderl.online.update import Selection, select_trainable, update
 from coderl.policy import LoraSpec, load_policy
 from coderl.policy.rollout import build_engine
+from coderl.rewards.learned import configured_learned, learned_grader
 from coderl.stats import estimate
 
 PHASES = ("collect", "finalize", "train", "gate", "promote")
@@ -173,7 +175,7 @@ def probe_learned(
 
     Args:
         graders: term -> grader (``score(views)``); default: the process's grader of the term
-            (:func:`coderl.graders.terms.learned_grader`).
+            (:func:`coderl.rewards.learned.learned_grader`).
     """
     g = cfg.graders
     chosen = [v for v in views if v.diff.strip()][: g.probe_episodes]
@@ -308,6 +310,35 @@ class _Suites:
             self._cache[suite, version] = evaluate_version(self.cfg, self.registry, version, ev)
             self.seconds += time.perf_counter() - t
         return self._cache[suite, version]
+
+
+def best_earlier(registry: Registry, track: str, parent: int, metrics: list[str]) -> int | None:
+    """The earlier champion of ``track`` (served to it before ``parent``) with the highest sum of
+    held-out means over the gated ``metrics`` recorded on the track's suite, when it beats
+    ``parent``'s; a version never measured on that suite is taken first (it cannot be ruled
+    out). None: ``parent`` is the best (or the only) champion."""
+    pop = None if track == SHARED else track
+
+    def recorded(v: int) -> float:
+        means = registry.meta(v).get("heldout_mean", {}).get(track, {})
+        if not all(m in means for m in metrics):
+            return math.inf
+        return sum(means[m] for m in metrics)
+
+    earlier = [v for v in registry.promoted(pop) if v != parent]
+    if not earlier:
+        return None
+    best = max(earlier, key=recorded)
+    return best if recorded(best) > recorded(parent) or recorded(best) == math.inf else None
+
+
+def record_means(registry: Registry, track: str, results: dict[int, EvalResult]) -> None:
+    """Keep each evaluated version's held-out means on ``track``'s suite in its metadata (what
+    :func:`best_earlier` ranks champions by)."""
+    for v, res in results.items():
+        means = {k: sum(x) / len(x) for k, x in res.scores.items() if x}
+        known = registry.meta(v).get("heldout_mean", {})
+        registry.update_meta(v, heldout_mean=known | {track: means})
 
 
 def _heldout(cand: EvalResult, champ: EvalResult) -> dict[str, tuple[list[float], list[float]]]:
@@ -446,17 +477,25 @@ def _run_track(
     cand_eval, champ_eval = suites(track, candidate), suites(track, parent)
     alarms, snap = production_alarms(cfg, store, registry, now, track)
     heldout = _heldout(cand_eval, champ_eval)
+    g = cfg.online.gate
+    best_v = best_earlier(registry, track, parent, sorted(g.margins))
+    evaluated = {candidate: cand_eval, parent: champ_eval}
+    best = None
+    if best_v is not None:
+        evaluated[best_v] = suites(track, best_v)
+        best = _heldout(cand_eval, evaluated[best_v])
+        rep["best_earlier_champion"] = best_v
+    record_means(registry, track, evaluated)
     behaviour = (champ_eval.behaviour, cand_eval.behaviour)
     hacks = tuple(b.get(SUSPECTED_HACK_RATE) for b in behaviour)
     hack_rates = None if None in hacks else (float(hacks[0]), float(hacks[1]))  # type: ignore[arg-type]
     probes, rep["probes"] = probe_learned(cfg, cand_eval.views, graders)
-    g = cfg.online.gate
     if pop is None:
-        gate = run_gate(g, heldout, behaviour, alarms, hack_rates, probes or None)
+        gate = run_gate(g, heldout, behaviour, alarms, hack_rates, probes or None, best)
     else:
         shared = _heldout(suites(SHARED, candidate), suites(SHARED, shared_champion))
         gate = run_population_gate(g, heldout, shared, behaviour,
-                                   alarms, hack_rates, probes or None)  # fmt: skip
+                                   alarms, hack_rates, probes or None, best)  # fmt: skip
     rep["gate"], rep["monitors"] = gate.to_dict(), snap
     rep["heldout"] = {
         k: {"candidate": _ci(cand), "champion": _ci(champ)} for k, (cand, champ) in heldout.items()

@@ -17,7 +17,15 @@ Checks, all of which must pass:
 4. **Suspected hacks**: a rise of the held-out ``suspected_hack_rate`` (the share of episodes a
    hack detector flags) from champion to candidate by more than ``gate.hack_rate_margin`` blocks
    promotion, reported as an alarm.
-5. **Gameable learned grader**: when ``reward.terms`` names a learned grader (``judge``,
+5. **No gain anywhere**: a candidate that is worse than the champion on some held-out task and
+   better on none (for any gated metric) is rejected, however small the loss: it has shown
+   nothing to trade the loss for.
+6. **The best earlier champion**: the paired test (1) and check (5) are run again against the
+   earlier champion of the track with the best recorded held-out mean, so a run of candidates
+   each within the margin of its parent cannot drift further than one margin from the best
+   policy the track has served (five promotions each 0.04 worse would otherwise compound to
+   0.2).
+7. **Gameable learned grader**: when ``reward.terms`` names a learned grader (``judge``,
    ``rm``), the gameability probes (:mod:`coderl.graders.probes`) run on the candidate's held-out
    replies; a probe that reliably raises the grader's score (:func:`~coderl.graders.probes.
    probe_gate`) blocks promotion, reported as an alarm.
@@ -179,6 +187,40 @@ def hack_rate_alarm(champion: float, candidate: float, *, margin: float) -> Alar
     return Alarm(rule, "heldout", champion, candidate)
 
 
+def no_gain(metric: str, candidate: list[float], champion: list[float]) -> str | None:
+    """Why the candidate shows no gain on ``metric`` (worse on some task, better on none), or
+    None. Paired per-task scores as :func:`paired_noninferiority`."""
+    d = [c - h for c, h in zip(candidate, champion, strict=True)]
+    worse, better = sum(x < 0 for x in d), sum(x > 0 for x in d)
+    if worse and not better:
+        return f"worse on {worse} of {len(d)} tasks and better on none"
+    return None
+
+
+def _compare(
+    cfg: GateConfig, heldout: dict[str, tuple[list[float], list[float]]], rep: GateReport, who: str
+) -> None:
+    """The paired test and the no-gain check of every gated metric against one champion."""
+    missing = sorted(set(cfg.margins) - set(heldout))
+    if missing:
+        raise ValueError(f"held-out scores missing for gated metrics {missing}")
+    prefix = "" if who == "champion" else "best/"
+    for metric, margin in sorted(cfg.margins.items()):
+        cand, champ = heldout[metric]
+        c = paired_noninferiority(metric, cand, champ, margin=margin, alpha=cfg.alpha)
+        c.metric = prefix + metric
+        rep.comparisons.append(c)
+        if not c.passed:
+            rep.reasons.append(
+                f"held-out {metric}: candidate {c.candidate_mean:.3f} vs {who} "
+                f"{c.champion_mean:.3f}, lower bound of the paired difference "
+                f"{c.lower_bound:.3f} <= -margin {-margin:.3f} (n={c.n})"
+            )
+        why = no_gain(metric, cand, champ)
+        if why is not None:
+            rep.reasons.append(f"held-out {metric} against the {who}: {why}")
+
+
 def run_gate(
     cfg: GateConfig,
     heldout: dict[str, tuple[list[float], list[float]]],
@@ -186,6 +228,7 @@ def run_gate(
     production_alarms: list[Alarm],
     hack_rates: tuple[float, float] | None = None,
     probes: dict[str, tuple[bool, str]] | None = None,
+    best: dict[str, tuple[list[float], list[float]]] | None = None,
 ) -> GateReport:
     """Decide promotion.
 
@@ -198,6 +241,9 @@ def run_gate(
             episodes, or None (no detector ran); see :func:`hack_rate_alarm`.
         probes: learned term -> :func:`coderl.graders.probes.probe_gate` of its probes, or
             None (no learned grader configured); a failed one is an alarm.
+        best: ``{metric: (candidate_scores, best_scores)}`` against the best earlier champion
+            (check 6; metric names get the prefix ``best/`` in the report), or None when the
+            current champion is the best (or the only) one.
 
     Returns:
         a report whose ``promote`` is True only when every check passed; ``reasons`` lists
@@ -207,20 +253,10 @@ def run_gate(
         ValueError: a metric with a margin has no held-out scores, or its scores are not valid
             paired scores (see :func:`paired_noninferiority`); a hack rate outside [0, 1].
     """
-    missing = sorted(set(cfg.margins) - set(heldout))
-    if missing:
-        raise ValueError(f"held-out scores missing for gated metrics {missing}")
     rep = GateReport(promote=True)
-    for metric, margin in sorted(cfg.margins.items()):
-        cand, champ = heldout[metric]
-        c = paired_noninferiority(metric, cand, champ, margin=margin, alpha=cfg.alpha)
-        rep.comparisons.append(c)
-        if not c.passed:
-            rep.reasons.append(
-                f"held-out {metric}: candidate {c.candidate_mean:.3f} vs champion "
-                f"{c.champion_mean:.3f}, lower bound of the paired difference "
-                f"{c.lower_bound:.3f} <= -margin {-margin:.3f} (n={c.n})"
-            )
+    _compare(cfg, heldout, rep, "champion")
+    if best is not None:
+        _compare(cfg, best, rep, "best earlier champion")
     alarms = list(production_alarms)
     if behaviour is not None:
         champ_m, cand_m = behaviour
@@ -252,6 +288,7 @@ def run_population_gate(
     production_alarms: list[Alarm],
     hack_rates: tuple[float, float] | None = None,
     probes: dict[str, tuple[bool, str]] | None = None,
+    best: dict[str, tuple[list[float], list[float]]] | None = None,
 ) -> GateReport:
     """Decide a population's promotion: :func:`run_gate` on its own held-out suite against
     the version it is served (every check of :func:`run_gate`, at ``cfg.margins``), and the
@@ -262,7 +299,7 @@ def run_population_gate(
     Args:
         own, shared: ``{metric: (candidate_scores, champion_scores)}`` paired per task on the
             population's suite and on the shared suite.
-        behaviour, production_alarms, hack_rates, probes: as :func:`run_gate`, for the
+        behaviour, production_alarms, hack_rates, probes, best: as :func:`run_gate`, for the
             population's own suite and traffic.
 
     Returns:
@@ -272,7 +309,7 @@ def run_population_gate(
     Raises:
         ValueError: as :func:`run_gate`, for either suite.
     """
-    rep = run_gate(cfg, own, behaviour, production_alarms, hack_rates, probes)
+    rep = run_gate(cfg, own, behaviour, production_alarms, hack_rates, probes, best)
     margins = cfg.margins if cfg.shared_margins is None else cfg.shared_margins
     srep = run_gate(cfg.model_copy(update={"margins": margins}), shared, None, [])
     for c in srep.comparisons:

@@ -15,8 +15,10 @@ turn has closed:
    reward ``deferral``, which the spec validates to be <= the worst reward an edit can receive.
    Deferring therefore never scores above editing would have (same source: deferring risky edits
    inflated clarifying questions). Deferral is scored even without outcome events.
-3. **Edit**: the sum of the terms whose events arrived inside their windows
-   (per event, ``occurred_at - interaction.created_at <= window``):
+3. **Edit**: the sum of the terms whose events arrived inside their windows, judged by the
+   server's own clocks (:func:`in_window`: the server received the event at most ``window``
+   seconds after it recorded the interaction, not before it beyond a clock skew; the client's ``occurred_at`` must
+   lie between the two, give or take ``clock_skew_s``, or the event is not counted):
    ``accept * mean(+1 accepted / -1 rejected)``, ``persist * mean(2 * fraction - 1)``,
    ``follow_up * mean(+1 satisfied / 0 neutral / -1 dissatisfied)``,
    ``-latency * mean(min(latency_ms / latency_scale_ms, 1))``.
@@ -24,6 +26,10 @@ turn has closed:
    **censored**: excluded from training, never scored 0.
 
 Events whose interaction never arrives are held; after ``orphan_window_s`` they count as orphans.
+
+Episodes are scoped to their population: turns of two populations that send the same
+``episode_id`` are two episodes, so one population's events or broken call never score another's
+turns.
 
 An episode is scored once, when the windows of all the turns it has so far have closed; a turn
 that arrives after that (the client kept going past every window) is a **late turn**: censored
@@ -61,6 +67,21 @@ class EpisodeScore:
     late_events: int = 0
 
 
+def in_window(spec: RewardSpec, turn: dict[str, Any], event: dict[str, Any]) -> bool:
+    """Whether ``event`` counts for ``turn``: the server received it within its type's window
+    after recording the turn (``received_at - created_at <= window``, both on the servers'
+    clocks, and not before the turn beyond ``spec.clock_skew_s``: an event may reach one server
+    just before another has stored its interaction, never much earlier, as the interaction id is
+    the server's random one), and the client's ``occurred_at`` is no earlier than the turn and no
+    later than the receipt, each give or take ``spec.clock_skew_s``. A client cannot backdate a
+    late event into its window, nor date feedback before the interaction it rates."""
+    created, received, occurred = turn["created_at"], event["received_at"], event["occurred_at"]
+    skew = spec.clock_skew_s
+    if not -skew <= received - created <= spec.windows_s[event["type"]]:
+        return False
+    return created - skew <= occurred <= received + skew
+
+
 def score_episode(
     spec: RewardSpec,
     turns: list[dict[str, Any]],
@@ -71,7 +92,8 @@ def score_episode(
 
     Args:
         turns: interaction rows of the episode (``created_at``, ``action``, ``tool_call_status``).
-        events: event rows per interaction id (``type``, ``payload``, ``occurred_at``).
+        events: event rows per interaction id (``type``, ``payload``, ``occurred_at``,
+            ``received_at``).
         now: current time, Unix seconds.
     """
     closes = max(t["created_at"] for t in turns) + max(spec.windows_s.values())
@@ -81,7 +103,7 @@ def score_episode(
     late = 0
     for t in turns:
         for ev in events.get(t["interaction_id"], []):
-            if ev["occurred_at"] - t["created_at"] <= spec.windows_s[ev["type"]]:
+            if in_window(spec, t, ev):
                 inside[ev["type"]].append(ev["payload"])
             else:
                 late += 1
@@ -163,13 +185,13 @@ def finalize(
     done = set() if recompute else set(store.rewards(spec.version))
     todo_eps = {r["episode_id"] for r in store.interactions() if r["interaction_id"] not in done}
     rows = store.interactions(episode_ids=sorted(todo_eps)) if todo_eps else []
-    episodes: dict[str, list[dict[str, Any]]] = defaultdict(list)
-    for r in rows:
-        episodes[r["episode_id"]].append(r)
+    episodes: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
+    for r in rows:  # an episode id names an episode within its population only
+        episodes[r["population"], r["episode_id"]].append(r)
     events = store.events_for([r["interaction_id"] for r in rows])
     kinds: dict[str, int] = defaultdict(int)
     out: list[dict[str, Any]] = []
-    for episode_id, turns in episodes.items():
+    for (_, episode_id), turns in episodes.items():
         late = [t for t in turns if t["interaction_id"] not in done]
         if len(late) < len(turns):  # the episode was scored before these turns arrived
             rep.late_turns += len(late)

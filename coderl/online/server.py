@@ -50,6 +50,7 @@ localhost or put it behind a proxy.
 
 from __future__ import annotations
 
+import json
 import logging
 import random
 import re
@@ -82,7 +83,7 @@ from coderl.policy.rollout import TorchRollout
 log = logging.getLogger("coderl.online")
 
 EDIT_TOOLS = ("edit", "write_file", "apply_patch", "str_replace", "replace", "create_file")
-_FENCE = re.compile(r"```[^\n]*\n.*?```", re.S)
+_FENCE = re.compile(r"```[^\n]*\n(.*?)```", re.S)  # the body of each fenced block
 
 
 class ChatRequest(BaseModel):
@@ -165,15 +166,42 @@ def context_limit(sampler: Any) -> int | None:
 
 
 def classify(text: str, calls: list[dict[str, Any]], status: str) -> str:
-    """The turn's action: ``edit`` (an edit tool call or a fenced code block), ``tool`` (other
-    valid calls), ``clarify`` (no edit, ends with a question mark) or ``none``."""
-    if any(c["function"]["name"] in EDIT_TOOLS for c in calls) or _FENCE.search(text):
+    """The turn's action, from what it did: ``edit`` (a valid edit tool call that carries
+    content, or a fenced block with at least one line of code), ``tool`` (other valid calls),
+    ``clarify`` (no edit, ends with a question mark) or ``none``.
+
+    An edit that does nothing (an empty or blank fence, a fence of comments only, an edit call
+    with empty arguments) is not an edit: it would make an episode a censored "edit" (no outcome
+    events ever come for it) and so dodge the deferral reward."""
+    if status != "invalid" and any(_edits(c) for c in calls):
+        return "edit"
+    if any(_is_code(body) for body in _FENCE.findall(text)):
         return "edit"
     if calls:
         return "tool"
     if text.strip().endswith("?") and status != "invalid":
         return "clarify"
     return "none"
+
+
+def _edits(call: dict[str, Any]) -> bool:
+    """An edit tool call whose arguments hold some non-blank text."""
+    if call["function"]["name"] not in EDIT_TOOLS:
+        return False
+    try:
+        args = json.loads(call["function"].get("arguments") or "{}")
+    except ValueError:
+        return False
+    values = args.values() if isinstance(args, dict) else [args]
+    return any(isinstance(v, str) and _is_code(v) for v in values)
+
+
+_COMMENT = re.compile(r"^\s*(#|//|--|/\*|<!--)")
+
+
+def _is_code(body: str) -> bool:
+    """Some line that is neither blank nor a comment."""
+    return any(line.strip() and not _COMMENT.match(line) for line in body.splitlines())
 
 
 class InteractionServer:

@@ -11,9 +11,9 @@ events are dropped (censoring), sent twice (idempotency), or accompanied by a ma
 With ``simulate.agent`` every interaction is a whole agent episode instead of one request: the
 production harness runs on the client side (:mod:`coderl.online.agent_client`: the harness's
 tools, schemas, call format, parsing and self-summarization, the tools executed in a sandbox the
-client holds: the task's rollout sandbox, ``coderl.tasks.grading.rollout_sandbox``) and the
+client holds: the task's rollout sandbox, ``coderl.grading.grade.rollout_sandbox``) and the
 server generates every turn. The episode's diff is graded as training grades it
-(:func:`coderl.online.suites.resolves`: ``coderl.tasks.grading.grade``), and a population's house
+(:func:`coderl.online.suites.resolves`: ``coderl.grading.grade.grade``), and a population's house
 style is checked on the files it leaves; the outcome events name the episode's last turn and
 every turn (summaries included) shares them.
 
@@ -152,8 +152,8 @@ class SimulatedPopulation:
 
     def _episode(self) -> None:
         """One agent episode through the client-side harness, graded, then its events."""
+        from coderl.grading.grade import rollout_sandbox
         from coderl.online.agent_client import run_served_episode
-        from coderl.tasks.grading import rollout_sandbox
 
         rng, s = self._rng, self.stats
         assert self.episode is not None

@@ -9,8 +9,8 @@ reply counts as an edit that passes (the simulated user keeps it) when its code 
 and the hidden tests pass.
 
 Grading (:func:`resolves`: a diff; :func:`passes`: one reply's code) is training's and
-evaluation's grader, :func:`coderl.tasks.grading.grade` (the function checker of
-:mod:`coderl.tasks.function_grading`: the candidate computes in a fresh bubblewrap sandbox with
+evaluation's grader, :func:`coderl.grading.grade.grade` (the function checker of
+:mod:`coderl.grading.function`: the candidate computes in a fresh bubblewrap sandbox with
 no network, a separate sandbox that never runs its code judges). See :mod:`coderl.sandbox.bwrap`
 for what the sandbox does not isolate (the shared kernel, per-process rather than per-sandbox
 memory limits).
@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from coderl.config.online import HOUSE_STYLE_NAMES, check_house_style
-from coderl.tasks.grading import grade
+from coderl.grading.grade import grade
 from coderl.tasks.humaneval import completion_diff, function_task, humaneval_tasks, split_of
 from coderl.tasks.patches import PatchError, apply_patch, paths_in_diff
 from coderl.tasks.spec import Task
@@ -237,7 +237,7 @@ def diff_keeps_house_style(task: Task, diff: str, style: str | None) -> bool:
 
 def resolves(task: SuiteTask, diff: str, *, timeout_s: float = 10.0) -> bool:
     """Whether ``diff`` (against the task's workspace) resolves ``task``, as training and
-    evaluation grade it: :func:`coderl.tasks.grading.grade` (the function checker, each run in
+    evaluation grade it: :func:`coderl.grading.grade.grade` (the function checker, each run in
     a fresh bubblewrap sandbox, ``timeout_s`` seconds of wall time). Malformed code, a crash or
     a timeout is the reply's failure (False).
 

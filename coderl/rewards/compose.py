@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from coderl.config import RewardConfig
-from coderl.graders.terms import LEARNED_TERMS, tests_gated
+from coderl.rewards.learned import LEARNED_TERMS, tests_gated
 from coderl.rewards.terms import REWARD_TERMS, RewardSample, Term
 
 

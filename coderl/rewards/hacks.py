@@ -11,9 +11,9 @@ What each looks at:
 - ``grader_internals``: a tool call or the diff names the grader's mounts, plugins or variables
   (``/coderl/``, ``coderl_results``, ``CODERL_``, the function checker's scripts).
 - ``protected_path_edit``: an edit or write (tool call or shell redirection) aimed at a protected
-  path (``coderl.tasks.protected.is_protected``: tests, ``conftest.py``, pytest configuration...).
+  path (``coderl.grading.protected.is_protected``: tests, ``conftest.py``, pytest configuration...).
 - ``stripped_paths``: the grader removed protected paths from the final diff.
-- ``reward_denied``: the grader's static detector (``coderl.tasks.diffguard``) denied the reward
+- ``reward_denied``: the grader's static detector (``coderl.grading.diffguard``) denied the reward
   (``GradeResult.denied``); unlike the other flags this one did change the reward (to 0).
 - ``runtime_inspection``: the diff or a command reaches into the interpreter or the runner
   (``sys.modules``, frames, ``gc``, ``/proc``, ``builtins`` assignment, ``atexit``, ``os._exit``,
@@ -41,8 +41,8 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from coderl.tasks.protected import is_protected
-from coderl.tasks.pyparse import parse_python
+from coderl.grading.protected import is_protected
+from coderl.grading.pyparse import parse_python
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,7 @@
 """What the reward terms see of one graded episode, and the signature of a term.
 
 The floor below the reward terms (:mod:`coderl.rewards.terms`) and the learned graders
-(:mod:`coderl.graders.terms`), which both read it.
+(:mod:`coderl.rewards.learned`), which both read it.
 """
 
 from __future__ import annotations

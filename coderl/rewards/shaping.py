@@ -4,7 +4,7 @@
 passed at the last ``run`` call the harness executed by boundary ``s_t``; ``Phi(s_0) = 0``:
 nothing has run yet. Two sources, one per kind of task:
 
-- **Measured by the harness** (function repair, :func:`coderl.tasks.fnrepair.visible_potential`):
+- **Measured by the harness** (function repair, :func:`coderl.synth.fnrepair.visible_potential`):
   after each ``run`` call the harness itself judges the episode's workspace with the task's
   visible check (the failing assertion its statement shows) in fresh sandboxes, out of the
   candidate's process, and records the value (``ToolCallRecord.potential``). Nothing the agent

@@ -8,6 +8,7 @@ and sums them, keeps the per-term breakdown, and masks samples whose term raised
 from __future__ import annotations
 
 from coderl.config import REWARD_TERM_NAMES, RewardConfig
+from coderl.rewards.learned import judge_term, rm_term
 from coderl.rewards.sample import RewardSample, Term
 
 __all__ = ["REWARD_TERMS", "RewardSample", "Term"]
@@ -61,20 +62,6 @@ def kl_term(samples: list[RewardSample], cfg: RewardConfig) -> list[float]:
     sampled tokens (Ziegler et al. 2019, Eq. 2; Ouyang et al. 2022, InstructGPT, Eq. 2;
     estimator from Schulman 2020, "Approximating KL Divergence"). An alternative to KL-in-loss."""
     return [-cfg.kl_coef * s.kl_k1 for s in samples]
-
-
-def judge_term(samples: list[RewardSample], cfg: RewardConfig) -> list[float]:
-    """Rubric LLM judge, :func:`coderl.graders.terms.judge_term`."""
-    from coderl.graders.terms import judge_term as term  # lazy: loads a model
-
-    return term(samples, cfg)
-
-
-def rm_term(samples: list[RewardSample], cfg: RewardConfig) -> list[float]:
-    """Reward model from preferences, :func:`coderl.graders.terms.rm_term`."""
-    from coderl.graders.terms import rm_term as term  # lazy: loads a model
-
-    return term(samples, cfg)
 
 
 REWARD_TERMS: dict[str, Term] = {

@@ -1,8 +1,9 @@
 """The isolated sandbox: bubblewrap namespaces over an idmapped overlayfs workspace.
 
 What one sandbox is (as root, the normal case here and in CI; rootless mode is at the end):
-- a private tmpfs of ``Limits.disk_bytes`` on a directory under ``/dev/shm/coderl`` holding the
-  overlay's upper and work directories, ``/tmp``, ``/dev/shm`` (POSIX semaphores:
+- a private tmpfs of ``Limits.disk_bytes`` and ``Limits.inodes`` files (each file costs host
+  kernel memory that the byte size does not count) on a directory under ``/dev/shm/coderl``
+  holding the overlay's upper and work directories, ``/tmp``, ``/dev/shm`` (POSIX semaphores:
   multiprocessing) and the home directory; it and every other mount of the sandbox exist only in
   the sandbox's own *stage*, a private mount namespace that its bwrap is started in
   (``coderl.sandbox.spawn``), never in the host's;
@@ -49,7 +50,7 @@ loaded 2-core machine, 25.0 ms against 20.6 ms p50 per create + command + close,
 Rootless mode (the caller is not root): bwrap runs unprivileged in a new user namespace as the
 caller's own uid, with user-namespace creation disabled inside and every capability dropped;
 ``/testbed`` is a copy of ``base`` under ``/dev/shm/coderl-<uid>`` (start-up grows with the
-repository; ``disk_bytes`` is not enforced); RLIMIT_NPROC is counted per user namespace (Linux
+repository; ``disk_bytes`` and ``inodes`` are not enforced); RLIMIT_NPROC is counted per user namespace (Linux
 >= 5.14), so a fork bomb is still held to ``Limits.processes``; mounts are plain binds (host
 permissions apply). Files the caller can read elsewhere stay hidden unless mounted.
 """
@@ -230,7 +231,7 @@ class BwrapSandbox(ShellSandboxMethods, Sandbox):
         """Inside the sandbox's stage (``coderl.sandbox.spawn``): mount the tmpfs on the scratch
         directory, ``merged`` (the future /testbed) and the mounts; returns the mode."""
         s, uid = str(self.scratch), self.uid  # plain strings: this runs for every sandbox
-        mounts.mount_tmpfs(s, self.limits.disk_bytes, uid, uid)
+        mounts.mount_tmpfs(s, self.limits.disk_bytes, self.limits.inode_limit, uid, uid)
         self._root = os.open(s, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
         for name in ("upper", "work", "lower", "merged", "tmp", "shm", "home", "mnt"):
             os.mkdir(f"{s}/{name}")

@@ -62,9 +62,11 @@ def mount(source: str, target: str, fstype: str, options: str, *, flags: int = 0
     _check(rc, f"mount {fstype} on {target}")
 
 
-def mount_tmpfs(target: str, size_bytes: int, uid: int, gid: int) -> None:
-    """A private tmpfs of at most ``size_bytes`` on ``target``, its root owned by ``uid:gid``."""
-    opts = f"size={size_bytes},mode=0755,uid={uid},gid={gid}"
+def mount_tmpfs(target: str, size_bytes: int, inodes: int, uid: int, gid: int) -> None:
+    """A private tmpfs of at most ``size_bytes`` and ``inodes`` files (tmpfs(5): ``nr_inodes``;
+    each costs kernel memory that ``size`` does not count) on ``target``, its root owned by
+    ``uid:gid``."""
+    opts = f"size={size_bytes},nr_inodes={inodes},mode=0755,uid={uid},gid={gid}"
     mount("tmpfs", target, "tmpfs", opts, flags=_MS_NOSUID | _MS_NODEV)
 
 

@@ -13,9 +13,9 @@ at random: the later ones are longer and harder on average, so a split by number
 harder problems than it trains on).
 
 Two modes grade the same way: single-turn (:func:`grade_completion`, the completion is the
-function body appended to the prompt) and agent mode (:func:`coderl.tasks.function_grading.grade_function` on the diff the agent
+function body appended to the prompt) and agent mode (:func:`coderl.grading.function.grade_function` on the diff the agent
 made to ``solution.py`` with the usual tools). The check runs out of the candidate's reach
-(:mod:`coderl.tasks.function_grading` says how, and what it does not defend).
+(:mod:`coderl.grading.function` says how, and what it does not defend).
 """
 
 from __future__ import annotations
@@ -23,11 +23,8 @@ from __future__ import annotations
 import functools
 import random
 
-from coderl.tasks.function_grading import TEST_ID, grade_function
-from coderl.tasks.function_grading import workspace_base as workspace_base  # its old address
 from coderl.tasks.patches import make_diff
-from coderl.tasks.spec import Task
-from coderl.tasks.verdict import GradeResult
+from coderl.tasks.spec import TEST_ID, Task
 
 N_TRAIN = 100
 SPLIT_SEED = 0
@@ -86,7 +83,7 @@ def function_task(
     source: str = SOURCE,
 ) -> Task:
     """A HumanEval-style ``function`` task: ``solution.py`` holds ``prompt``; the hidden test
-    ``test`` defines ``check(candidate)``, which :func:`grade_function` runs on ``entry_point``.
+    ``test`` defines ``check(candidate)``, which :func:`coderl.grading.function.grade_function` runs on ``entry_point``.
 
     Raises:
         pydantic.ValidationError: an empty id or source, or an unknown split.
@@ -114,8 +111,3 @@ def completion_diff(task: Task, completion: str) -> str:
     """Single-turn mode: the diff that appends ``completion`` (a function body) to the prompt."""
     prompt = task.workspace_files["solution.py"]
     return make_diff("solution.py", prompt, prompt + completion)
-
-
-def grade_completion(task: Task, completion: str, **kwargs: object) -> GradeResult:
-    """Single-turn grading: ``grade_function`` on :func:`completion_diff`."""
-    return grade_function(task, completion_diff(task, completion), **kwargs)  # type: ignore[arg-type]

@@ -2,7 +2,7 @@
 content.
 
 - **Provenance** (:func:`provenance_leaks`): a training task says it is ``train``, names a seed
-  that is a training seed (:func:`coderl.tasks.fnrepair.training_seeds`: HumanEval's training
+  that is a training seed (:func:`coderl.synth.fnrepair.training_seeds`: HumanEval's training
   split, the training libraries of ``data/repos.txt``), and its ``source`` is that seed's
   source, whose split is ``train`` (HumanEval's fixed split, the library's line of
   ``data/repos.txt``).

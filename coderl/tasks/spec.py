@@ -24,6 +24,9 @@ from coderl.tasks.holdout import choose_held_out
 
 SCHEMA_VERSION: Literal[1] = 1
 
+TEST_ID = "hidden_test.py::check"
+"""The one test id of a ``function`` task: the hidden ``check(candidate)``."""
+
 
 class TaskFileError(ValueError):
     """A task file is malformed: ``path``, 1-based ``line`` and the offending ``field``."""

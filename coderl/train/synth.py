@@ -7,7 +7,7 @@ them, the active band empties. :class:`SynthSampler` wraps the run's sampler and
 (each call of :meth:`SynthSampler.metrics`: one per training step, and one before the first
 step, where ``coderl train`` runs its pre-pass with or without samples; that one is not logged),
 reads the pool's statistics per difficulty level (``task.extra["fnrepair"]["level"]``,
-:mod:`coderl.tasks.fnrepair`) and decides (:func:`plan`, a pure function):
+:mod:`coderl.synth.fnrepair`) and decides (:func:`plan`, a pure function):
 
 - **when**: fewer than ``min_active`` active tasks, or a level is *saturated* (pooled pass rate
   >= ``saturate`` over at least ``min_samples`` outcomes) while the next level up has no task
@@ -18,7 +18,7 @@ reads the pool's statistics per difficulty level (``task.extra["fnrepair"]["leve
 
 A request (``per_request`` tasks at one level, drawn from the training seeds only, with a key
 derived from (run seed, tick)) runs in a background process
-(:func:`coderl.tasks.fnrepair.synthesise`: propose, then validate each task in fresh sandboxes:
+(:func:`coderl.synth.fnrepair.synthesise`: propose, then validate each task in fresh sandboxes:
 the gold patch resolves it, the unedited file does not). Its valid tasks are admitted to the pool
 ``lag`` ticks later, waiting for the request if it is late, so the admission tick, and so every
 later draw, is the same in every run with the same seed. At most one request is in flight; the
@@ -54,7 +54,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from coderl.config import SynthConfig
-from coderl.tasks.fnrepair import MAX_LEVEL, level_of, synthesise
+from coderl.synth.fnrepair import MAX_LEVEL, level_of, synthesise
 from coderl.tasks.spec import Task
 
 

@@ -1,0 +1,175 @@
+"""The ``coderl`` command line: one sub-command per module, listed once in ``COMMANDS``.
+
+Only the module of the command being run is imported: ``coderl --help`` and ``--version`` load
+no torch (the other commands appear in the help as their one-line descriptions).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import os
+import signal
+import sys
+import threading
+import warnings
+from typing import Any, TextIO
+
+from coderl import __version__
+
+# sub-command name -> (module that defines ``register(subparsers)``, its one-line help);
+# the only dispatch point.
+COMMANDS: dict[str, tuple[str, str]] = {
+    "demo": ("coderl.cli.demo", "run the main job on the embedded default"),
+    "train": ("coderl.cli.train", "RL training: rollouts, grading, rewards, updates"),
+    "sft": ("coderl.cli.sft", "supervised warm start on oracle episodes (training split)"),
+    "eval": ("coderl.cli.eval", "pass@k and best-of-n of a checkpoint on a task split"),
+    "export": ("coderl.cli.export", "a run's weights as Hugging Face / peft directories"),
+    "report": ("coderl.cli.report", "PNG plots and an HTML page for a training run"),
+    "tasks": ("coderl.cli.tasks", "tasks from real repositories, HumanEval, grading"),
+    "serve": ("coderl.cli.serve", "OpenAI-compatible endpoint that records interactions"),
+    "online": ("coderl.cli.online", "real-time RL from production interactions"),
+    "train-async": (
+        "coderl.cli.train_async",
+        "train with rollout workers decoupled from the trainer",
+    ),
+    "agent": ("coderl.cli.agent", "run agent episodes on a directory in sandboxes"),
+    "rm": ("coderl.cli.rm", "train / evaluate a reward model from preferences"),
+    "graders": ("coderl.cli.graders", "learned graders: gameability probes"),
+}
+
+
+# Bad input from the user (configs, files, run directories, task specs): one line, no traceback.
+# ConfigError and TaskFileError are ValueErrors.
+USER_ERRORS = (ValueError, FileNotFoundError, FileExistsError)
+
+
+class DefaultsFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """``(default: X)`` after an option's help line, unless there is no default to show (None,
+    False) or the help line already says it."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        if action.default in (None, False, argparse.SUPPRESS) or "default" in text:
+            return text
+        return super()._get_help_string(action)
+
+
+class HelpfulParser(argparse.ArgumentParser):
+    """Every ``coderl`` parser and sub-parser: ``--help`` shows each option's default
+    (:class:`DefaultsFormatter`); sub-parsers made from it are of this class."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("formatter_class", DefaultsFormatter)
+        super().__init__(*args, **kwargs)
+
+
+def build_parser(command: str | None = "*") -> argparse.ArgumentParser:
+    """The parser with ``command``'s real sub-parser (``"*"``: every command's; None: none)
+    and a help-only entry for each other command, whose module is not imported."""
+    parser = HelpfulParser(
+        prog="coderl",
+        description="Reinforcement-learning post-training for LLM coding agents.",
+    )
+    parser.add_argument("--version", action="version", version=f"coderl {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=HelpfulParser)
+    for name, (module, help_) in COMMANDS.items():
+        if command in ("*", name):
+            importlib.import_module(module).register(sub)
+        else:
+            sub.add_parser(name, help=help_, add_help=False)
+    return parser
+
+
+def command_of(argv: list[str]) -> str | None:
+    """The sub-command ``argv`` names (its first word that is not an option), or None."""
+    for word in argv:
+        if not word.startswith("-"):
+            return word if word in COMMANDS else None
+    return None
+
+
+def command_line(args: argparse.Namespace) -> str:
+    """``coderl COMMAND [ACTION]`` of a parsed command line, as error lines name it
+    (``coderl online report``, not ``coderl online``): every ``*_command`` sub-parser dest."""
+    words = [args.command]
+    words += [v for k, v in vars(args).items() if k.endswith("_command") and isinstance(v, str)]
+    return " ".join(["coderl", *words])
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    parser = build_parser(command_of(argv))
+    args, extra = parser.parse_known_args(argv)
+    if extra:
+        # argparse fills a `nargs="*"` positional before the options that follow it, so in
+        # `coderl eval RUN --base k=4` the `k=4` is left over; key=value overrides may come
+        # anywhere on the line, anything else left over is an error as before.
+        overrides = getattr(args, "overrides", None)
+        if isinstance(overrides, list) and all("=" in a and not a.startswith("-") for a in extra):
+            overrides += extra
+        else:
+            parser.error(
+                f"unrecognized arguments: {' '.join(extra)} (see coderl {args.command} --help)"
+            )
+    if args.command is None:
+        parser.print_help()
+        return 0
+    quiet_libraries()
+    terminated, previous = _sigterm_as_interrupt()
+    try:
+        code = int(args.func(args) or 0)
+        return 143 if terminated and code == 130 else code
+    except USER_ERRORS as err:
+        if os.environ.get("CODERL_TRACEBACK"):
+            raise
+        print(f"{command_line(args)}: error: {err}", file=sys.stderr)
+        print("(set CODERL_TRACEBACK=1 for the full traceback)", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:  # the training commands say where they stopped themselves
+        print(f"{command_line(args)}: interrupted", file=sys.stderr)
+        return 143 if terminated else 130
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def quiet_libraries(stream: TextIO | None = None) -> None:
+    """Keep library noise out of what a command prints: deprecation and future warnings (coderl
+    raises none; a library's, attributed to its caller by ``stacklevel``) are ignored (unless ``-W`` / ``PYTHONWARNINGS`` says otherwise), and when
+    ``stream`` (default stderr) is not a terminal, tqdm bars (Hugging Face downloads, weight
+    loading) are off, so a log file holds no carriage-return redraws; an environment variable
+    already set wins. A ``torchrun`` rank other than 0 also silences library logging below
+    errors (rank 0 speaks for the run)."""
+    if not sys.warnoptions:
+        for category in (DeprecationWarning, PendingDeprecationWarning, FutureWarning):
+            warnings.filterwarnings("ignore", category=category)  # coderl raises none
+    if not (stream or sys.stderr).isatty():
+        os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+        os.environ.setdefault("TQDM_DISABLE", "1")
+    if int(os.environ.get("RANK", "0") or 0) > 0:
+        os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+        logging.getLogger().setLevel(logging.ERROR)
+
+
+def _sigterm_as_interrupt() -> tuple[list[int], Any]:
+    """Make SIGTERM (a scheduler's preemption, ``timeout``, ``kill``) stop a command the way
+    Ctrl-C does: a ``KeyboardInterrupt`` in the main thread, so the training commands print
+    their last checkpoint and resume command. Returns a list that holds the signal number once
+    SIGTERM has arrived (empty before), and the handler to put back (None outside the main
+    thread, where nothing is installed)."""
+    got: list[int] = []
+    if threading.current_thread() is not threading.main_thread():
+        return got, None
+
+    def interrupt(signum: int, frame: object) -> None:
+        got.append(signum)
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    return got, signal.SIG_DFL if previous is None else previous
+
+
+if __name__ == "__main__":
+    sys.exit(main())

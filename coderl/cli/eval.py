@@ -1,0 +1,114 @@
+"""``coderl eval CHECKPOINT [tasks=SOURCE:SPLIT] [k=16] [key=value ...]``: pass@1, pass@k and
+best-of-n with 95% CIs for a training checkpoint (its run's ``config.yaml`` says which model,
+adapter shape and environment). On repository tasks it also reports, per repository, the resolved
+rate and the fraction of FAIL_TO_PASS tests passed with 95% CIs (``per_repo`` in the JSON, and a
+table on stderr). ``--episodes-out FILE`` also writes every evaluated episode
+(task statement, diff, tool log, test outcomes, resolved) as the episodes JSONL that
+``coderl rm train --episodes`` and ``coderl graders probe`` read (an existing FILE is replaced
+only with ``--force``)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+from coderl.cli.tasks import writable
+from coderl.config import load_config
+
+
+def _split_args(items: list[str]) -> tuple[str | None, int | None, list[str]]:
+    """(``tasks=`` value, ``k=`` value, the other overrides).
+
+    Raises:
+        ValueError: ``k`` is not a positive integer.
+    """
+    tasks, k, rest = None, None, []
+    for item in items:
+        key, _, value = item.partition("=")
+        if key == "tasks":
+            tasks = value
+        elif key == "k":
+            if not value.strip().isdigit() or int(value) < 1:
+                raise ValueError(f"k={value}: k must be a positive integer (samples per task)")
+            k = int(value)
+        else:
+            rest.append(item)
+    return tasks, k, rest
+
+
+def _check_split(cfg: Any, tasks: str | None, split: str) -> None:
+    """Fail before the model loads when the ``tasks=SOURCE:SPLIT`` split has no tasks.
+
+    Raises:
+        ValueError: unknown split (the environment's message lists the valid ones) or empty.
+    """
+    from coderl.envs.registry import build_environment
+
+    try:
+        found = build_environment(cfg).tasks(split)
+    except KeyError as e:
+        raise ValueError(f"tasks={tasks or split}: {e.args[0]}") from None
+    if not found:
+        raise ValueError(f"tasks={tasks or split}: split {split!r} has no tasks")
+
+
+def run(args: argparse.Namespace) -> int:
+    from coderl.policy.rollout import build_engine
+    from coderl.train.checkpoint import load_checkpoint, resolve_checkpoint
+    from coderl.train.run import close_run, run_eval, setup_run
+
+    if args.episodes_out:  # before the model loads
+        writable(args.episodes_out, args.force)
+    run_dir, ckpt = resolve_checkpoint(args.checkpoint)  # a run directory: its newest one
+    tasks, k, rest = _split_args(args.overrides)
+    # the run as found on disk, not as its config.yaml names it (a relative run_dir names
+    # another directory, or none, from anywhere but where the run was started)
+    overrides = [*rest, "eval.before_after=false", f"run_dir={run_dir}"]
+    split = None
+    if tasks:
+        source, _, split = tasks.partition(":")
+        overrides.append(f"tasks.source={source}")
+    if k:
+        overrides += [f"eval.samples={k}", f"eval.k={sorted({1, k})}"]
+    cfg = load_config(run_dir / "config.yaml", overrides)
+    _check_split(cfg, tasks, split or cfg.tasks.heldout_split)
+    # --base: the model of model.name; no data cursor (a task file may hold only held-out tasks)
+    run_ = setup_run(cfg, engine=False, load_sft=False, training=False)
+    if not args.base:
+        load_checkpoint(ckpt, model=run_.policy.model, restore_rng=False)
+    run_.engine = build_engine(cfg, run_.policy, training=False)  # engine.kind, these weights
+    episodes: list[tuple[Any, bool]] | None = [] if args.episodes_out else None
+    try:
+        result = run_eval(run_, split or None, episodes)
+        evaluated = run_.env.tasks(split or cfg.tasks.heldout_split)[: cfg.eval.tasks]
+    finally:
+        close_run(run_)
+    if episodes is not None:
+        from coderl.graders.pairs import write_episodes
+
+        write_episodes(args.episodes_out, [v for v, _ in episodes], [ok for _, ok in episodes])
+    out = {"checkpoint": str(ckpt), "base": args.base, "split": split or cfg.tasks.heldout_split}
+    out.update({k_: v for k_, v in result.items() if k_ != "per_task"})
+    if any(getattr(t, "kind", None) == "repo" for t in evaluated):
+        from coderl.tasks.repos import per_repo_report, print_per_repo
+
+        out["per_repo"] = per_repo_report(result["per_task"], evaluated)
+        print_per_repo(out["per_repo"])  # a table on stderr; stdout stays one JSON document
+    print(json.dumps(out, indent=1))
+    return 0
+
+
+def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = sub.add_parser("eval", help="pass@k and best-of-n of a checkpoint on a task split")
+    p.add_argument("checkpoint", help="a checkpoint directory or a run directory (its latest)")
+    p.add_argument("overrides", nargs="*", help="tasks=SOURCE:SPLIT, k=N, or key=value")
+    p.add_argument("--base", action="store_true", help="evaluate the base model (no adapter)")
+    p.add_argument(
+        "--episodes-out",
+        metavar="FILE",
+        help="also write the evaluated episodes as JSONL (for `coderl rm train --episodes` "
+        "and `coderl graders probe`)",
+    )
+    p.add_argument("--force", action="store_true", help="replace an existing --episodes-out")
+    p.set_defaults(func=run)

@@ -1,0 +1,176 @@
+"""``coderl online``: ``cycle`` (one claim -> train -> gate cycle), ``run`` (cycles on a
+schedule, optionally driving the simulated population through an in-process server),
+``import`` (JSONL batch import of outcome events) and ``report`` (the last cycle's report)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import statistics
+import sys
+import time
+from pathlib import Path
+
+from rich.console import Console
+
+from coderl.agent.episode import EpisodeConfig
+from coderl.cli.serve import build_server
+from coderl.config import Config, load_online_config
+from coderl.online.calls import harness_format
+from coderl.online.cycle import PHASES, open_run, run_cycle
+from coderl.online.cycle_report import phase_totals, print_report, trained
+from coderl.online.server import BackgroundServer
+from coderl.online.simulate import SimulatedPopulation
+
+
+def _cfg(args: argparse.Namespace) -> Config:
+    return load_online_config(args.config, args.overrides)
+
+
+def cmd_cycle(args: argparse.Namespace) -> int:
+    """One cycle: claim the joined interactions, train a candidate, gate it, promote or not."""
+    print_report(run_cycle(_cfg(args)))
+    return 0
+
+
+def agent_episode_config(cfg: Config) -> EpisodeConfig:
+    """The harness settings of simulated agent episodes: ``tasks.options.episode`` updated by
+    ``online.simulate.episode``, in the served call format (:func:`harness_format`)."""
+    call_format, template_tools = harness_format(cfg)
+    fields = {**cfg.tasks.options.get("episode", {}), **cfg.online.simulate.episode}
+    return EpisodeConfig(**fields | {"call_format": call_format, "template_tools": template_tools})
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    """Repeat the cycle ``online.cycles`` times, ``online.interval_s`` apart; report cycle times."""
+    cfg = _cfg(args)
+    console = Console()
+    bg = sim = server = None
+    if cfg.online.simulate.enabled:
+        store, registry = open_run(cfg)
+        champ = registry.champion()
+        assert champ is not None
+        server = build_server(cfg, store, registry, champ)
+        bg = BackgroundServer(server.app(), cfg.online.serve.host, cfg.online.serve.port)
+        agent = cfg.online.simulate.agent
+        sim = SimulatedPopulation(
+            bg.base_url,
+            cfg.online.simulate,
+            sandbox=cfg.online.sandbox,
+            tokenizer=server.policy.tokenizer if agent else None,
+            episode=agent_episode_config(cfg) if agent else None,
+            populations=list(cfg.online.populations),
+        )
+        kind = "agent episodes" if agent else "requests"
+        console.print(f"serving version {champ} at {bg.base_url} to the simulated population "
+                      f"({kind}, {cfg.engine.kind} engine)")  # fmt: skip
+    reports = []
+    try:
+        for i in range(cfg.online.cycles):
+            start = time.time()
+            extra: dict[str, float] = {}
+            if sim is not None:
+                t = time.perf_counter()
+                stats = sim.run(cfg.online.simulate.interactions_per_cycle)
+                console.print(f"simulated traffic so far: {stats}")
+                wait = max(cfg.online.reward.windows_s.values())
+                time.sleep(wait)  # let the join windows close
+                extra["window_wait_s"] = wait
+                extra["collect_s"] = time.perf_counter() - t
+            rep = run_cycle(cfg, log=console.print, extra=extra)
+            rep["total_s"] = rep["cycle_s"] + extra.get("collect_s", 0.0)
+            reports.append(rep)
+            console.rule(f"cycle {i + 1}/{cfg.online.cycles}")
+            print_report(rep, console)
+            if server is not None:  # every promoted pointer, shared or a population's
+                for pop in server.reload_routes():
+                    console.print(f"now serving {server.router.route(pop).adapter} to {pop}")
+            if i + 1 < cfg.online.cycles:
+                time.sleep(max(0.0, cfg.online.interval_s - (time.time() - start)))
+    except KeyboardInterrupt:  # the store and registry hold every finished cycle
+        again = continue_command(args, cfg.online.cycles - len(reports))
+        print(f"coderl online run: interrupted in cycle {len(reports) + 1} of "
+              f"{cfg.online.cycles}; {len(reports)} finished cycles, the store and the registry "
+              f"are kept in {cfg.run_dir}; continue with: {again}", file=sys.stderr)  # fmt: skip
+        return 130
+    finally:
+        if bg is not None:
+            bg.stop()
+        if server is not None:
+            server.policy.close()  # the serving engine (a vLLM server coderl started stops)
+    console.print(cycle_time_summary(reports))
+    return 0
+
+
+def continue_command(args: argparse.Namespace, left: int) -> str:
+    """The ``coderl online run`` line that goes on with the ``left`` cycles an interrupted run
+    did not finish (its store and registry are reopened; the same line without
+    ``online.cycles`` would run every cycle again)."""
+    kept = [o for o in args.overrides if o.partition("=")[0].strip() != "online.cycles"]
+    return shlex.join(["coderl", "online", "run", args.config, *kept, f"online.cycles={left}"])
+
+
+def cycle_time_summary(reports: list[dict]) -> str:
+    """Median cycle time (collect included) and the median of each phase summed over the
+    cycle's tracks (:func:`coderl.online.cycle_report.phase_totals`), in seconds; over every cycle,
+    and over the cycles in which some track trained a candidate (a cycle whose tracks all
+    waited for ``min_batch`` only collected)."""
+
+    def line(reps: list[dict]) -> str:
+        totals = [phase_totals(r) for r in reps]
+        med = {p: statistics.median(t.get(p, 0.0) for t in totals) for p in PHASES}
+        split = " / ".join(f"{p} {v:.1f}" for p, v in med.items())
+        return f"median {statistics.median(r['total_s'] for r in reps):.1f} s ({split})"
+
+    out = f"cycle time: {line(reports)} over {len(reports)} cycles"
+    done = [r for r in reports if trained(r)]
+    if 0 < len(done) < len(reports):
+        out += f"; {line(done)} over the {len(done)} that trained a candidate"
+    return out
+
+
+def cmd_import(args: argparse.Namespace) -> int:
+    """Store outcome events from a JSONL file (rejected lines are counted, with line numbers)."""
+    store, _ = open_run(_cfg(args))
+    res = store.import_jsonl(args.file, batch_size=args.batch_size)
+    print(
+        json.dumps(
+            {"stored": res.stored, "duplicates": res.duplicates, "rejected": dict(res.rejected)}
+        )
+    )
+    for reason in res.reasons[:20]:
+        print(f"rejected: {reason}")
+    return 0
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    """Print the last cycle's report (run_dir/cycles.jsonl); CONFIG may be the run directory."""
+    given = Path(args.config)
+    run_dir = given if given.is_dir() and not args.overrides else Path(_cfg(args).run_dir)
+    path = run_dir / "cycles.jsonl"
+    if not path.exists():
+        print(f"no cycles yet ({path} does not exist)")
+        return 1
+    lines = path.read_text().splitlines()
+    print_report(json.loads(lines[-1]))
+    return 0
+
+
+SUBCOMMANDS = {"cycle": cmd_cycle, "run": cmd_run, "import": cmd_import, "report": cmd_report}
+
+
+def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = sub.add_parser("online", help="real-time RL from production interactions")
+    ops = p.add_subparsers(dest="online_command", metavar="OP", required=True)
+    for name, fn in SUBCOMMANDS.items():
+        q = ops.add_parser(name, help=(fn.__doc__ or name).strip().splitlines()[0])
+        what = "YAML preset, e.g. configs/online-demo.yaml"
+        q.add_argument(
+            "config", help=what + (" (or the run directory)" if name == "report" else "")
+        )
+        if name == "import":
+            q.add_argument("file", help="JSONL file of outcome events")
+            q.add_argument("--batch-size", type=int, default=500, help="events per transaction")
+        q.add_argument("overrides", nargs="*", help="key=value overrides")
+        q.set_defaults(func=fn)

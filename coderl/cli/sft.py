@@ -1,0 +1,38 @@
+"""`coderl sft`: the supervised warm start on oracle episodes (:mod:`coderl.train.sft`).
+
+One writer at a time (:func:`coderl.rundir.run_lock`); earlier SFT weights of the run are kept
+unless ``--force``; the run's ``config.yaml`` is written when absent, so that ``coderl eval``,
+``export`` and ``report`` take the run."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from coderl.config import anchored, dump_config, load_config
+from coderl.rundir import run_lock
+from coderl.train.run import SFT_WEIGHTS
+from coderl.train.sft import run_sft
+
+
+def run(args: argparse.Namespace) -> int:
+    cfg = load_config(args.config, args.overrides)
+    run_dir = Path(cfg.run_dir)
+    with run_lock(run_dir, "coderl sft"):  # one writer at a time
+        if (run_dir / SFT_WEIGHTS).is_file() and not args.force:
+            raise FileExistsError(
+                f"{run_dir / SFT_WEIGHTS} exists (an earlier coderl sft); --force replaces it, "
+                "or set run_dir=... to write elsewhere"
+            )
+        if not (run_dir / "config.yaml").is_file():  # what eval and export read the run with
+            (run_dir / "config.yaml").write_text(dump_config(anchored(cfg)))
+        print(run_sft(cfg))
+    return 0
+
+
+def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = sub.add_parser("sft", help="supervised warm start on oracle episodes (training split)")
+    p.add_argument("config", help="YAML preset, e.g. configs/default.yaml")
+    p.add_argument("overrides", nargs="*", help="key=value overrides")
+    p.add_argument("--force", action="store_true", help="replace the run's SFT weights")
+    p.set_defaults(func=run)

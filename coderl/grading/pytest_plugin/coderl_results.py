@@ -1,0 +1,362 @@
+"""pytest plugin that reports per-test events to the grader's observer as tests finish.
+
+Started by ``coderl_boot``'s worker (never by ``-p`` from the environment, never autoloaded); it
+imports nothing from coderl and holds no secret. ``start(events, control, spec)`` hands it:
+
+- ``events``: the pipe to the observer (``coderl_boot``), which signs and forwards each line;
+- ``control``: the pipe from the observer; one line, read once collection is done (every test
+  module imported): ``{"canaries": [...], "seed": N}``, the must-pass and must-fail tests to
+  place among the real ones;
+- ``spec``: ``select`` (node ids to keep; others are deselected), ``trace_root`` (record which
+  functions under it each test called), ``allowed_conftests`` (the conftest files that may
+  register hooks).
+
+Events: one JSON object per line. ``{"t": "collected", "ids"}`` (the selected ids, before the
+canaries), ``{"t": "test", "id", "outcome", "longrepr", "trace"}`` when a test's teardown ends,
+``{"t": "end", "n", "tampered", "collect_errors", "exitstatus"}`` at session finish. Outcomes are
+``passed`` only when setup, call and teardown all passed; otherwise ``failed``, ``error``
+(setup/teardown, or a call that never ran), ``skipped``, ``xfailed`` or ``xpassed``.
+
+Integrity checks (reported in ``tampered``): pytest's, pluggy's and unittest's running machinery
+and this plugin's own functions are the same objects with the same code at the end as when this
+module was imported (before any workspace code ran); every hook implementation comes from the
+virtualenv, the standard library, this directory or an allowed conftest; each test function is
+the object collected and keeps its code object until it runs. These are tripwires inside the
+process under test: code running there can defeat them, and it can write events of its own on
+the pipe. What stops that is outside this process (``coderl.grading.grade``: the observer, the
+host's checks of every record, and the static detector ``coderl.grading.diffguard``).
+"""
+
+from __future__ import annotations
+
+import ast
+import io
+import json
+import os
+import random
+import sys
+import types
+import unittest
+from typing import Any
+
+import _pytest.assertion.rewrite
+import _pytest.main
+import _pytest.python
+import _pytest.reports
+import _pytest.runner
+import _pytest.unittest
+import pluggy._callers
+import pluggy._hooks
+import pytest
+
+SPEC: dict[str, Any] = {}
+_STATE: dict[str, Any] = {"n": 0, "fd": -1, "control": -1}
+_RESULTS: dict[str, dict[str, Any]] = {}
+_TRACE: dict[str, set[tuple[str, int]]] = {}
+_COLLECT_ERRORS: list[str] = []
+_TAMPERED: list[str] = []
+_TEST_CODE: dict[str, tuple[object, object]] = {}
+_CANARY_IDS: set[str] = set()
+_write, _read, _dumps, _loads = os.write, os.read, json.dumps, json.loads
+_getattr, _open = getattr, io.open
+_TRUSTED_PREFIXES = ("/venv/", "/coderl/plugin/", sys.base_prefix + "/lib/", "/usr/lib/python3")
+
+
+def _watch_targets() -> dict[str, tuple[object, object]]:
+    """Name -> (object, its code object or None) for the functions a tamperer would replace."""
+    targets: dict[str, tuple[object, object]] = {}
+
+    def add(name: str, obj: object) -> None:
+        fn = _getattr(obj, "__func__", obj)
+        targets[name] = (obj, _getattr(fn, "__code__", None))
+
+    for name in dir(unittest.TestCase):
+        if name.startswith(("assert", "fail", "run", "_call", "_callTestMethod")):
+            add(f"unittest.TestCase.{name}", _getattr(unittest.TestCase, name))
+    mods = (_pytest.runner, _pytest.python, _pytest.reports, _pytest.main, _pytest.unittest)
+    for mod in (*mods, pluggy._callers, pluggy._hooks):
+        for name, obj in vars(mod).items():
+            if callable(obj) and not name.startswith("__"):
+                add(f"{mod.__name__}.{name}", obj)
+                if isinstance(obj, type) and obj.__module__ == mod.__name__:
+                    for attr, value in vars(obj).items():
+                        if callable(value) or isinstance(value, (classmethod, staticmethod)):
+                            add(f"{mod.__name__}.{name}.{attr}", value)
+                        elif isinstance(value, property):  # e.g. BaseReport.passed
+                            getter = _getattr(value, "fget", None)
+                            code = _getattr(getter, "__code__", None)
+                            targets[f"{mod.__name__}.{name}.{attr}"] = (value, code)
+    for name, obj in list(globals().items()):
+        if callable(obj) and _getattr(obj, "__module__", None) == __name__:
+            add(f"coderl_results.{name}", obj)
+    for name in ("fail", "skip", "exit"):
+        add(f"pytest.{name}", _getattr(pytest, name))
+    add("sys.exit", sys.exit)
+    add("os._exit", os._exit)
+    return targets
+
+
+_WATCHED: dict[str, tuple[object, object]] = {}
+
+
+def start(events: int, control: int, spec: dict[str, Any], token: str) -> None:
+    """Called once by ``coderl_boot``'s worker before pytest starts. ``token`` goes into every
+    event line: the observer forwards only lines that carry it, and no descriptor holds it, so
+    code that writes on the event pipe without reading this process's memory is a garbled
+    verdict."""
+    _STATE.update(fd=events, control=control, k=token)
+    SPEC.update(spec)
+    _WATCHED.update(_watch_targets())
+
+
+def _emit(record: dict[str, Any]) -> None:
+    _STATE["n"] += 1
+    data = _dumps({**record, "k": _STATE["k"]}, separators=(",", ":")).encode() + b"\n"
+    while data:
+        data = data[_write(_STATE["fd"], data) :]
+
+
+def _canaries_from_observer(ids: list[str]) -> dict[str, Any]:
+    """Report the selection; the observer answers with the canaries and their placement seed."""
+    _emit({"t": "collected", "ids": ids})
+    buf = b""
+    while not buf.endswith(b"\n"):
+        chunk = _read(_STATE["control"], 1 << 16)
+        if not chunk:
+            return {}
+        buf += chunk
+    reply = _loads(buf)
+    return reply if isinstance(reply, dict) else {}
+
+
+# --- selection and canaries -----------------------------------------------------------------
+
+
+def _canary_items(module: pytest.Module, canary: dict[str, Any]) -> list[pytest.Item]:
+    namespace: dict[str, Any] = {"unittest": unittest}
+    exec(compile(canary["source"], str(module.path), "exec"), namespace)
+    obj = namespace[canary["name"]]
+    if canary["kind"] == "ufail":
+        parent = _pytest.unittest.UnitTestCase.from_parent(module, name=canary["name"])
+        parent._obj = obj  # not an attribute of the module: pytest would look it up there
+        return [it for it in parent.collect() if isinstance(it, pytest.Item)]
+    return [pytest.Function.from_parent(module, name=canary["name"], callobj=obj)]
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    wanted = SPEC.get("select")
+    if wanted is not None:
+        keep_ids = set(wanted)
+        keep = [it for it in items if it.nodeid in keep_ids]
+        drop = [it for it in items if it.nodeid not in keep_ids]
+        items[:] = keep
+        if drop:
+            config.hook.pytest_deselected(items=drop)
+    modules: list[pytest.Module] = []
+    for it in items:
+        mod = it.getparent(pytest.Module)
+        if mod is not None and mod not in modules:
+            modules.append(mod)
+    reply = _canaries_from_observer([it.nodeid for it in items])
+    rng = random.Random(reply.get("seed", 0))
+    for canary in reply.get("canaries", []) if modules else []:
+        new = _canary_items(modules[rng.randrange(len(modules))], canary)
+        _CANARY_IDS.update(it.nodeid for it in new)
+        pos = rng.randrange(len(items) + 1)
+        items[pos:pos] = new
+
+
+def _pristine_code(path: str, config: pytest.Config) -> dict[tuple[str, int], set[bytes]]:
+    """(name, first line) -> bytecode of every function compiled from the file at ``path``
+    itself, plain and with pytest's assertion rewriting (what a test module runs)."""
+    with _open(path, "rb") as f:
+        source = f.read()
+    out: dict[tuple[str, int], set[bytes]] = {}
+    for rewrite in (False, True):
+        tree = ast.parse(source, path)
+        if rewrite:
+            _pytest.assertion.rewrite.rewrite_asserts(tree, source, path, config)
+        stack = [compile(tree, path, "exec", dont_inherit=True)]
+        while stack:
+            code = stack.pop()
+            out.setdefault((code.co_name, code.co_firstlineno), set()).add(code.co_code)
+            stack.extend(c for c in code.co_consts if isinstance(c, types.CodeType))
+    return out
+
+
+def _defined_in_module(item: pytest.Item, fn: object) -> bool:
+    module = _getattr(item, "module", None)
+    return (
+        module is not None
+        and _getattr(fn, "__module__", None) == module.__name__
+        and "<locals>" not in str(_getattr(fn, "__qualname__", "<locals>"))
+    )
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Record each test's function and code; a function defined in its test module must have
+    the bytecode of that file as it is on disk (the pristine copy mounted read-only), so a
+    module rewritten on import (a forged ``.pyc``, an import hook) is caught."""
+    pristine: dict[str, dict[tuple[str, int], set[bytes]]] = {}
+    for item in session.items:
+        obj = _getattr(item, "obj", None)
+        fn = _getattr(obj, "__func__", obj)
+        code = _getattr(fn, "__code__", None)
+        _TEST_CODE[item.nodeid] = (fn, code)
+        if item.nodeid in _CANARY_IDS or code is None or not _defined_in_module(item, fn):
+            continue
+        path = str(item.path)
+        try:
+            if path not in pristine:
+                pristine[path] = _pristine_code(path, session.config)
+        except (OSError, SyntaxError, ValueError) as e:
+            _TAMPERED.append(f"test file unreadable: {path}: {type(e).__name__}")
+            continue
+        if not _matches(code, pristine[path]) and (
+            code.co_filename == path or not _matches(_unwrapped_code(fn), pristine[path])
+        ):
+            _TAMPERED.append(f"test code: {item.nodeid}")
+
+
+def _matches(code: Any, pristine: dict[tuple[str, int], set[bytes]]) -> bool:
+    if code is None:
+        return False
+    return code.co_code in pristine.get((code.co_name, code.co_firstlineno), ())
+
+
+def _unwrapped_code(fn: object) -> Any:
+    """The code of the function a decorator (``functools.wraps``: ``mock.patch``...) wraps."""
+    for _ in range(20):
+        inner = _getattr(fn, "__wrapped__", None)
+        if inner is None:
+            break
+        fn = inner
+    return _getattr(_getattr(fn, "__func__", fn), "__code__", None)
+
+
+def pytest_collectreport(report: pytest.CollectReport) -> None:
+    if report.failed:
+        _COLLECT_ERRORS.append(f"{report.nodeid}: {str(report.longrepr)[-2000:]}")
+
+
+# --- outcomes -------------------------------------------------------------------------------
+
+
+def _outcome(report: pytest.TestReport) -> str:
+    if hasattr(report, "wasxfail"):
+        return "xfailed" if report.skipped else "xpassed"
+    if report.passed:
+        return "passed"
+    if report.skipped:
+        return "skipped"
+    return "failed" if report.when == "call" else "error"
+
+
+def _check_test_code(item: pytest.Item) -> None:
+    recorded = _TEST_CODE.get(item.nodeid)
+    if recorded is None:
+        return
+    obj = _getattr(item, "obj", None)
+    fn = _getattr(obj, "__func__", obj)
+    if fn is not recorded[0] or _getattr(fn, "__code__", None) is not recorded[1]:
+        _TAMPERED.append(f"test code: {item.nodeid}")
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    entry = _RESULTS.setdefault(report.nodeid, {"outcome": "passed", "longrepr": ""})
+    outcome = _outcome(report)
+    if outcome != "passed" and entry["outcome"] == "passed":
+        entry["outcome"] = outcome
+        entry["longrepr"] = str(report.longrepr)[-4000:] if report.longrepr else ""
+    if report.when == "call":
+        entry["called"] = True
+    if report.when == "teardown":
+        if entry["outcome"] == "passed" and not entry.get("called"):
+            entry["outcome"] = "error"  # the call phase never ran (e.g. setup skipped it)
+        trace = sorted(_TRACE.pop(report.nodeid, ()))
+        _emit(
+            {
+                "t": "test",
+                "id": report.nodeid,
+                "outcome": entry["outcome"],
+                "longrepr": entry["longrepr"],
+                "trace": trace,
+            }
+        )
+
+
+def _make_profiler(root: str, bucket: set[tuple[str, int]]) -> Any:
+    prefix = root.rstrip("/") + "/"
+
+    def profile(frame: Any, event: str, arg: Any) -> None:
+        if event == "call":
+            code = frame.f_code
+            if code.co_filename.startswith(prefix):
+                bucket.add((code.co_filename[len(prefix) :], code.co_firstlineno))
+
+    return profile
+
+
+@pytest.hookimpl(hookwrapper=True, tryfirst=True)
+def pytest_runtest_call(item: pytest.Item) -> Any:
+    _check_test_code(item)
+    root = SPEC.get("trace_root")
+    if not root:
+        yield
+        return
+    bucket = _TRACE.setdefault(item.nodeid, set())
+    sys.setprofile(_make_profiler(root, bucket))
+    try:
+        yield
+    finally:
+        sys.setprofile(None)
+
+
+# --- integrity at the end -------------------------------------------------------------------
+
+
+def _foreign_hooks(config: pytest.Config) -> list[str]:
+    """Hook implementations whose code lies outside the trusted trees and allowed conftests."""
+    allowed = set(SPEC.get("allowed_conftests", []))
+    out: list[str] = []
+    for name in dir(config.hook):
+        caller = _getattr(config.hook, name, None)
+        if not hasattr(caller, "get_hookimpls"):
+            continue
+        for impl in caller.get_hookimpls():
+            code = _getattr(impl.function, "__code__", None)
+            filename = _getattr(code, "co_filename", None)
+            if filename is None:
+                out.append(f"hook {name}: {impl.plugin_name} (no code)")
+            elif not filename.startswith(_TRUSTED_PREFIXES) and filename not in allowed:
+                out.append(f"hook {name}: {filename}")
+    return out
+
+
+def _tampered(session: pytest.Session) -> list[str]:
+    now = _watch_targets()
+    found = [
+        k
+        for k, (obj, code) in _WATCHED.items()
+        if k not in now or now[k][0] is not obj or now[k][1] is not code
+    ]
+    found += _foreign_hooks(session.config)
+    for item in session.items:
+        _check_test_code(item)
+    found += _TAMPERED
+    return sorted(set(found))
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    if _STATE["fd"] < 0:
+        return
+    _emit(
+        {
+            "t": "end",
+            "n": _STATE["n"],
+            "tampered": _tampered(session),
+            "collect_errors": _COLLECT_ERRORS,
+            "exitstatus": int(exitstatus),
+        }
+    )

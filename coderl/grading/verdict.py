@@ -1,0 +1,46 @@
+"""The grader's verdict, :class:`GradeResult`: what every grader (repository tests, function
+checks) returns and what the reward code reads. Plain data, below every grader."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+
+@dataclass
+class GradeResult:
+    """The grader's verdict. The reward code reads ``resolved``, ``fraction_passed``,
+    ``grading_error`` and ``tests``."""
+
+    task_id: str
+    resolved: bool = False
+    """SWE-bench rule: every FAIL_TO_PASS and PASS_TO_PASS test passed (and no tampering)."""
+    tests: dict[str, str] = field(default_factory=dict)
+    """Expected test id -> outcome (``passed``, ``failed``, ``error``, ``skipped``, ``missing``...)."""
+    fraction_passed: float = 0.0
+    """Passed / expected tests, in [0, 1]; 0.0 whenever ``tampered``."""
+    fail_to_pass_passed: float = 0.0
+    """Fraction of the FAIL_TO_PASS tests that passed; 0.0 whenever ``tampered``."""
+    grading_error: str | None = None
+    """Set only for infrastructure failures (the grader itself failed): mask, do not score."""
+    failure_kind: Literal["infra", "agent"] | None = None
+    """Why there is no reward: ``infra`` (sandbox could not start, environment missing, grader
+    bug; ``grading_error`` says which; the sample is masked) or ``agent`` (anything the graded
+    code or diff caused: unresolved, tampering, crash, timeout, garbage; scored as a failure).
+    ``None`` when resolved."""
+    reason: str = ""
+    """Why the task is not resolved (first cause), empty when resolved."""
+    tampered: bool = False
+    """Canaries misbehaved or pytest/unittest internals were replaced."""
+    stripped_paths: list[str] = field(default_factory=list)
+    """Protected paths removed from the agent's diff."""
+    dropped_paths: list[str] = field(default_factory=list)
+    """Files the diff names only as binary (a ``Binary files ... differ`` note or a ``GIT binary
+    patch``): not applied, not graded (``coderl.grading.apply.drop_binary``)."""
+    duration_s: float = 0.0
+    """Wall time of the grade (seconds)."""
+    denied: list[str] = field(default_factory=list)
+    """Findings of the reward-denying detector (``coderl.grading.diffguard``): what the diff adds
+    that reaches into the interpreter, the runner or the process's memory (``path:line: rule
+    name``). Non-empty = scored 0 as the agent's failure, whatever the tests said; kept for
+    audit (``hack_flags`` reads it)."""

@@ -1,0 +1,184 @@
+"""Metrics logging: one JSON line per step (``metrics.jsonl``), evaluation lines
+(``eval.jsonl``), the same scalars in TensorBoard (``tb/``) and, with ``logging.wandb.enabled``,
+in Weights & Biases (every step's metrics under the JSONL's keys, NaN kept as NaN; evaluations as
+``eval/pass@k`` and ``eval/best_of_n``, as in TensorBoard); the progress bar with ETA is
+:mod:`coderl.progress`.
+
+On resume the JSONL files (with the pipeline's ``audit.jsonl``) are cut back to the checkpoint's
+step, so a resumed run's files equal an uninterrupted run's, and TensorBoard purges the later
+steps. A W&B run cannot be cut back: a resumed run logs to a new W&B run named
+``NAME-resume-STEP`` in the group ``NAME``, starting after the checkpoint's step, and the first
+W&B run keeps whatever the interrupted process logged after that checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from coderl.config import Config
+    from coderl.config.tracking import WandbConfig
+
+log = logging.getLogger("coderl.train")  # the step alarms' warnings, as before the move
+
+SFT_LOG = "sft/metrics.jsonl"
+"""Where ``coderl sft`` logs each batch (``step``: the batch, from 1; ``epoch``; ``nll``: the
+mean negative log-likelihood per assistant token), under the run directory."""
+AUDIT_FILE = "audit.jsonl"
+"""The audit log of a run directory (written by :mod:`coderl.eval.observers`); the logger cuts
+it on resume like the metrics."""
+
+
+def step_alarm(
+    m: dict[str, float], name: str, share: float, knob: str, limit: float, detail: Callable[[], str]
+) -> None:
+    """Sets the step alarm ``name`` in the step metrics ``m``: ``alarm/<name>`` is 1 (and a warning names ``knob`` and
+    ``detail()``) when ``share`` is above ``limit``, else 0."""
+    on = share > limit
+    m[f"alarm/{name}"] = float(on)
+    if on:
+        log.warning("%s share %.3f above %s=%g (%s)", name, share, knob, limit, detail())
+
+
+def _truncate_jsonl(path: Path, last_step: int) -> None:
+    if not path.is_file():
+        return
+    keep = [
+        line
+        for line in path.read_text().splitlines()
+        if line.strip() and json.loads(line).get("step", 0) <= last_step
+    ]
+    path.write_text("".join(line + "\n" for line in keep))
+
+
+def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
+    """All records of a JSONL file ([] when it does not exist)."""
+    p = Path(path)
+    if not p.is_file():
+        return []
+    return [json.loads(line) for line in p.read_text().splitlines() if line.strip()]
+
+
+class MetricsLogger:
+    """Writes step metrics and evaluations of one run.
+
+    Args:
+        run_dir: the run directory.
+        resume_step: the checkpoint step a resumed run starts from (0 for a new run); later
+            records are dropped from the files.
+        tensorboard: also write TensorBoard scalars.
+        wandb: W&B settings (None or not ``enabled``: no W&B run).
+        config: the run's config as a dict, recorded as the W&B run's config.
+
+    Raises:
+        ImportError: W&B is enabled and the ``wandb`` package is missing (says how to install it).
+    """
+
+    def __init__(
+        self,
+        run_dir: str | Path,
+        *,
+        resume_step: int = 0,
+        tensorboard: bool = True,
+        wandb: WandbConfig | None = None,
+        config: dict[str, Any] | None = None,
+    ):
+        self.dir = Path(run_dir)
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.metrics_path = self.dir / "metrics.jsonl"
+        self.eval_path = self.dir / "eval.jsonl"
+        audit = self.dir / AUDIT_FILE  # written by the pipeline, cut on resume like the rest
+        if resume_step == 0:
+            for p in (self.metrics_path, self.eval_path, audit):
+                p.unlink(missing_ok=True)
+        for p in (self.metrics_path, self.eval_path, audit):
+            _truncate_jsonl(p, resume_step)
+        self.tb = None
+        if tensorboard:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self.tb = SummaryWriter(str(self.dir / "tb"), purge_step=resume_step + 1)
+        self.wandb = None
+        if wandb is not None and wandb.enabled:
+            self.wandb = _wandb_run(wandb, self.dir, resume_step, config or {})
+
+    def log(self, step: int, metrics: dict[str, float]) -> None:
+        """Append one step's metrics (NaN and inf are written as null)."""
+        clean = {k: (v if math.isfinite(v) else None) for k, v in metrics.items()}
+        with self.metrics_path.open("a") as f:
+            f.write(json.dumps({"step": step, **clean}) + "\n")
+        if self.tb is not None:
+            for k, v in metrics.items():
+                if math.isfinite(v):
+                    self.tb.add_scalar(k, v, step)
+        if self.wandb is not None:
+            self.wandb.log(dict(metrics), step=step)
+
+    def log_eval(self, step: int, result: dict[str, Any]) -> None:
+        """Append one evaluation (an :class:`coderl.eval.EvalResult` as a dict)."""
+        with self.eval_path.open("a") as f:
+            f.write(json.dumps({"step": step, **result}) + "\n")
+        scalars = {f"eval/pass@{k}": est["mean"] for k, est in result["pass_at"].items()}
+        scalars["eval/best_of_n"] = result["best_of_n"]["mean"]
+        if self.tb is not None:
+            for k, v in scalars.items():
+                self.tb.add_scalar(k, v, step)
+        if self.wandb is not None:
+            self.wandb.log(scalars, step=step)
+
+    def close(self) -> None:
+        if self.tb is not None:
+            self.tb.close()
+        if self.wandb is not None:
+            self.wandb.finish()
+            self.wandb = None
+
+
+def run_logger(cfg: Config, resume_step: int) -> MetricsLogger:
+    """The :class:`MetricsLogger` of a training run (``coderl train`` and ``train-async``): its
+    ``run_dir``, TensorBoard and W&B as ``cfg`` says, the config recorded in W&B."""
+    return MetricsLogger(
+        cfg.run_dir,
+        resume_step=resume_step,
+        tensorboard=cfg.tensorboard,
+        wandb=cfg.logging.wandb,
+        config=cfg.model_dump(by_alias=True, mode="json"),
+    )
+
+
+def wandb_settings(settings: WandbConfig) -> tuple[str, str]:
+    """``(project, mode)`` of the W&B run: the config's when it sets them, else
+    ``$WANDB_PROJECT`` / ``$WANDB_MODE`` (what a W&B user already exports), else ``coderl`` and
+    ``offline``."""
+    project = settings.project or os.environ.get("WANDB_PROJECT") or "coderl"
+    return project, settings.mode or os.environ.get("WANDB_MODE") or "offline"
+
+
+def _wandb_run(
+    settings: WandbConfig, run_dir: Path, resume_step: int, config: dict[str, Any]
+) -> Any:
+    """Start the W&B run (see the module docstring for resumed runs); its files go to
+    ``$WANDB_DIR`` when set, else ``run_dir``."""
+    try:
+        import wandb
+    except ImportError as e:
+        raise ImportError(
+            "logging.wandb.enabled needs the wandb package: pip install 'coderl[wandb]'"
+        ) from e
+    name = settings.name or run_dir.resolve().name
+    project, mode = wandb_settings(settings)
+    return wandb.init(
+        project=project,
+        mode=mode,
+        dir=None if os.environ.get("WANDB_DIR") else str(run_dir),
+        name=f"{name}-resume-{resume_step}" if resume_step else name,
+        group=name,
+        config=config,
+        reinit="create_new",
+    )

@@ -1,0 +1,106 @@
+"""Correct work is never scored zero for a byproduct (issue 47, class 8): a binary or
+undiffable file the episode left in the workspace (a SQLite file a test run wrote, a coverage
+database, a latin-1 log, a log over 2 MiB, a ``GIT binary patch``) is dropped from the diff,
+not applied and not graded (``coderl.grading.apply.drop_binary``), so the fix beside it still
+resolves; and dropping never raises a grade (a wrong fix with byproducts stays wrong).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+from coderl.grading.apply import drop_binary
+from coderl.grading.grade import grade, rollout_base
+from coderl.sandbox import Sandbox
+from coderl.tasks.humaneval import humaneval_tasks
+from coderl.tasks.spec import load_tasks
+
+CI_SPEC = "six==1.17.0"
+CI_TASKS = Path(__file__).parent.parent / "data" / "tasks" / "ci.jsonl"
+
+pytestmark = pytest.mark.skipif(
+    shutil.which("bwrap") is None or os.geteuid() != 0,
+    reason="needs bubblewrap and root (make sysdeps); CI has both",
+)
+
+SQLITE = "import sqlite3; c = sqlite3.connect('{p}'); c.execute('create table t(x)'); c.commit()"
+BYPRODUCTS = {
+    "a SQLite file at the root": f'python3 -c "{SQLITE.format(p="test.db")}"',
+    "a SQLite file in a new directory": f'mkdir -p out && python3 -c "{SQLITE.format(p="out/cache.sqlite")}"',
+    "a coverage database": f'python3 -c "{SQLITE.format(p=".coverage")}"',
+    "a latin-1 log": "printf 'caf\\xe9\\n' > run.log",
+    "random bytes": "head -c 4096 /dev/urandom > blob.bin",
+    "a log over 2 MiB": "yes 'a line of a long log' | head -c 3000000 > big.log",
+    "a NUL in a text file": "printf 'a\\0b\\n' > nul.txt",
+}  # fmt: skip
+GIT_BINARY = (
+    "diff --git a/x.bin b/x.bin\nnew file mode 100644\nindex 0000000..e69de29\n"
+    "GIT binary patch\nliteral 0\nHcmV?d00001\n\nliteral 0\nHcmV?d00001\n\n"
+)
+
+
+@pytest.fixture(scope="module")
+def repo_task():
+    from coderl.envbuild.build import build_env
+
+    env = build_env(CI_SPEC)
+    return load_tasks(CI_TASKS)[0], env
+
+
+def _with(task, env, patch: str, command: str) -> str:
+    """The diff of an episode that applied ``patch`` and then ran ``command``."""
+    with Sandbox.create(rollout_base(task, env)) as sb:
+        sb.write_text("/tmp/fix.diff", patch)
+        if patch:
+            assert sb.exec("cd /testbed && git apply /tmp/fix.diff").exit_code == 0
+        r = sb.exec(f"cd /testbed && {command}")
+        assert r.exit_code == 0, r.stderr
+        return sb.diff()
+
+
+@pytest.mark.parametrize("name", sorted(BYPRODUCTS))
+def test_a_byproduct_beside_a_correct_fix_does_not_void_it(repo_task, name: str) -> None:
+    task, env = repo_task
+    diff = _with(task, env, task.gold_patch, BYPRODUCTS[name])
+    assert "Binary files" in diff  # the byproduct is in the diff, as Sandbox.diff notes it
+    g = grade(task, diff, env=env)
+    assert g.resolved and g.dropped_paths, (name, g.reason)
+
+
+def test_a_git_binary_patch_beside_a_correct_fix_is_dropped_not_applied(repo_task) -> None:
+    task, env = repo_task
+    g = grade(task, task.gold_patch + GIT_BINARY, env=env)
+    assert g.resolved and g.dropped_paths == ["x.bin"], g.reason
+
+
+def test_byproducts_never_raise_a_wrong_fix(repo_task) -> None:
+    task, env = repo_task
+    diff = _with(task, env, "", BYPRODUCTS["a SQLite file at the root"])
+    g = grade(task, diff, env=env)
+    assert not g.resolved and g.failure_kind == "agent" and g.dropped_paths == ["test.db"]
+
+
+def test_a_function_fix_with_a_byproduct_resolves() -> None:
+    task = {t.id: t for t in humaneval_tasks("all")}["HumanEval/0"]
+    from coderl.grading.function import workspace_base
+
+    with Sandbox.create(workspace_base(task)) as sb:
+        sb.write_text("/tmp/fix.diff", task.gold_patch)
+        assert sb.exec("cd /testbed && git apply /tmp/fix.diff").exit_code == 0
+        sb.exec(f'cd /testbed && python3 -c "{SQLITE.format(p="t.db")}"')
+        diff = sb.diff()
+    g = grade(task, diff)
+    assert g.resolved and g.dropped_paths == ["t.db"], g.reason
+
+
+def test_drop_binary_keeps_every_text_patch() -> None:
+    text = "diff --git a/a.py b/a.py\n--- a/a.py\n+++ b/a.py\n@@ -1 +1 @@\n-x\n+Binary files\n"
+    note = (
+        "diff --git a/d.db b/d.db\nnew file mode 100644\nBinary files /dev/null and b/d.db differ\n"
+    )
+    assert drop_binary(text) == (text, [])
+    assert drop_binary(note + text + GIT_BINARY) == (text, ["d.db", "x.bin"])
