@@ -21,6 +21,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from coderl.stats import NothingMeasured
+
 if TYPE_CHECKING:
     from coderl.config import Config
     from coderl.config.tracking import WandbConfig
@@ -33,6 +35,23 @@ mean negative log-likelihood per assistant token), under the run directory."""
 AUDIT_FILE = "audit.jsonl"
 """The audit log of a run directory (written by :mod:`coderl.eval.observers`); the logger cuts
 it on resume like the metrics."""
+
+
+def check_step_measured(step: int, infos: list[dict[str, Any]]) -> None:
+    """Fail the run when every episode a step rolled out was masked: a prompt too long for the
+    context window, environments that are not built, a broken sandbox mask every episode the
+    same way at every step, and the run would train on nothing and end as if it had worked.
+
+    Raises:
+        coderl.stats.NothingMeasured: no episode of the step was valid (names the reasons).
+    """
+    if not infos or any(x["valid"] for x in infos):
+        return
+    reasons = sorted({str(x.get("failure_reason") or x.get("failure") or "?") for x in infos})
+    raise NothingMeasured(
+        f"step {step}: all {len(infos)} episodes were masked, nothing to train on; "
+        f"reasons: {'; '.join(reasons[:3])}"
+    )
 
 
 def step_alarm(

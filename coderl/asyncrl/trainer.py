@@ -43,7 +43,7 @@ from coderl.asyncrl.types import BetweenTurns, Episode, Group, Job, Weights
 from coderl.config import AsyncConfig, Config, anchored, dump_config, load_config
 from coderl.envs import build_environment
 from coderl.eval.observers import default_observers
-from coderl.metrics import run_logger
+from coderl.metrics import check_step_measured, run_logger
 from coderl.policy.base import Completion, SamplingParams
 from coderl.progress import PhaseProgress
 from coderl.rundir import run_lock
@@ -248,7 +248,7 @@ class TrainLearner:
         keys = [P.group_key(ep.task_id, g.job.index) for g, ep in eps]
         owners = [g.job.task for g, _ in eps]
         run.sampler.observe(owners, infos)  # as coderl train does after scoring
-        P.check_step_measured(run.step, infos)
+        check_step_measured(run.step, infos)
         metrics: dict[str, float] = rollout_metrics(run.sampler, owners, keys, infos)
         metrics.update(P.step_metrics(infos, cfg))
         batch = P.make_batch(

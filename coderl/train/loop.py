@@ -37,7 +37,7 @@ from typing import Any
 from coderl.agent.branch import BranchSpec
 from coderl.config import Config, anchored, dump_config
 from coderl.eval.passk import collapse_check
-from coderl.metrics import MetricsLogger, read_jsonl, run_logger
+from coderl.metrics import MetricsLogger, check_step_measured, read_jsonl, run_logger
 from coderl.progress import PhaseProgress
 from coderl.rundir import run_lock
 from coderl.train import pipeline as P
@@ -108,7 +108,7 @@ def collect(run: Run, step: int) -> tuple[P.Scored, dict[str, float]]:
         if dynamic != "resample" or wanted == 0:
             break
     assert kept is not None
-    P.check_step_measured(step, rolled_infos)
+    check_step_measured(step, rolled_infos)
     stats.update(rollout_metrics(run.sampler, rolled_tasks, rolled_keys, rolled_infos))
     # rewards of the kept samples, recomputed together (group pass rates are per group)
     return P.rescore(kept, cfg), stats

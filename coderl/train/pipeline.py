@@ -56,7 +56,6 @@ from coderl.policy.base import SamplingParams
 from coderl.rewards import RewardResult, RewardSample, compute_rewards
 from coderl.rewards.hacks import HackFlag, detect_hacks, flag_counts, suspected_hack_rate
 from coderl.rewards.learned import learned_fields
-from coderl.stats import NothingMeasured
 from coderl.train.advantages import episode_advantages, gae_advantages, turn_token_advantages
 from coderl.train.batch import StepBatch, build_batch
 from coderl.train.step import forward
@@ -501,23 +500,6 @@ def advantage_metrics(batch: StepBatch) -> dict[str, float]:
 
 def _mean(xs: list[float]) -> float:
     return float(np.mean(xs)) if xs else math.nan
-
-
-def check_step_measured(step: int, infos: list[dict[str, Any]]) -> None:
-    """Fail the run when every episode a step rolled out was masked: a prompt too long for the
-    context window, environments that are not built, a broken sandbox mask every episode the
-    same way at every step, and the run would train on nothing and end as if it had worked.
-
-    Raises:
-        coderl.stats.NothingMeasured: no episode of the step was valid (names the reasons).
-    """
-    if not infos or any(x["valid"] for x in infos):
-        return
-    reasons = sorted({str(x.get("failure_reason") or x.get("failure") or "?") for x in infos})
-    raise NothingMeasured(
-        f"step {step}: all {len(infos)} episodes were masked, nothing to train on; "
-        f"reasons: {'; '.join(reasons[:3])}"
-    )
 
 
 def step_metrics(infos: list[dict[str, Any]], cfg: Config) -> dict[str, float]:
