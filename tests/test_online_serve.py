@@ -144,20 +144,24 @@ def test_bad_requests_get_clear_errors(served) -> None:
     url = bg.base_url + "/chat/completions"
     r = _http(url, json_body={"model": "tiny", "messages": [], "stream": False})
     assert r.status_code == 400 and "messages" in r.json()["error"]["message"]
-    r = _http(
-        url,
-        json_body={"model": "tiny", "messages": [{"role": "user", "content": "x"}], "stream": True},
-    )
-    assert r.status_code == 400 and "stream" in r.json()["error"]["message"]
-    r = _http(
-        url,
-        json_body={
-            "model": "tiny",
-            "messages": [{"role": "user", "content": "x"}],
-            "frequency_penalty": 1,
-        },
-    )
-    assert r.status_code == 400 and "frequency_penalty" in r.json()["error"]["message"]
+    user = [{"role": "user", "content": "x"}]
+    r = _http(url, json_body={"model": "tiny", "messages": user, "frequency_penalty": 1})
+    msg = r.json()["error"]["message"]
+    assert r.status_code == 400 and "frequency_penalty: not supported" in msg
+    assert "supported fields:" in msg and "stop" in msg and "tool_choice" in msg
+    refused = {
+        "tool_choice": ({"tool_choice": "required"}, "supported: 'auto', 'none'"),
+        "image part": (
+            {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]},
+            "'image_url' is not supported",
+        ),
+        "response_format": ({"response_format": {"type": "json_object"}}, "not supported"),
+    }
+    for what, (extra, says) in refused.items():
+        r = _http(url, json_body={"model": "tiny", "messages": user} | extra)
+        assert r.status_code == 400 and says in r.json()["error"]["message"], what
+    r = _http(url, json_body={"model": "gpt-4o", "messages": user, "max_tokens": 2})
+    assert r.status_code == 200 and r.json()["model"] == "tiny"  # what answered, not the ask
 
 
 def test_tool_call_parsing_valid_and_invalid() -> None:
@@ -206,7 +210,7 @@ def _serve_once(tmp_path: Path, text: str, call_format: str, tools=TOOLS, **kw):
     bg = BackgroundServer(srv.app())
     try:
         r = OpenAI(base_url=bg.base_url, api_key="x").chat.completions.create(
-            model="m",
+            model="coderl",
             messages=[
                 {"role": "system", "content": "Be brief."},
                 {"role": "user", "content": "go"},
@@ -320,7 +324,7 @@ def test_earlier_tool_calls_are_rendered_back_in_the_served_format(tmp_path: Pat
     args = {"path": "solution.py", "content": "x = 1\n"}
     try:
         r = OpenAI(base_url=bg.base_url, api_key="x").chat.completions.create(
-            model="m",
+            model="coderl",
             tools=TOOLS,
             messages=[
                 {"role": "user", "content": "write it"},
@@ -390,11 +394,11 @@ def test_a_promotion_is_picked_up_without_a_restart(tmp_path: Path) -> None:
     try:
         client = OpenAI(base_url=bg.base_url, api_key="unused")
         msgs = [{"role": "user", "content": "hello"}]
-        a = client.chat.completions.create(model="m", messages=msgs, seed=3, logprobs=True)
+        a = client.chat.completions.create(model="coderl", messages=msgs, seed=3, logprobs=True)
         assert _http(bg.base_url + "/admin/reload").json()["policy_version"] == 1  # unchanged
         champion["version"] = 2  # the registry promoted a candidate
         assert _http(bg.base_url + "/admin/reload").json()["policy_version"] == 2
-        b = client.chat.completions.create(model="m", messages=msgs, seed=3, logprobs=True)
+        b = client.chat.completions.create(model="coderl", messages=msgs, seed=3, logprobs=True)
     finally:
         bg.stop()
     ra, rb = (store.interactions(ids=[x.id])[0] for x in (a, b))

@@ -52,7 +52,7 @@ def test_the_in_process_sampler_batches_concurrent_requests_and_records_each(tmp
     store = Store(f"sqlite:///{tmp_path / 'online.db'}")
     srv = InteractionServer(policy, store, version=0, max_new_tokens=6, batch_window_s=0.3)
     msgs = [[{"role": "user", "content": f"task {i} " * (i + 1)}] for i in range(6)]
-    bodies = _together(6, lambda i: srv.complete(ChatRequest(model="m", messages=msgs[i])))
+    bodies = _together(6, lambda i: srv.complete(ChatRequest(model="coderl", messages=msgs[i])))
     assert srv.batcher.batches < 6  # merged: one generate call per window, not per request
     rows = {r["interaction_id"]: r for r in store.interactions()}
     assert len(rows) == 6
@@ -88,7 +88,7 @@ def test_an_engine_that_batches_itself_gets_concurrent_requests_at_once(tmp_path
     policy = load_policy("tiny-random", reference=False)
     engine = _SlowEngine(policy.tokenizer)
     srv = InteractionServer(engine, Store(f"sqlite:///{tmp_path / 'o.db'}"), version=0)
-    _together(4, lambda i: srv.complete(ChatRequest(model="m", messages=MESSAGES)))
+    _together(4, lambda i: srv.complete(ChatRequest(model="coderl", messages=MESSAGES)))
     assert engine.most == 4  # no lock around generation
 
 
@@ -118,9 +118,9 @@ def test_client_errors_are_4xx_with_a_reason_and_engine_failures_503(tmp_path):
         assert status == 400 and "json" in body["error"]["message"].lower()
         status, body = _post(url, json.dumps({"model": "m", "messages": "hi"}).encode())
         assert status == 400 and "messages" in body["error"]["message"]  # a field's type
-        streamed = {"model": "m", "messages": MESSAGES, "stream": True}
-        status, body = _post(url, json.dumps(streamed).encode())
-        assert status == 400 and "stream" in body["error"]["message"]
+        two = {"model": "m", "messages": MESSAGES, "n": 2}
+        status, body = _post(url, json.dumps(two).encode())
+        assert status == 400 and "n: " in body["error"]["message"]
         long = [{"role": "user", "content": "word " * 200}]
         status, body = _post(url, json.dumps({"model": "m", "messages": long}).encode())
         assert status == 400 and "context is 40 tokens" in body["error"]["message"]

@@ -54,6 +54,21 @@ class RequestError(ValueError):
     """A request that cannot be served as the harness would (the message says why)."""
 
 
+def function_entries(request_tools: Sequence[Any] | None) -> list[tuple[Any, dict[str, Any]]]:
+    """``(name, function)`` of each entry of a request's ``tools`` (the name unchecked).
+
+    Raises:
+        RequestError: an entry that is not ``{"type": "function", "function": {...}}``.
+    """
+    out = []
+    for t in request_tools or []:
+        fn = t.get("function") if isinstance(t, dict) else None
+        if not isinstance(t, dict) or t.get("type") != "function" or not isinstance(fn, dict):
+            raise RequestError('each tool must be {"type": "function", "function": {...}}')
+        out.append((fn.get("name"), fn))
+    return out
+
+
 def served_tools(
     request_tools: Sequence[Any] | None, registry: Mapping[str, Tool] = TOOLS
 ) -> dict[str, Tool]:
@@ -65,11 +80,7 @@ def served_tools(
             differ from the harness's schema.
     """
     out: dict[str, Tool] = {}
-    for t in request_tools or []:
-        fn = t.get("function") if isinstance(t, dict) else None
-        if not isinstance(t, dict) or t.get("type") != "function" or not isinstance(fn, dict):
-            raise RequestError('each tool must be {"type": "function", "function": {...}}')
-        name = fn.get("name")
+    for name, fn in function_entries(request_tools):
         if not isinstance(name, str) or name not in registry:
             raise RequestError(
                 f"unknown tool {name!r}: coderl serve offers the harness's tools "
