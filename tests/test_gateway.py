@@ -23,10 +23,11 @@ from coderl.agent.parsing import format_hermes
 from coderl.agent.tools import TOOLS as HARNESS_TOOLS
 from coderl.cli import main
 from coderl.config import ConfigError, load_config
+from coderl.endpoint.chat import calls_from_rows, trajectory_of
+from coderl.endpoint.http import BackgroundServer
 from coderl.envs import build_environment
 from coderl.envs.gateway import Gateway, GatewayOptions, _Episode, _record
-from coderl.online.chat import calls_from_rows, trajectory_of
-from coderl.online.server import BackgroundServer, InteractionServer
+from coderl.online.server import InteractionServer
 from coderl.online.store import Store
 from coderl.policy import load_policy
 from coderl.policy.base import Completion, SamplingParams
@@ -37,11 +38,11 @@ ROOT = Path(__file__).parent.parent
 TOY = ROOT / "configs" / "toy.yaml"
 MINI_BIN = ROOT / ".venv-agents" / "bin" / "mini"
 MINI = (
-    f"MSWEA_CONFIGURED=1 {MINI_BIN} -c mini.yaml -c {ROOT}/configs/agents/mini-swe-agent.yaml "
-    '-m "openai/$CODERL_MODEL" -t "$(cat "$CODERL_TASK_FILE")" -y --exit-immediately '
-    '-o "$CODERL_OUTPUT_DIR/trajectory.json"'
+    load_config(ROOT / "configs" / "gateway-mini.yaml")
+    .tasks.options["program"]
+    .replace("$CODERL_LAUNCH_DIR", str(ROOT))
 )
-"""The program line of docs/harness-byo.md, with this checkout's paths."""
+"""The program line of configs/gateway-mini.yaml (docs/harness-byo.md), wherever pytest runs."""
 
 
 def _needs_mini() -> None:

@@ -12,7 +12,8 @@ import urllib.request
 
 import pytest
 
-from coderl.online.server import BackgroundServer, ChatRequest, InteractionServer
+from coderl.endpoint.http import BackgroundServer
+from coderl.online.server import ChatRequest, InteractionServer
 from coderl.online.store import Store
 from coderl.policy import load_policy
 from coderl.policy.base import Completion
@@ -161,7 +162,7 @@ def _request(batcher, sampler, delay_s: float, leave_without_generate: bool = Fa
 def test_a_batch_waits_for_the_requests_still_being_prepared():
     """Eight requests announced together but handed over 30 ms apart are one generate call:
     the call waits (its window is 10 s) while any announced request is still being prepared."""
-    from coderl.online.batching import WindowBatcher
+    from coderl.endpoint.batching import WindowBatcher
 
     batcher, sampler = WindowBatcher(window_s=10.0), _CountingSampler()
     _together(8, lambda i: _request(batcher, sampler, 0.03 * i))
@@ -172,7 +173,7 @@ def test_a_batch_waits_for_the_requests_still_being_prepared():
 def test_a_request_that_leaves_without_generating_is_not_waited_for():
     """A request that fails before its generate call stops counting when it leaves: the other
     request's call starts then, not at the end of the 10 s window."""
-    from coderl.online.batching import WindowBatcher
+    from coderl.endpoint.batching import WindowBatcher
 
     batcher, sampler = WindowBatcher(window_s=10.0), _CountingSampler()
     t = time.monotonic()
@@ -185,7 +186,7 @@ def test_clients_that_come_back_together_stay_one_batch_and_a_lone_one_never_wai
     """After a round of 4, the next 4 requests (announced one by one, 50 ms apart, so none is
     in the server when the first is taken) are still one call: it waits for as many as the
     previous round carried. A lone client's requests are served without waiting."""
-    from coderl.online.batching import WindowBatcher
+    from coderl.endpoint.batching import WindowBatcher
 
     batcher, sampler = WindowBatcher(window_s=10.0), _CountingSampler()
     ready = threading.Barrier(4)  # all four announced before any hands over: one round of 4

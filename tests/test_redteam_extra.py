@@ -49,7 +49,7 @@ from coderl.agent.runner import run_episode
 from coderl.agent.scripted import ScriptedPolicy
 from coderl.agent.tools import TOOLS
 from coderl.grading.fncheck import wire
-from coderl.online.calls import parse_reply
+from coderl.endpoint.calls import parse_reply
 from coderl.policy.tiny import tiny_tokenizer
 from coderl.rewards.hacks import detect_hacks
 

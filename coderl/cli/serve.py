@@ -22,7 +22,7 @@ from typing import Any
 
 from coderl.config import Config, ConfigError, load_online_config
 from coderl.config.online import SHARED
-from coderl.online.calls import harness_format
+from coderl.endpoint.calls import harness_format
 from coderl.online.cycle import database_url, load_version, open_run
 from coderl.online.registry import Registry
 from coderl.online.routing import Route, Router, refresh

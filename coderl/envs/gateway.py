@@ -6,12 +6,12 @@ command) with the task's statement and its own endpoint, and waits for it to end
 
 - **Model calls**: ``$OPENAI_BASE_URL`` (also ``$OPENAI_API_BASE``) is the episode's
   ``/v1/chat/completions``, behind a secret path (``$OPENAI_API_KEY`` holds the same secret);
-  requests are read as ``coderl serve`` reads them (:mod:`coderl.online.chat`: content parts,
+  requests are read as ``coderl serve`` reads them (:mod:`coderl.endpoint.chat`: content parts,
   ``stop``, streaming, ``tool_choice``; the rest refused with a 400 listing what is supported),
   with the program's own tools shown through the chat template and calls parsed in the model's
   native format (``tasks.options.call_format``). Every call is sampled from the policy being
   trained, batched with the calls of every other episode running (one
-  :class:`~coderl.online.batching.WindowBatcher`), and recorded token-exactly: prompt ids as
+  :class:`~coderl.endpoint.batching.WindowBatcher`), and recorded token-exactly: prompt ids as
   the template renders them, sampled ids, behaviour logprobs, policy version. Sampling settings
   are the run's (``rollout.temperature``, ``top_p``, ``max_new_tokens``; seeds per call with
   ``tasks.options.seeded``): a program's ``temperature``, ``top_p`` and ``seed`` are not
@@ -21,9 +21,11 @@ command) with the task's statement and its own endpoint, and waits for it to end
   command line for it (:mod:`coderl.envs.sandbox_exec`), also set as
   ``$MSWEA_DOCKER_EXECUTABLE`` so mini-swe-agent's ``docker`` environment uses it.
 - **The task**: ``$CODERL_TASK_FILE`` holds the statement (``$CODERL_TASK_ID`` its id);
-  ``$CODERL_OUTPUT_DIR`` is the program's own scratch directory (also its cwd and ``$HOME``).
+  ``$CODERL_OUTPUT_DIR`` is the program's own scratch directory (also its cwd and ``$HOME``,
+  deleted after the episode); ``$CODERL_LAUNCH_DIR`` is where coderl was started (for the
+  program's own files, e.g. its config).
 
-Trajectory: the calls, in order, through :func:`coderl.online.chat.trajectory_of` (the segmenting
+Trajectory: the calls, in order, through :func:`coderl.endpoint.chat.trajectory_of` (the segmenting
 of ``coderl serve``'s episodes too): a call whose prompt extends the previous prompt plus
 completion continues the segment, any other starts a new one (``episode/segments`` counts them).
 The answer is the sandbox's diff, graded by the inner environment's grader
@@ -66,11 +68,9 @@ from typing import Any
 from fastapi import FastAPI, HTTPException, Request, Response
 
 from coderl.config import Config
-from coderl.envs.agent import AgentEnvironment, sandbox_for
-from coderl.envs.base import EpisodeRecord, FailureKind, GradeRecord, SamplingPolicy
-from coderl.online.batching import WindowBatcher
-from coderl.online.calls import RequestError
-from coderl.online.chat import (
+from coderl.endpoint.batching import WindowBatcher
+from coderl.endpoint.calls import RequestError
+from coderl.endpoint.chat import (
     Call,
     ChatRequest,
     chat_endpoint,
@@ -79,6 +79,9 @@ from coderl.online.chat import (
     sample_chat,
     trajectory_of,
 )
+from coderl.endpoint.http import BackgroundServer
+from coderl.envs.agent import AgentEnvironment, sandbox_for
+from coderl.envs.base import EpisodeRecord, FailureKind, GradeRecord, SamplingPolicy
 from coderl.policy.base import SamplingParams
 from coderl.trajectory import Trajectory
 
@@ -267,6 +270,7 @@ def run_program(ep: _Episode, opts: GatewayOptions, base_url: str, statement: st
             "CODERL_TASK_FILE": str(scratch / "task.md"),
             "CODERL_TASK_ID": str(ep.task.id),
             "CODERL_OUTPUT_DIR": str(scratch),
+            "CODERL_LAUNCH_DIR": os.getcwd(),
         }
         log = open(scratch / "program.log", "wb")  # noqa: SIM115 - closed below
         with ep.lock:
@@ -349,8 +353,6 @@ class GatewayEnvironment:
     ) -> list[EpisodeRecord]:
         """``group_size`` program runs per task, task-major, concurrently (at most
         ``rollout.concurrency``), against one endpoint and one batched policy."""
-        from coderl.online.server import BackgroundServer
-
         gw = Gateway(policy, params, self.opts, self.token_budget(), self.cfg.rollout.max_turns)
         owners = [t for t in tasks for _ in range(group_size)]
         server = BackgroundServer(gw.app())

@@ -24,7 +24,7 @@ Endpoints (FastAPI):
 - ``GET /v1/tools``: the harness tools a request may offer, with their schemas, and the call
   format.
 
-Tools, prompts and tool calls are the agent harness's (:mod:`coderl.online.calls`): the request's
+Tools, prompts and tool calls are the agent harness's (:mod:`coderl.endpoint.calls`): the request's
 ``tools`` name harness tools, the conversation is rendered as the harness renders it, and the
 reply is parsed in the configured call format (``online.serve.call_format``; by default the run's
 harness format) and validated by the harness's own rule, so a served call is valid iff the
@@ -34,7 +34,7 @@ example downstream).
 
 Concurrency: requests are answered concurrently, each in its own thread. A vLLM engine gets
 them as they come and batches them itself; the in-process sampler gets them through
-:class:`coderl.online.batching.WindowBatcher` (each ``generate`` call carries every request that
+:class:`coderl.endpoint.batching.WindowBatcher` (each ``generate`` call carries every request that
 is waiting when it starts, and waits up to ``batch_window_s`` for the others the server holds). Each interaction records its own sampled ids and logprobs. A reload
 waits for the requests in flight and holds new ones back while routes change (a reader/writer
 gate, :class:`_Gate`), so no request samples an adapter while it is replaced.
@@ -44,7 +44,7 @@ not the harness's: 400; a conversation that cannot be rendered: 400; a prompt th
 engine's context: 400). An engine failure answers 503 with its reason and the server keeps
 serving.
 
-Requests, streaming, ``stop`` and what is refused: :mod:`coderl.online.chat` (the one request
+Requests, streaming, ``stop`` and what is refused: :mod:`coderl.endpoint.chat` (the one request
 path of ``coderl serve`` and the gateway). The request's ``model`` does not select weights
 (the population does): the reply's ``model`` names what answered, as ``GET /v1/models`` does. No authentication: bind to localhost or put it behind a proxy.
 """
@@ -69,9 +69,9 @@ from coderl.agent.episode import EpisodeConfig
 from coderl.agent.parsing import get_call_format
 from coderl.agent.tools import TOOLS
 from coderl.config.online import SHARED, ExplorationConfig
-from coderl.online.batching import WindowBatcher
-from coderl.online.calls import RequestError, served_tools
-from coderl.online.chat import ChatRequest, chat_endpoint, response_body, sample_chat
+from coderl.endpoint.batching import WindowBatcher
+from coderl.endpoint.calls import RequestError, served_tools
+from coderl.endpoint.chat import ChatRequest, chat_endpoint, response_body, sample_chat
 from coderl.online.events import MAX_REQUEST_BYTES, Rejected, parse_event, parse_json
 from coderl.online.routing import Route, Router
 from coderl.online.store import Store, interaction_row
@@ -120,7 +120,7 @@ class _Gate:
 
 def in_process(sampler: Any) -> bool:
     """Whether ``sampler`` runs the model in this process (batched by the server's
-    :class:`~coderl.online.batching.WindowBatcher`) rather than in an engine that batches
+    :class:`~coderl.endpoint.batching.WindowBatcher`) rather than in an engine that batches
     concurrent requests itself (vLLM)."""
     return isinstance(sampler, (LocalPolicy, TorchRollout))
 
@@ -202,7 +202,7 @@ class InteractionServer:
         exploration: the share of requests sampled at the exploration temperature (None: no
             exploration).
         batch_window_s: the longest an in-process sampler's batch waits, before it starts, for
-            requests this server holds (:class:`coderl.online.batching.WindowBatcher`; 0:
+            requests this server holds (:class:`coderl.endpoint.batching.WindowBatcher`; 0:
             never waits).
     """
 
@@ -452,53 +452,3 @@ class InteractionServer:
             return {"policy_version": self.version, "adapters": adapters, "changed": changed}
 
         return app
-
-
-class BackgroundServer:
-    """Run an ASGI app with uvicorn in a daemon thread (tests, the demo, ``online run``).
-
-    Args:
-        app: the FastAPI app.
-        host, port: where to listen; port 0 picks a free port (read :attr:`port` after start).
-
-    Raises:
-        ValueError: the address cannot be bound (in use, or not this host's); the message names
-            ``online.serve.host`` / ``port``, so ``coderl online run`` prints one line.
-        RuntimeError: the server did not start within 30 s.
-    """
-
-    def __init__(self, app: FastAPI, host: str = "127.0.0.1", port: int = 0) -> None:
-        import socket
-
-        import uvicorn
-
-        self._sock = socket.socket()
-        try:
-            self._sock.bind((host, port))
-        except OSError as err:
-            self._sock.close()
-            raise ValueError(
-                f"online.serve.host/port: cannot listen on {host}:{port}: {err.strerror} "
-                "(online.serve.port=0 picks a free port)"
-            ) from err
-        self.host, self.port = host, int(self._sock.getsockname()[1])
-        config = uvicorn.Config(app, log_level="warning", lifespan="off")
-        self._server = uvicorn.Server(config)
-        self._thread = threading.Thread(
-            target=self._server.run, kwargs={"sockets": [self._sock]}, daemon=True
-        )
-        self._thread.start()
-        deadline = time.time() + 30
-        while not self._server.started:
-            if time.time() > deadline or not self._thread.is_alive():
-                raise RuntimeError("the HTTP server did not start")
-            time.sleep(0.01)
-
-    @property
-    def base_url(self) -> str:
-        return f"http://{self.host}:{self.port}/v1"
-
-    def stop(self) -> None:
-        self._server.should_exit = True
-        self._thread.join(timeout=10)
-        self._sock.close()

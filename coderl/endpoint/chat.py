@@ -44,7 +44,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 
 from coderl.agent.tools import Tool
-from coderl.online.calls import (
+from coderl.endpoint.calls import (
     RequestError,
     function_entries,
     parse_reply,
@@ -199,7 +199,7 @@ class Sampled:
     calls: list[dict[str, Any]]
     """OpenAI ``tool_calls`` (empty when none, or when a call was invalid)."""
     status: str
-    """``none``, ``valid`` or ``invalid`` (:func:`coderl.online.calls.parse_reply`)."""
+    """``none``, ``valid`` or ``invalid`` (:func:`coderl.endpoint.calls.parse_reply`)."""
     params: SamplingParams
 
 
