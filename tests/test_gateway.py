@@ -326,3 +326,26 @@ def test_gateway_options_are_checked() -> None:
         build_environment(_config("true", inner="toy"))
     with pytest.raises(ConfigError, match="progam"):
         build_environment(_config("true", "tasks.options.progam=x"))
+
+
+def test_concurrent_programs_share_the_policys_batches(policy) -> None:
+    """Three programs of one task's group call at once: while the first call generates, the
+    others queue, and the next ``generate`` carries them together."""
+    import time
+
+    class Slow(Forced):
+        def __init__(self, *a) -> None:
+            super().__init__(*a)
+            self.sizes: list[int] = []
+
+        def generate(self, prompts, params):
+            self.sizes.append(len(prompts))
+            time.sleep(3.0 if len(self.sizes) == 1 else 0.0)  # the others arrive meanwhile
+            return super().generate(prompts, params)
+
+    env = build_environment(_config(_program(CALL + "call(2)"), "rollout.concurrency=3"))
+    task = env.tasks("train")[0]
+    slow = Slow(policy, lambda _: "ok")
+    records = env.rollout(slow, [task], SamplingParams(), 3)
+    assert [r.finish_reason for r in records] == ["submitted"] * 3
+    assert sum(slow.sizes) == 6 and max(slow.sizes) >= 2, slow.sizes

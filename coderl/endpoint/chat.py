@@ -428,7 +428,7 @@ def calls_from_rows(rows: Sequence[Mapping[str, Any]]) -> list[Call]:
             Completion(
                 list(r["completion_token_ids"]),
                 list(r["behaviour_logprobs"]),
-                r["finish_reason"],
+                r.get("finish_reason", "stop"),  # rows made by hand may leave it out
                 int(r["policy_version"]),
             ),
             {"status": r.get("tool_call_status"), "interaction_id": r.get("interaction_id")},

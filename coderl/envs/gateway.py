@@ -34,8 +34,8 @@ episode's.
 
 Limits and failures: ``rollout.max_turns`` calls and ``token_budget()`` sampled tokens per
 episode (the call that would exceed them is refused and the program stopped: ``max_turns`` /
-``max_tokens``, truncated), ``tasks.options.timeout_s`` of wall time (the program's process
-group is killed: ``timeout``). A program that exits non-zero, hangs past its time or never calls
+``max_tokens``, truncated), ``tasks.options.timeout_s`` of the program's own wall time (time
+waiting for the model does not count; past it the process group is killed: ``timeout``). A program that exits non-zero, hangs past its time or never calls
 the model is the agent's failure: scored (its diff is graded all the same). The gateway's own
 faults (the engine failed, the sandbox would not start, the diff could not be taken) are
 ``infra``: masked and counted.
@@ -130,6 +130,8 @@ class _Episode:
     """The gateway's own fault, if any (masks the episode)."""
     log_tail: str = ""
     """The end of the program's output (stdout and stderr)."""
+    model_s: float = 0.0
+    """Seconds the program waited for the model (not counted against ``timeout_s``)."""
     lock: threading.Lock = field(default_factory=threading.Lock)
     process: subprocess.Popen[bytes] | None = None
 
@@ -168,6 +170,13 @@ class Gateway:
             HTTPException: 400 for a request coderl cannot serve or a spent budget (the
                 program is then stopped), 503 when the engine failed (an infra fault).
         """
+        start = time.monotonic()
+        try:
+            return self._complete(ep, req)
+        finally:
+            ep.model_s += time.monotonic() - start
+
+    def _complete(self, ep: _Episode, req: ChatRequest) -> dict[str, Any]:
         with self.batcher.incoming(), ep.lock:  # one call of an episode at a time
             if len(ep.calls) >= self.max_calls or ep.sampled >= self.budget:
                 ending = "max_turns" if len(ep.calls) >= self.max_calls else "max_tokens"
@@ -219,7 +228,11 @@ class Gateway:
         exports = "".join(f"export {k}={shlex.quote(str(v))}; " for k, v in env.items()
                           if str(k).isidentifier())  # fmt: skip
         cmd = f"( {exports}cd {shlex.quote(cwd)} && {shlex.join(argv)} ) 2>&1"
-        r = ep.sandbox.exec(cmd, timeout=self.opts.exec_timeout_s)
+        try:
+            r = ep.sandbox.exec(cmd, timeout=self.opts.exec_timeout_s)
+        except Exception as e:  # noqa: BLE001 - the sandbox's fault, not the command's: infra
+            ep.infra = ep.infra or f"sandbox exec failed: {type(e).__name__}: {e}"
+            raise HTTPException(503, ep.infra) from None
         out = r.stdout + r.stderr
         if r.timed_out:
             out += f"\n[coderl: the command timed out after {self.opts.exec_timeout_s:g} s]"
@@ -244,6 +257,21 @@ class Gateway:
             return self.execute(self._episode(secret), body)
 
         return app
+
+
+def _wait(ep: _Episode, timeout_s: float) -> int | None:
+    """The program's exit status, or None once it has run ``timeout_s`` seconds of its own
+    (time spent waiting for the model is not its own)."""
+    assert ep.process is not None
+    start = time.monotonic()
+    while True:
+        left = timeout_s + ep.model_s - (time.monotonic() - start)
+        if left <= 0:
+            return None
+        try:
+            return ep.process.wait(timeout=min(left, 1.0))
+        except subprocess.TimeoutExpired:
+            continue
 
 
 def run_program(ep: _Episode, opts: GatewayOptions, base_url: str, statement: str) -> str:
@@ -279,9 +307,7 @@ def run_program(ep: _Episode, opts: GatewayOptions, base_url: str, statement: st
                 stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
             )  # fmt: skip
         try:
-            code: int | None = ep.process.wait(timeout=opts.timeout_s)
-        except subprocess.TimeoutExpired:
-            code = None
+            code = _wait(ep, opts.timeout_s)
         finally:
             try:  # what it left running (or all of it, past its time)
                 os.killpg(ep.process.pid, signal.SIGKILL)
@@ -381,6 +407,7 @@ class GatewayEnvironment:
                 diff = None
             return _record(ep, finish, diff)
         finally:
+            gw.episodes.pop(ep.secret, None)  # its endpoint ends with it
             sandbox.close()
 
 
