@@ -27,12 +27,12 @@ from coderl.endpoint.chat import calls_from_rows, trajectory_of
 from coderl.endpoint.http import BackgroundServer
 from coderl.envs import build_environment
 from coderl.envs.gateway import Gateway, GatewayOptions, _Episode, _record
+from coderl.metrics import read_jsonl
 from coderl.online.server import InteractionServer
 from coderl.online.store import Store
 from coderl.policy import load_policy
 from coderl.policy.base import Completion, SamplingParams
 from coderl.train import loop
-from coderl.train.metrics import read_jsonl
 
 ROOT = Path(__file__).parent.parent
 TOY = ROOT / "configs" / "toy.yaml"
