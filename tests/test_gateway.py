@@ -122,7 +122,7 @@ def test_mini_swe_agent_resolves_a_task_and_its_logprobs_are_the_trainers(policy
     forced = Forced(policy, _oracle(task))
     params = SamplingParams(temperature=1.0, max_new_tokens=1500, seed=1)
     [rec] = env.rollout(forced, [task], params, 1)
-    assert (rec.finish_reason, rec.failure, rec.turns) == ("submitted", None, 2)
+    assert (rec.finish_reason, rec.failure, rec.turns) == ("exited", None, 2)
     assert rec.broken_tool_calls == 0 and "solution.py" in rec.answer
     [grade] = env.grade([task], [rec])
     assert grade.resolved and grade.grading_error is None
@@ -175,7 +175,7 @@ def call(n=1):
         (_program("import time; time.sleep(60)"), "timeout", "agent"),
         (_program(CALL + "call(1); raise SystemExit(1)"), "program_error", "agent"),
         (_program(CALL + "call(10)"), "max_turns", None),
-        (_program(CALL + "call(1)"), "submitted", None),
+        (_program(CALL + "call(1)"), "exited", None),
     ],
     ids=["crash-no-call", "hang", "crash-after-call", "over-the-call-limit", "clean"],
 )
@@ -186,7 +186,7 @@ def test_program_failures_are_scored_and_limits_hold(policy, program, finish, fa
     assert (rec.finish_reason, rec.failure) == (finish, failure), rec.failure_reason
     assert rec.turns == {
         "max_turns": 3,
-        "submitted": 1,
+        "exited": 1,
         "program_error": int("call" in program),
     }.get(finish, 0)
     assert rec.truncated == (finish in ("timeout", "max_turns"))
@@ -267,7 +267,7 @@ def test_serve_and_gateway_give_identical_trajectories_for_identical_calls(tmp_p
     finally:
         bg.stop()
         gw.batcher.close()
-    rec = _record(ep, "submitted", "")
+    rec = _record(ep, "exited", "")
     assert breaks == 1 and len(served.segments) == 2 == len(rec.trajectory.segments)
     for a, b in zip(served.segments, rec.trajectory.segments, strict=True):
         assert a.token_ids == b.token_ids and a.loss_mask == b.loss_mask
@@ -303,6 +303,9 @@ def test_training_on_mini_swe_agent_rollouts_steps_and_resumes_exactly(tmp_path,
     assert [r["step"] for r in ref] == [1, 2]
     assert all(r["masked_rate"] == 0 and r["episode/sampled_tokens"] > 0 for r in ref)
     assert ref[0]["episode/turns"] == 2  # the call limit, not a crash, ended them
+    # mini-swe-agent drops a reply it cannot parse from its history (it sends only its format
+    # error back): the second call does not extend the first, and starts a second segment
+    assert all(r["episode/segments"] == 2 for r in ref)
 
     real = loop.training_step
 
@@ -347,5 +350,51 @@ def test_concurrent_programs_share_the_policys_batches(policy) -> None:
     task = env.tasks("train")[0]
     slow = Slow(policy, lambda _: "ok")
     records = env.rollout(slow, [task], SamplingParams(), 3)
-    assert [r.finish_reason for r in records] == ["submitted"] * 3
+    assert [r.finish_reason for r in records] == ["exited"] * 3
     assert sum(slow.sizes) == 6 and max(slow.sizes) >= 2, slow.sizes
+
+
+RESEND = """
+import json, os, urllib.request
+url = os.environ["OPENAI_BASE_URL"] + "/chat/completions"
+msgs = [{"role": "user", "content": "fix the bug"}]
+for i in range(3):
+    body = json.dumps({"model": "x", "messages": msgs}).encode()
+    req = urllib.request.Request(url, body, {"Content-Type": "application/json"})
+    reply = json.loads(urllib.request.urlopen(req).read())["choices"][0]["message"]
+    msgs += [{"role": "assistant", "content": reply["content"]},
+             {"role": "user", "content": f"result {i}"}]
+"""
+
+
+def test_a_program_that_sends_replies_back_gets_one_token_exact_segment(policy) -> None:
+    """tiny-random samples token soup that a text round trip does not give back (invalid
+    UTF-8, other merges); a program that resends each reply as returned still gets one
+    segment whose sampled tokens are exactly the sampled ids, where re-rendering the text
+    would not reproduce them."""
+    from coderl.endpoint.calls import render_prompt, renderer_for
+    from coderl.policy.episode import encode
+
+    cfg = _config(_program(RESEND), "rollout.max_new_tokens=12", "rollout.max_turns=3")
+    env = build_environment(cfg)
+    task = env.tasks("train")[0]
+    params = SamplingParams(temperature=1.0, max_new_tokens=12, seed=7)
+    [rec] = env.rollout(policy, [task], params, 1)
+    assert rec.finish_reason == "exited" and rec.turns == 3
+    [seg] = rec.trajectory.segments
+    seg.validate()
+    [train] = policy.logprobs([seg.token_ids], 1.0)
+    mask = torch.tensor(seg.loss_mask, dtype=torch.bool)
+    gap = (torch.tensor(train)[mask] - torch.tensor(seg.behavior_logprobs)[mask]).abs()
+    assert float(gap.max()) < 1e-3
+    # what a re-tokenizing gateway would have sampled the last call from
+    tok = policy.tokenizer
+    sampled = [seg.token_ids[a:b] for kind, a, b in seg.provenance["spans"] if kind == "action"]
+    msgs = [{"role": "user", "content": "fix the bug"}]
+    for i, ids in enumerate(sampled[:2]):
+        text = tok.decode(ids[:-1] if ids[-1] in tok.all_special_ids else ids)
+        msgs += [{"role": "assistant", "content": text}, {"role": "user", "content": f"result {i}"}]
+    renderer = renderer_for(tok, msgs, {}, call_format="hermes", template_tools=True)
+    again = encode(tok, render_prompt(renderer, msgs, call_format="hermes"))
+    last_prompt = seg.token_ids[: seg.provenance["spans"][-1][1]]
+    assert again != last_prompt  # the round trip would have changed what the model saw

@@ -136,9 +136,16 @@ def renderer_for(
     return ChatRenderer(tokenizer, tools, get_call_format(call_format), system, template_tools)
 
 
-def render_prompt(renderer: ChatRenderer, messages: Sequence[Message], *, call_format: str) -> str:
+def render_prompt(
+    renderer: ChatRenderer,
+    messages: Sequence[Message],
+    *,
+    call_format: str,
+    add_generation_prompt: bool = True,
+) -> str:
     """The generation prompt the harness would render for ``messages`` with ``renderer``'s
-    tools: the format's tool section in the system prompt unless the template shows them.
+    tools: the format's tool section in the system prompt unless the template shows them
+    (without the generation prompt when ``add_generation_prompt`` is False).
 
     Raises:
         RequestError: a malformed earlier tool call.
@@ -151,7 +158,7 @@ def render_prompt(renderer: ChatRenderer, messages: Sequence[Message], *, call_f
         renderer.tokenizer,
         msgs,
         tools=renderer.tool_schemas() if renderer.tools else None,
-        add_generation_prompt=True,
+        add_generation_prompt=add_generation_prompt,
     )
 
 

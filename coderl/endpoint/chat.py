@@ -24,6 +24,10 @@ the returned text ends before the stop string. A stream is sent after the whole 
 sampled (one content delta, then the tool calls, the finish reason and usage): it carries the
 same recording as the non-streamed reply, not token-by-token latency.
 
+Token in, token out (:mod:`coderl.endpoint.continuation`): a call that carries the episode's
+previous call and its reply unchanged, then new turns, is sampled from the previous prompt, the
+sampled ids and the template's delta, never from a re-tokenization of the model's own text.
+
 Segments (:func:`trajectory_of`): a call whose prompt ids start with the previous call's prompt
 plus completion continues that context window (the prompt's new tail is context, loss mask 0);
 any other call (the client rewrote, summarised or truncated its history, or its re-rendered
@@ -51,6 +55,7 @@ from coderl.endpoint.calls import (
     render_prompt,
     renderer_for,
 )
+from coderl.endpoint.continuation import Turn, continued_prompt
 from coderl.policy.base import Completion, SamplingParams
 from coderl.policy.episode import encode
 from coderl.trajectory import Segment, Trajectory
@@ -201,6 +206,8 @@ class Sampled:
     status: str
     """``none``, ``valid`` or ``invalid`` (:func:`coderl.endpoint.calls.parse_reply`)."""
     params: SamplingParams
+    turn: Turn
+    """What the episode's next call may continue (:mod:`coderl.endpoint.continuation`)."""
 
 
 def cut_at_stop(
@@ -236,9 +243,12 @@ def sample_chat(
     context: int | None,
     call_format: str,
     template_tools: bool,
+    previous: Turn | None = None,
 ) -> Sampled:
     """Render ``req`` as the harness renders it, sample once through ``generate`` and read the
-    reply: the one path of ``coderl serve`` and the gateway.
+    reply: the one path of ``coderl serve`` and the gateway. A call that carries ``previous``
+    (the episode's last call) and its reply unchanged continues from its exact ids
+    (:func:`coderl.endpoint.continuation.continued_prompt`); any other is rendered whole.
 
     Args:
         tools: what the model is shown and its calls are checked against (the harness's tools
@@ -258,7 +268,10 @@ def sample_chat(
         renderer = renderer_for(
             tokenizer, messages, tools, call_format=call_format, template_tools=template_tools
         )
-        prompt = encode(tokenizer, render_prompt(renderer, messages, call_format=call_format))
+        shown = [t.schema for t in tools.values()]
+        prompt = continued_prompt(
+            previous, messages, shown, renderer, call_format=call_format
+        ) or encode(tokenizer, render_prompt(renderer, messages, call_format=call_format))
     except RequestError:
         raise
     except Exception as e:  # template errors are the client's bad input
@@ -277,10 +290,11 @@ def sample_chat(
         stop_token_ids=renderer.stop_token_ids,
         seed=req.seed,
     )
-    out = generate(prompt, params)
-    out, text = cut_at_stop(tokenizer, out, renderer.content(out), stops)
+    sampled = generate(prompt, params)
+    out, text = cut_at_stop(tokenizer, sampled, renderer.content(sampled), stops)
     content, calls, status = parse_reply(text, tools, call_format)
-    return Sampled(prompt, out, text, content, calls, status, params)
+    turn = Turn(messages, shown, prompt, out, content, calls, whole=out is sampled)
+    return Sampled(prompt, out, text, content, calls, status, params, turn)
 
 
 def response_body(

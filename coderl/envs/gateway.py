@@ -26,8 +26,10 @@ command) with the task's statement and its own endpoint, and waits for it to end
   program's own files, e.g. its config).
 
 Trajectory: the calls, in order, through :func:`coderl.endpoint.chat.trajectory_of` (the segmenting
-of ``coderl serve``'s episodes too): a call whose prompt extends the previous prompt plus
-completion continues the segment, any other starts a new one (``episode/segments`` counts them).
+of ``coderl serve``'s episodes too). A call that carries the previous call and its reply
+unchanged is sampled from the exact ids (:mod:`coderl.endpoint.continuation`) and continues the
+segment; any other (the program rewrote, summarised or truncated its history) is rendered whole
+and starts a new segment (``episode/segments`` counts them).
 The answer is the sandbox's diff, graded by the inner environment's grader
 (``tasks.options.inner``: ``fnrepair``, ``humaneval`` or ``repo``) exactly like a native
 episode's.
@@ -79,6 +81,7 @@ from coderl.endpoint.chat import (
     sample_chat,
     trajectory_of,
 )
+from coderl.endpoint.continuation import Turn
 from coderl.endpoint.http import BackgroundServer
 from coderl.envs.agent import AgentEnvironment, sandbox_for
 from coderl.envs.base import EpisodeRecord, FailureKind, GradeRecord, SamplingPolicy
@@ -132,6 +135,8 @@ class _Episode:
     """The end of the program's output (stdout and stderr)."""
     model_s: float = 0.0
     """Seconds the program waited for the model (not counted against ``timeout_s``)."""
+    turn: Turn | None = None
+    """The last call, which the next may continue token for token."""
     lock: threading.Lock = field(default_factory=threading.Lock)
     process: subprocess.Popen[bytes] | None = None
 
@@ -193,9 +198,11 @@ class Gateway:
                     context=None,
                     call_format=self.opts.call_format,
                     template_tools=self.opts.template_tools,
+                    previous=ep.turn,
                 )
             except RequestError as e:
                 raise HTTPException(400, str(e)) from None
+            ep.turn = s.turn
             call = Call(s.prompt_ids, s.completion, {"status": s.status})
             ep.calls.append(call)
             ep.statuses.append(s.status)
@@ -275,7 +282,7 @@ def _wait(ep: _Episode, timeout_s: float) -> int | None:
 
 
 def run_program(ep: _Episode, opts: GatewayOptions, base_url: str, statement: str) -> str:
-    """Run the program for ``ep`` to its end; returns its finish reason (``submitted``: exit
+    """Run the program for ``ep`` to its end; returns its finish reason (``exited``: exit
     0; ``program_error``: non-zero exit; ``timeout``; or the gateway's ``ep.ending``)."""
     scratch = Path(tempfile.mkdtemp(prefix=f"coderl-gw-{ep.index}-"))
     try:
@@ -320,7 +327,7 @@ def run_program(ep: _Episode, opts: GatewayOptions, base_url: str, statement: st
             return "timeout"
         if ep.ending:
             return ep.ending
-        return "submitted" if code == 0 else "program_error"
+        return "exited" if code == 0 else "program_error"
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
 

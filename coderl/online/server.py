@@ -58,6 +58,7 @@ import re
 import threading
 import time
 import uuid
+from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -72,6 +73,7 @@ from coderl.config.online import SHARED, ExplorationConfig
 from coderl.endpoint.batching import WindowBatcher
 from coderl.endpoint.calls import RequestError, served_tools
 from coderl.endpoint.chat import ChatRequest, chat_endpoint, response_body, sample_chat
+from coderl.endpoint.continuation import Turn
 from coderl.online.events import MAX_REQUEST_BYTES, Rejected, parse_event, parse_json
 from coderl.online.routing import Route, Router
 from coderl.online.store import Store, interaction_row
@@ -81,6 +83,8 @@ from coderl.policy.rollout import TorchRollout
 
 log = logging.getLogger("coderl.online")
 
+MAX_OPEN_EPISODES = 4096
+"""Episodes whose last call the server keeps for token-exact continuation (oldest dropped)."""
 EDIT_TOOLS = ("edit", "write_file", "apply_patch", "str_replace", "replace", "create_file")
 _FENCE = re.compile(r"```[^\n]*\n(.*?)```", re.S)  # the body of each fenced block
 
@@ -241,6 +245,7 @@ class InteractionServer:
         if self.exploration.share > 0 and self.exploration.temperature == default_temperature:
             raise ValueError("the exploration temperature equals the serving temperature")
         self._explore_rng = random.Random(self.exploration.seed)
+        self._turns: OrderedDict[str, Turn] = OrderedDict()  # episode id -> its last call
 
     @property
     def policy(self) -> Any:
@@ -309,9 +314,11 @@ class InteractionServer:
                     context=context_limit(policy),
                     call_format=self.call_format,
                     template_tools=self.template_tools,
+                    previous=self._last_turn(req.episode_id, population, version),
                 )
         except RequestError as e:
             raise HTTPException(400, str(e)) from None
+        self._keep_turn(req.episode_id, population, version, s.turn)
         latency_ms = 1000.0 * (time.perf_counter() - start)
         out, params = s.completion, s.params
         iid = f"chatcmpl-{uuid.uuid4().hex}"
@@ -358,6 +365,24 @@ class InteractionServer:
             body["prompt_token_ids"] = list(s.prompt_ids)
             body["choices"][0]["token_ids"] = list(out.token_ids)
         return body
+
+    def _last_turn(self, episode_id: str | None, population: str, version: int) -> Turn | None:
+        """The episode's last call on the same weights, which this one may continue token for
+        token (:mod:`coderl.endpoint.continuation`); None without an episode id."""
+        if episode_id is None:
+            return None
+        with self._lock:
+            return self._turns.get(f"{population}\0{version}\0{episode_id}")
+
+    def _keep_turn(self, episode_id: str | None, population: str, version: int, turn: Turn) -> None:
+        if episode_id is None:
+            return
+        key = f"{population}\0{version}\0{episode_id}"
+        with self._lock:
+            self._turns[key] = turn
+            self._turns.move_to_end(key)
+            while len(self._turns) > MAX_OPEN_EPISODES:
+                self._turns.popitem(last=False)
 
     def _generate(self, sampler: Any, prompt: list[int], params: SamplingParams) -> Any:
         """One completion, batched for an in-process sampler, straight to an engine that
