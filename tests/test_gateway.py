@@ -398,3 +398,19 @@ def test_a_program_that_sends_replies_back_gets_one_token_exact_segment(policy) 
     again = encode(tok, render_prompt(renderer, msgs, call_format="hermes"))
     last_prompt = seg.token_ids[: seg.provenance["spans"][-1][1]]
     assert again != last_prompt  # the round trip would have changed what the model saw
+
+
+def test_time_waiting_for_the_model_is_not_the_programs(policy) -> None:
+    """A call that takes longer than the program's whole timeout does not time it out: the
+    program's own time is what ``timeout_s`` bounds (a slow engine is not the agent's fault)."""
+    import time
+
+    class Slow(Forced):
+        def generate(self, prompts, params):
+            time.sleep(5.0)
+            return super().generate(prompts, params)
+
+    env = build_environment(_config(_program(CALL + "call(1)"), timeout_s=3))
+    task = env.tasks("train")[0]
+    [rec] = env.rollout(Slow(policy, lambda _: "ok"), [task], SamplingParams(), 1)
+    assert (rec.finish_reason, rec.failure, rec.turns) == ("exited", None, 1)

@@ -134,7 +134,9 @@ class _Episode:
     log_tail: str = ""
     """The end of the program's output (stdout and stderr)."""
     model_s: float = 0.0
-    """Seconds the program waited for the model (not counted against ``timeout_s``)."""
+    """Seconds the program waited for finished calls (not counted against ``timeout_s``)."""
+    calling_since: float | None = None
+    """When the call in flight started (``time.monotonic()``), else None."""
     turn: Turn | None = None
     """The last call, which the next may continue token for token."""
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -175,11 +177,12 @@ class Gateway:
             HTTPException: 400 for a request coderl cannot serve or a spent budget (the
                 program is then stopped), 503 when the engine failed (an infra fault).
         """
-        start = time.monotonic()
+        ep.calling_since = start = time.monotonic()
         try:
             return self._complete(ep, req)
         finally:
             ep.model_s += time.monotonic() - start
+            ep.calling_since = None
 
     def _complete(self, ep: _Episode, req: ChatRequest) -> dict[str, Any]:
         with self.batcher.incoming(), ep.lock:  # one call of an episode at a time
@@ -272,7 +275,9 @@ def _wait(ep: _Episode, timeout_s: float) -> int | None:
     assert ep.process is not None
     start = time.monotonic()
     while True:
-        left = timeout_s + ep.model_s - (time.monotonic() - start)
+        now, since = time.monotonic(), ep.calling_since
+        waiting = ep.model_s + (now - since if since is not None else 0.0)
+        left = timeout_s + waiting - (now - start)
         if left <= 0:
             return None
         try:
