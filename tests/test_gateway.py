@@ -34,6 +34,8 @@ from coderl.policy import load_policy
 from coderl.policy.base import Completion, SamplingParams
 from coderl.train import loop
 
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
 ROOT = Path(__file__).parent.parent
 TOY = ROOT / "configs" / "toy.yaml"
 MINI_BIN = ROOT / ".venv-agents" / "bin" / "mini"
@@ -51,14 +53,6 @@ def _needs_mini() -> None:
         if in_ci():
             pytest.fail(f"CI: {msg}")
         pytest.skip(msg)
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
 
 
 @pytest.fixture(scope="module")
