@@ -28,6 +28,7 @@ from coderl.config.graders import GradersConfig, JudgeConfig, RMConfig
 from coderl.config.online import OnlineConfig
 from coderl.config.reward_order import check_reward_order
 from coderl.config.rollout import RolloutConfig
+from coderl.config.sandbox import SandboxConfig
 from coderl.config.synth import CurriculumConfig, SynthConfig
 from coderl.config.tracking import LoggingConfig
 from coderl.config.trainer import DistributedConfig as DistributedConfig  # re-export
@@ -395,6 +396,8 @@ class Config(_Section):
     """The ``async:`` section, read by ``coderl train-async`` (``async.max_staleness=0``...)."""
     engine: EngineConfig = Field(default_factory=EngineConfig)
     """The rollout engine (``torch`` in-process, or a ``vllm`` server)."""
+    sandbox: SandboxConfig = Field(default_factory=SandboxConfig)
+    """Where rollouts, builds and grades execute (``bwrap`` or ``container``)."""
     graders: GradersConfig = Field(default_factory=GradersConfig)
     """Gameability probes of the learned graders (``coderl graders probe``)."""
     tensorboard: bool = True
