@@ -75,7 +75,13 @@ def base_image(*, suite: str = BASE_SUITE, packages: tuple[str, ...] = BASE_PACK
 
 
 def build_layer(
-    kind: str, parent: str, containerfile: str, context: Path | None = None, *, pip: bool = True
+    kind: str,
+    parent: str,
+    containerfile: str,
+    context: Path | None = None,
+    *,
+    pip: bool = True,
+    copy: dict[str, Path] | None = None,
 ) -> str:
     """Build ``containerfile`` (its body, without the ``FROM`` line) on ``parent`` and return the
     image's tag ``localhost/coderl-<kind>:<hash>``; an existing tag is returned without building.
@@ -83,6 +89,8 @@ def build_layer(
     context: directory whose files the body may ``COPY`` (hashed by names and bytes).
     pip: copy the host CA bundle in as ``/etc/ssl/certs/host-ca.crt`` and point pip at it
         (``PIP_CERT``), with the build on the host network.
+    copy: name -> host directory, put into the build context under that name and NOT hashed:
+        the caller hashes them through a file of ``context`` (a content digest it holds).
     Raises SandboxError (the parent is missing, the build failed).
     """
     parts: list[str | bytes] = ["layer-v1", kind, image_id(parent), containerfile, str(pip)]
@@ -99,6 +107,8 @@ def build_layer(
             shutil.copytree(context, ctx, symlinks=True)
         else:
             ctx.mkdir()
+        for name, tree in (copy or {}).items():
+            shutil.copytree(tree, ctx / name, symlinks=True)
         head = f"FROM {parent}\n"
         if pip:
             shutil.copy(CA_BUNDLE, ctx / ".host-ca.crt")
