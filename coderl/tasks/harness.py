@@ -1,0 +1,222 @@
+"""SWE-bench's own grading beside coderl's: instance images, the harness's test log, its report.
+
+The official harness (the ``swebench`` package, 5.x) grades an instance by running its eval
+script in a fresh container of the instance's image with the prediction applied, then reading the
+test log between ``>>>>> Start Test Output`` and ``>>>>> End Test Output`` with the repository's
+log parser (``swebench.harness.log_parsers.PARSER_REGISTRY``) and deciding FAIL_TO_PASS /
+PASS_TO_PASS with ``swebench.harness.grading.get_eval_report``. This module does the same with
+the package's own functions (nothing of them is rewritten here):
+
+- :func:`instance_image`: the image an instance names (``image``, SWE-smith's ``image_name``,
+  R2E-Gym's ``docker_image``) or the SWE-bench naming scheme
+  (``swebench/sweb.eval.x86_64.<instance id, "__" -> "_1776_">:latest``);
+- :func:`harness_report`: for a coderl repository task, the agent's diff applied exactly as
+  :func:`coderl.tasks.grading.grade` applies it (protected paths stripped by ``apply_to_copy``,
+  the pristine test files and the environment's ``/venv`` mounted read-only), the task's
+  FAIL_TO_PASS + PASS_TO_PASS run with ``pytest -rA`` in a fresh sandbox (a container when the
+  run's backend is ``container``), the log parsed by ``parse_log_pytest``, the report made by
+  ``get_eval_report``;
+- :func:`cross_check`: coderl's out-of-process verdict (:func:`coderl.tasks.grading.grade`)
+  decides; the harness's report is computed beside it and a disagreement is reported, never
+  used as the reward;
+- :func:`write_run`: a predictions file and the per-instance ``report.json`` files in the
+  harness's log layout, summarised by ``swebench.harness.reporting.make_run_report``.
+
+What the harness's parse can be fooled by (why it only cross-checks here): the graded code runs
+in the pytest process that writes the log, so it can print ``PASSED <test id>`` lines of its own
+or rewrite pytest's summary; swebench counters a non-zero exit status with no failure (its
+``TEST_EXIT_CODE`` check) but not a forged pass with exit status 0. coderl's verdict is signed by
+an observer outside the graded process (``coderl.tasks.runner``), and the diff guard denies
+reward for diffs that reach into process internals (``coderl.tasks.diffguard``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import shlex
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from coderl.sandbox.base import Limits
+from coderl.tasks.envbuild import EnvRecord, find_env
+from coderl.tasks.grading import GradeResult, grade, pristine_mounts, protection, rollout_base
+from coderl.tasks.patches import PatchError, apply_to_copy, remove_tree
+from coderl.tasks.runner import SANDBOX_ENV, SandboxFactory, default_factory
+from coderl.tasks.snapshot import cache_dir
+from coderl.tasks.spec import Task
+
+SWEBENCH_NAMESPACE = "swebench"
+"""Docker Hub namespace of SWE-bench's published instance images."""
+IMAGE_KEYS = ("image", "image_name", "docker_image")
+"""Instance fields that name an image: swebench 5.x datasets, SWE-smith, R2E-Gym/SWE-Gym."""
+
+
+def instance_image(
+    instance: dict[str, Any],
+    *,
+    namespace: str = SWEBENCH_NAMESPACE,
+    arch: str = "x86_64",
+    tag: str = "latest",
+) -> str:
+    """The image of a SWE-bench-format instance: the first of ``IMAGE_KEYS`` it has, else the
+    SWE-bench scheme ``{namespace}/sweb.eval.{arch}.{instance_id lowercased}:{tag}`` with ``__``
+    written ``_1776_`` (Docker Hub names cannot hold ``__``). Raises KeyError (no instance_id)."""
+    for key in IMAGE_KEYS:
+        if instance.get(key):
+            return str(instance[key])
+    key = f"sweb.eval.{arch}.{instance['instance_id'].lower()}:{tag}"
+    return f"{namespace}/{key}".replace("__", "_1776_")
+
+
+def eval_script(task: Task, env: EnvRecord) -> list[str]:
+    """The harness eval script's lines (no shebang) for ``task``: its FAIL_TO_PASS and
+    PASS_TO_PASS tests with ``pytest -rA`` between the harness's markers, the exit status
+    recorded by ``swebench.harness.utils.record_test_exit_code``."""
+    from swebench.harness.constants import END_TEST_OUTPUT, START_TEST_OUTPUT
+    from swebench.harness.utils import record_test_exit_code
+
+    ids = " ".join(shlex.quote(i) for i in dict.fromkeys(task.FAIL_TO_PASS + task.PASS_TO_PASS))
+    ini = env.info.get("pytest_config")
+    config = f" -c {shlex.quote(ini)}" if ini else ""
+    test = f"/venv/bin/python -m pytest -rA -p no:cacheprovider{config} -- {ids}"
+    lines = ["cd /testbed", f"echo '{START_TEST_OUTPUT}'", test, f"echo '{END_TEST_OUTPUT}'"]
+    return record_test_exit_code(lines)
+
+
+def test_spec(task: Task, env: EnvRecord, image: str) -> Any:
+    """The ``swebench.types.TestSpec`` of ``task``: pytest's log parser, pass-and-fail grading."""
+    from swebench.types import TestSpec
+
+    return TestSpec(
+        instance_id=task.id,
+        image=image,
+        eval_script_list=eval_script(task, env),
+        repo=env.name,
+        version=env.version,
+        FAIL_TO_PASS=list(task.FAIL_TO_PASS),
+        PASS_TO_PASS=list(task.PASS_TO_PASS),
+        log_parser="parse_log_pytest",
+        eval_type="pass_and_fail",
+    )
+
+
+def harness_report(
+    task: Task,
+    agent_diff: str,
+    *,
+    image: str = "",
+    env: EnvRecord | None = None,
+    factory: SandboxFactory | None = None,
+    timeout: float = 300.0,
+    log_path: Path | None = None,
+    model: str = "coderl",
+) -> dict[str, Any]:
+    """The harness's report entry for ``agent_diff`` on repository task ``task``: the dict
+    ``get_eval_report`` returns for the instance (``patch_exists``,
+    ``patch_successfully_applied``, ``resolved``, ``tests_status``, ...).
+
+    image: recorded in the TestSpec (the sandbox's image comes from the factory/backend).
+    log_path: where the test log is written (default: a temporary file, removed).
+    Raises KeyError (environment not built), SandboxError (the sandbox failed).
+    """
+    from swebench.harness.grading import get_eval_report
+
+    env = env or find_env(task.env_id)
+    spec = test_spec(task, env, image)
+    prediction = {"instance_id": task.id, "model_name_or_path": model, "model_patch": agent_diff}
+    tmp = Path(tempfile.mkdtemp(dir=cache_dir(), prefix=".harness-"))
+    try:
+        log = _run_eval(task, env, agent_diff, spec, tmp, factory or default_factory(), timeout)
+        path = log_path or tmp / "test_output.txt"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(log)
+        return get_eval_report(spec, prediction, str(path), include_tests_status=True)[task.id]
+    finally:
+        remove_tree(tmp)
+
+
+def _run_eval(
+    task: Task,
+    env: EnvRecord,
+    diff: str,
+    spec: Any,
+    tmp: Path,
+    factory: SandboxFactory,
+    timeout: float,
+) -> str:
+    """The eval log: the diff applied as ``grade`` applies it, the eval script run in a fresh
+    sandbox; a diff that does not apply writes the harness's own failure marker."""
+    from swebench.harness.constants import APPLY_PATCH_FAIL
+
+    tree = tmp / "tree"
+    tree.mkdir()
+    try:
+        apply_to_copy(rollout_base(task, env), diff, protection(task, env), tree)
+    except PatchError as e:
+        return f"{APPLY_PATCH_FAIL}: {str(e)[-300:]}\n"
+    ro = pristine_mounts(env)
+    limits = Limits(timeout_s=timeout, cpu_s=int(timeout) + 30, memory_bytes=4 * 1024**3)
+    ro["/venv"] = env.venv
+    # the repository's own pytest plugins load, as under the harness (coderl's runner loads
+    # what it needs itself and turns autoloading off)
+    env_vars = {k: v for k, v in SANDBOX_ENV.items() if k != "PYTEST_DISABLE_PLUGIN_AUTOLOAD"}
+    sb = factory(tree, limits=limits, env=env_vars, ro_mounts=ro, rw_mounts={}, network=False)
+    try:
+        res = sb.exec("\n".join(["exec 2>&1", *spec.eval_script_list]), timeout=timeout)
+    finally:
+        sb.close()
+    return res.stdout + res.stderr
+
+
+def cross_check(
+    task: Task,
+    agent_diff: str,
+    *,
+    factory: SandboxFactory | None = None,
+    timeout: float = 300.0,
+    image: str = "",
+    log_path: Path | None = None,
+) -> tuple[GradeResult, dict[str, Any]]:
+    """coderl's verdict (which decides) and the harness's report beside it, with
+    ``report["coderl"] = {"resolved", "harness_resolved", "agree"}`` added and ``report["resolved"]``
+    set to coderl's verdict. A grade coderl masks (``grading_error``) is reported as not
+    resolved, with ``agree`` None."""
+    result = grade(task, agent_diff, factory=factory, timeout=timeout)
+    report = harness_report(
+        task, agent_diff, image=image, factory=factory, timeout=timeout, log_path=log_path
+    )
+    harness = bool(report["resolved"])
+    agree = None if result.grading_error is not None else harness == result.resolved
+    report["coderl"] = {"resolved": result.resolved, "harness_resolved": harness, "agree": agree}
+    report["resolved"] = result.resolved
+    return result, report
+
+
+def write_run(
+    out_dir: Path, run_id: str, model: str, rows: list[tuple[str, str, dict[str, Any]]]
+) -> Path:
+    """Write a harness run for ``rows`` (instance id, model patch, report entry): ``out_dir/
+    predictions.jsonl`` and ``out_dir/logs/run_evaluation/<run_id>/<model>/<id>/report.json`` (the
+    harness's layout), then ``swebench.harness.reporting.make_run_report`` over them; returns
+    the summary's path (``out_dir/<model>.<run_id>.json``)."""
+    from swebench.harness.constants import LOG_REPORT, RUN_EVALUATION_LOG_DIR
+    from swebench.harness.reporting import make_run_report
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    predictions = {
+        iid: {"instance_id": iid, "model_name_or_path": model, "model_patch": patch}
+        for iid, patch, _ in rows
+    }
+    with (out_dir / "predictions.jsonl").open("w") as f:
+        for p in predictions.values():
+            f.write(json.dumps(p) + "\n")
+    for iid, _, report in rows:
+        folder = out_dir / RUN_EVALUATION_LOG_DIR / run_id / model.replace("/", "__") / iid
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / LOG_REPORT).write_text(json.dumps({iid: report}, indent=1))
+    dataset = [{"instance_id": iid} for iid, _, _ in rows]
+    with contextlib.chdir(out_dir):  # the harness reads its log layout from the cwd
+        summary = make_run_report(predictions, dataset, run_id, report_dir=".")
+    return out_dir / summary
