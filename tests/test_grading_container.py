@@ -13,6 +13,7 @@ the parse environment (built here from PyPI when missing, about a minute).
 from __future__ import annotations
 
 import functools
+import json
 import os
 import random
 import shutil
@@ -116,3 +117,21 @@ def test_train_one_step_with_the_container_backend(tmp_path, parse_env, image, m
     # two rollout sandboxes and two grades (each at least one sandbox), all in containers
     assert len(started) >= 4 and set(started) == {image}
     assert BACKEND_ENV not in os.environ  # the run put the process's backend back
+
+    # coderl eval of that checkpoint in containers, written as a SWE-bench harness run
+    from coderl.cli import main
+
+    before = len(started)
+    harness = tmp_path / "harness"
+    args = ["eval", str(run_dir), "tasks=repo:train", "k=1", "eval.tasks=1"]
+    assert main([*args, "--harness", str(harness)]) == 0
+    assert len(started) >= before + 3  # rollout, coderl's grade, the harness's run
+    predictions = [json.loads(x) for x in (harness / "predictions.jsonl").read_text().splitlines()]
+    assert len(predictions) == 1 and predictions[0]["model_name_or_path"] == "tiny-random"
+    (summary,) = harness.glob("tiny-random.*.json")
+    data = json.loads(summary.read_text())
+    assert data["submitted_instances"] == 1 and data["schema_version"] == 2
+    if predictions[0]["model_patch"]:  # a tiny random model's diff: resolved or not, reported
+        (report,) = harness.glob("logs/run_evaluation/*/tiny-random/*/report.json")
+        entry = json.loads(report.read_text())[predictions[0]["instance_id"]]
+        assert entry["coderl"]["agree"] in (True, False) and "resolved" in entry

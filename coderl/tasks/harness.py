@@ -194,6 +194,29 @@ def cross_check(
     return result, report
 
 
+def eval_rows(
+    tasks: list[Task], episodes: list[tuple[Any, bool]], *, timeout: float = 300.0
+) -> list[tuple[str, str, dict[str, Any]]]:
+    """Harness rows of an evaluation: for each repository task, its first evaluated episode
+    (``(view, resolved)`` as ``coderl eval`` collects them: one prediction per instance, as
+    SWE-bench takes) graded by :func:`harness_report` in the run's sandbox backend, with
+    coderl's verdict from the evaluation deciding ``resolved`` and the harness's beside it."""
+    by_id = {t.id: t for t in tasks if t.kind == "repo"}
+    rows: list[tuple[str, str, dict[str, Any]]] = []
+    seen: set[str] = set()
+    for view, ok in episodes:
+        task = by_id.get(view.task_id)
+        if task is None or task.id in seen:
+            continue
+        seen.add(task.id)
+        report = harness_report(task, view.diff, timeout=timeout)
+        harness = bool(report["resolved"])
+        report["coderl"] = {"resolved": ok, "harness_resolved": harness, "agree": harness == ok}
+        report["resolved"] = bool(ok)
+        rows.append((task.id, view.diff, report))
+    return rows
+
+
 def write_run(
     out_dir: Path, run_id: str, model: str, rows: list[tuple[str, str, dict[str, Any]]]
 ) -> Path:
