@@ -194,6 +194,102 @@ def cross_check(
     return result, report
 
 
+def instance_sandbox(instance: dict[str, Any], *, limits: Limits | None = None) -> Any:
+    """A rollout sandbox for a SWE-bench-format instance that brings its own image: a container
+    of :func:`instance_image` whose ``/testbed`` is an overlay over the image's own ``/testbed``
+    (copied out once, ``coderl.sandbox.images.image_testbed``), with the image's environment
+    (its ``PATH``, its interpreters). Raises SandboxError (no such image, no ``/testbed``)."""
+    from coderl.sandbox.container import ContainerSandbox
+    from coderl.sandbox.images import image_testbed
+
+    image = instance_image(instance)
+    return ContainerSandbox(
+        image_testbed(image),
+        limits=limits or Limits(),
+        env={},
+        ro_mounts={},
+        rw_mounts={},
+        network=False,
+        image=image,
+    )
+
+
+def grade_instance(
+    instance: dict[str, Any],
+    model_patch: str,
+    *,
+    model: str = "coderl",
+    timeout: float = 1800.0,
+    log_path: Path | None = None,
+) -> dict[str, Any]:
+    """The harness's report entry for ``model_patch`` on a SWE-bench-format instance with its
+    own image (swebench 5.x fields ``image``, ``eval_script``, ``log_parser``, ``eval_type``,
+    FAIL_TO_PASS, PASS_TO_PASS; ``swebench.harness.utils.make_test_spec``), graded as the harness
+    grades it: the patch applied to the image's ``/testbed`` (the files of the instance's
+    ``test_patch`` and coderl's protected paths stripped, ``apply_to_copy``), the eval script run
+    in a fresh container of the image without network, the log read by the instance's parser.
+
+    Only the log parser decides here (no coderl runner in a foreign image): see the module
+    docstring for what graded code can forge in that log. The diff guard
+    (``coderl.tasks.diffguard``) runs first: a denied diff is reported unresolved with
+    ``denied`` set, its tests never run.
+    Raises KeyError (a field missing), SandboxError (podman, the image)."""
+    from swebench.harness.constants import APPLY_PATCH_FAIL
+    from swebench.harness.grading import get_eval_report
+    from swebench.harness.utils import make_test_spec
+
+    from coderl.sandbox.images import image_testbed
+    from coderl.tasks.diffguard import scan_change
+    from coderl.tasks.patches import paths_in_diff
+    from coderl.tasks.protected import is_protected
+
+    spec = make_test_spec(instance)
+    image = instance_image(instance)
+    base = image_testbed(image)
+    test_files = paths_in_diff(instance.get("test_patch") or "")
+    prediction = {"instance_id": spec.instance_id, "model_name_or_path": model}
+    prediction["model_patch"] = model_patch
+    tmp = Path(tempfile.mkdtemp(dir=base.parent, prefix=".grade-"))  # hard links: same fs
+    try:
+        tree = tmp / "tree"
+        tree.mkdir()
+        denied: list[str] = []
+        try:
+            changed, _ = apply_to_copy(
+                base, model_patch, lambda p: is_protected(p, test_files), tree
+            )
+            denied = [str(f) for f in scan_change(base, tree, changed, base)]
+            log = _instance_log(spec, tree, image, timeout) if not denied else ""
+        except PatchError as e:
+            log = f"{APPLY_PATCH_FAIL}: {str(e)[-300:]}\n"
+        path = log_path or tmp / "test_output.txt"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(log)
+        report = get_eval_report(spec, prediction, str(path), include_tests_status=True)
+        entry = report[spec.instance_id]
+        if denied:
+            entry["resolved"], entry["denied"] = False, denied
+        return entry
+    finally:
+        remove_tree(tmp)
+
+
+def _instance_log(spec: Any, tree: Path, image: str, timeout: float) -> str:
+    """The eval script's log from a fresh container of ``image`` over ``tree``."""
+    from coderl.sandbox.container import ContainerSandbox
+
+    limits = Limits(timeout_s=timeout, cpu_s=int(timeout) + 30, memory_bytes=8 * 1024**3)
+    sb = ContainerSandbox(
+        tree, limits=limits, env={}, ro_mounts={}, rw_mounts={}, network=False, image=image
+    )
+    try:  # its own bash: the script's `set -uxo pipefail` must not reach the sandbox's shell
+        sb.write_text("/tmp/coderl_eval.sh", spec.eval_script)
+        res = sb.exec("/bin/bash /tmp/coderl_eval.sh 2>&1", timeout=timeout)
+    finally:
+        sb.close()
+    return res.stdout + res.stderr
+
+
 def eval_rows(
     tasks: list[Task], episodes: list[tuple[Any, bool]], *, timeout: float = 300.0
 ) -> list[tuple[str, str, dict[str, Any]]]:
