@@ -8,7 +8,7 @@ Rows (measured round-robin, one run of each in turn, so a shared machine's load 
 - start-to-first-exec: ``Sandbox.create(base)`` + ``exec("true")``, wall milliseconds (p50/p90);
   ``close`` is timed apart (it is off the rollout's critical path only when done in background);
 - exec latency: ``exec("true")`` in a started sandbox, p50/p90 milliseconds;
-- grade: ``coderl.tasks.grading.grade(task, task.gold_patch)`` for the first task of ``--tasks``
+- grade: ``coderl.grading.grade.grade(task, task.gold_patch)`` for the first task of ``--tasks``
   whose environment is built (``coderl tasks build-env``), the default factory (bwrap) against
   ``Sandbox.create(..., backend="container")``; median seconds and the ratio container / bwrap,
   with the two verdicts (they must agree).
@@ -80,8 +80,8 @@ def exec_rows(base: Path, execs: int) -> dict[str, list[float]]:
 
 def grade_rows(tasks_file: str, repeats: int) -> tuple[str, dict[str, list[float]], set[str]]:
     """Task id, per backend the seconds of each gold-patch grade, and the verdicts seen."""
-    from coderl.tasks.envbuild import find_env
-    from coderl.tasks.grading import grade
+    from coderl.grading.grade import grade
+    from coderl.tasks.env import find_env
     from coderl.tasks.spec import load_tasks
 
     task = None

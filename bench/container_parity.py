@@ -19,11 +19,12 @@ import json
 import os
 import time
 
+from coderl.grading.grade import grade
+from coderl.grading.verdict import GradeResult
 from coderl.sandbox import Sandbox
 from coderl.sandbox.container import IMAGE_ENV
 from coderl.sandbox.images import base_image
-from coderl.tasks.envbuild import find_env
-from coderl.tasks.grading import GradeResult, grade
+from coderl.tasks.env import find_env
 from coderl.tasks.spec import Task, load_tasks
 
 

@@ -44,7 +44,7 @@ def image() -> str:
 
 @pytest.fixture(scope="module")
 def parse_env():
-    from coderl.tasks.envbuild import build_env
+    from coderl.envbuild.build import build_env
 
     return build_env(PARSE)
 
@@ -58,7 +58,7 @@ def _sample() -> list[str]:
 
 @pytest.mark.parametrize("task_id", _sample())
 def test_gold_and_empty_patch_grade_alike_in_both_backends(task_id, parse_env, image, monkeypatch):
-    from coderl.tasks.grading import grade
+    from coderl.grading.grade import grade
     from coderl.tasks.spec import load_tasks
 
     monkeypatch.setenv(IMAGE_ENV, image)

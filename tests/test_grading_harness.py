@@ -1,4 +1,4 @@
-"""SWE-bench's harness grading beside coderl's (``coderl.tasks.harness``), in containers.
+"""SWE-bench's harness grading beside coderl's (``coderl.grading.harness``), in containers.
 
 - the image naming of SWE-bench, SWE-smith and R2E-Gym instances;
 - a parse task's gold and empty patch: the harness's report (``swebench``'s log parser and
@@ -20,7 +20,7 @@ import shutil
 
 import pytest
 
-from coderl.tasks.harness import instance_image
+from coderl.grading.harness import instance_image
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PARSE_TASKS = os.path.join(ROOT, "data", "tasks", "parse.jsonl.gz")
@@ -45,9 +45,9 @@ def test_instance_images_follow_each_datasets_field_or_swebenchs_scheme():
 
 @pytest.fixture(scope="module")
 def container_factory():
+    from coderl.envbuild.build import build_env
     from coderl.sandbox import Sandbox
     from coderl.sandbox.images import base_image
-    from coderl.tasks.envbuild import build_env
 
     build_env("parse==1.22.4")
     os.environ["CODERL_CONTAINER_IMAGE"] = base_image()
@@ -64,7 +64,7 @@ def task():
 
 @needs_containers
 def test_gold_and_empty_agree_and_swebench_reads_the_run(task, container_factory, tmp_path):
-    from coderl.tasks.harness import cross_check, write_run
+    from coderl.grading.harness import cross_check, write_run
 
     rows = []
     for name, diff in (("gold", task.gold_patch), ("empty", "")):
@@ -97,8 +97,8 @@ _atexit.register(_forge)
 
 @needs_containers
 def test_a_log_forged_by_the_graded_code_fools_the_parser_not_coderl(task, container_factory):
-    from coderl.tasks.grading import rollout_base
-    from coderl.tasks.harness import cross_check
+    from coderl.grading.grade import rollout_base
+    from coderl.grading.harness import cross_check
     from coderl.tasks.patches import make_diff, paths_in_diff
 
     rel = paths_in_diff(task.gold_patch)[0]  # the module the fix is in: the tests import it

@@ -1,4 +1,4 @@
-"""A SWE-bench-format instance that brings its own image (``coderl.tasks.harness``): the episode
+"""A SWE-bench-format instance that brings its own image (``coderl.grading.harness``): the episode
 runs in a container of the image, and the grade runs the instance's eval script in a fresh
 container of it, read by ``swebench``'s log parser and ``get_eval_report``.
 
@@ -80,7 +80,7 @@ def instance(tmp_path_factory) -> dict:
 
 
 def test_an_episode_in_the_instance_image_is_graded_as_the_harness_grades(instance):
-    from coderl.tasks.harness import grade_instance, instance_sandbox
+    from coderl.grading.harness import grade_instance, instance_sandbox
 
     with instance_sandbox(instance) as sb:
         assert sb.exec("/venv/bin/python -c 'import pytest'").exit_code == 0  # the image's env
@@ -101,9 +101,9 @@ def test_the_instances_test_files_are_not_the_agents_to_change(instance, monkeyp
     would resolve the instance; the test file is protected (coderl's test-file patterns and the
     files of the instance's test_patch), so that chunk is stripped and ``test_add`` fails against
     the real ``calc``."""
+    import coderl.grading.protected as protected
     import coderl.tasks.patches as patches
-    import coderl.tasks.protected as protected
-    from coderl.tasks.harness import grade_instance
+    from coderl.grading.harness import grade_instance
 
     old = "import calc\n\ndef test_sub():\n    assert calc.sub(3, 2) == 1\n"
     forged = patches.make_diff(
@@ -119,7 +119,7 @@ def test_the_instances_test_files_are_not_the_agents_to_change(instance, monkeyp
 
 
 def test_the_image_scheme_names_the_image_when_the_instance_does_not(instance):
-    from coderl.tasks.harness import instance_image
+    from coderl.grading.harness import instance_image
 
     assert instance_image(instance) == instance["image"]
     assert Path(instance["image"]).name.startswith("coderl-instance-test:")

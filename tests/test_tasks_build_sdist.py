@@ -22,7 +22,7 @@ import shutil
 
 import pytest
 
-from coderl.tasks.envbuild import BuildError, RuleBasedPolicy, build_env
+from coderl.envbuild.build import BuildError, RuleBasedPolicy, build_env
 
 pytestmark = pytest.mark.skipif(
     shutil.which("bwrap") is None or os.geteuid() != 0,
@@ -64,8 +64,8 @@ def test_a_root_script_with_an_optional_import_does_not_fail_the_build(minimod_e
 
 @pytest.mark.skipif(shutil.which("podman") is None, reason="needs podman (make sysdeps)")
 def test_the_environment_image_runs_the_tests_offline_and_is_cached(minimod_env):
+    from coderl.envbuild.image import build_env_image
     from coderl.sandbox.container import run_cli
-    from coderl.tasks.envimage import build_env_image
 
     tag = build_env_image(minimod_env)
     created = run_cli(["image", "inspect", "--format", "{{.Created}}", tag])

@@ -6,7 +6,7 @@ table on stderr). ``--episodes-out FILE`` also writes every evaluated episode
 (task statement, diff, tool log, test outcomes, resolved) as the episodes JSONL that
 ``coderl rm train --episodes`` and ``coderl graders probe`` read (an existing FILE is replaced
 only with ``--force``). ``--harness DIR`` writes the repository tasks' first episodes as a
-SWE-bench harness run (``coderl.tasks.harness``: predictions, per-instance reports with
+SWE-bench harness run (``coderl.grading.harness``: predictions, per-instance reports with
 ``resolved`` and ``tests_status``, the summary of ``swebench``'s ``make_run_report``), so that a
 run's number can be set beside published ones."""
 
@@ -87,7 +87,7 @@ def run(args: argparse.Namespace) -> int:
         result = run_eval(run_, split or None, episodes)
         evaluated = run_.env.tasks(split or cfg.tasks.heldout_split)[: cfg.eval.tasks]
         if args.harness:  # in the run's sandbox backend, set until close_run
-            from coderl.tasks.harness import eval_rows, write_run
+            from coderl.grading.harness import eval_rows, write_run
 
             rows = eval_rows(evaluated, episodes or [])
             summary = write_run(Path(args.harness), ckpt.name, cfg.model.name, rows)

@@ -71,8 +71,8 @@ def _builder(name: str) -> Callable[[str], EnvRecord]:
 
 
 def _with_image(build: Callable[[str], EnvRecord]) -> Callable[[str], EnvRecord]:
-    """``build``, then the environment's container image (``coderl.tasks.envimage``)."""
-    from coderl.tasks.envimage import build_env_image
+    """``build``, then the environment's container image (``coderl.envbuild.image``)."""
+    from coderl.envbuild.image import build_env_image
 
     def run(spec: str) -> EnvRecord:
         rec = build(spec)

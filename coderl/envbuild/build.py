@@ -129,7 +129,10 @@ def _project_name(root: Path, fallback: str) -> str:
 
 _INSTALLED = """
 import importlib.metadata as m, sys
-d = m.distribution(sys.argv[1])
+try:
+    d = m.distribution(sys.argv[1])
+except m.PackageNotFoundError:  # a plan that installs only the test dependencies
+    sys.exit(0)
 names = set((d.read_text("top_level.txt") or "").split())
 for f in d.files or []:
     top = f.parts[0]

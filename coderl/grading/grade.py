@@ -213,7 +213,7 @@ def _shown(path: str) -> str:
 
 def protection(task: Task, env: EnvRecord) -> Callable[[str], bool]:
     """Whether the agent may not change a workspace-relative path of ``task``
-    (``coderl.tasks.protected.is_protected`` with the task's and the environment's test paths,
+    (``coderl.grading.protected.is_protected`` with the task's and the environment's test paths,
     source roots and virtualenv modules): what ``apply_to_copy`` strips from its diff."""
     roots = (".",) if env.info.get("source_root", ".") == "." else (".", env.info["source_root"])
     extra = [*task.protected_paths, *env.test_paths, *(f"{p}/**" for p in env.test_paths)]

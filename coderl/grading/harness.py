@@ -11,12 +11,12 @@ the package's own functions (nothing of them is rewritten here):
   R2E-Gym's ``docker_image``) or the SWE-bench naming scheme
   (``swebench/sweb.eval.x86_64.<instance id, "__" -> "_1776_">:latest``);
 - :func:`harness_report`: for a coderl repository task, the agent's diff applied exactly as
-  :func:`coderl.tasks.grading.grade` applies it (protected paths stripped by ``apply_to_copy``,
+  :func:`coderl.grading.grade.grade` applies it (protected paths stripped by ``apply_to_copy``,
   the pristine test files and the environment's ``/venv`` mounted read-only), the task's
   FAIL_TO_PASS + PASS_TO_PASS run with ``pytest -rA`` in a fresh sandbox (a container when the
   run's backend is ``container``), the log parsed by ``parse_log_pytest``, the report made by
   ``get_eval_report``;
-- :func:`cross_check`: coderl's out-of-process verdict (:func:`coderl.tasks.grading.grade`)
+- :func:`cross_check`: coderl's out-of-process verdict (:func:`coderl.grading.grade.grade`)
   decides; the harness's report is computed beside it and a disagreement is reported, never
   used as the reward;
 - :func:`write_run`: a predictions file and the per-instance ``report.json`` files in the
@@ -26,8 +26,8 @@ What the harness's parse can be fooled by (why it only cross-checks here): the g
 in the pytest process that writes the log, so it can print ``PASSED <test id>`` lines of its own
 or rewrite pytest's summary; swebench counters a non-zero exit status with no failure (its
 ``TEST_EXIT_CODE`` check) but not a forged pass with exit status 0. coderl's verdict is signed by
-an observer outside the graded process (``coderl.tasks.runner``), and the diff guard denies
-reward for diffs that reach into process internals (``coderl.tasks.diffguard``).
+an observer outside the graded process (``coderl.grading.runner``), and the diff guard denies
+reward for diffs that reach into process internals (``coderl.grading.diffguard``).
 """
 
 from __future__ import annotations
@@ -39,11 +39,13 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from coderl.grading.apply import apply_to_copy, remove_tree
+from coderl.grading.grade import grade, pristine_mounts, protection, rollout_base
+from coderl.grading.runner import SANDBOX_ENV, SandboxFactory, default_factory
+from coderl.grading.verdict import GradeResult
 from coderl.sandbox.base import Limits
-from coderl.tasks.envbuild import EnvRecord, find_env
-from coderl.tasks.grading import GradeResult, grade, pristine_mounts, protection, rollout_base
-from coderl.tasks.patches import PatchError, apply_to_copy, remove_tree
-from coderl.tasks.runner import SANDBOX_ENV, SandboxFactory, default_factory
+from coderl.tasks.env import EnvRecord, find_env
+from coderl.tasks.patches import PatchError
 from coderl.tasks.snapshot import cache_dir
 from coderl.tasks.spec import Task
 
@@ -231,17 +233,17 @@ def grade_instance(
 
     Only the log parser decides here (no coderl runner in a foreign image): see the module
     docstring for what graded code can forge in that log. The diff guard
-    (``coderl.tasks.diffguard``) runs first: a denied diff is reported unresolved with
+    (``coderl.grading.diffguard``) runs first: a denied diff is reported unresolved with
     ``denied`` set, its tests never run.
     Raises KeyError (a field missing), SandboxError (podman, the image)."""
     from swebench.harness.constants import APPLY_PATCH_FAIL
     from swebench.harness.grading import get_eval_report
     from swebench.harness.utils import make_test_spec
 
+    from coderl.grading.diffguard import scan_change
+    from coderl.grading.protected import is_protected
     from coderl.sandbox.images import image_testbed
-    from coderl.tasks.diffguard import scan_change
     from coderl.tasks.patches import paths_in_diff
-    from coderl.tasks.protected import is_protected
 
     spec = make_test_spec(instance)
     image = instance_image(instance)

@@ -7,7 +7,7 @@ and rebuilt only when an input changes):
 2. the environment (``localhost/coderl-env:<hash>``): the repository snapshot at ``/testbed`` and a
    virtualenv at ``/venv`` made by the install plan that worked for the host build
    (``EnvRecord.install_commands``), the project itself uninstalled and ``/testbed`` put on the
-   path by a ``.pth`` file, exactly as ``coderl.tasks.envbuild`` leaves a host environment; the
+   path by a ``.pth`` file, exactly as ``coderl.envbuild.build`` leaves a host environment; the
    hash covers the base image id, the snapshot's digest and the install commands.
 
 The image is self-contained (its own Debian Python 3.11, the same minor version the host build
@@ -27,9 +27,9 @@ import shlex
 import tempfile
 from pathlib import Path
 
+from coderl.grading.runner import SITE
 from coderl.sandbox.images import base_image, build_layer
-from coderl.tasks.envbuild import EnvRecord
-from coderl.tasks.runner import SITE
+from coderl.tasks.env import EnvRecord
 
 
 def containerfile(env: EnvRecord) -> str:
