@@ -228,13 +228,11 @@ class ContainerSandbox(ShellSandboxMethods, Sandbox):
         self._shell: Shell | None = None
         self._closed = False
         self._seed = seed
-        self._container: str | None = None
         self._starts = 0
         self._podman_said = ""
         _reap_once()
         self.owner = _owner()
         self.scratch = CONTAINER_ROOT / f"{self.owner.replace(':', '-')}-{next(_counter)}"
-        self._mounted = False
         try:
             self._build_scratch()
             self._start_shell()
@@ -248,7 +246,6 @@ class ContainerSandbox(ShellSandboxMethods, Sandbox):
         s = str(self.scratch)
         self.scratch.mkdir(parents=True, mode=0o700)
         mounts.mount_tmpfs(s, self.limits.disk_bytes, 0, 0)
-        self._mounted = True
         for name in ("upper", "work", "tmp", "home"):
             os.mkdir(f"{s}/{name}")
         os.chmod(f"{s}/tmp", 0o1777)
@@ -307,7 +304,6 @@ class ContainerSandbox(ShellSandboxMethods, Sandbox):
         finally:
             for fd in writes:
                 os.close(fd)
-        self._container = name
         kill = functools.partial(self._kill, proc, (ctl_r, out_r, err_r), name)
         shell = Shell(proc, ctl_r, kill=kill, streams=(out_r, err_r))
         old = self._shell or self._seed
