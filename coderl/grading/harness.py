@@ -27,7 +27,8 @@ in the pytest process that writes the log, so it can print ``PASSED <test id>`` 
 or rewrite pytest's summary; swebench counters a non-zero exit status with no failure (its
 ``TEST_EXIT_CODE`` check) but not a forged pass with exit status 0. coderl's verdict is signed by
 an observer outside the graded process (``coderl.grading.runner``), and the diff guard denies
-reward for diffs that reach into process internals (``coderl.grading.diffguard``).
+reward for diffs that reach into process internals (``coderl.grading.diffguard``, run by
+``coderl.grading.guardproc``).
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from coderl.grading.apply import apply_to_copy, remove_tree
+from coderl.grading.apply import apply_to_copy, drop_binary, remove_tree
 from coderl.grading.grade import grade, pristine_mounts, protection, rollout_base
 from coderl.grading.runner import SANDBOX_ENV, SandboxFactory, default_factory
 from coderl.grading.verdict import GradeResult
@@ -154,6 +155,7 @@ def _run_eval(
 
     tree = tmp / "tree"
     tree.mkdir()
+    diff, _ = drop_binary(diff)  # as grade: binary byproducts are not applied
     try:
         apply_to_copy(rollout_base(task, env), diff, protection(task, env), tree)
     except PatchError as e:
@@ -240,7 +242,7 @@ def grade_instance(
     from swebench.harness.grading import get_eval_report
     from swebench.harness.utils import make_test_spec
 
-    from coderl.grading.diffguard import scan_change
+    from coderl.grading.guardproc import scan_change
     from coderl.grading.protected import is_protected
     from coderl.sandbox.images import image_testbed
     from coderl.tasks.patches import paths_in_diff
@@ -258,7 +260,7 @@ def grade_instance(
         denied: list[str] = []
         try:
             changed, _ = apply_to_copy(
-                base, model_patch, lambda p: is_protected(p, test_files), tree
+                base, drop_binary(model_patch)[0], lambda p: is_protected(p, test_files), tree
             )
             denied = [str(f) for f in scan_change(base, tree, changed, base)]
             log = _instance_log(spec, tree, image, timeout) if not denied else ""
