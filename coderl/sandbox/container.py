@@ -1,8 +1,9 @@
 """The container sandbox: one OCI container per sandbox, run by ``podman``, behind ``Sandbox``.
 
 What one sandbox is (as root; the only mode measured here):
-- a private tmpfs of ``Limits.disk_bytes`` on a host directory under ``CONTAINER_ROOT`` holding the
-  overlay's upper and work directories, ``/tmp`` and the home directory (``/root``);
+- a private tmpfs of ``Limits.disk_bytes`` (and ``Limits.inode_limit`` files) on a host directory
+  under ``CONTAINER_ROOT`` holding the overlay's upper and work directories, ``/tmp``,
+  ``/dev/shm`` and the home directory (``/root``);
 - one container from ``image`` (``podman run --rm -i``), labelled ``coderl.sandbox`` and with its
   owner's pid and start time (``coderl.owner``); its ``/testbed`` is a podman overlay volume
   (``-v BASE:/testbed:O,upperdir=...,workdir=...``) over the read-only ``base`` with the upper layer
@@ -245,10 +246,11 @@ class ContainerSandbox(ShellSandboxMethods, Sandbox):
     def _build_scratch(self) -> None:
         s = str(self.scratch)
         self.scratch.mkdir(parents=True, mode=0o700)
-        mounts.mount_tmpfs(s, self.limits.disk_bytes, 0, 0)
-        for name in ("upper", "work", "tmp", "home"):
+        mounts.mount_tmpfs(s, self.limits.disk_bytes, self.limits.inode_limit, 0, 0)
+        for name in ("upper", "work", "tmp", "shm", "home"):
             os.mkdir(f"{s}/{name}")
-        os.chmod(f"{s}/tmp", 0o1777)
+        for name in ("tmp", "shm"):
+            os.chmod(f"{s}/{name}", 0o1777)
         if self._seed is not None:
             for name in ("upper", "tmp", "home"):
                 copy_tree(f"{self._seed.tree}/{name}", f"{s}/{name}")
@@ -265,7 +267,7 @@ class ContainerSandbox(ShellSandboxMethods, Sandbox):
         argv += ["--cap-drop", "ALL", "--security-opt", "no-new-privileges", "--read-only"]
         argv += ["--read-only-tmpfs=false", "--tmpfs", "/run:size=16m"]
         argv += ["-v", f"{self.base}:{WORKDIR}:O,upperdir={s}/upper,workdir={s}/work"]
-        argv += ["-v", f"{s}/tmp:/tmp", "-v", f"{s}/home:{HOME}"]
+        argv += ["-v", f"{s}/tmp:/tmp", "-v", f"{s}/shm:/dev/shm", "-v", f"{s}/home:{HOME}"]
         prefix = sys.base_prefix
         argv += ["-v", f"{prefix}:{prefix}:ro"]
         argv += [a for d, h in self.ro_mounts.items() for a in ("-v", f"{h}:{d}:ro")]
