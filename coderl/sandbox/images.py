@@ -24,9 +24,19 @@ from coderl.sandbox.base import SandboxError
 from coderl.sandbox.container import container_cli, run_cli
 
 BASE_SUITE = "bookworm"
-BASE_PACKAGES = ("python3", "python3-venv", "python3-pip", "git", "patch", "ca-certificates")
-"""Debian packages of the base image: a Python to build environments with, git and patch, and
-the shared libraries the host Python (mounted from the host) links against."""
+BASE_PACKAGES = (
+    "python3",
+    "python3-venv",
+    "python3-pip",
+    "git",
+    "patch",
+    "ca-certificates",
+    "tzdata",
+)
+"""Debian packages of the base image: a Python to build environments with, git and patch, the
+shared libraries the host Python (mounted from the host) links against, and the time zone data
+that bwrap sandboxes see through the host's ``/usr`` (without it python-dateutil's ``tz`` tests
+failed in containers and passed in bwrap)."""
 CACHE_DIR = Path(os.environ.get("CODERL_IMAGE_CACHE") or "/var/tmp/coderl-images")
 """Host directory for build scratch and the exported ``/testbed`` trees."""
 CA_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"
