@@ -132,7 +132,7 @@ test: $(STAMP) $(VLLM_STAMP) $(AGENTS_STAMP) sysdeps lint typecheck container-im
 	$(BIN)/python -m pytest -q tests/test_vllm_engine.py
 
 # The Debian base image of the container sandbox tests (coderl.sandbox.images.base_image): built
-# once from Debian's packages (mmdebstrap, about 45-90 s), then found in podman's storage by its
+# once from Debian's packages (mmdebstrap, 1-3 minutes here), then found in podman's storage by its
 # tag, which hashes its inputs.
 container-image: $(STAMP) sysdeps
 	$(BIN)/python -c "from coderl.sandbox.images import base_image; print(base_image())"

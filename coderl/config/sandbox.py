@@ -16,4 +16,4 @@ class SandboxConfig(_Section):
     image: str | None = None
     """The container image (``backend=container``): a local tag or a registry name the user's
     podman can pull. None: the Debian base image coderl builds here from Debian's packages
-    (``coderl.sandbox.images.base_image``; about 90 s the first time, then cached)."""
+    (``coderl.sandbox.images.base_image``; 1-3 minutes the first time, then cached)."""

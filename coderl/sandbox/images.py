@@ -64,7 +64,7 @@ def image_id(tag: str) -> str:
 
 
 def base_image(*, suite: str = BASE_SUITE, packages: tuple[str, ...] = BASE_PACKAGES) -> str:
-    """The Debian base image's tag, built with ``mmdebstrap`` (about 90 s, network to Debian's
+    """The Debian base image's tag, built with ``mmdebstrap`` (1-3 minutes, network to Debian's
     mirrors) when it is not in local storage. Raises SandboxError (mmdebstrap missing or
     failed, import failed)."""
     tag = f"localhost/coderl-base:{_key('base-v1', suite, *sorted(packages))}"
