@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -56,13 +55,12 @@ def instance(tmp_path_factory) -> dict:
     (repo / "tests" / "test_calc.py").write_text(
         "import calc\n\ndef test_sub():\n    assert calc.sub(3, 2) == 1\n"
     )
-    git = ["git", "-C", str(repo), "-c", "user.email=t@t", "-c", "user.name=t"]
-    subprocess.run([*git, "init", "-q"], check=True)
-    subprocess.run([*git, "add", "-A"], check=True)
-    subprocess.run([*git, "commit", "-qm", "base"], check=True)
-    body = (
+    body = (  # the repository is committed inside the build: the context holds no git stat data
         "RUN python3 -m venv /venv && /venv/bin/pip install -q pytest==8.3.4\n"
-        "COPY testbed /testbed\nENV PYTHONPATH=/testbed\n"
+        "COPY testbed /testbed\n"
+        "RUN cd /testbed && git init -q -b main && git add -A && GIT_AUTHOR_DATE=2026-01-01T00:00Z "
+        "GIT_COMMITTER_DATE=2026-01-01T00:00Z git -c user.email=t@t -c user.name=t commit -qm base\n"
+        "ENV PYTHONPATH=/testbed\n"
     )
     tag = build_layer("instance-test", base_image(), body, ctx, pip=True)
     return {
