@@ -155,6 +155,11 @@ class EpisodeConfig:
     shaping potential, :mod:`coderl.rewards.shaping`). Continuations do not call it."""
 
     def __post_init__(self) -> None:
+        if isinstance(self.tools, dict):  # from a YAML preset's tasks.options.episode.tools
+            try:
+                self.tools = ToolConfig(**self.tools)
+            except TypeError as e:
+                raise ValueError(f"EpisodeConfig.tools: {e}") from None
         positive = (
             "max_turns",
             "max_tokens",

@@ -20,6 +20,7 @@ from coderl.graders.judge import EpisodeView
 from coderl.policy.base import SamplingParams
 from coderl.rewards.learned import learned_fields
 from coderl.stats import Estimate, bootstrap_ci, estimate, paired_difference
+from coderl.tasks.ladder import family
 
 __all__ = [
     "Estimate",
@@ -49,8 +50,9 @@ class EvalResult:
     """Mean over tasks of the best ``fraction_passed`` among the n samples."""
     per_task: list[dict[str, Any]] = field(default_factory=list)
     """``{"task_id", "source", "n", "correct", "best", "f2p", "episodes", "broken_calls",
-    "broken_episodes"}`` per task (for paired comparisons): ``source`` is the task's
-    :attr:`~coderl.tasks.spec.Task.source` (its family in the summary; None for tasks without
+    "broken_episodes"}`` per task (for paired comparisons): ``source`` is the task's family in
+    the summary (:func:`coderl.tasks.ladder.family`: ``level L<k>`` for a variant of the
+    repository ladder, else its :attr:`~coderl.tasks.spec.Task.source`; None for tasks without
     one); ``f2p`` is the mean over the n samples
     of the fraction of FAIL_TO_PASS tests passed (0 for a sample that is missing or whose grading
     failed); ``episodes`` returned by the environment, the broken tool calls among them and how
@@ -212,7 +214,7 @@ def _task_row(task: Any, pairs: list[tuple[Any, Any]], samples: int) -> dict[str
     broken = [ep.broken_tool_calls for ep, _ in pairs]
     return {
         "task_id": task_id,
-        "source": getattr(task, "source", None),
+        "source": family(task),
         "n": samples,
         "correct": sum(ok),
         "best": best,
