@@ -249,3 +249,44 @@ def test_oracle_paths_vary_with_the_seed_at_every_level(six_tasks):
                     tuple((a.tool, tuple(sorted(a.arguments.items()))) for a in plan.actions)
                 )
     assert all(len(s) >= 2 for s in shapes.values()), {k: len(s) for k, s in shapes.items()}
+
+
+class _Files:
+    """A sandbox that only reads files (what ``read_file`` and ``edit`` use of one)."""
+
+    def __init__(self, files: dict[str, str]) -> None:
+        self.files = files
+
+    def read_text(self, path: str) -> str:
+        return self.files[path]
+
+    def write_text(self, path: str, text: str) -> None:
+        self.files[path] = text
+
+
+def test_read_file_shows_a_window_and_edit_refuses_zero_or_several_matches():
+    from coderl.agent.episode import EpisodeConfig
+    from coderl.agent.tools import TOOLS, ToolConfig, ToolContext, execute
+
+    text = "".join(f"line {i}\n" for i in range(1, 101))
+    ctx = ToolContext(_Files({"m.py": text}), ToolConfig(max_read_lines=10))
+    whole = execute(TOOLS["read_file"], {"path": "m.py"}, ctx).observation
+    assert "line 10\n" in whole and "line 11\n" not in whole
+    assert "showing lines 1..10 of 100" in whole
+    window = execute(TOOLS["read_file"], {"path": "m.py", "start_line": 50, "end_line": 52}, ctx)
+    assert (
+        window.observation.splitlines()[0].endswith("line 50")
+        and "showing" not in window.observation
+    )
+    none = execute(TOOLS["edit"], {"path": "m.py", "old": "nothing", "new": "x"}, ctx)
+    many = execute(TOOLS["edit"], {"path": "m.py", "old": "line 1", "new": "x"}, ctx)
+    assert not none.ok and "not found" in none.observation
+    assert (
+        not many.ok and "occurs" in many.observation and "Nothing was changed" in many.observation
+    )
+    assert ctx.sandbox.files["m.py"] == text
+    assert EpisodeConfig(tools={"max_read_lines": 40}).tools.max_read_lines == 40  # from YAML
+    with pytest.raises(ValueError, match="EpisodeConfig.tools"):
+        EpisodeConfig(tools={"max_read_line": 40})
+    with pytest.raises(ValueError, match="max_read_lines"):
+        ToolConfig(max_read_lines=0)

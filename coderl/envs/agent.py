@@ -48,6 +48,7 @@ def _record(ep: Any) -> EpisodeRecord:
         broken_tool_calls=ep.stats.broken_tool_calls,
         no_action_turns=ep.stats.no_action_turns,
         summaries=ep.stats.summaries,
+        turns_after_summary=ep.stats.turns_after_summary,
         answer=ep.diff,
         episode=ep,
         failure=failure,
