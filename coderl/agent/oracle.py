@@ -12,7 +12,11 @@ it, followed by the stop token), so they train the policy like its own completio
 
 The path varies with the seed, deterministically (:func:`plan_episode`): some episodes first
 look up the failing test and read it (two files), some run the failing tests before the edit as
-well as after it, some search twice. When the harness asks for a self-summary (the context
+well as after it, some search twice. At the short levels of the repository ladder
+(:mod:`coderl.tasks.ladder`) the path is the level's: L0 (file and line given) reads a window
+around the line (tight or the enclosing function), edits, sometimes runs the visible test, and
+submits; L1 (the file given) searches that file for the changed function, reads, edits, runs the
+test and submits; L2 and L3 take the full path above. When the harness asks for a self-summary (the context
 window is full) the expert writes one from what it has done, so summaries are demonstrated too.
 
 Only what the agent can see is used for its actions: held-out tests are blanked in the rollout
