@@ -156,3 +156,17 @@ def prefill_accounting(trajectory: Trajectory) -> dict[str, int]:
                 cached = i - 1
             prev = m
     return {"distinct_tokens": distinct, "prompt_tokens": prompt, "prefill_tokens": prefill}
+
+
+def kv_metrics(infos: list[dict[str, Any]]) -> dict[str, float]:
+    """Multi-turn KV reuse of a step's episodes (rows holding each episode's
+    :func:`prefill_accounting`, as ``coderl.train.pipeline.episode_info`` writes them), per
+    episode: ``kv/distinct_tokens``, ``kv/prompt_tokens`` (prefill without reuse),
+    ``kv/prefill_tokens`` (prefill when each call reuses its window's previous call), and
+    ``kv/prefill_per_distinct`` (sum of prefill over sum of distinct tokens; NaN: no tokens)."""
+    d = max(len(infos), 1)
+    m = {f"kv/{k}": sum(x.get(k, 0) for x in infos) / d for k in PREFILL_KEYS}
+    distinct = sum(x.get("distinct_tokens", 0) for x in infos)
+    prefill = sum(x.get("prefill_tokens", 0) for x in infos)
+    m["kv/prefill_per_distinct"] = prefill / distinct if distinct else math.nan
+    return m

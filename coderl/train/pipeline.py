@@ -59,7 +59,7 @@ from coderl.rewards.learned import learned_fields
 from coderl.train.advantages import episode_advantages, gae_advantages, turn_token_advantages
 from coderl.train.batch import StepBatch, build_batch
 from coderl.train.step import forward
-from coderl.trajectory import PREFILL_KEYS, Segment, Trajectory, prefill_accounting
+from coderl.trajectory import Segment, Trajectory, kv_metrics, prefill_accounting
 
 log = logging.getLogger("coderl.train")
 
@@ -513,7 +513,7 @@ def step_metrics(infos: list[dict[str, Any]], cfg: Config) -> dict[str, float]:
     (logger ``coderl.train``) and ``alarm/masked`` is 1. ``hacks/suspected_rate`` and
     ``hacks/<detector>`` are shares of all the step's episodes (from each info's ``hack_flags``);
     above ``reward.hack_alarm_rate``, ``alarm/hacks`` is 1 with a warning. ``summary/*``: see
-    :func:`summary_metrics`; ``kv/*``: :func:`kv_metrics`.
+    :func:`summary_metrics`; ``kv/*``: :func:`coderl.trajectory.kv_metrics`.
     """
     n = len(infos)
     d = max(n, 1)
@@ -595,17 +595,4 @@ def summary_metrics(infos: list[dict[str, Any]]) -> dict[str, float]:
     solved = [float(x["resolved"]) for x in went_on if x["valid"]]
     m["summary/resolved_continued"] = _mean(solved)
     m["summary/valid_continued"] = float(len(solved))
-    return m
-
-
-def kv_metrics(infos: list[dict[str, Any]]) -> dict[str, float]:
-    """Multi-turn KV reuse of a step's episodes (:func:`coderl.trajectory.prefill_accounting`),
-    per episode: ``kv/distinct_tokens``, ``kv/prompt_tokens`` (prefill without reuse),
-    ``kv/prefill_tokens`` (prefill when each call reuses its window's previous call), and
-    ``kv/prefill_per_distinct`` (sum of prefill over sum of distinct tokens; NaN: no tokens)."""
-    d = max(len(infos), 1)
-    m = {f"kv/{k}": sum(x.get(k, 0) for x in infos) / d for k in PREFILL_KEYS}
-    distinct = sum(x.get("distinct_tokens", 0) for x in infos)
-    prefill = sum(x.get("prefill_tokens", 0) for x in infos)
-    m["kv/prefill_per_distinct"] = prefill / distinct if distinct else math.nan
     return m
