@@ -181,12 +181,22 @@ def ladder_task(task: Task, level: int, held_out_source: Iterable[str] = ()) -> 
     """The variant of ``task`` at ``level``: id ``<id>@L<level>``, the level's statement,
     ``extra["ladder"]``; every other field is ``task``'s.
 
+    The held-out source is checked against the statement less the library lines L0 quotes:
+    those are the workspace's own code (the agent reads them there), so a held-out test line
+    that happens to read the same (``return False``) reveals nothing; names are checked
+    everywhere.
+
     Raises:
         ValueError: see :func:`ladder_statement`; the statement would name (or quote, given
             ``held_out_source``) a held-out test.
     """
     statement = ladder_statement(task, level)
-    leaked = held_out_mentions(statement, task.held_out_tests, held_out_source)
+    site = bug_site(task) if level == 0 else None
+    code = {f"    {line.strip()}" for line in site.old} if site is not None else set()
+    prose = "\n".join(line for line in statement.splitlines() if line not in code)
+    leaked = held_out_mentions(statement, task.held_out_tests) + held_out_mentions(
+        prose, (), held_out_source
+    )
     if leaked:
         raise ValueError(f"{task.id}@L{level}: the statement reveals held-out tests {leaked[:3]}")
     extra = {**task.extra, "ladder": {"level": level, "of": task.id}}
