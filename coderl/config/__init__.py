@@ -157,11 +157,17 @@ class TaskConfig(_Section):
                 )
         s = self.synth
         if s.enabled and self.mix:
-            entry = next((m for m in self.mix if m.label() == s.source), None)
-            if entry is None or (entry.sampler or self.sampler) != "pool":
+            # "repo-L{level}": one entry per level (those of levels 0-9 that the mix has)
+            named = (
+                [s.source.format(level=lv) for lv in range(10)]
+                if s.source and "{level}" in s.source
+                else [s.source]
+            )
+            entries = [m for m in self.mix if m.label() in named]
+            if not entries or any((m.sampler or self.sampler) != "pool" for m in entries):
                 raise ValueError(
                     f"tasks.synth.source={s.source!r} must name a tasks.mix entry drawn by the "
-                    f"pool sampler; valid: {labels}"
+                    f"pool sampler (or entries, with {{level}}); valid: {labels}"
                 )
         elif s.enabled and self.sampler != "pool":
             raise ValueError("tasks.synth.enabled needs tasks.sampler=pool (it admits to the pool)")

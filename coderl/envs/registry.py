@@ -65,7 +65,7 @@ def _fnrepair(cfg: Config) -> Environment:
 def _repo(cfg: Config) -> Environment:
     from coderl.envs.agent import repo_environment
 
-    _check_agent_options(cfg, {"episode", "tasks_file", "repos_file"})
+    _check_agent_options(cfg, {"episode", "tasks_file", "repos_file", "ladder"})
     return repo_environment(cfg)
 
 
