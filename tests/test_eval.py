@@ -118,6 +118,12 @@ def test_evaluate_joins_by_task_and_counts_a_dropped_episode_as_a_failure():
         "episodes": 0,
         "broken_calls": 0,
         "broken_episodes": 0,
+        "summarised": 0,
+        "continued": 0,
+        "continued_resolved": 0,
+        "distinct_tokens": 0,
+        "prompt_tokens": 0,
+        "prefill_tokens": 0,
     }
     assert res.dropped_episodes == 2
 

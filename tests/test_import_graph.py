@@ -23,7 +23,8 @@ FLOORS: list[tuple[str, ...]] = [
     ("coderl.envbuild",),  # environments from repositories (their tests found by the verifier)
     ("coderl.synth",),  # tasks synthesised and validated by the verifier
     ("coderl.agent",),  # the harness runs tasks in sandboxes
-    ("coderl.graders", "coderl.envs"),  # learned graders; RL environments over the harness
+    ("coderl.graders", "coderl.envs",  # learned graders; RL environments over the harness
+     "coderl.endpoint"),  # the OpenAI endpoint of coderl serve and of the gateway environment
     ("coderl.rewards",),  # reward terms, the learned ones over coderl.graders
     ("coderl.eval",),  # the evaluator, reports, observers: below the drivers that call them
     ("coderl.train",),

@@ -14,8 +14,9 @@ from coderl.agent.episode import EpisodeConfig
 from coderl.agent.parsing import CALL_FORMATS
 from coderl.agent.scripted import ScriptedPolicy
 from coderl.config.online import SimulateConfig
+from coderl.endpoint.http import BackgroundServer
 from coderl.online.rewards import RewardSpec, finalize
-from coderl.online.server import BackgroundServer, InteractionServer
+from coderl.online.server import InteractionServer
 from coderl.online.simulate import SimulatedPopulation
 from coderl.online.store import Store, interaction_row
 from coderl.online.suites import SuiteTask

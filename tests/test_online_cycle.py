@@ -12,10 +12,11 @@ import torch
 
 from coderl.cli import build_parser
 from coderl.config import ConfigError, load_online_config
+from coderl.endpoint.http import BackgroundServer
 from coderl.online.cycle import heldout_evaluator, load_version, open_run, run_cycle
 from coderl.online.heldout import EvalResult
 from coderl.online.monitors import SUSPECTED_HACK_RATE
-from coderl.online.server import BackgroundServer, InteractionServer
+from coderl.online.server import InteractionServer
 from coderl.online.simulate import SimulatedPopulation
 from coderl.online.suites import SuiteTask
 from coderl.online.update import effective_sample_size, select_trainable
@@ -256,7 +257,7 @@ def test_online_suites_are_the_offline_humaneval_split() -> None:
 
 def test_online_sections_live_in_the_one_config_tree(tmp_path: Path) -> None:
     from coderl.cli.serve import build_server
-    from coderl.online.calls import harness_format
+    from coderl.endpoint.calls import harness_format
 
     cfg = load_online_config("configs/online-demo.yaml")
     assert harness_format(cfg) == ("xml", False)  # the run's harness format (the demo's)

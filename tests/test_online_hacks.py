@@ -12,10 +12,11 @@ import pytest
 import torch
 
 from coderl.config import load_online_config
+from coderl.endpoint.http import BackgroundServer
 from coderl.online import cycle
 from coderl.online.cycle import heldout_evaluator, load_version, open_run, run_cycle
 from coderl.online.monitors import SUSPECTED_HACK_RATE
-from coderl.online.server import BackgroundServer, InteractionServer
+from coderl.online.server import InteractionServer
 from coderl.online.simulate import SimulatedPopulation
 from coderl.online.suites import SuiteTask
 from tests.online_scripts import solver

@@ -63,8 +63,9 @@ def test_the_env_suite_is_coderl_eval_on_the_heldout_split(tmp_path):
 def test_a_cycle_gates_through_the_env_suite(tmp_path):
     import time
 
+    from coderl.endpoint.http import BackgroundServer
     from coderl.online.cycle import load_version, open_run, run_cycle
-    from coderl.online.server import BackgroundServer, InteractionServer
+    from coderl.online.server import InteractionServer
     from coderl.online.simulate import SimulatedPopulation
 
     cfg = load_online_config(

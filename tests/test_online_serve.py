@@ -14,9 +14,10 @@ from openai import OpenAI
 
 from coderl.agent.parsing import CALL_FORMATS
 from coderl.agent.tools import TOOLS as HARNESS_TOOLS
-from coderl.online.calls import parse_reply, served_tools
+from coderl.endpoint.calls import parse_reply, served_tools
+from coderl.endpoint.http import BackgroundServer
 from coderl.online.events import MAX_EVENT_BYTES, MAX_REQUEST_BYTES
-from coderl.online.server import BackgroundServer, InteractionServer
+from coderl.online.server import InteractionServer
 from coderl.online.store import Store
 from coderl.policy import load_policy
 
@@ -144,20 +145,24 @@ def test_bad_requests_get_clear_errors(served) -> None:
     url = bg.base_url + "/chat/completions"
     r = _http(url, json_body={"model": "tiny", "messages": [], "stream": False})
     assert r.status_code == 400 and "messages" in r.json()["error"]["message"]
-    r = _http(
-        url,
-        json_body={"model": "tiny", "messages": [{"role": "user", "content": "x"}], "stream": True},
-    )
-    assert r.status_code == 400 and "stream" in r.json()["error"]["message"]
-    r = _http(
-        url,
-        json_body={
-            "model": "tiny",
-            "messages": [{"role": "user", "content": "x"}],
-            "frequency_penalty": 1,
-        },
-    )
-    assert r.status_code == 400 and "frequency_penalty" in r.json()["error"]["message"]
+    user = [{"role": "user", "content": "x"}]
+    r = _http(url, json_body={"model": "tiny", "messages": user, "frequency_penalty": 1})
+    msg = r.json()["error"]["message"]
+    assert r.status_code == 400 and "frequency_penalty: not supported" in msg
+    assert "supported fields:" in msg and "stop" in msg and "tool_choice" in msg
+    refused = {
+        "tool_choice": ({"tool_choice": "required"}, "supported: 'auto', 'none'"),
+        "image part": (
+            {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]},
+            "'image_url' is not supported",
+        ),
+        "response_format": ({"response_format": {"type": "json_object"}}, "not supported"),
+    }
+    for what, (extra, says) in refused.items():
+        r = _http(url, json_body={"model": "tiny", "messages": user} | extra)
+        assert r.status_code == 400 and says in r.json()["error"]["message"], what
+    r = _http(url, json_body={"model": "gpt-4o", "messages": user, "max_tokens": 2})
+    assert r.status_code == 200 and r.json()["model"] == "tiny"  # what answered, not the ask
 
 
 def test_tool_call_parsing_valid_and_invalid() -> None:
@@ -206,7 +211,7 @@ def _serve_once(tmp_path: Path, text: str, call_format: str, tools=TOOLS, **kw):
     bg = BackgroundServer(srv.app())
     try:
         r = OpenAI(base_url=bg.base_url, api_key="x").chat.completions.create(
-            model="m",
+            model="coderl",
             messages=[
                 {"role": "system", "content": "Be brief."},
                 {"role": "user", "content": "go"},
@@ -320,7 +325,7 @@ def test_earlier_tool_calls_are_rendered_back_in_the_served_format(tmp_path: Pat
     args = {"path": "solution.py", "content": "x = 1\n"}
     try:
         r = OpenAI(base_url=bg.base_url, api_key="x").chat.completions.create(
-            model="m",
+            model="coderl",
             tools=TOOLS,
             messages=[
                 {"role": "user", "content": "write it"},
@@ -390,11 +395,11 @@ def test_a_promotion_is_picked_up_without_a_restart(tmp_path: Path) -> None:
     try:
         client = OpenAI(base_url=bg.base_url, api_key="unused")
         msgs = [{"role": "user", "content": "hello"}]
-        a = client.chat.completions.create(model="m", messages=msgs, seed=3, logprobs=True)
+        a = client.chat.completions.create(model="coderl", messages=msgs, seed=3, logprobs=True)
         assert _http(bg.base_url + "/admin/reload").json()["policy_version"] == 1  # unchanged
         champion["version"] = 2  # the registry promoted a candidate
         assert _http(bg.base_url + "/admin/reload").json()["policy_version"] == 2
-        b = client.chat.completions.create(model="m", messages=msgs, seed=3, logprobs=True)
+        b = client.chat.completions.create(model="coderl", messages=msgs, seed=3, logprobs=True)
     finally:
         bg.stop()
     ra, rb = (store.interactions(ids=[x.id])[0] for x in (a, b))
@@ -407,3 +412,103 @@ def test_a_promotion_is_picked_up_without_a_restart(tmp_path: Path) -> None:
     assert lp[n:] == pytest.approx(rb["behaviour_logprobs"], abs=1e-3)
     [old] = first.logprobs([seq], temperature=0.8)
     assert old[n:] != pytest.approx(rb["behaviour_logprobs"], abs=1e-3)
+
+
+# --- what agent frameworks send (issue 48 #6): content parts, stop, streaming, tool_choice ----
+
+
+@pytest.fixture(scope="module")
+def scripted(tmp_path_factory: pytest.TempPathFactory):
+    """A server whose policy always answers ``abc STOP def`` (token-exact, logprobs 0)."""
+    from coderl.agent.scripted import ScriptedPolicy
+
+    tok = load_policy("tiny-random", reference=False).tokenizer
+    policy = ScriptedPolicy(tok, lambda _: "abc STOP def")
+    store = Store(f"sqlite:///{tmp_path_factory.mktemp('scripted') / 'o.db'}")
+    srv = InteractionServer(policy, store, version=0, model_name="tiny", max_new_tokens=64)
+    bg = BackgroundServer(srv.app())
+    yield store, policy, OpenAI(base_url=bg.base_url, api_key="unused")
+    bg.stop()
+
+
+def _row(store: Store, iid: str) -> dict:
+    [row] = store.interactions(ids=[iid])
+    return row
+
+
+def test_content_as_a_list_of_text_parts_is_the_same_prompt(scripted) -> None:
+    store, _, client = scripted
+    parts = [{"type": "text", "text": "fix "}, {"type": "text", "text": "the bug"}]
+    a = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": parts}])
+    b = client.chat.completions.create(
+        model="tiny", messages=[{"role": "user", "content": "fix the bug"}]
+    )
+    assert _row(store, a.id)["prompt_token_ids"] == _row(store, b.id)["prompt_token_ids"]
+
+
+def test_stop_cuts_the_reply_and_the_recording_at_the_same_token(scripted) -> None:
+    store, policy, client = scripted
+    msgs = [{"role": "user", "content": "go"}]
+    full = client.chat.completions.create(model="tiny", messages=msgs)
+    cut = client.chat.completions.create(model="tiny", messages=msgs, stop=["STOP", "zzz"])
+    assert full.choices[0].message.content == "abc STOP def"
+    assert cut.choices[0].message.content == "abc " and cut.choices[0].finish_reason == "stop"
+    whole, part = _row(store, full.id), _row(store, cut.id)
+    k = len(part["completion_token_ids"])
+    assert 0 < k < len(whole["completion_token_ids"])
+    assert part["completion_token_ids"] == whole["completion_token_ids"][:k]  # a prefix, exact
+    assert "STOP" in policy.tokenizer.decode(part["completion_token_ids"])
+    assert "STOP" not in policy.tokenizer.decode(part["completion_token_ids"][:-1])
+    with pytest.raises(Exception, match="at most 4"):
+        client.chat.completions.create(model="tiny", messages=msgs, stop=["a", "b", "c", "d", "e"])
+
+
+def test_a_stream_carries_the_same_reply_and_is_recorded_alike(scripted) -> None:
+    store, _, client = scripted
+    msgs = [{"role": "user", "content": "stream it"}]
+    plain = client.chat.completions.create(model="tiny", messages=msgs)
+    chunks = list(
+        client.chat.completions.create(
+            model="tiny", messages=msgs, stream=True, stream_options={"include_usage": True}
+        )
+    )
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == plain.choices[0].message.content
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "stop"
+    assert chunks[-1].usage.completion_tokens == plain.usage.completion_tokens
+    a, b = _row(store, plain.id), _row(store, chunks[0].id)
+    assert a["prompt_token_ids"] == b["prompt_token_ids"]
+    assert a["completion_token_ids"] == b["completion_token_ids"]
+
+
+def test_tool_choice_none_hides_the_tools_and_parses_no_call(served) -> None:
+    store, _, bg = served
+    client = OpenAI(base_url=bg.base_url, api_key="unused")
+    msgs = [{"role": "user", "content": "fix the bug"}]
+    kw = {"model": "tiny", "messages": msgs, "max_tokens": 2}
+    auto = client.chat.completions.create(**kw, tools=TOOLS)
+    none = client.chat.completions.create(**kw, tools=TOOLS, tool_choice="none")
+    bare = client.chat.completions.create(**kw)
+    rows = {r["interaction_id"]: r["prompt_token_ids"] for r in store.interactions()}
+    assert rows[none.id] == rows[bare.id] != rows[auto.id]
+    assert none.choices[0].message.tool_calls is None
+
+
+def test_serve_checks_its_port_before_loading_the_model(capsys) -> None:
+    import socket
+    import time
+
+    from coderl.cli import main
+
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        t = time.perf_counter()
+        code = main(
+            ["serve", "configs/online-demo.yaml", "--host", "127.0.0.1", "--port", str(port)]
+        )
+        took = time.perf_counter() - t
+    err = capsys.readouterr().err
+    assert code == 2 and f"cannot listen on 127.0.0.1:{port}" in err and "--port" in err
+    assert took < 5  # no model was loaded, no database opened

@@ -12,7 +12,8 @@ import urllib.request
 
 import pytest
 
-from coderl.online.server import BackgroundServer, ChatRequest, InteractionServer
+from coderl.endpoint.http import BackgroundServer
+from coderl.online.server import ChatRequest, InteractionServer
 from coderl.online.store import Store
 from coderl.policy import load_policy
 from coderl.policy.base import Completion
@@ -52,7 +53,7 @@ def test_the_in_process_sampler_batches_concurrent_requests_and_records_each(tmp
     store = Store(f"sqlite:///{tmp_path / 'online.db'}")
     srv = InteractionServer(policy, store, version=0, max_new_tokens=6, batch_window_s=0.3)
     msgs = [[{"role": "user", "content": f"task {i} " * (i + 1)}] for i in range(6)]
-    bodies = _together(6, lambda i: srv.complete(ChatRequest(model="m", messages=msgs[i])))
+    bodies = _together(6, lambda i: srv.complete(ChatRequest(model="coderl", messages=msgs[i])))
     assert srv.batcher.batches < 6  # merged: one generate call per window, not per request
     rows = {r["interaction_id"]: r for r in store.interactions()}
     assert len(rows) == 6
@@ -88,7 +89,7 @@ def test_an_engine_that_batches_itself_gets_concurrent_requests_at_once(tmp_path
     policy = load_policy("tiny-random", reference=False)
     engine = _SlowEngine(policy.tokenizer)
     srv = InteractionServer(engine, Store(f"sqlite:///{tmp_path / 'o.db'}"), version=0)
-    _together(4, lambda i: srv.complete(ChatRequest(model="m", messages=MESSAGES)))
+    _together(4, lambda i: srv.complete(ChatRequest(model="coderl", messages=MESSAGES)))
     assert engine.most == 4  # no lock around generation
 
 
@@ -118,9 +119,9 @@ def test_client_errors_are_4xx_with_a_reason_and_engine_failures_503(tmp_path):
         assert status == 400 and "json" in body["error"]["message"].lower()
         status, body = _post(url, json.dumps({"model": "m", "messages": "hi"}).encode())
         assert status == 400 and "messages" in body["error"]["message"]  # a field's type
-        streamed = {"model": "m", "messages": MESSAGES, "stream": True}
-        status, body = _post(url, json.dumps(streamed).encode())
-        assert status == 400 and "stream" in body["error"]["message"]
+        two = {"model": "m", "messages": MESSAGES, "n": 2}
+        status, body = _post(url, json.dumps(two).encode())
+        assert status == 400 and "n: " in body["error"]["message"]
         long = [{"role": "user", "content": "word " * 200}]
         status, body = _post(url, json.dumps({"model": "m", "messages": long}).encode())
         assert status == 400 and "context is 40 tokens" in body["error"]["message"]
@@ -161,7 +162,7 @@ def _request(batcher, sampler, delay_s: float, leave_without_generate: bool = Fa
 def test_a_batch_waits_for_the_requests_still_being_prepared():
     """Eight requests announced together but handed over 30 ms apart are one generate call:
     the call waits (its window is 10 s) while any announced request is still being prepared."""
-    from coderl.online.batching import WindowBatcher
+    from coderl.endpoint.batching import WindowBatcher
 
     batcher, sampler = WindowBatcher(window_s=10.0), _CountingSampler()
     _together(8, lambda i: _request(batcher, sampler, 0.03 * i))
@@ -172,7 +173,7 @@ def test_a_batch_waits_for_the_requests_still_being_prepared():
 def test_a_request_that_leaves_without_generating_is_not_waited_for():
     """A request that fails before its generate call stops counting when it leaves: the other
     request's call starts then, not at the end of the 10 s window."""
-    from coderl.online.batching import WindowBatcher
+    from coderl.endpoint.batching import WindowBatcher
 
     batcher, sampler = WindowBatcher(window_s=10.0), _CountingSampler()
     t = time.monotonic()
@@ -185,7 +186,7 @@ def test_clients_that_come_back_together_stay_one_batch_and_a_lone_one_never_wai
     """After a round of 4, the next 4 requests (announced one by one, 50 ms apart, so none is
     in the server when the first is taken) are still one call: it waits for as many as the
     previous round carried. A lone client's requests are served without waiting."""
-    from coderl.online.batching import WindowBatcher
+    from coderl.endpoint.batching import WindowBatcher
 
     batcher, sampler = WindowBatcher(window_s=10.0), _CountingSampler()
     ready = threading.Barrier(4)  # all four announced before any hands over: one round of 4

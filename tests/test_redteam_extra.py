@@ -48,8 +48,8 @@ from coderl.agent.parsing import CALL_FORMATS, BrokenCall, parse_hermes, parse_x
 from coderl.agent.runner import run_episode
 from coderl.agent.scripted import ScriptedPolicy
 from coderl.agent.tools import TOOLS
+from coderl.endpoint.calls import parse_reply
 from coderl.grading.fncheck import wire
-from coderl.online.calls import parse_reply
 from coderl.policy.tiny import tiny_tokenizer
 from coderl.rewards.hacks import detect_hacks
 

@@ -222,7 +222,7 @@ def test_system_site_packages_and_vendored_trees_are_hidden(repo: Path, tmp_path
 
 
 def test_bad_input_is_a_clear_error(repo: Path) -> None:
-    with pytest.raises(ValueError, match="valid: \\['bwrap', 'local'\\]"):
+    with pytest.raises(ValueError, match="valid: \\['bwrap', 'container', 'local'\\]"):
         Sandbox.create(repo, backend="docker")
     with pytest.raises(FileNotFoundError):
         Sandbox.create(repo / "missing")

@@ -363,3 +363,34 @@ def test_a_train_step_with_a_small_budget_summarises_and_trains_every_sampled_to
     assert m["episode/segments"] == m["summary/per_episode"] + 1
     assert m["trained_tokens"] == m["episode/sampled_tokens"] * m["episodes"] > 0
     assert m["value_loss"] > 0 and m["optimizer_steps"] == 1
+
+
+def test_turns_after_a_summary_are_counted_as_going_on(summarised):
+    """The policy's own summaries (tiny random model): the turns it took in windows a summary
+    opened are the episode's turns less those of its first window (whose last action is the
+    summary)."""
+    _, eps = summarised
+    for ep in eps:
+        first = ep.trajectory.segments[0].provenance["spans"]
+        first_turns = sum(s[0] == "action" for s in first) - 1
+        assert ep.stats.turns_after_summary == ep.stats.turns - first_turns >= 1
+
+
+def test_step_metrics_count_episodes_that_summarised_and_went_on():
+    # 3 episodes: summarised and went on (resolved), summarised and ended there (not), none
+    eps = [
+        EpisodeRecord("t", episode(2), "submitted", summaries=1, turns_after_summary=2),
+        EpisodeRecord("t", episode(2), "context", summaries=1),
+        EpisodeRecord("t", episode(1), "submitted"),
+    ]
+    solved = GradeRecord(resolved=True, fraction_passed=1.0)
+    cfg = load_config(TOY, ["reward.terms={tests: 1.0}", "reward.tests=resolved"])
+    grades = FixedGrades([solved, GradeRecord(), GradeRecord()])
+    s = P.score(grades, None, cfg, [SimpleNamespace(id="t")] * 3, ["t#0"] * 3, eps)
+    m = P.step_metrics(s.infos, cfg)
+    assert m["summary/episodes_with"] == pytest.approx(2 / 3)
+    assert m["summary/episodes_continued"] == pytest.approx(1 / 3)
+    assert m["summary/resolved_continued"] == 1.0 and m["summary/valid_continued"] == 1.0
+    # each window of episode(): 2 prompt tokens, then 3 sampled: a call with a 2-token prompt
+    assert m["kv/distinct_tokens"] == pytest.approx((10 + 10 + 5) / 3)
+    assert m["kv/prompt_tokens"] == m["kv/prefill_tokens"] == pytest.approx((4 + 4 + 2) / 3)

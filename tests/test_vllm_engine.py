@@ -573,7 +573,8 @@ def _worker_view(worker, policy):
 def test_serve_records_what_the_vllm_engine_served(server, tmp_path):
     from openai import OpenAI
 
-    from coderl.online.server import BackgroundServer, InteractionServer
+    from coderl.endpoint.http import BackgroundServer
+    from coderl.online.server import InteractionServer
     from coderl.online.store import Store
 
     policy = _policy()

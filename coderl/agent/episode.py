@@ -155,6 +155,11 @@ class EpisodeConfig:
     shaping potential, :mod:`coderl.rewards.shaping`). Continuations do not call it."""
 
     def __post_init__(self) -> None:
+        if isinstance(self.tools, dict):  # from a YAML preset's tasks.options.episode.tools
+            try:
+                self.tools = ToolConfig(**self.tools)
+            except TypeError as e:
+                raise ValueError(f"EpisodeConfig.tools: {e}") from None
         positive = (
             "max_turns",
             "max_tokens",
@@ -210,6 +215,9 @@ class EpisodeStats:
     """Well-formed calls whose tool failed (file not found, ambiguous edit...)."""
     no_action_turns: int = 0
     summaries: int = 0
+    turns_after_summary: int = 0
+    """Turns taken in context windows that a self-summary opened (the policy summarised and
+    went on)."""
     wall_time_s: float = 0.0
     finish_reason: FinishReason = "error"
 
@@ -489,6 +497,7 @@ def _loop(st: _State, tools: Mapping[str, Tool]) -> Generator[Any, Any, FinishRe
             continue
         text = yield from st.sample((), max_new)
         st.stats.turns += 1
+        st.stats.turns_after_summary += st.stats.summaries > 0
         records = yield ToolRequest(functools.partial(_run_calls, st, text, tools))
         if not records:
             st.stats.no_action_turns += 1

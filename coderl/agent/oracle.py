@@ -12,7 +12,11 @@ it, followed by the stop token), so they train the policy like its own completio
 
 The path varies with the seed, deterministically (:func:`plan_episode`): some episodes first
 look up the failing test and read it (two files), some run the failing tests before the edit as
-well as after it, some search twice. When the harness asks for a self-summary (the context
+well as after it, some search twice. At the short levels of the repository ladder
+(:mod:`coderl.tasks.ladder`) the path is the level's: L0 (file and line given) reads a window
+around the line (tight or the enclosing function), edits, sometimes runs the visible test, and
+submits; L1 (the file given) searches that file for the changed function, reads, edits, runs the
+test and submits; L2 and L3 take the full path above. When the harness asks for a self-summary (the context
 window is full) the expert writes one from what it has done, so summaries are demonstrated too.
 
 Only what the agent can see is used for its actions: held-out tests are blanked in the rollout
@@ -47,6 +51,7 @@ from coderl.agent.parsing import get_call_format
 from coderl.agent.runner import run_episodes
 from coderl.agent.scripted import ScriptedPolicy
 from coderl.grading.pyparse import parse_python
+from coderl.tasks.ladder import level_of
 
 TEST_COMMAND = "/venv/bin/python -m pytest -q -p no:cacheprovider --tb=line"
 """How the expert runs tests in a rollout workspace (the environment's virtualenv is at
@@ -340,10 +345,59 @@ def _fix(edits: list[Edit], command: str, failing: bool, before: bool) -> list[A
     return actions
 
 
+def _short_plan(
+    task: Any,
+    base: Path,
+    edits: list[Edit],
+    level: int,
+    command: str,
+    failing: bool,
+    rng: random.Random,
+) -> OraclePlan:
+    """The expert's actions at ladder level 0 or 1 (:mod:`coderl.tasks.ladder`). L0 (the
+    statement names the file and line): read a window around the line, edit, (sometimes run the
+    visible test,) submit. L1 (the file only): search the file for the changed function's
+    definition (or read its top when the function is unknown), read, edit, (run,) submit."""
+    e = edits[0]
+    assert e.old is not None  # a ladder level below 2 is offered only for a one-edit fix
+    text = (base / e.path).read_text(encoding="utf-8")
+    last_changed = e.line + e.old.count("\n")
+    actions: list[Action] = []
+    if level == 1:
+        function = str(task.extra.get("function") or "").split(".")[-1]
+        if function:
+            thought = _pick(
+                rng,
+                f"The bug is in {e.path}. Let me find {function} there.",
+                f"I will search {e.path} for the definition of {function}.",
+            )
+            args = {"pattern": f"def {function}\\(", "path": e.path}
+            note = f"found def {function} in {e.path}"
+            actions.append(Action(thought, "search", args, note, f"find def {function}"))
+    if level == 0 and rng.random() < 0.5:  # a tight window around the named line
+        n = len(text.splitlines())
+        first, last = max(1, e.line - 4), min(n, last_changed + 4)
+    else:
+        first, last = read_range(text, e.line, last_changed)
+    thought = _pick(
+        rng,
+        f"Let me read {e.path} around line {e.line}.",
+        f"I will look at the code in {e.path} first.",
+    )
+    args = {"path": e.path, "start_line": first, "end_line": last}
+    note, todo = f"read {e.path} lines {first}-{last}", f"read {e.path}"
+    actions.append(Action(thought, "read_file", args, note, todo))
+    run_after = bool(command) and (level == 1 or rng.random() < 0.3)
+    actions += _fix(edits, command if run_after else "", failing, False)
+    finding = f"{e.path} line {e.line}: {e.old.strip()!r} must become {e.new.strip()!r}."
+    return OraclePlan(task.id, task.problem_statement, actions, finding=finding)
+
+
 def plan_episode(task: Any, base: Path, seed: int = 0) -> OraclePlan:
     """The expert's actions for ``task`` whose rollout workspace is ``base`` (on the host):
-    find the code, read it, (run the tests,) edit, run the tests, submit. The optional steps and
-    the wording are drawn from ``(task.id, seed)``.
+    find the code, read it, (run the tests,) edit, run the tests, submit; at ladder levels 0
+    and 1 (``task.extra["ladder"]``) the shorter paths of :func:`_short_plan`. The optional
+    steps and the wording are drawn from ``(task.id, seed)``.
 
     Raises:
         coderl.tasks.patches.PatchError, ValueError: from :func:`gold_edits`.
@@ -351,6 +405,10 @@ def plan_episode(task: Any, base: Path, seed: int = 0) -> OraclePlan:
     rng = _rng(task.id, seed)
     edits = gold_edits(base, task.gold_patch)
     failing, related = _visible_tests(task)
+    level = level_of(task)
+    if level is not None and level < 2 and len(edits) == 1 and edits[0].old is not None:
+        command = _run_command(failing or related) if failing or related else ""
+        return _short_plan(task, base, edits, level, command, bool(failing), rng)
     actions = _lookup(task, base, edits, failing, rng)
     finding = ""
     first_edits = {}  # the first edit of each file, in the patch's order

@@ -131,6 +131,10 @@ def format_hermes(name: str, arguments: Mapping[str, Any]) -> str:
     return f"{_OPEN}\n{json.dumps({'name': name, 'arguments': dict(arguments)})}\n{_CLOSE}"
 
 
+_SUBMIT = " Call submit when the task is done."
+"""Said only when the tools hold ``submit`` (a served program's own tools need not)."""
+
+
 def _tool_lines(tools: Mapping[str, Tool]) -> str:
     return "\n".join(json.dumps(t.schema) for t in tools.values())
 
@@ -143,7 +147,7 @@ def instructions_hermes(tools: Mapping[str, Tool]) -> str:
         "and </tool_call> tags:\n<tool_call>\n"
         '{"name": "<tool name>", "arguments": {"<argument>": <value>}}\n</tool_call>\n'
         "You may make several calls in one message; each result comes back in a message from "
-        "the tool role. Call submit when the task is done."
+        f"the tool role.{_SUBMIT if 'submit' in tools else ''}"
     )
 
 
@@ -202,7 +206,7 @@ def instructions_xml(tools: Mapping[str, Tool]) -> str:
         "To call a tool, write:\n<tool_call>\n<function=<tool name>>\n"
         "<parameter=<argument>>\n<value, as plain text>\n</parameter>\n</function>\n</tool_call>\n"
         "You may make several calls in one message; each result comes back in a message from "
-        "the tool role. Call submit when the task is done."
+        f"the tool role.{_SUBMIT if 'submit' in tools else ''}"
     )
 
 

@@ -46,10 +46,18 @@ class ToolConfig:
     """Largest ``timeout`` (seconds) the model may ask ``run`` for; larger requests are capped."""
     search_max_results: int = 50
     """Matching lines shown by ``search``; the rest are counted, not shown."""
+    max_read_lines: int | None = None
+    """Most lines one ``read_file`` call shows (None: no limit). A longer range, or a whole file
+    read without one, shows its first ``max_read_lines`` lines and says how to see the rest, so
+    a small model's context holds a window, not a file."""
     max_line_chars: int = 300
     """Longest line shown by ``read_file`` and ``search`` (characters); longer lines are cut."""
     max_observation_chars: int = 8000
     """Observations longer than this (characters) keep their head and tail around a marker."""
+
+    def __post_init__(self) -> None:
+        if self.max_read_lines is not None and self.max_read_lines < 1:
+            raise ValueError(f"ToolConfig.max_read_lines must be >= 1, got {self.max_read_lines}")
 
 
 @dataclass
@@ -127,7 +135,15 @@ def read_file(
         raise ToolError(
             f"invalid line range {start_line}..{end_line}: {path} has lines 1..{len(lines)}"
         )
-    return _numbered(lines[first - 1 : last], first, ctx.config.max_line_chars)
+    cap = ctx.config.max_read_lines
+    more = ""
+    if cap is not None and last - first + 1 > cap:
+        last = first + cap - 1
+        more = (
+            f"\n[showing lines {first}..{last} of {len(lines)}; pass start_line and end_line "
+            f"to read others, at most {cap} lines at a time]"
+        )
+    return _numbered(lines[first - 1 : last], first, ctx.config.max_line_chars) + more
 
 
 def search(ctx: ToolContext, pattern: str, path: str = ".") -> str:

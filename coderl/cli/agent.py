@@ -36,7 +36,11 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
                    help="how the model writes tool calls")  # fmt: skip
     p.add_argument("--temperature", type=float, default=1.0, help="sampling temperature")
     p.add_argument("--seed", type=int, default=0, help="sampling seed")
-    p.add_argument("--backend", default="bwrap", help="sandbox backend (bwrap or local)")
+    p.add_argument(
+        "--backend",
+        default="bwrap",
+        help="sandbox backend: bwrap, container (image from CODERL_CONTAINER_IMAGE) or local",
+    )
     p.add_argument("--show", action="store_true", help="print the first episode's messages")
     p.add_argument("--out", type=Path, help="write the episodes as JSON here")
     p.add_argument("--force", action="store_true", help="replace an existing --out")

@@ -5,12 +5,17 @@ rate and the fraction of FAIL_TO_PASS tests passed with 95% CIs (``per_repo`` in
 table on stderr). ``--episodes-out FILE`` also writes every evaluated episode
 (task statement, diff, tool log, test outcomes, resolved) as the episodes JSONL that
 ``coderl rm train --episodes`` and ``coderl graders probe`` read (an existing FILE is replaced
-only with ``--force``)."""
+only with ``--force``). ``--harness DIR`` writes the repository tasks' first episodes as a
+SWE-bench harness run (``coderl.grading.harness``: predictions, per-instance reports with
+``resolved`` and ``tests_status``, the summary of ``swebench``'s ``make_run_report``), so that a
+run's number can be set beside published ones."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import sys
+from pathlib import Path
 from typing import Any
 
 from coderl.cli.tasks import writable
@@ -60,6 +65,8 @@ def run(args: argparse.Namespace) -> int:
 
     if args.episodes_out:  # before the model loads
         writable(args.episodes_out, args.force)
+    if args.harness:
+        writable(args.harness, args.force)
     run_dir, ckpt = resolve_checkpoint(args.checkpoint)  # a run directory: its newest one
     tasks, k, rest = _split_args(args.overrides)
     # the run as found on disk, not as its config.yaml names it (a relative run_dir names
@@ -78,13 +85,19 @@ def run(args: argparse.Namespace) -> int:
     if not args.base:
         load_checkpoint(ckpt, model=run_.policy.model, restore_rng=False)
     run_.engine = build_engine(cfg, run_.policy, training=False)  # engine.kind, these weights
-    episodes: list[tuple[Any, bool]] | None = [] if args.episodes_out else None
+    episodes: list[tuple[Any, bool]] | None = [] if args.episodes_out or args.harness else None
     try:
         result = run_eval(run_, split or None, episodes)
         evaluated = run_.env.tasks(split or cfg.tasks.heldout_split)[: cfg.eval.tasks]
+        if args.harness:  # in the run's sandbox backend, set until close_run
+            from coderl.grading.harness import eval_rows, write_run
+
+            rows = eval_rows(evaluated, episodes or [])
+            summary = write_run(Path(args.harness), ckpt.name, cfg.model.name, rows)
+            print(f"harness run: {summary} ({len(rows)} predictions)", file=sys.stderr)
     finally:
         close_run(run_)
-    if episodes is not None:
+    if args.episodes_out and episodes is not None:
         from coderl.graders.pairs import write_episodes
 
         write_episodes(args.episodes_out, [v for v, _ in episodes], [ok for _, ok in episodes])
@@ -110,5 +123,13 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         help="also write the evaluated episodes as JSONL (for `coderl rm train --episodes` "
         "and `coderl graders probe`)",
     )
-    p.add_argument("--force", action="store_true", help="replace an existing --episodes-out")
+    p.add_argument(
+        "--harness",
+        metavar="DIR",
+        help="also write a SWE-bench harness run of the repository tasks to DIR: "
+        "predictions.jsonl, logs/run_evaluation/.../report.json and swebench's summary",
+    )
+    p.add_argument(
+        "--force", action="store_true", help="replace an existing --episodes-out or --harness"
+    )
     p.set_defaults(func=run)

@@ -17,10 +17,10 @@ from rich.console import Console
 from coderl.agent.episode import EpisodeConfig
 from coderl.cli.serve import build_server
 from coderl.config import Config, load_online_config
-from coderl.online.calls import harness_format
+from coderl.endpoint.calls import harness_format
+from coderl.endpoint.http import BackgroundServer
 from coderl.online.cycle import PHASES, open_run, run_cycle
 from coderl.online.cycle_report import phase_totals, print_report, trained
-from coderl.online.server import BackgroundServer
 from coderl.online.simulate import SimulatedPopulation
 
 

@@ -16,12 +16,13 @@ on ``vllm`` each is a LoRA adapter of the one server (:func:`route_loader`).
 from __future__ import annotations
 
 import argparse
+import socket
 from collections.abc import Callable
 from typing import Any
 
-from coderl.config import Config, load_online_config
+from coderl.config import Config, ConfigError, load_online_config
 from coderl.config.online import SHARED
-from coderl.online.calls import harness_format
+from coderl.endpoint.calls import harness_format
 from coderl.online.cycle import database_url, load_version, open_run
 from coderl.online.registry import Registry
 from coderl.online.routing import Route, Router, refresh
@@ -103,28 +104,59 @@ def build_server(
 def run(args: argparse.Namespace) -> int:
     import uvicorn
 
-    cfg = load_online_config(args.config, args.overrides)
+    overrides = list(args.overrides)
+    overrides += [f"online.serve.host={args.host}"] if args.host is not None else []
+    overrides += [f"online.serve.port={args.port}"] if args.port is not None else []
+    cfg = load_online_config(args.config, overrides)
+    serve = cfg.online.serve
+    sock = listening_socket(serve.host, serve.port)  # before the model loads: fail in a second
     store, registry = open_run(cfg)
     champ = registry.champion()
     assert champ is not None
-
+    print(f"loading version {champ} ({cfg.model.name}) into the {cfg.engine.kind} engine ...")
     engine = build_engine(cfg, load_version(cfg, registry, champ), training=False)
     try:  # a reload refreshes every route whose pointer moved, in the same engine
         server = build_server(cfg, store, registry, champ, engine=engine)
-        serve = cfg.online.serve
+        host, port = sock.getsockname()[:2]
         print(
-            f"serving version {champ} on http://{serve.host}:{serve.port}/v1 in the "
+            f"serving version {champ} on http://{host}:{port}/v1 in the "
             f"{server.call_format!r} call format through the {cfg.engine.kind} engine "
             f"(database {database_url(cfg)})"
         )
-        uvicorn.run(server.app(), host=serve.host, port=serve.port, log_level="info")
+        config = uvicorn.Config(server.app(), log_level="info")
+        uvicorn.Server(config).run(sockets=[sock])
     finally:
         engine.close()  # a vLLM server coderl started stops with it
+        sock.close()
     return 0
+
+
+def listening_socket(host: str, port: int) -> socket.socket:
+    """A socket bound to ``host:port`` (port 0: a free one), checked before anything loads.
+
+    Raises:
+        ConfigError: the address cannot be bound (in use, or not this host's), naming the
+            flags that change it.
+    """
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as err:
+        sock.close()
+        raise ConfigError(
+            f"online.serve.host/port: cannot listen on {host}:{port}: {err.strerror} "
+            "(choose another with --port, or --port 0 for a free one)"
+        ) from err
+    return sock
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = sub.add_parser("serve", help="OpenAI-compatible endpoint that records interactions")
     p.add_argument("config", help="YAML preset, e.g. configs/online-demo.yaml")
     p.add_argument("overrides", nargs="*", help="key=value overrides")
+    p.add_argument("--host", default=None, help="address to listen on (default: online.serve.host)")
+    p.add_argument(
+        "--port", type=int, default=None, help="port (default: online.serve.port; 0: a free one)"
+    )
     p.set_defaults(func=run)

@@ -70,11 +70,25 @@ def _builder(name: str) -> Callable[[str], EnvRecord]:
         raise ValueError(f"--builder: {e.args[0]}") from None
 
 
+def _with_image(build: Callable[[str], EnvRecord]) -> Callable[[str], EnvRecord]:
+    """``build``, then the environment's container image (``coderl.envbuild.image``)."""
+    from coderl.envbuild.image import build_env_image
+
+    def run(spec: str) -> EnvRecord:
+        rec = build(spec)
+        print(f"image {build_env_image(rec)} for {rec.env_id}", flush=True)
+        return rec
+
+    return run
+
+
 def cmd_build_env(args: argparse.Namespace) -> int:
     from coderl.envbuild.build import BuildError
 
     specs = _specs(args)
     build = _builder(args.builder)
+    if args.image:
+        build = _with_image(build)
     if args.from_file or args.ledger:
         return _build_many(args, specs, build)
     failures = 0
@@ -282,6 +296,11 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--ledger", help="JSONL ledger (default: FILE.ledger.jsonl with --from)")
     p.add_argument("--jobs", type=int, default=1, help="builds at a time (with a ledger)")
     p.add_argument("--retry-failed", action="store_true", help="rebuild specs that failed")
+    p.add_argument(
+        "--image",
+        action="store_true",
+        help="also build a container image of each environment (podman; tagged by input hash)",
+    )
     p.set_defaults(func=cmd_build_env)
 
     p = tsub.add_parser("synth", help="synthesise bug-fix tasks in a built environment")

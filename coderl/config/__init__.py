@@ -28,6 +28,7 @@ from coderl.config.graders import GradersConfig, JudgeConfig, RMConfig
 from coderl.config.online import OnlineConfig
 from coderl.config.reward_order import check_reward_order
 from coderl.config.rollout import RolloutConfig
+from coderl.config.sandbox import SandboxConfig
 from coderl.config.synth import CurriculumConfig, SynthConfig
 from coderl.config.tracking import LoggingConfig
 from coderl.config.trainer import DistributedConfig as DistributedConfig  # re-export
@@ -156,11 +157,17 @@ class TaskConfig(_Section):
                 )
         s = self.synth
         if s.enabled and self.mix:
-            entry = next((m for m in self.mix if m.label() == s.source), None)
-            if entry is None or (entry.sampler or self.sampler) != "pool":
+            # "repo-L{level}": one entry per level (those of levels 0-9 that the mix has)
+            named = (
+                [s.source.format(level=lv) for lv in range(10)]
+                if s.source and "{level}" in s.source
+                else [s.source]
+            )
+            entries = [m for m in self.mix if m.label() in named]
+            if not entries or any((m.sampler or self.sampler) != "pool" for m in entries):
                 raise ValueError(
                     f"tasks.synth.source={s.source!r} must name a tasks.mix entry drawn by the "
-                    f"pool sampler; valid: {labels}"
+                    f"pool sampler (or entries, with {{level}}); valid: {labels}"
                 )
         elif s.enabled and self.sampler != "pool":
             raise ValueError("tasks.synth.enabled needs tasks.sampler=pool (it admits to the pool)")
@@ -395,6 +402,8 @@ class Config(_Section):
     """The ``async:`` section, read by ``coderl train-async`` (``async.max_staleness=0``...)."""
     engine: EngineConfig = Field(default_factory=EngineConfig)
     """The rollout engine (``torch`` in-process, or a ``vllm`` server)."""
+    sandbox: SandboxConfig = Field(default_factory=SandboxConfig)
+    """Where rollouts, builds and grades execute (``bwrap`` or ``container``)."""
     graders: GradersConfig = Field(default_factory=GradersConfig)
     """Gameability probes of the learned graders (``coderl graders probe``)."""
     tensorboard: bool = True

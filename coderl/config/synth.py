@@ -16,9 +16,12 @@ class SynthConfig(_Section):
     the pool (``tasks.sampler: pool``, or the ``source`` entry of a mix, which must be a pool)."""
     proposer: str = "fnrepair"
     """What makes the new tasks: a key of ``coderl.train.synth.PROPOSERS`` (``fnrepair``:
-    function-repair tasks from the training seeds)."""
+    function-repair tasks from the training seeds; ``repo``: new bugs in the training
+    repositories, stated at a level of the repository ladder, ``coderl.tasks.ladder``)."""
     source: str | None = None
-    """With ``tasks.mix``: the label of the entry that receives the new tasks (None: no mix)."""
+    """With ``tasks.mix``: the label of the entry that receives the new tasks (None: no mix); a
+    label with ``{level}`` (e.g. ``repo-L{level}``) names one entry per level, and a task goes to
+    its level's entry."""
     min_active: int = Field(4, ge=0)
     """Synthesise when fewer tasks than this are active (running pass rate strictly in (0, 1))."""
     saturate: float = Field(0.8, gt=0, le=1)
@@ -41,6 +44,12 @@ class SynthConfig(_Section):
     one does."""
     max_tasks: int = Field(2000, ge=1)
     """The pool never grows beyond this many tasks."""
+    repos: list[str] = Field(default_factory=list)
+    """``repo`` proposer: the training repositories (names in ``data/repos.txt``) new bugs are
+    made in (empty: every training repository with a built environment); a held-out one is an
+    error."""
+    max_tries: int = Field(40, ge=1)
+    """``repo`` proposer: mutants run per request (each a test-suite run in a sandbox)."""
     executor: Literal["process", "thread"] = "process"
     """Where requests run: a spawned process (default: off the trainer's GIL, and CPython 3.11's
     ``ast`` is not thread-safe) or a thread (in-process proposers, tests)."""

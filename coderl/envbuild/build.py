@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import shlex
 import shutil
 import tempfile
 from dataclasses import asdict
@@ -126,6 +127,25 @@ def _project_name(root: Path, fallback: str) -> str:
     return fallback
 
 
+_INSTALLED = """
+import importlib.metadata as m, sys
+try:
+    d = m.distribution(sys.argv[1])
+except m.PackageNotFoundError:  # a plan that installs only the test dependencies
+    sys.exit(0)
+names = set((d.read_text("top_level.txt") or "").split())
+for f in d.files or []:
+    top = f.parts[0]
+    if len(f.parts) > 1 and not top.endswith((".dist-info", ".egg-info", "..")):
+        names.add(top)
+    elif f.suffix == ".py":
+        names.add(f.stem)
+print(" ".join(sorted(n for n in names if n.isidentifier())))
+"""
+"""Prints the importable top-level names that distribution ``argv[1]`` installed (its
+``top_level.txt`` and the first component of each installed file)."""
+
+
 def _install(
     factory: SandboxFactory,
     snapshot: Path,
@@ -151,15 +171,23 @@ def _install(
         # build from a scratch copy: in-tree builds write egg-info and build/ next to the sources
         steps += [("copy", "rm -rf /tmp/src && cp -r /testbed /tmp/src && chmod -R u+w /tmp/src")]
         steps += [(f"install[{i}]", f"cd /tmp/src && {c}") for i, c in enumerate(plan.commands)]
+        steps += [("installed", f"/venv/bin/python -c {shlex.quote(_INSTALLED)} {dist}")]
         steps += [("uninstall-project", f"/venv/bin/python -m pip uninstall -y -q {dist} || true")]
         steps += [("pth", f"echo {src} > {SITE}/coderl_testbed.pth")]
-        for name in info.top_level:
-            check = f"import {name}, sys; assert {name}.__file__.startswith('/testbed'), {name}.__file__"
-            steps.append((f"import {name}", f'cd /tmp && /venv/bin/python -c "{check}"'))
+        installed: set[str] = set()
         for step, cmd in steps:
             res = sb.exec(cmd, timeout=BUILD_LIMITS.timeout_s)
             if res.exit_code != 0:
                 return step, (res.stderr or res.stdout)[-1500:]
+            if step == "installed":
+                installed = set(res.stdout.split())
+        # only what the distribution installs: a root script of the sdist (a benchmark, an
+        # example, docs' conf.py) that imports an optional dependency is not part of it
+        for name in [n for n in info.top_level if n in installed] or info.top_level:
+            check = f"import {name}, sys; assert {name}.__file__.startswith('/testbed'), {name}.__file__"
+            res = sb.exec(f'cd /tmp && /venv/bin/python -c "{check}"', timeout=60)
+            if res.exit_code != 0:
+                return f"import {name}", (res.stderr or res.stdout)[-1500:]
         return "", ""
     finally:
         sb.close()

@@ -48,6 +48,7 @@ def _record(ep: Any) -> EpisodeRecord:
         broken_tool_calls=ep.stats.broken_tool_calls,
         no_action_turns=ep.stats.no_action_turns,
         summaries=ep.stats.summaries,
+        turns_after_summary=ep.stats.turns_after_summary,
         answer=ep.diff,
         episode=ep,
         failure=failure,
@@ -187,14 +188,19 @@ def repo_environment(cfg: Config) -> AgentEnvironment:
     """Repository bug-fix tasks, split by repository (:func:`coderl.tasks.repos.load_repo_tasks`):
     ``tasks.options.tasks_file`` (a path, glob or list; default every shipped
     ``data/tasks/*.jsonl.gz``) and ``tasks.options.repos_file`` (default ``data/repos.txt``, which
-    assigns each repository to ``train`` or ``heldout``)."""
+    assigns each repository to ``train`` or ``heldout``). ``tasks.options.ladder`` (a list of
+    levels 0-3) replaces each task by its variants at those levels of the horizon ladder
+    (:func:`coderl.tasks.ladder.ladder_tasks`; a level a task cannot have is left out)."""
+    from coderl.tasks.ladder import ladder_tasks
     from coderl.tasks.repos import load_repo_tasks
 
     opts = cfg.tasks.options
+    levels = opts.get("ladder")
 
     def load(split: str) -> list[Task]:
-        return load_repo_tasks(
+        tasks = load_repo_tasks(
             split, tasks_file=opts.get("tasks_file"), repos_file=opts.get("repos_file")
         )
+        return tasks if levels is None else ladder_tasks(tasks, [int(x) for x in levels])
 
     return AgentEnvironment(cfg, load, grade_timeout_s=300.0)

@@ -47,6 +47,8 @@ class EpisodeRecord:
     """Turns in which the model produced no tool call and no answer."""
     summaries: int = 0
     """Self-summarisations (context resets)."""
+    turns_after_summary: int = 0
+    """Turns taken in windows a self-summary opened (0: none, or the episode ended there)."""
     answer: Any = None
     """What the grader needs (a diff, a solution file, sampled tokens)."""
     episode: Any = None

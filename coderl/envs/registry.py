@@ -65,8 +65,29 @@ def _fnrepair(cfg: Config) -> Environment:
 def _repo(cfg: Config) -> Environment:
     from coderl.envs.agent import repo_environment
 
-    _check_agent_options(cfg, {"episode", "tasks_file", "repos_file"})
+    _check_agent_options(cfg, {"episode", "tasks_file", "repos_file", "ladder"})
     return repo_environment(cfg)
+
+
+def _gateway(cfg: Config) -> Environment:
+    from coderl.envs.gateway import GATEWAY_KEYS, GatewayEnvironment, GatewayOptions
+
+    opts = dict(cfg.tasks.options)
+    if not opts.get("program"):
+        raise ConfigError(
+            "tasks.options.program: the gateway needs the command that runs the agent program "
+            "(docs/harness-byo.md)"
+        )
+    inner = opts.get("inner", "fnrepair")
+    if inner not in ("fnrepair", "humaneval", "repo"):
+        raise ConfigError(
+            f"tasks.options.inner: {inner!r}; valid: ['fnrepair', 'humaneval', 'repo']"
+        )
+    check_options(opts, GATEWAY_KEYS | {"episode", "tasks_file", "repos_file"}, "tasks.options")
+    mine = {k: opts.pop(k) for k in list(opts) if k in GATEWAY_KEYS}
+    tasks = cfg.tasks.model_copy(update={"source": inner, "options": opts})
+    env = ENVIRONMENTS[inner](cfg.model_copy(update={"tasks": tasks}))
+    return GatewayEnvironment(cfg, env, GatewayOptions(**mine))  # type: ignore[arg-type]
 
 
 def _mix(cfg: Config) -> Environment:
@@ -87,6 +108,7 @@ ENVIRONMENTS: dict[str, Callable[[Config], Environment]] = {
     "humaneval": _humaneval,
     "repo": _repo,
     "fnrepair": _fnrepair,
+    "gateway": _gateway,
     "mix": _mix,
 }
 

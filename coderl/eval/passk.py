@@ -20,6 +20,8 @@ from coderl.graders.judge import EpisodeView
 from coderl.policy.base import SamplingParams
 from coderl.rewards.learned import learned_fields
 from coderl.stats import Estimate, NothingMeasured, bootstrap_ci, estimate, paired_difference
+from coderl.tasks.ladder import family
+from coderl.trajectory import PREFILL_KEYS, prefill_accounting
 
 __all__ = [
     "Estimate",
@@ -50,12 +52,14 @@ class EvalResult:
     """Mean over tasks of the best ``fraction_passed`` among the n samples."""
     per_task: list[dict[str, Any]] = field(default_factory=list)
     """``{"task_id", "source", "n", "correct", "best", "f2p", "episodes", "broken_calls",
-    "broken_episodes"}`` per task (for paired comparisons): ``source`` is the task's
-    :attr:`~coderl.tasks.spec.Task.source` (its family in the summary; None for tasks without
+    "broken_episodes"}`` per task (for paired comparisons): ``source`` is the task's family in
+    the summary (:func:`coderl.tasks.ladder.family`: ``level L<k>`` for a variant of the
+    repository ladder, else its :attr:`~coderl.tasks.spec.Task.source`; None for tasks without
     one); ``f2p`` is the mean over the n samples
     of the fraction of FAIL_TO_PASS tests passed (0 for a sample that is missing or whose grading
     failed); ``episodes`` returned by the environment, the broken tool calls among them and how
-    many had at least one."""
+    many had at least one; ``summarised``, ``continued``, ``continued_resolved`` and the
+    prefill accounting summed over the task's episodes (see :attr:`context`)."""
     grading_errors: int = 0
     """Episodes whose grading failed (infrastructure: counted as failures, in the denominator)."""
     grading_error_examples: list[str] = field(default_factory=list)
@@ -66,6 +70,12 @@ class EvalResult:
     """Broken tool calls (unparseable, unknown tool, bad arguments) per returned episode."""
     broken_episode_rate: float = 0.0
     """Share of returned episodes with at least one broken tool call."""
+    context: dict[str, float] = field(default_factory=dict)
+    """Over returned episodes: ``summarised`` (episodes with a self-summary), ``continued``
+    (of those, episodes that took a turn in the window the summary opened),
+    ``continued_resolved`` (of those, resolved), each a count; ``distinct_tokens``,
+    ``prompt_tokens`` and ``prefill_tokens`` per episode
+    (:func:`coderl.trajectory.prefill_accounting`)."""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -92,6 +102,9 @@ def summarize(
     if episodes:
         res.broken_calls = sum(t["broken_calls"] for t in per_task) / episodes
         res.broken_episode_rate = sum(t["broken_episodes"] for t in per_task) / episodes
+        counts = ("summarised", "continued", "continued_resolved")
+        res.context = {k: float(sum(t.get(k, 0) for t in per_task)) for k in counts}
+        res.context.update({k: sum(t.get(k, 0) for t in per_task) / episodes for k in PREFILL_KEYS})
     return res
 
 
@@ -247,7 +260,7 @@ def _task_row(task: Any, pairs: list[tuple[Any, Any]], samples: int) -> dict[str
     broken = [ep.broken_tool_calls for ep, _ in pairs]
     return {
         "task_id": task_id,
-        "source": getattr(task, "source", None),
+        "source": family(task),
         "n": samples,
         "correct": sum(ok),
         "best": best,
@@ -255,7 +268,26 @@ def _task_row(task: Any, pairs: list[tuple[Any, Any]], samples: int) -> dict[str
         "episodes": len(broken),
         "broken_calls": sum(broken),
         "broken_episodes": sum(b > 0 for b in broken),
+        **_context_row(pairs),
     }
+
+
+def _context_row(pairs: list[tuple[Any, Any]]) -> dict[str, int]:
+    """Self-summaries and prefill accounting of one task's ``(episode, grade)`` pairs (see
+    :attr:`EvalResult.context`); an episode without a trajectory counts zero tokens."""
+    went_on = [(ep, g) for ep, g in pairs if getattr(ep, "turns_after_summary", 0) > 0]
+    row = {
+        "summarised": sum(getattr(ep, "summaries", 0) > 0 for ep, _ in pairs),
+        "continued": len(went_on),
+        "continued_resolved": sum(bool(g.resolved) and g.grading_error is None for _, g in went_on),
+        **dict.fromkeys(PREFILL_KEYS, 0),
+    }
+    for ep, _ in pairs:
+        traj = getattr(ep, "trajectory", None)
+        tokens = prefill_accounting(traj) if traj is not None else dict.fromkeys(PREFILL_KEYS, 0)
+        for k in PREFILL_KEYS:
+            row[k] += tokens[k]
+    return row
 
 
 def paired_change(

@@ -9,7 +9,8 @@ after SFT, after RL), the paired RL-only change (after RL - after SFT) and the w
 pass@k before/after RL per task family when the split mixes several (each task's ``source``:
 the repair demo's held-out library and HumanEval's held-out problems), pass@k at the largest k
 before and after RL (the collapse check), the collapse alarm of the periodic evaluations
-(:func:`collapse_line`), the broken-call rate before and after RL, and the phase times.
+(:func:`collapse_line`), the broken-call rate before and after RL, the last evaluation's
+self-summaries and prefill per episode (:func:`context_rows`), and the phase times.
 The comparisons are :func:`coderl.eval.passk.compare`; nothing is computed here that is not
 computed there.
 """
@@ -107,11 +108,32 @@ def summary_lines(
         rows.extend(family_rows(start, last))
     elif len(evals) >= 2:
         rows.append(("whole run: pass@1 change (paired, 95% CI)", _change(compare(first, last))))
+    rows.extend(context_rows(last))
     alarm = collapse_line(evals)
     if alarm:
         rows.append(("collapse alarm (pass@k vs the best earlier evaluation)", alarm))
     rows.append(("phase times", _phase_times(evals, metrics or [], phases or {})))
     return rows
+
+
+def context_rows(e: dict[str, Any]) -> list[tuple[str, str]]:
+    """The self-summaries and the multi-turn prefill of one evaluation (its ``context``:
+    :attr:`coderl.eval.passk.EvalResult.context`); empty for records without it."""
+    c = e.get("context") or {}
+    if not c:
+        return []
+    return [
+        (
+            "self-summaries, last evaluation (episodes)",
+            f"{c['summarised']:.0f} summarised, {c['continued']:.0f} went on after the summary, "
+            f"{c['continued_resolved']:.0f} of those resolved",
+        ),
+        (
+            "prefill per episode, last evaluation (tokens)",
+            f"{c['prefill_tokens']:.0f} with KV reuse across turns, {c['prompt_tokens']:.0f} "
+            f"without; {c['distinct_tokens']:.0f} distinct",
+        ),
+    ]
 
 
 def collapse_line(evals: list[dict[str, Any]]) -> str:

@@ -62,6 +62,7 @@ import errno
 import os
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from coderl.grading.apply import apply_to_copy, drop_binary, remove_tree
@@ -210,6 +211,25 @@ def _shown(path: str) -> str:
     return os.fsencode(path).decode("utf-8", "backslashreplace")
 
 
+def protection(task: Task, env: EnvRecord) -> Callable[[str], bool]:
+    """Whether the agent may not change a workspace-relative path of ``task``
+    (``coderl.grading.protected.is_protected`` with the task's and the environment's test paths,
+    source roots and virtualenv modules): what ``apply_to_copy`` strips from its diff."""
+    roots = (".",) if env.info.get("source_root", ".") == "." else (".", env.info["source_root"])
+    extra = [*task.protected_paths, *env.test_paths, *(f"{p}/**" for p in env.test_paths)]
+    shadow = venv_modules(env)
+    return lambda p: is_protected(p, extra, roots, shadow)
+
+
+def pristine_mounts(env: EnvRecord) -> dict[str, str]:
+    """Read-only mounts (sandbox path -> host path) that put the environment's pristine test
+    files and egg-info back over a graded tree."""
+    snapshot = Path(env.snapshot)
+    return {
+        f"/testbed/{rel}": str(snapshot / rel) for rel in [*env.test_paths, *_egg_info(snapshot)]
+    }
+
+
 def _grade_tree(
     task: Task,
     env: EnvRecord,
@@ -221,15 +241,10 @@ def _grade_tree(
     result: GradeResult,
     guard: bool = True,
 ) -> None:
-    roots = (".",) if env.info.get("source_root", ".") == "." else (".", env.info["source_root"])
-    extra = [*task.protected_paths, *env.test_paths, *(f"{p}/**" for p in env.test_paths)]
     agent_diff, dropped = drop_binary(agent_diff)  # binary byproducts: not applied, not graded
     result.dropped_paths = [_shown(p) for p in dropped]
     try:
-        shadow = venv_modules(env)
-        changed, stripped = apply_to_copy(
-            base, agent_diff, lambda p: is_protected(p, extra, roots, shadow), tree
-        )
+        changed, stripped = apply_to_copy(base, agent_diff, protection(task, env), tree)
     except PatchError as e:
         result.reason = f"the diff does not apply: {str(e)[-300:]}"
         _summarise(result, task, {})
@@ -250,9 +265,7 @@ def _grade_tree(
         )
         _summarise(result, task, {})
         return
-    ro = {}
-    for rel in [*env.test_paths, *_egg_info(snapshot)]:  # pristine, read-only over the tree
-        ro[f"/testbed/{rel}"] = str(snapshot / rel)
+    ro = pristine_mounts(env)
     with run_dirs() as inp:
         ro.update(mounts(inp, Path(env.venv)))
         limits = Limits(

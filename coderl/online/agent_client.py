@@ -13,11 +13,13 @@ episode's tools (the harness schemas), ``episode_id``, ``population``, ``is_summ
 summaries included, is recorded by the server under the episode's id and so shares the
 episode's outcome (:mod:`coderl.online.rewards`).
 
-Limits: the server renders the messages itself, so an earlier turn's text is re-tokenized
-there; its prompt can differ by a few tokens at turn boundaries from the client's token-exact
-window (non-canonical tokenizations of sampled text), which only moves the client's context
-budget accounting. What is trained is what the server recorded: its prompt, its sampled ids
-and their logprobs. One request at a time per episode (the harness's turns are sequential).
+Limits: the harness's messages carry its own reading of each reply (not the reply as the
+server returned it), so the server renders them itself and an earlier turn's text is
+re-tokenized there (:mod:`coderl.endpoint.continuation` continues token for token only a call
+that carries the reply unchanged); its prompt can differ by a few tokens at turn boundaries from
+the client's token-exact window (non-canonical tokenizations of sampled text), which only moves
+the client's context budget accounting. What is trained is what the server recorded: its
+prompt, its sampled ids and their logprobs. One request at a time per episode (the harness's turns are sequential).
 """
 
 from __future__ import annotations

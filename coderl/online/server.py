@@ -24,7 +24,7 @@ Endpoints (FastAPI):
 - ``GET /v1/tools``: the harness tools a request may offer, with their schemas, and the call
   format.
 
-Tools, prompts and tool calls are the agent harness's (:mod:`coderl.online.calls`): the request's
+Tools, prompts and tool calls are the agent harness's (:mod:`coderl.endpoint.calls`): the request's
 ``tools`` name harness tools, the conversation is rendered as the harness renders it, and the
 reply is parsed in the configured call format (``online.serve.call_format``; by default the run's
 harness format) and validated by the harness's own rule, so a served call is valid iff the
@@ -34,7 +34,7 @@ example downstream).
 
 Concurrency: requests are answered concurrently, each in its own thread. A vLLM engine gets
 them as they come and batches them itself; the in-process sampler gets them through
-:class:`coderl.online.batching.WindowBatcher` (each ``generate`` call carries every request that
+:class:`coderl.endpoint.batching.WindowBatcher` (each ``generate`` call carries every request that
 is waiting when it starts, and waits up to ``batch_window_s`` for the others the server holds). Each interaction records its own sampled ids and logprobs. A reload
 waits for the requests in flight and holds new ones back while routes change (a reader/writer
 gate, :class:`_Gate`), so no request samples an adapter while it is replaced.
@@ -44,8 +44,9 @@ not the harness's: 400; a conversation that cannot be rendered: 400; a prompt th
 engine's context: 400). An engine failure answers 503 with its reason and the server keeps
 serving.
 
-Limits: no streaming, ``n = 1`` only, no ``top_logprobs``. No authentication: bind to
-localhost or put it behind a proxy.
+Requests, streaming, ``stop`` and what is refused: :mod:`coderl.endpoint.chat` (the one request
+path of ``coderl serve`` and the gateway). The request's ``model`` does not select weights
+(the population does): the reply's ``model`` names what answered, as ``GET /v1/models`` does. No authentication: bind to localhost or put it behind a proxy.
 """
 
 from __future__ import annotations
@@ -57,61 +58,35 @@ import re
 import threading
 import time
 import uuid
+from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from fastapi import FastAPI, HTTPException, Request
+from fastapi import FastAPI, HTTPException, Request, Response
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
-from starlette.concurrency import run_in_threadpool
 
 from coderl.agent.episode import EpisodeConfig
 from coderl.agent.parsing import get_call_format
 from coderl.agent.tools import TOOLS
 from coderl.config.online import SHARED, ExplorationConfig
-from coderl.online.batching import WindowBatcher
-from coderl.online.calls import RequestError, parse_reply, render_prompt, renderer_for, served_tools
+from coderl.endpoint.batching import WindowBatcher
+from coderl.endpoint.calls import RequestError, served_tools
+from coderl.endpoint.chat import ChatRequest, chat_endpoint, response_body, sample_chat
+from coderl.endpoint.continuation import Turn
 from coderl.online.events import MAX_REQUEST_BYTES, Rejected, parse_event, parse_json
 from coderl.online.routing import Route, Router
 from coderl.online.store import Store, interaction_row
 from coderl.policy.base import SamplingParams
-from coderl.policy.episode import encode
 from coderl.policy.local import LocalPolicy
 from coderl.policy.rollout import TorchRollout
 
 log = logging.getLogger("coderl.online")
 
+MAX_OPEN_EPISODES = 4096
+"""Episodes whose last call the server keeps for token-exact continuation (oldest dropped)."""
 EDIT_TOOLS = ("edit", "write_file", "apply_patch", "str_replace", "replace", "create_file")
 _FENCE = re.compile(r"```[^\n]*\n(.*?)```", re.S)  # the body of each fenced block
-
-
-class ChatRequest(BaseModel):
-    """The subset of OpenAI's chat-completions request that is supported; others are errors."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    model: str
-    messages: list[dict[str, Any]] = Field(min_length=1)
-    tools: list[dict[str, Any]] | None = None
-    tool_choice: Any = None
-    temperature: float | None = Field(default=None, ge=0, le=2)
-    top_p: float | None = Field(default=None, gt=0, le=1)
-    max_tokens: int | None = Field(default=None, ge=1)
-    max_completion_tokens: int | None = Field(default=None, ge=1)
-    seed: int | None = None
-    logprobs: bool | None = None
-    top_logprobs: int | None = Field(default=None, ge=0, le=0)
-    n: int | None = Field(default=None, ge=1, le=1)
-    stream: bool | None = Field(default=None)
-    user: str | None = None
-    episode_id: str | None = Field(default=None, max_length=128)
-    population: str | None = Field(default=None, max_length=128)
-    is_summary: bool = False
-    return_token_ids: bool = False
-    """Also return the sampled token ids (``choices[0].token_ids``, as vLLM's extension names
-    them) and the prompt's (``prompt_token_ids``): what a token-exact client harness continues
-    from (:mod:`coderl.online.agent_client`)."""
 
 
 class _Gate:
@@ -149,7 +124,7 @@ class _Gate:
 
 def in_process(sampler: Any) -> bool:
     """Whether ``sampler`` runs the model in this process (batched by the server's
-    :class:`~coderl.online.batching.WindowBatcher`) rather than in an engine that batches
+    :class:`~coderl.endpoint.batching.WindowBatcher`) rather than in an engine that batches
     concurrent requests itself (vLLM)."""
     return isinstance(sampler, (LocalPolicy, TorchRollout))
 
@@ -231,7 +206,7 @@ class InteractionServer:
         exploration: the share of requests sampled at the exploration temperature (None: no
             exploration).
         batch_window_s: the longest an in-process sampler's batch waits, before it starts, for
-            requests this server holds (:class:`coderl.online.batching.WindowBatcher`; 0:
+            requests this server holds (:class:`coderl.endpoint.batching.WindowBatcher`; 0:
             never waits).
     """
 
@@ -270,6 +245,7 @@ class InteractionServer:
         if self.exploration.share > 0 and self.exploration.temperature == default_temperature:
             raise ValueError("the exploration temperature equals the serving temperature")
         self._explore_rng = random.Random(self.exploration.seed)
+        self._turns: OrderedDict[str, Turn] = OrderedDict()  # episode id -> its last call
 
     @property
     def policy(self) -> Any:
@@ -320,31 +296,38 @@ class InteractionServer:
             return self._complete(req)
 
     def _complete(self, req: ChatRequest) -> dict[str, Any]:
-        if req.stream:
-            raise HTTPException(400, "stream=true is not supported")
         temperature, explore = self._sampling(req)
         population = req.population or req.user or "default"
+        start = time.perf_counter()
         try:
             tools = served_tools(req.tools)
+            with self._gate:  # a reload waits for this reply: no adapter is replaced mid-request
+                route = self.router.route(population)
+                policy, version = route.sampler, route.version
+                s = sample_chat(
+                    req,
+                    policy.tokenizer,
+                    tools,
+                    lambda prompt, params: self._generate(policy, prompt, params),
+                    temperature=temperature,
+                    max_new_tokens=self.max_new_tokens,
+                    context=context_limit(policy),
+                    call_format=self.call_format,
+                    template_tools=self.template_tools,
+                    previous=self._last_turn(req.episode_id, population, version),
+                )
         except RequestError as e:
             raise HTTPException(400, str(e)) from None
-        start = time.perf_counter()
-        with self._gate:  # a reload waits for this reply: no adapter is replaced mid-request
-            route = self.router.route(population)
-            policy, version = route.sampler, route.version
-            renderer, prompt, params = self._prompt(req, policy, tools, temperature)
-            out = self._generate(policy, prompt, params)
+        self._keep_turn(req.episode_id, population, version, s.turn)
         latency_ms = 1000.0 * (time.perf_counter() - start)
-        text = renderer.content(out)  # what the harness parses: the final stop token dropped
-        content, calls, status = parse_reply(text, tools, self.call_format)
+        out, params = s.completion, s.params
         iid = f"chatcmpl-{uuid.uuid4().hex}"
-        action = classify(text, calls, status)
         self.store.record_interaction(
             interaction_row(
                 iid,
                 policy_version=version,
                 created_at=self._clock(),
-                prompt_token_ids=prompt,
+                prompt_token_ids=s.prompt_ids,
                 completion_token_ids=out.token_ids,
                 behaviour_logprobs=out.logprobs,
                 temperature=temperature,
@@ -352,8 +335,8 @@ class InteractionServer:
                 population=population,
                 adapter=route.adapter,
                 exploration=explore,
-                action=action,
-                tool_call_status=status,
+                action=classify(s.text, s.calls, s.status),
+                tool_call_status=s.status,
                 top_p=params.top_p,
                 max_new_tokens=params.max_new_tokens,
                 seed=req.seed,
@@ -361,63 +344,45 @@ class InteractionServer:
                 is_summary=req.is_summary,
                 server_latency_ms=latency_ms,
                 request=req.model_dump(exclude_none=True),
-                response_text=text,
+                response_text=s.text,
             )
         )
-        body = self._response(iid, req, policy.tokenizer, len(prompt), out, content, calls, version)
-        body |= {"adapter": route.adapter}
+        body = response_body(
+            iid,
+            self.model_name,
+            int(self._clock()),
+            s,
+            policy.tokenizer,
+            logprobs=bool(req.logprobs),
+        )
+        body |= {
+            "system_fingerprint": f"coderl-v{version}",
+            "interaction_id": iid,
+            "policy_version": version,
+            "adapter": route.adapter,
+        }
         if req.return_token_ids:
-            body["prompt_token_ids"] = list(prompt)
+            body["prompt_token_ids"] = list(s.prompt_ids)
             body["choices"][0]["token_ids"] = list(out.token_ids)
         return body
 
-    def _prompt(
-        self, req: ChatRequest, policy: Any, tools: dict[str, Any], temperature: float
-    ) -> tuple[Any, list[int], SamplingParams]:
-        """``(renderer, prompt token ids, sampling parameters)`` of ``req`` for ``policy``.
+    def _last_turn(self, episode_id: str | None, population: str, version: int) -> Turn | None:
+        """The episode's last call on the same weights, which this one may continue token for
+        token (:mod:`coderl.endpoint.continuation`); None without an episode id."""
+        if episode_id is None:
+            return None
+        with self._lock:
+            return self._turns.get(f"{population}\0{version}\0{episode_id}")
 
-        Raises:
-            HTTPException(400): the conversation cannot be rendered, or its prompt fills the
-                engine's context.
-        """
-        try:
-            renderer = renderer_for(
-                policy.tokenizer,
-                req.messages,
-                tools,
-                call_format=self.call_format,
-                template_tools=self.template_tools,
-            )
-            text_in = render_prompt(renderer, req.messages, call_format=self.call_format)
-            prompt = encode(policy.tokenizer, text_in)
-        except Exception as e:  # template errors are the client's bad input
-            raise HTTPException(400, f"cannot render the conversation: {e}") from None
-        budget = req.max_completion_tokens or req.max_tokens or self.max_new_tokens
-        params = SamplingParams(
-            temperature=temperature,
-            top_p=1.0 if req.top_p is None else req.top_p,
-            max_new_tokens=min(budget, self.max_new_tokens, self._room(policy, len(prompt))),
-            stop_token_ids=renderer.stop_token_ids,
-            seed=req.seed,
-        )
-        return renderer, prompt, params
-
-    def _room(self, sampler: Any, n_prompt: int) -> int:
-        """Tokens left to sample after a prompt of ``n_prompt`` tokens.
-
-        Raises:
-            HTTPException(400): the prompt fills the context.
-        """
-        limit = context_limit(sampler)
-        if limit is None:
-            return self.max_new_tokens
-        if n_prompt >= limit:
-            raise HTTPException(
-                400,
-                f"prompt of {n_prompt} tokens leaves no room to sample: the model's context is "
-                f"{limit} tokens (prompt plus completion)",
-            )
-        return limit - n_prompt
+    def _keep_turn(self, episode_id: str | None, population: str, version: int, turn: Turn) -> None:
+        if episode_id is None:
+            return
+        key = f"{population}\0{version}\0{episode_id}"
+        with self._lock:
+            self._turns[key] = turn
+            self._turns.move_to_end(key)
+            while len(self._turns) > MAX_OPEN_EPISODES:
+                self._turns.popitem(last=False)
 
     def _generate(self, sampler: Any, prompt: list[int], params: SamplingParams) -> Any:
         """One completion, batched for an in-process sampler, straight to an engine that
@@ -434,54 +399,6 @@ class InteractionServer:
         except Exception as e:
             log.exception("engine failure")
             raise HTTPException(503, f"engine failure: {type(e).__name__}: {e}") from None
-
-    def _response(
-        self,
-        iid: str,
-        req: ChatRequest,
-        tok: Any,
-        n_prompt: int,
-        out: Any,
-        content: str | None,
-        calls: list[dict[str, Any]],
-        version: int,
-    ) -> dict[str, Any]:
-        message: dict[str, Any] = {"role": "assistant", "content": content}
-        if calls:
-            message["tool_calls"] = calls
-        choice: dict[str, Any] = {
-            "index": 0,
-            "message": message,
-            "finish_reason": "tool_calls" if calls else out.finish_reason,
-            "logprobs": None,
-        }
-        if req.logprobs:
-            choice["logprobs"] = {
-                "content": [
-                    {
-                        "token": (s := tok.decode([t])),
-                        "logprob": lp,
-                        "bytes": list(s.encode()),
-                        "top_logprobs": [],
-                    }
-                    for t, lp in zip(out.token_ids, out.logprobs, strict=True)
-                ]
-            }
-        return {
-            "id": iid,
-            "object": "chat.completion",
-            "created": int(self._clock()),
-            "model": req.model,
-            "system_fingerprint": f"coderl-v{version}",
-            "choices": [choice],
-            "usage": {
-                "prompt_tokens": n_prompt,
-                "completion_tokens": len(out.token_ids),
-                "total_tokens": n_prompt + len(out.token_ids),
-            },
-            "interaction_id": iid,
-            "policy_version": version,
-        }
 
     def feedback(self, body: bytes) -> tuple[int, dict[str, Any]]:
         """Ingest the events in a request body; ``(http_status, result)``.
@@ -510,21 +427,8 @@ class InteractionServer:
         app = FastAPI(title="coderl serve")
 
         @app.post("/v1/chat/completions")
-        async def chat(request: Request) -> JSONResponse:
-            try:
-                req = ChatRequest.model_validate_json(await request.body())
-            except ValidationError as e:
-                msg = "; ".join(
-                    f"{'.'.join(str(p) for p in x['loc'])}: {x['msg']}" for x in e.errors()
-                )
-                return JSONResponse({"error": {"message": msg, "type": "invalid_request"}}, 400)
-            try:
-                body = await run_in_threadpool(self.complete, req)
-            except HTTPException as e:
-                return JSONResponse(
-                    {"error": {"message": e.detail, "type": "invalid_request"}}, e.status_code
-                )
-            return JSONResponse(body, headers={"X-Interaction-Id": body["id"]})
+        async def chat(request: Request) -> Response:
+            return await chat_endpoint(request, self.complete)
 
         @app.post("/v1/feedback")
         async def feedback(request: Request) -> JSONResponse:
@@ -573,53 +477,3 @@ class InteractionServer:
             return {"policy_version": self.version, "adapters": adapters, "changed": changed}
 
         return app
-
-
-class BackgroundServer:
-    """Run an ASGI app with uvicorn in a daemon thread (tests, the demo, ``online run``).
-
-    Args:
-        app: the FastAPI app.
-        host, port: where to listen; port 0 picks a free port (read :attr:`port` after start).
-
-    Raises:
-        ValueError: the address cannot be bound (in use, or not this host's); the message names
-            ``online.serve.host`` / ``port``, so ``coderl online run`` prints one line.
-        RuntimeError: the server did not start within 30 s.
-    """
-
-    def __init__(self, app: FastAPI, host: str = "127.0.0.1", port: int = 0) -> None:
-        import socket
-
-        import uvicorn
-
-        self._sock = socket.socket()
-        try:
-            self._sock.bind((host, port))
-        except OSError as err:
-            self._sock.close()
-            raise ValueError(
-                f"online.serve.host/port: cannot listen on {host}:{port}: {err.strerror} "
-                "(online.serve.port=0 picks a free port)"
-            ) from err
-        self.host, self.port = host, int(self._sock.getsockname()[1])
-        config = uvicorn.Config(app, log_level="warning", lifespan="off")
-        self._server = uvicorn.Server(config)
-        self._thread = threading.Thread(
-            target=self._server.run, kwargs={"sockets": [self._sock]}, daemon=True
-        )
-        self._thread.start()
-        deadline = time.time() + 30
-        while not self._server.started:
-            if time.time() > deadline or not self._thread.is_alive():
-                raise RuntimeError("the HTTP server did not start")
-            time.sleep(0.01)
-
-    @property
-    def base_url(self) -> str:
-        return f"http://{self.host}:{self.port}/v1"
-
-    def stop(self) -> None:
-        self._server.should_exit = True
-        self._thread.join(timeout=10)
-        self._sock.close()

@@ -19,7 +19,7 @@ every turn (summaries included) shares them.
 
 Every reply and episode is graded by training's grader as it arrives (see
 :mod:`coderl.online.suites`). Tool schemas, prompts and call parsing are the harness's
-(:mod:`coderl.online.calls`): the population offers the harness's ``write_file``.
+(:mod:`coderl.endpoint.calls`): the population offers the harness's ``write_file``.
 """
 
 from __future__ import annotations

@@ -39,6 +39,7 @@ import torch
 from torch import Tensor
 
 from coderl.config import AlgorithmConfig, TrainerConfig
+from coderl.endpoint.chat import calls_from_rows, trajectory_of
 from coderl.train.batch import StepBatch
 from coderl.train.optim import build_optimizer
 from coderl.train.pipeline import token_batch
@@ -97,12 +98,11 @@ def select_trainable(
 
 
 def to_segment(row: dict[str, Any]) -> Segment:
-    """The exact tokens the policy saw and sampled (never re-tokenized)."""
-    seg = Segment(provenance={"interaction_id": row["interaction_id"]})
-    seg.append_context(row["prompt_token_ids"], kind="prompt")
-    seg.append_sampled(
-        row["completion_token_ids"], row["behaviour_logprobs"], row["policy_version"]
-    )
+    """The exact tokens the policy saw and sampled (never re-tokenized): one interaction as a
+    segment of its own, built by the segmenter of served and gateway episodes
+    (:func:`coderl.endpoint.chat.trajectory_of`); the update weighs each interaction alone."""
+    [seg] = trajectory_of(calls_from_rows([row]))[0].segments
+    seg.provenance["interaction_id"] = row["interaction_id"]
     return seg
 
 

@@ -32,7 +32,7 @@ sampled from.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from coderl.policy.base import Completion, check_finish_reason
@@ -182,14 +182,33 @@ class EpisodeBuilder:
         """Text after the sampled tokens: the rest of the assistant turn's closing, the new
         turns and the generation prompt."""
         assert self._last is not None
-        stub = self.messages[:-1] + [{"role": "assistant", "content": PLACEHOLDER}]
-        tools = self.tools
-        before = render(self.tokenizer, stub, tools=tools, add_generation_prompt=False)
-        after = render(self.tokenizer, stub + new, tools=tools, add_generation_prompt=True)
-        closing = before[before.rindex(PLACEHOLDER) + len(PLACEHOLDER) :]
-        last = self._last
-        if last.finish_reason == "stop" and last.token_ids:
-            stop_text = self.tokenizer.decode(last.token_ids[-1:])
-            if stop_text and closing.startswith(stop_text):
-                closing = closing[len(stop_text) :]
-        return closing + after[len(before) :]
+
+        def rendered(messages: list[dict[str, Any]], generation_prompt: bool) -> str:
+            return render(
+                self.tokenizer, messages, tools=self.tools, add_generation_prompt=generation_prompt
+            )
+
+        return template_delta(rendered, self.tokenizer, self.messages[:-1], self._last, new)
+
+
+def template_delta(
+    rendered: Callable[[list[dict[str, Any]], bool], str],
+    tokenizer: Any,
+    history: Sequence[dict[str, Any]],
+    last: Completion,
+    new: Sequence[dict[str, Any]],
+) -> str:
+    """The text a template puts after the sampled tokens of ``last`` (the assistant turn that
+    follows ``history``): the rest of the turn's closing, the ``new`` turns and the generation
+    prompt (see the module docstring). ``rendered(messages, generation_prompt)`` renders a
+    conversation as the caller's prompts are rendered (:class:`EpisodeBuilder`'s, or a served
+    request's, :mod:`coderl.endpoint.continuation`)."""
+    stub = [*history, {"role": "assistant", "content": PLACEHOLDER}]
+    before = rendered(stub, False)
+    after = rendered([*stub, *new], True)
+    closing = before[before.rindex(PLACEHOLDER) + len(PLACEHOLDER) :]
+    if last.finish_reason == "stop" and last.token_ids:
+        stop_text = tokenizer.decode(last.token_ids[-1:])
+        if stop_text and closing.startswith(stop_text):
+            closing = closing[len(stop_text) :]
+    return closing + after[len(before) :]

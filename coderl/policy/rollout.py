@@ -78,6 +78,11 @@ class TorchRollout:
         """Drop an ended episode's cached KV (:meth:`LocalPolicy.forget_prefixes`)."""
         return self.policy.forget_prefixes(sequences)
 
+    def prefill_counters(self) -> dict[str, int]:
+        """The sampler's running totals of prefilled, reused and prompt tokens
+        (:attr:`coderl.policy.engine.TorchEngine.prefill_stats`)."""
+        return dict(self.policy.engine.prefill_stats)
+
     def sync(self, policy: LocalPolicy) -> dict[str, float]:
         """Nothing to move: the sampler reads the live weights. Returns no metric."""
         return {}

@@ -6,8 +6,9 @@ from __future__ import annotations
 
 from coderl.sandbox.base import BACKENDS
 from coderl.sandbox.bwrap import BwrapSandbox
+from coderl.sandbox.container import ContainerSandbox
 from coderl.sandbox.local import LocalSandbox
 
-BACKENDS.update({"bwrap": BwrapSandbox, "local": LocalSandbox})
+BACKENDS.update({"bwrap": BwrapSandbox, "container": ContainerSandbox, "local": LocalSandbox})
 
 __all__ = ["BACKENDS"]

@@ -6,6 +6,7 @@ the only place where a backend name selects an implementation.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,6 +22,17 @@ BACKENDS: dict[str, Any] = {}
 """Backend name -> sandbox class, the only place a name selects an implementation: filled by
 ``coderl.sandbox.backends`` (which the package imports), so this module imports no backend and
 no backend imports back into a module that imports it."""
+
+
+BACKEND_ENV = "CODERL_SANDBOX_BACKEND"
+"""Environment variable naming the backend ``Sandbox.create`` uses when none is given (default
+``bwrap``): the run's ``sandbox.backend`` sets it, so worker processes started later inherit it."""
+
+
+def default_backend() -> str:
+    """The backend of a ``Sandbox.create`` call that names none: ``$CODERL_SANDBOX_BACKEND`` or
+    ``bwrap``."""
+    return os.environ.get(BACKEND_ENV) or "bwrap"
 
 
 class SandboxError(RuntimeError):
@@ -126,7 +138,7 @@ class Sandbox(Protocol):
         ro_mounts: dict[str, str] | None = None,
         rw_mounts: dict[str, str] | None = None,
         network: bool = False,
-        backend: str = "bwrap",
+        backend: str | None = None,
         pool: Any = None,
     ) -> Sandbox:
         """Start a sandbox whose workspace ``/testbed`` is a copy-on-write view of ``base``.
@@ -137,14 +149,16 @@ class Sandbox(Protocol):
             environment is never inherited.
         ro_mounts / rw_mounts: sandbox path -> host path, mounted read-only / read-write.
         network: True shares the host network (for install steps only); default: none.
-        backend: ``"bwrap"`` (isolated) or ``"local"`` (no isolation, warns; see
-            ``coderl.sandbox.local``).
+        backend: ``"bwrap"`` (isolated), ``"container"`` (a podman container from
+            ``$CODERL_CONTAINER_IMAGE``; ``coderl.sandbox.container``) or ``"local"`` (no
+            isolation, warns; see ``coderl.sandbox.local``); None: :func:`default_backend`.
         pool: hand out a sandbox started ahead of time by this ``SandboxPool`` when one is
             ready (``coderl.sandbox.pool``; ``bwrap`` backend only), else start one now.
         Raises ValueError (unknown backend, bad mount paths, a pool with another backend),
         FileNotFoundError (``base`` or a mount source missing), SandboxError (the sandbox
         failed to start, the pool is closed).
         """
+        backend = backend or default_backend()
         if backend not in BACKENDS:
             raise ValueError(f"unknown sandbox backend {backend!r}; valid: {sorted(BACKENDS)}")
         if pool is not None:

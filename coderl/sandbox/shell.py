@@ -119,15 +119,23 @@ class Shell:
     """
 
     def __init__(
-        self, proc: subprocess.Popen[bytes], ctl_read: int, kill: Callable[[], None]
+        self,
+        proc: subprocess.Popen[bytes],
+        ctl_read: int,
+        kill: Callable[[], None],
+        streams: tuple[int, int] | None = None,
     ) -> None:
+        """``streams``: the read ends of the shell's stdout and stderr when they are not
+        ``proc``'s own pipes (a container's shell writes them straight to descriptors passed in,
+        so that its output is in them before its end-of-command record; the caller closes them)."""
         self.proc = proc
         self.ctl_read = ctl_read
         self.kill = kill
         self.state = ShellState()
         self.alive = True
         assert proc.stdin and proc.stdout and proc.stderr
-        for fd in (proc.stdout.fileno(), proc.stderr.fileno(), ctl_read):
+        self.streams = streams or (proc.stdout.fileno(), proc.stderr.fileno())
+        for fd in (*self.streams, ctl_read):
             os.set_blocking(fd, False)
 
     def send(self, script: str) -> None:
@@ -166,11 +174,10 @@ class Shell:
 
     def _pump(self, out: _Capture, err: _Capture, ctl: bytearray, deadline: float) -> bool:
         """Read all three pipes until the end record, shell exit, or the deadline (-> True)."""
-        assert self.proc.stdout and self.proc.stderr
         sel = selectors.DefaultSelector()
         sinks: dict[int, Callable[[bytes], None]] = {
-            self.proc.stdout.fileno(): out.add,
-            self.proc.stderr.fileno(): err.add,
+            self.streams[0]: out.add,
+            self.streams[1]: err.add,
         }
         for fd in sinks:
             sel.register(fd, selectors.EVENT_READ)

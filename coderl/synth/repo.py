@@ -15,10 +15,12 @@ import ast
 import hashlib
 import json
 import random
+import time
 from collections import defaultdict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from coderl.envbuild.exposure import check_readable
 from coderl.grading.protected import PROTECTED_PATTERNS, is_protected
@@ -272,3 +274,59 @@ def synthesize(
                 flush=True,
             )
     return tasks, dict(rejected)
+
+
+def synthesise_ladder(request: dict[str, Any]) -> dict[str, Any]:
+    """One in-loop synthesis request for the repository ladder (``tasks.synth.proposer: repo``,
+    :mod:`coderl.train.synth`): new bugs in one training repository (:func:`synthesize`, which
+    keeps a mutant only when its tests run and some of them fail), each made the ladder variant
+    at ``request["level"]`` (:func:`coderl.tasks.ladder.ladder_task`, checked against the
+    held-out tests' names and source). The repository is drawn with
+    ``random.Random(request["key"])`` from ``request["repos"]`` (empty: every ``train``
+    repository of ``data/repos.txt`` with a built environment); at most ``request["max_tries"]``
+    candidates are run. Variants whose id is in ``request["exclude"]`` are dropped. Returns
+    ``{"proposed": candidates run, "tasks": [task JSON], "seconds": wall time}``; deterministic
+    in the request (and the built environments).
+
+    Raises:
+        ValueError: a requested repository is held out, or none is built.
+    """
+    from coderl.tasks.env import find_env
+    from coderl.tasks.ladder import ladder_task
+    from coderl.tasks.repos import read_repos
+
+    t0 = time.perf_counter()
+    pins = {p.name: p for p in read_repos()}
+    names = list(request.get("repos") or [p.name for p in pins.values() if p.split == "train"])
+    held = [n for n in names if n not in pins or pins[n].split != "train"]
+    if held:
+        raise ValueError(f"tasks.synth.repos: {held} are not training repositories")
+    envs: list[EnvRecord] = []
+    for name in names:
+        try:
+            envs.append(find_env(pins[name].spec))
+        except KeyError:
+            if request.get("repos"):
+                raise ValueError(f"tasks.synth.repos: {name} has no built environment") from None
+    if not envs:
+        raise ValueError("repository synthesis: no training repository has a built environment")
+    rng = random.Random(request["key"])
+    env = envs[rng.randrange(len(envs))]
+    kept, rejected = synthesize(
+        env,
+        int(request["n"]),
+        seed=rng.randrange(2**31),
+        max_tries=int(request.get("max_tries", 40)),
+    )
+    exclude = set(request.get("exclude", ()))
+    out = []
+    for task in kept:
+        source = held_out_source(Path(env.snapshot), task.held_out_tests)
+        try:
+            variant = ladder_task(task, int(request["level"]), source)
+        except ValueError:
+            continue  # this bug cannot be stated at the level (two edits for L0, say)
+        if variant.id not in exclude:
+            out.append(variant.model_dump(mode="json"))
+    proposed = len(kept) + sum(rejected.values())
+    return {"proposed": proposed, "tasks": out, "seconds": time.perf_counter() - t0}

@@ -14,27 +14,19 @@ Needs the tasks' environments built (``coderl tasks build-env --from data/repos.
 
 from __future__ import annotations
 
-import re
 import sys
 from pathlib import Path
 
 from coderl.synth.repo import statement_for
 from coderl.tasks.env import find_env
 from coderl.tasks.spec import Task, dump_tasks, load_tasks
-
-_BLOCK = re.compile(r"^Output of (?P<id>[^\n]+):\n```\n(?P<body>.*?)\n```$", re.M | re.S)
-_HEADER = re.compile(r"^A change introduced a bug into (?P<repo>.+?): tests that used to pass")
-
-
-def quoted_outputs(statement: str) -> dict[str, str]:
-    """Test id -> the abridged output a statement quotes for it (``Output of <id>:`` blocks)."""
-    return {m["id"]: m["body"] for m in _BLOCK.finditer(statement)}
+from coderl.tasks.statement import STATEMENT_HEADER, quoted_outputs
 
 
 def restate(task: Task, snapshot: Path) -> str:
     """``task``'s problem statement rewritten from its stored one (see the module docstring).
     Raises ValueError when the stored statement is not in the format ``synth`` writes."""
-    header = _HEADER.match(task.problem_statement)
+    header = STATEMENT_HEADER.match(task.problem_statement)
     if header is None:
         raise ValueError(f"{task.id}: statement not written by coderl tasks synth")
     return statement_for(

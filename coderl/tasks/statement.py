@@ -27,6 +27,14 @@ from coderl.tasks.holdout import function_of
 
 _FRAME_SEP = re.compile(r"^(_ )+_?\s*$")
 _INTROSPECTION = re.compile(r"^E\s+(\+\s+(where|and)\b|where\b)")
+_BLOCK = re.compile(r"^Output of (?P<id>[^\n]+):\n```\n(?P<body>.*?)\n```$", re.M | re.S)
+_SYMPTOMS = re.compile(
+    r"^The failing tests report:\n(?P<blocks>(?:```\n.*?\n```\n?)+)", re.M | re.S
+)
+STATEMENT_HEADER = re.compile(
+    r"^A change introduced a bug into (?P<repo>.+?): tests that used to pass"
+)
+"""The first line :func:`write_statement` writes (``repo`` is the repository's name and version)."""
 MIN_BODY_LINE = 12
 """Stripped held-out source lines shorter than this (``)``, ``else:``, ``assert x``) are too
 common to count as quoting the test."""
@@ -73,11 +81,8 @@ def held_out_mentions(
     name it contains as a whole word, and each distinctive line of ``source_lines`` (the
     held-out test functions' code: :func:`coderl.tasks.holdout.held_out_source`) it contains.
     Empty when it reveals nothing."""
-    found = [
-        n
-        for n in sorted(_names(held_out))
-        if re.search(rf"(?<![\w.]){re.escape(n)}(?![\w])", statement)
-    ]
+    names = sorted(n for n in _names(held_out) if n in statement)  # substring first: fast
+    found = [n for n in names if re.search(rf"(?<![\w.]){re.escape(n)}(?![\w])", statement)]
     return found + sorted(s for s in _distinctive(source_lines) if s in statement)
 
 
@@ -181,3 +186,18 @@ def write_statement(
         "test. Do not modify the tests or the test configuration.",
     ]
     return "\n".join(parts)
+
+
+def quoted_outputs(statement: str) -> dict[str, str]:
+    """Test id -> the abridged output a :func:`write_statement` statement quotes for it
+    (``Output of <id>:`` blocks)."""
+    return {m["id"]: m["body"] for m in _BLOCK.finditer(statement)}
+
+
+def symptom_blocks(statement: str) -> list[str]:
+    """The blocks a :func:`write_statement` statement shows under ``The failing tests report:``
+    (the symptoms, when no visible test's output is quoted); empty when it shows none."""
+    m = _SYMPTOMS.search(statement)
+    if m is None:
+        return []
+    return re.findall(r"```\n(.*?)\n```", m["blocks"], re.S)

@@ -144,7 +144,9 @@ def rollout_round(
 ) -> P.Scored:
     """One round's episodes, ``G`` per drawn ``(position, task)``, graded but not yet rewarded
     (:func:`coderl.train.pipeline.grade`), task-major in ``drawn`` order; adds the rollout time
-    to ``stats["time/rollout"]``.
+    to ``stats["time/rollout"]`` and, with the torch sampler, what its engine prefilled, reused
+    from the prefix cache and was asked to prefill to ``stats["engine/prefilled_tokens"]``,
+    ``["engine/reused_tokens"]`` and ``["engine/prompt_tokens"]`` (measured totals).
 
     One process, or a sharded run with replicated rollouts: one ``env.rollout`` call seeded
     ``seed``. Split rollouts: this rank rolls out and grades only its contiguous share of the
@@ -162,6 +164,8 @@ def rollout_round(
     else:
         lo, hi = 0, len(drawn)
     mine = drawn[lo:hi]
+    counters = getattr(run.engine, "prefill_counters", None)  # the torch sampler's; vLLM: none
+    before = counters() if counters is not None else {}
     t0 = time.perf_counter()
     if split:
         episodes = [
@@ -172,6 +176,9 @@ def rollout_round(
     else:
         episodes = rollout(run, [t for _, t in mine], P.sampling_params(cfg, seed))
     stats["time/rollout"] += time.perf_counter() - t0
+    if counters is not None:  # what the engine prefilled and reused, measured (all episodes)
+        for k, v in counters().items():
+            stats[f"engine/{k}"] = stats.get(f"engine/{k}", 0.0) + float(v - before[k])
     owners = [t for _, t in mine for _ in range(G)]
     keys = [P.group_key(t.id, pos) for pos, t in mine for _ in range(G)]
     graded = P.grade(run.env, run.policy, cfg, owners, keys, episodes, run.observers)

@@ -59,7 +59,7 @@ from coderl.rewards.learned import learned_fields
 from coderl.train.advantages import episode_advantages, gae_advantages, turn_token_advantages
 from coderl.train.batch import StepBatch, build_batch
 from coderl.train.step import forward
-from coderl.trajectory import Segment, Trajectory
+from coderl.trajectory import Segment, Trajectory, kv_metrics, prefill_accounting
 
 log = logging.getLogger("coderl.train")
 
@@ -286,6 +286,8 @@ def episode_info(
         "broken_tool_calls": ep.broken_tool_calls,
         "no_action_turns": ep.no_action_turns,
         "summaries": ep.summaries,
+        "continued_after_summary": ep.turns_after_summary > 0,
+        **prefill_accounting(ep.trajectory),
         "breakdown": dict(breakdown),
         "hack_flags": [asdict(f) for f in flags],
     }
@@ -511,7 +513,7 @@ def step_metrics(infos: list[dict[str, Any]], cfg: Config) -> dict[str, float]:
     (logger ``coderl.train``) and ``alarm/masked`` is 1. ``hacks/suspected_rate`` and
     ``hacks/<detector>`` are shares of all the step's episodes (from each info's ``hack_flags``);
     above ``reward.hack_alarm_rate``, ``alarm/hacks`` is 1 with a warning. ``summary/*``: see
-    :func:`summary_metrics`.
+    :func:`summary_metrics`; ``kv/*``: :func:`coderl.trajectory.kv_metrics`.
     """
     n = len(infos)
     d = max(n, 1)
@@ -527,6 +529,7 @@ def step_metrics(infos: list[dict[str, Any]], cfg: Config) -> dict[str, float]:
         m[f"episode/{key}"] = sum(x[key] for x in infos) / d
     m["episode/truncated_rate"] = sum(x["truncated"] for x in infos) / d
     m.update(summary_metrics(infos))
+    m.update(kv_metrics(infos))
     for name in cfg.reward.terms:
         m[f"reward/{name}"] = _mean([x["breakdown"][name] for x in valid if name in x["breakdown"]])
     infra = sum(x["failure"] == "infra" for x in infos)
@@ -570,8 +573,10 @@ def step_metrics(infos: list[dict[str, Any]], cfg: Config) -> dict[str, float]:
 
 def summary_metrics(infos: list[dict[str, Any]]) -> dict[str, float]:
     """Self-summarization of a step's episodes: ``summary/per_episode`` (summaries per
-    episode) and ``summary/episodes_with`` (share of episodes with at least one), over all the
-    step's episodes; ``summary/resolved_with`` and ``summary/resolved_without``, the resolved
+    episode), ``summary/episodes_with`` (share of episodes with at least one) and
+    ``summary/episodes_continued`` (share that took a turn in a window a summary opened), over
+    all the step's episodes; ``summary/resolved_continued`` the resolved rate of the valid ones
+    of those (over ``summary/valid_continued``); ``summary/resolved_with`` and ``summary/resolved_without``, the resolved
     rate of the valid episodes with and without a summary (NaN when there is none), over
     ``summary/valid_with`` and ``summary/valid_without`` episodes (counts, so a run's rate is
     their weighted mean)."""
@@ -585,4 +590,9 @@ def summary_metrics(infos: list[dict[str, Any]]) -> dict[str, float]:
         solved = [float(x["resolved"]) for x in valid if bool(x["summaries"]) == has]
         m[f"summary/resolved_{name}"] = _mean(solved)
         m[f"summary/valid_{name}"] = float(len(solved))
+    went_on = [x for x in infos if x.get("continued_after_summary")]
+    m["summary/episodes_continued"] = len(went_on) / d
+    solved = [float(x["resolved"]) for x in went_on if x["valid"]]
+    m["summary/resolved_continued"] = _mean(solved)
+    m["summary/valid_continued"] = float(len(solved))
     return m

@@ -38,6 +38,7 @@ from coderl.eval.passk import check_measured
 from coderl.policy.loading import load_policy
 from coderl.policy.local import LocalPolicy, LoraSpec
 from coderl.policy.rollout import RolloutEngine, build_engine
+from coderl.sandbox.settings import restore_backend, use_backend
 from coderl.train.batch import StepBatch
 from coderl.train.checkpoint import (
     latest_checkpoint,
@@ -138,33 +139,41 @@ def setup_run(
     say = cfg.progress and int(os.environ.get("RANK", "0") or 0) == 0
     if say:  # minutes can pass before the first progress line (tasks, weights, the engine)
         print(f"setup: tasks of {cfg.tasks.source!r}, model {cfg.model.name}...", file=sys.stderr)
-    env = build_environment(cfg)
-    policy = build_policy(cfg)
-    value_head = None
-    if cfg.algorithm.advantage == "gae":
-        torch.manual_seed(cfg.seed)
-        value_head = nn.Linear(policy.model.config.hidden_size, 1).to(policy.device)
-    sharded = _shard(cfg, policy, value_head)  # before the optimizer: it takes the shards
-    groups: list[dict[str, Any]] = [{"params": policy.trainable_parameters()}]
-    if value_head is not None:
-        groups.append({"params": list(value_head.parameters()), "lr": cfg.algorithm.value_lr})
-    optimizer, scheduler = build_optimizer(groups, cfg.trainer)
-    run = Run(
-        cfg,
-        env,
-        policy,
-        optimizer,
-        scheduler,
-        build_sampler(cfg, env) if training else None,
-        value_head,
-        sharded=sharded,
-    )
-    if load_sft and not resume:
-        load_sft_weights(run)  # start RL from the SFT warm start
-    if resume:
-        restore(run)
-    if engine:
-        run.engine = build_engine(cfg, policy)  # its first sync: the weights the run starts with
+    sandbox_before = use_backend(cfg.sandbox.backend, cfg.sandbox.image)  # close_run restores
+    try:
+        env = build_environment(cfg)
+        policy = build_policy(cfg)
+        value_head = None
+        if cfg.algorithm.advantage == "gae":
+            torch.manual_seed(cfg.seed)
+            value_head = nn.Linear(policy.model.config.hidden_size, 1).to(policy.device)
+        sharded = _shard(cfg, policy, value_head)  # before the optimizer: it takes the shards
+        groups: list[dict[str, Any]] = [{"params": policy.trainable_parameters()}]
+        if value_head is not None:
+            groups.append({"params": list(value_head.parameters()), "lr": cfg.algorithm.value_lr})
+        optimizer, scheduler = build_optimizer(groups, cfg.trainer)
+        run = Run(
+            cfg,
+            env,
+            policy,
+            optimizer,
+            scheduler,
+            build_sampler(cfg, env) if training else None,
+            value_head,
+            sharded=sharded,
+        )
+        run.extra["sandbox_before"] = sandbox_before
+        if load_sft and not resume:
+            load_sft_weights(run)  # start RL from the SFT warm start
+        if resume:
+            restore(run)
+        if engine:
+            run.engine = build_engine(
+                cfg, policy
+            )  # its first sync: the weights the run starts with
+    except BaseException:
+        restore_backend(sandbox_before)
+        raise
     if say:
         where = f"{policy.device}, engine {cfg.engine.kind}" if engine else str(policy.device)
         print(f"setup: done in {time.perf_counter() - t0:.0f} s ({where})", file=sys.stderr)
@@ -200,10 +209,12 @@ def full_weights(run: Run) -> AbstractContextManager[None]:
 
 
 def close_run(run: Run) -> None:
-    """Close the run's engine (a vLLM server coderl started is stopped); idempotent."""
+    """Close the run's engine (a vLLM server coderl started is stopped) and put back the
+    sandbox backend the process had before :func:`setup_run`; idempotent."""
     if run.engine is not None:
         run.engine.close()
         run.engine = None
+    restore_backend(run.extra.pop("sandbox_before", {}))
 
 
 def sync_engine(run: Run) -> dict[str, float]:

@@ -103,16 +103,26 @@ def oracle_segments(
     from coderl.envs import build_environment
 
     env = build_environment(cfg)
-    if not hasattr(env, "episode_config"):
-        raise ConfigError(
-            f"sft.enabled: tasks.source={cfg.tasks.source!r} has no oracle demonstrations "
-            "(only agent-harness sources such as humaneval and repo do); set sft.enabled=false"
-        )
-    ecfg = env.episode_config(_params(cfg))
-    repo = [t for t in tasks if t.kind == "repo"]
-    function = [t for t in tasks if t.kind != "repo"]
-    segs = _function_segments(cfg, policy, function, ecfg) if function else []
-    return segs + (_repo_segments(cfg, policy, repo, ecfg, seed) if repo else [])
+    # a mix: each task's demonstration runs with its own source's episode settings
+    groups: dict[str, tuple[Any, list[Any]]] = {}
+    for t in tasks:
+        label = env.owner(t) if hasattr(env, "envs") else ""
+        own = env.envs[label] if label else env
+        if not hasattr(own, "episode_config"):
+            raise ConfigError(
+                f"sft.enabled: tasks.source={label or cfg.tasks.source!r} has no oracle "
+                "demonstrations (only agent-harness sources such as humaneval and repo do); "
+                "set sft.enabled=false"
+            )
+        groups.setdefault(label, (own, []))[1].append(t)
+    segs: list[Segment] = []
+    for own, group in groups.values():
+        ecfg = own.episode_config(_params(cfg))
+        repo = [t for t in group if t.kind == "repo"]
+        function = [t for t in group if t.kind != "repo"]
+        segs += _function_segments(cfg, policy, function, ecfg) if function else []
+        segs += _repo_segments(cfg, policy, repo, ecfg, seed) if repo else []
+    return segs
 
 
 def _function_segments(

@@ -6,8 +6,9 @@ running pass rate strictly inside (0, 1)). When the policy outgrows its tasks, o
 them, the active band empties. :class:`SynthSampler` wraps the run's sampler and, once per *tick*
 (each call of :meth:`SynthSampler.metrics`: one per training step, and one before the first
 step, where ``coderl train`` runs its pre-pass with or without samples; that one is not logged),
-reads the pool's statistics per difficulty level (``task.extra["fnrepair"]["level"]``,
-:mod:`coderl.synth.fnrepair`) and decides (:func:`plan`, a pure function):
+reads the pool's statistics per difficulty level (the proposer's ``level_of``:
+``task.extra["fnrepair"]["level"]`` of :mod:`coderl.synth.fnrepair`, ``task.extra["ladder"]`` of
+:mod:`coderl.tasks.ladder`) and decides (:func:`plan`, a pure function):
 
 - **when**: fewer than ``min_active`` active tasks, or a level is *saturated* (pooled pass rate
   >= ``saturate`` over at least ``min_samples`` outcomes) while the next level up has no task
@@ -36,8 +37,16 @@ of admitted tasks are kept): the tick, the counters, every admitted task (full J
 request in flight. On ``--resume`` a request in flight is started again: it is deterministic in
 its request, so the resumed run admits the same tasks at the same tick.
 
-Limits: the one shipped proposer (``tasks.synth.proposer: fnrepair``) makes function-repair
-tasks (the seeds of :mod:`coderl.tasks.fnseeds`); a request that raises (a sandbox failure) stops
+Proposers (:data:`PROPOSERS`): ``fnrepair`` makes function-repair tasks (the seeds of
+:mod:`coderl.tasks.fnseeds`; levels 0-4 of :mod:`coderl.synth.fnrepair`); ``repo`` makes new bugs
+in a training repository (:func:`coderl.synth.repo.synthesise_ladder`) stated at a level of the
+repository ladder (0-3, :mod:`coderl.tasks.ladder`). Each family reads its own levels
+(``Proposer.level_of``). With a ``tasks.mix`` whose entries are the ladder's levels,
+``tasks.synth.source: repo-L{level}`` sends each new task to its level's entry and the statistics
+are pooled over those entries.
+
+Limits: a repository request runs a test suite per mutant (seconds to minutes per request on 2
+cores, off the critical path unless it is late); a request that raises (a sandbox failure) stops
 the run at admission rather than admitting something different from an uninterrupted run.
 """
 
@@ -48,13 +57,15 @@ import multiprocessing
 import time
 import weakref
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import Executor, Future, ProcessPoolExecutor, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from coderl.config import SynthConfig
-from coderl.synth.fnrepair import MAX_LEVEL, level_of, synthesise
+from coderl.synth import fnrepair
+from coderl.synth.repo import synthesise_ladder
+from coderl.tasks import ladder
 from coderl.tasks.spec import Task
 
 
@@ -69,10 +80,30 @@ class Proposer:
     """Task JSON -> task."""
     dump: Callable[[Any], dict[str, Any]]
     """Task -> task JSON."""
+    level_of: Callable[[Any], int | None] = fnrepair.level_of
+    """A task's difficulty level in this family (None: not one of its tasks)."""
+    max_level: int = fnrepair.MAX_LEVEL
+    """The hardest level."""
+    options: Callable[[SynthConfig], dict[str, Any]] = lambda cfg: {}
+    """What a request carries beyond level, n, key and exclude (from ``tasks.synth``)."""
+
+
+def _dump(task: Task) -> dict[str, Any]:
+    return task.model_dump(mode="json")
 
 
 PROPOSERS: dict[str, Proposer] = {
-    "fnrepair": Proposer(synthesise, Task.model_validate, lambda t: t.model_dump(mode="json")),
+    "fnrepair": Proposer(
+        fnrepair.synthesise, Task.model_validate, _dump, fnrepair.level_of, fnrepair.MAX_LEVEL
+    ),
+    "repo": Proposer(
+        synthesise_ladder,
+        Task.model_validate,
+        _dump,
+        ladder.level_of,
+        ladder.MAX_LEVEL,
+        lambda cfg: {"repos": list(cfg.repos), "max_tries": cfg.max_tries},
+    ),
 }
 """``tasks.synth.proposer`` -> :class:`Proposer`; the only dispatch point."""
 
@@ -86,40 +117,52 @@ class Pool(Protocol):
     def status(self, task_id: str) -> str: ...
 
 
-def level_stats(pool: Pool) -> dict[int, dict[str, float]]:
-    """Per difficulty level of the pool's repair tasks: ``tasks``, ``active`` and ``samples``
-    (kept outcomes) counts and the pooled ``pass_rate`` (NaN without outcomes)."""
+def level_stats(
+    pool: Pool | Sequence[Pool], level_of: Callable[[Any], int | None] = fnrepair.level_of
+) -> dict[int, dict[str, float]]:
+    """Per difficulty level (``level_of``; default: the repair family's) of the tasks of
+    ``pool`` (or of several pools together): ``tasks``, ``active`` and ``samples`` (kept
+    outcomes) counts and the pooled ``pass_rate`` (NaN without outcomes)."""
     stats: dict[int, dict[str, float]] = {}
-    for t in pool.tasks:
-        level = level_of(t)
-        if level is None:
-            continue
-        s = stats.setdefault(level, {"tasks": 0.0, "active": 0.0, "samples": 0.0, "solved": 0.0})
-        xs = pool.outcomes[t.id]
-        s["tasks"] += 1
-        s["active"] += pool.status(t.id) == "active"
-        s["samples"] += len(xs)
-        s["solved"] += sum(xs)
+    for one in [pool] if not isinstance(pool, Sequence) else pool:
+        for t in one.tasks:
+            level = level_of(t)
+            if level is None:
+                continue
+            s = stats.setdefault(
+                level, {"tasks": 0.0, "active": 0.0, "samples": 0.0, "solved": 0.0}
+            )
+            xs = one.outcomes[t.id]
+            s["tasks"] += 1
+            s["active"] += one.status(t.id) == "active"
+            s["samples"] += len(xs)
+            s["solved"] += sum(xs)
     for s in stats.values():
         solved = s.pop("solved")
         s["pass_rate"] = solved / s["samples"] if s["samples"] else math.nan
     return stats
 
 
-def plan(stats: dict[int, dict[str, float]], active: int, cfg: SynthConfig) -> int | None:
-    """The level to synthesise at now, or None (module docstring: when, and at which level)."""
+def plan(
+    stats: dict[int, dict[str, float]],
+    active: int,
+    cfg: SynthConfig,
+    max_level: int = fnrepair.MAX_LEVEL,
+) -> int | None:
+    """The level (0..``max_level``) to synthesise at now, or None (module docstring: when, and
+    at which level)."""
     known = {lv: s["pass_rate"] for lv, s in stats.items() if s["samples"] >= cfg.min_samples}
-    saturated = [lv for lv, p in known.items() if p >= cfg.saturate and lv < MAX_LEVEL]
+    saturated = [lv for lv, p in known.items() if p >= cfg.saturate and lv < max_level]
     starved = [lv for lv in saturated if stats.get(lv + 1, {}).get("tasks", 0.0) < cfg.per_request]
     if active >= cfg.min_active and not starved:
         return None
     if starved:
         return max(starved) + 1
     if not known:
-        return cfg.start_level
+        return min(cfg.start_level, max_level)
     level = min(known, key=lambda lv: (abs(known[lv] - cfg.target), lv))
     if known[level] >= cfg.saturate:
-        return min(level + 1, MAX_LEVEL)
+        return min(level + 1, max_level)
     if known[level] <= cfg.floor:
         return max(level - 1, 0)
     return level
@@ -182,13 +225,26 @@ class SynthSampler:
         self.inner.forget_before(i)
 
     # --- synthesis ----------------------------------------------------------------------
-    def pool(self) -> Pool:
-        """The pool that receives new tasks."""
-        return self.inner.subs[self.cfg.source] if self.cfg.source else self.inner  # type: ignore[no-any-return]
+    def _label(self, level: int) -> str | None:
+        """The mix entry that receives tasks of ``level`` (None: no mix)."""
+        return self.cfg.source.format(level=level) if self.cfg.source else None
 
-    def _admit(self, tasks: list[Any]) -> list[Any]:
-        if self.cfg.source:
-            return self.inner.admit(tasks, self.cfg.source)  # type: ignore[no-any-return]
+    def pools(self) -> list[Pool]:
+        """The pools that receive new tasks: the run's pool, the ``source`` entry's, or (a
+        ``source`` with ``{level}``) each level's entry that the mix has."""
+        if not self.cfg.source:
+            return [self.inner]
+        labels = dict.fromkeys(self._label(lv) for lv in range(self.proposer.max_level + 1))
+        return [self.inner.subs[k] for k in labels if k in self.inner.subs]
+
+    def pool(self) -> Pool:
+        """The first of :meth:`pools` (the only one unless ``source`` names levels)."""
+        return self.pools()[0]
+
+    def _admit(self, tasks: list[Any], level: int) -> list[Any]:
+        label = self._label(level)
+        if label is not None:
+            return self.inner.admit(tasks, label)  # type: ignore[no-any-return]
         return self.inner.admit(tasks)  # type: ignore[no-any-return]
 
     def _submit(self, request: dict[str, Any]) -> None:
@@ -213,10 +269,10 @@ class SynthSampler:
         m["synth/wait_s"] = time.perf_counter() - t0
         m["synth/request_s"] = float(result.get("seconds", math.nan))
         level = int(self.pending["request"]["level"])
-        room = max(self.cfg.max_tasks - len(self.pool().tasks), 0)
+        room = max(self.cfg.max_tasks - sum(len(p.tasks) for p in self.pools()), 0)
         valid = [self.proposer.load(t) for t in result["tasks"]]
         train = [t for t in valid if t.split == "train"]  # never admit held-out material
-        added = self._admit(train[:room])
+        added = self._admit(train[:room], level)
         self.admitted += [self.proposer.dump(t) for t in added]
         for what, n in (
             ("proposed", result["proposed"]),
@@ -233,16 +289,20 @@ class SynthSampler:
         m = {"synth/requested": 0.0, "synth/level": math.nan, "synth/wait_s": 0.0}
         m.update({f"synth/{w}": 0.0 for w in ("proposed", "validated", "admitted")})
         self._admission(m)
-        pool = self.pool()
-        stats = level_stats(pool)
-        active = sum(pool.status(t.id) == "active" for t in pool.tasks)
-        level = plan(stats, active, self.cfg) if self.pending is None else None
-        if level is not None and len(pool.tasks) < self.cfg.max_tasks:
+        pools = self.pools()
+        stats = level_stats(pools, self.proposer.level_of)
+        active = sum(p.status(t.id) == "active" for p in pools for t in p.tasks)
+        level = (
+            plan(stats, active, self.cfg, self.proposer.max_level) if self.pending is None else None
+        )
+        size = sum(len(p.tasks) for p in pools)
+        if level is not None and size < self.cfg.max_tasks:
             request = {
                 "level": level,
                 "n": self.cfg.per_request,
                 "key": f"{self.seed}/{self.tick}/{level}",
-                "exclude": sorted(t.id for t in pool.tasks),
+                "exclude": sorted(t.id for p in pools for t in p.tasks),
+                **self.proposer.options(self.cfg),
             }
             self.pending = {"due": self.tick + self.cfg.lag, "request": request}
             self._submit(request)
@@ -250,7 +310,7 @@ class SynthSampler:
             self.totals["requested"] += self.cfg.per_request
         for lv, s in sorted(stats.items()):
             m.update({f"pool/level{lv}/{k}": v for k, v in s.items() if k != "samples"})
-        m["synth/pool_tasks"] = float(len(pool.tasks))
+        m["synth/pool_tasks"] = float(sum(len(p.tasks) for p in pools))
         m["synth/admitted_total"] = float(self.totals["admitted"])
         self.tick += 1
         return m
@@ -281,7 +341,9 @@ class SynthSampler:
         s = state.get("synth", {})
         self.tick = int(s.get("tick", 0))
         self.admitted = list(s.get("admitted", []))
-        self._admit([self.proposer.load(t) for t in self.admitted])
+        for t in map(self.proposer.load, self.admitted):
+            level = self.proposer.level_of(t)
+            self._admit([t], 0 if level is None else level)
         self.pending, self._future = s.get("pending"), None
         self.totals = Counter(s.get("totals", {}))
         self.inner.load_state_dict(state.get("inner", {}))

@@ -54,6 +54,21 @@ class RequestError(ValueError):
     """A request that cannot be served as the harness would (the message says why)."""
 
 
+def function_entries(request_tools: Sequence[Any] | None) -> list[tuple[Any, dict[str, Any]]]:
+    """``(name, function)`` of each entry of a request's ``tools`` (the name unchecked).
+
+    Raises:
+        RequestError: an entry that is not ``{"type": "function", "function": {...}}``.
+    """
+    out = []
+    for t in request_tools or []:
+        fn = t.get("function") if isinstance(t, dict) else None
+        if not isinstance(t, dict) or t.get("type") != "function" or not isinstance(fn, dict):
+            raise RequestError('each tool must be {"type": "function", "function": {...}}')
+        out.append((fn.get("name"), fn))
+    return out
+
+
 def served_tools(
     request_tools: Sequence[Any] | None, registry: Mapping[str, Tool] = TOOLS
 ) -> dict[str, Tool]:
@@ -65,11 +80,7 @@ def served_tools(
             differ from the harness's schema.
     """
     out: dict[str, Tool] = {}
-    for t in request_tools or []:
-        fn = t.get("function") if isinstance(t, dict) else None
-        if not isinstance(t, dict) or t.get("type") != "function" or not isinstance(fn, dict):
-            raise RequestError('each tool must be {"type": "function", "function": {...}}')
-        name = fn.get("name")
+    for name, fn in function_entries(request_tools):
         if not isinstance(name, str) or name not in registry:
             raise RequestError(
                 f"unknown tool {name!r}: coderl serve offers the harness's tools "
@@ -125,9 +136,16 @@ def renderer_for(
     return ChatRenderer(tokenizer, tools, get_call_format(call_format), system, template_tools)
 
 
-def render_prompt(renderer: ChatRenderer, messages: Sequence[Message], *, call_format: str) -> str:
+def render_prompt(
+    renderer: ChatRenderer,
+    messages: Sequence[Message],
+    *,
+    call_format: str,
+    add_generation_prompt: bool = True,
+) -> str:
     """The generation prompt the harness would render for ``messages`` with ``renderer``'s
-    tools: the format's tool section in the system prompt unless the template shows them.
+    tools: the format's tool section in the system prompt unless the template shows them
+    (without the generation prompt when ``add_generation_prompt`` is False).
 
     Raises:
         RequestError: a malformed earlier tool call.
@@ -140,7 +158,7 @@ def render_prompt(renderer: ChatRenderer, messages: Sequence[Message], *, call_f
         renderer.tokenizer,
         msgs,
         tools=renderer.tool_schemas() if renderer.tools else None,
-        add_generation_prompt=True,
+        add_generation_prompt=add_generation_prompt,
     )
 
 

@@ -1,0 +1,410 @@
+"""The gateway (``tasks.source: gateway``): an unmodified agent program, its calls recorded
+token-exactly, its commands in the episode's sandbox, its rollout graded like a native one.
+
+The end-to-end tests run mini-swe-agent (PyPI, unmodified, in ``.venv-agents``: ``make agents``)
+on a shipped function-repair task (``data/fnrepair``): repository tasks need their built
+environments (minutes each), a function task needs only the sandbox, and the gateway is the same.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import in_ci
+from metrics_compare import assert_same_metrics
+from openai import OpenAI
+
+from coderl.agent.parsing import format_hermes
+from coderl.agent.tools import TOOLS as HARNESS_TOOLS
+from coderl.cli import main
+from coderl.config import ConfigError, load_config
+from coderl.endpoint.chat import calls_from_rows, trajectory_of
+from coderl.endpoint.http import BackgroundServer
+from coderl.envs import build_environment
+from coderl.envs.gateway import Gateway, GatewayOptions, _Episode, _record
+from coderl.metrics import read_jsonl
+from coderl.online.server import InteractionServer
+from coderl.online.store import Store
+from coderl.policy import load_policy
+from coderl.policy.base import Completion, SamplingParams
+from coderl.train import loop
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+ROOT = Path(__file__).parent.parent
+TOY = ROOT / "configs" / "toy.yaml"
+MINI_BIN = ROOT / ".venv-agents" / "bin" / "mini"
+MINI = (
+    load_config(ROOT / "configs" / "gateway-mini.yaml")
+    .tasks.options["program"]
+    .replace("$CODERL_LAUNCH_DIR", str(ROOT))
+)
+"""The program line of configs/gateway-mini.yaml (docs/harness-byo.md), wherever pytest runs."""
+
+
+def _needs_mini() -> None:
+    if not MINI_BIN.exists():
+        msg = f"mini-swe-agent is not installed at {MINI_BIN} (make agents)"
+        if in_ci():
+            pytest.fail(f"CI: {msg}")
+        pytest.skip(msg)
+
+
+@pytest.fixture(scope="module")
+def policy():
+    return load_policy("tiny-random", reference=False)
+
+
+class Forced:
+    """A policy whose replies are scripted but whose behaviour logprobs are tiny-random's own
+    (the trainer's forward on the prompt the call was sampled from): the recorded logprobs then
+    equal the trainer's recomputation iff the trajectory puts every sampled token after exactly
+    that prompt."""
+
+    def __init__(self, policy, script) -> None:
+        self.policy, self.script = policy, script
+        self.tokenizer, self.version = policy.tokenizer, 0
+        self.prompts: list[list[int]] = []
+
+    def generate(self, prompts, params):
+        out = []
+        for p in prompts:
+            self.prompts.append(list(p))
+            text = self.script(self.tokenizer.decode(p, skip_special_tokens=False))
+            ids = [*self.tokenizer.encode(text, add_special_tokens=False), params.stop_token_ids[0]]
+            lps = self.policy.logprobs([p + ids], params.temperature)[0][len(p) :]
+            out.append(Completion(ids, lps, "stop", self.version))
+        return out
+
+
+def _config(program: str, *extra: str, inner: str = "fnrepair", timeout_s: float = 120):
+    opts = {"inner": inner, "program": program, "timeout_s": timeout_s}
+    return load_config(
+        TOY,
+        [
+            "tasks.source=gateway",
+            f"tasks.options={json.dumps(opts)}",
+            "rollout.max_turns=6",
+            "rollout.max_new_tokens=1500",
+            *extra,
+        ],
+    )
+
+
+def _oracle(task):
+    """mini-swe-agent's oracle, as bash tool calls: write the gold function, then submit."""
+
+    def reply(prompt: str) -> str:
+        if "<tool_response>" not in prompt:
+            cmd = f"cat > solution.py <<'EOF'\n{task.extra['gold_file']}EOF"
+            return "I write the fixed function.\n" + format_hermes("bash", {"command": cmd})
+        submit = {"command": "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"}
+        return "Done.\n" + format_hermes("bash", submit)
+
+    return reply
+
+
+def test_mini_swe_agent_resolves_a_task_and_its_logprobs_are_the_trainers(policy) -> None:
+    _needs_mini()
+    env = build_environment(_config(MINI))
+    task = env.tasks("train")[0]
+    forced = Forced(policy, _oracle(task))
+    params = SamplingParams(temperature=1.0, max_new_tokens=1500, seed=1)
+    [rec] = env.rollout(forced, [task], params, 1)
+    assert (rec.finish_reason, rec.failure, rec.turns) == ("exited", None, 2)
+    assert rec.broken_tool_calls == 0 and "solution.py" in rec.answer
+    [grade] = env.grade([task], [rec])
+    assert grade.resolved and grade.grading_error is None
+    # mini-swe-agent sent back exactly what was sampled: one context window, both turns
+    [seg] = rec.trajectory.segments
+    seg.validate()
+    assert seg.token_ids[: len(forced.prompts[1])] == forced.prompts[1]
+    # the task's hidden test never reached the program's prompts
+    hidden = next(iter(task.hidden_tests.values()))
+    assert all(hidden[:60] not in policy.tokenizer.decode(p) for p in forced.prompts)
+    # recomputed trainer logprobs equal the recorded behaviour logprobs (fp32)
+    [train] = policy.logprobs([seg.token_ids], 1.0)
+    mask = torch.tensor(seg.loss_mask, dtype=torch.bool)
+    gap = (torch.tensor(train)[mask] - torch.tensor(seg.behavior_logprobs)[mask]).abs()
+    assert int(mask.sum()) > 50 and float(gap.max()) < 1e-3
+
+
+def test_a_failed_attempt_is_graded_as_the_agents(policy) -> None:
+    _needs_mini()
+    env = build_environment(_config(MINI))
+    task = env.tasks("train")[0]
+    submit = "Giving up.\n" + format_hermes(
+        "bash", {"command": "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"}
+    )
+    [rec] = env.rollout(Forced(policy, lambda _: submit), [task], SamplingParams(), 1)
+    [grade] = env.grade([task], [rec])
+    assert rec.failure is None and rec.answer == "" and not grade.resolved
+
+
+def _program(body: str) -> str:
+    """A tiny agent program in this interpreter (stdlib only)."""
+    return f"{sys.executable} -c {shlex.quote(body)}"
+
+
+CALL = """
+import json, os, urllib.request
+def call(n=1):
+    for _ in range(n):
+        body = json.dumps({"model": "x", "messages": [{"role": "user", "content": "hi"}]})
+        req = urllib.request.Request(os.environ["OPENAI_BASE_URL"] + "/chat/completions",
+                                     body.encode(), {"Content-Type": "application/json"})
+        urllib.request.urlopen(req).read()
+"""
+
+
+@pytest.mark.parametrize(
+    ("program", "finish", "failure"),
+    [
+        (_program("import sys; sys.exit(3)"), "program_error", "agent"),
+        (_program("import time; time.sleep(60)"), "timeout", "agent"),
+        (_program(CALL + "call(1); raise SystemExit(1)"), "program_error", "agent"),
+        (_program(CALL + "call(10)"), "max_turns", None),
+        (_program(CALL + "call(1)"), "exited", None),
+    ],
+    ids=["crash-no-call", "hang", "crash-after-call", "over-the-call-limit", "clean"],
+)
+def test_program_failures_are_scored_and_limits_hold(policy, program, finish, failure):
+    env = build_environment(_config(program, "rollout.max_turns=3", timeout_s=3))
+    task = env.tasks("train")[0]
+    [rec] = env.rollout(Forced(policy, lambda _: "ok"), [task], SamplingParams(), 1)
+    assert (rec.finish_reason, rec.failure) == (finish, failure), rec.failure_reason
+    assert rec.turns == {
+        "max_turns": 3,
+        "exited": 1,
+        "program_error": int("call" in program),
+    }.get(finish, 0)
+    assert rec.truncated == (finish in ("timeout", "max_turns"))
+
+
+def test_an_engine_failure_is_infra_and_masked(policy) -> None:
+    class Broken(Forced):
+        def generate(self, prompts, params):
+            raise RuntimeError("CUDA error")
+
+    env = build_environment(_config(_program(CALL + "call(1)")))
+    task = env.tasks("train")[0]
+    [rec] = env.rollout(Broken(policy, None), [task], SamplingParams(), 1)
+    assert rec.failure == "infra" and "CUDA error" in rec.failure_reason
+
+
+def test_endpoints_are_per_episode_secrets(policy) -> None:
+    gw = Gateway(Forced(policy, lambda _: "a"), SamplingParams(), GatewayOptions("true"), 99, 9)
+    gw.add(_Episode(0, None, None, "s3cret"))
+    bg = BackgroundServer(gw.app())
+    try:
+        root = bg.base_url[:-3]
+        ok = OpenAI(base_url=f"{root}/e/s3cret/v1", api_key="s3cret")
+        assert ok.chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}])
+        for bad in ("guess", "s3cre", ""):
+            client = OpenAI(base_url=f"{root}/e/{bad}/v1", api_key="x", max_retries=0)
+            with pytest.raises(Exception, match="404|Not Found"):
+                client.chat.completions.create(
+                    model="m", messages=[{"role": "user", "content": "x"}]
+                )
+    finally:
+        bg.stop()
+        gw.batcher.close()
+
+
+def test_serve_and_gateway_give_identical_trajectories_for_identical_calls(tmp_path, policy):
+    """The same three calls (two turns of one conversation, then a rewritten history) through
+    ``coderl serve`` (non-streamed, rows from its database) and through the gateway (streamed):
+    the same prompt ids, samples, logprobs and segments."""
+    tool = HARNESS_TOOLS["run"].schema
+    reply = "Let me look.\n" + format_hermes("run", {"command": "ls"})
+    first = [{"role": "system", "content": "Fix it."}, {"role": "user", "content": "the bug"}]
+    second = [
+        *first,
+        {"role": "assistant", "content": "Let me look.", "tool_calls": [{
+            "id": "c1", "type": "function",
+            "function": {"name": "run", "arguments": json.dumps({"command": "ls"})}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": "solution.py"},
+    ]  # fmt: skip
+    third = [first[0], {"role": "user", "content": "summary: ls showed solution.py"}]
+
+    def talk(client, stream: bool) -> None:
+        for msgs in (first, second, third):
+            kw = {"model": "tiny", "messages": msgs, "tools": [tool], "max_tokens": 200}
+            if stream:
+                chunks = list(client.chat.completions.create(**kw, stream=True))
+                assert chunks[-1].choices[0].finish_reason in ("stop", "tool_calls")
+            else:
+                client.chat.completions.create(**kw, extra_body={"episode_id": "ep"})
+
+    served_policy = Forced(policy, lambda _: reply)
+    store = Store(f"sqlite:///{tmp_path / 'o.db'}")
+    srv = InteractionServer(served_policy, store, version=0, model_name="tiny", max_new_tokens=200)
+    bg = BackgroundServer(srv.app())
+    try:
+        talk(OpenAI(base_url=bg.base_url, api_key="x"), stream=False)
+    finally:
+        bg.stop()
+    served, breaks = trajectory_of(calls_from_rows(store.interactions(episode_ids=["ep"])))
+
+    opts = GatewayOptions("true", template_tools=srv.template_tools, call_format=srv.call_format)
+    gw = Gateway(Forced(policy, lambda _: reply), SamplingParams(0.8), opts, 10_000, 9)
+    ep = _Episode(0, type("T", (), {"id": "t"})(), None, "k")
+    gw.add(ep)
+    bg = BackgroundServer(gw.app())
+    try:
+        talk(OpenAI(base_url=f"{bg.base_url[:-3]}/e/k/v1", api_key="k"), stream=True)
+    finally:
+        bg.stop()
+        gw.batcher.close()
+    rec = _record(ep, "exited", "")
+    assert breaks == 1 and len(served.segments) == 2 == len(rec.trajectory.segments)
+    for a, b in zip(served.segments, rec.trajectory.segments, strict=True):
+        assert a.token_ids == b.token_ids and a.loss_mask == b.loss_mask
+        assert a.behavior_logprobs == pytest.approx(b.behavior_logprobs, abs=1e-6)
+    assert sum(served.segments[0].loss_mask) == 2 * sum(served.segments[1].loss_mask) > 0
+
+
+RANDOM = [
+    "progress=false",
+    "tensorboard=false",
+    "eval.before_after=false",
+    "trainer.steps=2",
+    "trainer.checkpoint_every=1",
+    "tasks.tasks_per_step=1",
+    "rollout.group_size=2",
+    "rollout.max_turns=2",
+    "rollout.max_new_tokens=12",
+    "reward.terms={tests: 1.0}",
+]
+
+
+def test_training_on_mini_swe_agent_rollouts_steps_and_resumes_exactly(tmp_path, monkeypatch):
+    """tiny-random samples for real behind the gateway (token soup: mini-swe-agent answers with
+    its format-error message until the call limit stops it); two steps train on those
+    trajectories, and a run stopped after step 1 and resumed equals the uninterrupted one
+    (``seeded`` calls: a deterministic program replays exactly)."""
+    _needs_mini()
+    opts = {"inner": "fnrepair", "program": MINI, "timeout_s": 120, "seeded": True}
+    common = [*RANDOM, "tasks.source=gateway", f"tasks.options={json.dumps(opts)}"]
+    ref_dir, cut_dir = tmp_path / "ref", tmp_path / "cut"
+    loop.train(load_config(TOY, [*common, f"run_dir={ref_dir}"]))
+    ref = read_jsonl(ref_dir / "metrics.jsonl")
+    assert [r["step"] for r in ref] == [1, 2]
+    assert all(r["masked_rate"] == 0 and r["episode/sampled_tokens"] > 0 for r in ref)
+    assert ref[0]["episode/turns"] == 2  # the call limit, not a crash, ended them
+    # mini-swe-agent drops a reply it cannot parse from its history (it sends only its format
+    # error back): the second call does not extend the first, and starts a second segment
+    assert all(r["episode/segments"] == 2 for r in ref)
+
+    real = loop.training_step
+
+    def step(run):
+        if run.step == 1:
+            raise KeyboardInterrupt
+        return real(run)
+
+    monkeypatch.setattr(loop, "training_step", step)
+    with pytest.raises(KeyboardInterrupt):
+        loop.train(load_config(TOY, [*common, f"run_dir={cut_dir}"]))
+    monkeypatch.setattr(loop, "training_step", real)
+    assert main(["train", "--resume", str(cut_dir), "--no-report"]) == 0
+    assert_same_metrics(ref, read_jsonl(cut_dir / "metrics.jsonl"))
+
+
+def test_gateway_options_are_checked() -> None:
+    with pytest.raises(ConfigError, match="tasks.options.program"):
+        build_environment(load_config(TOY, ["tasks.source=gateway"]))
+    with pytest.raises(ConfigError, match="tasks.options.inner"):
+        build_environment(_config("true", inner="toy"))
+    with pytest.raises(ConfigError, match="progam"):
+        build_environment(_config("true", "tasks.options.progam=x"))
+
+
+def test_concurrent_programs_share_the_policys_batches(policy) -> None:
+    """Three programs of one task's group call at once: while the first call generates, the
+    others queue, and the next ``generate`` carries them together."""
+    import time
+
+    class Slow(Forced):
+        def __init__(self, *a) -> None:
+            super().__init__(*a)
+            self.sizes: list[int] = []
+
+        def generate(self, prompts, params):
+            self.sizes.append(len(prompts))
+            time.sleep(3.0 if len(self.sizes) == 1 else 0.0)  # the others arrive meanwhile
+            return super().generate(prompts, params)
+
+    env = build_environment(_config(_program(CALL + "call(2)"), "rollout.concurrency=3"))
+    task = env.tasks("train")[0]
+    slow = Slow(policy, lambda _: "ok")
+    records = env.rollout(slow, [task], SamplingParams(), 3)
+    assert [r.finish_reason for r in records] == ["exited"] * 3
+    assert sum(slow.sizes) == 6 and max(slow.sizes) >= 2, slow.sizes
+
+
+RESEND = """
+import json, os, urllib.request
+url = os.environ["OPENAI_BASE_URL"] + "/chat/completions"
+msgs = [{"role": "user", "content": "fix the bug"}]
+for i in range(3):
+    body = json.dumps({"model": "x", "messages": msgs}).encode()
+    req = urllib.request.Request(url, body, {"Content-Type": "application/json"})
+    reply = json.loads(urllib.request.urlopen(req).read())["choices"][0]["message"]
+    msgs += [{"role": "assistant", "content": reply["content"]},
+             {"role": "user", "content": f"result {i}"}]
+"""
+
+
+def test_a_program_that_sends_replies_back_gets_one_token_exact_segment(policy) -> None:
+    """tiny-random samples token soup that a text round trip does not give back (invalid
+    UTF-8, other merges); a program that resends each reply as returned still gets one
+    segment whose sampled tokens are exactly the sampled ids, where re-rendering the text
+    would not reproduce them."""
+    from coderl.endpoint.calls import render_prompt, renderer_for
+    from coderl.policy.episode import encode
+
+    cfg = _config(_program(RESEND), "rollout.max_new_tokens=12", "rollout.max_turns=3")
+    env = build_environment(cfg)
+    task = env.tasks("train")[0]
+    params = SamplingParams(temperature=1.0, max_new_tokens=12, seed=7)
+    [rec] = env.rollout(policy, [task], params, 1)
+    assert rec.finish_reason == "exited" and rec.turns == 3
+    [seg] = rec.trajectory.segments
+    seg.validate()
+    [train] = policy.logprobs([seg.token_ids], 1.0)
+    mask = torch.tensor(seg.loss_mask, dtype=torch.bool)
+    gap = (torch.tensor(train)[mask] - torch.tensor(seg.behavior_logprobs)[mask]).abs()
+    assert float(gap.max()) < 1e-3
+    # what a re-tokenizing gateway would have sampled the last call from
+    tok = policy.tokenizer
+    sampled = [seg.token_ids[a:b] for kind, a, b in seg.provenance["spans"] if kind == "action"]
+    msgs = [{"role": "user", "content": "fix the bug"}]
+    for i, ids in enumerate(sampled[:2]):
+        text = tok.decode(ids[:-1] if ids[-1] in tok.all_special_ids else ids)
+        msgs += [{"role": "assistant", "content": text}, {"role": "user", "content": f"result {i}"}]
+    renderer = renderer_for(tok, msgs, {}, call_format="hermes", template_tools=True)
+    again = encode(tok, render_prompt(renderer, msgs, call_format="hermes"))
+    last_prompt = seg.token_ids[: seg.provenance["spans"][-1][1]]
+    assert again != last_prompt  # the round trip would have changed what the model saw
+
+
+def test_time_waiting_for_the_model_is_not_the_programs(policy) -> None:
+    """A call that takes longer than the program's whole timeout does not time it out: the
+    program's own time is what ``timeout_s`` bounds (a slow engine is not the agent's fault)."""
+    import time
+
+    class Slow(Forced):
+        def generate(self, prompts, params):
+            time.sleep(5.0)
+            return super().generate(prompts, params)
+
+    env = build_environment(_config(_program(CALL + "call(1)"), timeout_s=3))
+    task = env.tasks("train")[0]
+    [rec] = env.rollout(Slow(policy, lambda _: "ok"), [task], SamplingParams(), 1)
+    assert (rec.finish_reason, rec.failure, rec.turns) == ("exited", None, 1)
