@@ -2,14 +2,17 @@
 token-exactly, its commands in the episode's sandbox, its rollout graded like a native one.
 
 The end-to-end tests run mini-swe-agent (PyPI, unmodified, in ``.venv-agents``: ``make agents``)
-on a shipped function-repair task (``data/fnrepair``): repository tasks need their built
-environments (minutes each), a function task needs only the sandbox, and the gateway is the same.
+on a shipped function-repair task (``data/fnrepair``, which needs only the sandbox) and on a
+shipped repository task (``data/tasks/ci.jsonl``, in six's built environment, the one the
+grading tests build), each graded by its own source's grader.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import shlex
+import shutil
 import sys
 from pathlib import Path
 
@@ -25,6 +28,7 @@ from coderl.cli import main
 from coderl.config import ConfigError, load_config
 from coderl.endpoint.chat import calls_from_rows, trajectory_of
 from coderl.endpoint.http import BackgroundServer
+from coderl.envbuild.build import build_env
 from coderl.envs import build_environment
 from coderl.envs.gateway import Gateway, GatewayOptions, _Episode, _record
 from coderl.metrics import read_jsonl
@@ -38,6 +42,7 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 ROOT = Path(__file__).parent.parent
 TOY = ROOT / "configs" / "toy.yaml"
+CI_TASKS = ROOT / "data" / "tasks" / "ci.jsonl"
 MINI_BIN = ROOT / ".venv-agents" / "bin" / "mini"
 MINI = (
     load_config(ROOT / "configs" / "gateway-mini.yaml")
@@ -82,8 +87,10 @@ class Forced:
         return out
 
 
-def _config(program: str, *extra: str, inner: str = "fnrepair", timeout_s: float = 120):
-    opts = {"inner": inner, "program": program, "timeout_s": timeout_s}
+def _config(
+    program: str, *extra: str, inner: str = "fnrepair", timeout_s: float = 120, **options: str
+):
+    opts = {"inner": inner, "program": program, "timeout_s": timeout_s, **options}
     return load_config(
         TOY,
         [
@@ -96,13 +103,12 @@ def _config(program: str, *extra: str, inner: str = "fnrepair", timeout_s: float
     )
 
 
-def _oracle(task):
-    """mini-swe-agent's oracle, as bash tool calls: write the gold function, then submit."""
+def _oracle(command: str):
+    """mini-swe-agent's oracle, as bash tool calls: run ``command`` (the fix), then submit."""
 
     def reply(prompt: str) -> str:
         if "<tool_response>" not in prompt:
-            cmd = f"cat > solution.py <<'EOF'\n{task.extra['gold_file']}EOF"
-            return "I write the fixed function.\n" + format_hermes("bash", {"command": cmd})
+            return "I fix it.\n" + format_hermes("bash", {"command": command})
         submit = {"command": "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"}
         return "Done.\n" + format_hermes("bash", submit)
 
@@ -113,7 +119,7 @@ def test_mini_swe_agent_resolves_a_task_and_its_logprobs_are_the_trainers(policy
     _needs_mini()
     env = build_environment(_config(MINI))
     task = env.tasks("train")[0]
-    forced = Forced(policy, _oracle(task))
+    forced = Forced(policy, _oracle(f"cat > solution.py <<'EOF'\n{task.extra['gold_file']}EOF"))
     params = SamplingParams(temperature=1.0, max_new_tokens=1500, seed=1)
     [rec] = env.rollout(forced, [task], params, 1)
     assert (rec.finish_reason, rec.failure, rec.turns) == ("exited", None, 2)
@@ -144,6 +150,77 @@ def test_a_failed_attempt_is_graded_as_the_agents(policy) -> None:
     [rec] = env.rollout(Forced(policy, lambda _: submit), [task], SamplingParams(), 1)
     [grade] = env.grade([task], [rec])
     assert rec.failure is None and rec.answer == "" and not grade.resolved
+
+
+CI_SPEC = "six==1.17.0"
+"""The library of the shipped repository tasks ``data/tasks/ci.jsonl``, built once per run
+(``build_env`` reuses the build that tests/test_grading_runner.py and test_grading_redteam.py
+make, from the cache on disk)."""
+
+
+@pytest.fixture(scope="module")
+def repo_env():
+    """The gateway over the ``repo`` source on ``data/tasks/ci.jsonl`` (six's environment)."""
+    if shutil.which("bwrap") is None or os.geteuid() != 0:
+        msg = "needs bubblewrap and root (make sysdeps)"
+        if in_ci():
+            pytest.fail(f"CI: {msg}")
+        pytest.skip(msg)
+    _needs_mini()
+    build_env(CI_SPEC)
+    return build_environment(_config(MINI, inner="repo", tasks_file=str(CI_TASKS)))
+
+
+def _edit(diff: str) -> str:
+    """The bash command that makes a one-hunk ``diff``'s change in the workspace, with Python
+    (in every sandbox, where ``patch`` or ``git`` may be missing)."""
+    [path] = [line[6:] for line in diff.splitlines() if line.startswith("+++ b/")]
+    assert sum(line.startswith("@@ ") for line in diff.splitlines()) == 1, "one hunk only"
+    body = diff.split("@@")[-1].splitlines(keepends=True)[1:]
+    old = "".join(line[1:] for line in body if line[0] in " -")
+    new = "".join(line[1:] for line in body if line[0] in " +")
+    return (
+        f"python3 - <<'EOF'\nimport pathlib\np = pathlib.Path({path!r})\ns = p.read_text()\n"
+        f"assert s.count({old!r}) == 1\np.write_text(s.replace({old!r}, {new!r}))\n"
+        "print('edited', p)\nEOF"
+    )
+
+
+def test_mini_swe_agent_resolves_a_repository_task(policy, repo_env) -> None:
+    """A shipped repository task (six, a synthesised bug with a held-out failing test): the
+    oracle's commands through mini-swe-agent and the gateway fix it in the sandbox, the repo
+    grader resolves the diff, and the trajectory's logprobs are the trainer's."""
+    task = repo_env.tasks("train")[0]
+    assert task.kind == "repo" and task.held_out_tests
+    forced = Forced(policy, _oracle(_edit(task.gold_patch)))
+    params = SamplingParams(temperature=1.0, max_new_tokens=1500, seed=1)
+    [rec] = repo_env.rollout(forced, [task], params, 1)
+    assert (rec.finish_reason, rec.failure, rec.turns) == ("exited", None, 2), rec.failure_reason
+    assert rec.broken_tool_calls == 0 and task.extra["file"] in rec.answer
+    [grade] = repo_env.grade([task], [rec])
+    assert grade.grading_error is None and grade.resolved, grade.reason
+    # the held-out failing test never reached the program's prompts
+    [held] = [t.split("::")[-1] for t in task.FAIL_TO_PASS if t in task.held_out_tests]
+    assert all(held not in policy.tokenizer.decode(p) for p in forced.prompts)
+    [seg] = rec.trajectory.segments
+    seg.validate()
+    [train] = policy.logprobs([seg.token_ids], 1.0)
+    mask = torch.tensor(seg.loss_mask, dtype=torch.bool)
+    gap = (torch.tensor(train)[mask] - torch.tensor(seg.behavior_logprobs)[mask]).abs()
+    assert int(mask.sum()) > 50 and float(gap.max()) < 1e-3
+
+
+def test_a_wrong_repository_fix_is_graded_unresolved(policy, repo_env) -> None:
+    """The same episode with a plausible wrong fix (``itervalues`` returning the keys): it
+    applies, the episode ends cleanly, and the grader does not resolve it."""
+    task = repo_env.tasks("train")[0]
+    wrong = task.gold_patch.replace("d.values(", "d.keys(")
+    assert wrong != task.gold_patch
+    [rec] = repo_env.rollout(Forced(policy, _oracle(_edit(wrong))), [task], SamplingParams(), 1)
+    assert (rec.finish_reason, rec.failure) == ("exited", None)
+    assert "+        return iter(d.keys(**kw))" in rec.answer
+    [grade] = repo_env.grade([task], [rec])
+    assert grade.grading_error is None and not grade.resolved
 
 
 def _program(body: str) -> str:
