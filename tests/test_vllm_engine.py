@@ -618,9 +618,9 @@ def test_serve_records_what_the_vllm_engine_served(server, tmp_path):
 
 
 def test_coderl_eval_of_a_vllm_run_samples_through_vllm(server, uninterrupted, capsys, monkeypatch):
-    import argparse
     import json
 
+    from coderl.cli import build_parser
     from coderl.cli.eval import run
     from coderl.policy.local import LocalPolicy
 
@@ -630,9 +630,8 @@ def test_coderl_eval_of_a_vllm_run_samples_through_vllm(server, uninterrupted, c
     monkeypatch.setattr(LocalPolicy, "generate", in_process)
     results = []
     for _ in range(2):  # the run's config.yaml names engine.kind=vllm and the server's URL
-        args = argparse.Namespace(
-            checkpoint=str(uninterrupted), overrides=["k=4"], base=False, episodes_out=None
-        )
+        # the real parser: every option `coderl eval` has gets its default
+        args = build_parser("eval").parse_args(["eval", str(uninterrupted), "k=4"])
         assert run(args) == 0
         results.append(json.loads(capsys.readouterr().out))
     assert results[0]["checkpoint"].endswith("step-000006")
