@@ -485,3 +485,53 @@ def test_time_waiting_for_the_model_is_not_the_programs(policy) -> None:
     task = env.tasks("train")[0]
     [rec] = env.rollout(Slow(policy, lambda _: "ok"), [task], SamplingParams(), 1)
     assert (rec.finish_reason, rec.failure, rec.turns) == ("exited", None, 1)
+
+
+class _DiffRaises:
+    """A sandbox whose diff raises ``error`` (what a workspace the policy made can cause)."""
+
+    def __init__(self, error: BaseException) -> None:
+        self.error, self.closed = error, False
+
+    def diff(self) -> str:
+        raise self.error
+
+    def close(self) -> None:
+        self.closed = True
+
+
+class _Registry:
+    def __init__(self) -> None:
+        self.episodes: dict[str, object] = {}
+
+    def add(self, ep) -> None:
+        self.episodes[ep.secret] = ep
+
+
+@pytest.mark.parametrize(
+    ("error", "kind"),
+    [
+        (RecursionError("maximum recursion depth exceeded"), "agent"),  # a tree too deep
+        (UnicodeDecodeError("utf-8", b"\xff", 0, 1, "invalid start byte"), "agent"),
+        (OSError("the host's disk is full"), "infra"),
+    ],
+)
+def test_a_diff_the_policys_workspace_breaks_is_scored_like_a_native_episode(
+    monkeypatch, error, kind
+):
+    """The gateway attributes a failed diff as the harness does (``diff_failure``): a workspace
+    the policy made that the diff cannot walk is the agent's failure, never a mask."""
+    from types import SimpleNamespace
+
+    from coderl.envs import gateway as G
+
+    sandbox = _DiffRaises(error)
+    monkeypatch.setattr(G, "sandbox_for", lambda task: sandbox)
+    monkeypatch.setattr(G, "run_program", lambda ep, opts, url, statement: "exited")
+    env = SimpleNamespace(opts=None, statement=lambda task: "fix it")
+    task = SimpleNamespace(id="t/1", problem_statement="fix it")
+    record = G.GatewayEnvironment._one(env, _Registry(), "http://127.0.0.1:1", 0, task)
+    assert record.failure == kind and sandbox.closed
+    assert record.failure_reason.startswith(
+        "the workspace's diff failed" if kind == "agent" else "diff failed"
+    )

@@ -565,6 +565,13 @@ def _drive(st: _State, tools: Mapping[str, Tool], *, close: bool) -> Step:
     return (yield from _finish(episode, st.ctx.sandbox, st.start, close=close))
 
 
+def diff_failure(e: BaseException) -> Literal["agent", "infra"]:
+    """Who made ``sandbox.diff()`` raise ``e``: ``agent`` for a workspace the policy made that the
+    diff cannot walk (a tree too deep: RecursionError; an undecodable name: UnicodeError), else
+    ``infra``. Every driver that takes an episode's diff attributes its failure here."""
+    return "agent" if isinstance(e, RecursionError | UnicodeError) else "infra"
+
+
 def _finish(episode: Episode, sandbox: Sandbox, start: float, *, close: bool) -> Step:
     try:
         episode.diff = yield ToolRequest(sandbox.diff)
@@ -572,8 +579,7 @@ def _finish(episode: Episode, sandbox: Sandbox, start: float, *, close: bool) ->
         episode.stats.finish_reason = "error"
         episode.error = (episode.error or "") + traceback.format_exc()
         if episode.failure is None:
-            agent_made = isinstance(e, RecursionError | UnicodeError)
-            episode.failure = "agent" if agent_made else "infra"
+            episode.failure = diff_failure(e)
     if close:
         try:
             yield ToolRequest(sandbox.close)

@@ -69,6 +69,7 @@ from typing import Any
 
 from fastapi import FastAPI, HTTPException, Request, Response
 
+from coderl.agent.episode import diff_failure
 from coderl.config import Config
 from coderl.endpoint.batching import WindowBatcher
 from coderl.endpoint.calls import RequestError
@@ -131,6 +132,8 @@ class _Episode:
     """Why the gateway stopped the program (``max_turns``, ``max_tokens``), else empty."""
     infra: str = ""
     """The gateway's own fault, if any (masks the episode)."""
+    agent_diff_error: str = ""
+    """The diff failed on a workspace the policy made (scored, never masked)."""
     log_tail: str = ""
     """The end of the program's output (stdout and stderr)."""
     model_s: float = 0.0
@@ -342,8 +345,12 @@ def _record(ep: _Episode, finish: str, diff: str | None) -> EpisodeRecord:
     traj, _ = trajectory_of(ep.calls)
     failure: FailureKind | None = None
     reason = ""
-    if ep.infra or diff is None:
-        failure, reason = "infra", ep.infra or "the sandbox's diff could not be taken"
+    if ep.infra:
+        failure, reason = "infra", ep.infra
+    elif ep.agent_diff_error:
+        failure, reason = "agent", ep.agent_diff_error
+    elif diff is None:
+        failure, reason = "infra", "the sandbox's diff could not be taken"
     elif not ep.calls:
         failure, reason = "agent", f"the program never called the model ({finish})"
     elif finish in ("program_error", "timeout"):
@@ -415,8 +422,11 @@ class GatewayEnvironment:
             try:
                 diff: str | None = sandbox.diff()
             except Exception as e:  # noqa: BLE001 - without a diff the episode cannot be graded
-                ep.infra = ep.infra or f"diff failed: {type(e).__name__}: {e}"
                 diff = None
+                if diff_failure(e) == "agent":  # a workspace the policy made: scored, as native
+                    ep.agent_diff_error = f"the workspace's diff failed: {type(e).__name__}: {e}"
+                else:
+                    ep.infra = ep.infra or f"diff failed: {type(e).__name__}: {e}"
             return _record(ep, finish, diff)
         finally:
             gw.episodes.pop(ep.secret, None)  # its endpoint ends with it
