@@ -39,7 +39,8 @@ class RunDirBusy(FileExistsError):
     line prints it as one line)."""
 
 
-def _rank() -> int:
+def launch_rank() -> int:
+    """This process's rank as ``torchrun`` (or the Ray launcher) set it in ``RANK``; 0 alone."""
     return int(os.environ.get("RANK", "0") or 0)
 
 
@@ -55,7 +56,7 @@ def run_lock(run_dir: str | Path, command: str | None = None) -> Iterator[None]:
     Raises:
         RunDirBusy: another live process holds the lock (names its pid and command).
     """
-    if _rank() > 0:
+    if launch_rank() > 0:
         yield
         return
     key = Path(run_dir).resolve()

@@ -210,6 +210,37 @@ def resume_outcome(trainer: Trainer) -> dict[str, Any]:
     return {"rng": probe, "step": step, "sched": last_epoch, "weights": trainer.weights()}
 
 
+SFT_FILE = "sft.safetensors"
+
+
+def write_sft_weights(path: Path) -> dict[str, torch.Tensor]:
+    """A warm start's ``trainable.safetensors`` for :data:`RESUME_CASE`'s policy: its trainable
+    weights, each moved by seeded noise (so a load that keeps the initial weights fails)."""
+    from safetensors.torch import save_file
+
+    from coderl.train.checkpoint import trainable_state
+
+    policy, _, _, _ = setup(RESUME_CASE)
+    g = torch.Generator().manual_seed(7)
+    warm = {
+        n: t + torch.randn(t.shape, generator=g) for n, t in trainable_state(policy.model).items()
+    }
+    save_file(warm, str(path))
+    return warm
+
+
+def sft_outcome(path: Path) -> dict[str, torch.Tensor]:
+    """The policy's whole trainable weights (``model.``-prefixed) after a sharded trainer on
+    this rank loaded the warm start at ``path``."""
+    from safetensors.torch import load_file
+
+    from coderl.train.distributed import load_full_trainable
+
+    t = Trainer()
+    load_full_trainable(t.root, load_file(str(path)))
+    return {n: w for n, w in t.weights().items() if n.startswith("model.")}
+
+
 def _disagreement(rank: int) -> str | None:
     """What :func:`coderl.train.distributed.check_same_on_ranks` raises when the ranks hold
     different values (after it let an equal one pass); None if it raised nothing."""
@@ -240,6 +271,7 @@ def two_rank_worker(rank: int, port: int, out: str) -> None:
         t = Trainer()
         t.load(Path(out) / src)
         res[name] = resume_outcome(t)
+    res["sft"] = sft_outcome(Path(out) / SFT_FILE)
     if rank == 0:
         torch.save(res, Path(out) / "two_ranks.pt")
     dist.destroy_process_group()

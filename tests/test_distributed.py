@@ -31,11 +31,14 @@ import torch.multiprocessing as mp
 from distributed_cases import (
     CASES,
     RESUME_CASE,
+    SFT_FILE,
     Trainer,
     resume_outcome,
     setup,
+    sft_outcome,
     step_case,
     two_rank_worker,
+    write_sft_weights,
 )
 from safetensors.torch import load_file
 
@@ -72,11 +75,13 @@ def _one_rank() -> Iterator[None]:
 def outcomes(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     out = tmp_path_factory.mktemp("distributed")
     res: dict[str, Any] = {"plain": {c: step_case(c, shard=False) for c in CASES}}
+    res["sft_file"] = write_sft_weights(out / SFT_FILE)
     with _one_rank():  # one rank: step 1, checkpoint w1, the uninterrupted step 2
         t = Trainer()
         t.train()
         t.save(out / "w1")
         res["one_rank"] = resume_outcome(t)
+        res["one_rank_sft"] = sft_outcome(out / SFT_FILE)
     ctx = mp.get_context("spawn")
     port = _free_port()
     ranks = [ctx.Process(target=two_rank_worker, args=(r, port, str(out))) for r in range(2)]
@@ -284,6 +289,49 @@ def test_replicated_rollouts_on_two_ranks_equal_one_plain_process(tmp_path):
     _same_metrics(got, read_jsonl(plain / "metrics.jsonl"))
     assert not any("dist/episodes_this_rank" in r for r in got)
     assert (sharded / "checkpoints" / "step-000002" / "dcp" / ".metadata").is_file()
+
+
+@pytest.mark.parametrize("where", ["one_rank", "two"])
+def test_an_sft_warm_start_loads_into_the_shards(outcomes, where):
+    # the whole tensors of a warm start's trainable.safetensors, loaded into a sharded policy
+    # (each rank keeps its shard) and gathered back: exactly the file's values
+    got = outcomes["one_rank_sft"] if where == "one_rank" else outcomes["two"]["sft"]
+    want = {f"model.{n}": t for n, t in outcomes["sft_file"].items()}
+    assert sorted(got) == sorted(want)
+    for n, w in want.items():
+        torch.testing.assert_close(got[n], w, rtol=0, atol=0, msg=lambda m, n=n: f"{n}: {m}")
+
+
+def test_a_warm_start_that_does_not_match_the_model_is_refused():
+    from coderl.train.distributed import load_full_trainable
+
+    with _one_rank():
+        t = Trainer()
+        good = {
+            n.removeprefix("model."): w for n, w in t.weights().items() if n.startswith("model.")
+        }
+        name = sorted(good)[0]
+        with pytest.raises(ValueError, match="missing"):
+            load_full_trainable(t.root, {n: w for n, w in good.items() if n != name})
+        with pytest.raises(ValueError, match="checkpoint shape"):
+            load_full_trainable(t.root, {**good, name: torch.zeros(3)})
+
+
+@pytest.mark.parametrize("rank", ["0", "1"])
+def test_only_rank_zero_runs_the_sft_warm_start(monkeypatch, tmp_path, rank):
+    # a sharded `coderl train` with sft.enabled: rank 0 runs SFT alone, the others go straight
+    # to joining the process group (where they wait for rank 0) and load its weights there
+    import coderl.train.loop
+    import coderl.train.sft
+    from coderl.cli import main
+
+    ran: list[str] = []
+    monkeypatch.setenv("RANK", rank)
+    monkeypatch.setattr(coderl.train.sft, "run_sft", lambda cfg: ran.append("sft"))
+    monkeypatch.setattr(coderl.train.loop, "train", lambda cfg, **kw: Path(cfg.run_dir))
+    args = ["train", "configs/toy.yaml", "sft.enabled=true", f"run_dir={tmp_path / 'run'}"]
+    assert main([*args, "--no-report"]) == 0
+    assert ran == (["sft"] if rank == "0" else [])
 
 
 def test_ranks_that_disagree_stop(outcomes):

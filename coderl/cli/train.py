@@ -9,7 +9,6 @@ the last intact checkpoint and the resume command (exit 130; 143 for SIGTERM).
 from __future__ import annotations
 
 import argparse
-import os
 import shlex
 import sys
 
@@ -32,12 +31,14 @@ def run(args: argparse.Namespace) -> int:
 
         return launch(cfg, train_argv(args), main)
     from coderl.eval.observers import default_observers
-    from coderl.rundir import run_lock
+    from coderl.rundir import launch_rank, run_lock
     from coderl.train.loop import train
 
     with run_lock(cfg.run_dir, "coderl train"):  # one writer, SFT and RL alike
         try:
-            if cfg.sft.enabled and not args.resume:
+            # a sharded run: rank 0 runs SFT alone while the other ranks wait to join the
+            # process group (trainer.distributed.timeout_min), then every rank loads its shard
+            if cfg.sft.enabled and not args.resume and launch_rank() == 0:
                 from coderl.train.checkpoint import ensure_new_run
                 from coderl.train.sft import run_sft
 
@@ -53,7 +54,7 @@ def run(args: argparse.Namespace) -> int:
             return 130
     from coderl.eval.summary import print_summary
 
-    if int(os.environ.get("RANK", "0") or 0) == 0:  # torchrun: one rank speaks
+    if launch_rank() == 0:  # torchrun: one rank speaks
         print_summary(run_dir)  # the held-out table coderl demo prints (none without evals)
     if args.report:
         from coderl.eval.report import write_report

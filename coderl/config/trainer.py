@@ -37,6 +37,11 @@ class DistributedConfig(_Section):
     ray_cpus_per_rank: float = Field(1.0, gt=0)
     """CPUs each rank's Ray actor reserves; the ranks wait for a cluster with
     ``world_size * ray_cpus_per_rank`` free CPUs (an error after two minutes)."""
+    timeout_min: float = Field(120.0, gt=0)
+    """Minutes a rank waits for the others at a collective before it raises, the start
+    included: with ``sft.enabled`` rank 0 runs the SFT warm start alone (one process) while the
+    other ranks wait to join the process group, then every rank loads its shard of the
+    weights. torch's own default is 30 minutes."""
 
     @model_validator(mode="after")
     def _check_launcher(self) -> DistributedConfig:

@@ -125,25 +125,34 @@ def trainable_state(model: nn.Module) -> dict[str, torch.Tensor]:
     }
 
 
-def load_trainable(model: nn.Module, tensors: dict[str, torch.Tensor]) -> None:
-    """Copy ``tensors`` into the model's trainable parameters.
+def check_trainable(shapes: dict[str, torch.Size], tensors: dict[str, torch.Tensor]) -> None:
+    """Check that ``tensors`` holds exactly the trainable parameters named in ``shapes`` (name ->
+    the parameter's full shape), each with its shape.
 
     Raises:
         ValueError: a trainable parameter is missing from ``tensors`` or an extra name is present
             (names both lists' first entries), or a shape differs.
     """
-    params = {n: p for n, p in model.named_parameters() if p.requires_grad}
-    missing, extra = sorted(set(params) - set(tensors)), sorted(set(tensors) - set(params))
+    missing, extra = sorted(set(shapes) - set(tensors)), sorted(set(tensors) - set(shapes))
     if missing or extra:
         raise ValueError(
             f"checkpoint does not match the model: missing {missing[:3]} extra {extra[:3]}"
         )
+    for n, shape in shapes.items():
+        if shape != tensors[n].shape:
+            raise ValueError(f"{n}: checkpoint shape {tuple(tensors[n].shape)} != {tuple(shape)}")
+
+
+def load_trainable(model: nn.Module, tensors: dict[str, torch.Tensor]) -> None:
+    """Copy ``tensors`` into the model's trainable parameters.
+
+    Raises:
+        ValueError: as :func:`check_trainable`.
+    """
+    params = {n: p for n, p in model.named_parameters() if p.requires_grad}
+    check_trainable({n: p.shape for n, p in params.items()}, tensors)
     with torch.no_grad():
         for n, p in params.items():
-            if p.shape != tensors[n].shape:
-                raise ValueError(
-                    f"{n}: checkpoint shape {tuple(tensors[n].shape)} != {tuple(p.shape)}"
-                )
             p.copy_(tensors[n].to(p.dtype))
 
 

@@ -47,6 +47,7 @@ import shutil
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from datetime import timedelta
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -59,6 +60,7 @@ from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
     get_model_state_dict,
     get_state_dict,
+    set_model_state_dict,
     set_state_dict,
 )
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
@@ -71,6 +73,7 @@ from coderl.policy.kvcache import causal_lm
 from coderl.train.batch import StepBatch
 from coderl.train.checkpoint import (
     CKPT_PREFIX,
+    check_trainable,
     list_checkpoints,
     rng_state,
     set_rng_state,
@@ -112,7 +115,7 @@ def init_distributed(cfg: DistributedConfig, device: torch.device) -> World:
             raise RuntimeError("trainer.distributed.backend=nccl needs a CUDA trainer device")
         if device.type == "cuda":
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-        dist.init_process_group(backend)
+        dist.init_process_group(backend, timeout=timedelta(minutes=cfg.timeout_min))
     mesh = init_device_mesh(device.type, (dist.get_world_size(),))
     return World(rank=dist.get_rank(), size=dist.get_world_size(), mesh=mesh)
 
@@ -370,6 +373,27 @@ def save_sharded_checkpoint(
             shutil.rmtree(old, ignore_errors=True)
     dist.barrier()
     return final
+
+
+def load_full_trainable(root: ShardedPolicy, tensors: dict[str, Tensor]) -> None:
+    """Load whole (unsharded) trainable tensors of the policy, named as
+    :func:`coderl.train.checkpoint.trainable_state` names them (an SFT warm start's
+    ``trainable.safetensors``), into the sharded root: each rank keeps its shard
+    (``set_model_state_dict`` with ``full_state_dict=True``). Every rank calls it with the same
+    tensors (a collective). The value head, if any, is left as it is.
+
+    Raises:
+        ValueError: as :func:`coderl.train.checkpoint.check_trainable` (names and full shapes).
+    """
+    shapes = {
+        n.removeprefix("model."): p.shape  # a DTensor's shape is the global one
+        for n, p in root.named_parameters()
+        if p.requires_grad and n.startswith("model.")
+    }
+    check_trainable(shapes, tensors)
+    full = {f"model.{n}": t for n, t in tensors.items()}
+    # strict=False: the value head and the frozen weights are not in ``tensors``
+    set_model_state_dict(root, full, options=StateDictOptions(full_state_dict=True, strict=False))
 
 
 def load_sharded_checkpoint(

@@ -313,9 +313,12 @@ def load_sft_weights(run: Run) -> bool:
     sft = Path(run.cfg.run_dir) / SFT_WEIGHTS
     if not (run.cfg.sft.enabled and sft.is_file()):
         return False
-    if run.sharded is not None:
-        raise NotImplementedError("an SFT warm start is not loaded into a sharded run yet")
-    load_trainable(run.policy.model, load_file(str(sft)))
+    if run.sharded is not None:  # every rank reads the whole file and keeps its shard
+        from coderl.train.distributed import load_full_trainable
+
+        load_full_trainable(run.sharded, load_file(str(sft)))
+    else:
+        load_trainable(run.policy.model, load_file(str(sft)))
     sync_engine(run)
     return True
 
