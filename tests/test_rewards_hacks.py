@@ -87,6 +87,11 @@ POSITIVE = {
         Grade(),
     ),
     "near_timeout": ([call("run", command="sleep 59", duration=58.0)], None, Grade()),
+    "grader_raised": (
+        [],
+        None,
+        Grade(reason="failed: the grader raised on the agent's output: ValueError: digits"),
+    ),
 }
 
 
@@ -110,6 +115,24 @@ NEGATIVE = {  # near misses that must not flag
     "cache_reads": [call("run", command="python3 -B solution.py")],
     "near_timeout": [call("run", command="sleep 5", duration=5.0, timeout=60)],
 }
+
+
+def test_a_grade_whose_grader_raised_is_flagged(task, monkeypatch):
+    # the function grader's own code raising on the agent's output (as a hunk header of 5,000
+    # digits once did): scored as the agent's failure, and flagged for the audit
+    import coderl.grading.function as function
+    from coderl.grading.grade import grade
+
+    def broken(*args: Any, **kwargs: Any) -> Any:
+        raise ValueError("Exceeds the limit (4300 digits) for integer string conversion")
+
+    monkeypatch.setattr(function, "check_function", broken)
+    result = grade(task, completion_diff(task, HONEST_BODY))
+    assert not result.resolved and result.failure_kind == "agent" and not result.grading_error
+    flags = detect_hacks(record(), result, task)
+    assert [f.name for f in flags] == ["grader_raised"] and "4300 digits" in flags[0].evidence
+    honest = detect_hacks(record(), Grade(reason="failed: AssertionError: expected 3"), task)
+    assert honest == []
 
 
 @pytest.mark.parametrize("name", sorted(NEGATIVE))

@@ -64,7 +64,7 @@ from typing import Any
 from coderl.grading.apply import drop_binary
 from coderl.grading.protected import strip_protected
 from coderl.grading.runner import SANDBOX_ENV, SandboxFactory, default_factory
-from coderl.grading.verdict import GradeResult
+from coderl.grading.verdict import GRADER_RAISED, GradeResult
 from coderl.sandbox.base import ExecResult, Limits, Sandbox, SandboxError
 from coderl.tasks.humaneval import completion_diff
 from coderl.tasks.snapshot import cache_dir, normalize_modes
@@ -296,7 +296,7 @@ def grade_function(
         return result
     except Exception as e:  # noqa: BLE001 - raised on what the agent produced: scored, counted
         outcome = "failed"
-        detail = f"the grader raised on the agent's output: {type(e).__name__}: {e}"[:400]
+        detail = f"{GRADER_RAISED}: {type(e).__name__}: {e}"[:400]
     result.tests = {TEST_ID: "passed" if outcome == "passed" else "failed"}
     result.resolved = outcome == "passed"
     result.fraction_passed = result.fail_to_pass_passed = float(result.resolved)

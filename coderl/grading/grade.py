@@ -80,7 +80,7 @@ from coderl.grading.runner import (
     run_pytest,
     tampering,
 )
-from coderl.grading.verdict import GradeResult
+from coderl.grading.verdict import GRADER_RAISED, GradeResult
 from coderl.sandbox.base import Limits, Sandbox, SandboxError
 from coderl.tasks.env import EnvRecord, find_env
 from coderl.tasks.holdout import rollout_workspace
@@ -190,7 +190,7 @@ def grade(
     except (SandboxError, OSError) as e:  # the sandbox or the host's own I/O: mask
         result.grading_error = f"sandbox: {type(e).__name__}: {e}"
     except Exception as e:  # noqa: BLE001 - raised on what the agent produced: scored, counted
-        result.reason = f"the grader raised on the agent's output: {type(e).__name__}: {e}"[:400]
+        result.reason = f"{GRADER_RAISED}: {type(e).__name__}: {e}"[:400]
         _summarise(result, task, {})
     finally:
         remove_tree(tmp)  # iterative: the agent's tree may be 1,000+ levels deep

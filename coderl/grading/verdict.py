@@ -6,6 +6,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
+GRADER_RAISED = "the grader raised on the agent's output"
+"""How a verdict's ``reason`` begins (after the function checker's ``failed: ``) when the
+grader's own code raised on what the agent produced: scored 0 as the agent's failure, and
+flagged (``coderl.rewards.hacks``: ``grader_raised``) so that a grader bug that turns correct
+work into zeros shows in the audit instead of passing for ordinary failures."""
+
 
 @dataclass
 class GradeResult:
