@@ -60,6 +60,8 @@ from __future__ import annotations
 
 import errno
 import os
+import random
+import secrets
 import tempfile
 import time
 from collections.abc import Callable
@@ -69,10 +71,12 @@ from coderl.grading.apply import apply_to_copy, drop_binary, remove_tree
 from coderl.grading.function import encode_text, grade_function, workspace_base
 from coderl.grading.guardproc import scan_change
 from coderl.grading.protected import is_protected
+from coderl.grading.rerun import Planted, confirm, plant_canaries
 from coderl.grading.runner import (
     RUN_OUTPUT_BYTES,
     SANDBOX_ENV,
     SandboxFactory,
+    TestRun,
     conftests_of,
     default_factory,
     mounts,
@@ -266,6 +270,35 @@ def _grade_tree(
         _summarise(result, task, {})
         return
     ro = pristine_mounts(env)
+    select = list(dict.fromkeys(task.FAIL_TO_PASS + task.PASS_TO_PASS))
+    run = _run(tree, env, factory, timeout, ro, select, env.canaries_ok)
+    run.tampered = sorted(set(run.tampered) - set(env.baseline_tampered))
+    why = tampering(run, canaries=env.canaries_ok)
+    if why:
+        result.tampered = True
+        result.reason = f"tampering detected: {why}"
+    elif run.results_missing:
+        result.reason = _no_verdict(run)
+    elif not run.outcomes:
+        result.reason = "no test ran (collection error, or an exit during collection)"
+    outcomes = {} if run.results_missing else dict(run.outcomes)
+    if not why and any(outcomes.get(t) == "passed" for t in task.FAIL_TO_PASS):
+        _second_run(task, env, tree, factory, timeout, ro, outcomes, result)
+    _summarise(result, task, outcomes)
+
+
+def _run(
+    tree: Path,
+    env: EnvRecord,
+    factory: SandboxFactory,
+    timeout: float,
+    ro: dict[str, str],
+    select: list[str],
+    canaries: bool,
+) -> TestRun:
+    """One graded pytest run of ``select`` over ``tree`` in a fresh sandbox (``ro``: the
+    read-only test mounts), closed before its verdict is used."""
+    ro = dict(ro)
     with run_dirs() as inp:
         ro.update(mounts(inp, Path(env.venv)))
         limits = Limits(
@@ -278,33 +311,71 @@ def _grade_tree(
             tree, limits=limits, env=SANDBOX_ENV, ro_mounts=ro, rw_mounts={}, network=False
         )
         try:
-            run = run_pytest(
+            return run_pytest(
                 sb,
                 inp,
                 paths=env.test_paths,
-                select=list(dict.fromkeys(task.FAIL_TO_PASS + task.PASS_TO_PASS)),
-                canaries=env.canaries_ok,
+                select=select,
+                canaries=canaries,
                 timeout=timeout,
                 inifile=env.info.get("pytest_config"),
                 allowed_conftests=conftests_of(tree),
             )
         finally:
             sb.close()  # every process of the sandbox is gone before the verdict is used
-    run.tampered = sorted(set(run.tampered) - set(env.baseline_tampered))
-    why = tampering(run, canaries=env.canaries_ok)
-    if why:
-        result.tampered = True
-        result.reason = f"tampering detected: {why}"
-    elif run.results_missing:
-        timed_out = run.exec is not None and run.exec.timed_out
-        result.reason = (
-            "test run timed out"
-            if timed_out
-            else f"no valid verdict (crash, exit or a garbled stream: {run.garbled[:200]})"
+
+
+def _no_verdict(run: TestRun) -> str:
+    if run.exec is not None and run.exec.timed_out:
+        return "test run timed out"
+    return f"no valid verdict (crash, exit or a garbled stream: {run.garbled[:200]})"
+
+
+def _second_run(
+    task: Task,
+    env: EnvRecord,
+    tree: Path,
+    factory: SandboxFactory,
+    timeout: float,
+    ro: dict[str, str],
+    outcomes: dict[str, str],
+    result: GradeResult,
+) -> None:
+    """Run the FAIL_TO_PASS tests again in a fresh sandbox with planted canaries
+    (``coderl.grading.rerun``) and keep a pass only where both runs passed: updates
+    ``outcomes`` and ``result`` (``second_run``, ``rerun_disagreed``, tampering, reason)."""
+    f2p = list(dict.fromkeys(task.FAIL_TO_PASS))
+    covered = [p.rstrip("/") for p in env.test_paths]
+    sources = {}
+    for rel in {t.split("::")[0] for t in f2p}:
+        pristine = any(rel == p or rel.startswith(p + "/") or p == "." for p in covered)
+        sources[rel] = (Path(env.snapshot) if pristine else tree) / rel
+    rng = random.Random(secrets.randbits(64))  # drawn now, after the first run has ended
+    with tempfile.TemporaryDirectory(dir=tree.parent, prefix="planted-") as tmp:
+        os.chmod(tmp, 0o755)
+        planted = plant_canaries(sources, f2p, rng, Path(tmp)) if env.canaries_ok else Planted()
+        select = f2p + sorted(planted.expected)
+        rng.shuffle(select)
+        second = _run(
+            tree,
+            env,
+            factory,
+            timeout,
+            {**ro, **planted.mounts},
+            select,
+            env.canaries_ok and not planted.expected,
         )
-    elif not run.outcomes:
-        result.reason = "no test ran (collection error, or an exit during collection)"
-    _summarise(result, task, {} if run.results_missing else run.outcomes)
+    merged = confirm(f2p, outcomes, second, planted.expected, env.baseline_tampered)
+    result.second_run = True
+    result.rerun_disagreed = merged.disagreed
+    outcomes.update(merged.outcomes)
+    if merged.tampered:
+        result.tampered = True
+        result.reason = f"tampering detected: {merged.tampered}"
+    elif second.results_missing and not result.reason:
+        result.reason = f"second run: {_no_verdict(second)}"
+    elif merged.disagreed and not result.reason:
+        result.reason = f"the two runs disagree: {merged.disagreed[0]}"[:400]
 
 
 def _egg_info(snapshot: Path) -> list[str]:

@@ -146,22 +146,35 @@ _WORDS = (
 ).split()
 
 
-def make_canaries(rng: random.Random, known_ids: list[str]) -> list[Canary]:
-    """Five canaries (2 pass, 2 fail, 1 ufail) named like the real tests in ``known_ids``."""
-    words = {w for i in known_ids for w in re.split(r"[^a-z0-9]+", i.rsplit("::", 1)[-1].lower())}
-    vocab = sorted((words - {"test", ""}) | set(_WORDS))
-    taken = {i.rsplit("::", 1)[-1].split("[")[0] for i in known_ids}
+RUN_KINDS = ("pass", "fail", "pass", "fail", "ufail")
+"""The canaries of a graded run: 2 must-pass, 2 must-fail, 1 must-fail unittest assertion."""
+
+
+def make_canaries(
+    rng: random.Random,
+    known_ids: list[str],
+    kinds: tuple[str, ...] = RUN_KINDS,
+    taken: frozenset[str] = frozenset(),
+) -> list[Canary]:
+    """One canary per entry of ``kinds`` (in a random order), named like the real tests in
+    ``known_ids``: ``test_`` and 2-4 of their words (as many as a real name of them has), never a
+    name of ``known_ids`` or of ``taken`` (other names the module already binds)."""
+    names = [i.rsplit("::", 1)[-1].split("[")[0].lower() for i in known_ids]
+    split = [[w for w in re.split(r"[^a-z0-9]+", n) if w and w != "test"] for n in names]
+    vocab = sorted({w for ws in split for w in ws} | set(_WORDS))
+    lengths = [min(max(len(ws), 2), 4) for ws in split] or [3]
+    used = set(taken) | {i.rsplit("::", 1)[-1].split("[")[0] for i in known_ids}
     out: list[Canary] = []
-    for kind in rng.sample(["pass", "fail", "pass", "fail", "ufail"], 5):
+    for kind in rng.sample(list(kinds), len(kinds)):
         while True:
-            name = "test_" + "_".join(rng.sample(vocab, 3))
-            if name not in taken:
-                taken.add(name)
+            name = "test_" + "_".join(rng.sample(vocab, rng.choice(lengths)))
+            cls = "Test" + "".join(w.title() for w in name.split("_")[1:])
+            if name not in used and cls not in used:
+                used.update((name, cls))
                 break
         a, b = rng.randrange(2, 50), rng.randrange(2, 50)
         want = a * b + (0 if kind == "pass" else rng.randrange(1, 9))
         if kind == "ufail":
-            cls = "Test" + "".join(w.title() for w in name.split("_")[1:])
             src = (
                 f"class {cls}(unittest.TestCase):\n"
                 f"    def {name}(self):\n"
