@@ -9,6 +9,7 @@ resolves the unfixed task), then graded as shipped (it does not).
 from __future__ import annotations
 
 import ast
+import math
 import os
 import random
 import shutil
@@ -19,7 +20,7 @@ import pytest
 import coderl.grading.grade as grade_mod
 from coderl.envbuild.build import build_env
 from coderl.grading.grade import grade, rollout_base
-from coderl.grading.rerun import MIN_FAIL_CANARIES, PASS_CANARIES, confirm, plant_canaries
+from coderl.grading.rerun import PASS_CANARIES, confirm, fail_canaries, plant_canaries
 from coderl.grading.runner import TestRun as Run
 from coderl.sandbox import Sandbox
 from coderl.tasks.spec import load_tasks
@@ -72,7 +73,7 @@ def test_canaries_are_planted_among_the_fail_to_pass_tests(tmp_path):
         names = [s.name for s in tree.body if isinstance(s, (ast.FunctionDef, ast.ClassDef))]
         canaries = [i.split("::")[1] for i in planted.expected]
         fails = [c for c, want in planted.expected.items() if want == "failed"]
-        assert len(fails) == MIN_FAIL_CANARIES and len(planted.expected) == 3 + PASS_CANARIES
+        assert len(fails) == 13 and len(planted.expected) == 13 + PASS_CANARIES
         assert len(set(names)) == len(names)  # no canary shadows a name of the file
         first, last = names.index("test_beta_round"), names.index("TestGamma")
         for c in canaries:  # between the first and last FAIL_TO_PASS statement, inclusive ends
@@ -92,10 +93,16 @@ def test_canaries_are_planted_among_the_fail_to_pass_tests(tmp_path):
         )
 
 
-def test_more_fail_to_pass_tests_get_more_must_fail_canaries(tmp_path):
-    f2p = [f"test_mod.py::test_beta_round[{i}]" for i in range(7)]
+def test_a_random_guess_passes_the_real_tests_at_most_once_in_a_hundred(tmp_path):
+    """A forge that cannot tell canaries from FAIL_TO_PASS tests and passes n of the n + k at
+    random hits exactly the real ones with probability 1 / C(n + k, k)."""
+    for n in range(1, 40):
+        k = fail_canaries(n)
+        assert math.comb(n + k, k) >= 100 and k >= 3
+        assert k == 3 or math.comb(n + k - 1, k - 1) < 100  # and no more than that needs
+    f2p = [f"test_mod.py::test_beta_round[{i}]" for i in range(2)]
     planted, _ = _plant(tmp_path, f2p)
-    assert sum(w == "failed" for w in planted.expected.values()) == 7
+    assert sum(w == "failed" for w in planted.expected.values()) == fail_canaries(2) == 13
 
 
 def test_a_file_that_cannot_take_canaries_gets_none(tmp_path):
@@ -285,10 +292,10 @@ FORGES = {
         return name in learned""",
         ALWAYS,
     ),
-    # forge only in the run that has the whole suite (the second run then tells the truth)
-    "only_in_the_full_run": (BY_PLUGIN, "    forge_now = lambda: len(selected) > 20"),
+    # forge only in the run of the whole suite (184 tests; the second run then tells the truth)
+    "only_in_the_full_run": (BY_PLUGIN, "    forge_now = lambda: len(selected) >= 150"),
     # forge only in the smaller run (the first run then tells the truth)
-    "only_in_the_smaller_run": (BY_PLUGIN, "    forge_now = lambda: 0 < len(selected) <= 20"),
+    "only_in_the_smaller_run": (BY_PLUGIN, "    forge_now = lambda: 0 < len(selected) < 150"),
 }
 
 

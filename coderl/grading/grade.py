@@ -28,7 +28,12 @@ Every grade runs in a fresh sandbox, never the rollout's. Repo tasks:
    = fail); must-fail canaries, named like the real tests and placed among them, must fail; the
    plugin's integrity checks (runner and plugin functions and their code unchanged, no hook from
    outside the virtualenv/stdlib/pristine conftests, test functions unchanged and equal to the
-   bytecode of their pristine file) must be clean. Otherwise the run is ``tampered``.
+   bytecode of their pristine file) must be clean. Otherwise the run is ``tampered``;
+7. when the first run passed any FAIL_TO_PASS test, those tests run again in a fresh sandbox
+   (``coderl.grading.rerun``: new key, token and canaries, the canaries planted in the test
+   files among them and never named to the worker); a FAIL_TO_PASS test passes only when it
+   passed in both runs, one that passed in only one is recorded (``rerun_disagreed``), and a
+   planted canary with the wrong outcome is tampering.
 
 ``resolved`` follows SWE-bench (Jimenez et al., 2024, section 2.1): every FAIL_TO_PASS and every
 PASS_TO_PASS test passes. ``failure_kind`` says why there is no reward: ``infra`` (the sandbox
@@ -40,12 +45,14 @@ failures are ordinary scored failures, so no action of the policy can earn a mas
 
 Not defended (the tests run in the same process as the code under test, which is what a
 repository suite needs):
-- code under test that finds the results plugin's signer object and counters in its own
-  process memory (``gc``, frames) can emit a correctly signed stream; the integrity checks are
-  tripwires inside that process and can be disarmed by code that knows them (it can also give
-  a forged code object a trusted ``co_filename``);
-- canaries are indistinguishable by name and position, but code that compares the collected
-  tests with the test files' text on disk (pristine at grading) can tell them apart;
+- code under test that reaches its worker's memory (``gc``, frames) can write events of its own
+  or rewrite the results plugin's state, in the second run as in the first; the integrity
+  checks are tripwires inside that process and can be disarmed by code that knows them (it can
+  also give a forged code object a trusted ``co_filename``); what bounds this is the static
+  guard (``coderl.grading.diffguard``);
+- the first run's canaries are not on disk (code that compares the collected tests with the
+  test files can tell them apart); the second run's are, but their bodies have one recognisable
+  shape, so code that reads each test's source can still tell them apart;
 - held-out tests are absent from the rollout, but the problem statement may quote a failing
   held-out test, and a task whose failing tests all sit in inherited methods (visible in the
   base class) holds none of them out; task files without ``held_out_tests`` get a choice that
@@ -295,6 +302,7 @@ def _run(
     ro: dict[str, str],
     select: list[str],
     canaries: bool,
+    outcomes_only: bool = False,
 ) -> TestRun:
     """One graded pytest run of ``select`` over ``tree`` in a fresh sandbox (``ro``: the
     read-only test mounts), closed before its verdict is used."""
@@ -320,6 +328,7 @@ def _run(
                 timeout=timeout,
                 inifile=env.info.get("pytest_config"),
                 allowed_conftests=conftests_of(tree),
+                outcomes_only=outcomes_only,
             )
         finally:
             sb.close()  # every process of the sandbox is gone before the verdict is used
@@ -364,6 +373,7 @@ def _second_run(
             {**ro, **planted.mounts},
             select,
             env.canaries_ok and not planted.expected,
+            outcomes_only=True,  # it can only take passes away: the first run had every tripwire
         )
     merged = confirm(f2p, outcomes, second, planted.expected, env.baseline_tampered)
     result.second_run = True

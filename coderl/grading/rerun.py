@@ -15,7 +15,8 @@ in the first run *and* in a second one that:
   listed in the selection with them in a random order. The worker is never told which tests are
   canaries (the observer sends it none), so nothing in its memory separates a canary from a
   held-out FAIL_TO_PASS test: not the plugin's state, not the selection, not the test files on
-  disk, not the tests' positions. At least ``max(3, len(FAIL_TO_PASS))`` of them must fail.
+  disk, not the tests' positions. Enough of them must fail that passing a random subset of the
+  right size is a 1-in-100 bet (:func:`fail_canaries`).
 
 :func:`confirm` merges the two runs. A FAIL_TO_PASS test whose pass/fail differs between them is
 a finding (``GradeResult.rerun_disagreed``), the test counts as failed; a planted canary with
@@ -33,6 +34,7 @@ from __future__ import annotations
 
 import ast
 import functools
+import math
 import os
 import random
 import re
@@ -45,8 +47,23 @@ from coderl.grading.runner import Canary, TestRun, make_canaries, tampering
 PASS_CANARIES = 2
 """Must-pass canaries planted in a second run (they catch a worker that fails everything)."""
 MIN_FAIL_CANARIES = 3
-"""Fewest must-fail canaries planted in a second run; there are at least as many as
-FAIL_TO_PASS tests."""
+"""Fewest must-fail canaries planted in a second run (:func:`fail_canaries`)."""
+GUESS_ODDS = 100
+"""A forge that cannot tell canaries from FAIL_TO_PASS tests and passes a random subset of the
+right size resolves at most once in this many tries (:func:`fail_canaries`)."""
+
+
+def fail_canaries(n_tests: int) -> int:
+    """Must-fail canaries for ``n_tests`` FAIL_TO_PASS tests: the fewest ``k >= 3`` with
+    ``C(n + k, k) >= GUESS_ODDS``, so passing exactly ``n`` of the ``n + k`` chosen at random
+    passes the real ones with probability ``1 / C(n + k, k) <= 1%`` (99 for one test, 13 for
+    two, 7 for three, 5 for four, 4 for five or six, 3 from seven on)."""
+    k = MIN_FAIL_CANARIES
+    while math.comb(n_tests + k, k) < GUESS_ODDS:
+        k += 1
+    return k
+
+
 _TEST_MODULE = re.compile(r"(^test_.*|.*_test)\.py$")
 
 
@@ -139,7 +156,7 @@ def plant_canaries(
         tests_seen += [f"{rel}::{n}" for n in names if n.lower().startswith("test")]
     if not spans:
         return Planted()
-    n_fail = max(MIN_FAIL_CANARIES, len(set(fail_to_pass)))
+    n_fail = fail_canaries(len(set(fail_to_pass)))
     kinds = ("pass",) * PASS_CANARIES + ("fail",) * n_fail
     chosen = make_canaries(rng, tests_seen, kinds, frozenset(taken))
     inserts: dict[str, dict[int, list[Canary]]] = {rel: {} for rel in spans}

@@ -19,7 +19,8 @@ the verdict is used.
 What this does not stop: code in the worker can write events of its own on the pipe (it is the
 same process as the plugin). It does not know the canaries until collection is over, and the
 canaries must fail; code that waits for them, tells them apart and forges the rest needs the
-process internals that ``coderl.grading.diffguard`` denies reward for.
+process internals that ``coderl.grading.diffguard`` denies reward for. Such a forge still has to
+pass ``coderl.grading.rerun``'s second run, whose canaries the worker is never told.
 
 Sandbox layout used by every run::
 
@@ -237,14 +238,21 @@ def conftests_of(base: Path) -> list[str]:
     return sorted(out)
 
 
-def pytest_command(paths: list[str], *, inifile: str | None = None) -> str:
+def pytest_command(
+    paths: list[str], *, inifile: str | None = None, outcomes_only: bool = False
+) -> str:
     """The shell command that runs pytest in ``/testbed`` through ``coderl_boot``.
 
     The boot reads ``/coderl/input/run.json`` (public: selection, tracing, allowed conftests)
     and the secret FIFO ``/coderl/input/secret`` (key and canaries, written by the host once
     the boot opens it, before any workspace code runs). ``inifile`` is passed with ``-c``.
+    ``outcomes_only`` adds ``--tb=no --assert=plain``: no failure text and no assertion
+    rewriting (a failing test costs about what a passing one does, and test modules import
+    without being rewritten; outcomes are the same, messages differ).
     """
     args = " ".join(shlex.quote(p) for p in paths)
+    if outcomes_only:
+        args = f"--tb=no --assert=plain {args}"
     if inifile:
         args = f"-c {shlex.quote('/testbed/' + inifile)} {args}"
     return (
@@ -299,11 +307,15 @@ def run_pytest(
     timeout: float = 600.0,
     inifile: str | None = None,
     allowed_conftests: list[str] | None = None,
+    outcomes_only: bool = False,
 ) -> TestRun:
     """Run pytest on ``paths`` (optionally only the ``select`` ids) and read the verdict stream.
 
     ``allowed_conftests`` are sandbox paths (``/testbed/...``) of the conftest files that may
-    register hooks (the base's own). Raises only what the sandbox raises (an infrastructure
+    register hooks (the base's own). ``outcomes_only``: no failure texts, no assertion
+    rewriting and no comparison of the test functions' code with their files (the plugin's
+    costliest tripwire), for a run that can only take passes away (``coderl.grading.rerun``).
+    Raises only what the sandbox raises (an infrastructure
     failure); every failure of the code under test (crash, exit at import, timeout, a garbled or
     forged stream) shows up as missing or failed outcomes.
     """
@@ -316,6 +328,8 @@ def run_pytest(
         args = sorted({s.split("::")[0] for s in select}) or args
     if trace:
         public["trace_root"] = "/testbed"
+    if outcomes_only:
+        public["check_code"] = False
     chosen = make_canaries(rng, list(select or [])) if canaries else []
     secret = {
         "key": key.hex(),
@@ -330,7 +344,9 @@ def run_pytest(
     done = threading.Event()
     feeder = _feed_secret(fifo, json.dumps(secret).encode(), done)
     try:
-        result = sandbox.exec(pytest_command(args, inifile=inifile), timeout=timeout)
+        result = sandbox.exec(
+            pytest_command(args, inifile=inifile, outcomes_only=outcomes_only), timeout=timeout
+        )
     finally:
         done.set()
         feeder.join(timeout=5)
