@@ -20,7 +20,13 @@ FAIL_TO_PASS + PASS_TO_PASS tests on the fixed code (starting state + gold patch
 
 Prints the median wall time per arm and the overhead ``grade / plain - 1`` (target: <= 10%).
 
+With ``--against DIR`` (no task file): the same two grades, timed in two worker processes, one
+importing ``coderl`` from this checkout and one from the checkout at ``DIR`` (for example main's),
+asked in turn (the order alternates each round), so both see the same load; prints each side's
+medians and their ratio. This is how the 1.5x budget of a change to ``grade()`` is checked.
+
     .venv/bin/python bench/grading.py --repeats 15
+    .venv/bin/python bench/grading.py --repeats 15 --against /path/to/main-checkout
     .venv/bin/python bench/grading.py data/tasks/toolz.jsonl.gz --tasks 5 --repeats 3
 """
 
@@ -100,11 +106,16 @@ def timed_grade(task, env=None) -> float:  # type: ignore[no-untyped-def]
     return elapsed
 
 
-def grade_cost(repeats: int) -> None:
-    """The #25 figure: ``grade()``'s median on a function task and on the six task."""
+def bench_tasks():  # type: ignore[no-untyped-def]
+    """``(HumanEval/0, the first six task, its environment)``: the tasks of the #25 figure."""
     he = {t.id: t for t in humaneval_tasks("all")}["HumanEval/0"]
     six = load_tasks(str(Path(__file__).parents[1] / "data" / "tasks" / "six.jsonl.gz"))[0]
-    env = find_env(six.env_id)
+    return he, six, find_env(six.env_id)
+
+
+def grade_cost(repeats: int) -> None:
+    """The #25 figure: ``grade()``'s median on a function task and on the six task."""
+    he, six, env = bench_tasks()
     load0 = os.getloadavg()
     timed_grade(he), timed_grade(six, env)  # warm: the function record and the base are cached
     rows = {"function": ([], []), "repository": ([], [])}
@@ -130,12 +141,74 @@ def grade_cost(repeats: int) -> None:
     print(f"load average before {load0[0]:.2f} {load0[1]:.2f}, after {load1[0]:.2f} {load1[1]:.2f}")
 
 
+def serve() -> None:
+    """Worker of ``--against``: warms both tasks, prints ``ready <code root>``, then answers each
+    ``function``/``repository`` line on stdin with one timed gold grade's seconds."""
+    he, six, env = bench_tasks()
+    timed_grade(he), timed_grade(six, env)
+    print("ready", Path(grade.__code__.co_filename).parents[2], flush=True)
+    for line in sys.stdin:
+        kind = line.strip()
+        took = timed_grade(he) if kind == "function" else timed_grade(six, env)
+        print(f"{took:.6f}", flush=True)
+
+
+def compare(against: str, repeats: int) -> None:
+    """``grade()``'s medians with this checkout's ``coderl`` and with ``against``'s, interleaved
+    in one run (:func:`serve` workers)."""
+    roots = {
+        "this": str(Path(__file__).resolve().parents[1]),
+        "other": str(Path(against).resolve()),
+    }
+    workers, code = {}, {}
+    for side, root in roots.items():
+        environ = dict(os.environ, PYTHONPATH=root)
+        workers[side] = subprocess.Popen(
+            [sys.executable, str(Path(__file__).resolve()), "--serve"],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=environ, cwd=root,
+        )  # fmt: skip
+        code[side] = workers[side].stdout.readline().split(maxsplit=1)[-1].strip()  # type: ignore[union-attr]
+    load0 = os.getloadavg()
+    times: dict[tuple[str, str], list[float]] = {}
+    for i in range(repeats):
+        for kind in ("function", "repository"):
+            for side in ("this", "other") if i % 2 == 0 else ("other", "this"):
+                proc = workers[side]
+                proc.stdin.write(kind + "\n")  # type: ignore[union-attr]
+                proc.stdin.flush()  # type: ignore[union-attr]
+                line = proc.stdout.readline()  # type: ignore[union-attr]
+                times.setdefault((side, kind), []).append(float(line))
+    load1 = os.getloadavg()
+    for proc in workers.values():
+        proc.stdin.close()  # type: ignore[union-attr]
+        proc.wait()
+    table = Table(title=f"grade() median over {repeats} runs (seconds), gold patches")
+    for col in ("task", f"this ({code['this']})", f"other ({code['other']})", "this / other"):
+        table.add_column(col)
+    for kind in ("function", "repository"):
+        a, b = statistics.median(times["this", kind]), statistics.median(times["other", kind])
+        table.add_row(kind, f"{a:.3f}", f"{b:.3f}", f"{a / b:.2f}x")
+    Console().print(table)
+    print(f"cpu: {cpu_flags()}")
+    print(f"load average before {load0[0]:.2f} {load0[1]:.2f}, after {load1[0]:.2f} {load1[1]:.2f}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("tasks_file", nargs="?")
     parser.add_argument("--tasks", type=int, default=5)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument(
+        "--against", help="another checkout's root: compare its grade() with this one's"
+    )
+    parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.serve:
+        serve()
+        return
+    if args.against:
+        compare(args.against, args.repeats)
+        return
     if args.tasks_file is None:
         grade_cost(args.repeats)
         return

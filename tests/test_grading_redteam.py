@@ -258,8 +258,9 @@ def test_synth_keeps_a_mutant_the_tests_catch(env):
 
 # --- red team g25x: an in-process forge that reaches the plugin through a laundered ``sys`` ---
 # The plugin's non-callable globals are not watched: replacing ``_RESULTS`` with a mapping whose
-# entries ignore every failure (except the canaries', so they still fail) resolves an unfixed
-# task with the tripwires quiet. Before g25x each route below scanned clean and was resolved.
+# entries ignore every failure (except the canaries', so they still fail) forges the first run
+# with the tripwires quiet. Before g25x each route below scanned clean and was resolved; since
+# the second run it is unresolved with the detector off as well.
 FORGE_RESULTS_VIA = {
     "collections_sys": "from collections import _sys as _s",
     "threading_sys": "import threading\n_s = threading._sys",
@@ -309,13 +310,15 @@ def test_forged_results_through_a_laundered_sys_are_denied(env, task, route):
     assert result.failure_kind == "agent" and result.grading_error is None
 
 
-def test_the_forge_is_real_without_the_detector(env, task):
-    """What the detector stands in for: the layers under it do not stop this forge (residual
-    risk, docs/tasks-and-grading.md). If this starts failing, a runtime defence caught it."""
+def test_the_forge_is_unresolved_without_the_detector(env, task):
+    """The spare-canaries forge with the detector off: the first run's verdict is forged, and
+    the second run (``coderl.grading.rerun``), whose canaries the worker is never told,
+    catches it: its must-fail canaries pass (more members: ``tests/test_grading_rerun.py``)."""
     code = FORGE_RESULTS_VIA["collections_sys"] + FORGE_RESULTS_BODY
     diff = episode(env, task, at_import(module_file(env, task), code))
     result = grade(task, diff, env=env, guard=False)
-    assert result.resolved and not result.tampered, result.reason
+    assert not result.resolved and result.tampered and result.failure_kind == "agent"
+    assert "second run: a must-fail canary passed" in result.reason, result.reason
 
 
 # --- red team g25x: a stream of its own on the event pipe, opened by number --------------------

@@ -33,6 +33,7 @@ class Grade:
     stripped_paths: list[str] = field(default_factory=list)
     reason: str = ""
     denied: list[str] = field(default_factory=list)
+    rerun_disagreed: list[str] = field(default_factory=list)
 
 
 def call(name: str, duration: float = 0.1, observation: str = "ok", **arguments: Any):
@@ -69,6 +70,7 @@ POSITIVE = {
     ),
     "stripped_paths": ([], None, Grade(stripped_paths=["conftest.py"])),
     "reward_denied": ([], None, Grade(denied=["pkg/mod.py:3: import gc"])),
+    "verdict_disagreed": ([], None, Grade(rerun_disagreed=["t.py::test_x: passed then failed"])),
     "runtime_inspection": (
         [],
         "    import sys\n    sys.modules['__main__'].x = 1\n    return True\n",

@@ -28,7 +28,12 @@ Every grade runs in a fresh sandbox, never the rollout's. Repo tasks:
    = fail); must-fail canaries, named like the real tests and placed among them, must fail; the
    plugin's integrity checks (runner and plugin functions and their code unchanged, no hook from
    outside the virtualenv/stdlib/pristine conftests, test functions unchanged and equal to the
-   bytecode of their pristine file) must be clean. Otherwise the run is ``tampered``.
+   bytecode of their pristine file) must be clean. Otherwise the run is ``tampered``;
+7. when the first run passed any FAIL_TO_PASS test, those tests run again in a fresh sandbox
+   (``coderl.grading.rerun``: new key, token and canaries, the canaries planted in the test
+   files among them and never named to the worker); a FAIL_TO_PASS test passes only when it
+   passed in both runs, one that passed in only one is recorded (``rerun_disagreed``), and a
+   planted canary with the wrong outcome is tampering.
 
 ``resolved`` follows SWE-bench (Jimenez et al., 2024, section 2.1): every FAIL_TO_PASS and every
 PASS_TO_PASS test passes. ``failure_kind`` says why there is no reward: ``infra`` (the sandbox
@@ -40,12 +45,14 @@ failures are ordinary scored failures, so no action of the policy can earn a mas
 
 Not defended (the tests run in the same process as the code under test, which is what a
 repository suite needs):
-- code under test that finds the results plugin's signer object and counters in its own
-  process memory (``gc``, frames) can emit a correctly signed stream; the integrity checks are
-  tripwires inside that process and can be disarmed by code that knows them (it can also give
-  a forged code object a trusted ``co_filename``);
-- canaries are indistinguishable by name and position, but code that compares the collected
-  tests with the test files' text on disk (pristine at grading) can tell them apart;
+- code under test that reaches its worker's memory (``gc``, frames) can write events of its own
+  or rewrite the results plugin's state, in the second run as in the first; the integrity
+  checks are tripwires inside that process and can be disarmed by code that knows them (it can
+  also give a forged code object a trusted ``co_filename``); what bounds this is the static
+  guard (``coderl.grading.diffguard``);
+- the first run's canaries are not on disk (code that compares the collected tests with the
+  test files can tell them apart); the second run's are, but their bodies have one recognisable
+  shape, so code that reads each test's source can still tell them apart;
 - held-out tests are absent from the rollout, but the problem statement may quote a failing
   held-out test, and a task whose failing tests all sit in inherited methods (visible in the
   base class) holds none of them out; task files without ``held_out_tests`` get a choice that
@@ -60,6 +67,8 @@ from __future__ import annotations
 
 import errno
 import os
+import random
+import secrets
 import tempfile
 import time
 from collections.abc import Callable
@@ -69,10 +78,12 @@ from coderl.grading.apply import apply_to_copy, drop_binary, remove_tree
 from coderl.grading.function import encode_text, grade_function, workspace_base
 from coderl.grading.guardproc import scan_change
 from coderl.grading.protected import is_protected
+from coderl.grading.rerun import Planted, confirm, plant_canaries
 from coderl.grading.runner import (
     RUN_OUTPUT_BYTES,
     SANDBOX_ENV,
     SandboxFactory,
+    TestRun,
     conftests_of,
     default_factory,
     mounts,
@@ -266,6 +277,36 @@ def _grade_tree(
         _summarise(result, task, {})
         return
     ro = pristine_mounts(env)
+    select = list(dict.fromkeys(task.FAIL_TO_PASS + task.PASS_TO_PASS))
+    run = _run(tree, env, factory, timeout, ro, select, env.canaries_ok)
+    run.tampered = sorted(set(run.tampered) - set(env.baseline_tampered))
+    why = tampering(run, canaries=env.canaries_ok)
+    if why:
+        result.tampered = True
+        result.reason = f"tampering detected: {why}"
+    elif run.results_missing:
+        result.reason = _no_verdict(run)
+    elif not run.outcomes:
+        result.reason = "no test ran (collection error, or an exit during collection)"
+    outcomes = {} if run.results_missing else dict(run.outcomes)
+    if not why and any(outcomes.get(t) == "passed" for t in task.FAIL_TO_PASS):
+        _second_run(task, env, tree, factory, timeout, ro, outcomes, result)
+    _summarise(result, task, outcomes)
+
+
+def _run(
+    tree: Path,
+    env: EnvRecord,
+    factory: SandboxFactory,
+    timeout: float,
+    ro: dict[str, str],
+    select: list[str],
+    canaries: bool,
+    outcomes_only: bool = False,
+) -> TestRun:
+    """One graded pytest run of ``select`` over ``tree`` in a fresh sandbox (``ro``: the
+    read-only test mounts), closed before its verdict is used."""
+    ro = dict(ro)
     with run_dirs() as inp:
         ro.update(mounts(inp, Path(env.venv)))
         limits = Limits(
@@ -278,33 +319,73 @@ def _grade_tree(
             tree, limits=limits, env=SANDBOX_ENV, ro_mounts=ro, rw_mounts={}, network=False
         )
         try:
-            run = run_pytest(
+            return run_pytest(
                 sb,
                 inp,
                 paths=env.test_paths,
-                select=list(dict.fromkeys(task.FAIL_TO_PASS + task.PASS_TO_PASS)),
-                canaries=env.canaries_ok,
+                select=select,
+                canaries=canaries,
                 timeout=timeout,
                 inifile=env.info.get("pytest_config"),
                 allowed_conftests=conftests_of(tree),
+                outcomes_only=outcomes_only,
             )
         finally:
             sb.close()  # every process of the sandbox is gone before the verdict is used
-    run.tampered = sorted(set(run.tampered) - set(env.baseline_tampered))
-    why = tampering(run, canaries=env.canaries_ok)
-    if why:
-        result.tampered = True
-        result.reason = f"tampering detected: {why}"
-    elif run.results_missing:
-        timed_out = run.exec is not None and run.exec.timed_out
-        result.reason = (
-            "test run timed out"
-            if timed_out
-            else f"no valid verdict (crash, exit or a garbled stream: {run.garbled[:200]})"
+
+
+def _no_verdict(run: TestRun) -> str:
+    if run.exec is not None and run.exec.timed_out:
+        return "test run timed out"
+    return f"no valid verdict (crash, exit or a garbled stream: {run.garbled[:200]})"
+
+
+def _second_run(
+    task: Task,
+    env: EnvRecord,
+    tree: Path,
+    factory: SandboxFactory,
+    timeout: float,
+    ro: dict[str, str],
+    outcomes: dict[str, str],
+    result: GradeResult,
+) -> None:
+    """Run the FAIL_TO_PASS tests again in a fresh sandbox with planted canaries
+    (``coderl.grading.rerun``) and keep a pass only where both runs passed: updates
+    ``outcomes`` and ``result`` (``second_run``, ``rerun_disagreed``, tampering, reason)."""
+    f2p = list(dict.fromkeys(task.FAIL_TO_PASS))
+    covered = [p.rstrip("/") for p in env.test_paths]
+    sources = {}
+    for rel in {t.split("::")[0] for t in f2p}:
+        pristine = any(rel == p or rel.startswith(p + "/") or p == "." for p in covered)
+        sources[rel] = (Path(env.snapshot) if pristine else tree) / rel
+    rng = random.Random(secrets.randbits(64))  # drawn now, after the first run has ended
+    with tempfile.TemporaryDirectory(dir=tree.parent, prefix="planted-") as tmp:
+        os.chmod(tmp, 0o755)
+        planted = plant_canaries(sources, f2p, rng, Path(tmp)) if env.canaries_ok else Planted()
+        select = f2p + sorted(planted.expected)
+        rng.shuffle(select)
+        second = _run(
+            tree,
+            env,
+            factory,
+            timeout,
+            {**ro, **planted.mounts},
+            select,
+            env.canaries_ok and not planted.expected,
+            outcomes_only=True,  # it can only take passes away: the first run had every tripwire
         )
-    elif not run.outcomes:
-        result.reason = "no test ran (collection error, or an exit during collection)"
-    _summarise(result, task, {} if run.results_missing else run.outcomes)
+    merged = confirm(f2p, outcomes, second, planted.expected, env.baseline_tampered)
+    result.second_run = True
+    result.rerun_disagreed = merged.disagreed
+    outcomes.update(merged.outcomes)
+    if merged.tampered:
+        result.tampered = True
+        result.reason = f"tampering detected: {merged.tampered}"
+    elif second.results_missing and not result.reason:
+        result.reason = f"second run: {_no_verdict(second)}"
+    elif merged.disagreed and not result.reason:
+        result.reason = f"the two runs disagree: {merged.disagreed[0]}"[:400]
 
 
 def _egg_info(snapshot: Path) -> list[str]:

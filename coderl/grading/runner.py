@@ -19,7 +19,8 @@ the verdict is used.
 What this does not stop: code in the worker can write events of its own on the pipe (it is the
 same process as the plugin). It does not know the canaries until collection is over, and the
 canaries must fail; code that waits for them, tells them apart and forges the rest needs the
-process internals that ``coderl.grading.diffguard`` denies reward for.
+process internals that ``coderl.grading.diffguard`` denies reward for. Such a forge still has to
+pass ``coderl.grading.rerun``'s second run, whose canaries the worker is never told.
 
 Sandbox layout used by every run::
 
@@ -146,22 +147,35 @@ _WORDS = (
 ).split()
 
 
-def make_canaries(rng: random.Random, known_ids: list[str]) -> list[Canary]:
-    """Five canaries (2 pass, 2 fail, 1 ufail) named like the real tests in ``known_ids``."""
-    words = {w for i in known_ids for w in re.split(r"[^a-z0-9]+", i.rsplit("::", 1)[-1].lower())}
-    vocab = sorted((words - {"test", ""}) | set(_WORDS))
-    taken = {i.rsplit("::", 1)[-1].split("[")[0] for i in known_ids}
+RUN_KINDS = ("pass", "fail", "pass", "fail", "ufail")
+"""The canaries of a graded run: 2 must-pass, 2 must-fail, 1 must-fail unittest assertion."""
+
+
+def make_canaries(
+    rng: random.Random,
+    known_ids: list[str],
+    kinds: tuple[str, ...] = RUN_KINDS,
+    taken: frozenset[str] = frozenset(),
+) -> list[Canary]:
+    """One canary per entry of ``kinds`` (in a random order), named like the real tests in
+    ``known_ids``: ``test_`` and 2-4 of their words (as many as a real name of them has), never a
+    name of ``known_ids`` or of ``taken`` (other names the module already binds)."""
+    names = [i.rsplit("::", 1)[-1].split("[")[0].lower() for i in known_ids]
+    split = [[w for w in re.split(r"[^a-z0-9]+", n) if w and w != "test"] for n in names]
+    vocab = sorted({w for ws in split for w in ws} | set(_WORDS))
+    lengths = [min(max(len(ws), 2), 4) for ws in split] or [3]
+    used = set(taken) | {i.rsplit("::", 1)[-1].split("[")[0] for i in known_ids}
     out: list[Canary] = []
-    for kind in rng.sample(["pass", "fail", "pass", "fail", "ufail"], 5):
+    for kind in rng.sample(list(kinds), len(kinds)):
         while True:
-            name = "test_" + "_".join(rng.sample(vocab, 3))
-            if name not in taken:
-                taken.add(name)
+            name = "test_" + "_".join(rng.sample(vocab, rng.choice(lengths)))
+            cls = "Test" + "".join(w.title() for w in name.split("_")[1:])
+            if name not in used and cls not in used:
+                used.update((name, cls))
                 break
         a, b = rng.randrange(2, 50), rng.randrange(2, 50)
         want = a * b + (0 if kind == "pass" else rng.randrange(1, 9))
         if kind == "ufail":
-            cls = "Test" + "".join(w.title() for w in name.split("_")[1:])
             src = (
                 f"class {cls}(unittest.TestCase):\n"
                 f"    def {name}(self):\n"
@@ -224,14 +238,21 @@ def conftests_of(base: Path) -> list[str]:
     return sorted(out)
 
 
-def pytest_command(paths: list[str], *, inifile: str | None = None) -> str:
+def pytest_command(
+    paths: list[str], *, inifile: str | None = None, outcomes_only: bool = False
+) -> str:
     """The shell command that runs pytest in ``/testbed`` through ``coderl_boot``.
 
     The boot reads ``/coderl/input/run.json`` (public: selection, tracing, allowed conftests)
     and the secret FIFO ``/coderl/input/secret`` (key and canaries, written by the host once
     the boot opens it, before any workspace code runs). ``inifile`` is passed with ``-c``.
+    ``outcomes_only`` adds ``--tb=no --assert=plain``: no failure text and no assertion
+    rewriting (a failing test costs about what a passing one does, and test modules import
+    without being rewritten; outcomes are the same, messages differ).
     """
     args = " ".join(shlex.quote(p) for p in paths)
+    if outcomes_only:
+        args = f"--tb=no --assert=plain {args}"
     if inifile:
         args = f"-c {shlex.quote('/testbed/' + inifile)} {args}"
     return (
@@ -286,11 +307,15 @@ def run_pytest(
     timeout: float = 600.0,
     inifile: str | None = None,
     allowed_conftests: list[str] | None = None,
+    outcomes_only: bool = False,
 ) -> TestRun:
     """Run pytest on ``paths`` (optionally only the ``select`` ids) and read the verdict stream.
 
     ``allowed_conftests`` are sandbox paths (``/testbed/...``) of the conftest files that may
-    register hooks (the base's own). Raises only what the sandbox raises (an infrastructure
+    register hooks (the base's own). ``outcomes_only``: no failure texts, no assertion
+    rewriting and no comparison of the test functions' code with their files (the plugin's
+    costliest tripwire), for a run that can only take passes away (``coderl.grading.rerun``).
+    Raises only what the sandbox raises (an infrastructure
     failure); every failure of the code under test (crash, exit at import, timeout, a garbled or
     forged stream) shows up as missing or failed outcomes.
     """
@@ -303,6 +328,8 @@ def run_pytest(
         args = sorted({s.split("::")[0] for s in select}) or args
     if trace:
         public["trace_root"] = "/testbed"
+    if outcomes_only:
+        public["check_code"] = False
     chosen = make_canaries(rng, list(select or [])) if canaries else []
     secret = {
         "key": key.hex(),
@@ -317,7 +344,9 @@ def run_pytest(
     done = threading.Event()
     feeder = _feed_secret(fifo, json.dumps(secret).encode(), done)
     try:
-        result = sandbox.exec(pytest_command(args, inifile=inifile), timeout=timeout)
+        result = sandbox.exec(
+            pytest_command(args, inifile=inifile, outcomes_only=outcomes_only), timeout=timeout
+        )
     finally:
         done.set()
         feeder.join(timeout=5)

@@ -50,3 +50,10 @@ class GradeResult:
     that reaches into the interpreter, the runner or the process's memory (``path:line: rule
     name``). Non-empty = scored 0 as the agent's failure, whatever the tests said; kept for
     audit (``hack_flags`` reads it)."""
+    second_run: bool = False
+    """The FAIL_TO_PASS tests ran a second time, in a fresh sandbox with canaries planted among
+    them (``coderl.grading.rerun``); it runs whenever the first run passed one of them."""
+    rerun_disagreed: list[str] = field(default_factory=list)
+    """FAIL_TO_PASS tests that passed in one run and not in the other (``"<id>: <first> then
+    <second>"``): each counts as failed, the task is unresolved (the agent's failure), and
+    ``hack_flags`` raises ``verdict_disagreed``."""

@@ -9,7 +9,8 @@ imports nothing from coderl and holds no secret. ``start(events, control, spec)`
   place among the real ones;
 - ``spec``: ``select`` (node ids to keep; others are deselected), ``trace_root`` (record which
   functions under it each test called), ``allowed_conftests`` (the conftest files that may
-  register hooks).
+  register hooks), ``check_code`` (``False``: skip comparing test functions with the bytecode
+  of their files, for the grader's second run, which can only take passes away).
 
 Events: one JSON object per line. ``{"t": "collected", "ids"}`` (the selected ids, before the
 canaries), ``{"t": "test", "id", "outcome", "longrepr", "trace"}`` when a test's teardown ends,
@@ -205,6 +206,8 @@ def pytest_collection_finish(session: pytest.Session) -> None:
         code = _getattr(fn, "__code__", None)
         _TEST_CODE[item.nodeid] = (fn, code)
         if item.nodeid in _CANARY_IDS or code is None or not _defined_in_module(item, fn):
+            continue
+        if SPEC.get("check_code") is False:
             continue
         path = str(item.path)
         try:

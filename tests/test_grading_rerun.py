@@ -1,0 +1,357 @@
+"""The second run of the FAIL_TO_PASS tests (``coderl.grading.rerun``): canaries planted where
+the worker cannot tell them from the real tests, a pass only where both runs passed.
+
+The red-team tests grade with ``guard=False``: what is checked here is the verdict design, not
+the static detector. Each forge is first shown to be real (with the second run switched off it
+resolves the unfixed task), then graded as shipped (it does not).
+"""
+
+from __future__ import annotations
+
+import ast
+import math
+import os
+import random
+import shutil
+from pathlib import Path
+
+import pytest
+
+import coderl.grading.grade as grade_mod
+from coderl.envbuild.build import build_env
+from coderl.grading.grade import grade, rollout_base
+from coderl.grading.rerun import PASS_CANARIES, confirm, fail_canaries, plant_canaries
+from coderl.grading.runner import TestRun as Run
+from coderl.sandbox import Sandbox
+from coderl.tasks.spec import load_tasks
+
+CI_TASKS = Path(__file__).parent.parent / "data" / "tasks" / "ci.jsonl"
+
+TEST_FILE = '''"""Tests."""
+import pytest
+
+
+def helper():
+    return 1
+
+
+def test_alpha_value():
+    assert helper() == 1
+
+
+@pytest.mark.parametrize("x", [1, 2])
+def test_beta_round(x):
+    assert x
+
+
+class TestGamma:
+    def test_delta(self):
+        assert True
+
+
+def test_epsilon_order():
+    assert True
+'''
+
+
+def _plant(tmp_path: Path, f2p: list[str], seed: int = 0):
+    tmp_path.mkdir(exist_ok=True)
+    src = tmp_path / "test_mod.py"
+    src.write_text(TEST_FILE)
+    out = tmp_path / "out"
+    out.mkdir()
+    planted = plant_canaries({"test_mod.py": src}, f2p, random.Random(seed), out)
+    text = Path(planted.mounts["/testbed/test_mod.py"]).read_text() if planted.mounts else ""
+    return planted, text
+
+
+def test_canaries_are_planted_among_the_fail_to_pass_tests(tmp_path):
+    f2p = ["test_mod.py::test_beta_round[1]", "test_mod.py::TestGamma::test_delta"]
+    for seed in range(20):
+        planted, text = _plant(tmp_path / str(seed), f2p, seed)
+        tree = ast.parse(text)
+        names = [s.name for s in tree.body if isinstance(s, (ast.FunctionDef, ast.ClassDef))]
+        canaries = [i.split("::")[1] for i in planted.expected]
+        fails = [c for c, want in planted.expected.items() if want == "failed"]
+        assert len(fails) == 13 and len(planted.expected) == 13 + PASS_CANARIES
+        assert len(set(names)) == len(names)  # no canary shadows a name of the file
+        first, last = names.index("test_beta_round"), names.index("TestGamma")
+        for c in canaries:  # between the first and last FAIL_TO_PASS statement, inclusive ends
+            assert first - len(canaries) <= names.index(c) <= last + len(canaries) + 1
+            assert names.index(c) > names.index("helper")
+        kept = [n for n in names if n not in canaries]
+        assert kept == [
+            "helper",
+            "test_alpha_value",
+            "test_beta_round",
+            "TestGamma",
+            "test_epsilon_order",
+        ]
+        # the decorator stays with its function
+        assert (
+            "@pytest.mark.parametrize" in text.split("def test_beta_round")[0].rsplit("\n\n", 1)[-1]
+        )
+
+
+def test_a_random_guess_passes_the_real_tests_at_most_once_in_a_hundred(tmp_path):
+    """A forge that cannot tell canaries from FAIL_TO_PASS tests and passes n of the n + k at
+    random hits exactly the real ones with probability 1 / C(n + k, k)."""
+    for n in range(1, 40):
+        k = fail_canaries(n)
+        assert math.comb(n + k, k) >= 100 and k >= 3
+        assert k == 3 or math.comb(n + k - 1, k - 1) < 100  # and no more than that needs
+    f2p = [f"test_mod.py::test_beta_round[{i}]" for i in range(2)]
+    planted, _ = _plant(tmp_path, f2p)
+    assert sum(w == "failed" for w in planted.expected.values()) == fail_canaries(2) == 13
+
+
+def test_a_file_that_cannot_take_canaries_gets_none(tmp_path):
+    src = tmp_path / "test_bad.py"
+    src.write_text("def test_x(:\n")
+    other = tmp_path / "helpers.py"  # not a name pytest collects tests from
+    other.write_text("def test_y():\n    pass\n")
+    out = tmp_path / "out"
+    out.mkdir()
+    ids = ["test_bad.py::test_x", "helpers.py::test_y"]
+    planted = plant_canaries({"test_bad.py": src, "helpers.py": other}, ids, random.Random(0), out)
+    assert not planted.mounts and not planted.expected
+
+
+def _second(outcomes: dict[str, str], missing: bool = False, tampered=()) -> Run:
+    return Run(outcomes=outcomes, results_missing=missing, tampered=list(tampered))
+
+
+CANARIES = {"t.py::test_a_b": "failed", "t.py::test_c_d": "passed"}
+
+
+def test_a_test_passes_only_when_both_runs_pass_it():
+    f2p = ["t.py::test_x", "t.py::test_y"]
+    first = {"t.py::test_x": "passed", "t.py::test_y": "passed"}
+    second = _second(
+        {
+            "t.py::test_x": "passed",
+            "t.py::test_y": "failed",
+            "t.py::test_a_b": "failed",
+            "t.py::test_c_d": "passed",
+        }
+    )
+    got = confirm(f2p, first, second, CANARIES, [])
+    assert got.outcomes == {"t.py::test_x": "passed", "t.py::test_y": "failed"}
+    assert got.disagreed == ["t.py::test_y: passed then failed"] and not got.tampered
+    crashed = confirm(f2p, first, _second({}, missing=True), CANARIES, [])
+    assert set(crashed.outcomes.values()) == {"missing"} and len(crashed.disagreed) == 2
+
+
+def test_planted_canaries_and_tripwires_of_the_second_run_are_tampering():
+    f2p = ["t.py::test_x"]
+    first = {"t.py::test_x": "passed"}
+    ok = {"t.py::test_x": "passed", "t.py::test_a_b": "failed", "t.py::test_c_d": "passed"}
+    assert confirm(f2p, first, _second(ok), CANARIES, []).tampered == ""
+    forged = dict(ok, **{"t.py::test_a_b": "passed"})
+    assert "must-fail canary passed" in confirm(f2p, first, _second(forged), CANARIES, []).tampered
+    dropped = {k: v for k, v in ok.items() if k != "t.py::test_a_b"}
+    assert "did not behave" in confirm(f2p, first, _second(dropped), CANARIES, []).tampered
+    hooked = _second(ok, tampered=["hook x: /testbed/six.py"])
+    assert "replaced" in confirm(f2p, first, hooked, CANARIES, []).tampered
+    known = _second(ok, tampered=["hook x: /testbed/six.py"])
+    assert confirm(f2p, first, known, CANARIES, ["hook x: /testbed/six.py"]).tampered == ""
+    nothing_passed = {"t.py::test_x": "failed", "t.py::test_c_d": "failed"}
+    assert confirm(f2p, first, _second(nothing_passed), CANARIES, []).tampered == ""
+
+
+# --- in real sandboxes, on the CI task set (six) ---------------------------------------------
+
+needs_bwrap = pytest.mark.skipif(
+    shutil.which("bwrap") is None or os.geteuid() != 0,
+    reason="needs bubblewrap and root (make sysdeps); CI has both",
+)
+
+
+@pytest.fixture(scope="module")
+def env():
+    return build_env("six==1.17.0")
+
+
+@pytest.fixture(scope="module")
+def tasks(env):
+    return load_tasks(CI_TASKS)
+
+
+def _diff(env, task, code: str) -> str:
+    path = task.extra["file"]
+    with Sandbox.create(rollout_base(task, env)) as sb:
+        sb.write_text(path, sb.read_text(path) + "\n" + code + "\n")
+        return sb.diff()
+
+
+# Each forge replaces the results plugin's mapping (reached through a laundered ``sys``: the
+# guard is off) with one whose entries ignore failures, except for the tests it takes for
+# canaries (IS_CANARY) and except when it decides not to forge (FORGE_NOW).
+FORGE = """
+from collections import _sys as _s
+import json as _json
+
+
+def _run_json():
+    try:
+        with open("/cod" + "erl/input/run.json") as fh:
+            return _json.load(fh)
+    except (OSError, ValueError):
+        return {}
+
+
+def _forge():
+    cr = _s.modules.get("cod" + "erl_results")
+    if cr is None:
+        return
+    selected = _run_json().get("select", [])
+IS_CANARY
+FORGE_NOW
+
+    class Entry(dict):
+        def __setitem__(self, k, v):
+            if k == "outcome" and v != "passed" and not self.get("canary"):
+                return
+            dict.__setitem__(self, k, v)
+
+    class Results(dict):
+        def setdefault(self, k, d=None):
+            if k not in self:
+                e = Entry(d) if forge_now() else dict(d)
+                if is_canary(k):
+                    dict.__setitem__(e, "canary", True)
+                dict.__setitem__(self, k, e)
+            return dict.__getitem__(self, k)
+
+    cr._RESULTS = Results()
+
+
+_forge()
+"""
+ALWAYS = "    forge_now = lambda: True"
+BY_PLUGIN = "    is_canary = lambda k: k in cr._CANARY_IDS"
+FORGES = {
+    # the g25x forge: the plugin's own canary ids (spare the canaries, pass the rest)
+    "plugin_canary_ids": (BY_PLUGIN, ALWAYS),
+    # names: a canary is a test whose name its file on disk does not define
+    "names_on_disk": (
+        """    def is_canary(k):
+        name = k.split("::")[-1].split("[")[0]
+        try:
+            with open("/testbed/" + k.split("::")[0]) as fh:
+                text = fh.read()
+        except OSError:
+            return True
+        return ("def " + name + "(") not in text""",
+        ALWAYS,
+    ),
+    # the public selection: a canary is a test that was not asked for
+    "not_selected": ("    is_canary = lambda k: k not in selected", ALWAYS),
+    # position: a canary is an item whose recorded line in its file does not define it
+    "item_location": (
+        """    import gc
+    where = {}
+
+    def is_canary(k):
+        if not where:
+            for o in gc.get_objects():
+                if type(o).__name__ in ("Function", "TestCaseFunction"):
+                    where[o.nodeid] = o.location[1]
+        name = k.split("::")[-1].split("[")[0]
+        try:
+            with open("/testbed/" + k.split("::")[0]) as fh:
+                lines = fh.read().split("\\n")
+        except OSError:
+            return True
+        at = where.get(k, -1)
+        return at < 0 or name not in "\\n".join(lines[at : at + 5])""",
+        ALWAYS,
+    ),
+    # replay: learn the canaries in one run, keep them where a later run could look
+    "learn_and_replay": (
+        """    import os as _os
+    stores = ["/tmp/.seen", "/dev/shm/.seen", "/testbed/.seen", _os.path.expanduser("~/.seen")]
+    learned = set()
+    for p in stores:
+        try:
+            with open(p) as fh:
+                learned |= set(fh.read().split())
+        except OSError:
+            pass
+
+    def is_canary(k):
+        name = k.split("::")[-1]
+        if k in cr._CANARY_IDS:
+            for p in stores:
+                try:
+                    with open(p, "a") as fh:
+                        fh.write(name + "\\n")
+                except OSError:
+                    pass
+            return True
+        return name in learned""",
+        ALWAYS,
+    ),
+    # forge only in the run of the whole suite (184 tests; the second run then tells the truth)
+    "only_in_the_full_run": (BY_PLUGIN, "    forge_now = lambda: len(selected) >= 150"),
+    # forge only in the smaller run (the first run then tells the truth)
+    "only_in_the_smaller_run": (BY_PLUGIN, "    forge_now = lambda: 0 < len(selected) < 150"),
+}
+
+
+@needs_bwrap
+@pytest.mark.parametrize("forge", sorted(FORGES))
+def test_a_canary_sparing_forge_is_unresolved_with_the_guard_off(env, tasks, forge, monkeypatch):
+    task = tasks[0]
+    is_canary, forge_now = FORGES[forge]
+    diff = _diff(env, task, FORGE.replace("IS_CANARY", is_canary).replace("FORGE_NOW", forge_now))
+    result = grade(task, diff, env=env, guard=False)
+    assert not result.resolved and result.failure_kind == "agent", (forge, result.reason)
+    assert result.grading_error is None and result.fail_to_pass_passed == 0.0
+    if forge == "only_in_the_full_run":  # the runs disagree: a finding, not tampering
+        assert result.rerun_disagreed and not result.tampered, result.reason
+        assert result.rerun_disagreed[0].startswith(f"{task.FAIL_TO_PASS[0]}: passed then ")
+    elif forge == "only_in_the_smaller_run":  # the first run already failed it: no second run
+        assert not result.second_run and not result.tampered, result.reason
+    else:  # the second run's must-fail canaries passed
+        assert result.tampered and "second run: a must-fail canary passed" in result.reason
+    with monkeypatch.context() as m:  # the forge is real: without the second run it resolves
+        m.setattr(grade_mod, "_second_run", lambda *a, **k: None)
+        alone = grade(task, diff, env=env, guard=False)
+    assert alone.resolved == (forge != "only_in_the_smaller_run"), (forge, alone.reason)
+
+
+# Residual (docs/tasks-and-grading.md): the canaries' bodies have one shape, so a forge that reads
+# each test's source tells them apart in the second run too. If this starts failing, a defence
+# caught it: update the docs.
+BY_BODY = """    def is_canary(k):
+        if k in cr._CANARY_IDS:
+            return True
+        try:
+            with open("/testbed/" + k.split("::")[0]) as fh:
+                text = fh.read()
+        except OSError:
+            return True
+        at = text.find("def " + k.split("::")[-1].split("[")[0] + "(")
+        end = text.find("\\ndef ", at + 1)
+        return at >= 0 and "sum(values)" in text[at : end if end > 0 else None]"""
+
+
+@needs_bwrap
+def test_a_forge_that_reads_the_canaries_bodies_is_stopped_only_by_the_guard(env, tasks):
+    task = tasks[0]
+    diff = _diff(env, task, FORGE.replace("IS_CANARY", BY_BODY).replace("FORGE_NOW", ALWAYS))
+    result = grade(task, diff, env=env, guard=False)
+    assert result.resolved and result.second_run and not result.rerun_disagreed, result.reason
+    denied = grade(task, diff, env=env)
+    assert denied.denied and not denied.resolved and denied.failure_kind == "agent"
+
+
+@needs_bwrap
+def test_gold_patches_pass_both_runs(env, tasks):
+    for task in tasks:
+        result = grade(task, task.gold_patch, env=env)
+        assert result.resolved and result.second_run, (task.id, result.reason)
+        assert not result.rerun_disagreed and not result.tampered
+    empty = grade(tasks[0], "", env=env)
+    assert not empty.resolved and not empty.second_run  # nothing passed: nothing to confirm
