@@ -485,6 +485,9 @@ def test_the_metric_name_table_names_only_what_coderl_logs(trained):
     assert len(rows) >= 20 and "reward/mean" in names
     assert names - logged - conditional == set(), names - logged - conditional
     assert "kl" not in logged and "value_loss" not in logged  # not measured: absent
+    # a verl cell is a name, or says (footnote 1) that verl's source was read and has none
+    bare = [row for row in rows if row.split("|")[3].strip() in ("", "-")]
+    assert not bare and "\n¹ verl logs no such number" in section, bare
 
 
 def test_wandb_project_and_mode_come_from_the_environment_unless_configured(monkeypatch):
