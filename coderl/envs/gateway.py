@@ -209,13 +209,14 @@ class Gateway:
             except RequestError as e:
                 raise HTTPException(400, str(e)) from None
             ep.turn = s.turn
-            call = Call(s.prompt_ids, s.completion, {"status": s.status})
+            # any model name is answered (one policy is served) and recorded with the call
+            call = Call(s.prompt_ids, s.completion, {"status": s.status, "model": req.model})
             ep.calls.append(call)
             ep.statuses.append(s.status)
             ep.sampled += len(s.completion.token_ids)
         iid = f"chatcmpl-{ep.index}-{len(ep.calls)}"
         return response_body(
-            iid, self.opts.model, int(time.time()), s, self.policy.tokenizer, logprobs=bool(req.logprobs)  # type: ignore[attr-defined]
+            iid, req.model, int(time.time()), s, self.policy.tokenizer, logprobs=bool(req.logprobs)  # type: ignore[attr-defined]
         )  # fmt: skip
 
     def _generate(self, ep: _Episode) -> Any:
