@@ -30,7 +30,7 @@ import urllib.request
 
 def _ask(url: str, i: int, max_tokens: int) -> float:
     body = {
-        "model": "m",
+        "model": "coderl",
         "messages": [{"role": "user", "content": f"write a function number {i} " * (1 + i % 3)}],
         "max_tokens": max_tokens,
     }

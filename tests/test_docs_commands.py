@@ -1,6 +1,6 @@
 """The commands the README and docs show run as written: every ``coderl ...`` line of their code
 blocks parses with the real command line (options, required arguments, ``key=value``
-overrides), every command's ``--help`` has a line, with its default, for every argument, and
+overrides; a preset it names exists and loads with those overrides), every command's ``--help`` has a line, with its default, for every argument, and
 the README's ``tasks import`` line runs for real on a SWE-bench instance file."""
 
 import argparse
@@ -19,16 +19,19 @@ PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 
 
 def documented_commands() -> list[tuple[str, str]]:
-    """``(page, line)`` for each line of a fenced code block that starts with ``coderl ``
-    (a trailing ``# comment`` cut off)."""
+    """``(page, line)`` for each line of a fenced code block that runs ``coderl``: starts with
+    ``coderl `` or runs ``-m coderl `` (``torchrun ... -m coderl train ...``, given as the
+    ``coderl ...`` it runs); a trailing ``# comment`` cut off, a line with an elided part
+    (``...the same...``) left out."""
     found = []
     for page in PAGES:
         blocks = re.findall(r"```[^\n]*\n(.*?)```", page.read_text(), flags=re.S)
         for block in blocks:
             for line in block.replace("\\\n", " ").splitlines():  # continuation lines joined
-                line = line.strip().removeprefix("$ ")
-                if line.startswith("coderl "):
-                    found.append((page.name, re.split(r"\s+#\s", line)[0].strip()))
+                line = re.split(r"\s+#\s", line.strip().removeprefix("$ "))[0].strip()
+                run = re.match(r"(?:\S+ .*-m )?(coderl .*)", line)
+                if run and not re.search(r"\s\.\.\.\S", line):
+                    found.append((page.name, run.group(1)))
     return found
 
 
@@ -53,6 +56,13 @@ def test_every_documented_command_parses_as_written(page, line):
         pytest.fail(f"{page}: `{line}` does not parse (exit {e.code})")
     assert all("=" in a and not a.startswith("-") for a in extra), (page, line, extra)
     assert hasattr(args, "func"), (page, line)
+    config = getattr(args, "config", None)
+    if isinstance(config, str) and config.endswith(".yaml"):  # the preset and its overrides
+        from coderl.config import load_config, load_online_config
+
+        assert (ROOT / config).is_file(), f"{page}: `{line}`: no {config}"
+        load = load_online_config if command in ("online", "serve") else load_config
+        load(ROOT / config, [*(getattr(args, "overrides", None) or []), *extra])
 
 
 def _parsers(parser: argparse.ArgumentParser, path: list[str]):

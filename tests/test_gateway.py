@@ -293,6 +293,30 @@ def test_endpoints_are_per_episode_secrets(policy) -> None:
         gw.batcher.close()
 
 
+def test_the_gateway_answers_any_model_name_and_records_it(policy) -> None:
+    """One policy is served to agent programs, which send their configured name: any name is
+    answered, echoed, and recorded with the call (``coderl serve`` refuses one it does not
+    serve)."""
+    gw = Gateway(Forced(policy, lambda _: "a"), SamplingParams(), GatewayOptions("true"), 99, 9)
+    ep = _Episode(0, type("T", (), {"id": "t"})(), None, "k")
+    gw.add(ep)
+    bg = BackgroundServer(gw.app())
+    try:
+        client = OpenAI(base_url=f"{bg.base_url[:-3]}/e/k/v1", api_key="k", max_retries=0)
+        for name in ("gpt-4o", "policy"):
+            r = client.chat.completions.create(
+                model=name, messages=[{"role": "user", "content": "x"}]
+            )
+            assert r.model == name
+    finally:
+        bg.stop()
+        gw.batcher.close()
+    actions = [
+        a for s in _record(ep, "exited", "").trajectory.segments for a in s.provenance["actions"]
+    ]
+    assert [a["model"] for a in actions] == ["gpt-4o", "policy"]
+
+
 def test_serve_and_gateway_give_identical_trajectories_for_identical_calls(tmp_path, policy):
     """The same three calls (two turns of one conversation, then a rewritten history) through
     ``coderl serve`` (non-streamed, rows from its database) and through the gateway (streamed):

@@ -15,6 +15,7 @@ FLOORS: list[tuple[str, ...]] = [
     ("coderl.config", "coderl.stats", "coderl.trajectory", "coderl.algorithms",
      "coderl.progress",  # progress lines of long phases (rich only)
      "coderl.rundir",  # the run directory's writer lock (stdlib only)
+     "coderl.pools",  # thread pools that Ctrl-C does not wait out (stdlib only)
      "coderl.metrics",  # a run's metrics I/O and step alarms, read by eval and written by train
      "coderl.ray_cluster"),  # start or join Ray (ray and psutil only), for train and asyncrl
     ("coderl.policy", "coderl.sandbox"),

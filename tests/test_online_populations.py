@@ -126,7 +126,7 @@ def test_an_adapter_is_never_served_to_another_population_and_routing_survives_a
 
     def ask(population: str | None, seed: int) -> dict:
         body = srv.complete(
-            ChatRequest(model="m", messages=MESSAGES, population=population, seed=seed)
+            ChatRequest(model="coderl", messages=MESSAGES, population=population, seed=seed)
         )
         [row] = store.interactions(ids=[body["id"]])
         assert body["adapter"] == row["adapter"]
@@ -301,7 +301,7 @@ def _serve_traffic(cfg, counts: dict[str, int], **server_kw) -> InteractionServe
     i = 0
     for pop, n in counts.items():
         for _ in range(n):
-            srv.complete(ChatRequest(model="m", messages=MESSAGES, population=pop, seed=i))
+            srv.complete(ChatRequest(model="coderl", messages=MESSAGES, population=pop, seed=i))
             i += 1
     return srv
 
@@ -459,7 +459,7 @@ def test_a_request_with_its_own_temperature_is_never_explored(tmp_path):
         exploration=ExplorationConfig(share=0.99, temperature=1.5),
     )  # fmt: skip
     for i in range(4):
-        srv.complete(ChatRequest(model="m", messages=MESSAGES, temperature=0.7, seed=i))
+        srv.complete(ChatRequest(model="coderl", messages=MESSAGES, temperature=0.7, seed=i))
     assert {(r["temperature"], r["exploration"]) for r in store.interactions()} == {(0.7, False)}
     with pytest.raises(ValueError, match="equals the serving temperature"):
         InteractionServer(

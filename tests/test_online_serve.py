@@ -72,6 +72,26 @@ def served(tmp_path_factory: pytest.TempPathFactory):
     bg.stop()
 
 
+def test_an_unknown_model_name_is_a_not_found_error_as_vllm_answers_it(served) -> None:
+    """The served name and the alias ``coderl`` are answered (the reply names the one asked
+    for); any other name is a 404 ``NotFoundError``, nothing sampled or recorded."""
+    import openai
+
+    store, _, bg = served
+    client = OpenAI(base_url=bg.base_url, api_key="unused", max_retries=0)
+    before = len(store.interactions())
+    msgs = [{"role": "user", "content": "fix the bug"}]
+    with pytest.raises(openai.NotFoundError) as err:
+        client.chat.completions.create(model="gpt-4o", messages=msgs, max_tokens=2)
+    assert "The model `gpt-4o` does not exist (served: tiny, coderl)" in str(err.value)
+    assert err.value.body["type"] == "NotFoundError"
+    assert len(store.interactions()) == before
+    for name in ("tiny", "coderl"):
+        r = client.chat.completions.create(model=name, messages=msgs, max_tokens=2)
+        assert r.model == name
+    assert [m.id for m in client.models.list()] == ["tiny", "coderl"]
+
+
 def test_openai_client_round_trip_records_exact_tokens_and_logprobs(served) -> None:
     store, policy, bg = served
     client = OpenAI(base_url=bg.base_url, api_key="unused")
@@ -162,7 +182,7 @@ def test_bad_requests_get_clear_errors(served) -> None:
         r = _http(url, json_body={"model": "tiny", "messages": user} | extra)
         assert r.status_code == 400 and says in r.json()["error"]["message"], what
     r = _http(url, json_body={"model": "gpt-4o", "messages": user, "max_tokens": 2})
-    assert r.status_code == 200 and r.json()["model"] == "tiny"  # what answered, not the ask
+    assert r.status_code == 404 and r.json()["error"]["type"] == "NotFoundError"  # as vLLM
 
 
 def test_tool_call_parsing_valid_and_invalid() -> None:

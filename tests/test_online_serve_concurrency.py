@@ -109,24 +109,24 @@ def test_client_errors_are_4xx_with_a_reason_and_engine_failures_503(tmp_path):
                             max_new_tokens=4)  # fmt: skip
     bg = BackgroundServer(srv.app())
     url = bg.base_url + "/chat/completions"
-    ok = json.dumps({"model": "m", "messages": MESSAGES}).encode()
+    ok = json.dumps({"model": "coderl", "messages": MESSAGES}).encode()
     try:
         status, body = _post(url, ok)
         assert status == 503 and "device lost" in body["error"]["message"]
         status, body = _post(url, ok)  # the server kept serving
         assert status == 200 and body["choices"][0]["message"]["role"] == "assistant"
-        status, body = _post(url, b'{"model": "m", "messages": [')
+        status, body = _post(url, b'{"model": "coderl", "messages": [')
         assert status == 400 and "json" in body["error"]["message"].lower()
-        status, body = _post(url, json.dumps({"model": "m", "messages": "hi"}).encode())
+        status, body = _post(url, json.dumps({"model": "coderl", "messages": "hi"}).encode())
         assert status == 400 and "messages" in body["error"]["message"]  # a field's type
-        two = {"model": "m", "messages": MESSAGES, "n": 2}
+        two = {"model": "coderl", "messages": MESSAGES, "n": 2}
         status, body = _post(url, json.dumps(two).encode())
         assert status == 400 and "n: " in body["error"]["message"]
         long = [{"role": "user", "content": "word " * 200}]
-        status, body = _post(url, json.dumps({"model": "m", "messages": long}).encode())
+        status, body = _post(url, json.dumps({"model": "coderl", "messages": long}).encode())
         assert status == 400 and "context is 40 tokens" in body["error"]["message"]
         bad_tool = {"type": "function", "function": {"name": "rm_rf", "parameters": {}}}
-        req = {"model": "m", "messages": MESSAGES, "tools": [bad_tool]}
+        req = {"model": "coderl", "messages": MESSAGES, "tools": [bad_tool]}
         status, body = _post(url, json.dumps(req).encode())
         assert status == 400 and "rm_rf" in body["error"]["message"]
     finally:

@@ -701,7 +701,7 @@ def test_population_adapters_are_routed_side_by_side_through_one_server(server, 
     weights = {0: shared, 1: org_a, 2: org_b, 3: org_a2}
 
     def served_by(population: str, seed: int) -> int:
-        body = srv.complete(ChatRequest(model="m", messages=[{"role": "user", "content": "fix it"}],
+        body = srv.complete(ChatRequest(model="coderl", messages=[{"role": "user", "content": "fix it"}],
                                         population=population, seed=seed))  # fmt: skip
         [row] = store.interactions(ids=[body["id"]])
         seq, n = row["prompt_token_ids"] + row["completion_token_ids"], len(row["prompt_token_ids"])

@@ -34,7 +34,7 @@ process (sandbox commands are separate processes, so they do run in parallel).
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from concurrent.futures import FIRST_COMPLETED, Future, wait
 from dataclasses import replace
 from typing import Any
 
@@ -50,6 +50,7 @@ from coderl.agent.episode import (
 )
 from coderl.agent.tools import TOOLS, Tool
 from coderl.policy.base import Completion, Policy, SamplingParams, check_finish_reason
+from coderl.pools import thread_pool
 from coderl.sandbox.base import Sandbox
 
 
@@ -143,7 +144,7 @@ def run_episodes(
     ready: dict[int, SampleRequest] = {}
     running: dict[Future[Any], int] = {}
     calls = 0
-    with ThreadPoolExecutor(max_workers or min(32, max(1, len(gens)))) as pool:
+    with thread_pool(max_workers or min(32, max(1, len(gens)))) as pool:
 
         def advance(i: int, value: Any = None, error: BaseException | None = None) -> None:
             try:

@@ -100,6 +100,7 @@ def command_line(args: argparse.Namespace) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
+    quiet_libraries()  # before the command's module imports tqdm, which reads TQDM_* then
     parser = build_parser(command_of(argv))
     args, extra = parser.parse_known_args(argv)
     if extra:
@@ -116,8 +117,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command is None:
         parser.print_help()
         return 0
-    quiet_libraries()
-    terminated, previous = _sigterm_as_interrupt()
+    terminated, previous = _signals_as_interrupt()
     try:
         code = int(args.func(args) or 0)
         return 143 if terminated and code == 130 else code
@@ -131,20 +131,30 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{command_line(args)}: interrupted", file=sys.stderr)
         return 143 if terminated else 130
     finally:
-        if previous is not None:
-            signal.signal(signal.SIGTERM, previous)
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+
+LIBRARY_NOISE: tuple[tuple[type[Warning], str], ...] = (
+    # peft's get_peft_model reads transformers' deprecated alias of is_activation_checkpointing
+    # (peft 0.21, transformers 5.2x): once per command that builds a LoRA model
+    (FutureWarning, r"`is_gradient_checkpointing` is deprecated"),
+)
+"""(category, message regex) of the library warnings a command keeps out of what it prints:
+each one a library raises about its own use of another, which the user cannot act on."""
 
 
 def quiet_libraries(stream: TextIO | None = None) -> None:
-    """Keep library noise out of what a command prints: deprecation and future warnings (coderl
-    raises none; a library's, attributed to its caller by ``stacklevel``) are ignored (unless ``-W`` / ``PYTHONWARNINGS`` says otherwise), and when
-    ``stream`` (default stderr) is not a terminal, tqdm bars (Hugging Face downloads, weight
-    loading) are off, so a log file holds no carriage-return redraws; an environment variable
-    already set wins. A ``torchrun`` rank other than 0 also silences library logging below
-    errors (rank 0 speaks for the run)."""
+    """Keep library noise out of what a command prints: the warnings of :data:`LIBRARY_NOISE`
+    are ignored (unless ``-W`` / ``PYTHONWARNINGS`` says otherwise; every other warning is
+    shown as Python shows it), and when ``stream`` (default stderr) is not a terminal, tqdm
+    bars (Hugging Face downloads, GGUF conversion, weight loading) are off, so a log file holds
+    no carriage-return redraws; an environment variable already set wins. Call it before the
+    libraries are imported (tqdm reads ``TQDM_*`` then). A ``torchrun`` rank other than 0 also
+    silences library logging below errors (rank 0 speaks for the run)."""
     if not sys.warnoptions:
-        for category in (DeprecationWarning, PendingDeprecationWarning, FutureWarning):
-            warnings.filterwarnings("ignore", category=category)  # coderl raises none
+        for category, message in LIBRARY_NOISE:
+            warnings.filterwarnings("ignore", message=message, category=category)
     if not (stream or sys.stderr).isatty():
         os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
         os.environ.setdefault("TQDM_DISABLE", "1")
@@ -153,22 +163,30 @@ def quiet_libraries(stream: TextIO | None = None) -> None:
         logging.getLogger().setLevel(logging.ERROR)
 
 
-def _sigterm_as_interrupt() -> tuple[list[int], Any]:
-    """Make SIGTERM (a scheduler's preemption, ``timeout``, ``kill``) stop a command the way
-    Ctrl-C does: a ``KeyboardInterrupt`` in the main thread, so the training commands print
-    their last checkpoint and resume command. Returns a list that holds the signal number once
-    SIGTERM has arrived (empty before), and the handler to put back (None outside the main
-    thread, where nothing is installed)."""
+def _signals_as_interrupt() -> tuple[list[int], dict[int, Any]]:
+    """Make SIGINT and SIGTERM (Ctrl-C, ``kill``, a scheduler's preemption, ``timeout``) stop a
+    command as Ctrl-C does: a ``KeyboardInterrupt`` in the main thread, so the training
+    commands print their last checkpoint and resume command.
+
+    SIGINT is set even where the command inherited it ignored: a shell without job control
+    (a script's ``coderl train ... &``, ``make demo &``) starts background commands so, and
+    Python then leaves it ignored, so ``kill -INT`` and Ctrl-C did nothing at all.
+
+    Returns a list that holds the signal number once SIGTERM has arrived (empty before), and
+    the handlers to put back (none outside the main thread, where nothing is installed)."""
     got: list[int] = []
     if threading.current_thread() is not threading.main_thread():
-        return got, None
+        return got, {}
 
     def interrupt(signum: int, frame: object) -> None:
         got.append(signum)
         raise KeyboardInterrupt
 
-    previous = signal.signal(signal.SIGTERM, interrupt)
-    return got, signal.SIG_DFL if previous is None else previous
+    previous = {
+        signal.SIGINT: signal.signal(signal.SIGINT, signal.default_int_handler),
+        signal.SIGTERM: signal.signal(signal.SIGTERM, interrupt),
+    }
+    return got, {n: signal.SIG_DFL if h is None else h for n, h in previous.items()}
 
 
 if __name__ == "__main__":

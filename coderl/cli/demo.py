@@ -9,13 +9,17 @@ held-out pass@1 per phase, the paired RL-only change with its 95% CI, pass@k at 
 before and after RL, broken calls before and after, phase times. Every run starts fresh: an existing run directory (an
 earlier demo, finished or not) is first moved to ``RUN_DIR.prev``, or ``RUN_DIR.prev2``,
 ``.prev3``... when that is taken (no earlier run is deleted), so a second ``make demo`` neither
-crashes nor resumes or mixes in the previous run. ``--self-check``
+crashes nor resumes or mixes in the previous run. Ctrl-C or SIGTERM in any phase ends in one
+line: the last checkpoint and its resume command, or (before the first) the demo command again.
+``--self-check``
 instead prints the algorithm core's worked examples (seconds, no model).
 """
 
 from __future__ import annotations
 
 import argparse
+import shlex
+import sys
 import time
 from pathlib import Path
 
@@ -87,6 +91,7 @@ def run_demo(config: Path, overrides: list[str]) -> int:
     from coderl.eval.report import write_report
     from coderl.eval.summary import print_summary, write_phases
     from coderl.train.loop import train
+    from coderl.train.resume import stopped_line
     from coderl.train.sft import run_sft
 
     cfg = load_config(config, overrides)
@@ -94,13 +99,19 @@ def run_demo(config: Path, overrides: list[str]) -> int:
     if prev is not None:
         print(f"demo: the previous run in {cfg.run_dir} was moved to {prev}; starting fresh")
     phases: dict[str, float] = {}
-    t0 = time.perf_counter()
-    if cfg.sft.enabled:
-        run_sft(cfg)
-        phases["sft_s"] = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    run_dir = train(cfg, observers=default_observers())
-    phases["train_s"] = time.perf_counter() - t0
+    try:
+        t0 = time.perf_counter()
+        if cfg.sft.enabled:
+            run_sft(cfg)
+            phases["sft_s"] = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        run_dir = train(cfg, observers=default_observers())
+        phases["train_s"] = time.perf_counter() - t0
+    except KeyboardInterrupt:  # Ctrl-C or SIGTERM, in any phase
+        resume = f"coderl train --resume {shlex.quote(str(cfg.run_dir))}"
+        again = shlex.join(["coderl", "demo", *overrides, "--config", str(config)])
+        print(stopped_line("coderl demo", cfg.run_dir, resume, again), file=sys.stderr)
+        return 130
     write_phases(run_dir, phases)
     page = write_report(run_dir)
     print_summary(run_dir, phases)

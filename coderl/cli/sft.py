@@ -2,11 +2,14 @@
 
 One writer at a time (:func:`coderl.rundir.run_lock`); earlier SFT weights of the run are kept
 unless ``--force``; the run's ``config.yaml`` is written when absent, so that ``coderl eval``,
-``export`` and ``report`` take the run."""
+``export`` and ``report`` take the run. Ctrl-C or SIGTERM ends in one line: nothing was written
+and the command that starts it again (exit 130; 143 for SIGTERM)."""
 
 from __future__ import annotations
 
 import argparse
+import shlex
+import sys
 from pathlib import Path
 
 from coderl.config import anchored, dump_config, load_config
@@ -26,7 +29,16 @@ def run(args: argparse.Namespace) -> int:
             )
         if not (run_dir / "config.yaml").is_file():  # what eval and export read the run with
             (run_dir / "config.yaml").write_text(dump_config(anchored(cfg)))
-        print(run_sft(cfg))
+        try:
+            print(run_sft(cfg))
+        except KeyboardInterrupt:  # Ctrl-C or SIGTERM: SFT keeps no partial weights
+            again = shlex.join(["coderl", "sft", args.config, *args.overrides])
+            print(
+                f"coderl sft: interrupted; no SFT weights written to {run_dir / SFT_WEIGHTS}; "
+                f"start again with: {again}",
+                file=sys.stderr,
+            )
+            return 130
     return 0
 
 

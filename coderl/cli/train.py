@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import shlex
 import sys
+from typing import Any
 
 
 def run(args: argparse.Namespace) -> int:
@@ -49,8 +50,10 @@ def run(args: argparse.Namespace) -> int:
                     print(line)
             run_dir = train(cfg, resume=bool(args.resume), observers=default_observers())
         except KeyboardInterrupt:
-            again = f"coderl train --resume {shlex.quote(str(cfg.run_dir))}"
-            print(stopped_line("coderl train", cfg.run_dir, again), file=sys.stderr)
+            resume = f"coderl train --resume {shlex.quote(str(cfg.run_dir))}"
+            print(
+                stopped_line("coderl train", cfg.run_dir, resume, over(args, cfg)), file=sys.stderr
+            )
             return 130
     from coderl.eval.summary import print_summary
 
@@ -61,6 +64,17 @@ def run(args: argparse.Namespace) -> int:
 
         print(f"report: {write_report(run_dir)}")
     return 0
+
+
+def over(args: argparse.Namespace, cfg: Any) -> str | None:
+    """The command that starts an interrupted run over: the same one, while the run has logged
+    no RL step (it stopped in its SFT warm start or setup); None after (a new run would be
+    refused there, :func:`coderl.rundir.ensure_fresh_logs`)."""
+    from coderl.rundir import existing_logs
+
+    if args.resume or existing_logs(cfg.run_dir):
+        return None
+    return shlex.join(["coderl", "train", *([args.config] if args.config else []), *args.overrides])
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]

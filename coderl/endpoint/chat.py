@@ -4,7 +4,7 @@ from, what is sent back (a JSON body or a server-sent-event stream), and how an 
 recorded calls become its trajectory (:func:`trajectory_of`).
 
 Supported request fields (:data:`SUPPORTED_FIELDS`; any other is refused with HTTP 400 naming
-it and listing these): ``model`` (must be the served name), ``messages`` (``content`` a string,
+it and listing these): ``model`` (``coderl serve``: a served name, else 404; the gateway: any name, recorded), ``messages`` (``content`` a string,
 null, or a list of ``{"type": "text", "text": ...}`` parts), ``tools``, ``tool_choice``
 (``"auto"`` or ``"none"``), ``temperature``, ``top_p``, ``max_tokens`` /
 ``max_completion_tokens``, ``stop`` (up to 4 strings), ``seed``, ``logprobs``, ``n`` (1),
@@ -404,9 +404,10 @@ def trajectory_of(calls: Sequence[Call]) -> tuple[Trajectory, int]:
 
 
 def error_response(status: int, message: str) -> JSONResponse:
-    """An OpenAI-style error body."""
+    """An OpenAI-style error body (404: ``NotFoundError``, as vLLM types it)."""
     kind = "invalid_request_error" if status < 500 else "server_error"
-    return JSONResponse({"error": {"message": message, "type": kind}}, status)
+    kind = "NotFoundError" if status == 404 else kind
+    return JSONResponse({"error": {"message": message, "type": kind, "code": status}}, status)
 
 
 async def chat_endpoint(

@@ -12,7 +12,6 @@ Limits: sandboxes are started and closed here, one per episode; the repository e
 from __future__ import annotations
 
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,6 +21,7 @@ from coderl.agent.runner import run_episodes
 from coderl.config import Config
 from coderl.envs.base import EpisodeRecord, FailureKind, GradeRecord, SamplingPolicy
 from coderl.policy.base import SamplingParams
+from coderl.pools import thread_pool
 from coderl.tasks.spec import Task
 from coderl.trajectory import Trajectory
 
@@ -174,7 +174,7 @@ class AgentEnvironment:
                 g.resolved, g.fraction_passed, g.grading_error, failure_kind=kind, result=g
             )
 
-        with ThreadPoolExecutor(self.cfg.rollout.concurrency) as pool:
+        with thread_pool(self.cfg.rollout.concurrency) as pool:
             return list(pool.map(one, zip(tasks, episodes, strict=True)))
 
 

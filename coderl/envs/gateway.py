@@ -62,7 +62,6 @@ import sys
 import tempfile
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -87,6 +86,7 @@ from coderl.endpoint.http import BackgroundServer
 from coderl.envs.agent import AgentEnvironment, sandbox_for
 from coderl.envs.base import EpisodeRecord, FailureKind, GradeRecord, SamplingPolicy
 from coderl.policy.base import SamplingParams
+from coderl.pools import thread_pool
 from coderl.trajectory import Trajectory
 
 EXEC_SHIM = Path(__file__).with_name("sandbox_exec.py")
@@ -209,13 +209,14 @@ class Gateway:
             except RequestError as e:
                 raise HTTPException(400, str(e)) from None
             ep.turn = s.turn
-            call = Call(s.prompt_ids, s.completion, {"status": s.status})
+            # any model name is answered (one policy is served) and recorded with the call
+            call = Call(s.prompt_ids, s.completion, {"status": s.status, "model": req.model})
             ep.calls.append(call)
             ep.statuses.append(s.status)
             ep.sampled += len(s.completion.token_ids)
         iid = f"chatcmpl-{ep.index}-{len(ep.calls)}"
         return response_body(
-            iid, self.opts.model, int(time.time()), s, self.policy.tokenizer, logprobs=bool(req.logprobs)  # type: ignore[attr-defined]
+            iid, req.model, int(time.time()), s, self.policy.tokenizer, logprobs=bool(req.logprobs)  # type: ignore[attr-defined]
         )  # fmt: skip
 
     def _generate(self, ep: _Episode) -> Any:
@@ -402,7 +403,7 @@ class GatewayEnvironment:
         owners = [t for t in tasks for _ in range(group_size)]
         server = BackgroundServer(gw.app())
         try:
-            with ThreadPoolExecutor(max(1, self.cfg.rollout.concurrency)) as pool:
+            with thread_pool(max(1, self.cfg.rollout.concurrency)) as pool:
                 return list(pool.map(lambda it: self._one(gw, server.base_url[:-3], *it),
                                      enumerate(owners)))  # fmt: skip
         finally:

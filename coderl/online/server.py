@@ -46,7 +46,9 @@ serving.
 
 Requests, streaming, ``stop`` and what is refused: :mod:`coderl.endpoint.chat` (the one request
 path of ``coderl serve`` and the gateway). The request's ``model`` does not select weights
-(the population does): the reply's ``model`` names what answered, as ``GET /v1/models`` does. No authentication: bind to localhost or put it behind a proxy.
+(the population does): it must be a served name (``model.name``, or the alias ``coderl``;
+``GET /v1/models`` lists them), and any other is answered 404 ``NotFoundError`` as vLLM
+answers it; the reply's ``model`` is the name asked for. No authentication: bind to localhost or put it behind a proxy.
 """
 
 from __future__ import annotations
@@ -59,7 +61,7 @@ import threading
 import time
 import uuid
 from collections import OrderedDict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -189,7 +191,10 @@ class InteractionServer:
             and ``generate`` with exact logprobs.
         store: where interactions and events go.
         version: the registry version of the served weights (recorded per interaction).
-        model_name: the ``model`` name reported to clients.
+        model_name: the served model name (``coderl serve``: ``model.name``), the first one
+            ``GET /v1/models`` lists.
+        aliases: other names a request's ``model`` may give; any other name is answered 404
+            (``NotFoundError``), as vLLM answers a name it does not serve.
         default_temperature: used when a request sets none (> 0: stochastic by default).
         max_new_tokens: default and upper bound of generated tokens per request.
         call_format: the harness's tool-call format the model was trained in (a key of
@@ -217,6 +222,7 @@ class InteractionServer:
         *,
         version: int,
         model_name: str = "coderl",
+        aliases: Sequence[str] = ("coderl",),
         default_temperature: float = 0.8,
         max_new_tokens: int = 256,
         reload: Callable[[int], tuple[Any, int] | None] | None = None,
@@ -235,6 +241,7 @@ class InteractionServer:
         self.router = router or Router(Route(policy, version))
         self.store = store
         self.model_name = model_name
+        self.model_names = (model_name, *(a for a in aliases if a != model_name))
         self.default_temperature = default_temperature
         self.max_new_tokens = max_new_tokens
         self._reload, self._refresh, self._clock = reload, refresh, clock
@@ -288,10 +295,14 @@ class InteractionServer:
         """Generate one reply, record it, return the OpenAI response body.
 
         Raises:
-            HTTPException(400): streaming requested, a tool that is not the harness's, the
-                conversation cannot be rendered, or its prompt fills the engine's context.
+            HTTPException(404): ``model`` is not a served name (:attr:`model_names`).
+            HTTPException(400): a tool that is not the harness's, the conversation cannot be
+                rendered, or its prompt fills the engine's context.
             HTTPException(503): the engine failed (logged; the server keeps serving).
         """
+        if req.model not in self.model_names:  # as vLLM answers a name it does not serve
+            served = ", ".join(self.model_names)
+            raise HTTPException(404, f"The model `{req.model}` does not exist (served: {served}).")
         with self.batcher.incoming():  # a batch about to start knows this request is coming
             return self._complete(req)
 
@@ -349,7 +360,7 @@ class InteractionServer:
         )
         body = response_body(
             iid,
-            self.model_name,
+            req.model,  # the served name or alias asked for, as vLLM answers
             int(self._clock()),
             s,
             policy.tokenizer,
@@ -449,12 +460,13 @@ class InteractionServer:
                 "object": "list",
                 "data": [
                     {
-                        "id": self.model_name,
+                        "id": name,
                         "object": "model",
                         "owned_by": "coderl",
                         "created": 0,
                         "policy_version": self.version,
                     }
+                    for name in self.model_names
                 ],
             }
 

@@ -125,25 +125,24 @@ class _UsernsCache:
 
 def _make_userns(owner_uid: int, owner_gid: int, uid: int, gid: int) -> int:
     """A user namespace mapping ``owner_uid``/``owner_gid`` (inside) to ``uid``/``gid`` (host)."""
-    child = subprocess.Popen(
+    with subprocess.Popen(  # its exit closes both pipes (a ResourceWarning each before)
         ["unshare", "--user", "--", "sh", "-c", "echo ready; read _"],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
-    )
-    try:
-        assert child.stdout is not None and child.stdin is not None
-        if child.stdout.readline() != b"ready\n":
-            raise OSError("unshare --user failed to start")
-        with open(f"/proc/{child.pid}/uid_map", "w") as f:
-            f.write(f"{owner_uid} {uid} 1\n")
-        with open(f"/proc/{child.pid}/setgroups", "w") as f:
-            f.write("deny\n")
-        with open(f"/proc/{child.pid}/gid_map", "w") as f:
-            f.write(f"{owner_gid} {gid} 1\n")
-        return os.open(f"/proc/{child.pid}/ns/user", os.O_RDONLY | os.O_CLOEXEC)
-    finally:
-        child.kill()
-        child.wait()
+    ) as child:
+        try:
+            assert child.stdout is not None and child.stdin is not None
+            if child.stdout.readline() != b"ready\n":
+                raise OSError("unshare --user failed to start")
+            with open(f"/proc/{child.pid}/uid_map", "w") as f:
+                f.write(f"{owner_uid} {uid} 1\n")
+            with open(f"/proc/{child.pid}/setgroups", "w") as f:
+                f.write("deny\n")
+            with open(f"/proc/{child.pid}/gid_map", "w") as f:
+                f.write(f"{owner_gid} {gid} 1\n")
+            return os.open(f"/proc/{child.pid}/ns/user", os.O_RDONLY | os.O_CLOEXEC)
+        finally:
+            child.kill()
 
 
 _USERNS = _UsernsCache()

@@ -188,10 +188,13 @@ def record_resume(cfg: Config, changes: dict[str, tuple[Any, Any]], step: int) -
     return aside + [f"resume: {k} {old!r} -> {new!r}" for k, (old, new) in changes.items()]
 
 
-def stopped_line(command: str, run_dir: str | Path, resume: str) -> str:
-    """One line for an interrupted run: its last checkpoint and the command that resumes it."""
+def stopped_line(command: str, run_dir: str | Path, resume: str, again: str | None = None) -> str:
+    """One line for an interrupted run: its last checkpoint and the command that resumes it;
+    before the first checkpoint, that there is nothing to resume and, where one is given, the
+    command ``again`` that starts the run over."""
     last = newest_intact(run_dir)
     if last is None:
-        return f"{command}: interrupted before the first checkpoint of {run_dir}; nothing to resume"
+        over = f"; start again with: {again}" if again else ""
+        return f"{command}: interrupted before the first checkpoint of {run_dir}; nothing to resume{over}"
     step = json.loads((last / "state.json").read_text()).get("step", "?")
     return f"{command}: interrupted; last checkpoint {last} (step {step}); resume with: {resume}"
