@@ -68,6 +68,7 @@ def test_the_sampler_counts_prefill_and_decode_work(engine, prefill):
     policy.generate(prompts, params)
     got = {k: v - before[k] for k, v in stats.items()}
     assert (got["prefilled_tokens"], got["prefill_attended"]) == prefill
+    assert (got["prompts"], got["prompt_tokens"]) == (5, 20)  # every prompt asked for
     # 4 tokens sampled per row, the first from the prefill's logits: 3 decode steps x 5 rows;
     # the token sampled at step s sits at position P + s and attends P + s + 1 positions:
     # sum over rows of 3 P + (1 + 2 + 3) = 3 x (3 + 9 + 1 + 4 + 3) + 5 x 6
@@ -87,3 +88,45 @@ def test_a_shared_prefix_is_counted_once_and_the_rest_attends_to_it():
     # 17, 18, 19 attend 18 + 19 + 20 = 57 positions
     assert (got["prefilled_tokens"], got["prefill_attended"]) == (17 + 3 + 3, 153 + 2 * 57)
     assert got["decoded_tokens"] == 0  # one token per row: sampled from the prefill's logits
+
+
+def _bench(name: str):
+    """A ``bench/`` script as a module (imported by name, as the scripts import each other)."""
+    import importlib
+    import sys
+    from pathlib import Path
+
+    bench = str(Path(__file__).parent.parent / "bench")
+    if bench not in sys.path:
+        sys.path.insert(0, bench)
+    return importlib.import_module(name)
+
+
+def test_the_profiles_flop_formulas_by_hand():
+    prof = _bench("demo_profile")
+    shape = dict(layers=2, hidden=4, heads=2, kv_heads=1, head_dim=2, intermediate=8, vocab=10)
+    full = prof.ModelShape(**shape, decoder_linear_params=100, lora_params=0, linears=())
+    lora = prof.ModelShape(**shape, decoder_linear_params=100, lora_params=5, linears=())
+    # 3 positions, 6 causal pairs, 2 rows of logits: 2 N P + 4 L H d_h A + 2 d V S
+    # = 2*100*3 + 4*2*2*2*6 + 2*4*10*2 = 600 + 192 + 160
+    assert prof.forward_flops(full, 3, 6, 2) == 952
+    # full fine-tuning: 3x the forward (Kaplan et al. 2020, Sec. 2.1)
+    assert prof.train_flops(full, 3, 6, 2) == 3 * 952
+    # LoRA: (4 N + 6 N_lora) P + 12 L H d_h A + 4 d V S = 1200 + 90 + 576 + 320
+    assert prof.train_flops(lora, 3, 6, 2) == 2186
+
+
+def test_the_floor_reads_the_models_shapes():
+    gemm = _bench("gemm_floor")
+    from coderl.policy.local import LoraSpec
+
+    policy = load_policy("tiny-random", reference=False, lora=LoraSpec(rank=16))
+    shape = gemm.model_shape(policy.model)  # the adapters' matrices are not model shapes
+    assert (shape.layers, shape.hidden, shape.heads, shape.kv_heads, shape.head_dim) == (
+        4, 128, 4, 2, 32,
+    )  # fmt: skip
+    # per layer q, o 128x128, k, v 128x64, gate, up 128x512, down 512x128
+    assert shape.decoder_linear_params == 4 * (2 * 128 * 128 + 2 * 128 * 64 + 3 * 128 * 512)
+    assert gemm.Linear("head", 128, shape.vocab, 1) in shape.linears
+    # r (in + out) per adapted projection: q, o 16 x 256, k, v 16 x 192, gate, up, down 16 x 640
+    assert shape.lora_params == 4 * 16 * (2 * 256 + 2 * 192 + 3 * 640)

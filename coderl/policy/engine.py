@@ -160,12 +160,13 @@ class TorchEngine:
         if prefix_cache_bytes > 0 and backend == "static":
             self.prefix_cache = PrefixCache(prefix_cache_bytes)
         self.prefill_stats = dict.fromkeys(
-            ("prefilled_tokens", "reused_tokens", "prompt_tokens", "prefill_attended")
+            ("prompts", "prefilled_tokens", "reused_tokens", "prompt_tokens", "prefill_attended")
             + ("decoded_tokens", "decode_attended"),
             0,
         )
-        """Totals over this engine's calls: tokens run by prefills (padding included), prompt
-        tokens read from the prefix cache, prompt tokens asked for, the prefills' causal
+        """Totals over this engine's calls: prompts asked for (a group's copies each), tokens run
+        by prefills (padding included), prompt tokens read from the prefix cache, prompt tokens
+        asked for, the prefills' causal
         query-key pairs (per head and layer), tokens run by decode steps (one per active row
         and step) and the positions those attended (the row's prompt and sampled tokens)."""
 
@@ -262,6 +263,7 @@ class TorchEngine:
         logits = run.start(prompts, cache)  # (B, V)
         self.prefill_stats["prefilled_tokens"] += run.prefilled
         self.prefill_stats["reused_tokens"] += run.reused
+        self.prefill_stats["prompts"] += len(prompts)
         self.prefill_stats["prompt_tokens"] += sum(len(p) for p in prompts)
         self.prefill_stats["prefill_attended"] += run.attended
         return logits
