@@ -67,8 +67,8 @@ SHORT = ["sft.limit=32", "trainer.steps=3", "eval.tasks=8"]
 tasks; the shapes (prompts, rows sampled together, micro-batches) stay the demo's."""
 WORK = ("forward_tokens", "forward_attended", "trained_tokens")
 """The trainer's work counts: positions, causal query-key pairs, scored tokens."""
-ENGINE_COUNTERS = ("prefilled_tokens", "prefill_attended", "decoded_tokens", "decode_attended")
-"""The sampler's counters a FLOP count reads (``TorchEngine.prefill_stats``)."""
+FLOP_COUNTERS = ("prefilled_tokens", "prefill_attended", "decoded_tokens", "decode_attended")
+"""The sampler counters a FLOP count reads (of ``coderl.policy.engine.ENGINE_COUNTERS``)."""
 RUN_FILE = "profile_run.json"
 """What the child process measured, kept in the run directory for ``--read``."""
 
@@ -125,7 +125,7 @@ def sampler_parts(
     m: ModelShape, perf: dict[str, float], decode_phase: str
 ) -> list[tuple[float, str]]:
     """(FLOPs, floor phase) of a sampling span's prefill and decode from its engine counters."""
-    n = {k: perf.get(f"engine/{k}", 0.0) for k in ENGINE_COUNTERS}
+    n = {k: perf.get(f"engine/{k}", 0.0) for k in FLOP_COUNTERS}
     prefill = forward_flops(m, n["prefilled_tokens"], n["prefill_attended"], 0.0)
     decode = forward_flops(m, n["decoded_tokens"], n["decode_attended"], n["decoded_tokens"])
     return [(prefill, "prefill"), (decode, decode_phase)]

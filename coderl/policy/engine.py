@@ -59,6 +59,22 @@ class Backend(Protocol):
     def step(self, tokens: Tensor) -> Tensor: ...  # tokens (b,) -> logits (b, V)
 
 
+ENGINE_COUNTERS = (
+    "prompts",
+    "prompt_tokens",
+    "prefilled_tokens",
+    "reused_tokens",
+    "prefill_attended",
+    "decoded_tokens",
+    "decode_attended",
+)
+""":attr:`TorchEngine.prefill_stats`, totals over the engine's calls: prompts asked for (a
+group's copies each) and their tokens; tokens run by prefills (padding included) and read from
+the prefix cache instead; the prefills' causal query-key pairs (per head and layer); tokens run
+by decode steps (one per active row and step) and the positions those attended (the row's
+prompt and the tokens sampled before)."""
+
+
 def check_params(params: SamplingParams) -> None:
     """Raise ValueError with the offending field when ``params`` are out of range."""
     if params.temperature < 0:
@@ -159,16 +175,8 @@ class TorchEngine:
         self.prefix_cache: PrefixCache | None = None
         if prefix_cache_bytes > 0 and backend == "static":
             self.prefix_cache = PrefixCache(prefix_cache_bytes)
-        self.prefill_stats = dict.fromkeys(
-            ("prompts", "prefilled_tokens", "reused_tokens", "prompt_tokens", "prefill_attended")
-            + ("decoded_tokens", "decode_attended"),
-            0,
-        )
-        """Totals over this engine's calls: prompts asked for (a group's copies each), tokens run
-        by prefills (padding included), prompt tokens read from the prefix cache, prompt tokens
-        asked for, the prefills' causal
-        query-key pairs (per head and layer), tokens run by decode steps (one per active row
-        and step) and the positions those attended (the row's prompt and sampled tokens)."""
+        self.prefill_stats = dict.fromkeys(ENGINE_COUNTERS, 0)
+        """Totals over this engine's calls (:data:`ENGINE_COUNTERS`)."""
 
     def forget(self, sequences: list[list[int]]) -> int:
         """Drop the cached prefixes of ``sequences`` (an ended episode's context windows);
