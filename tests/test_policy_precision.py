@@ -26,6 +26,16 @@ def test_bf16_flags_read_from_cpuinfo(tmp_path):
     assert P.bf16_flags(tmp_path / "missing") == []
 
 
+def test_cpu_info_reads_the_model_name_and_flags_of_the_first_core(tmp_path):
+    info = tmp_path / "cpuinfo"
+    info.write_text(
+        "processor\t: 0\nmodel name\t: Some Xeon\nflags\t\t: fpu avx2 amx_tile\n\n"
+        "processor\t: 1\nmodel name\t: Other\nflags\t\t: fpu\n"
+    )
+    assert P.cpu_info(info) == ("Some Xeon", {"fpu", "avx2", "amx_tile"})
+    assert P.cpu_info(tmp_path / "missing") == ("unknown", set())
+
+
 def test_auto_is_bf16_exactly_when_units_are_detected(monkeypatch):
     monkeypatch.setattr(P, "bf16_flags", lambda: [])
     assert P.resolve_precision("auto") == torch.float32

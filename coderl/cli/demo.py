@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import shlex
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -28,6 +27,7 @@ from rich.console import Console
 from rich.table import Table
 
 from coderl import algorithms as A
+from coderl.metrics import cpu_clock
 
 
 def self_check() -> list[tuple[str, float, float]]:
@@ -82,6 +82,14 @@ def set_aside(run_dir: Path) -> Path | None:
     return prev
 
 
+def phase_times(name: str, start: tuple[float, float, float]) -> dict[str, float]:
+    """``{name}_s`` (wall seconds since ``start``, a :func:`coderl.metrics.cpu_clock` reading),
+    ``{name}_cpu_s`` (this process's CPU seconds) and ``{name}_children_cpu_s`` (its reaped
+    children's), the entries of ``phases.json``."""
+    wall, cpu, children = (b - a for a, b in zip(start, cpu_clock(), strict=True))
+    return {f"{name}_s": wall, f"{name}_cpu_s": cpu, f"{name}_children_cpu_s": children}
+
+
 def run_demo(config: Path, overrides: list[str]) -> int:
     """Train the default recipe, write the report, print the run's summary
     (:func:`coderl.eval.summary.summary_lines`: held-out pass@1 per phase, the paired RL-only and
@@ -100,13 +108,13 @@ def run_demo(config: Path, overrides: list[str]) -> int:
         print(f"demo: the previous run in {cfg.run_dir} was moved to {prev}; starting fresh")
     phases: dict[str, float] = {}
     try:
-        t0 = time.perf_counter()
+        clock = cpu_clock()
         if cfg.sft.enabled:
             run_sft(cfg)
-            phases["sft_s"] = time.perf_counter() - t0
-        t0 = time.perf_counter()
+            phases.update(phase_times("sft", clock))
+        clock = cpu_clock()
         run_dir = train(cfg, observers=default_observers())
-        phases["train_s"] = time.perf_counter() - t0
+        phases.update(phase_times("train", clock))
     except KeyboardInterrupt:  # Ctrl-C or SIGTERM, in any phase
         resume = f"coderl train --resume {shlex.quote(str(cfg.run_dir))}"
         again = shlex.join(["coderl", "demo", *overrides, "--config", str(config)])

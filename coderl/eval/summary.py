@@ -24,8 +24,9 @@ from typing import Any
 from coderl.eval.passk import Comparison, Estimate, compare, summarize
 
 PHASES_FILE = "phases.json"
-"""``RUN_DIR/phases.json``: ``{"sft_s": ..., "train_s": ...}`` wall seconds, written by
-``coderl demo`` (absent for runs it did not time)."""
+"""``RUN_DIR/phases.json``: ``{"sft_s": ..., "train_s": ...}`` wall seconds, with
+``<phase>_cpu_s`` and ``<phase>_children_cpu_s`` beside them (CPU seconds of the process and
+of its reaped children), written by ``coderl demo`` (absent for runs it did not time)."""
 
 
 def phase_name(e: dict[str, Any], last: bool) -> str:

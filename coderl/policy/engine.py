@@ -23,7 +23,8 @@ completion) and prefills a later prompt that starts with one of them only after 
 agent's next turn runs only its new observation (any other prompt is prefilled in full). The
 cache is emptied whenever the weights change (:func:`coderl.policy.prefixcache.weights_state`);
 :meth:`TorchEngine.forget` drops the entries of an episode that ended.
-``TorchEngine.prefill_stats`` counts the tokens prefilled and reused.
+``TorchEngine.prefill_stats`` counts the tokens prefilled, reused and decoded, and the
+query-key pairs their attention computed (what a FLOP count needs: ``bench/demo_profile.py``).
 
 Limits: one process, one device; no continuous batching across calls; the ``hf`` backend never
 reuses KV across calls.
@@ -51,10 +52,27 @@ class Backend(Protocol):
 
     prefilled: int  # tokens run through the model by ``start``
     reused: int  # prompt tokens whose KV ``start`` read from the prefix cache
+    attended: int  # query-key pairs ``start`` computed (causal; per head and layer)
 
     def start(self, prompts: list[list[int]], reuse: PrefixCache | None = None) -> Tensor: ...
     def drop(self, keep: Tensor) -> None: ...  # keep these active rows (indices)
     def step(self, tokens: Tensor) -> Tensor: ...  # tokens (b,) -> logits (b, V)
+
+
+ENGINE_COUNTERS = (
+    "prompts",
+    "prompt_tokens",
+    "prefilled_tokens",
+    "reused_tokens",
+    "prefill_attended",
+    "decoded_tokens",
+    "decode_attended",
+)
+""":attr:`TorchEngine.prefill_stats`, totals over the engine's calls: prompts asked for (a
+group's copies each) and their tokens; tokens run by prefills (padding included) and read from
+the prefix cache instead; the prefills' causal query-key pairs (per head and layer); tokens run
+by decode steps (one per active row and step) and the positions those attended (the row's
+prompt and the tokens sampled before)."""
 
 
 def check_params(params: SamplingParams) -> None:
@@ -157,9 +175,8 @@ class TorchEngine:
         self.prefix_cache: PrefixCache | None = None
         if prefix_cache_bytes > 0 and backend == "static":
             self.prefix_cache = PrefixCache(prefix_cache_bytes)
-        self.prefill_stats = {"prefilled_tokens": 0, "reused_tokens": 0, "prompt_tokens": 0}
-        """Totals over this engine's calls: tokens run by prefills (padding included), prompt
-        tokens read from the prefix cache, and prompt tokens asked for."""
+        self.prefill_stats = dict.fromkeys(ENGINE_COUNTERS, 0)
+        """Totals over this engine's calls (:data:`ENGINE_COUNTERS`)."""
 
     def forget(self, sequences: list[list[int]]) -> int:
         """Drop the cached prefixes of ``sequences`` (an ended episode's context windows);
@@ -237,6 +254,7 @@ class TorchEngine:
                 new = between_chunks()  # a chunk boundary: newer weights may come in
             if new == version:
                 logits = run.step(tok)
+                self._count_decode([len(prompts[r]) for r in rows.tolist()], step)
                 continue
             version, left = new, params.max_new_tokens - step - 1
             run = BACKENDS[self.backend](self.model, self.pad_token_id, left)
@@ -253,8 +271,17 @@ class TorchEngine:
         logits = run.start(prompts, cache)  # (B, V)
         self.prefill_stats["prefilled_tokens"] += run.prefilled
         self.prefill_stats["reused_tokens"] += run.reused
+        self.prefill_stats["prompts"] += len(prompts)
         self.prefill_stats["prompt_tokens"] += sum(len(p) for p in prompts)
+        self.prefill_stats["prefill_attended"] += run.attended
         return logits
+
+    def _count_decode(self, prompt_lens: list[int], step: int) -> None:
+        """Count one decode step of the active rows (their prompts' lengths): the token
+        sampled at step ``step`` (from 0) sits at position ``len(prompt) + step`` and attends
+        the ``len(prompt) + step + 1`` positions up to itself."""
+        self.prefill_stats["decoded_tokens"] += len(prompt_lens)
+        self.prefill_stats["decode_attended"] += sum(prompt_lens) + len(prompt_lens) * (step + 1)
 
     @staticmethod
     def _keep(

@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -35,6 +36,12 @@ class ForwardOut:
     where t is not scored."""
     values: Tensor | None = None
     """``[B, T]`` value of the state before token t (PPO), else None."""
+    positions: int = 0
+    """Token positions the decoder ran (padding included when unpacked; a shared prefix once),
+    for FLOP counts (``bench/demo_profile.py``); 0 when not counted (a sharded forward)."""
+    attended: int = 0
+    """Causal query-key pairs the attention computed over those positions (per head and
+    layer; a shared prefix's once); 0 when not counted."""
 
 
 def forward(
@@ -99,7 +106,7 @@ def forward(
         raise ValueError("a scored token has no prefix (position 0): nothing predicts it")
     scored = score[:, 1:] > 0  # (B, T-1): token t+1 is scored, predicted at t
     with _checkpointed(causal_lm(model), checkpoint):
-        last, pred = _scored_logits(
+        last, pred, work = _scored_logits(
             model,
             tokens,
             scored,
@@ -121,7 +128,7 @@ def forward(
         h = last[:, :-1].detach().float()  # (B, T-1, H)
         v = value_head(h).squeeze(-1)  # (B, T-1)
         values = torch.cat([torch.zeros_like(v[:, :1]), v], dim=1)  # (B, T)
-    return ForwardOut(logp=logp, entropy=entropy, values=values)
+    return ForwardOut(logp, entropy, values, *work)
 
 
 def _scored_logits(
@@ -133,9 +140,9 @@ def _scored_logits(
     bf16: bool,
     pack: bool,
     share: bool,
-) -> tuple[Tensor | None, Tensor]:
+) -> tuple[Tensor | None, Tensor, tuple[int, int]]:
     """(last hidden state ``[B, T, H]`` or None, logits ``[N, V]`` at the positions that predict
-    the ``N`` scored tokens). For the Llama-layout models of
+    the ``N`` scored tokens, :func:`work` of the path taken). For the Llama-layout models of
     :data:`coderl.policy.kvcache.STATIC_MODEL_TYPES` (logits = ``lm_head(hidden)``, nothing
     after it) the LM head runs on those N positions only, not on all B*T: prompt and observation
     tokens cost no ``[T, V]`` logits forward or backward; under ``bf16`` it runs in fp32 on the
@@ -145,11 +152,12 @@ def _scored_logits(
     autocast = _autocast(tokens.input_ids.device.type, bf16)
     if lm.config.model_type not in STATIC_MODEL_TYPES:
         with autocast:
-            return _own_forward(model, tokens, scored, want_hidden, pack)
+            return (*_own_forward(model, tokens, scored, want_hidden, pack), work(tokens, 0, pack))
     flash = "flash" in str(lm.config._attn_implementation)  # takes no explicit mask
     S = _shared_context(tokens, scored) if share and not flash else 0
     if bf16:
         _fp32_attention(lm)
+    ran = work(tokens, S if pack or not want_hidden else 0, pack)
     with autocast:
         if pack:
             hidden = _packed_forward(lm.model, tokens, S)  # (B, T, H)
@@ -161,7 +169,26 @@ def _scored_logits(
     hidden = hidden.float()
     # row by row: a row's numbers then do not depend on which rows share its micro-batch
     rows = [lm.lm_head(hidden[b, :-1][scored[b]]) for b in range(hidden.shape[0])]
-    return (hidden if want_hidden else None), torch.cat(rows)
+    return (hidden if want_hidden else None), torch.cat(rows), ran
+
+
+def work(tokens: TrainBatch, shared: int, packed: bool) -> tuple[int, int]:
+    """(token positions run, causal query-key pairs per head and layer) of a decoder forward
+    over ``tokens`` (``[B, T]``) whose rows share their first ``shared`` tokens, run once.
+    Packed: each row's ``L`` real tokens, ``L (L + 1) / 2`` pairs. Unpacked: the prefix once,
+    then ``T - shared`` positions per row, padding included (it is computed). Model work, not
+    the kernels' (a packed shared prefix runs one masked ``N x N`` attention)."""
+    B, T = tokens.input_ids.shape
+    S = shared
+    if not packed:
+        return S + B * (T - S), _pairs(S) + B * (_pairs(T) - _pairs(S))
+    lengths = tokens.attention_mask.sum(-1)  # (B,)
+    return int(lengths.sum()) - (B - 1) * S, int(_pairs(lengths).sum()) - (B - 1) * _pairs(S)
+
+
+def _pairs(n: Any) -> Any:
+    """Causal query-key pairs of ``n`` positions, ``n (n + 1) / 2`` (an int or a tensor)."""
+    return n * (n + 1) // 2
 
 
 def _autocast(device_type: str, bf16: bool) -> torch.autocast | nullcontext[None]:

@@ -90,6 +90,7 @@ class HFCacheBackend:
             self.mask[b, P - len(p) :] = 1
         pos = (self.mask.cumsum(-1) - 1).clamp(min=0)  # (B, P)
         self.prefilled, self.reused = B * P, 0  # padding included: it is computed
+        self.attended = B * P * (P + 1) // 2  # causal query-key pairs, padding included
         self.cache = DynamicCache()
         self.next_pos = self.mask.sum(-1)  # (B,)
         return self._forward(ids, pos)
@@ -152,6 +153,7 @@ class StaticCacheBackend:
         self.length = torch.tensor([len(p) for p in prompts], device=emb.device)  # (B,)
         self.active = torch.ones(B, dtype=torch.bool, device=emb.device)
         self.prefilled = self.reused = 0  # tokens run through the model / read from ``reuse``
+        self.attended = 0  # query-key pairs of the prefills (per head and layer)
         logits = torch.empty(B, self.lm_head.out_features, device=emb.device)
         first: dict[tuple[int, ...], int] = {}
         for b, p in enumerate(prompts):
@@ -225,6 +227,7 @@ class StaticCacheBackend:
         after the last one (``[V]`` float32)."""
         T, end = ids.shape[0], start + ids.shape[0]
         self.prefilled += T
+        self.attended += T * start + T * (T + 1) // 2  # query start + j sees start + j + 1
         x = self.decoder.embed_tokens(ids)[None]  # (1, T, hidden)
         positions = torch.arange(start, end, device=ids.device)
         cos, sin = self.decoder.rotary_emb(x, positions[None])

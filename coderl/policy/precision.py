@@ -45,17 +45,27 @@ BF16_CPU_FLAGS = ("avx512_bf16", "amx_bf16")
 """``/proc/cpuinfo`` flags of CPU instructions that compute bf16 dot products natively."""
 
 
-def bf16_flags(cpuinfo: str | Path = "/proc/cpuinfo") -> list[str]:
-    """The flags of :data:`BF16_CPU_FLAGS` this CPU reports (empty when none, or no cpuinfo)."""
+def cpu_info(cpuinfo: str | Path = "/proc/cpuinfo") -> tuple[str, set[str]]:
+    """(the CPU's model name, its instruction flags) from the first core of ``cpuinfo`` (every
+    core reports the same); ``("unknown", set())`` when it cannot be read."""
     try:
         text = Path(cpuinfo).read_text()
     except OSError:
-        return []
-    flags: set[str] = set()
+        return "unknown", set()
+    model, flags = "unknown", set()
     for line in text.splitlines():
-        if line.startswith("flags"):
-            flags.update(line.partition(":")[2].split())
-            break  # every core reports the same flags
+        key, _, value = line.partition(":")
+        if key.strip() == "model name" and model == "unknown":
+            model = value.strip()
+        elif key.strip() == "flags":
+            flags = set(value.split())
+            break
+    return model, flags
+
+
+def bf16_flags(cpuinfo: str | Path = "/proc/cpuinfo") -> list[str]:
+    """The flags of :data:`BF16_CPU_FLAGS` this CPU reports (empty when none, or no cpuinfo)."""
+    flags = cpu_info(cpuinfo)[1]
     return [f for f in BF16_CPU_FLAGS if f in flags]
 
 

@@ -37,7 +37,14 @@ from typing import Any
 from coderl.agent.branch import BranchSpec
 from coderl.config import Config, anchored, dump_config
 from coderl.eval.passk import collapse_check
-from coderl.metrics import MetricsLogger, check_step_measured, read_jsonl, run_logger
+from coderl.metrics import (
+    MetricsLogger,
+    add_cpu_since,
+    check_step_measured,
+    cpu_clock,
+    read_jsonl,
+    run_logger,
+)
 from coderl.progress import PhaseProgress
 from coderl.rundir import run_lock
 from coderl.train import pipeline as P
@@ -144,9 +151,12 @@ def rollout_round(
 ) -> P.Scored:
     """One round's episodes, ``G`` per drawn ``(position, task)``, graded but not yet rewarded
     (:func:`coderl.train.pipeline.grade`), task-major in ``drawn`` order; adds the rollout time
-    to ``stats["time/rollout"]`` and, with the torch sampler, what its engine prefilled, reused
-    from the prefix cache and was asked to prefill to ``stats["engine/prefilled_tokens"]``,
-    ``["engine/reused_tokens"]`` and ``["engine/prompt_tokens"]`` (measured totals).
+    to ``stats["time/rollout"]``, the CPU seconds of the rollout and of the grading to
+    ``stats["cpu_s/rollout"]``, ``["cpu_s/grading"]`` and their ``_children`` keys
+    (:func:`coderl.metrics.add_cpu_since`) and, with the torch sampler, the deltas of its
+    engine's counters (:attr:`coderl.policy.engine.TorchEngine.prefill_stats`: tokens
+    prefilled, reused from the prefix cache, asked for, decoded, and the positions they
+    attended) to ``stats["engine/<counter>"]`` (measured totals).
 
     One process, or a sharded run with replicated rollouts: one ``env.rollout`` call seeded
     ``seed``. Split rollouts: this rank rolls out and grades only its contiguous share of the
@@ -167,6 +177,7 @@ def rollout_round(
     counters = getattr(run.engine, "prefill_counters", None)  # the torch sampler's; vLLM: none
     before = counters() if counters is not None else {}
     t0 = time.perf_counter()
+    clock = cpu_clock()
     if split:
         episodes = [
             ep
@@ -176,12 +187,15 @@ def rollout_round(
     else:
         episodes = rollout(run, [t for _, t in mine], P.sampling_params(cfg, seed))
     stats["time/rollout"] += time.perf_counter() - t0
+    add_cpu_since(stats, "rollout", clock)
     if counters is not None:  # what the engine prefilled and reused, measured (all episodes)
         for k, v in counters().items():
             stats[f"engine/{k}"] = stats.get(f"engine/{k}", 0.0) + float(v - before[k])
     owners = [t for _, t in mine for _ in range(G)]
     keys = [P.group_key(t.id, pos) for pos, t in mine for _ in range(G)]
+    clock = cpu_clock()
     graded = P.grade(run.env, run.policy, cfg, owners, keys, episodes, run.observers)
+    add_cpu_since(stats, "grading", clock)
     if not split:
         return graded
     stats["dist/episodes_this_rank"] = stats.get("dist/episodes_this_rank", 0.0) + len(episodes)
@@ -225,6 +239,7 @@ def training_step(run: Run) -> dict[str, float]:
         for k, v in scored.rewards.counts.items():
             metrics[f"reward/{k}"] = float(v)
         t0 = time.perf_counter()
+        clock = cpu_clock()
         batch = P.make_batch(
             cfg,
             run.policy,
@@ -238,6 +253,7 @@ def training_step(run: Run) -> dict[str, float]:
     metrics.update(optimize(run, batch))
     run.policy.bump_version()  # every step is a version, with or without an update
     metrics["time/train"] = time.perf_counter() - t0
+    add_cpu_since(metrics, "train", clock)
     t0 = time.perf_counter()
     metrics.update(sync_engine(run))  # before any rollout of the new version
     metrics["time/sync"] = time.perf_counter() - t0

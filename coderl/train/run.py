@@ -35,6 +35,7 @@ from torch import nn
 from coderl.config import Config
 from coderl.envs import Environment, build_environment
 from coderl.eval.passk import check_measured
+from coderl.metrics import add_cpu_since, cpu_clock
 from coderl.policy.loading import load_policy
 from coderl.policy.local import LocalPolicy, LoraSpec
 from coderl.policy.rollout import RolloutEngine, build_engine
@@ -336,7 +337,10 @@ def run_eval(
 
     ``samples``: n per task (None: ``eval.samples``). pass@1 and pass@n (the collapse check) are
     always reported, besides the ``eval.k`` up to n. The record also holds ``temperature`` and
-    ``time_s`` (wall seconds of the evaluation, rollouts and grading).
+    ``time_s`` (wall seconds of the evaluation, rollouts and grading) and ``perf``: its CPU
+    seconds (``cpu_s/eval``, ``cpu_s/eval_children``, :func:`coderl.metrics.add_cpu_since`) and,
+    with the torch sampler, the deltas of its engine's counters (``engine/<counter>``, as in the
+    step metrics), for ``bench/demo_profile.py``.
 
     A sharded run with ``trainer.distributed.split_rollouts``: each rank evaluates its
     contiguous share of the batches of tasks (:func:`coderl.eval.passk.evaluate` seeds a batch
@@ -351,7 +355,9 @@ def run_eval(
     cfg = run.cfg
     n = samples or cfg.eval.samples
     ks = sorted({1, n, *(k for k in cfg.eval.k if k <= n)})
-    t0 = time.perf_counter()
+    t0, clock = time.perf_counter(), cpu_clock()
+    counters = getattr(run.engine, "prefill_counters", None)  # the torch sampler's; vLLM: none
+    before = counters() if counters is not None else {}
     tasks = run.env.tasks(split or cfg.tasks.heldout_split)[: cfg.eval.tasks]
     per_batch = max(1, cfg.eval.batch_episodes // n)
     lo, hi = 0, len(tasks)
@@ -393,6 +399,10 @@ def run_eval(
         episodes_out.extend(views)
     out = res.to_dict()
     out.update(temperature=cfg.eval.temperature, time_s=time.perf_counter() - t0)
+    perf = add_cpu_since({}, "eval", clock)
+    if counters is not None:
+        perf.update({f"engine/{k}": float(v - before[k]) for k, v in counters().items()})
+    out["perf"] = perf
     warning = check_measured(out)  # nothing measured: raises
     if warning:
         print(warning, file=sys.stderr, flush=True)

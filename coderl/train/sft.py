@@ -196,6 +196,7 @@ def nll_step(
     bf16: bool = False,
     max_tokens: int | None = None,
     checkpoint: bool = False,
+    work: dict[str, float] | None = None,
 ) -> float:
     """One optimizer step on the token-mean NLL of the sampled (assistant) tokens.
 
@@ -205,7 +206,9 @@ def nll_step(
     weights, gradients and optimizer state), ``max_tokens`` (micro-batches cut by real tokens
     and packed without padding, :func:`coderl.train.batch.micro_batch_spans`) and
     ``checkpoint`` (activation checkpointing); each leaves the gradient unchanged up to float
-    summation order (bf16: within the cosine of docs/training.md).
+    summation order (bf16: within the cosine of docs/training.md). ``work``, when given, gains
+    the forwards' ``forward_tokens`` and ``forward_attended``
+    (:attr:`coderl.policy.forward.ForwardOut.positions`, ``.attended``).
     """
     total = float(batch.loss_mask.sum())
     loss_sum = 0.0
@@ -220,6 +223,9 @@ def nll_step(
             pack=max_tokens is not None,
             checkpoint=checkpoint,
         )
+        if work is not None:
+            work["forward_tokens"] = work.get("forward_tokens", 0.0) + out.positions
+            work["forward_attended"] = work.get("forward_attended", 0.0) + out.attended
         nll = -(out.logp * mask).sum() / max(total, 1.0)
         nll.backward()
         loss_sum += float(nll.detach())
@@ -273,6 +279,7 @@ def run_sft(cfg: Config, policy: LocalPolicy | None = None) -> Path:
             for i in range(batches):
                 chunk = [segs[j] for j in order[i * bs : (i + 1) * bs]]
                 batch = build_batch(chunk, [1.0] * len(chunk), policy.pad_token_id)
+                work = {"trained_tokens": float(batch.loss_mask.sum())}
                 loss = nll_step(
                     policy,
                     batch,
@@ -281,11 +288,13 @@ def run_sft(cfg: Config, policy: LocalPolicy | None = None) -> Path:
                     bf16=bf16,
                     max_tokens=cfg.trainer.max_tokens_per_micro_batch,
                     checkpoint=cfg.trainer.activation_checkpointing,
+                    work=work,
                 )
                 bar.advance(status=f"nll/token {loss:.4f}")
                 done += 1
                 with log.open("a") as f:
-                    f.write(json.dumps({"step": done, "epoch": epoch, "nll": loss}) + "\n")
+                    record = {"step": done, "epoch": epoch, "nll": loss, **work}
+                    f.write(json.dumps(record) + "\n")
     path = Path(cfg.run_dir) / SFT_WEIGHTS
     save_verified(trainable_state(policy.model), path)
     # a checkpoint of weights alone, which coderl eval and export take (no optimizer state)

@@ -94,6 +94,8 @@ class _Totals:
     sums: dict[str, float] = field(default_factory=dict)
     maxes: dict[str, float] = field(default_factory=dict)
     tokens: float = 0.0
+    positions: int = 0  # the forwards' work (ForwardOut.positions, .attended), summed
+    attended: int = 0
 
     def add(self, metrics: dict[str, float], tokens: float, share: float) -> None:
         self.tokens += tokens
@@ -108,7 +110,8 @@ class _Totals:
         n = max(self.tokens, 1.0)
         rates = {k: v / n for k, v in self.sums.items() if k not in _LOSS_KEYS}
         losses = {k: v for k, v in self.sums.items() if k in _LOSS_KEYS}
-        return {**losses, **rates, **self.maxes}
+        work = {"forward_tokens": float(self.positions), "forward_attended": float(self.attended)}
+        return {**losses, **rates, **self.maxes, **work}
 
 
 def accumulate_gradients(
@@ -220,6 +223,8 @@ def accumulate_gradients(
                 gap_parts.append((cache[i][sampled], mb.tokens.behavior_logprobs[sampled]))
             continue
         out = run(mb)
+        totals.positions += out.positions
+        totals.attended += out.attended
         if cfg.old_logp == "trainer":
             old = cache.setdefault(i, out.logp.detach())
         else:
@@ -423,12 +428,16 @@ def train_step(
 
     Returns:
         The metrics of :func:`accumulate_gradients` for the first epoch (the on-policy one),
-        plus ``grad_norm``, ``lr``, ``optimizer_steps`` (this call), ``sequences`` and
-        ``trained_tokens``.
+        plus ``grad_norm``, ``lr``, ``optimizer_steps`` (this call), ``sequences``,
+        ``trained_tokens``, and the work of the forward passes with gradients over every epoch
+        (``forward_tokens``: token positions run; ``forward_attended``: causal query-key pairs
+        per head and layer; :func:`coderl.policy.forward.work`; 0 in a sharded step, and the
+        extra forward of ``importance.mode=mask`` is not counted).
     """
     params = [p for g in optimizer.param_groups for p in g["params"]]
     cache: dict[int, Tensor] = {}
     metrics: dict[str, float] = {}
+    work = {"forward_tokens": 0.0, "forward_attended": 0.0}  # over every epoch
     for epoch in range(trainer.update_epochs):
         m = accumulate_gradients(
             model,
@@ -445,11 +454,13 @@ def train_step(
             dp=dp,
         )
         m.update(optimizer_step(params, optimizer, scheduler, trainer.grad_clip))
+        work = {k: v + m[k] for k, v in work.items()}
         if epoch == 0:
             metrics = m
     metrics.update(
         optimizer_steps=float(trainer.update_epochs),
         sequences=float(batch.size),
         trained_tokens=float(batch.loss_mask.sum()),
+        **work,
     )
     return metrics
