@@ -1,7 +1,8 @@
 """Container images made here, without any image registry, tagged by the hash of their inputs.
 
-Layers: a Debian *base* image built from Debian's packages (``mmdebstrap``, then ``podman
-import``); *layers* on top of a parent image built from a Containerfile body and a context
+Every command here is one that podman's and docker's CLIs both take (``coderl.sandbox.container``
+picks the CLI; only podman was run here). Layers: a Debian *base* image built from Debian's
+packages (``mmdebstrap``, then ``podman import``); *layers* on top of a parent image built from a Containerfile body and a context
 directory (``podman build``; pip installs reach PyPI through the host network, with the host's CA
 bundle copied in). Each image is tagged ``localhost/coderl-<kind>:<hash>`` where the hash covers
 every input (parent image id, Containerfile text, context file names and bytes), so an image is
@@ -51,9 +52,12 @@ def _key(*parts: str | bytes) -> str:
 
 
 def image_exists(tag: str) -> bool:
-    """True when ``tag`` is in local image storage."""
+    """True when ``tag`` is in local image storage (``image inspect``: docker has no
+    ``image exists``)."""
     done = subprocess.run(
-        [*container_cli(), "image", "exists", tag], stdin=subprocess.DEVNULL, capture_output=True
+        [*container_cli(), "image", "inspect", "--format", "{{.Id}}", tag],
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
     )
     return done.returncode == 0
 
@@ -80,7 +84,7 @@ def base_image(*, suite: str = BASE_SUITE, packages: tuple[str, ...] = BASE_PACK
         if done.returncode != 0:
             tail = done.stderr.decode(errors="replace").strip().splitlines()[-3:]
             raise SandboxError(f"mmdebstrap failed: {' | '.join(tail)}")
-        run_cli(["import", "--change", "CMD=/bin/bash", tar, tag], timeout=600)
+        run_cli(["import", "--change", 'CMD ["/bin/bash"]', tar, tag], timeout=600)
     return tag
 
 
