@@ -41,6 +41,7 @@ import json
 import os
 import subprocess
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -170,6 +171,31 @@ def _resolve_env(inst: Instance, env: EnvRecord | None, cache: Path | None) -> E
     return None
 
 
+def _instance(raw: dict[str, Any], path: str | Path, line: int) -> Instance:
+    """``raw`` validated as an :class:`Instance`. Raises TaskFileError (the first bad field)."""
+    try:
+        return Instance.model_validate(raw)
+    except ValidationError as e:
+        first = e.errors()[0]
+        field = ".".join(str(p) for p in first["loc"]) or "<object>"
+        raise TaskFileError(path, line, field, first["msg"]) from None
+
+
+def _read_tasks(path: str | Path, convert: Callable[[dict[str, Any], int], Task]) -> list[Task]:
+    """``convert(instance, line)`` of every instance of ``path``. Raises TaskFileError (from
+    ``convert``, or a duplicate id)."""
+    tasks: list[Task] = []
+    seen: dict[str, int] = {}
+    for line, raw in read_instances(path):
+        task = convert(raw, line)
+        if task.id in seen:
+            msg = f"duplicate instance_id {task.id!r} (first on line {seen[task.id]})"
+            raise TaskFileError(path, line, "instance_id", msg)
+        seen[task.id] = line
+        tasks.append(task)
+    return tasks
+
+
 def check_test_patch(test_patch: str, snapshot: Path) -> str:
     """``""`` when ``snapshot`` already holds ``test_patch``'s result, else git's complaint.
 
@@ -208,12 +234,7 @@ def from_instance(
             (field ``env_id``), or a ``test_patch`` that is not in the environment's snapshot
             (field ``test_patch``).
     """
-    try:
-        inst = Instance.model_validate(raw)
-    except ValidationError as e:
-        first = e.errors()[0]
-        field = ".".join(str(p) for p in first["loc"]) or "<object>"
-        raise TaskFileError(path, line, field, first["msg"]) from None
+    inst = _instance(raw, path, line)
     ext = dict(inst.coderl or {})
     if "env_id" in ext:
         env_id = str(ext["env_id"])
@@ -296,16 +317,9 @@ def import_swebench(
     Raises:
         TaskFileError: the first malformed instance (file, line, field), or a duplicate id.
     """
-    tasks: list[Task] = []
-    seen: dict[str, int] = {}
-    for line, raw in read_instances(path):
-        task = from_instance(raw, env=env, cache=cache, path=path, line=line)
-        if task.id in seen:
-            msg = f"duplicate instance_id {task.id!r} (first on line {seen[task.id]})"
-            raise TaskFileError(path, line, "instance_id", msg)
-        seen[task.id] = line
-        tasks.append(task)
-    return tasks
+    return _read_tasks(
+        path, lambda raw, line: from_instance(raw, env=env, cache=cache, path=path, line=line)
+    )
 
 
 def export_swebench(tasks: list[Task], path: str | Path, *, cache: Path | None = None) -> int:
@@ -347,12 +361,7 @@ def image_task(
     Raises:
         TaskFileError: a missing or malformed field (named).
     """
-    try:
-        inst = Instance.model_validate(raw)
-    except ValidationError as e:
-        first = e.errors()[0]
-        field = ".".join(str(p) for p in first["loc"]) or "<object>"
-        raise TaskFileError(path, line, field, first["msg"]) from None
+    inst = _instance(raw, path, line)
     known = {"instance_id", "patch", "problem_statement", "FAIL_TO_PASS", "PASS_TO_PASS"}
     fields: dict[str, Any] = {
         "id": inst.instance_id,
@@ -382,16 +391,7 @@ def read_image_tasks(path: str | Path, *, split: str = "train") -> list[Task]:
     Raises:
         TaskFileError: the first malformed instance (file, line, field), or a duplicate id.
     """
-    tasks: list[Task] = []
-    seen: dict[str, int] = {}
-    for line, raw in read_instances(path):
-        task = image_task(raw, split=split, path=path, line=line)
-        if task.id in seen:
-            msg = f"duplicate instance_id {task.id!r} (first on line {seen[task.id]})"
-            raise TaskFileError(path, line, "instance_id", msg)
-        seen[task.id] = line
-        tasks.append(task)
-    return tasks
+    return _read_tasks(path, lambda raw, line: image_task(raw, split=split, path=path, line=line))
 
 
 def task_instance(task: Task) -> dict[str, Any]:
