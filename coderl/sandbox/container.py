@@ -1,4 +1,5 @@
-"""The container sandbox: one OCI container per sandbox, run by ``podman``, behind ``Sandbox``.
+"""The container sandbox: one OCI container per sandbox, run by ``podman`` (or ``docker``, below),
+behind ``Sandbox``.
 
 What one sandbox is (as root; the only mode measured here):
 - a private tmpfs of ``Limits.disk_bytes`` (and ``Limits.inode_limit`` files) on a host directory
@@ -164,10 +165,12 @@ def run_cli(args: Sequence[str], *, timeout: float = 120.0, check: bool = True) 
             timeout=timeout,
         )
     except subprocess.TimeoutExpired as e:
-        raise SandboxError(f"podman {args[0]} timed out after {timeout} s") from e
+        raise SandboxError(
+            f"{Path(container_cli()[0]).name} {args[0]} timed out after {timeout} s"
+        ) from e
     if check and done.returncode != 0:
         why = done.stderr.decode(errors="replace").strip().splitlines()[-1:] or ["no message"]
-        raise SandboxError(f"podman {args[0]} failed: {why[0]}")
+        raise SandboxError(f"{Path(container_cli()[0]).name} {args[0]} failed: {why[0]}")
     return done.stdout.decode(errors="replace")
 
 
@@ -208,7 +211,7 @@ def reap() -> tuple[int, int]:
     Lists every container labelled ``coderl.sandbox`` (running or not) and removes (``rm -f``)
     those whose ``coderl.owner`` process no longer exists; then unmounts and deletes the scratch
     directories under ``CONTAINER_ROOT`` whose owner pid is gone. Returns ``(containers,
-    directories)`` removed. Raises SandboxError when podman cannot list containers.
+    directories)`` removed. Raises SandboxError when the CLI cannot list containers.
     """
     # Go templates: podman's .Labels is a map, docker's a string with a .Label method
     label = (
@@ -242,7 +245,7 @@ def _reap_once() -> None:
 
 
 class ContainerSandbox(ShellSandboxMethods, Sandbox):
-    """A sandbox in a podman container; build it with ``Sandbox.create(..., backend="container")``
+    """A sandbox in a podman (or docker) container; build it with ``Sandbox.create(..., backend="container")``
     (image from ``$CODERL_CONTAINER_IMAGE``) or directly to name the image."""
 
     def __init__(
@@ -299,7 +302,7 @@ class ContainerSandbox(ShellSandboxMethods, Sandbox):
             mounts.mount_overlay(str(self.base), f"{s}/upper", f"{s}/work", f"{s}/merged")
 
     def _argv(self, name: str) -> list[str]:
-        """The ``podman run`` command line of one shell's container."""
+        """The ``run`` command line of one shell's container (podman's or docker's flags)."""
         s, lim, podman = str(self.scratch), self.limits, self.kind == "podman"
         argv = self.cli + ["run", "--rm", "-i", "--init", "--name", name]
         argv += ["--preserve-fds", "3"] if podman else ["-v", f"{s}/chan:{CHANNELS}"]
