@@ -33,11 +33,14 @@ BASE_PACKAGES = (
     "patch",
     "ca-certificates",
     "tzdata",
+    "gettext",
 )
 """Debian packages of the base image: a Python to build environments with, git and patch, the
-shared libraries the host Python (mounted from the host) links against, and the time zone data
-that bwrap sandboxes see through the host's ``/usr`` (without it python-dateutil's ``tz`` tests
-failed in containers and passed in bwrap)."""
+shared libraries the host Python (mounted from the host) links against, and what bwrap
+sandboxes see through the host's ``/usr`` that shipped test suites use: the time zone data
+(without it python-dateutil's ``tz`` tests failed in containers and passed in bwrap) and
+gettext's ``xgettext``/``msgmerge``/``msgfmt`` (without them humanize's
+``test_update_translations`` skipped in containers and passed in bwrap)."""
 CACHE_DIR = Path(os.environ.get("CODERL_IMAGE_CACHE") or "/var/tmp/coderl-images")
 """Host directory for build scratch and the exported ``/testbed`` trees."""
 CA_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"
