@@ -398,7 +398,7 @@ class ContainerSandbox(ShellSandboxMethods, Sandbox):
             for fd in reads:
                 os.close(fd)
             raise
-        threading.Thread(target=lambda: (proc.wait(), held.close()), daemon=True).start()
+        threading.Thread(target=held.close_after, args=(proc,), daemon=True).start()
         paths = [f"{CHANNELS}/{fifo}" for fifo in _FIFOS]
         opens = " ".join(f"{3 + i}>{path}" for i, path in enumerate(paths))
         prelude = f"exec {opens}\nrm -f {' '.join(paths)}\n"
@@ -474,6 +474,11 @@ class _Held:
             fds, self.fds = self.fds, []
         for fd in fds:
             os.close(fd)
+
+    def close_after(self, proc: subprocess.Popen[bytes]) -> None:
+        """:meth:`close` once ``proc`` has exited."""
+        proc.wait()
+        self.close()
 
 
 def _popen(argv: list[str], pass_fds: Sequence[int]) -> subprocess.Popen[bytes]:
