@@ -70,3 +70,10 @@ def calc_instance(ctx: Path) -> dict[str, Any]:
         "FAIL_TO_PASS": '["tests/test_calc.py::test_add"]',
         "PASS_TO_PASS": '["tests/test_calc.py::test_sub"]',
     }
+
+
+if __name__ == "__main__":  # make container-image: build it before the tests need it
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="coderl-instance-ctx-") as tmp:
+        print(calc_instance(Path(tmp))["image"])
