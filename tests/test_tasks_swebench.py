@@ -14,6 +14,7 @@ from coderl.envbuild.build import build_env
 from coderl.grading.grade import grade
 from coderl.tasks.env import EnvRecord
 from coderl.tasks.patches import make_diff
+from coderl.tasks.repos import repo_of
 from coderl.tasks.spec import TaskFileError, load_tasks
 from coderl.tasks.swebench import (
     check_test_patch,
@@ -244,6 +245,7 @@ def test_instances_with_their_own_image_read_as_image_tasks(tmp_path):
     assert plain.env_id == "image:swebench/sweb.eval.x86_64.mini_1776_mini-1:latest"
     assert own.env_id == "image:jyangballin/swesmith.x:1" and own.split == "heldout"
     assert own.held_out_tests == [] and own.FAIL_TO_PASS == ["tests/test_calc.py::test_add"]
+    assert repo_of(own) == "mini/mini"  # per-repository reports group by the instance's repo
     back = task_instance(own)
     assert back["eval_script"] == "x" and back["patch"] == smith["patch"]
     assert back["FAIL_TO_PASS"] == ["tests/test_calc.py::test_add"]
