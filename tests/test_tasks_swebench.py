@@ -246,6 +246,9 @@ def test_instances_with_their_own_image_read_as_image_tasks(tmp_path):
     assert own.env_id == "image:jyangballin/swesmith.x:1" and own.split == "heldout"
     assert own.held_out_tests == [] and own.FAIL_TO_PASS == ["tests/test_calc.py::test_add"]
     assert repo_of(own) == "mini/mini"  # per-repository reports group by the instance's repo
+    (gym,) = read_image_tasks(write_jsonl(tmp_path / "gym.jsonl", [instance()]), namespace="gym")
+    assert gym.env_id == "image:gym/sweb.eval.x86_64.mini_1776_mini-1:latest"
+    assert task_instance(gym)["image"] == "gym/sweb.eval.x86_64.mini_1776_mini-1:latest"
     back = task_instance(own)
     assert back["eval_script"] == "x" and back["patch"] == smith["patch"]
     assert back["FAIL_TO_PASS"] == ["tests/test_calc.py::test_add"]

@@ -215,7 +215,9 @@ def repo_environment(cfg: Config) -> AgentEnvironment:
 def swebench_environment(cfg: Config) -> AgentEnvironment:
     """SWE-bench-format instances that bring their own image (``tasks.options.tasks_file``, read
     by :func:`coderl.tasks.swebench.read_image_tasks`; every instance in
-    ``tasks.options.split``, default ``train``): each episode runs in a container of the
+    ``tasks.options.split``, default ``train``; ``tasks.options.namespace``: the registry
+    namespace of SWE-bench's image naming scheme for instances that name no image, default
+    ``swebench``): each episode runs in a container of the
     instance's image over its own ``/testbed`` (:func:`coderl.grading.harness.instance_sandbox`)
     and is graded by the instance's eval script in a fresh container of it with the diff
     applied (:func:`coderl.grading.harness.grade_image_task`)."""
@@ -224,9 +226,10 @@ def swebench_environment(cfg: Config) -> AgentEnvironment:
 
     opts = cfg.tasks.options
     path, own = opts["tasks_file"], opts.get("split", "train")
+    namespace = opts.get("namespace", "swebench")
 
     def load(split: str) -> list[Task]:
-        return read_image_tasks(path, split=own) if split == own else []
+        return read_image_tasks(path, split=own, namespace=namespace) if split == own else []
 
     return AgentEnvironment(
         cfg,

@@ -72,7 +72,7 @@ def _repo(cfg: Config) -> Environment:
 def _swebench(cfg: Config) -> Environment:
     from coderl.envs.agent import swebench_environment
 
-    _check_agent_options(cfg, {"episode", "tasks_file", "split"})
+    _check_agent_options(cfg, {"episode", "tasks_file", "split", "namespace"})
     if not cfg.tasks.options.get("tasks_file"):
         raise ConfigError("tasks.options.tasks_file: the SWE-bench-format instances to read")
     if cfg.sandbox.backend != "container":

@@ -351,22 +351,29 @@ def export_swebench(tasks: list[Task], path: str | Path, *, cache: Path | None =
 
 
 def image_task(
-    raw: dict[str, Any], *, split: str = "train", path: str | Path = "<string>", line: int = 1
+    raw: dict[str, Any],
+    *,
+    split: str = "train",
+    namespace: str = SWEBENCH_NAMESPACE,
+    path: str | Path = "<string>",
+    line: int = 1,
 ) -> Task:
     """One instance that brings its own image -> a repo :class:`Task` with ``env_id``
-    ``image:<image>`` (:func:`instance_image`), every instance field but the mapped ones in
-    ``extra["swebench"]`` (the eval script, log parser, test patch, image ...), no held-out
-    tests (the instance's ``test_patch`` is applied only when grading, as in SWE-bench).
+    ``image:<image>`` (:func:`instance_image`; the scheme in ``namespace`` for an instance that
+    names none), every instance field but the mapped ones in ``extra["swebench"]`` (the eval
+    script, log parser, test patch ...) with ``image`` set to that image, no held-out tests (the
+    instance's ``test_patch`` is applied only when grading, as in SWE-bench).
 
     Raises:
         TaskFileError: a missing or malformed field (named).
     """
     inst = _instance(raw, path, line)
     known = {"instance_id", "patch", "problem_statement", "FAIL_TO_PASS", "PASS_TO_PASS"}
+    image = instance_image(raw, namespace=namespace)
     fields: dict[str, Any] = {
         "id": inst.instance_id,
         "kind": "repo",
-        "env_id": IMAGE_PREFIX + instance_image(raw),
+        "env_id": IMAGE_PREFIX + image,
         "problem_statement": inst.problem_statement,
         "FAIL_TO_PASS": inst.FAIL_TO_PASS,
         "PASS_TO_PASS": inst.PASS_TO_PASS,
@@ -375,7 +382,7 @@ def image_task(
         "source": f"swebench:{inst.repo}" + (f"@{inst.base_commit}" if inst.base_commit else ""),
         "license": "unknown",
         "split": split,
-        "extra": {"swebench": {k: v for k, v in raw.items() if k not in known}},
+        "extra": {"swebench": {k: v for k, v in raw.items() if k not in known} | {"image": image}},
     }
     try:
         return Task.model_validate(fields)
@@ -384,14 +391,19 @@ def image_task(
         raise TaskFileError(path, line, field, msg) from None
 
 
-def read_image_tasks(path: str | Path, *, split: str = "train") -> list[Task]:
+def read_image_tasks(
+    path: str | Path, *, split: str = "train", namespace: str = SWEBENCH_NAMESPACE
+) -> list[Task]:
     """Every instance of a SWE-bench-format file as an image task (:func:`image_task`), all in
-    ``split``.
+    ``split``, images named in ``namespace`` where the instance names none.
 
     Raises:
         TaskFileError: the first malformed instance (file, line, field), or a duplicate id.
     """
-    return _read_tasks(path, lambda raw, line: image_task(raw, split=split, path=path, line=line))
+    return _read_tasks(
+        path,
+        lambda raw, line: image_task(raw, split=split, namespace=namespace, path=path, line=line),
+    )
 
 
 def task_instance(task: Task) -> dict[str, Any]:
