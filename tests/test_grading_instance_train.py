@@ -98,16 +98,18 @@ def test_train_and_eval_one_step_on_an_instance_with_its_own_image(tmp_path, mon
     assert data["submitted_instances"] == 1 and data["resolved_instances"] == 0
 
 
-def test_the_swebench_source_needs_the_container_backend(tmp_path):
+def test_the_swebench_source_needs_the_container_backend_and_no_sft(tmp_path):
     from coderl.config import load_config
     from coderl.envs.registry import build_environment
 
     instances = tmp_path / "instances.jsonl"
     instances.write_text("")
-    cfg = load_config(
-        ROOT / "configs" / "repo-bugfix.yaml", _overrides(instances, tmp_path / "r", "bwrap")
-    )
+    config = ROOT / "configs" / "repo-bugfix.yaml"
+    cfg = load_config(config, _overrides(instances, tmp_path / "r", "bwrap"))
     with pytest.raises(ConfigError, match="sandbox.backend=container"):
+        build_environment(cfg)
+    cfg = load_config(config, [*_overrides(instances, tmp_path / "r"), "sft.enabled=true"])
+    with pytest.raises(ConfigError, match="set sft.enabled=false"):
         build_environment(cfg)
 
 

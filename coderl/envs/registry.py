@@ -80,6 +80,11 @@ def _swebench(cfg: Config) -> Environment:
             "tasks.source=swebench runs every episode in its instance's image: "
             "set sandbox.backend=container"
         )
+    if cfg.sft.enabled:  # coderl.agent.oracle replays gold patches in coderl-built environments
+        raise ConfigError(
+            "tasks.source=swebench has no SFT warm start (the oracle needs environments coderl "
+            "built): set sft.enabled=false"
+        )
     return swebench_environment(cfg)
 
 
