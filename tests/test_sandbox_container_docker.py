@@ -159,3 +159,15 @@ def test_images_and_the_reaper_through_docker(docker: Path, image: str) -> None:
     listing = subprocess.run([program, "ps", "-a", "--format", "{{.ID}}"], capture_output=True)
     assert cid[:12] not in listing.stdout.decode()
     assert any(c[:2] == ["ps", "-a"] for c in _calls(docker))  # the reaper listed, refused nothing
+
+
+def test_sandbox_cli_is_set_for_the_run_and_put_back(monkeypatch) -> None:
+    """``sandbox.cli`` reaches the backend through ``use_backend`` (``setup_run``), and the run's
+    end puts the process's own choice back."""
+    from coderl.sandbox.settings import restore_backend, use_backend
+
+    monkeypatch.setenv(CLI_ENV, "podman")
+    before = use_backend("container", image="localhost/x:1", cli="docker")
+    assert os.environ[CLI_ENV] == "docker" and os.environ[IMAGE_ENV] == "localhost/x:1"
+    restore_backend(before)
+    assert os.environ[CLI_ENV] == "podman"
