@@ -76,8 +76,8 @@ class AgentEnvironment:
     """The shaping potential measured by the harness after each ``run`` call
     (``EpisodeConfig.potential``), used only when branched rollouts are shaped
     (``reward.shaping > 0``); None: the tasks have none the harness can measure."""
-    sandbox: Callable[[Task], Any] = sandbox_for
-    """A fresh rollout sandbox of a task (the caller closes it)."""
+    sandbox: Callable[[Task], Any] | None = None
+    """A fresh rollout sandbox of a task (the caller closes it); None: :func:`sandbox_for`."""
     grader: Callable[..., Any] | None = None
     """``grader(task, diff, timeout=...) -> GradeResult``; None: :func:`coderl.grading.grade.grade`."""
     _cache: dict[str, list[Task]] = field(default_factory=dict)
@@ -135,7 +135,7 @@ class AgentEnvironment:
         try:
             for i, t in enumerate(owners):
                 try:
-                    started[i] = self.sandbox(t)
+                    started[i] = (self.sandbox or sandbox_for)(t)
                 except Exception as e:  # noqa: BLE001 - infrastructure: masked and counted
                     failed[i] = f"sandbox could not start: {type(e).__name__}: {e}"
             ran = iter(
