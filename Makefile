@@ -141,11 +141,13 @@ test: $(STAMP) $(VLLM_STAMP) $(AGENTS_STAMP) sysdeps lint typecheck container-im
 	$(BIN)/python -m pytest -q $(SERIAL)
 	$(BIN)/python -m pytest -q tests/test_vllm_engine.py
 
-# The Debian base image of the container sandbox tests (coderl.sandbox.images.base_image): built
-# once from Debian's packages (mmdebstrap, 1-3 minutes here), then found in podman's storage by its
-# tag, which hashes its inputs.
+# The images of the container tests, each found in podman's storage by a tag that hashes its
+# inputs and built only when missing: the Debian base (coderl.sandbox.images.base_image; from
+# Debian's packages with mmdebstrap, 1-3 minutes here) and the SWE-bench-style instance image of
+# tests/instance_image.py (pytest from PyPI into a virtualenv on the base, under a minute).
 container-image: $(STAMP) sysdeps
 	$(BIN)/python -c "from coderl.sandbox.images import base_image; print(base_image())"
+	$(BIN)/python tests/instance_image.py
 
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest -q -x -m "not slow"

@@ -1,7 +1,7 @@
 """Container sandbox vs bwrap sandbox, side by side in one run: start, exec and a repository grade.
 
     .venv/bin/python bench/container.py [--runs 30] [--execs 200] [--grades 5]
-        [--tasks data/tasks/parse.jsonl.gz] [--image TAG]
+        [--tasks data/tasks/parse.jsonl.gz] [--image TAG] [--cli podman|docker|PATH]
 
 Rows (measured round-robin, one run of each in turn, so a shared machine's load weighs on both):
 
@@ -33,8 +33,18 @@ from collections.abc import Callable
 from pathlib import Path
 
 from coderl.sandbox import Sandbox
-from coderl.sandbox.container import IMAGE_ENV
+from coderl.sandbox.container import CLI_ENV, IMAGE_ENV, container_cli
 from coderl.sandbox.images import base_image
+
+HOW = """\
+how to run it (a quiet machine, as root, nothing else running; a few minutes):
+  make sysdeps container-image                    # podman, runc, mmdebstrap; the Debian base
+  .venv/bin/python -m coderl tasks build-env parse==1.22.4   # the grade rows' environment
+  .venv/bin/python bench/container.py --runs 30 --execs 200 --grades 5
+  .venv/bin/python bench/container_parity.py data/tasks/parse.jsonl.gz   # parity, ~10 min
+Report the printed rows with the date, the CPU line, the CLI version and both load averages.
+--cli docker times Docker's CLI where docker is installed (it never was where this was written).
+"""
 
 sys.path.insert(0, str(Path(__file__).parent))
 from grading import cpu_flags  # noqa: E402
@@ -112,17 +122,23 @@ def grade_rows(tasks_file: str, repeats: int) -> tuple[str, dict[str, list[float
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(
+        description=__doc__, epilog=HOW, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--runs", type=int, default=30)
     ap.add_argument("--execs", type=int, default=200)
     ap.add_argument("--grades", type=int, default=5)
     ap.add_argument("--tasks", default="data/tasks/parse.jsonl.gz")
-    ap.add_argument("--image", default=None)
+    ap.add_argument("--image", default=None, help="default: the Debian base, built when missing")
+    ap.add_argument("--cli", default=None, help="container CLI (default: podman, else docker)")
     args = ap.parse_args()
+    if args.cli:
+        os.environ[CLI_ENV] = args.cli
     os.environ[IMAGE_ENV] = args.image or base_image()
-    podman = subprocess.run(["podman", "--version"], capture_output=True, text=True).stdout
+    cli = container_cli()[0]
+    version = subprocess.run([cli, "--version"], capture_output=True, text=True).stdout
     print(f"cpu: {cpu_flags()}")
-    print(f"{podman.strip()}; image {os.environ[IMAGE_ENV]}")
+    print(f"{version.strip()} ({cli}); image {os.environ[IMAGE_ENV]}")
     print(f"load before: {os.getloadavg()}")
     with tempfile.TemporaryDirectory() as tmp:
         base = make_repo(Path(tmp) / "r200", 200)

@@ -1,9 +1,10 @@
 """Parity of the container and bwrap backends on shipped tasks: the gold patch and the empty patch
 of every task graded in both, verdicts compared.
 
-    .venv/bin/python bench/container_parity.py data/tasks/parse.jsonl.gz [more files]
+    .venv/bin/python bench/container_parity.py [data/tasks/parse.jsonl.gz ...]
         [--limit N] [--image TAG] [--out parity.json]
 
+No files: every shipped ``data/tasks/*.jsonl.gz``.
 For each task whose environment is built (``coderl tasks build-env``): ``grade(task, gold)`` and
 ``grade(task, "")`` through ``Sandbox.create(..., backend=B)`` for B in bwrap, container. Two
 grades agree when ``resolved``, ``failure_kind``, the per-test outcomes (``GradeResult.tests``: the
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import glob
 import json
 import os
 import time
@@ -54,7 +56,7 @@ def grade_both(task: Task) -> dict:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("tasks", nargs="+")
+    ap.add_argument("tasks", nargs="*", default=sorted(glob.glob("data/tasks/*.jsonl.gz")))
     ap.add_argument("--limit", type=int, default=None, help="tasks per file")
     ap.add_argument("--image", default=None)
     ap.add_argument("--out", default="container_parity.json")

@@ -2,9 +2,8 @@
 runs in a container of the image, and the grade runs the instance's eval script in a fresh
 container of it, read by ``swebench``'s log parser and ``get_eval_report``.
 
-The image is built here (no registry): the Debian base, pytest in a virtualenv, a tiny git
-repository at ``/testbed`` whose ``add`` subtracts. Needs root and podman (make sysdeps); PyPI for
-pytest the first time (then cached by its input hash).
+The image is built here (no registry; ``tests/instance_image.py``). Needs root and podman (make
+sysdeps); PyPI for pytest the first time (then cached by its input hash).
 """
 
 from __future__ import annotations
@@ -15,66 +14,17 @@ from pathlib import Path
 
 import pytest
 
+from tests.instance_image import calc_instance
+
 pytestmark = pytest.mark.skipif(
     os.geteuid() != 0 or shutil.which("podman") is None,
     reason="instance images need root and podman (make sysdeps)",
 )
 
-TEST_PATCH = """\
-diff --git a/tests/test_calc.py b/tests/test_calc.py
---- a/tests/test_calc.py
-+++ b/tests/test_calc.py
-@@ -4,0 +5,4 @@ def test_sub():
-+
-+
-+def test_add():
-+    assert calc.add(2, 3) == 5
-"""
-EVAL_SCRIPT = f"""#!/bin/bash
-set -uxo pipefail
-cd /testbed
-git apply -v - <<'EOF_TEST_PATCH'
-{TEST_PATCH}EOF_TEST_PATCH
-echo '>>>>> Start Test Output'
-/venv/bin/python -m pytest -rA -p no:cacheprovider tests/test_calc.py
-echo '>>>>> End Test Output'
-git checkout -- tests/test_calc.py
-"""
-
 
 @pytest.fixture(scope="module")
 def instance(tmp_path_factory) -> dict:
-    from coderl.sandbox.images import base_image, build_layer
-
-    ctx = tmp_path_factory.mktemp("ctx")
-    repo = ctx / "testbed"
-    (repo / "tests").mkdir(parents=True)
-    (repo / "calc.py").write_text(
-        "def add(a, b):\n    return a - b\n\n\ndef sub(a, b):\n    return a - b\n"
-    )
-    (repo / "tests" / "test_calc.py").write_text(
-        "import calc\n\ndef test_sub():\n    assert calc.sub(3, 2) == 1\n"
-    )
-    body = (  # the repository is committed inside the build: the context holds no git stat data
-        "RUN python3 -m venv /venv && /venv/bin/pip install -q pytest==8.3.4\n"
-        "COPY testbed /testbed\n"
-        "RUN cd /testbed && git init -q -b main && git add -A && GIT_AUTHOR_DATE=2026-01-01T00:00Z "
-        "GIT_COMMITTER_DATE=2026-01-01T00:00Z git -c user.email=t@t -c user.name=t commit -qm base\n"
-        "ENV PYTHONPATH=/testbed\n"
-    )
-    tag = build_layer("instance-test", base_image(), body, ctx, pip=True)
-    return {
-        "instance_id": "local__calc-1",
-        "repo": "local/calc",
-        "version": "0.1",
-        "image": tag,
-        "test_patch": TEST_PATCH,
-        "eval_script": EVAL_SCRIPT,
-        "log_parser": "parse_log_pytest",
-        "eval_type": "pass_and_fail",
-        "FAIL_TO_PASS": '["tests/test_calc.py::test_add"]',
-        "PASS_TO_PASS": '["tests/test_calc.py::test_sub"]',
-    }
+    return calc_instance(tmp_path_factory.mktemp("ctx"))
 
 
 def test_an_episode_in_the_instance_image_is_graded_as_the_harness_grades(instance):
@@ -121,3 +71,30 @@ def test_the_image_scheme_names_the_image_when_the_instance_does_not(instance):
 
     assert instance_image(instance) == instance["image"]
     assert Path(instance["image"]).name.startswith("coderl-instance-test:")
+
+
+def test_an_image_task_grades_as_the_reward_reads_it(instance):
+    """The instance as a training task (``image_task``; named by SWE-smith's ``image_name``
+    here, so ``make_test_spec``'s ``image`` comes from ``instance_image``): the gold patch
+    resolves with every test passed, the empty patch is the agent's failure with the
+    FAIL_TO_PASS test failed, a patch that does not apply is the agent's failure too."""
+    from coderl.grading.harness import grade_image_task
+    from coderl.tasks.swebench import image_task, task_instance
+
+    smith = {k: v for k, v in instance.items() if k != "image"} | {"image_name": instance["image"]}
+    task = image_task(smith)
+    assert task.env_id == "image:" + instance["image"] and task.held_out_tests == []
+    assert task_instance(task)["image_name"] == instance["image"]
+    gold = grade_image_task(task, task.gold_patch)
+    assert gold.resolved and gold.grading_error is None and gold.fraction_passed == 1.0
+    assert gold.tests == {
+        "tests/test_calc.py::test_add": "passed",
+        "tests/test_calc.py::test_sub": "passed",
+    }
+    empty = grade_image_task(task, "")
+    assert not empty.resolved and empty.failure_kind == "agent" and empty.grading_error is None
+    assert empty.tests["tests/test_calc.py::test_add"] == "failed"
+    assert empty.fail_to_pass_passed == 0.0 and empty.fraction_passed == 0.5
+    broken = grade_image_task(task, task.gold_patch.replace("a - b", "a * b"))
+    assert not broken.resolved and broken.failure_kind == "agent"
+    assert broken.reason == "the patch did not apply"

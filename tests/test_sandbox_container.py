@@ -197,3 +197,39 @@ def test_kill_9_mid_rollout_leaves_nothing_after_the_reaper(base: Path, image: s
 def _mounts() -> set[str]:
     """Mount points of this mount namespace (the host's: podman mounts its layers there)."""
     return {line.split()[4] for line in Path("/proc/self/mountinfo").read_text().splitlines()}
+
+
+def test_two_builds_of_one_layer_at_once_build_it_once(image: str, monkeypatch) -> None:
+    """A second build of a tag would re-point it to another image id (and every layer hashed
+    over the first id would be built again): the build lock makes the second builder wait and
+    find the image."""
+    import threading
+    import uuid
+
+    import coderl.sandbox.images as images
+
+    builds: list[str] = []
+    real = images._build
+
+    def slow(tag, *args):  # type: ignore[no-untyped-def]
+        builds.append(tag)
+        time.sleep(2)  # both builders are past their first look before this one ends
+        real(tag, *args)
+
+    monkeypatch.setattr(images, "_build", slow)
+    body = f"RUN echo {uuid.uuid4().hex} > /token\n"  # a new tag every run, removed below
+    tags: list[str] = []
+    threads = [
+        threading.Thread(
+            target=lambda: tags.append(images.build_layer("lock-test", image, body, pip=False))
+        )
+        for _ in range(2)
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    try:
+        assert len(tags) == 2 and tags[0] == tags[1] and builds == tags[:1]
+    finally:
+        subprocess.run(["podman", "rmi", "-f", *set(tags)], capture_output=True)

@@ -165,3 +165,18 @@ def test_unbuildable_repositories_say_which_step_failed(tmp_path):
     with pytest.raises(BuildError) as err:
         build_env(str(no_tests), cache=tmp_path / "cache", factory=lambda *a, **k: None)
     assert err.value.step == "explore" and "no test" in err.value.error
+
+
+def test_the_cache_root_resolves_a_linked_cache(tmp_path, monkeypatch):
+    """Environments record absolute paths: a checkout whose data/cache links to a shared cache
+    records the shared paths, which outlive the checkout."""
+    from coderl.tasks.snapshot import cache_dir
+
+    shared = tmp_path / "shared-cache"
+    shared.mkdir()
+    checkout = tmp_path / "checkout"
+    (checkout / "data").mkdir(parents=True)
+    (checkout / "data" / "cache").symlink_to(shared)
+    monkeypatch.chdir(checkout)
+    monkeypatch.delenv("CODERL_CACHE", raising=False)
+    assert cache_dir() == shared.resolve()

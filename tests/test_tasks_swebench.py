@@ -14,12 +14,15 @@ from coderl.envbuild.build import build_env
 from coderl.grading.grade import grade
 from coderl.tasks.env import EnvRecord
 from coderl.tasks.patches import make_diff
+from coderl.tasks.repos import repo_of
 from coderl.tasks.spec import TaskFileError, load_tasks
 from coderl.tasks.swebench import (
     check_test_patch,
     export_swebench,
     from_instance,
     import_swebench,
+    read_image_tasks,
+    task_instance,
     to_instance,
 )
 
@@ -231,3 +234,29 @@ def test_cli_export_then_import_gives_back_the_same_task_file(tmp_path, capsys):
     assert main(["tasks", "import", str(out), "--format", "r2e", "--out", str(back)]) == 2
     assert "unknown format 'r2e'; valid: ['swebench']" in capsys.readouterr().err
     assert back.read_bytes() == CI_TASKS.read_bytes()  # the failed import wrote nothing
+
+
+def test_instances_with_their_own_image_read_as_image_tasks(tmp_path):
+    """No coderl environment is looked up: the env id names the image (the instance's field, or
+    SWE-bench's scheme), every other field travels in ``extra`` and comes back whole."""
+    smith = instance(instance_id="a__b-2", image_name="jyangballin/swesmith.x:1", eval_script="x")
+    path = write_jsonl(tmp_path / "in.jsonl", [instance(), smith])
+    plain, own = read_image_tasks(path, split="heldout")
+    assert plain.env_id == "image:swebench/sweb.eval.x86_64.mini_1776_mini-1:latest"
+    assert own.env_id == "image:jyangballin/swesmith.x:1" and own.split == "heldout"
+    assert own.held_out_tests == [] and own.FAIL_TO_PASS == ["tests/test_calc.py::test_add"]
+    assert repo_of(own) == "mini/mini"  # per-repository reports group by the instance's repo
+    (gym,) = read_image_tasks(write_jsonl(tmp_path / "gym.jsonl", [instance()]), namespace="gym")
+    assert gym.env_id == "image:gym/sweb.eval.x86_64.mini_1776_mini-1:latest"
+    assert task_instance(gym)["image"] == "gym/sweb.eval.x86_64.mini_1776_mini-1:latest"
+    back = task_instance(own)
+    assert back["eval_script"] == "x" and back["patch"] == smith["patch"]
+    assert back["FAIL_TO_PASS"] == ["tests/test_calc.py::test_add"]
+    with pytest.raises(ValueError, match="not an image task"):
+        task_instance(from_instance(instance(), env=fake_env(tmp_path)))
+    write_jsonl(path, [instance(), instance(FAIL_TO_PASS="[")])
+    with pytest.raises(TaskFileError, match=r"in.jsonl:2: field 'FAIL_TO_PASS'"):
+        read_image_tasks(path)
+    write_jsonl(path, [instance(), instance()])
+    with pytest.raises(TaskFileError, match=r"in.jsonl:2: field 'instance_id': duplicate"):
+        read_image_tasks(path)

@@ -119,8 +119,9 @@ class MixSourceConfig(_Section):
 class TaskConfig(_Section):
     source: str = "humaneval"
     """Task source: ``humaneval``, ``toy`` (an in-process task for tests and smoke runs),
-    ``repo`` (synthesised repository bug-fix tasks), ``fnrepair`` (function-scope repair tasks,
-    ``coderl.synth.fnrepair``) or ``mix`` (the sources of ``mix``)."""
+    ``repo`` (synthesised repository bug-fix tasks), ``swebench`` (SWE-bench-format instances
+    that bring their own image; ``sandbox.backend=container``), ``fnrepair`` (function-scope
+    repair tasks, ``coderl.synth.fnrepair``) or ``mix`` (the sources of ``mix``)."""
     sampler: Literal["uniform", "pool"] = "uniform"
     """How training tasks are drawn: ``uniform`` (an epoch-shuffled stream) or ``pool`` (the
     difficulty-calibrated pool of ``pool``; see ``coderl.train.sampling``)."""

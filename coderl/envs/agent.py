@@ -76,6 +76,10 @@ class AgentEnvironment:
     """The shaping potential measured by the harness after each ``run`` call
     (``EpisodeConfig.potential``), used only when branched rollouts are shaped
     (``reward.shaping > 0``); None: the tasks have none the harness can measure."""
+    sandbox: Callable[[Task], Any] | None = None
+    """A fresh rollout sandbox of a task (the caller closes it); None: :func:`sandbox_for`."""
+    grader: Callable[..., Any] | None = None
+    """``grader(task, diff, timeout=...) -> GradeResult``; None: :func:`coderl.grading.grade.grade`."""
     _cache: dict[str, list[Task]] = field(default_factory=dict)
 
     def tasks(self, split: str) -> list[Any]:
@@ -131,7 +135,7 @@ class AgentEnvironment:
         try:
             for i, t in enumerate(owners):
                 try:
-                    started[i] = sandbox_for(t)
+                    started[i] = (self.sandbox or sandbox_for)(t)
                 except Exception as e:  # noqa: BLE001 - infrastructure: masked and counted
                     failed[i] = f"sandbox could not start: {type(e).__name__}: {e}"
             ran = iter(
@@ -157,7 +161,9 @@ class AgentEnvironment:
         ]
 
     def grade(self, tasks: list[Any], episodes: list[EpisodeRecord]) -> list[GradeRecord]:
-        from coderl.grading.grade import grade
+        from coderl.grading.grade import grade as default_grade
+
+        grade = self.grader or default_grade
 
         def one(pair: tuple[Task, EpisodeRecord]) -> GradeRecord:
             task, ep = pair
@@ -204,3 +210,31 @@ def repo_environment(cfg: Config) -> AgentEnvironment:
         return tasks if levels is None else ladder_tasks(tasks, [int(x) for x in levels])
 
     return AgentEnvironment(cfg, load, grade_timeout_s=300.0)
+
+
+def swebench_environment(cfg: Config) -> AgentEnvironment:
+    """SWE-bench-format instances that bring their own image (``tasks.options.tasks_file``, read
+    by :func:`coderl.tasks.swebench.read_image_tasks`; every instance in
+    ``tasks.options.split``, default ``train``; ``tasks.options.namespace``: the registry
+    namespace of SWE-bench's image naming scheme for instances that name no image, default
+    ``swebench``): each episode runs in a container of the
+    instance's image over its own ``/testbed`` (:func:`coderl.grading.harness.instance_sandbox`)
+    and is graded by the instance's eval script in a fresh container of it with the diff
+    applied (:func:`coderl.grading.harness.grade_image_task`)."""
+    from coderl.grading.harness import grade_image_task, instance_sandbox
+    from coderl.tasks.swebench import read_image_tasks, task_instance
+
+    opts = cfg.tasks.options
+    path, own = opts["tasks_file"], opts.get("split", "train")
+    namespace = opts.get("namespace", "swebench")
+
+    def load(split: str) -> list[Task]:
+        return read_image_tasks(path, split=own, namespace=namespace) if split == own else []
+
+    return AgentEnvironment(
+        cfg,
+        load,
+        grade_timeout_s=1800.0,
+        sandbox=lambda task: instance_sandbox(task_instance(task)),
+        grader=grade_image_task,
+    )

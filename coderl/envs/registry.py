@@ -69,6 +69,25 @@ def _repo(cfg: Config) -> Environment:
     return repo_environment(cfg)
 
 
+def _swebench(cfg: Config) -> Environment:
+    from coderl.envs.agent import swebench_environment
+
+    _check_agent_options(cfg, {"episode", "tasks_file", "split", "namespace"})
+    if not cfg.tasks.options.get("tasks_file"):
+        raise ConfigError("tasks.options.tasks_file: the SWE-bench-format instances to read")
+    if cfg.sandbox.backend != "container":
+        raise ConfigError(
+            "tasks.source=swebench runs every episode in its instance's image: "
+            "set sandbox.backend=container"
+        )
+    if cfg.sft.enabled:  # coderl.agent.oracle replays gold patches in coderl-built environments
+        raise ConfigError(
+            "tasks.source=swebench has no SFT warm start (the oracle needs environments coderl "
+            "built): set sft.enabled=false"
+        )
+    return swebench_environment(cfg)
+
+
 def _gateway(cfg: Config) -> Environment:
     from coderl.envs.gateway import GATEWAY_KEYS, GatewayEnvironment, GatewayOptions
 
@@ -107,6 +126,7 @@ ENVIRONMENTS: dict[str, Callable[[Config], Environment]] = {
     "toy": _toy,
     "humaneval": _humaneval,
     "repo": _repo,
+    "swebench": _swebench,
     "fnrepair": _fnrepair,
     "gateway": _gateway,
     "mix": _mix,

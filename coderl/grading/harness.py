@@ -37,6 +37,7 @@ import contextlib
 import json
 import shlex
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -49,28 +50,9 @@ from coderl.tasks.env import EnvRecord, find_env
 from coderl.tasks.patches import PatchError
 from coderl.tasks.snapshot import cache_dir
 from coderl.tasks.spec import Task
+from coderl.tasks.swebench import IMAGE_PREFIX, instance_image, task_instance
 
-SWEBENCH_NAMESPACE = "swebench"
-"""Docker Hub namespace of SWE-bench's published instance images."""
-IMAGE_KEYS = ("image", "image_name", "docker_image")
-"""Instance fields that name an image: swebench 5.x datasets, SWE-smith, R2E-Gym/SWE-Gym."""
-
-
-def instance_image(
-    instance: dict[str, Any],
-    *,
-    namespace: str = SWEBENCH_NAMESPACE,
-    arch: str = "x86_64",
-    tag: str = "latest",
-) -> str:
-    """The image of a SWE-bench-format instance: the first of ``IMAGE_KEYS`` it has, else the
-    SWE-bench scheme ``{namespace}/sweb.eval.{arch}.{instance_id lowercased}:{tag}`` with ``__``
-    written ``_1776_`` (Docker Hub names cannot hold ``__``). Raises KeyError (no instance_id)."""
-    for key in IMAGE_KEYS:
-        if instance.get(key):
-            return str(instance[key])
-    key = f"sweb.eval.{arch}.{instance['instance_id'].lower()}:{tag}"
-    return f"{namespace}/{key}".replace("__", "_1776_")
+__all__ = ["instance_image"]  # defined in coderl.tasks.swebench, read here by callers
 
 
 def eval_script(task: Task, env: EnvRecord) -> list[str]:
@@ -203,11 +185,11 @@ def instance_sandbox(instance: dict[str, Any], *, limits: Limits | None = None) 
     of :func:`instance_image` whose ``/testbed`` is an overlay over the image's own ``/testbed``
     (copied out once, ``coderl.sandbox.images.image_testbed``), with the image's environment
     (its ``PATH``, its interpreters). Raises SandboxError (no such image, no ``/testbed``)."""
-    from coderl.sandbox.container import ContainerSandbox
+    from coderl.sandbox.base import BACKENDS
     from coderl.sandbox.images import image_testbed
 
     image = instance_image(instance)
-    return ContainerSandbox(
+    return BACKENDS["container"](
         image_testbed(image),
         limits=limits or Limits(),
         env={},
@@ -247,8 +229,8 @@ def grade_instance(
     from coderl.sandbox.images import image_testbed
     from coderl.tasks.patches import paths_in_diff
 
-    spec = make_test_spec(instance)
     image = instance_image(instance)
+    spec = make_test_spec({**instance, "image": image})
     base = image_testbed(image)
     test_files = paths_in_diff(instance.get("test_patch") or "")
     prediction = {"instance_id": spec.instance_id, "model_name_or_path": model}
@@ -280,10 +262,10 @@ def grade_instance(
 
 def _instance_log(spec: Any, tree: Path, image: str, timeout: float) -> str:
     """The eval script's log from a fresh container of ``image`` over ``tree``."""
-    from coderl.sandbox.container import ContainerSandbox
+    from coderl.sandbox.base import BACKENDS
 
     limits = Limits(timeout_s=timeout, cpu_s=int(timeout) + 30, memory_bytes=8 * 1024**3)
-    sb = ContainerSandbox(
+    sb = BACKENDS["container"](
         tree, limits=limits, env={}, ro_mounts={}, rw_mounts={}, network=False, image=image
     )
     try:  # its own bash: the script's `set -uxo pipefail` must not reach the sandbox's shell
@@ -294,13 +276,58 @@ def _instance_log(spec: Any, tree: Path, image: str, timeout: float) -> str:
     return res.stdout + res.stderr
 
 
+def grade_image_task(task: Task, agent_diff: str, *, timeout: float = 1800.0) -> GradeResult:
+    """:func:`grade_instance` of an image task (``coderl.tasks.swebench.image_task``) as the
+    :class:`GradeResult` the reward reads: ``resolved`` and the per-test outcomes
+    (``tests_status``: ``passed`` / ``failed``) from the harness's report, the diff guard's
+    findings in ``denied``; an unresolved grade is the agent's failure (a patch that does not
+    apply included). Podman or the image failing is infrastructure (``grading_error``), masked.
+    Never raises for what the agent did."""
+    from coderl.sandbox.base import SandboxError
+
+    start = time.monotonic()
+    result = GradeResult(task_id=task.id)
+    try:
+        report = grade_instance(task_instance(task), agent_diff, timeout=timeout)
+    except (SandboxError, OSError) as e:
+        result.grading_error, result.failure_kind = f"sandbox: {type(e).__name__}: {e}", "infra"
+        return result
+    status = report.get("tests_status") or {}
+    for group in ("FAIL_TO_PASS", "PASS_TO_PASS"):
+        for outcome in ("success", "failure"):
+            for test in (status.get(group) or {}).get(outcome, []):
+                result.tests[test] = "passed" if outcome == "success" else "failed"
+    expected = list(dict.fromkeys(task.FAIL_TO_PASS + task.PASS_TO_PASS))
+    for test in expected:
+        result.tests.setdefault(test, "missing")
+    passed = [t for t in expected if result.tests[t] == "passed"]
+    f2p = [t for t in task.FAIL_TO_PASS if result.tests[t] == "passed"]
+    result.fraction_passed = len(passed) / len(expected)
+    result.fail_to_pass_passed = len(f2p) / len(task.FAIL_TO_PASS)
+    result.denied = list(report.get("denied") or [])
+    result.resolved = bool(report["resolved"]) and not result.denied
+    if not result.resolved:
+        result.failure_kind = "agent"
+        result.reason = (
+            "the patch did not apply"
+            if not report.get("patch_successfully_applied")
+            else f"denied: {result.denied[0]}"
+            if result.denied
+            else f"{len(expected) - len(passed)} of {len(expected)} tests did not pass"
+        )
+    result.duration_s = time.monotonic() - start
+    return result
+
+
 def eval_rows(
     tasks: list[Task], episodes: list[tuple[Any, bool]], *, timeout: float = 300.0
 ) -> list[tuple[str, str, dict[str, Any]]]:
     """Harness rows of an evaluation: for each repository task, its first evaluated episode
     (``(view, resolved)`` as ``coderl eval`` collects them: one prediction per instance, as
-    SWE-bench takes) graded by :func:`harness_report` in the run's sandbox backend, with
-    coderl's verdict from the evaluation deciding ``resolved`` and the harness's beside it."""
+    SWE-bench takes) graded by :func:`harness_report` in the run's sandbox backend (an image
+    task: :func:`grade_instance` in its own image), with coderl's verdict from the evaluation
+    deciding ``resolved`` and the harness's beside it. For an image task that verdict was the
+    harness's own (:func:`grade_image_task`), so the two differ only if a grade did."""
     by_id = {t.id: t for t in tasks if t.kind == "repo"}
     rows: list[tuple[str, str, dict[str, Any]]] = []
     seen: set[str] = set()
@@ -309,7 +336,10 @@ def eval_rows(
         if task is None or task.id in seen:
             continue
         seen.add(task.id)
-        report = harness_report(task, view.diff, timeout=timeout)
+        if task.env_id.startswith(IMAGE_PREFIX):
+            report = grade_instance(task_instance(task), view.diff, timeout=timeout)
+        else:
+            report = harness_report(task, view.diff, timeout=timeout)
         harness = bool(report["resolved"])
         report["coderl"] = {"resolved": ok, "harness_resolved": harness, "agree": harness == ok}
         report["resolved"] = bool(ok)

@@ -1,7 +1,8 @@
 """Container images made here, without any image registry, tagged by the hash of their inputs.
 
-Layers: a Debian *base* image built from Debian's packages (``mmdebstrap``, then ``podman
-import``); *layers* on top of a parent image built from a Containerfile body and a context
+Every command here is one that podman's and docker's CLIs both take (``coderl.sandbox.container``
+picks the CLI; only podman was run here). Layers: a Debian *base* image built from Debian's
+packages (``mmdebstrap``, then ``podman import``); *layers* on top of a parent image built from a Containerfile body and a context
 directory (``podman build``; pip installs reach PyPI through the host network, with the host's CA
 bundle copied in). Each image is tagged ``localhost/coderl-<kind>:<hash>`` where the hash covers
 every input (parent image id, Containerfile text, context file names and bytes), so an image is
@@ -13,11 +14,14 @@ container sandbox's workspace overlays, for instances whose repository lives in 
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import os
 import shutil
 import subprocess
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 from coderl.sandbox.base import SandboxError
@@ -32,11 +36,14 @@ BASE_PACKAGES = (
     "patch",
     "ca-certificates",
     "tzdata",
+    "gettext",
 )
 """Debian packages of the base image: a Python to build environments with, git and patch, the
-shared libraries the host Python (mounted from the host) links against, and the time zone data
-that bwrap sandboxes see through the host's ``/usr`` (without it python-dateutil's ``tz`` tests
-failed in containers and passed in bwrap)."""
+shared libraries the host Python (mounted from the host) links against, and what bwrap
+sandboxes see through the host's ``/usr`` that shipped test suites use: the time zone data
+(without it python-dateutil's ``tz`` tests failed in containers and passed in bwrap) and
+gettext's ``xgettext``/``msgmerge``/``msgfmt`` (without them humanize's
+``test_update_translations`` skipped in containers and passed in bwrap)."""
 CACHE_DIR = Path(os.environ.get("CODERL_IMAGE_CACHE") or "/var/tmp/coderl-images")
 """Host directory for build scratch and the exported ``/testbed`` trees."""
 CA_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"
@@ -51,9 +58,12 @@ def _key(*parts: str | bytes) -> str:
 
 
 def image_exists(tag: str) -> bool:
-    """True when ``tag`` is in local image storage."""
+    """True when ``tag`` is in local image storage (``image inspect``: docker has no
+    ``image exists``)."""
     done = subprocess.run(
-        [*container_cli(), "image", "exists", tag], stdin=subprocess.DEVNULL, capture_output=True
+        [*container_cli(), "image", "inspect", "--format", "{{.Id}}", tag],
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
     )
     return done.returncode == 0
 
@@ -72,7 +82,26 @@ def base_image(*, suite: str = BASE_SUITE, packages: tuple[str, ...] = BASE_PACK
         return tag
     if shutil.which("mmdebstrap") is None:
         raise SandboxError("mmdebstrap is not installed (make sysdeps)")
+    with _building(tag) as done_meanwhile:
+        if not done_meanwhile:
+            _debootstrap(tag, suite, packages)
+    return tag
+
+
+@contextlib.contextmanager
+def _building(tag: str) -> Iterator[bool]:
+    """Hold ``tag``'s build lock (a file lock under ``CACHE_DIR``: one build of a tag at a time
+    across processes; a second build would re-point the tag to another image id, and every
+    layer hashed over the first id would be built again); yields True when another process built
+    the image while this one waited."""
     CACHE_DIR.mkdir(parents=True, exist_ok=True)
+    lock = CACHE_DIR / f".{tag.rsplit('/', 1)[-1].replace(':', '-')}.lock"
+    with open(lock, "w") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        yield image_exists(tag)
+
+
+def _debootstrap(tag: str, suite: str, packages: tuple[str, ...]) -> None:
     with tempfile.TemporaryDirectory(dir=CACHE_DIR, prefix=".base-") as tmp:
         tar = f"{tmp}/rootfs.tar"
         argv = ["mmdebstrap", "--variant=apt", f"--include={','.join(packages)}", suite, tar]
@@ -80,8 +109,7 @@ def base_image(*, suite: str = BASE_SUITE, packages: tuple[str, ...] = BASE_PACK
         if done.returncode != 0:
             tail = done.stderr.decode(errors="replace").strip().splitlines()[-3:]
             raise SandboxError(f"mmdebstrap failed: {' | '.join(tail)}")
-        run_cli(["import", "--change", "CMD=/bin/bash", tar, tag], timeout=600)
-    return tag
+        run_cli(["import", "--change", 'CMD ["/bin/bash"]', tar, tag], timeout=600)
 
 
 def build_layer(
@@ -110,14 +138,27 @@ def build_layer(
     tag = f"localhost/coderl-{kind}:{_key(*parts)}"
     if image_exists(tag):
         return tag
-    CACHE_DIR.mkdir(parents=True, exist_ok=True)
+    with _building(tag) as done_meanwhile:
+        if not done_meanwhile:
+            _build(tag, parent, containerfile, context, pip, copy or {})
+    return tag
+
+
+def _build(
+    tag: str,
+    parent: str,
+    containerfile: str,
+    context: Path | None,
+    pip: bool,
+    copy: dict[str, Path],
+) -> None:
     with tempfile.TemporaryDirectory(dir=CACHE_DIR, prefix=".build-") as tmp:
         ctx = Path(tmp) / "ctx"
         if context is not None:
             shutil.copytree(context, ctx, symlinks=True)
         else:
             ctx.mkdir()
-        for name, tree in (copy or {}).items():
+        for name, tree in copy.items():
             shutil.copytree(tree, ctx / name, symlinks=True)
         head = f"FROM {parent}\n"
         if pip:
@@ -127,7 +168,6 @@ def build_layer(
         (Path(tmp) / "Containerfile").write_text(head + containerfile)
         argv = ["build", "--network", "host" if pip else "none", "-t", tag]
         run_cli([*argv, "-f", f"{tmp}/Containerfile", str(ctx)], timeout=1800)
-    return tag
 
 
 def image_testbed(image: str) -> Path:

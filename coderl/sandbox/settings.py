@@ -6,19 +6,28 @@ from __future__ import annotations
 import os
 
 from coderl.sandbox.base import BACKEND_ENV
-from coderl.sandbox.container import IMAGE_ENV
+from coderl.sandbox.container import CLI_ENV, IMAGE_ENV
 
 
-def use_backend(backend: str, image: str | None = None) -> dict[str, str | None]:
+def use_backend(
+    backend: str, image: str | None = None, cli: str | None = None
+) -> dict[str, str | None]:
     """Make ``backend`` the default of ``Sandbox.create`` (and ``image`` the container image:
     given, or the Debian base built by :func:`coderl.sandbox.images.base_image` when
-    ``backend == "container"``). Returns the previous values for :func:`restore_backend`.
-    Raises SandboxError (the base image cannot be built)."""
-    before = {k: os.environ.get(k) for k in (BACKEND_ENV, IMAGE_ENV)}
+    ``backend == "container"``; ``cli`` the container CLI, None: found on PATH). Returns the
+    previous values for :func:`restore_backend`. Raises SandboxError (the base image cannot be
+    built)."""
+    before = {k: os.environ.get(k) for k in (BACKEND_ENV, IMAGE_ENV, CLI_ENV)}
+    if cli is not None:
+        os.environ[CLI_ENV] = cli
     if backend == "container" and image is None:
         from coderl.sandbox.images import base_image
 
-        image = base_image()
+        try:
+            image = base_image()
+        except BaseException:
+            restore_backend(before)
+            raise
     os.environ[BACKEND_ENV] = backend
     if image is not None:
         os.environ[IMAGE_ENV] = image

@@ -33,6 +33,7 @@ from typing import Any
 from coderl.stats import estimate
 from coderl.tasks.snapshot import parse_spec
 from coderl.tasks.spec import Task, load_tasks
+from coderl.tasks.swebench import IMAGE_PREFIX
 
 DATA_DIR = Path(__file__).resolve().parent.parent.parent / "data"
 """The checkout's ``data/`` directory (the repository list and the shipped task files)."""
@@ -86,8 +87,11 @@ def read_repos(path: str | Path = REPOS_FILE) -> list[RepoPin]:
 
 
 def repo_of(task: Task) -> str:
-    """The repository a repo task comes from: ``NAME`` of ``pypi:NAME==VERSION``, else the
+    """The repository a repo task comes from: ``NAME`` of ``pypi:NAME==VERSION``; for an
+    instance that brings its own image, its ``repo`` field (``owner/name``); else the
     ``NAME-VERSION`` prefix of its id (``local:`` and imported tasks)."""
+    if getattr(task, "env_id", "").startswith(IMAGE_PREFIX):  # reports take task-like rows too
+        return str(task.extra.get("swebench", {}).get("repo") or task.id)
     pinned = parse_spec(task.source.removeprefix("pypi:"))
     if pinned is not None:
         return pinned[0]

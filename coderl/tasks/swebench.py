@@ -24,9 +24,15 @@ import -> export -> import is the identity. A coderl task's starting state is th
 snapshot with ``bug_patch`` applied; ``base_commit`` is then ``snapshot:<digest>``, not a git
 commit, and a consumer that ignores ``coderl.bug_patch`` starts from the fixed code.
 
+Instances that bring their own image (:func:`read_image_tasks`): the repository lives at the
+image's ``/testbed`` and the instance's own eval script grades it (swebench 5.x's ``image``,
+``eval_script``, ``log_parser``; SWE-smith's ``image_name``, R2E-Gym's ``docker_image``, or the
+SWE-bench naming scheme, :func:`instance_image`). Such a task's ``env_id`` is ``image:<image>``
+(:data:`IMAGE_PREFIX`): no coderl environment is built for it; its episodes and grades run in
+containers of that image (``coderl.grading.harness``, the ``swebench`` task source).
+
 Not supported: SWE-smith's convention that ``patch`` is the bug-introducing diff (read such files
-with the bug in ``coderl.bug_patch``), multi-language harness fields (``image_name``, test
-commands) beyond keeping them in ``extra``.
+with the bug in ``coderl.bug_patch``).
 """
 
 from __future__ import annotations
@@ -35,6 +41,7 @@ import json
 import os
 import subprocess
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -54,6 +61,12 @@ SWEBENCH_KEYS = (
     "hints_text",
 )
 """Instance fields kept in ``Task.extra["swebench"]`` (with any field coderl does not know)."""
+SWEBENCH_NAMESPACE = "swebench"
+"""Docker Hub namespace of SWE-bench's published instance images."""
+IMAGE_KEYS = ("image", "image_name", "docker_image")
+"""Instance fields that name an image: swebench 5.x datasets, SWE-smith, R2E-Gym/SWE-Gym."""
+IMAGE_PREFIX = "image:"
+"""``Task.env_id`` prefix of a task whose environment is its instance's own image."""
 
 
 class Instance(BaseModel):
@@ -82,6 +95,23 @@ class Instance(BaseModel):
             except json.JSONDecodeError as e:
                 raise ValueError(f"not a JSON-encoded list: {e.msg}") from None
         return value
+
+
+def instance_image(
+    instance: dict[str, Any],
+    *,
+    namespace: str = SWEBENCH_NAMESPACE,
+    arch: str = "x86_64",
+    tag: str = "latest",
+) -> str:
+    """The image of a SWE-bench-format instance: the first of ``IMAGE_KEYS`` it has, else the
+    SWE-bench scheme ``{namespace}/sweb.eval.{arch}.{instance_id lowercased}:{tag}`` with ``__``
+    written ``_1776_`` (Docker Hub names cannot hold ``__``). Raises KeyError (no instance_id)."""
+    for key in IMAGE_KEYS:
+        if instance.get(key):
+            return str(instance[key])
+    key = f"sweb.eval.{arch}.{instance['instance_id'].lower()}:{tag}"
+    return f"{namespace}/{key}".replace("__", "_1776_")
 
 
 def read_instances(path: str | Path) -> list[tuple[int, dict[str, Any]]]:
@@ -141,6 +171,31 @@ def _resolve_env(inst: Instance, env: EnvRecord | None, cache: Path | None) -> E
     return None
 
 
+def _instance(raw: dict[str, Any], path: str | Path, line: int) -> Instance:
+    """``raw`` validated as an :class:`Instance`. Raises TaskFileError (the first bad field)."""
+    try:
+        return Instance.model_validate(raw)
+    except ValidationError as e:
+        first = e.errors()[0]
+        field = ".".join(str(p) for p in first["loc"]) or "<object>"
+        raise TaskFileError(path, line, field, first["msg"]) from None
+
+
+def _read_tasks(path: str | Path, convert: Callable[[dict[str, Any], int], Task]) -> list[Task]:
+    """``convert(instance, line)`` of every instance of ``path``. Raises TaskFileError (from
+    ``convert``, or a duplicate id)."""
+    tasks: list[Task] = []
+    seen: dict[str, int] = {}
+    for line, raw in read_instances(path):
+        task = convert(raw, line)
+        if task.id in seen:
+            msg = f"duplicate instance_id {task.id!r} (first on line {seen[task.id]})"
+            raise TaskFileError(path, line, "instance_id", msg)
+        seen[task.id] = line
+        tasks.append(task)
+    return tasks
+
+
 def check_test_patch(test_patch: str, snapshot: Path) -> str:
     """``""`` when ``snapshot`` already holds ``test_patch``'s result, else git's complaint.
 
@@ -179,12 +234,7 @@ def from_instance(
             (field ``env_id``), or a ``test_patch`` that is not in the environment's snapshot
             (field ``test_patch``).
     """
-    try:
-        inst = Instance.model_validate(raw)
-    except ValidationError as e:
-        first = e.errors()[0]
-        field = ".".join(str(p) for p in first["loc"]) or "<object>"
-        raise TaskFileError(path, line, field, first["msg"]) from None
+    inst = _instance(raw, path, line)
     ext = dict(inst.coderl or {})
     if "env_id" in ext:
         env_id = str(ext["env_id"])
@@ -267,16 +317,9 @@ def import_swebench(
     Raises:
         TaskFileError: the first malformed instance (file, line, field), or a duplicate id.
     """
-    tasks: list[Task] = []
-    seen: dict[str, int] = {}
-    for line, raw in read_instances(path):
-        task = from_instance(raw, env=env, cache=cache, path=path, line=line)
-        if task.id in seen:
-            msg = f"duplicate instance_id {task.id!r} (first on line {seen[task.id]})"
-            raise TaskFileError(path, line, "instance_id", msg)
-        seen[task.id] = line
-        tasks.append(task)
-    return tasks
+    return _read_tasks(
+        path, lambda raw, line: from_instance(raw, env=env, cache=cache, path=path, line=line)
+    )
 
 
 def export_swebench(tasks: list[Task], path: str | Path, *, cache: Path | None = None) -> int:
@@ -305,6 +348,78 @@ def export_swebench(tasks: list[Task], path: str | Path, *, cache: Path | None =
             f.writelines(json.dumps(r) + "\n" for r in rows)
     tmp.replace(path)
     return len(rows)
+
+
+def image_task(
+    raw: dict[str, Any],
+    *,
+    split: str = "train",
+    namespace: str = SWEBENCH_NAMESPACE,
+    path: str | Path = "<string>",
+    line: int = 1,
+) -> Task:
+    """One instance that brings its own image -> a repo :class:`Task` with ``env_id``
+    ``image:<image>`` (:func:`instance_image`; the scheme in ``namespace`` for an instance that
+    names none), every instance field but the mapped ones in ``extra["swebench"]`` (the eval
+    script, log parser, test patch ...) with ``image`` set to that image, no held-out tests (the
+    instance's ``test_patch`` is applied only when grading, as in SWE-bench).
+
+    Raises:
+        TaskFileError: a missing or malformed field (named).
+    """
+    inst = _instance(raw, path, line)
+    known = {"instance_id", "patch", "problem_statement", "FAIL_TO_PASS", "PASS_TO_PASS"}
+    image = instance_image(raw, namespace=namespace)
+    fields: dict[str, Any] = {
+        "id": inst.instance_id,
+        "kind": "repo",
+        "env_id": IMAGE_PREFIX + image,
+        "problem_statement": inst.problem_statement,
+        "FAIL_TO_PASS": inst.FAIL_TO_PASS,
+        "PASS_TO_PASS": inst.PASS_TO_PASS,
+        "held_out_tests": [],
+        "gold_patch": inst.patch,
+        "source": f"swebench:{inst.repo}" + (f"@{inst.base_commit}" if inst.base_commit else ""),
+        "license": "unknown",
+        "split": split,
+        "extra": {"swebench": {k: v for k, v in raw.items() if k not in known} | {"image": image}},
+    }
+    try:
+        return Task.model_validate(fields)
+    except ValidationError as e:
+        field, msg = ".".join(str(p) for p in e.errors()[0]["loc"]), e.errors()[0]["msg"]
+        raise TaskFileError(path, line, field, msg) from None
+
+
+def read_image_tasks(
+    path: str | Path, *, split: str = "train", namespace: str = SWEBENCH_NAMESPACE
+) -> list[Task]:
+    """Every instance of a SWE-bench-format file as an image task (:func:`image_task`), all in
+    ``split``, images named in ``namespace`` where the instance names none.
+
+    Raises:
+        TaskFileError: the first malformed instance (file, line, field), or a duplicate id.
+    """
+    return _read_tasks(
+        path,
+        lambda raw, line: image_task(raw, split=split, namespace=namespace, path=path, line=line),
+    )
+
+
+def task_instance(task: Task) -> dict[str, Any]:
+    """The instance an image task was read from (:func:`image_task` inverted): its
+    ``extra["swebench"]`` fields with the id, test lists, gold patch and statement put back.
+    Raises ValueError (not an image task)."""
+    if not task.env_id.startswith(IMAGE_PREFIX):
+        raise ValueError(f"{task.id}: not an image task (env_id {task.env_id!r})")
+    return {
+        **task.extra["swebench"],
+        "instance_id": task.id,
+        "patch": task.gold_patch,
+        "problem_statement": task.problem_statement,
+        "FAIL_TO_PASS": list(task.FAIL_TO_PASS),
+        "PASS_TO_PASS": list(task.PASS_TO_PASS),
+    }
 
 
 FORMATS = {"swebench": (import_swebench, export_swebench)}

@@ -140,7 +140,9 @@ def setup_run(
     say = cfg.progress and int(os.environ.get("RANK", "0") or 0) == 0
     if say:  # minutes can pass before the first progress line (tasks, weights, the engine)
         print(f"setup: tasks of {cfg.tasks.source!r}, model {cfg.model.name}...", file=sys.stderr)
-    sandbox_before = use_backend(cfg.sandbox.backend, cfg.sandbox.image)  # close_run restores
+    sandbox_before = use_backend(
+        cfg.sandbox.backend, cfg.sandbox.image, cfg.sandbox.cli
+    )  # close_run restores
     try:
         env = build_environment(cfg)
         policy = build_policy(cfg)
