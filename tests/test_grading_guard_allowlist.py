@@ -121,6 +121,25 @@ DENIED = {
         "getattr_module_name": "import typing\nS = getattr(typing, 'sys')\n",
         "attrgetter_module_name": "import operator\nS = operator.attrgetter('sys')\n",
     },
+    # a module's namespace handed to a reader, or a module inside a reviewed one
+    "namespace_reader": {
+        "wraps_module": "import functools, typing\nf = functools.wraps(typing)(print)\n",
+        "wraps_submodule": "import functools, os\nf = functools.wraps(os.path)(print)\n",
+        "wraps_chosen_names": (
+            "import functools\ndef d(g):\n    return functools.wraps(g, assigned=('sys',))\n"
+        ),
+        "update_wrapper_names": (
+            "import functools\nf = functools.update_wrapper(print, len, ('x',), ())\n"
+        ),
+        "match_attribute": "import typing\nmatch typing:\n    case object(sys=s):\n        pass\n",
+        "enum_builtins": "import enum\nenum.bltns.exec('x = 1')\n",
+        "json_codecs": "import json\nc = json.codecs.lookup\n",
+        "global_enum": "import enum\n@enum.global_enum\nclass E(enum.Enum):\n    A = 1\n",
+        "enum_convert": "import enum\nE = enum.IntEnum._convert_('E', 'x', bool)\n",
+        "module_rename": "class C:\n    __module__ = 'x'\n",
+        "copy_dispatch": "import copy\ncopy.dispatch_table[int] = print\n",
+        "module_as_argument": "import json\ndef f(g):\n    return g(json)\n",
+    },
     # patching code the grader's plugin runs too (its json.dumps calls JSONEncoder.encode)
     "module_store": {
         "class_attr": "import json\njson.JSONEncoder.encode = print\n",
@@ -132,6 +151,7 @@ DENIED = {
         "setattr": "import json\nsetattr(json.JSONEncoder, 'encode', print)\n",
         "delete": "import json\ndel json.JSONEncoder.encode\n",
         "module_function": "import os\nos.write = print\n",
+        "local_alias": "import json\ndef f(g):\n    copy = json.JSONEncoder\n    copy.encode = g\n",
     },
 }
 CASES = [(cls, name) for cls, ex in DENIED.items() for name in ex]
@@ -173,6 +193,17 @@ HONEST = {
     "itertools": "import itertools\nx = list(itertools.chain([1], [2]))\n",
     "own_attribute": "class C:\n    def f(self):\n        self.x = 1\n",
     "local_object_attribute": "from collections import OrderedDict\ndef f():\n    d = OrderedDict()\n    d.note = 1\n    return d\n",
+    "wraps": (
+        "import functools\ndef d(g):\n    @functools.wraps(g)\n    def w(*a):\n"
+        "        return g(*a)\n    return w\n"
+    ),
+    "abc_sequence": "import collections.abc\nok = isinstance([], collections.abc.Sequence)\n",
+    "from_abc": "from collections import abc\nok = isinstance([], abc.Sequence)\n",
+    "json_error": "import json\nE = json.decoder.JSONDecodeError\n",
+    "local_shadows_module": (
+        "import copy\nclass C(dict):\n    def f(self):\n        copy = C(self)\n"
+        "        copy.note = 1\n        return copy\n"
+    ),
     "regex_braces": "import re\nR = re.compile(r'^[a-z]{1,3}$')\n",
 }
 

@@ -62,6 +62,7 @@ from coderl.grading.guardlists import (  # the reviewed lists
     BUILTIN_NAMES,
     BUILTINS_ALLOWED,
     DUNDER_ALLOWED,
+    DUNDER_STORE_DENIED,
     FD_OPEN_CALLS,
     FILE_CALLS,
     FS_PROBES,
@@ -75,6 +76,8 @@ from coderl.grading.guardlists import (  # the reviewed lists
     STDLIB_NAMES,
     STRING_PATHS,
     STRING_WORDS,
+    SUBMODULES,
+    WRAPPER_CALLS,
 )
 from coderl.grading.pyparse import parse_python
 
@@ -179,12 +182,12 @@ def _format_fields(text: str) -> list[str]:
 _SCOPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda, ast.Module)
 
 
-def _bindings(tree: ast.AST) -> tuple[dict[int, set[str]], set[str], set[str]]:
+def _bindings(tree: ast.AST) -> tuple[dict[int, set[str]], dict[int, set[str]], set[str]]:
     """Names bound in each scope (keyed by the id of its function, class, lambda or module;
-    comprehensions count as their enclosing scope), the names bound anywhere in the file, and
-    the names bound only ever to a string literal (``FMT = "{:>8}"``). Walked without
-    recursion."""
+    comprehensions count as their enclosing scope), the same without import bindings, and the
+    names bound only ever to a string literal (``FMT = "{:>8}"``). Walked without recursion."""
     bound: dict[int, set[str]] = {}
+    plain: dict[int, set[str]] = {}
     literal: dict[str, bool] = {}
     stack: list[tuple[ast.AST, int]] = [(tree, id(tree))]
     while stack:
@@ -207,16 +210,17 @@ def _bindings(tree: ast.AST) -> tuple[dict[int, set[str]], set[str], set[str]]:
             bound.setdefault(id(tree), set()).update(node.names)
         for name in names:
             bound.setdefault(scope, set()).add(name)
+            if not isinstance(node, ast.alias):
+                plain.setdefault(scope, set()).add(name)
             literal[name] = literal.get(name, True) and _str_assign(node)
         for child in ast.iter_child_nodes(node):
             stack.append((child, inner))
-    everywhere = set().union(*bound.values()) if bound else set()
-    return bound, everywhere, {n for n, ok in literal.items() if ok}
+    return bound, plain, {n for n, ok in literal.items() if ok}
 
 
-def _foreign_names(tree: ast.AST, first: frozenset[str]) -> set[str]:
-    """Local names bound to another package's objects: by an import from outside ``first``, or
-    by assigning an attribute chain on such a name (``E = json.JSONEncoder``) or ``type(...)``
+def _foreign_names(tree: ast.AST, first: frozenset[str]) -> tuple[set[str], set[str]]:
+    """Names bound to another package's objects: by an import from outside ``first``, and by
+    assigning an attribute chain on such a name (``E = json.JSONEncoder``) or ``type(...)``
     (two passes, so an alias of an alias counts; a value passed through a call does not)."""
     names: set[str] = set()
     for node in ast.walk(tree):
@@ -225,6 +229,7 @@ def _foreign_names(tree: ast.AST, first: frozenset[str]) -> set[str]:
                 module = getattr(node, "module", None) or alias.name
                 if _top(module) not in first and module != "__future__":
                     names.add(alias.asname or _top(alias.name))
+    imports, aliases = set(names), set()
     for _ in range(2):
         for node in ast.walk(tree):
             if isinstance(node, (ast.Assign, ast.AnnAssign)) and node.value is not None:
@@ -234,8 +239,10 @@ def _foreign_names(tree: ast.AST, first: frozenset[str]) -> set[str]:
                 typed = isinstance(value, ast.Call) and getattr(value.func, "id", "") == "type"
                 if typed or isinstance(value, ast.Name) and value.id in names:
                     targets = node.targets if isinstance(node, ast.Assign) else [node.target]
-                    names.update(t.id for t in targets if isinstance(t, ast.Name))
-    return names
+                    found = {t.id for t in targets if isinstance(t, ast.Name)}
+                    names |= found
+                    aliases |= found
+    return imports, aliases
 
 
 def _str_assign(node: ast.AST) -> bool:
@@ -266,9 +273,11 @@ class _Scanner:
         self.import_names: set[str] = set()  # every absolute module the file imports
         self.first = first  # the file's own package (:func:`first_party`)
         self.docstrings = _docstrings(tree)
-        self.foreign = _foreign_names(tree, first)  # names of other code's objects (patchable)
-        self.bound, self.bound_anywhere, self.literal_names = _bindings(tree)
+        # names of other code's objects (patchable): imported, and aliases of those
+        self.foreign, self.aliases = _foreign_names(tree, first)
+        self.bound, self.plain, self.literal_names = _bindings(tree)
         self.scope: list[str] = []
+        self.tree = tree
         self.scope_ids: list[tuple[int, bool]] = [(id(tree), False)]  # (scope, is a class)
         self.own: list[str | None] = []  # each enclosing function's unassigned first argument
 
@@ -309,6 +318,18 @@ class _Scanner:
         chain = [i for i, is_class in self.scope_ids[:-1] if not is_class]
         ids = [*chain, self.scope_ids[-1][0], id(parent)]
         return any(name in self.bound.get(i, ()) for i in ids)
+
+    def _local(self, name: str, node: ast.AST) -> bool:
+        """Whether ``name`` is a local variable here (bound, not by an import, in an enclosing
+        function, class body or lambda): a local ``copy`` is not the module ``copy``."""
+        parent = getattr(node, "_parent", None)
+        while parent is not None and not isinstance(parent, _SCOPES):
+            parent = getattr(parent, "_parent", None)
+        chain = [i for i, is_class in self.scope_ids[1:-1] if not is_class]
+        ids = [*chain, *[i for i, _ in self.scope_ids[-1:] if i != self.scope_ids[0][0]]]
+        if parent is not None and parent is not self.tree:
+            ids.append(id(parent))
+        return any(name in self.plain.get(i, ()) for i in ids)
 
     def visit_FunctionDef(self, node: ast.FunctionDef | ast.AsyncFunctionDef) -> None:
         args = [*node.args.posonlyargs, *node.args.args]
@@ -375,6 +396,22 @@ class _Scanner:
         if name in NAME_ATTR_CALLS and alias.asname not in (None, name):
             self.add("dynamic-attr", f"{name} as {alias.asname}", node)
         self._bind(alias.asname or name, full)
+        if name in SUBMODULES.get(mod, {}):
+            self.is_module.add(alias.asname or name)  # ``from os import path``
+
+    def _submodule(self, base: ast.AST, attr: str, node: ast.Attribute) -> None:
+        """``X.Y`` where ``Y`` is a module inside a reviewed module ``X``: a finding when ``Y``
+        is not reviewed itself (``enum.bltns`` is ``builtins``), and when used as a value."""
+        owner = self._dotted(base)
+        owner = {"os.path": "posixpath"}.get(owner or "", owner)
+        real = SUBMODULES.get(owner or "", {}).get(attr)
+        if real is None:
+            return
+        if real not in SAFE_MODULES and _top(real) not in SAFE_MODULES:
+            self.add("module-attr", f"{owner}.{attr} ({real})", node)
+        parent = getattr(node, "_parent", None)
+        if not (isinstance(parent, ast.Attribute) and parent.value is node):
+            self.add("module-value", f"{owner}.{attr}", node)
 
     def _foreign_module(self, name: str) -> bool:
         """A standard-library module that is neither reviewed nor imported by the file."""
@@ -391,7 +428,9 @@ class _Scanner:
         while isinstance(node, ast.Attribute):
             attrs.append(node.attr)
             node = node.value
-        base = self.imported.get(node.id) if isinstance(node, ast.Name) else None
+        if not isinstance(node, ast.Name) or self._local(node.id, node):
+            return None
+        base = self.imported.get(node.id)
         return ".".join([base, *reversed(attrs)]) if base else None
 
     def _own_dict(self, node: ast.Attribute) -> bool:
@@ -407,14 +446,20 @@ class _Scanner:
         base, attr = node.value, node.attr
         if not isinstance(node.ctx, ast.Load) and self._foreign(base):
             self.add("module-store", attr, node)  # ``json.JSONEncoder.encode = f``
-        if isinstance(base, ast.Name) and base.id in self.modules:
+        own = isinstance(base, ast.Name) and self._local(base.id, base)
+        if isinstance(base, ast.Name) and base.id in self.modules and not own:
             self._module_attr(self.modules[base.id], attr, node)
         elif (dotted := self._dotted(base)) and dotted in RULED_MODULES:
             self._module_attr(dotted, attr, node)  # ``os.path.exists``
-        if isinstance(base, ast.Name) and base.id in self.is_module:
+        if isinstance(base, ast.Name) and base.id in self.is_module and not own:
             module = self.imported[base.id]
             if not self._ours(module) and (_private(attr) or self._foreign_module(attr)):
                 self.add("module-attr", f"{module}.{attr}", node)
+        self._submodule(base, attr, node)
+        if not isinstance(node.ctx, ast.Load) and attr in DUNDER_STORE_DENIED:
+            self.add("dunder", f"{attr} assigned", node)
+        if attr in ("eval", "exec", "breakpoint"):
+            self.add("call", attr, node)  # ``enum.bltns.exec``: the builtin by another path
         if (
             (attr in BANNED_ATTRS and not self._own_dict(node))
             or _CO_ATTR.match(attr)
@@ -443,7 +488,9 @@ class _Scanner:
             node = node.value
         if isinstance(node, ast.Call):
             return isinstance(node.func, ast.Name) and node.func.id == "type"
-        return isinstance(node, ast.Name) and node.id in self.foreign
+        if not isinstance(node, ast.Name):
+            return False
+        return node.id in self.aliases or node.id in self.foreign and not self._local(node.id, node)
 
     def _literal(self, node: ast.AST) -> bool:
         """A string literal, or a name bound only ever to string literals in this file."""
@@ -458,10 +505,15 @@ class _Scanner:
         if node.id in ("__builtins__", "__import__", "__loader__", "__spec__"):
             self.add("attr", node.id, node)
         parent = getattr(node, "_parent", None)
-        if node.id in self.modules and not (
-            isinstance(parent, ast.Attribute) and parent.value is node
-        ):
-            self.add("module-value", node.id, node)
+        module = not self._local(node.id, node) and (
+            node.id in self.modules
+            or node.id in self.is_module
+            and not self._ours(self.imported[node.id])
+        )
+        if module and not (isinstance(parent, ast.Attribute) and parent.value is node):
+            self.add("module-value", node.id, node)  # ``wraps(typing)`` copies its namespace
+        if not isinstance(node.ctx, ast.Load) and node.id in DUNDER_STORE_DENIED:
+            self.add("dunder", f"{node.id} assigned", node)
         if node.id in NAME_ATTR_CALLS | BANNED_CALLS and not _called(node):
             self.add("dynamic-attr", f"{node.id} as a value", node)  # ``g = getattr``
 
@@ -482,6 +534,8 @@ class _Scanner:
             self.add("call", name, node)
         if name in NAME_ATTR_CALLS or name in ("__getattribute__", "__getattr__", "__setattr__"):
             self._literal_attrs(name, node)
+        if name in WRAPPER_CALLS and (node.keywords or len(node.args) > 2 - (name == "wraps")):
+            self.add("dynamic-attr", f"{name} with chosen attribute names", node)
         if name in ("setattr", "delattr", "__setattr__", "__delattr__") and node.args:
             if self._foreign(node.args[0]):
                 self.add("module-store", name, node)
@@ -516,6 +570,11 @@ class _Scanner:
                 for part in arg.value.split("."):
                     self.ref(part, node)  # ``getattr(o, "helper")`` uses ``helper``
 
+    def visit_MatchClass(self, node: ast.MatchClass) -> None:
+        for attr in node.kwd_attrs:  # ``case object(sys=s)`` reads an attribute by name
+            if _bad_name(attr):
+                self.add("dynamic-attr", f"match {attr}=", node)
+
     def visit_Constant(self, node: ast.Constant) -> None:
         value = node.value
         if isinstance(value, bytes):
@@ -535,6 +594,8 @@ def _bad_name(part: str) -> bool:
         or _bad_dunder(part)
         or part.lstrip("_") in MODULE_ALIASES
         or part in FS_PROBES
+        or part in STDLIB_NAMES
+        and part not in SAFE_MODULES
     )
 
 

@@ -45,6 +45,9 @@ MEMBERS_DENIED = {
         "CodeType FunctionType FrameType TracebackType CellType LambdaType MethodType "
         "new_class prepare_class".split()
     ),
+    # global_enum and friends write an enum's members into the module its ``__module__`` names
+    "enum": frozenset({"global_enum", "global_str", "global_enum_repr", "global_flag_repr"}),
+    "copy": frozenset({"dispatch_table"}),  # copyreg's table: a reducer is handed others' objects
     "threading": frozenset(
         "settrace setprofile settrace_all_threads setprofile_all_threads _current_frames "
         "_active _shutdown _register_atexit excepthook".split()
@@ -138,8 +141,39 @@ other dunder (``__globals__``, ``__code__``, ``__func__``, ``__reduce__``, ``__l
 ``__subclasses__``...) is a finding. ``__getattr__``/``__setattr__``/``__delattr__`` calls keep
 the literal-name rule; ``__dict__`` keeps its own rule (a method's own ``self.__dict__``)."""
 
+DUNDER_STORE_DENIED = frozenset(
+    "__module__ __path__ __package__ __name__ __file__ __loader__ __spec__ __builtins__ "
+    "__class__ __bases__ __dict__ __globals__ __code__ __qualname__".split()
+)
+"""Dunders a diff may not assign (as a name or an attribute): ``__module__`` makes
+``dataclasses`` and ``enum`` resolve a class in another module's namespace, ``__path__`` and
+``__package__`` redirect imports, ``__class__`` swaps an object's type."""
+WRAPPER_CALLS = frozenset({"wraps", "update_wrapper"})
+"""``functools``' copiers of ``__dict__`` and named attributes: the wrapped object may not be a
+module (module-value rule) and the copied names may not be chosen (``assigned``/``updated``)."""
+
 STDLIB_NAMES = frozenset(sys.stdlib_module_names)
 """Top-level standard-library module names (a package named like one is not first-party)."""
+
+
+def _submodules() -> dict[str, dict[str, str]]:
+    """For each reviewed module, its attributes that are modules, by the module's real name
+    (``os.path`` -> ``posixpath``, ``enum.bltns`` -> ``builtins``): one that is not reviewed is
+    a finding, and any used as a value hands a module's namespace to a dict reader
+    (``functools.wraps(os.path)`` copies its ``__dict__``, ``sys`` included)."""
+    import importlib
+    import types
+
+    out: dict[str, dict[str, str]] = {}
+    for name in sorted(SAFE_MODULES):
+        module = importlib.import_module(name)
+        out[name] = {
+            a: v.__name__ for a, v in vars(module).items() if isinstance(v, types.ModuleType)
+        }
+    return out
+
+
+SUBMODULES = _submodules()
 
 # --- the denylist the allowlist sits on (process internals by name) ---
 
@@ -166,7 +200,7 @@ BANNED_ATTRS = (
     path_importer_cache addaudithook audit _current_frames setrecursionlimit get_objects
     get_referrers get_referents __dict__ __self__ currentframe get_field ForwardRef _evaluate
     _eval_type get_type_hints __annotations__ create_subprocess_exec create_subprocess_shell
-    subprocess_exec subprocess_shell""".split()
+    subprocess_exec subprocess_shell _convert_""".split()
     )
     | MEMBERS_DENIED["threading"]
     | MEMBERS_DENIED["types"] - {"new_class", "prepare_class"}
