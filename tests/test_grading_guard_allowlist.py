@@ -138,6 +138,10 @@ DENIED = {
         "enum_convert": "import enum\nE = enum.IntEnum._convert_('E', 'x', bool)\n",
         "module_rename": "class C:\n    __module__ = 'x'\n",
         "copy_dispatch": "import copy\ncopy.dispatch_table[int] = print\n",
+        "make_dataclass": (
+            "import dataclasses\nC = dataclasses.make_dataclass('C', ['a'], "
+            "namespace={'__module__': 'x'})\n"
+        ),
         "module_as_argument": "import json\ndef f(g):\n    return g(json)\n",
     },
     # patching code the grader's plugin runs too (its json.dumps calls JSONEncoder.encode)

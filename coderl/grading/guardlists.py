@@ -47,7 +47,11 @@ MEMBERS_DENIED = {
     ),
     # global_enum and friends write an enum's members into the module its ``__module__`` names
     "enum": frozenset({"global_enum", "global_str", "global_enum_repr", "global_flag_repr"}),
-    "copy": frozenset({"dispatch_table"}),  # copyreg's table: a reducer is handed others' objects
+    "copy": frozenset({"dispatch_table"}),
+    # its ``namespace`` dict can set ``__module__`` (a string key the dunder rules do not read)
+    "dataclasses": frozenset(
+        {"make_dataclass"}
+    ),  # copyreg's table: a reducer is handed others' objects
     "threading": frozenset(
         "settrace setprofile settrace_all_threads setprofile_all_threads _current_frames "
         "_active _shutdown _register_atexit excepthook".split()
