@@ -283,3 +283,27 @@ def test_the_rollout_sandbox_hashes_as_the_graded_run_does(monkeypatch):
     grade.rollout_sandbox(Task(), lambda base, **kw: seen.update(kw))
     for key in ("PYTHONHASHSEED", "PYTHONDONTWRITEBYTECODE"):
         assert seen["env"][key] == SANDBOX_ENV[key]
+
+
+def test_the_submodule_table_is_what_the_reviewed_modules_hold():
+    """Recomputed in a fresh interpreter (this one may have imported more submodules)."""
+    import json
+    import subprocess
+    import sys
+
+    from coderl.grading.guardlists import SAFE_MODULES, SUBMODULES
+
+    code = (
+        "import importlib, json, sys, types\n"
+        "out = {}\n"
+        "for name in sorted(sys.argv[1:]):\n"
+        "    m = importlib.import_module(name)\n"
+        "    f = {a: v.__name__ for a, v in vars(m).items() if isinstance(v, types.ModuleType)}\n"
+        "    if f:\n"
+        "        out[name] = f\n"
+        "print(json.dumps(out))\n"
+    )
+    run = subprocess.run(
+        [sys.executable, "-S", "-c", code, *SAFE_MODULES], capture_output=True, check=True
+    )
+    assert json.loads(run.stdout) == SUBMODULES
