@@ -97,6 +97,7 @@ DENIED = {
         "input": "def f():\n    return input()\n",
         "path_probe": "def f(p):\n    return p.exists()\n",
         "iterdir": "def f(p):\n    return list(p.iterdir())\n",
+        "path_stat": "def f(p):\n    return p.stat().st_mode\n",
     },
     # dunders outside the reviewed list, as attributes, names and strings
     "dunder": {

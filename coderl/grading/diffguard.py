@@ -659,7 +659,14 @@ def _known(source: bytes | None, path: str) -> tuple[Counter, Counter, set[str],
         return Counter(), Counter(), set(), set()
     found = Counter((rule, what, scope) for rule, what, _, scope in scanner.found)
     refs = Counter((name, scope) for name, _, scope in scanner.refs)
-    tainted = {scope.rsplit(".", 1)[-1] for _, _, _, scope in scanner.found if scope}
+    # a dunder is called implicitly (``obj.attr`` runs ``__get__``), so its name is no route of
+    # its own; a module the file imports is allowed everywhere in it, so it taints nothing
+    helpers = {
+        scope.rsplit(".", 1)[-1]
+        for r, _, _, scope in scanner.found
+        if scope and r != "import-not-allowed"
+    }
+    tainted = {name for name in helpers if not _dunder(name)}
     return found, refs, tainted, scanner.import_names
 
 

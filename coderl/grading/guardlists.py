@@ -95,7 +95,7 @@ MEMBERS_ALLOWED = {
 
 FS_PROBES = frozenset(
     """exists lexists isfile isdir islink ismount getsize getmtime getatime getctime realpath
-    samefile listdir scandir walk iterdir glob rglob lstat readlink access getcwd cwd
+    samefile listdir scandir walk iterdir glob rglob stat lstat readlink access getcwd cwd
     is_dir is_file is_symlink is_mount expandvars getenv environ environb getppid""".split()
 )
 """Calls and attributes (on any object) that read the file system or the process's
