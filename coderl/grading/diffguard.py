@@ -11,8 +11,8 @@ reports only what the diff *adds* (a library that already calls ``sys._getframe`
 flagged; a diff that adds a second call is).
 
 Policy: an allowlist that fails closed for what a diff adds (the reviewed lists and why each
-entry is there: :mod:`coderl.grading.guardlists`; the measured false positives and the residual
-risk: ``docs/tasks-and-grading.md``):
+entry is there: :mod:`coderl.grading.guardlists`; the AST pre-passes: :mod:`.guardast`; the
+measured false positives and the residual risk: ``docs/tasks-and-grading.md``):
 
 - imports: a module the changed file (as released, or as the task starts) already imports, a
   module of the package itself (relative, or under the file's top-level package), or one on
@@ -51,10 +51,18 @@ from __future__ import annotations
 
 import ast
 import re
-import string
 from collections import Counter
 from dataclasses import dataclass
 
+from coderl.grading.guardast import (
+    SCOPES,
+    bindings,
+    docstrings,
+    first_party,
+    foreign_names,
+    format_fields,
+    top_name,
+)
 from coderl.grading.guardlists import (  # the reviewed lists
     BANNED_ATTRS,
     BANNED_CALLS,
@@ -107,12 +115,8 @@ class Finding:
         return f"{self.path}:{self.line}: {self.rule} {self.what}"
 
 
-def _top(name: str) -> str:
-    return name.split(".")[0]
-
-
 def _banned_module(name: str) -> bool:
-    return name in BANNED_MODULES or _top(name) in BANNED_MODULES
+    return name in BANNED_MODULES or top_name(name) in BANNED_MODULES
 
 
 def _dunder(name: str) -> bool:
@@ -128,132 +132,12 @@ def _private(name: str) -> bool:
     return name.startswith("_") and not _dunder(name)
 
 
-def first_party(path: str) -> frozenset[str]:
-    """The package a workspace file belongs to, as an importable top-level name (``toolz`` for
-    ``toolz/itertoolz.py``, ``slugify`` for ``src/slugify/slugify.py``, ``six`` for
-    ``six.py``); none where that name is a standard-library module's or private."""
-    parts = [p for p in path.split("/") if p]
-    if parts and parts[0] in ("src", "lib") and len(parts) > 1:
-        parts = parts[1:]
-    name = parts[0].removesuffix(".py") if parts else ""
-    if not name.isidentifier() or name in STDLIB_NAMES or name.startswith("_"):
-        return frozenset()
-    return frozenset({name})
-
-
-def _docstrings(tree: ast.AST) -> set[int]:
-    """ids of the string constants that are docstrings (first statement of a body)."""
-    out: set[int] = set()
-    for node in ast.walk(tree):
-        body = getattr(node, "body", None)
-        if isinstance(body, list) and body and isinstance(body[0], ast.Expr):
-            value = body[0].value
-            if isinstance(value, ast.Constant) and isinstance(value.value, str):
-                out.add(id(value))
-    return out
-
-
 def _string_hits(text: str) -> list[str]:
     hits = [p for p in STRING_PATHS if p in text]
     for word in _WORD.findall(text):
         parts = {word, *word.split(".")}
         hits += sorted(p for p in parts if p in STRING_WORDS or _CO_ATTR.match(p) or _bad_dunder(p))
     return hits
-
-
-def _format_fields(text: str) -> list[str]:
-    """Replacement fields of ``text`` read as a ``str.format`` template that reach into their
-    argument (``{0.attr}``, ``{a[key]}``), nested specs included; none when it is no template."""
-    out: list[str] = []
-    todo = [text]
-    while todo and len(out) < 8:
-        try:
-            parsed = list(string.Formatter().parse(todo.pop()))
-        except (ValueError, IndexError):
-            continue
-        for _, field, spec, _ in parsed:
-            if field and ("." in field or "[" in field):
-                out.append(field)
-            if spec and "{" in spec:
-                todo.append(spec)
-    return out
-
-
-_SCOPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda, ast.Module)
-
-
-def _bindings(tree: ast.AST) -> tuple[dict[int, set[str]], dict[int, set[str]], set[str]]:
-    """Names bound in each scope (keyed by the id of its function, class, lambda or module;
-    comprehensions count as their enclosing scope), the same without import bindings, and the
-    names bound only ever to a string literal (``FMT = "{:>8}"``). Walked without recursion."""
-    bound: dict[int, set[str]] = {}
-    plain: dict[int, set[str]] = {}
-    literal: dict[str, bool] = {}
-    stack: list[tuple[ast.AST, int]] = [(tree, id(tree))]
-    while stack:
-        node, scope = stack.pop()
-        inner = id(node) if isinstance(node, _SCOPES) else scope
-        names: list[str] = []
-        if isinstance(node, ast.Name) and not isinstance(node.ctx, ast.Load):
-            names.append(node.id)
-        elif isinstance(node, ast.arg):
-            names.append(node.arg)
-        elif isinstance(node, ast.alias):
-            names.append(node.asname or _top(node.name))
-        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-            names.append(node.name)
-        elif isinstance(node, (ast.ExceptHandler, ast.MatchAs, ast.MatchStar)) and node.name:
-            names.append(node.name)
-        elif isinstance(node, ast.MatchMapping) and node.rest:
-            names.append(node.rest)
-        elif isinstance(node, (ast.Global, ast.Nonlocal)):
-            bound.setdefault(id(tree), set()).update(node.names)
-        for name in names:
-            bound.setdefault(scope, set()).add(name)
-            if not isinstance(node, ast.alias):
-                plain.setdefault(scope, set()).add(name)
-            literal[name] = literal.get(name, True) and _str_assign(node)
-        for child in ast.iter_child_nodes(node):
-            stack.append((child, inner))
-    return bound, plain, {n for n, ok in literal.items() if ok}
-
-
-def _foreign_names(tree: ast.AST, first: frozenset[str]) -> tuple[set[str], set[str]]:
-    """Names bound to another package's objects: by an import from outside ``first``, and by
-    assigning an attribute chain on such a name (``E = json.JSONEncoder``) or ``type(...)``
-    (two passes, so an alias of an alias counts; a value passed through a call does not)."""
-    names: set[str] = set()
-    for node in ast.walk(tree):
-        if isinstance(node, (ast.Import, ast.ImportFrom)) and not getattr(node, "level", 0):
-            for alias in node.names:
-                module = getattr(node, "module", None) or alias.name
-                if _top(module) not in first and module != "__future__":
-                    names.add(alias.asname or _top(alias.name))
-    imports, aliases = set(names), set()
-    for _ in range(2):
-        for node in ast.walk(tree):
-            if isinstance(node, (ast.Assign, ast.AnnAssign)) and node.value is not None:
-                value = node.value
-                while isinstance(value, ast.Attribute):
-                    value = value.value
-                typed = isinstance(value, ast.Call) and getattr(value.func, "id", "") == "type"
-                if typed or isinstance(value, ast.Name) and value.id in names:
-                    targets = node.targets if isinstance(node, ast.Assign) else [node.target]
-                    found = {t.id for t in targets if isinstance(t, ast.Name)}
-                    names |= found
-                    aliases |= found
-    return imports, aliases
-
-
-def _str_assign(node: ast.AST) -> bool:
-    """Whether ``node`` is a plain name target assigned a string literal."""
-    parent = getattr(node, "_parent", None)
-    return (
-        isinstance(node, ast.Name)
-        and isinstance(parent, (ast.Assign, ast.AnnAssign))
-        and isinstance(parent.value, ast.Constant)
-        and isinstance(parent.value.value, str)
-    )
 
 
 _EXIT = object()  # marks, on the walk's stack, the end of a scope's body
@@ -272,10 +156,10 @@ class _Scanner:
         self.is_module: set[str] = set()  # local names bound by ``import X`` (a module)
         self.import_names: set[str] = set()  # every absolute module the file imports
         self.first = first  # the file's own package (:func:`first_party`)
-        self.docstrings = _docstrings(tree)
+        self.docstrings = docstrings(tree)
         # names of other code's objects (patchable): imported, and aliases of those
-        self.foreign, self.aliases = _foreign_names(tree, first)
-        self.bound, self.plain, self.literal_names = _bindings(tree)
+        self.foreign, self.aliases = foreign_names(tree, first)
+        self.bound, self.plain, self.literal_names = bindings(tree)
         self.scope: list[str] = []
         self.tree = tree
         self.scope_ids: list[tuple[int, bool]] = [(id(tree), False)]  # (scope, is a class)
@@ -313,7 +197,7 @@ class _Scanner:
         """Whether ``name`` is bound in an enclosing scope: the innermost (a lambda counts),
         then the enclosing functions and the module (a class body binds only for itself)."""
         parent = getattr(node, "_parent", None)
-        while parent is not None and not isinstance(parent, _SCOPES):
+        while parent is not None and not isinstance(parent, SCOPES):
             parent = getattr(parent, "_parent", None)
         chain = [i for i, is_class in self.scope_ids[:-1] if not is_class]
         ids = [*chain, self.scope_ids[-1][0], id(parent)]
@@ -323,7 +207,7 @@ class _Scanner:
         """Whether ``name`` is a local variable here (bound, not by an import, in an enclosing
         function, class body or lambda): a local ``copy`` is not the module ``copy``."""
         parent = getattr(node, "_parent", None)
-        while parent is not None and not isinstance(parent, _SCOPES):
+        while parent is not None and not isinstance(parent, SCOPES):
             parent = getattr(parent, "_parent", None)
         chain = [i for i, is_class in self.scope_ids[1:-1] if not is_class]
         ids = [*chain, *[i for i, _ in self.scope_ids[-1:] if i != self.scope_ids[0][0]]]
@@ -347,7 +231,7 @@ class _Scanner:
         self._scoped(node, None)
 
     def _ours(self, module: str) -> bool:
-        return _top(module) in self.first
+        return top_name(module) in self.first
 
     def _bind(self, local: str, module: str) -> None:
         self.imported[local] = module
@@ -370,8 +254,8 @@ class _Scanner:
     def visit_Import(self, node: ast.Import) -> None:
         for alias in node.names:
             self._import(alias.name, node)
-            local = alias.asname or _top(alias.name)
-            self._bind(local, alias.name if alias.asname else _top(alias.name))
+            local = alias.asname or top_name(alias.name)
+            self._bind(local, alias.name if alias.asname else top_name(alias.name))
             self.is_module.add(local)
 
     def visit_ImportFrom(self, node: ast.ImportFrom) -> None:
@@ -407,7 +291,7 @@ class _Scanner:
         real = SUBMODULES.get(owner or "", {}).get(attr)
         if real is None:
             return
-        if real not in SAFE_MODULES and _top(real) not in SAFE_MODULES:
+        if real not in SAFE_MODULES and top_name(real) not in SAFE_MODULES:
             self.add("module-attr", f"{owner}.{attr} ({real})", node)
         parent = getattr(node, "_parent", None)
         if not (isinstance(parent, ast.Attribute) and parent.value is node):
@@ -582,7 +466,7 @@ class _Scanner:
         if isinstance(value, str) and id(node) not in self.docstrings:
             for hit in _string_hits(value):
                 self.add("string", hit, node)
-            for field in _format_fields(value):
+            for field in format_fields(value):
                 self.add("format-field", field, node)
 
 
