@@ -25,9 +25,13 @@ from coderl.tasks.snapshot import unpack
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def _source(env_id: str, sdists: Path | None, scratch: Path) -> Path | None:
+def released_source(env_id: str, sdists: Path | None, scratch: Path) -> Path | None:
+    """The released tree of ``env_id``: its built environment's snapshot when that is on disk,
+    else its sdist from ``sdists`` unpacked under ``scratch``; None when neither is at hand."""
     try:
-        return Path(find_env(env_id).snapshot)
+        snapshot = Path(find_env(env_id).snapshot)
+        if snapshot.is_dir():  # a record can outlive its snapshot (another checkout's cache)
+            return snapshot
     except KeyError:
         pass
     name_version = re.sub(r"-[0-9a-f]{12}$", "", env_id)
@@ -50,7 +54,7 @@ def main() -> None:
         scratch = Path(tmp)
         for path in sorted((ROOT / "data" / "tasks").glob("*.jsonl.gz")):
             rows = [json.loads(line) for line in gzip.open(path, "rt")]
-            src = _source(rows[0]["env_id"], args.sdists, scratch)
+            src = released_source(rows[0]["env_id"], args.sdists, scratch)
             if src is None:
                 skipped[path.name] = len(rows)
                 continue

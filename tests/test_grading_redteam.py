@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from coderl.envbuild.build import build_env
-from coderl.grading.grade import grade, rollout_base, rollout_sandbox_args
+from coderl.grading.grade import grade, rollout_base, rollout_sandbox, rollout_sandbox_args
 from coderl.sandbox import Sandbox, SandboxError
 from coderl.synth.repo import synthesize
 from coderl.tasks.spec import load_tasks
@@ -385,3 +385,85 @@ def test_a_stream_written_on_the_event_pipe_is_garbled(env, task, route):
     assert not result.resolved and result.failure_kind == "agent", (route, result.reason)
     assert result.grading_error is None and not result.denied
     assert "without the worker's token" in result.reason, result.reason
+
+
+# --- issue 47, class 1: routes a denylist of names missed, denied by the allowlist -------------
+# Each route hands the g25x forge a ``sys`` that no banned name reaches; each scanned clean under
+# the denylist guard (tests/test_grading_guard_allowlist.py lists more members per class).
+FORGE_RESULTS_UNLISTED = {
+    # a string.Formatter subclass is handed the object a format field resolves
+    "formatter_subclass": (
+        "import string as _st\nimport typing as _ty\n\n\n"
+        "class _F(_st.Formatter):\n    def format_field(self, value, spec):\n"
+        "        _F.got = value\n        return ''\n\n\n"
+        "_F().format('{0.sys}', _ty)\n_s = _F.got"
+    ),
+    # a literal attribute name that is a module, not a frame: getattr and attrgetter allowed it
+    "getattr_module_name": "import typing as _ty\n_s = getattr(_ty, 'sys')",
+    # the C twin of operator was on no list
+    "c_twin_operator": "import _operator as _op\nimport typing as _ty\n_s = _op.attrgetter('sys')(_ty)",
+    # dormant: forges only where ``sys.flags.no_site`` (the graded run's ``-S``) is set
+    "dormant_no_site": (
+        "import sys as _sy\nimport typing as _ty\n"
+        "_s = getattr(_ty, 'sys') if _sy.flags.no_site else type('_n', (), {'modules': {}})"
+    ),
+}
+
+
+@pytest.mark.parametrize("route", sorted(FORGE_RESULTS_UNLISTED))
+def test_forged_results_through_an_unlisted_route_are_denied(env, task, route):
+    code = FORGE_RESULTS_UNLISTED[route] + FORGE_RESULTS_BODY
+    diff = episode(env, task, at_import(module_file(env, task), code))
+    result = grade(task, diff, env=env)
+    assert result.denied and not result.resolved, (route, result.reason)
+    assert result.failure_kind == "agent" and result.grading_error is None
+
+
+@pytest.mark.parametrize("route", ["formatter_subclass", "dormant_no_site"])
+def test_an_unlisted_route_forges_without_the_detector(env, tasks, route):
+    """The routes are real: with the guard off the layers underneath resolve the unfixed task
+    (residual risk, docs/tasks-and-grading.md), while in the agent's own run of the visible
+    failing test, in the agent's sandbox, the test still fails: nothing shows before grading."""
+    task = next(t for t in tasks if set(t.FAIL_TO_PASS) - set(t.held_out_tests))
+    code = FORGE_RESULTS_UNLISTED[route] + FORGE_RESULTS_BODY
+    diff = episode(env, task, at_import(module_file(env, task), code))
+    result = grade(task, diff, env=env, guard=False)
+    assert result.resolved and not result.tampered, (route, result.reason)
+    visible = sorted(set(task.FAIL_TO_PASS) - set(task.held_out_tests))[0]
+    with rollout_sandbox(task) as sb:
+        at_import(module_file(env, task), code)(sb)  # the agent's own test run
+        res = sb.exec(f"/venv/bin/python -m pytest -q -p no:cacheprovider {visible}")
+    assert res.exit_code == 1 and "1 failed" in res.stdout, res.stdout[-500:]
+
+
+# A module the plugin uses, patched from the diff: the plugin's ``json.dumps`` (with separators)
+# builds a ``JSONEncoder`` and calls its ``encode`` with each event, token included. No banned
+# name, no reflection: only an attribute store on an imported class (rule ``module-store``).
+FORGE_ENCODER = """
+import json as _j
+
+_enc0 = _j.JSONEncoder.encode
+_seen = set()
+
+
+def _enc(self, o):
+    if isinstance(o, dict):
+        if o.get("t") == "collected":
+            _seen.update(o.get("ids", []))
+        elif o.get("t") == "test" and o.get("id") in _seen:
+            o = {**o, "outcome": "passed", "longrepr": ""}
+    return _enc0(self, o)
+
+
+_j.JSONEncoder.encode = _enc
+"""
+
+
+def test_patching_a_module_the_plugin_uses_is_denied(env, task):
+    diff = episode(env, task, at_import(module_file(env, task), FORGE_ENCODER))
+    result = grade(task, diff, env=env)
+    assert result.denied and not result.resolved, result.reason
+    assert any("module-store" in f for f in result.denied), result.denied
+    # the layers underneath do not stop it (residual risk; if this fails, a runtime defence did)
+    unguarded = grade(task, diff, env=env, guard=False)
+    assert unguarded.resolved and not unguarded.tampered, unguarded.reason

@@ -10,48 +10,41 @@ kind ``agent``, counted, kept for audit). It compares each changed file with the
 reports only what the diff *adds* (a library that already calls ``sys._getframe`` is not
 flagged; a diff that adds a second call is).
 
-Policy (allowlist-flavoured: the sensitive modules may be used only as ``module.allowed_name``):
+Policy: an allowlist that fails closed for what a diff adds (the reviewed lists and why each
+entry is there: :mod:`coderl.grading.guardlists`; the AST pre-passes: :mod:`.guardast`; the
+measured false positives and the residual risk: ``docs/tasks-and-grading.md``):
 
-- imports of process-internals modules (``BANNED_MODULES``: ``gc``, ``inspect``, ``ctypes``,
-  ``importlib``, ``builtins``, ``traceback``, ``atexit``, ``signal``, ``subprocess``,
-  ``socket``, ``pytest``/``_pytest``/``pluggy``/``unittest``, ``coderl*``...);
-- ``sys.X`` for X outside ``SYS_ALLOWED``; ``os.X`` for X in ``OS_BANNED`` (raw descriptors,
-  ``_exit``, ``kill``, ``fork``/``exec*``, ``environ`` writes...); ``threading.X`` and
-  ``types.X`` for the tracing hooks and code/frame/function constructors; a sensitive module
-  used as a plain value (``m = sys``, ``f(sys)``), which would launder the attribute rule;
-- attributes that reach frames, code, closures, globals or the class graph (``f_back``,
-  ``tb_frame``, ``gi_frame``, ``co_*``, ``__code__``, ``__globals__``, ``__subclasses__``,
-  ``__mro__``, ``__bases__``, ``__builtins__``, ``__traceback__``...) or that name a banned
-  module as an attribute (``os.sys``, ``x.gc``);
-- ``eval``, ``exec``, ``compile``, ``__import__``, ``globals()``, ``locals()``, ``vars()``,
-  ``breakpoint``; ``getattr``/``setattr``/``delattr``/``hasattr``/``operator.attrgetter``/
-  ``object.__getattribute__`` unless the attribute is a string literal that is itself allowed;
-  any added file I/O (``FILE_CALLS``: ``open``, ``io.open``, ``FileIO``, ``Path.read_bytes``/
-  ``write_text``..., ``shutil.copyfile``): a descriptor number or a path can be computed at run
-  time (``open(3 + 0, "wb")`` is the worker's event pipe, ``/proc/self/fd/N`` built from
-  pieces), so the call itself is the finding;
-- string literals (docstrings excepted) holding a banned word (``settrace``, ``_pytest``,
-  ``coderl``, ``f_back``...) or path (``/proc``, ``/dev/fd``), so a name built at run time
-  still needs one of the facilities above to be used;
-- symbolic links added or changed by the diff (a link can make a checked file import unchecked
-  bytes);
-- laundered routes (red team g25x): a sensitive module reached as another module's attribute
-  (``collections._sys``, ``shutil.os``) is bound to its rules; getattr-family builtins and
-  ``eval``/``exec``/``vars`` used as values; ``__dict__`` (except a method's own ``self``) and a
-  builtin's ``__self__``; ``open`` on a visibly numeric argument or with ``opener=``; and a
-  *helper* of the changed file whose body holds a finding, used by name beyond the base.
+- imports: a module the changed file (as released, or as the task starts) already imports, a
+  module of the package itself (relative, or under the file's top-level package), or one on
+  the short reviewed list ``SAFE_MODULES``; anything else is ``import-not-allowed``. Process
+  internals and text evaluators (``BANNED_MODULES``) and every underscore-prefixed module not
+  of the package (the C twins ``_io``, ``_thread``, ``_operator``...) are ``import`` findings,
+  allowed only where the base or the released file has them in that scope;
+- members: ``sys``, ``os``, ``os.path`` and ``warnings`` by allowlist (``SYS_ALLOWED``,
+  ``OS_ALLOWED``...: nothing that tells a graded run from the agent's own, no environment, no
+  file-system probe), ``string.Formatter``, ``functools.singledispatch``, ``typing``'s
+  annotation evaluators, ``types``' code constructors and ``threading``'s hooks denied; a
+  private member (``_x``) or a standard-library module reached as an attribute of another
+  module; a ruled module used as a plain value (``m = sys``);
+- constructs: a dunder attribute, name or string token outside ``DUNDER_ALLOWED``; a builtin
+  outside ``BUILTINS_ALLOWED`` (``eval``, ``dir``, ``input``, ``open``, ``exit``...) where the
+  file does not bind the name; ``type`` with three arguments; a string literal that is a format
+  template with an attribute or index field (``"{0.x}"``, ``"{a[k]}"``); ``.format`` or
+  ``.format_map`` on anything but a string literal or a name bound only to string literals;
+  ``getattr``-family calls, ``attrgetter``, ``import_module`` without a literal, allowed name;
+  file I/O (``FILE_CALLS``) and file-system or environment probes (``FS_PROBES``) on any
+  object; frame, code and class-graph attributes (``BANNED_ATTRS``); string literals holding a
+  banned word or path; symbolic links; a *helper* of the changed file whose body holds a
+  finding, used by name beyond the base.
 
 Findings are counted per rule, name and scope (enclosing functions and classes); the base and
-the released file each allow what they have in a scope (:func:`added_findings`).
+the released file each allow what they have in a scope (:func:`added_findings`), and an import
+the file already has anywhere.
 
-Not covered (the residual risk, stated in ``docs/tasks-and-grading.md``): code around an
-existing use rewritten in its own function; helpers with a finding in another file; anything
-that turns data into a facility without a name on these lists (a descriptor number in a plain
-variable, strings built at run time, ``/proc/self/mem``); code outside Python files that the
-interpreter runs without a banned facility (none known for a text diff: ``.pth``,
-``sitecustomize``, ``*.pyc``, binary patches and the test tree are stripped or refused before
-this check); and anything that needs no process internals at all (a fix that special-cases the
-tests' inputs is a wrong fix, not a forged verdict).
+Not covered (residual risk, stated in ``docs/tasks-and-grading.md``): code around an existing
+use rewritten in its own function; helpers with a finding in another file of the package; what
+a reviewed module or builtin does that the review missed; strings built at run time and handed
+to a facility that is allowed; and anything that needs no process internals at all.
 """
 
 from __future__ import annotations
@@ -61,94 +54,41 @@ import re
 from collections import Counter
 from dataclasses import dataclass
 
+from coderl.grading.guardast import (
+    SCOPES,
+    bindings,
+    docstrings,
+    first_party,
+    foreign_names,
+    format_fields,
+    top_name,
+)
+from coderl.grading.guardlists import (  # the reviewed lists
+    BANNED_ATTRS,
+    BANNED_CALLS,
+    BANNED_MODULES,
+    BUILTIN_NAMES,
+    BUILTINS_ALLOWED,
+    DUNDER_ALLOWED,
+    DUNDER_STORE_DENIED,
+    FD_OPEN_CALLS,
+    FILE_CALLS,
+    FS_PROBES,
+    MEMBERS_ALLOWED,
+    MEMBERS_DENIED,
+    MODULE_ALIASES,
+    NAME_ATTR_CALLS,
+    NUMERIC_CALLS,
+    RULED_MODULES,
+    SAFE_MODULES,
+    STDLIB_NAMES,
+    STRING_PATHS,
+    STRING_WORDS,
+    SUBMODULES,
+    WRAPPER_CALLS,
+)
 from coderl.grading.pyparse import parse_python
 
-BANNED_MODULES = frozenset(
-    """gc inspect ctypes _ctypes traceback atexit signal faulthandler tracemalloc importlib
-    builtins __builtin__ marshal subprocess socket _socket pytest _pytest pluggy unittest
-    code codeop dis pdb bdb trace cProfile profile _thread posix nt pty resource mmap
-    sysconfig site zipimport pkgutil runpy multiprocessing concurrent _posixsubprocess
-    _signal _tracemalloc _imp _io _weakref weakref copyreg pickle dill cloudpickle
-    pydoc timeit doctest shelve fcntl imp webbrowser logging.config
-    coderl coderl_results coderl_boot""".split()
-)
-"""Modules a bug fix does not import (the first dotted part, or the whole name, matches):
-process internals, and the facilities that turn a run-time string into a module, an object or
-code (``pydoc.locate``, ``timeit``/``doctest`` run code text, ``shelve`` re-exports pickle's
-``Unpickler``, ``logging.config`` resolves dotted names)."""
-SYS_ALLOWED = frozenset(
-    """version_info version hexversion platform maxsize maxunicode byteorder stdout stderr stdin
-    float_info int_info implementation getrecursionlimit getsizeof getdefaultencoding
-    getfilesystemencoding exc_info exception float_repr_style argv exit intern
-    executable flags api_version""".split()
-)
-"""The only ``sys`` attributes a diff may add."""
-OS_BANNED = frozenset(
-    """_exit write read pread pwrite writev readv dup dup2 fdopen pipe pipe2 open close
-    closerange kill killpg fork forkpty vfork system popen putenv unsetenv abort chroot setsid
-    setpgid setpgrp register_at_fork posix_spawn posix_spawnp spawnl spawnle spawnlp spawnlpe
-    spawnv spawnve spawnvp spawnvpe execl execle execlp execlpe execv execve execvp execvpe
-    sendfile memfd_create openpty ptsname set_inheritable set_blocking lseek ftruncate fsync
-    sys""".split()
-)
-"""``os`` attributes a diff may not add (``os`` is broad; this list is its dangerous part)."""
-THREADING_BANNED = frozenset(
-    "settrace setprofile settrace_all_threads setprofile_all_threads _current_frames "
-    "_active _shutdown _register_atexit excepthook".split()
-)
-TYPES_BANNED = frozenset(
-    "CodeType FunctionType FrameType TracebackType CellType LambdaType MethodType".split()
-)
-MODULE_RULES = {"sys": None, "os": OS_BANNED, "threading": THREADING_BANNED, "types": TYPES_BANNED}
-"""Sensitive modules whose attributes are checked: ``None`` means allowlist (``SYS_ALLOWED``)."""
-BANNED_ATTRS = (
-    frozenset(
-        """f_back f_globals f_locals f_code f_builtins f_trace f_lasti tb_frame tb_next gi_frame
-    gi_code gi_yieldfrom cr_frame cr_code cr_await ag_frame ag_code __code__ __globals__
-    __closure__ __subclasses__ __builtins__ __mro__ __bases__ __base__ __traceback__
-    __loader__ __spec__ __import__ __defaults__ __kwdefaults__ __getattribute__ __file__
-    __reduce_ex__ _getframe settrace setprofile monitoring meta_path path_hooks
-    path_importer_cache addaudithook audit _current_frames setrecursionlimit get_objects
-    get_referrers get_referents __dict__ __self__ currentframe get_field ForwardRef _evaluate
-    _eval_type get_type_hints __annotations__ create_subprocess_exec create_subprocess_shell
-    subprocess_exec subprocess_shell""".split()
-    )
-    | THREADING_BANNED
-    | TYPES_BANNED
-)
-"""Attributes a diff may not add on any object. Besides frames, code and the class graph: the
-generic attribute readers (``__dict__``, a builtin's ``__self__``, i.e. the ``builtins``
-module), a frame by another name (``logging.currentframe``), string-to-object evaluators
-(``string.Formatter.get_field``, ``typing``'s ``ForwardRef``/``get_type_hints``, which ``eval``
-annotation text) and the tracing hooks and code constructors under whatever object they are
-reached (``x.settrace``, ``x.CodeType``). ``self.__dict__``/``cls.__dict__`` on a method's own
-first argument is allowed (:meth:`_Scanner._own_dict`)."""
-FILE_CALLS = frozenset(
-    """open FileIO fdopen read_bytes read_text write_bytes write_text copyfile copyfileobj
-    mkfifo""".split()
-)
-"""Calls (by name or attribute) that open or move files: a bug fix does not add file I/O, and a
-computed descriptor number or path (``open(k, "rb")``, ``Path("/pr" + "oc/self/fd/3")``)
-reaches the worker's pipes."""
-BANNED_CALLS = frozenset("eval exec compile __import__ globals locals vars breakpoint".split())
-NAME_ATTR_CALLS = frozenset("getattr setattr delattr hasattr attrgetter methodcaller".split())
-STRING_WORDS = (
-    BANNED_ATTRS
-    | THREADING_BANNED
-    | {"_pytest", "pluggy", "coderl", "coderl_results", "coderl_boot", "ctypes", "_ctypes"}
-    | {"importlib", "builtins", "tracemalloc", "faulthandler", "marshal", "__import__"}
-    | {"_exit", "fdopen", "dup2", "get_objects", "settrace", "setprofile", "sys.modules"}
-    | {"co_code", "co_consts", "co_filename", "co_names", "co_firstlineno"}
-)
-"""Words a string literal may not hold (as an identifier-delimited token)."""
-STRING_PATHS = ("/proc", "/dev/fd", "/dev/std", "/coderl")
-MODULE_ALIASES = frozenset(MODULE_RULES) | BANNED_MODULES
-"""A module reached as another object's attribute (``shutil.os``, ``collections._sys``) escapes
-its rules, so an attribute (or an imported name) that names one of these, with or without
-leading underscores, is a finding or binds that module."""
-FD_OPEN_CALLS = frozenset("open FileIO fdopen".split())
-NUMERIC_CALLS = frozenset("int len sum abs min max ord round hash fileno index __index__".split())
-"""Calls whose value is a number: as ``open``'s first argument they make it a descriptor."""
 _CO_ATTR = re.compile(r"^co_[a-z]+$")
 _WORD = re.compile(r"[A-Za-z_][A-Za-z0-9_.]*")
 
@@ -175,35 +115,32 @@ class Finding:
         return f"{self.path}:{self.line}: {self.rule} {self.what}"
 
 
-def _top(name: str) -> str:
-    return name.split(".")[0]
-
-
 def _banned_module(name: str) -> bool:
-    return name in BANNED_MODULES or _top(name) in BANNED_MODULES
+    return name in BANNED_MODULES or top_name(name) in BANNED_MODULES
 
 
-def _docstrings(tree: ast.AST) -> set[int]:
-    """ids of the string constants that are docstrings (first statement of a body)."""
-    out: set[int] = set()
-    for node in ast.walk(tree):
-        body = getattr(node, "body", None)
-        if isinstance(body, list) and body and isinstance(body[0], ast.Expr):
-            value = body[0].value
-            if isinstance(value, ast.Constant) and isinstance(value.value, str):
-                out.add(id(value))
-    return out
+def _dunder(name: str) -> bool:
+    return len(name) > 4 and name.startswith("__") and name.endswith("__")
+
+
+def _bad_dunder(name: str) -> bool:
+    """A dunder name outside the reviewed ``DUNDER_ALLOWED``."""
+    return _dunder(name) and name[2:-2] not in DUNDER_ALLOWED
+
+
+def _private(name: str) -> bool:
+    return name.startswith("_") and not _dunder(name)
 
 
 def _string_hits(text: str) -> list[str]:
     hits = [p for p in STRING_PATHS if p in text]
     for word in _WORD.findall(text):
         parts = {word, *word.split(".")}
-        hits += sorted(p for p in parts if p in STRING_WORDS or _CO_ATTR.match(p))
+        hits += sorted(p for p in parts if p in STRING_WORDS or _CO_ATTR.match(p) or _bad_dunder(p))
     return hits
 
 
-_EXIT = object()  # marks, on the walk's stack, the end of a function's or class's body
+_EXIT = object()  # marks, on the walk's stack, the end of a scope's body
 
 
 class _Scanner:
@@ -211,13 +148,21 @@ class _Scanner:
     stack (:meth:`run`): an AST of any depth is scanned, never a ``RecursionError`` on the host
     that would leave a file the sandbox compiles unread."""
 
-    def __init__(self, tree: ast.AST) -> None:
+    def __init__(self, tree: ast.AST, first: frozenset[str] = frozenset()) -> None:
         self.found: list[tuple[str, str, int, str]] = []
         self.refs: list[tuple[str, int, str]] = []  # (name, line, scope) of every name used
-        self.modules: dict[str, str] = {}  # local name -> sensitive module it is bound to
+        self.modules: dict[str, str] = {}  # local name -> ruled module it is bound to
         self.imported: dict[str, str] = {}  # local name -> any module it is bound to (dotted)
-        self.docstrings = _docstrings(tree)
+        self.is_module: set[str] = set()  # local names bound by ``import X`` (a module)
+        self.import_names: set[str] = set()  # every absolute module the file imports
+        self.first = first  # the file's own package (:func:`first_party`)
+        self.docstrings = docstrings(tree)
+        # names of other code's objects (patchable): imported, and aliases of those
+        self.foreign, self.aliases = foreign_names(tree, first)
+        self.bound, self.plain, self.literal_names = bindings(tree)
         self.scope: list[str] = []
+        self.tree = tree
+        self.scope_ids: list[tuple[int, bool]] = [(id(tree), False)]  # (scope, is a class)
         self.own: list[str | None] = []  # each enclosing function's unassigned first argument
 
     def add(self, rule: str, what: str, node: ast.AST) -> None:
@@ -232,6 +177,7 @@ class _Scanner:
             if node is _EXIT:
                 self.scope.pop()
                 self.own.pop()
+                self.scope_ids.pop()
                 continue
             assert isinstance(node, ast.AST)
             visit = getattr(self, f"visit_{type(node).__name__}", None)
@@ -244,7 +190,30 @@ class _Scanner:
     def _scoped(self, node: ast.AST, own: str | None) -> None:
         """Open ``node``'s scope; :meth:`run` closes it after its children."""
         self.scope.append(getattr(node, "name", "?"))
+        self.scope_ids.append((id(node), isinstance(node, ast.ClassDef)))
         self.own.append(own)
+
+    def _is_bound(self, name: str, node: ast.AST) -> bool:
+        """Whether ``name`` is bound in an enclosing scope: the innermost (a lambda counts),
+        then the enclosing functions and the module (a class body binds only for itself)."""
+        parent = getattr(node, "_parent", None)
+        while parent is not None and not isinstance(parent, SCOPES):
+            parent = getattr(parent, "_parent", None)
+        chain = [i for i, is_class in self.scope_ids[:-1] if not is_class]
+        ids = [*chain, self.scope_ids[-1][0], id(parent)]
+        return any(name in self.bound.get(i, ()) for i in ids)
+
+    def _local(self, name: str, node: ast.AST) -> bool:
+        """Whether ``name`` is a local variable here (bound, not by an import, in an enclosing
+        function, class body or lambda): a local ``copy`` is not the module ``copy``."""
+        parent = getattr(node, "_parent", None)
+        while parent is not None and not isinstance(parent, SCOPES):
+            parent = getattr(parent, "_parent", None)
+        chain = [i for i, is_class in self.scope_ids[1:-1] if not is_class]
+        ids = [*chain, *[i for i, _ in self.scope_ids[-1:] if i != self.scope_ids[0][0]]]
+        if parent is not None and parent is not self.tree:
+            ids.append(id(parent))
+        return any(name in self.plain.get(i, ()) for i in ids)
 
     def visit_FunctionDef(self, node: ast.FunctionDef | ast.AsyncFunctionDef) -> None:
         args = [*node.args.posonlyargs, *node.args.args]
@@ -261,42 +230,80 @@ class _Scanner:
     def visit_ClassDef(self, node: ast.ClassDef) -> None:
         self._scoped(node, None)
 
+    def _ours(self, module: str) -> bool:
+        return top_name(module) in self.first
+
     def _bind(self, local: str, module: str) -> None:
         self.imported[local] = module
         name = module.split(".")[-1].lstrip("_")
-        if module in MODULE_RULES:
+        if module in RULED_MODULES:
             self.modules[local] = module
-        elif name in MODULE_RULES and module != name:  # ``from shutil import os``
-            self.modules[local] = name
+        elif name in MODULE_ALIASES and name in RULED_MODULES and module != name:
+            self.modules[local] = name  # ``from shutil import os``
+
+    def _import(self, module: str, node: ast.AST) -> None:
+        """The import rules for one absolute module name."""
+        self.import_names.add(module)
+        if self._ours(module) or module == "__future__":
+            return
+        if _banned_module(module) or any(p.startswith("_") for p in module.split(".")):
+            self.add("import", module, node)
+        elif module not in SAFE_MODULES:
+            self.add("import-not-allowed", module, node)
 
     def visit_Import(self, node: ast.Import) -> None:
         for alias in node.names:
-            if _banned_module(alias.name):
-                self.add("import", alias.name, node)
-            self._bind(
-                alias.asname or _top(alias.name), alias.name if alias.asname else _top(alias.name)
-            )
+            self._import(alias.name, node)
+            local = alias.asname or top_name(alias.name)
+            self._bind(local, alias.name if alias.asname else top_name(alias.name))
+            self.is_module.add(local)
 
     def visit_ImportFrom(self, node: ast.ImportFrom) -> None:
         mod = node.module or ""
-        if node.level == 0 and _banned_module(mod):
-            self.add("import", mod, node)
+        if node.level:
+            return  # the package's own modules (a tainted helper there: residual risk)
+        self._import(mod, node)
         for alias in node.names:
-            if node.level == 0 and mod in MODULE_RULES:
-                self._module_attr(mod, alias.name, node)
-            if node.level == 0 and not mod and _banned_module(alias.name):
-                self.add("import", alias.name, node)
-            banned = _banned_module(alias.name) or _banned_module(f"{mod}.{alias.name}")
-            if alias.name in BANNED_ATTRS or banned and mod != "__future__":
-                self.add("import", f"{mod}.{alias.name}", node)
-            if alias.name in NAME_ATTR_CALLS and alias.asname not in (None, alias.name):
-                self.add("dynamic-attr", f"{alias.name} as {alias.asname}", node)
-            if alias.name.lstrip("_") in MODULE_ALIASES:
-                self._bind(alias.asname or alias.name, f"{mod}.{alias.name}")
+            self._from_name(mod, alias, node)
+
+    def _from_name(self, mod: str, alias: ast.alias, node: ast.ImportFrom) -> None:
+        name, full = alias.name, f"{mod}.{alias.name}"
+        if mod in RULED_MODULES:
+            self._module_attr(mod, name, node)
+        if not mod and _banned_module(name):
+            self.add("import", name, node)
+        banned = _banned_module(name) or _banned_module(full)
+        if name in BANNED_ATTRS or _bad_dunder(name) or banned and mod != "__future__":
+            self.add("import", full, node)
+        if not self._ours(mod) and (_private(name) or self._foreign_module(name)):
+            self.add("module-attr", full, node)
+        if name in NAME_ATTR_CALLS and alias.asname not in (None, name):
+            self.add("dynamic-attr", f"{name} as {alias.asname}", node)
+        self._bind(alias.asname or name, full)
+        if name in SUBMODULES.get(mod, {}):
+            self.is_module.add(alias.asname or name)  # ``from os import path``
+
+    def _submodule(self, base: ast.AST, attr: str, node: ast.Attribute) -> None:
+        """``X.Y`` where ``Y`` is a module inside a reviewed module ``X``: a finding when ``Y``
+        is not reviewed itself (``enum.bltns`` is ``builtins``), and when used as a value."""
+        owner = self._dotted(base)
+        owner = {"os.path": "posixpath"}.get(owner or "", owner)
+        real = SUBMODULES.get(owner or "", {}).get(attr)
+        if real is None:
+            return
+        if real not in SAFE_MODULES and top_name(real) not in SAFE_MODULES:
+            self.add("module-attr", f"{owner}.{attr} ({real})", node)
+        parent = getattr(node, "_parent", None)
+        if not (isinstance(parent, ast.Attribute) and parent.value is node):
+            self.add("module-value", f"{owner}.{attr}", node)
+
+    def _foreign_module(self, name: str) -> bool:
+        """A standard-library module that is neither reviewed nor imported by the file."""
+        return name in STDLIB_NAMES and name not in SAFE_MODULES and name != "path"
 
     def _module_attr(self, module: str, attr: str, node: ast.AST) -> None:
-        rule = MODULE_RULES[module]
-        if (rule is None and attr not in SYS_ALLOWED) or (rule is not None and attr in rule):
+        allowed, denied = MEMBERS_ALLOWED.get(module), MEMBERS_DENIED.get(module, ())
+        if (allowed is not None and attr not in allowed) or attr in denied:
             self.add("module-attr", f"{module}.{attr}", node)
 
     def _dotted(self, node: ast.AST) -> str | None:
@@ -305,7 +312,9 @@ class _Scanner:
         while isinstance(node, ast.Attribute):
             attrs.append(node.attr)
             node = node.value
-        base = self.imported.get(node.id) if isinstance(node, ast.Name) else None
+        if not isinstance(node, ast.Name) or self._local(node.id, node):
+            return None
+        base = self.imported.get(node.id)
         return ".".join([base, *reversed(attrs)]) if base else None
 
     def _own_dict(self, node: ast.Attribute) -> bool:
@@ -318,51 +327,87 @@ class _Scanner:
 
     def visit_Attribute(self, node: ast.Attribute) -> None:
         self.ref(node.attr, node)
-        base = node.value
-        if isinstance(base, ast.Name) and base.id in self.modules:
-            self._module_attr(self.modules[base.id], node.attr, node)
-            if self.modules[base.id] == "os" and node.attr == "environ":
-                self._environ_use(node)
-        attr = node.attr
+        base, attr = node.value, node.attr
+        if not isinstance(node.ctx, ast.Load) and self._foreign(base):
+            self.add("module-store", attr, node)  # ``json.JSONEncoder.encode = f``
+        own = isinstance(base, ast.Name) and self._local(base.id, base)
+        if isinstance(base, ast.Name) and base.id in self.modules and not own:
+            self._module_attr(self.modules[base.id], attr, node)
+        elif (dotted := self._dotted(base)) and dotted in RULED_MODULES:
+            self._module_attr(dotted, attr, node)  # ``os.path.exists``
+        if isinstance(base, ast.Name) and base.id in self.is_module and not own:
+            module = self.imported[base.id]
+            if not self._ours(module) and (_private(attr) or self._foreign_module(attr)):
+                self.add("module-attr", f"{module}.{attr}", node)
+        self._submodule(base, attr, node)
+        if not isinstance(node.ctx, ast.Load) and attr in DUNDER_STORE_DENIED:
+            self.add("dunder", f"{attr} assigned", node)
+        if attr in ("eval", "exec", "breakpoint"):
+            self.add("call", attr, node)  # ``enum.bltns.exec``: the builtin by another path
         if (
             (attr in BANNED_ATTRS and not self._own_dict(node))
             or _CO_ATTR.match(attr)
             or attr.lstrip("_") in MODULE_ALIASES
         ):
             self.add("attr", attr, node)
+        if _bad_dunder(attr):
+            self.add("dunder", attr, node)
+        if attr in FS_PROBES:
+            self.add("fs-probe", attr, node)
         dotted = self._dotted(node)
         if dotted and _banned_module(dotted) and not _banned_module(dotted.rsplit(".", 1)[0]):
             self.add("attr", dotted, node)  # ``logging.config``
         if attr in NAME_ATTR_CALLS and not _called(node):
             self.add("dynamic-attr", f"{attr} as a value", node)
+        if attr in ("format", "format_map") and not self._literal(base):
+            self.add("format", f"{attr} on a template that is not a literal", node)
 
-    def _environ_use(self, node: ast.Attribute) -> None:
-        parent = getattr(node, "_parent", None)
-        if isinstance(parent, ast.Subscript) and not isinstance(parent.ctx, ast.Load):
-            self.add("module-attr", "os.environ write", node)
-        if isinstance(parent, ast.Attribute) and parent.attr in (
-            "update",
-            "pop",
-            "popitem",
-            "setdefault",
-            "clear",
-            "__setitem__",
-            "__delitem__",
-        ):
-            self.add("module-attr", f"os.environ.{parent.attr}", node)
+    def _foreign(self, node: ast.AST) -> bool:
+        """Whether ``node`` is (an attribute chain on) a module, class or function the file
+        imports from outside its package, a name aliasing one, or a class reached by ``type()``
+        or ``__class__``: assigning its attributes patches code the grader runs too."""
+        while isinstance(node, ast.Attribute):
+            if node.attr == "__class__":
+                return True
+            node = node.value
+        if isinstance(node, ast.Call):
+            return isinstance(node.func, ast.Name) and node.func.id == "type"
+        if not isinstance(node, ast.Name):
+            return False
+        return node.id in self.aliases or node.id in self.foreign and not self._local(node.id, node)
+
+    def _literal(self, node: ast.AST) -> bool:
+        """A string literal, or a name bound only ever to string literals in this file."""
+        if isinstance(node, ast.Constant) and isinstance(node.value, str):
+            return True
+        return isinstance(node, ast.Name) and node.id in self.literal_names
 
     def visit_Name(self, node: ast.Name) -> None:
         if isinstance(node.ctx, ast.Load):
             self.ref(node.id, node)
+            self._builtin(node)
         if node.id in ("__builtins__", "__import__", "__loader__", "__spec__"):
             self.add("attr", node.id, node)
         parent = getattr(node, "_parent", None)
-        if node.id in self.modules and not (
-            isinstance(parent, ast.Attribute) and parent.value is node
-        ):
-            self.add("module-value", node.id, node)
+        module = not self._local(node.id, node) and (
+            node.id in self.modules
+            or node.id in self.is_module
+            and not self._ours(self.imported[node.id])
+        )
+        if module and not (isinstance(parent, ast.Attribute) and parent.value is node):
+            self.add("module-value", node.id, node)  # ``wraps(typing)`` copies its namespace
+        if not isinstance(node.ctx, ast.Load) and node.id in DUNDER_STORE_DENIED:
+            self.add("dunder", f"{node.id} assigned", node)
         if node.id in NAME_ATTR_CALLS | BANNED_CALLS and not _called(node):
             self.add("dynamic-attr", f"{node.id} as a value", node)  # ``g = getattr``
+
+    def _builtin(self, node: ast.Name) -> None:
+        """A name the file does not bind resolves to a builtin: only reviewed ones."""
+        name = node.id
+        if name in BUILTINS_ALLOWED or self._is_bound(name, node):
+            return
+        if name in BUILTIN_NAMES or _dunder(name):
+            self.add("builtin", name, node)
 
     def visit_Call(self, node: ast.Call) -> None:
         fn = node.func
@@ -371,8 +416,13 @@ class _Scanner:
         )
         if isinstance(fn, ast.Name) and name in BANNED_CALLS:
             self.add("call", name, node)
-        if name in NAME_ATTR_CALLS or name == "__getattribute__":
+        if name in NAME_ATTR_CALLS or name in ("__getattribute__", "__getattr__", "__setattr__"):
             self._literal_attrs(name, node)
+        if name in WRAPPER_CALLS and (node.keywords or len(node.args) > 2 - (name == "wraps")):
+            self.add("dynamic-attr", f"{name} with chosen attribute names", node)
+        if name in ("setattr", "delattr", "__setattr__", "__delattr__") and node.args:
+            if self._foreign(node.args[0]):
+                self.add("module-store", name, node)
         if name in FILE_CALLS:  # any added file I/O: open(3 + 0, "wb") is the event pipe
             self.add("file-io", name, node)
         if name in FD_OPEN_CALLS:
@@ -380,6 +430,13 @@ class _Scanner:
             keys = {k.arg for k in node.keywords}
             if (first is not None and _numeric(first)) or keys & {"closefd", "opener", "fd"}:
                 self.add("fd-open", name, node)
+        if name == "type" and isinstance(fn, ast.Name) and len(node.args) + len(node.keywords) > 1:
+            self.add("call", "type(name, bases, namespace)", node)
+        if name == "import_module":
+            first = node.args[0] if node.args else None
+            text = first.value if isinstance(first, ast.Constant) else None
+            if not isinstance(text, str) or _banned_module(text) or text.startswith("_"):
+                self.add("dynamic-attr", "import_module without a literal, allowed name", node)
 
     def _literal_attrs(self, name: str, node: ast.Call) -> None:
         if name in ("attrgetter", "methodcaller"):
@@ -391,11 +448,16 @@ class _Scanner:
         for arg in args:
             if not (isinstance(arg, ast.Constant) and isinstance(arg.value, str)):
                 self.add("dynamic-attr", name, node)
-            elif any(p in BANNED_ATTRS or _CO_ATTR.match(p) for p in arg.value.split(".")):
+            elif any(_bad_name(p) for p in arg.value.split(".")):
                 self.add("dynamic-attr", f"{name} {arg.value}", node)
             else:
                 for part in arg.value.split("."):
                     self.ref(part, node)  # ``getattr(o, "helper")`` uses ``helper``
+
+    def visit_MatchClass(self, node: ast.MatchClass) -> None:
+        for attr in node.kwd_attrs:  # ``case object(sys=s)`` reads an attribute by name
+            if _bad_name(attr):
+                self.add("dynamic-attr", f"match {attr}=", node)
 
     def visit_Constant(self, node: ast.Constant) -> None:
         value = node.value
@@ -404,6 +466,21 @@ class _Scanner:
         if isinstance(value, str) and id(node) not in self.docstrings:
             for hit in _string_hits(value):
                 self.add("string", hit, node)
+            for field in format_fields(value):
+                self.add("format-field", field, node)
+
+
+def _bad_name(part: str) -> bool:
+    """An attribute name a literal ``getattr`` may not use."""
+    return (
+        part in BANNED_ATTRS
+        or bool(_CO_ATTR.match(part))
+        or _bad_dunder(part)
+        or part.lstrip("_") in MODULE_ALIASES
+        or part in FS_PROBES
+        or part in STDLIB_NAMES
+        and part not in SAFE_MODULES
+    )
 
 
 def _called(node: ast.AST) -> bool:
@@ -435,7 +512,7 @@ PYTHON_SUFFIXES = (".py", ".pyw")
 """Files the import system runs as Python source (``importlib.machinery.SOURCE_SUFFIXES``)."""
 
 
-def _scan(source: bytes | str) -> _Scanner | None:
+def _scan(source: bytes | str, path: str = "") -> _Scanner | None:
     try:
         tree = parse_python(source)
     except (SyntaxError, ValueError, RecursionError, MemoryError):
@@ -443,7 +520,7 @@ def _scan(source: bytes | str) -> _Scanner | None:
     for parent in ast.walk(tree):
         for child in ast.iter_child_nodes(parent):
             child._parent = parent  # type: ignore[attr-defined]
-    scanner = _Scanner(tree)
+    scanner = _Scanner(tree, first_party(path))
     scanner.run(tree)
     return scanner
 
@@ -451,22 +528,37 @@ def _scan(source: bytes | str) -> _Scanner | None:
 def scan_source(source: bytes | str, path: str = "<diff>") -> list[Finding] | None:
     """Every policy finding in one Python module; ``None`` when it does not parse (then it
     cannot run as Python either)."""
-    scanner = _scan(source)
+    scanner = _scan(source, path)
     if scanner is None:
         return None
     return [Finding(path, line, rule, what, scope) for rule, what, line, scope in scanner.found]
 
 
-def _known(source: bytes | None) -> tuple[Counter, Counter, set[str]]:
-    """Counts of findings and of name uses per scope, and the *tainted helpers*: the names of
-    the functions and classes that hold a finding (a library's own ``sys.modules`` lookup)."""
-    scanner = _scan(source) if source else None
+def _known(source: bytes | None, path: str) -> tuple[Counter, Counter, set[str], set[str]]:
+    """Counts of findings and of name uses per scope, the *tainted helpers* (the names of the
+    functions and classes that hold a finding: a library's own ``sys.modules`` lookup) and the
+    modules the file imports."""
+    scanner = _scan(source, path) if source else None
     if scanner is None:
-        return Counter(), Counter(), set()
+        return Counter(), Counter(), set(), set()
     found = Counter((rule, what, scope) for rule, what, _, scope in scanner.found)
     refs = Counter((name, scope) for name, _, scope in scanner.refs)
-    tainted = {scope.rsplit(".", 1)[-1] for _, _, _, scope in scanner.found if scope}
-    return found, refs, tainted
+    # a dunder is called implicitly (``obj.attr`` runs ``__get__``), so its name is no route of
+    # its own; a module the file imports is allowed everywhere in it, so it taints nothing
+    helpers = {
+        scope.rsplit(".", 1)[-1]
+        for r, _, _, scope in scanner.found
+        if scope and r != "import-not-allowed"
+    }
+    tainted = {name for name in helpers if not _dunder(name)}
+    return found, refs, tainted, scanner.import_names
+
+
+def _imported(module: str, known: set[str]) -> bool:
+    """Whether the file already imports ``module``, a package of it or a module under it."""
+    return any(
+        module == k or module.startswith(k + ".") or k.startswith(module + ".") for k in known
+    )
 
 
 def added_findings(
@@ -486,16 +578,19 @@ def added_findings(
     ``unscannable``): the sandbox's interpreter may compile what the host's cannot, so a file
     the guard cannot read never passes. Any other file that does not parse gives none: it is
     not imported, and reading it as code needs a banned facility."""
-    scanner = _scan(new)
+    scanner = _scan(new, path)
     if scanner is None:
         if path.endswith(PYTHON_SUFFIXES):
             return [Finding(path, 0, "unscannable", "the host cannot parse it as Python")]
         return []
-    old_found, old_refs, old_tainted = _known(old)
-    rel_found, rel_refs, rel_tainted = _known(released)
+    old_found, old_refs, old_tainted, old_imports = _known(old, path)
+    rel_found, rel_refs, rel_tainted, rel_imports = _known(released, path)
     budget = old_found | rel_found  # per key, the larger count
+    known = old_imports | rel_imports
     out: list[Finding] = []
     for rule, what, line, scope in scanner.found:
+        if rule == "import-not-allowed" and _imported(what, known):
+            continue  # a module the file already imports, anywhere in it
         if budget[(rule, what, scope)] > 0:
             budget[(rule, what, scope)] -= 1
         else:

@@ -153,12 +153,19 @@ def rollout_sandbox_args(task: Task) -> tuple[Path, dict[str, str]]:
     return rollout_base(task, env), {"/venv": env.venv}
 
 
+ROLLOUT_ENV = {k: SANDBOX_ENV[k] for k in ("PYTHONHASHSEED", "PYTHONDONTWRITEBYTECODE")}
+"""Variables of the graded run that the code under test can observe without a denied facility
+(``hash('a')`` shows the hash seed, missing ``__pycache__`` directories the bytecode flag), set
+in the agent's sandbox too so a graded run hashes and caches as the agent's own runs do."""
+
+
 def rollout_sandbox(task: Task, factory: SandboxFactory | None = None) -> Sandbox:
     """A fresh rollout sandbox of ``task`` (the caller closes it): :func:`rollout_sandbox_args`
-    through ``factory`` (default ``coderl.sandbox.Sandbox.create``). Raises KeyError when the
-    environment is not built, ``SandboxError`` when the sandbox cannot start."""
+    through ``factory`` (default ``coderl.sandbox.Sandbox.create``), with ``ROLLOUT_ENV``.
+    Raises KeyError when the environment is not built, ``SandboxError`` when the sandbox cannot
+    start."""
     base, ro_mounts = rollout_sandbox_args(task)  # held-out tests, caches and egg-info left out
-    return (factory or default_factory())(base, ro_mounts=ro_mounts)
+    return (factory or default_factory())(base, ro_mounts=ro_mounts, env=dict(ROLLOUT_ENV))
 
 
 def grade(
