@@ -78,7 +78,7 @@ from coderl.grading.apply import apply_to_copy, drop_binary, remove_tree
 from coderl.grading.function import encode_text, grade_function, workspace_base
 from coderl.grading.guardproc import scan_change
 from coderl.grading.protected import is_protected
-from coderl.grading.rerun import Planted, confirm, plant_canaries
+from coderl.grading.rerun import Planted, confirm, original_ids, plant_canaries, renamed_ids
 from coderl.grading.runner import (
     RUN_OUTPUT_BYTES,
     SANDBOX_ENV,
@@ -370,7 +370,7 @@ def _second_run(
     with tempfile.TemporaryDirectory(dir=tree.parent, prefix="planted-") as tmp:
         os.chmod(tmp, 0o755)
         planted = plant_canaries(sources, f2p, rng, Path(tmp)) if env.canaries_ok else Planted()
-        select = f2p + sorted(planted.expected)
+        select = renamed_ids(f2p, planted.renamed) + sorted(planted.expected)
         rng.shuffle(select)
         second = _run(
             tree,
@@ -382,6 +382,7 @@ def _second_run(
             env.canaries_ok and not planted.expected,
             outcomes_only=True,  # it can only take passes away: the first run had every tripwire
         )
+    second.outcomes = original_ids(second.outcomes, planted.renamed)
     merged = confirm(f2p, outcomes, second, planted.expected, env.baseline_tampered)
     result.second_run = True
     result.rerun_disagreed = merged.disagreed

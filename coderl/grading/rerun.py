@@ -76,6 +76,9 @@ class Planted:
     read-only over the pristine one."""
     expected: dict[str, str] = field(default_factory=dict)
     """Canary node id -> the outcome it must have (``passed`` or ``failed``)."""
+    renamed: dict[str, str] = field(default_factory=dict)
+    """A renamed FAIL_TO_PASS test's node id in the second run (without parameters) -> its
+    published one."""
 
 
 @dataclass
@@ -124,63 +127,173 @@ def _top_level_index(starts: tuple[int, ...], name: str, source: list[bytes]) ->
     return None
 
 
+@dataclass
+class _File:
+    """One test file's plan in a second run: its lines, where canaries may go, what to rename."""
+
+    lines: list[bytes]
+    slots: dict[str | None, list[tuple[int, bytes]]]
+    """Class name (``None``: top level) -> ``(line, indentation)`` a canary may go before."""
+    renames: dict[int, tuple[str, str]] = field(default_factory=dict)
+    """Line of a ``def`` -> ``(old name, class or "")`` of a FAIL_TO_PASS test to rename (every
+    mention of the name in the file is renamed)."""
+
+
+def _def_line(node: ast.AST) -> int:
+    return int(getattr(node, "lineno", 0))
+
+
+def _file_plan(
+    host: Path, rel: str, fail_to_pass: list[str]
+) -> tuple[_File, frozenset[str]] | None:
+    """Where canaries may go in the test file ``rel`` (text at ``host``) and which of its
+    FAIL_TO_PASS tests (top-level functions, methods of top-level classes) are renamed, with the
+    names it binds; ``None`` when it cannot take a canary."""
+    stat = os.stat(host)
+    layout = _layout(str(host), stat.st_size, stat.st_mtime_ns)
+    if layout is None:
+        return None
+    starts, names = layout
+    lines = Path(host).read_bytes().split(b"\n")
+    parts = [i.split("[")[0].split("::")[1:] for i in fail_to_pass if i.split("::")[0] == rel]
+    where = [_top_level_index(starts, p[0], lines) for p in parts]
+    if not where or None in where:
+        return None
+    found = [w for w in where if w is not None]
+    lo, hi = min(found), max(found) + 1
+    plan = _File(lines, {None: [(starts[k], b"") for k in range(lo, hi + 1)]})
+    tree = parse_python(b"\n".join(lines), str(host))
+    funcs = {p[0] for p in parts if len(p) == 1}
+    methods: dict[str, set[str]] = {}
+    for p in parts:
+        if len(p) == 2:
+            methods.setdefault(p[0], set()).add(p[1])
+    # fresh names must not be any test-like word of the file (a local, a string)
+    taken = set(names) | {w.decode() for w in re.findall(rb"\b[Tt]est\w*", b"\n".join(lines))}
+    for stmt in tree.body:
+        if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef)) and stmt.name in funcs:
+            plan.renames[_def_line(stmt)] = (stmt.name, "")
+        if not (isinstance(stmt, ast.ClassDef) and stmt.name in methods and stmt.body):
+            continue
+        body_starts = [
+            min([_def_line(b), *map(_def_line, getattr(b, "decorator_list", []))])
+            for b in stmt.body
+        ]
+        first = lines[body_starts[0] - 1]
+        indent = first[: len(first) - len(first.lstrip())]
+        if not indent:
+            continue
+        end = (stmt.body[-1].end_lineno or body_starts[-1]) + 1
+        plan.slots[stmt.name] = [(n, indent) for n in [*body_starts, end]]
+        for b in stmt.body:
+            if isinstance(b, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                taken.add(b.name)
+                if b.name in methods[stmt.name]:
+                    plan.renames[_def_line(b)] = (b.name, stmt.name)
+    return plan, frozenset(taken)
+
+
+def _as_method(source: str, indent: bytes) -> list[bytes]:
+    """A top-level canary function's lines as a method of a class body indented by ``indent``."""
+    text = source.rstrip("\n").replace("():", "(self):", 1)
+    return [indent + line.encode() for line in text.split("\n")]
+
+
 def plant_canaries(
     sources: dict[str, Path], fail_to_pass: list[str], rng: random.Random, out_dir: Path
 ) -> Planted:
-    """Write the second run's canaries into copies of the files holding ``fail_to_pass`` tests.
+    """Write the second run's canaries into copies of the files holding ``fail_to_pass`` tests,
+    and rename those tests there.
 
     ``sources``: workspace-relative file -> host path of the text the first run tested (the
     pristine file). Each canary goes to a top-level boundary between the first and the last
-    statement holding a FAIL_TO_PASS test of a file (before, between or after them). Files
-    that cannot take one are left alone; an empty :class:`Planted` means none could.
+    statement holding a FAIL_TO_PASS test of a file, or, as a method, into the body of a class
+    holding FAIL_TO_PASS methods (in proportion to how many FAIL_TO_PASS tests are methods).
+    Every FAIL_TO_PASS test that is a top-level function or a method of a top-level class is
+    renamed to a fresh name drawn as the canaries' names are (:attr:`Planted.renamed` maps
+    back), so no name tells a real test from a canary: canaries never take a name the file
+    has, and a real test no longer has its published one. Files that cannot take a canary are
+    left alone; an empty :class:`Planted` means none could.
     """
-    spans: dict[str, tuple[list[bytes], tuple[int, ...], int, int]] = {}
+    plans: dict[str, _File] = {}
     taken: set[str] = set()
     tests_seen: list[str] = list(fail_to_pass)
     for rel, host in sorted(sources.items()):
         if not _TEST_MODULE.match(rel.rsplit("/", 1)[-1]):
             continue
-        stat = os.stat(host)
-        layout = _layout(str(host), stat.st_size, stat.st_mtime_ns)
-        if layout is None:
+        got = _file_plan(host, rel, fail_to_pass)
+        if got is None:
             continue
-        starts, names = layout
-        lines = Path(host).read_bytes().split(b"\n")
-        wanted = {i.split("::")[1].split("[")[0] for i in fail_to_pass if i.split("::")[0] == rel}
-        where = [_top_level_index(starts, n, lines) for n in sorted(wanted)]
-        if not where or None in where:
-            continue
-        found = [w for w in where if w is not None]
-        spans[rel] = (lines, starts, min(found), max(found) + 1)
+        plans[rel], names = got
         taken |= names
         tests_seen += [f"{rel}::{n}" for n in names if n.lower().startswith("test")]
-    if not spans:
+    if not plans:
         return Planted()
     n_fail = fail_canaries(len(set(fail_to_pass)))
-    kinds = ("pass",) * PASS_CANARIES + ("fail",) * n_fail
-    chosen = make_canaries(rng, tests_seen, kinds, frozenset(taken))
-    inserts: dict[str, dict[int, list[Canary]]] = {rel: {} for rel in spans}
-    for canary in chosen:
-        rel = rng.choice(sorted(spans))
-        _, starts, lo, hi = spans[rel]
-        inserts[rel].setdefault(starts[rng.randint(lo, hi)], []).append(canary)
+    n_renames = sum(len(p.renames) for p in plans.values())
+    kinds = ("pass",) * PASS_CANARIES + ("fail",) * n_fail + ("name",) * n_renames
+    drawn = make_canaries(rng, tests_seen, kinds, frozenset(taken))
+    fresh = iter([c.name for c in drawn if c.kind == "name"])
+    chosen = [c for c in drawn if c.kind != "name"]
+    slots = [(rel, cls) for rel, p in sorted(plans.items()) for cls in p.slots]
+    in_class = [sl for sl in slots if sl[1] is not None]
+    share = sum(len(i.split("[")[0].split("::")) == 3 for i in fail_to_pass) / max(
+        1, len(fail_to_pass)
+    )
     planted = Planted()
-    for k, (rel, at) in enumerate(sorted(inserts.items())):
-        if not at:
-            continue
-        lines = spans[rel][0]
+    inserts: dict[str, dict[int, list[tuple[Canary, str | None, bytes]]]] = {r: {} for r in plans}
+    for canary in chosen:
+        pool = in_class if in_class and rng.random() < share else [s for s in slots if s[1] is None]
+        rel, cls = rng.choice(pool or slots)
+        line, indent = rng.choice(plans[rel].slots[cls])
+        inserts[rel].setdefault(line, []).append((canary, cls, indent))
+    for k, rel in enumerate(sorted(plans)):
+        plan = plans[rel]
+        for old, cls in plan.renames.values():
+            # every mention in the file, not only the def: a test may name itself (six's
+            # test_add_metaclass_nested compares a __qualname__ with a string holding its name)
+            new = next(fresh)
+            word = re.compile(rb"\b" + re.escape(old.encode()) + rb"\b")
+            plan.lines = [word.sub(new.encode(), line) for line in plan.lines]
+            prefix = f"{rel}::{cls}::" if cls else f"{rel}::"
+            planted.renamed[prefix + new] = prefix + old
         out: list[bytes] = []
-        for number, line in enumerate(lines, start=1):
-            for canary in at.get(number, []):  # spaced as the statement it goes before
+        for number, line in enumerate(plan.lines, start=1):
+            for canary, cls, indent in inserts[rel].get(number, []):  # spaced as its neighbours
                 gap = len(out) - len(_without_blank_tail(out))
-                out += [*canary.source.rstrip("\n").encode().split(b"\n"), *[b""] * max(gap, 1)]
-                planted.expected[f"{rel}::{canary.name}"] = canary.expected
+                body = (
+                    _as_method(canary.source, indent)
+                    if cls
+                    else canary.source.rstrip("\n").encode().split(b"\n")
+                )
+                out += [*body, *[b""] * max(gap, 1)]
+                where = f"{rel}::{cls}::" if cls else f"{rel}::"
+                planted.expected[where + canary.name] = canary.expected
             out.append(line)
         path = out_dir / f"{k}-{rel.rsplit('/', 1)[-1]}"
-        path.write_bytes(b"\n".join(out) + (b"" if lines[-1] == b"" else b"\n"))
+        path.write_bytes(b"\n".join(out) + (b"" if plan.lines[-1] == b"" else b"\n"))
         path.chmod(0o644)
         planted.mounts[f"/testbed/{rel}"] = str(path)
     return planted
+
+
+def renamed_ids(ids: list[str], renamed: dict[str, str]) -> list[str]:
+    """``ids`` with each renamed test's node id as the second run names it (parameters kept)."""
+    back = {old: new for new, old in renamed.items()}
+    out = []
+    for i in ids:
+        base, _, params = i.partition("[")
+        out.append(back.get(base, base) + (f"[{params}" if params else ""))
+    return out
+
+
+def original_ids(outcomes: dict[str, str], renamed: dict[str, str]) -> dict[str, str]:
+    """The second run's ``outcomes`` keyed by the tests' published node ids again."""
+    out = {}
+    for i, outcome in outcomes.items():
+        base, _, params = i.partition("[")
+        out[renamed.get(base, base) + (f"[{params}" if params else "")] = outcome
+    return out
 
 
 def _without_blank_tail(lines: list[bytes]) -> list[bytes]:

@@ -159,7 +159,8 @@ def make_canaries(
 ) -> list[Canary]:
     """One canary per entry of ``kinds`` (in a random order), named like the real tests in
     ``known_ids``: ``test_`` and 2-4 of their words (as many as a real name of them has), never a
-    name of ``known_ids`` or of ``taken`` (other names the module already binds)."""
+    name of ``known_ids`` or of ``taken`` (other names the module already binds). Kind ``name``
+    is a fresh name only (no source): what a second run renames a real test to."""
     names = [i.rsplit("::", 1)[-1].split("[")[0].lower() for i in known_ids]
     split = [[w for w in re.split(r"[^a-z0-9]+", n) if w and w != "test"] for n in names]
     vocab = sorted({w for ws in split for w in ws} | set(_WORDS))
@@ -173,6 +174,9 @@ def make_canaries(
             if name not in used and cls not in used:
                 used.update((name, cls))
                 break
+        if kind == "name":
+            out.append(Canary(name, kind, ""))
+            continue
         a, b = rng.randrange(2, 50), rng.randrange(2, 50)
         want = a * b + (0 if kind == "pass" else rng.randrange(1, 9))
         if kind == "ufail":

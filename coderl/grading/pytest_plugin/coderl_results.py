@@ -58,7 +58,38 @@ _COLLECT_ERRORS: list[str] = []
 _TAMPERED: list[str] = []
 _TEST_CODE: dict[str, tuple[object, object]] = {}
 _CANARY_IDS: set[str] = set()
-_write, _read, _dumps, _loads = os.write, os.read, json.dumps, json.loads
+_write, _read, _join = os.write, os.read, "".join
+
+
+def _not_json(obj: object) -> object:
+    raise TypeError(f"not JSON data: {type(obj).__name__}")
+
+
+# JSON through the C encoder and scanner, built now (before any workspace code runs) and called
+# directly: json.dumps/loads go through JSONEncoder.encode and JSONDecoder.decode, Python methods
+# looked up on their classes at every call, which code under test can replace (red team, round
+# 5: a diff that patched JSONEncoder.encode rewrote every event's outcome before it was signed).
+_ENCODE = json.encoder.c_make_encoder(  # type: ignore[attr-defined]
+    None, _not_json, json.encoder.encode_basestring_ascii, None, ":", ",", False, False, True
+)
+_SCAN = json.JSONDecoder().scan_once
+
+
+def _dumps(obj: object) -> str:
+    return _join(_ENCODE(obj, 0))
+
+
+def _loads(data: bytes) -> object:
+    text = data.decode().strip()
+    try:
+        obj, end = _SCAN(text, 0)
+    except StopIteration:  # what the C scanner raises on text that is not JSON
+        raise ValueError("not JSON") from None
+    if end != len(text):
+        raise ValueError("extra data after the JSON value")
+    return obj
+
+
 _getattr, _open = getattr, io.open
 _TRUSTED_PREFIXES = ("/venv/", "/coderl/plugin/", sys.base_prefix + "/lib/", "/usr/lib/python3")
 
@@ -112,7 +143,7 @@ def start(events: int, control: int, spec: dict[str, Any], token: str) -> None:
 
 def _emit(record: dict[str, Any]) -> None:
     _STATE["n"] += 1
-    data = _dumps({**record, "k": _STATE["k"]}, separators=(",", ":")).encode() + b"\n"
+    data = _dumps({**record, "k": _STATE["k"]}).encode() + b"\n"
     while data:
         data = data[_write(_STATE["fd"], data) :]
 
