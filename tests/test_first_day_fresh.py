@@ -76,3 +76,54 @@ def test_export_force_never_removes_a_run_or_a_directory_of_runs(runs, tmp_path,
     assert main(["export", str(runs / "b"), "--out", str(out), "--force"]) == 0
     capsys.readouterr()
     assert str(runs / "b") in json.loads((out / "export.json").read_text())["checkpoint"]
+
+
+# --- 2. nothing moves or writes into a run directory a live command holds --------------------
+
+HOLD = """
+import sys, time
+from coderl.rundir import run_lock
+with run_lock(sys.argv[1], "coderl train (the live one)"):
+    print("held", flush=True)
+    time.sleep(600)
+"""
+
+
+def _holder(run_dir: Path) -> subprocess.Popen:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen(
+        [sys.executable, "-c", HOLD, str(run_dir)], stdout=subprocess.PIPE, text=True, env=env
+    )
+    assert proc.stdout is not None and proc.stdout.readline().strip() == "held"
+    return proc
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["demo", "--config", TOY, "trainer.steps=1", "progress=false", "tensorboard=false"],
+        ["sft", TOY],
+        ["train", TOY, *FAST],
+    ],
+    ids=["demo", "sft", "train"],
+)
+def test_a_live_runs_directory_is_neither_moved_nor_written(tmp_path, capsys, argv):
+    run_dir = tmp_path / "live"
+    run_dir.mkdir()
+    (run_dir / "metrics.jsonl").write_text('{"step": 1}\n')  # the live run's log so far
+    before = {**_tree(run_dir)}
+    holder = _holder(run_dir)
+    try:
+        assert main([*argv, f"run_dir={run_dir}"]) == 2
+        out, err = capsys.readouterr()
+        line = _one_line_error(err)
+        assert f"in use by pid {holder.pid}" in line and "the live one" in line, line
+        assert "moved" not in out, out
+        assert not list(tmp_path.glob("live.prev*"))
+        after = _tree(run_dir)
+        assert {k: v for k, v in after.items() if k != ".lock"} == {
+            k: v for k, v in before.items() if k != ".lock"
+        }
+    finally:
+        holder.kill()
+        holder.wait()
