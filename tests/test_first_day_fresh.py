@@ -127,3 +127,49 @@ def test_a_live_runs_directory_is_neither_moved_nor_written(tmp_path, capsys, ar
     finally:
         holder.kill()
         holder.wait()
+
+
+# --- 3. coderl sft writes only into a new directory or its own earlier one ---------------------
+
+SFT = [str(ROOT / "configs" / "default.yaml"), "model.name=tiny-random", "sft.limit=1"]
+SFT += ["sft.batch_size=1", "sft.epochs=1", "progress=false"]
+
+
+def test_sft_refuses_a_directory_holding_another_run(runs, tmp_path, capsys):
+    before = _tree(runs / "a")
+    assert main(["sft", *SFT, f"run_dir={runs / 'a'}"]) == 2  # a finished run's checkpoints
+    line = _one_line_error(capsys.readouterr().err)
+    assert "holds another run (checkpoints up to step-000001" in line and "run_dir=" in line
+    assert _tree(runs / "a") == before
+    stopped = tmp_path / "stopped"  # a run stopped before its first checkpoint: its logs
+    stopped.mkdir()
+    (stopped / "eval.jsonl").write_text('{"step": 0}\n')
+    assert main(["sft", *SFT, f"run_dir={stopped}", "--force"]) == 2
+    assert "eval.jsonl" in _one_line_error(capsys.readouterr().err)
+    own = tmp_path / "own"  # its own earlier sft: replaced with --force, not with another model
+    assert main(["sft", *SFT, f"run_dir={own}"]) == 0
+    assert main(["sft", *SFT, f"run_dir={own}", "--force"]) == 0
+    capsys.readouterr()
+    assert main(["sft", *SFT, f"run_dir={own}", "--force", "model.lora=false"]) == 2
+    assert "model settings differ" in _one_line_error(capsys.readouterr().err)
+    assert not list_checkpoints(own)
+
+
+# --- 4. SFT on a source without demonstrations: one line, before the model loads ---------------
+
+
+@pytest.mark.parametrize("command", ["sft", "train"])
+def test_sft_on_a_source_without_demonstrations_is_one_line_before_loading(
+    tmp_path, capsys, monkeypatch, command
+):
+    import coderl.train.sft as sft
+
+    def no_model(*a, **k):
+        raise AssertionError("the model was loaded before the source was checked")
+
+    monkeypatch.setattr(sft, "build_policy", no_model)
+    argv = [command, TOY, "sft.enabled=true", f"run_dir={tmp_path / 'r'}"]
+    assert main([*argv, *(FAST if command == "train" else [])]) == 2
+    line = _one_line_error(capsys.readouterr().err)
+    assert "tasks.source='toy' has no oracle demonstrations" in line, line
+    assert "sft.enabled=false" in line
