@@ -173,3 +173,27 @@ def test_sft_on_a_source_without_demonstrations_is_one_line_before_loading(
     line = _one_line_error(capsys.readouterr().err)
     assert "tasks.source='toy' has no oracle demonstrations" in line, line
     assert "sft.enabled=false" in line
+
+
+# --- 5. a rise is not printed as a drop ------------------------------------------------------
+
+
+def _check(change: float, alarm: bool = False) -> dict:
+    ci = {"mean": change, "lo": change - 0.1, "hi": change + 0.1}
+    return {"alarm": alarm, "drop": -change, "k": 4, "best_step": 0, "change": ci}
+
+
+def test_the_collapse_line_says_no_drop_when_pass_at_k_rose():
+    from coderl.eval.summary import collapse_line
+
+    rose = collapse_line(
+        [{"step": 5, "collapse": _check(0.25)}, {"step": 10, "collapse": _check(0.75)}]
+    )
+    assert "largest drop" not in rose and "-0.750" not in rose, rose
+    assert rose.startswith("not raised in 2 checks") and "no drop" in rose, rose
+    assert "step 5: pass@4 vs step 0, change +0.250" in rose, rose  # the smallest rise
+    fell = collapse_line(
+        [{"step": 5, "collapse": _check(0.25)}, {"step": 10, "collapse": _check(-0.5, True)}]
+    )
+    assert fell.startswith("RAISED at step 10") and "largest drop 0.500 at step 10" in fell, fell
+    assert "change -0.500" in fell, fell
