@@ -197,3 +197,38 @@ def test_the_collapse_line_says_no_drop_when_pass_at_k_rose():
     )
     assert fell.startswith("RAISED at step 10") and "largest drop 0.500 at step 10" in fell, fell
     assert "change -0.500" in fell, fell
+
+
+# --- 6. an online table prints n/a, never nan or a placeholder 0 -------------------------------
+
+
+def test_online_tables_print_n_a_for_what_was_not_measured():
+    import io
+
+    from rich.console import Console
+
+    from coderl.online.cycle_report import print_report
+
+    nan = float("nan")
+    rep = {
+        "decision": "promoted",
+        "finalize": {"scored": 4},
+        "rejected_events": {},
+        "duplicate_events": 0,
+        "train": {"train_reward_mean": 0.5, "kl": nan},
+        "monitors": {
+            "orphaned_share": 0.0,
+            "by_version": {
+                0: {"*": {"reward": 0.25, "dissatisfaction_rate": nan, "persistence_rate": nan}},
+                1: {"*": {"reward": 0.5, "kl": 0.0123}},
+            },
+        },
+    }
+    out = io.StringIO()
+    print_report(rep, Console(file=out, width=200))
+    text = out.getvalue()
+    assert "nan" not in text.lower(), text
+    rows = {line.split("│")[1].strip(): line for line in text.splitlines() if line.count("│") > 2}
+    assert "n/a" in rows["kl"] and "0.0123" in rows["kl"], rows["kl"]  # v0: not trained
+    assert rows["dissatisfaction_rate"].count("n/a") == 2, rows["dissatisfaction_rate"]
+    assert "n/a" in rows["train kl"], rows["train kl"]
