@@ -232,3 +232,39 @@ def test_online_tables_print_n_a_for_what_was_not_measured():
     assert "n/a" in rows["kl"] and "0.0123" in rows["kl"], rows["kl"]  # v0: not trained
     assert rows["dissatisfaction_rate"].count("n/a") == 2, rows["dissatisfaction_rate"]
     assert "n/a" in rows["train kl"], rows["train kl"]
+
+
+# --- 10. an error names what is missing, in words -------------------------------------------
+
+
+def test_a_missing_path_is_said_to_not_exist_naming_the_flag(tmp_path, capsys):
+    nope = str(tmp_path / "nope")
+    cases = [
+        (["eval", nope, "k=1"], f"{nope} does not exist"),
+        (["export", nope], f"{nope} does not exist"),
+        (["train", "--resume", nope], f"{nope} does not exist"),
+        (["report", nope], f"{nope} does not exist"),
+        (["agent", "--workspace", nope, "--task", "x"], f"--workspace {nope} is not a directory"),
+        (["tasks", "stats", f"{nope}.jsonl"], f"{nope}.jsonl: does not exist"),
+    ]
+    for argv, said in cases:
+        assert main(argv) == 2, argv
+        line = _one_line_error(capsys.readouterr().err)
+        assert said in line and "Errno" not in line, line
+
+
+def test_a_key_given_twice_in_a_preset_is_refused_naming_key_and_lines(tmp_path, capsys):
+    preset = tmp_path / "mine.yaml"
+    preset.write_text(
+        (ROOT / "configs" / "toy.yaml").read_text()
+        + "trainer:\n  steps: 2\n  lr: 0.1\n  steps: 3\n"  # a second trainer: too
+    )
+    assert main(["train", str(preset), f"run_dir={tmp_path / 'r'}"]) == 2
+    line = _one_line_error(capsys.readouterr().err)
+    assert f"{preset}: key " in line and "given twice" in line, line
+    inner = tmp_path / "inner.yaml"
+    inner.write_text("trainer:\n  steps: 2\n  lr: 0.1\n  steps: 3\n")
+    assert main(["train", str(inner), f"run_dir={tmp_path / 'r'}"]) == 2
+    line = _one_line_error(capsys.readouterr().err)
+    assert "key 'steps' is given twice" in line and "lines 2 and 4" in line, line
+    assert not (tmp_path / "r").exists()

@@ -124,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
     except USER_ERRORS as err:
         if os.environ.get("CODERL_TRACEBACK"):
             raise
-        print(f"{command_line(args)}: error: {err}", file=sys.stderr)
+        print(f"{command_line(args)}: error: {error_line(err)}", file=sys.stderr)
         print("(set CODERL_TRACEBACK=1 for the full traceback)", file=sys.stderr)
         return 2
     except KeyboardInterrupt:  # the training commands say where they stopped themselves
@@ -133,6 +133,15 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
+
+
+def error_line(err: BaseException) -> str:
+    """The one line a user error prints: an ``OSError`` raised by the OS (``[Errno 2] No such
+    file or directory: 'x'``) as ``x: does not exist`` / ``x: <its strerror>``; else ``str``."""
+    if isinstance(err, OSError) and err.errno is not None and err.filename is not None:
+        said = "does not exist" if isinstance(err, FileNotFoundError) else err.strerror.lower()
+        return f"{err.filename}: {said}"
+    return str(err)
 
 
 LIBRARY_NOISE: tuple[tuple[type[Warning], str], ...] = (

@@ -57,6 +57,8 @@ def run(args: argparse.Namespace) -> int:
     from coderl.policy import load_policy
     from coderl.sandbox import Sandbox
 
+    if not args.workspace.is_dir():  # before the model loads
+        raise FileNotFoundError(f"--workspace {args.workspace} is not a directory that exists")
     if args.out:  # before the model loads
         writable(args.out, args.force)
     cfg = EpisodeConfig(
