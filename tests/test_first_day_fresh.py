@@ -268,3 +268,23 @@ def test_a_key_given_twice_in_a_preset_is_refused_naming_key_and_lines(tmp_path,
     line = _one_line_error(capsys.readouterr().err)
     assert "key 'steps' is given twice" in line and "lines 2 and 4" in line, line
     assert not (tmp_path / "r").exists()
+
+
+# --- 9. export --merged of a full fine-tuning run is refused before anything loads ------------
+
+
+def test_export_merged_of_a_full_run_is_refused_before_torch_loads(runs, tmp_path):
+    code = (
+        "import sys\nfrom coderl.cli import main\n"
+        f"code = main(['export', {str(runs / 'a')!r}, '--merged', '--out', {str(tmp_path / 'm')!r}])\n"
+        "print(code, 'torch' in sys.modules, 'coderl.train.export' in sys.modules)"
+    )
+    run = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        timeout=300,
+    )
+    assert run.stdout.split() == ["2", "False", "False"], run.stdout + run.stderr[-2000:]
+    assert "no adapter to merge" in _one_line_error(run.stderr)
