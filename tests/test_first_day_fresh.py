@@ -288,3 +288,35 @@ def test_export_merged_of_a_full_run_is_refused_before_torch_loads(runs, tmp_pat
     )
     assert run.stdout.split() == ["2", "False", "False"], run.stdout + run.stderr[-2000:]
     assert "no adapter to merge" in _one_line_error(run.stderr)
+
+
+# --- 8. library noise: weight bars off for the commands that load and write weights -----------
+
+
+class _Terminal:
+    def isatty(self) -> bool:
+        return True
+
+
+def test_weight_io_bars_are_off_on_a_terminal_for_export_online_and_serve(monkeypatch):
+    from transformers.utils import logging as hf_logging
+
+    from coderl.cli import build_parser, quiet_libraries
+
+    monkeypatch.delenv("HF_HUB_DISABLE_PROGRESS_BARS", raising=False)
+    hf_logging.enable_progress_bar()
+    try:
+        quiet_libraries(_Terminal(), command="train")  # a terminal, training: its bars stay
+        assert "HF_HUB_DISABLE_PROGRESS_BARS" not in os.environ
+        assert hf_logging.is_progress_bar_enabled()
+        for command in ("export", "online", "serve"):
+            monkeypatch.delenv("HF_HUB_DISABLE_PROGRESS_BARS", raising=False)
+            hf_logging.enable_progress_bar()
+            quiet_libraries(_Terminal(), command=command)
+            assert os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] == "1", command
+            assert not hf_logging.is_progress_bar_enabled(), command
+    finally:
+        hf_logging.enable_progress_bar()
+    parser = build_parser("serve")
+    assert parser.parse_args(["serve", "x.yaml"]).access_log is False
+    assert parser.parse_args(["serve", "x.yaml", "--access-log"]).access_log is True

@@ -100,7 +100,7 @@ def command_line(args: argparse.Namespace) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
-    quiet_libraries()  # before the command's module imports tqdm, which reads TQDM_* then
+    quiet_libraries(command=command_of(argv))  # before a module imports tqdm (reads TQDM_*)
     parser = build_parser(command_of(argv))
     args, extra = parser.parse_known_args(argv)
     if extra:
@@ -153,12 +153,18 @@ LIBRARY_NOISE: tuple[tuple[type[Warning], str], ...] = (
 each one a library raises about its own use of another, which the user cannot act on."""
 
 
-def quiet_libraries(stream: TextIO | None = None) -> None:
+WEIGHT_IO_COMMANDS = frozenset({"export", "online", "serve"})
+"""Commands whose weight loading and writing is a phase of their own output: transformers'
+per-file bars ("Loading weights", "Writing model shards") are off on a terminal too."""
+
+
+def quiet_libraries(stream: TextIO | None = None, command: str | None = None) -> None:
     """Keep library noise out of what a command prints: the warnings of :data:`LIBRARY_NOISE`
     are ignored (unless ``-W`` / ``PYTHONWARNINGS`` says otherwise; every other warning is
     shown as Python shows it), and when ``stream`` (default stderr) is not a terminal, tqdm
     bars (Hugging Face downloads, GGUF conversion, weight loading) are off, so a log file holds
-    no carriage-return redraws; an environment variable already set wins. Call it before the
+    no carriage-return redraws; for a ``command`` of :data:`WEIGHT_IO_COMMANDS`, transformers'
+    weight-loading bars are off on a terminal too; an environment variable already set wins. Call it before the
     libraries are imported (tqdm reads ``TQDM_*`` then). A ``torchrun`` rank other than 0 also
     silences library logging below errors (rank 0 speaks for the run)."""
     if not sys.warnoptions:
@@ -167,6 +173,12 @@ def quiet_libraries(stream: TextIO | None = None) -> None:
     if not (stream or sys.stderr).isatty():
         os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
         os.environ.setdefault("TQDM_DISABLE", "1")
+    if command in WEIGHT_IO_COMMANDS:  # transformers reads it at import (utils.logging)
+        os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+        if "transformers" in sys.modules:  # imported already (a test, a library caller)
+            from transformers.utils import logging as hf_logging
+
+            hf_logging.disable_progress_bar()
     if int(os.environ.get("RANK", "0") or 0) > 0:
         os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
         logging.getLogger().setLevel(logging.ERROR)
