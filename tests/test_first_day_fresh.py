@@ -320,3 +320,25 @@ def test_weight_io_bars_are_off_on_a_terminal_for_export_online_and_serve(monkey
     parser = build_parser("serve")
     assert parser.parse_args(["serve", "x.yaml"]).access_log is False
     assert parser.parse_args(["serve", "x.yaml", "--access-log"]).access_log is True
+
+
+# --- 11. --help is plain text that says what the arguments do ----------------------------------
+
+
+def test_help_texts_carry_no_rst_markup_and_eval_help_says_what_k_sets(capsys):
+    from coderl.cli import COMMANDS
+
+    for argv in [[c, "--help"] for c in COMMANDS] + [
+        ["online", op, "--help"] for op in ("run", "cycle")
+    ]:
+        with pytest.raises(SystemExit):
+            main(argv)
+        out = capsys.readouterr().out
+        assert "``" not in out and ":func:`" not in out and ":mod:`" not in out, (argv, out)
+    with pytest.raises(SystemExit):
+        main(["graders", "probe", "--help"])
+    assert "coderl.graders" not in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        main(["eval", "--help"])
+    said = " ".join(capsys.readouterr().out.split())
+    assert "samples per task, overriding eval.samples" in said and "eval.tasks=N" in said, said

@@ -10,6 +10,7 @@ import argparse
 import importlib
 import logging
 import os
+import re
 import signal
 import sys
 import threading
@@ -45,9 +46,26 @@ COMMANDS: dict[str, tuple[str, str]] = {
 USER_ERRORS = (ValueError, FileNotFoundError, FileExistsError)
 
 
+_RST_ROLE = re.compile(r":[a-z]+:`~?([^`]+)`")
+_RST_LITERAL = re.compile(r"``([^`]+)``")
+
+
+def plain_help(text: str) -> str:
+    """``text`` without the reStructuredText markup that help texts taken from docstrings carry
+    (````x```` -> ``x``, ``:func:`x``` -> ``x``): ``--help`` is read in a terminal."""
+    return _RST_LITERAL.sub(r"\1", _RST_ROLE.sub(r"\1", text))
+
+
 class DefaultsFormatter(argparse.ArgumentDefaultsHelpFormatter):
     """``(default: X)`` after an option's help line, unless there is no default to show (None,
-    False) or the help line already says it."""
+    False) or the help line already says it; help and descriptions as plain text
+    (:func:`plain_help`)."""
+
+    def _expand_help(self, action: argparse.Action) -> str:
+        return plain_help(super()._expand_help(action))
+
+    def _format_text(self, text: str) -> str:
+        return super()._format_text(plain_help(text))
 
     def _get_help_string(self, action: argparse.Action) -> str | None:
         text = action.help or ""
