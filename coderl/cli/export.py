@@ -39,5 +39,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument(
         "--merged", action="store_true", help="LoRA runs: also write base + adapter merged"
     )
-    p.add_argument("--force", action="store_true", help="replace an existing output directory")
+    p.add_argument(
+        "--force", action="store_true", help="replace a previous export (never a run directory)"
+    )
     p.set_defaults(func=run)
