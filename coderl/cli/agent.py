@@ -57,10 +57,10 @@ def run(args: argparse.Namespace) -> int:
     from coderl.policy import load_policy
     from coderl.sandbox import Sandbox
 
-    if not args.workspace.is_dir():  # before the model loads
-        raise FileNotFoundError(f"--workspace {args.workspace} is not a directory that exists")
     if args.out:  # before the model loads
         writable(args.out, args.force)
+    if not args.workspace.is_dir():  # before the model loads
+        raise FileNotFoundError(f"--workspace {args.workspace} is not a directory that exists")
     cfg = EpisodeConfig(
         max_turns=args.max_turns,
         max_tokens_per_turn=args.max_tokens_per_turn,
