@@ -189,7 +189,8 @@ def test_help_texts_describe_actions_and_builders():
 
     online = help_of("online")
     for action in ("cycle", "run", "import", "report"):
-        line = next(x for x in online.splitlines() if x.strip().startswith(action + " "))
+        # the action's own line (4 spaces in), not a wrapped description that starts with it
+        line = next(x for x in online.splitlines() if x.startswith(f"    {action} "))
         assert len(line.split()) > 3, line  # a description, not only the name
 
     from coderl.agent.buildpolicy import BUILDERS

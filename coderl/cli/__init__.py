@@ -10,6 +10,7 @@ import argparse
 import importlib
 import logging
 import os
+import re
 import signal
 import sys
 import threading
@@ -45,9 +46,26 @@ COMMANDS: dict[str, tuple[str, str]] = {
 USER_ERRORS = (ValueError, FileNotFoundError, FileExistsError)
 
 
+_RST_ROLE = re.compile(r":[a-z]+:`~?([^`]+)`")
+_RST_LITERAL = re.compile(r"``([^`]+)``")
+
+
+def plain_help(text: str) -> str:
+    """``text`` without the reStructuredText markup that help texts taken from docstrings carry
+    (````x```` -> ``x``, ``:func:`x``` -> ``x``): ``--help`` is read in a terminal."""
+    return _RST_LITERAL.sub(r"\1", _RST_ROLE.sub(r"\1", text))
+
+
 class DefaultsFormatter(argparse.ArgumentDefaultsHelpFormatter):
     """``(default: X)`` after an option's help line, unless there is no default to show (None,
-    False) or the help line already says it."""
+    False) or the help line already says it; help and descriptions as plain text
+    (:func:`plain_help`)."""
+
+    def _expand_help(self, action: argparse.Action) -> str:
+        return plain_help(super()._expand_help(action))
+
+    def _format_text(self, text: str) -> str:
+        return super()._format_text(plain_help(text))
 
     def _get_help_string(self, action: argparse.Action) -> str | None:
         text = action.help or ""
@@ -100,7 +118,7 @@ def command_line(args: argparse.Namespace) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
-    quiet_libraries()  # before the command's module imports tqdm, which reads TQDM_* then
+    quiet_libraries(command=command_of(argv))  # before a module imports tqdm (reads TQDM_*)
     parser = build_parser(command_of(argv))
     args, extra = parser.parse_known_args(argv)
     if extra:
@@ -124,7 +142,7 @@ def main(argv: list[str] | None = None) -> int:
     except USER_ERRORS as err:
         if os.environ.get("CODERL_TRACEBACK"):
             raise
-        print(f"{command_line(args)}: error: {err}", file=sys.stderr)
+        print(f"{command_line(args)}: error: {error_line(err)}", file=sys.stderr)
         print("(set CODERL_TRACEBACK=1 for the full traceback)", file=sys.stderr)
         return 2
     except KeyboardInterrupt:  # the training commands say where they stopped themselves
@@ -133,6 +151,15 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
+
+
+def error_line(err: BaseException) -> str:
+    """The one line a user error prints: an ``OSError`` raised by the OS (``[Errno 2] No such
+    file or directory: 'x'``) as ``x: does not exist`` / ``x: <its strerror>``; else ``str``."""
+    if isinstance(err, OSError) and err.errno is not None and err.filename is not None:
+        said = "does not exist" if isinstance(err, FileNotFoundError) else err.strerror.lower()
+        return f"{err.filename}: {said}"
+    return str(err)
 
 
 LIBRARY_NOISE: tuple[tuple[type[Warning], str], ...] = (
@@ -144,12 +171,18 @@ LIBRARY_NOISE: tuple[tuple[type[Warning], str], ...] = (
 each one a library raises about its own use of another, which the user cannot act on."""
 
 
-def quiet_libraries(stream: TextIO | None = None) -> None:
+WEIGHT_IO_COMMANDS = frozenset({"export", "online", "serve"})
+"""Commands whose weight loading and writing is a phase of their own output: transformers'
+per-file bars ("Loading weights", "Writing model shards") are off on a terminal too."""
+
+
+def quiet_libraries(stream: TextIO | None = None, command: str | None = None) -> None:
     """Keep library noise out of what a command prints: the warnings of :data:`LIBRARY_NOISE`
     are ignored (unless ``-W`` / ``PYTHONWARNINGS`` says otherwise; every other warning is
     shown as Python shows it), and when ``stream`` (default stderr) is not a terminal, tqdm
     bars (Hugging Face downloads, GGUF conversion, weight loading) are off, so a log file holds
-    no carriage-return redraws; an environment variable already set wins. Call it before the
+    no carriage-return redraws; for a ``command`` of :data:`WEIGHT_IO_COMMANDS`, transformers'
+    weight-loading bars are off on a terminal too; an environment variable already set wins. Call it before the
     libraries are imported (tqdm reads ``TQDM_*`` then). A ``torchrun`` rank other than 0 also
     silences library logging below errors (rank 0 speaks for the run)."""
     if not sys.warnoptions:
@@ -158,6 +191,12 @@ def quiet_libraries(stream: TextIO | None = None) -> None:
     if not (stream or sys.stderr).isatty():
         os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
         os.environ.setdefault("TQDM_DISABLE", "1")
+    if command in WEIGHT_IO_COMMANDS:  # transformers reads it at import (utils.logging)
+        os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+        if "transformers" in sys.modules:  # imported already (a test, a library caller)
+            from transformers.utils import logging as hf_logging
+
+            hf_logging.disable_progress_bar()
     if int(os.environ.get("RANK", "0") or 0) > 0:
         os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
         logging.getLogger().setLevel(logging.ERROR)

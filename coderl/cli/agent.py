@@ -59,6 +59,8 @@ def run(args: argparse.Namespace) -> int:
 
     if args.out:  # before the model loads
         writable(args.out, args.force)
+    if not args.workspace.is_dir():  # before the model loads
+        raise FileNotFoundError(f"--workspace {args.workspace} is not a directory that exists")
     cfg = EpisodeConfig(
         max_turns=args.max_turns,
         max_tokens_per_turn=args.max_tokens_per_turn,

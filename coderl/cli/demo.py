@@ -9,7 +9,9 @@ held-out pass@1 per phase, the paired RL-only change with its 95% CI, pass@k at 
 before and after RL, broken calls before and after, phase times. Every run starts fresh: an existing run directory (an
 earlier demo, finished or not) is first moved to ``RUN_DIR.prev``, or ``RUN_DIR.prev2``,
 ``.prev3``... when that is taken (no earlier run is deleted), so a second ``make demo`` neither
-crashes nor resumes or mixes in the previous run. Ctrl-C or SIGTERM in any phase ends in one
+crashes nor resumes or mixes in the previous run; a run directory that a live command holds
+(:func:`coderl.rundir.run_lock`, e.g. a ``coderl train`` writing there) is refused with the
+line ``train`` gives, before anything is moved. Ctrl-C or SIGTERM in any phase ends in one
 line: the last checkpoint and its resume command, or (before the first) the demo command again.
 ``--self-check``
 instead prints the algorithm core's worked examples (seconds, no model).
@@ -98,23 +100,27 @@ def run_demo(config: Path, overrides: list[str]) -> int:
     from coderl.eval.observers import default_observers
     from coderl.eval.report import write_report
     from coderl.eval.summary import print_summary, write_phases
+    from coderl.rundir import run_lock
     from coderl.train.loop import train
     from coderl.train.resume import stopped_line
     from coderl.train.sft import run_sft
 
     cfg = load_config(config, overrides)
-    prev = set_aside(Path(cfg.run_dir))
-    if prev is not None:
-        print(f"demo: the previous run in {cfg.run_dir} was moved to {prev}; starting fresh")
+    if Path(cfg.run_dir).exists():
+        with run_lock(cfg.run_dir, "coderl demo"):  # a live run there is refused, not moved
+            prev = set_aside(Path(cfg.run_dir))
+        if prev is not None:
+            print(f"demo: the previous run in {cfg.run_dir} was moved to {prev}; starting fresh")
     phases: dict[str, float] = {}
     try:
-        clock = cpu_clock()
-        if cfg.sft.enabled:
-            run_sft(cfg)
-            phases.update(phase_times("sft", clock))
-        clock = cpu_clock()
-        run_dir = train(cfg, observers=default_observers())
-        phases.update(phase_times("train", clock))
+        with run_lock(cfg.run_dir, "coderl demo"):  # one writer, SFT and RL alike
+            clock = cpu_clock()
+            if cfg.sft.enabled:
+                run_sft(cfg)
+                phases.update(phase_times("sft", clock))
+            clock = cpu_clock()
+            run_dir = train(cfg, observers=default_observers())
+            phases.update(phase_times("train", clock))
     except KeyboardInterrupt:  # Ctrl-C or SIGTERM, in any phase
         resume = f"coderl train --resume {shlex.quote(str(cfg.run_dir))}"
         again = shlex.join(["coderl", "demo", *overrides, "--config", str(config)])

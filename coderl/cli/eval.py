@@ -115,7 +115,12 @@ def run(args: argparse.Namespace) -> int:
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = sub.add_parser("eval", help="pass@k and best-of-n of a checkpoint on a task split")
     p.add_argument("checkpoint", help="a checkpoint directory or a run directory (its latest)")
-    p.add_argument("overrides", nargs="*", help="tasks=SOURCE:SPLIT, k=N, or key=value")
+    p.add_argument(
+        "overrides",
+        nargs="*",
+        help="tasks=SOURCE:SPLIT; k=N (pass@1 and pass@N; also sets N samples per task, overriding "
+        "eval.samples); eval.tasks=N (N held-out tasks, not the whole split); or any key=value",
+    )
     p.add_argument("--base", action="store_true", help="evaluate the base model (no adapter)")
     p.add_argument(
         "--episodes-out",

@@ -45,7 +45,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = sub.add_parser("graders", help="learned graders: gameability probes")
     g = p.add_subparsers(dest="graders_command", metavar="ACTION", required=True)
     pr = g.add_parser("probe", help="score shifts of the probe suite on a grader")
-    pr.add_argument("episodes", help="episodes JSONL (see coderl.graders.pairs)")
+    pr.add_argument("episodes", help="episodes JSONL, as `coderl eval --episodes-out` writes it")
     pr.add_argument("overrides", nargs="*", help="key=value config overrides")
     pr.add_argument("--grader", choices=["judge", "rm"], default="judge",
                     help="the rubric judge (reward.judge) or a reward model (reward.rm)")  # fmt: skip

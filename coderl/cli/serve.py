@@ -123,7 +123,8 @@ def run(args: argparse.Namespace) -> int:
             f"{server.call_format!r} call format through the {cfg.engine.kind} engine "
             f"(database {database_url(cfg)})"
         )
-        config = uvicorn.Config(server.app(), log_level="info")
+        # no per-request INFO line unless asked: a log holds what the server says, not traffic
+        config = uvicorn.Config(server.app(), log_level="info", access_log=args.access_log)
         uvicorn.Server(config).run(sockets=[sock])
     finally:
         engine.close()  # a vLLM server coderl started stops with it
@@ -158,5 +159,10 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--host", default=None, help="address to listen on (default: online.serve.host)")
     p.add_argument(
         "--port", type=int, default=None, help="port (default: online.serve.port; 0: a free one)"
+    )
+    p.add_argument(
+        "--access-log",
+        action="store_true",
+        help="log one line per request (uvicorn's access log; off by default)",
     )
     p.set_defaults(func=run)

@@ -1,6 +1,8 @@
 """`coderl sft`: the supervised warm start on oracle episodes (:mod:`coderl.train.sft`).
 
-One writer at a time (:func:`coderl.rundir.run_lock`); earlier SFT weights of the run are kept
+One writer at a time (:func:`coderl.rundir.run_lock`); a directory holding another run
+(checkpoints, training logs, a config of another model or task source) is refused
+(:func:`ensure_sft_dir`); earlier SFT weights of the run are kept
 unless ``--force``; the run's ``config.yaml`` is written when absent, so that ``coderl eval``,
 ``export`` and ``report`` take the run. Ctrl-C or SIGTERM ends in one line: nothing was written
 and the command that starts it again (exit 130; 143 for SIGTERM)."""
@@ -12,8 +14,9 @@ import shlex
 import sys
 from pathlib import Path
 
-from coderl.config import anchored, dump_config, load_config
-from coderl.rundir import run_lock
+from coderl.config import Config, anchored, dump_config, load_config
+from coderl.rundir import existing_logs, run_lock
+from coderl.train.checkpoint import list_checkpoints
 from coderl.train.run import SFT_WEIGHTS
 from coderl.train.sft import run_sft
 
@@ -22,6 +25,7 @@ def run(args: argparse.Namespace) -> int:
     cfg = load_config(args.config, args.overrides)
     run_dir = Path(cfg.run_dir)
     with run_lock(run_dir, "coderl sft"):  # one writer at a time
+        ensure_sft_dir(run_dir, cfg)
         if (run_dir / SFT_WEIGHTS).is_file() and not args.force:
             raise FileExistsError(
                 f"{run_dir / SFT_WEIGHTS} exists (an earlier coderl sft); --force replaces it, "
@@ -40,6 +44,32 @@ def run(args: argparse.Namespace) -> int:
             )
             return 130
     return 0
+
+
+def ensure_sft_dir(run_dir: Path, cfg: Config) -> None:
+    """Refuse a ``run_dir`` that is neither new nor an earlier ``coderl sft`` of the same model
+    and tasks: one holding a run's checkpoints or logs (:data:`coderl.rundir.RUN_LOGS`), or a
+    ``config.yaml`` of another model or task source, is another run's.
+
+    Raises:
+        FileExistsError: one line naming what the directory holds and ``run_dir=...``.
+    """
+    held = [p.name for p in existing_logs(run_dir)]
+    if ckpts := list_checkpoints(run_dir):
+        held.insert(0, f"checkpoints up to {ckpts[-1].name}")
+    saved = run_dir / "config.yaml"
+    if not held and saved.is_file():
+        theirs = anchored(load_config(saved))
+        ours = anchored(cfg)
+        if theirs.model != ours.model:
+            held.append(f"config.yaml whose model settings differ, model.name={theirs.model.name}")
+        elif theirs.tasks != ours.tasks:
+            held.append(f"config.yaml whose tasks differ, tasks.source={theirs.tasks.source}")
+    if held:
+        raise FileExistsError(
+            f"{run_dir} holds another run ({', '.join(held)}); coderl sft writes only into a "
+            "new directory or its own earlier one: set run_dir=... to write elsewhere"
+        )
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]

@@ -509,13 +509,32 @@ def load_config(
     return build_config(load_tree(path, overrides))
 
 
+class UniqueKeyLoader(yaml.SafeLoader):
+    """``yaml.SafeLoader`` that refuses a key given twice in one mapping (plain YAML keeps the
+    last silently, so a preset's earlier setting would vanish without a word)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=True)  # type: ignore[no-untyped-call]
+            line = key_node.start_mark.line + 1
+            if key in seen:
+                raise ConfigError(
+                    f"{key_node.start_mark.name}: key {key!r} is given twice in one mapping "
+                    f"(lines {seen[key]} and {line}); keep one"
+                )
+            seen[key] = line
+        return super().construct_mapping(node, deep=deep)
+
+
 def load_tree(
     path: str | Path | None, overrides: list[str] | tuple[str, ...] = ()
 ) -> dict[str, Any]:
     """The raw YAML mapping of a preset (None: empty) with ``key=value`` overrides applied.
 
     Raises:
-        ConfigError: the file is missing or its top level is not a mapping; a malformed override.
+        ConfigError: the file is missing, holds a key twice in one mapping (names the key and
+            line) or its top level is not a mapping; a malformed override.
     """
     tree: dict[str, Any] = {}
     if path is not None:
@@ -523,7 +542,8 @@ def load_tree(
         if not p.is_file():
             raise ConfigError(f"config file {str(p)!r} does not exist")
         try:
-            loaded = yaml.safe_load(p.read_text())
+            with p.open() as f:  # the marks name the file
+                loaded = yaml.load(f, Loader=UniqueKeyLoader)  # noqa: S506 (a SafeLoader)
         except yaml.YAMLError as err:
             raise ConfigError(f"{p}: not valid YAML: {err}") from err
         if loaded is not None and not isinstance(loaded, dict):

@@ -135,9 +135,12 @@ def write_report(run_dir: str | Path) -> Path:
     trajectories, ``RUN_DIR/report/audit.html``; returns the index page.
 
     Raises:
-        FileNotFoundError: ``run_dir`` has neither ``metrics.jsonl`` nor ``eval.jsonl``.
+        FileNotFoundError: ``run_dir`` does not exist, or has neither ``metrics.jsonl`` nor
+            ``eval.jsonl``.
     """
     run = Path(run_dir)
+    if not run.is_dir():
+        raise FileNotFoundError(f"{run} does not exist (give a run directory)")
     metrics, evals = read_jsonl(run / "metrics.jsonl"), read_jsonl(run / "eval.jsonl")
     sft = read_jsonl(run / SFT_LOG)
     if not metrics and not evals and not sft:

@@ -140,16 +140,19 @@ def context_rows(e: dict[str, Any]) -> list[tuple[str, str]]:
 def collapse_line(evals: list[dict[str, Any]]) -> str:
     """What the collapse checks of a run's evaluations said (the ``collapse`` field that
     :func:`coderl.train.loop.log_eval_with_alarm` writes): the steps where the alarm was raised,
-    or that it never was, with the largest drop; "" when no evaluation holds a check."""
+    or that it never was, with the largest drop (or "no drop" when pass@k never fell: a rise is
+    not printed as a negative drop); "" when no evaluation holds a check."""
     checks = [(e["step"], e["collapse"]) for e in evals if e.get("collapse")]
     if not checks:
         return ""
     step, worst = max(checks, key=lambda sc: sc[1]["drop"])
     rule = "upper end of the paired 95% CI of the change below 0"
-    where = (
-        f"largest drop {worst['drop']:+.3f} at step {step} "
-        f"(pass@{worst['k']} vs step {worst['best_step']}, change {_ci(worst['change'], True)})"
-    )
+    versus = f"pass@{worst['k']} vs step {worst['best_step']}, change {_ci(worst['change'], True)}"
+    if worst["drop"] > 0:
+        where = f"largest drop {worst['drop']:.3f} at step {step} ({versus})"
+    else:  # drop = best earlier - now: <= 0 at every check means nothing fell
+        where = f"no drop: pass@{worst['k']} never fell below the best earlier evaluation "
+        where += f"(smallest change at step {step}: {versus})"
     raised = [str(s) for s, c in checks if c["alarm"]]
     if raised:
         return f"RAISED at step {', '.join(raised)} of {len(checks)} checks ({rule}); {where}"

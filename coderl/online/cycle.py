@@ -194,7 +194,8 @@ def production_alarms(
     """Alarms comparing the champion's live traffic with its predecessor's, and the snapshot;
     for a ``population``, on that population's traffic alone, between the last two versions it
     was served."""
-    kl = {v: registry.meta(v).get("train", {}).get("kl", float("nan")) for v in registry.versions()}
+    trained = {v: registry.meta(v).get("train", {}) for v in registry.versions()}
+    kl = {v: t["kl"] for v, t in trained.items() if "kl" in t}  # absent where not measured
     snap = monitor_snapshot(
         store,
         cfg.online.reward.version,

@@ -4,6 +4,7 @@ the rich tables of :func:`print_report` and the per-phase totals over a cycle's 
 from __future__ import annotations
 
 import json
+import math
 from typing import Any
 
 from rich.console import Console
@@ -34,6 +35,14 @@ def _print_populations(pops: dict[str, Any], console: Console) -> None:
         moved = f"v{r['champion_before']} -> v{r['champion_after']}" if "candidate" in r else ""
         t.add_row(name, r["decision"], str(r["trainable"]), moved, bounds)
     console.print(t)
+
+
+def measured(value: float | None, spec: str = ".3g") -> str:
+    """``value`` formatted with ``spec``; ``n/a`` where nothing was measured (absent, or NaN: a
+    rate over no events), never ``nan`` or a placeholder 0 printed as a number."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "n/a"
+    return format(value, spec)
 
 
 def _fmt_ci(e: dict[str, float]) -> str:
@@ -91,7 +100,7 @@ def print_report(rep: dict[str, Any], console: Console | None = None) -> None:
         "iw_max",
     ):
         if k in rep.get("train", {}):
-            t.add_row(f"train {k}", f"{rep['train'][k]:.4f}")
+            t.add_row(f"train {k}", measured(rep["train"][k], ".4f"))
     for c in rep.get("gate", {}).get("comparisons", []):
         t.add_row(
             f"held-out {c['metric']}",
@@ -124,6 +133,6 @@ def print_report(rep: dict[str, Any], console: Console | None = None) -> None:
             mt.add_column(f"v{v}/{p}")
         names = sorted({k for _, _, m in cols for k in m}, key=lambda k: (k.startswith("r"), k))
         for k in names:
-            mt.add_row(k, *[f"{m.get(k, float('nan')):.3g}" for _, _, m in cols])
+            mt.add_row(k, *[measured(m.get(k)) for _, _, m in cols])
         console.print(mt)
         console.print(f"orphaned share of events: {rep['monitors']['orphaned_share']:.3f}")

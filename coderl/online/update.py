@@ -171,11 +171,14 @@ def update(
 
     Returns:
         the trainer's metrics of the **first** step, measured before any optimizer step of
-        this update (the sampler/trainer gap ``logprob_gap*``, ``kl``, ``iw_*``, ``ratio_*``,
+        this update (the sampler/trainer gap ``logprob_gap*``, ``iw_*``, ``ratio_*``,
         ``loss``, ``grad_norm``: what "before the update" promises, whatever ``trainer.steps``
         is), ``optimizer_steps`` summed over every step, the ESS metrics of the importance
         weights before the first (:func:`behaviour_weights`, :func:`effective_sample_size`) and
-        ``exploration_share``, the share of exploration rows.
+        ``exploration_share``, the share of exploration rows; ``kl`` to the champion at the
+        last step's forward (after ``trainer.steps - 1`` optimizer steps), only when
+        ``algorithm.kl.coef > 0`` and ``trainer.steps > 1`` (absent otherwise: never a 0
+        that was not measured).
 
     Raises:
         ValueError: no rows, or ``len(advantages) != len(rows)``.
@@ -190,7 +193,11 @@ def update(
         advantages.tolist(),
         micro_batch_size=trainer.micro_batch_size,
         temperature=temperature,
-        reference=lambda tokens, t: champion.forward(tokens, t).logprobs,
+        # the KL to the champion is measured only where it is penalised: else it is absent
+        # (a first step's KL to the model it starts from is 0 by construction, not a reading)
+        reference=(lambda tokens, t: champion.forward(tokens, t).logprobs)
+        if algorithm.kl.coef > 0
+        else None,
     )
     w = behaviour_weights(policy, batch, algorithm, temperature)  # (B, T)
     metrics = effective_sample_size(w, batch.loss_mask)
@@ -213,5 +220,10 @@ def update(
         )
         policy.bump_version()
     metrics.update(steps[0])  # before the update: the first step's forward saw the champion
+    # ... so its KL to the champion is 0 by construction, not a reading: the last step's is
+    # (after trainer.steps - 1 optimizer steps); with one step none is measured, and none shown
+    metrics.pop("kl", None)
+    if len(steps) > 1 and "kl" in steps[-1]:
+        metrics["kl"] = steps[-1]["kl"]
     metrics["optimizer_steps"] = sum(m["optimizer_steps"] for m in steps)
     return metrics

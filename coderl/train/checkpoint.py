@@ -255,8 +255,10 @@ def latest_checkpoint(run_dir: str | Path) -> Path:
     """The newest complete checkpoint of ``run_dir``.
 
     Raises:
-        FileNotFoundError: the run has no complete checkpoint.
+        FileNotFoundError: ``run_dir`` does not exist, or has no complete checkpoint.
     """
+    if not Path(run_dir).is_dir():
+        raise FileNotFoundError(f"{run_dir} does not exist (give a run directory or a checkpoint)")
     ckpts = list_checkpoints(run_dir)
     if not ckpts:
         raise FileNotFoundError(f"{run_dir}: no complete checkpoint under checkpoints/")
@@ -269,7 +271,8 @@ def resolve_checkpoint(path: str | Path) -> tuple[Path, Path]:
     state); what ``coderl eval`` and ``coderl export`` accept.
 
     Raises:
-        FileNotFoundError: ``path`` is neither a complete checkpoint nor a run with one.
+        FileNotFoundError: ``path`` does not exist, or is neither a complete checkpoint nor a
+            run with one (:func:`latest_checkpoint`).
     """
     ckpt = Path(path)
     if not (ckpt / "state.json").is_file():

@@ -90,14 +90,14 @@ def export_run(
 
     Raises:
         FileNotFoundError: no complete checkpoint or no ``config.yaml``.
-        FileExistsError: ``out`` exists and not ``force``.
+        FileExistsError: ``out`` exists and not ``force``, or is not a previous export
+            (:func:`ensure_replaceable`).
         ValueError: ``merged`` for a full fine-tuning run.
         ExportError: a check failed (says which directory and by how much).
     """
     run_dir, ckpt = resolve_checkpoint(source)
     dest = Path(out) if out is not None else run_dir / "export"
-    if dest.exists() and not force:
-        raise FileExistsError(f"{dest} exists; not replaced without --force")
+    ensure_replaceable(dest, (run_dir, ckpt), force=force)
     cfg = load_config(run_dir / "config.yaml", ["trainer.device=cpu"])
     if merged and not cfg.model.lora:
         raise ValueError("--merged: this run fine-tuned every weight; there is no adapter to merge")
@@ -134,6 +134,43 @@ def export_run(
     shutil.rmtree(dest, ignore_errors=True)
     tmp.rename(dest)
     return manifest
+
+
+RUN_MARKERS = ("checkpoints", "config.yaml", "metrics.jsonl", "sft", ".lock")
+"""Names whose presence marks a directory as (holding) a training run, never an export's."""
+
+
+def ensure_replaceable(dest: Path, sources: tuple[Path, ...], *, force: bool) -> None:
+    """Refuse to write over ``dest`` unless it is absent, or ``force`` and it is a previous
+    export: a directory with ``export.json`` that is none of ``sources`` (the run directory and
+    checkpoint exported), holds none of them and holds no run (:data:`RUN_MARKERS`, at any
+    depth). ``--force`` replaces an export, never a run or a directory of runs.
+
+    Raises:
+        FileExistsError: ``dest`` exists and may not be replaced (one line saying why).
+    """
+    if not dest.exists() and not dest.is_symlink():
+        return
+    if not force:
+        raise FileExistsError(f"{dest} exists; not replaced without --force")
+    where = dest.resolve()
+    for src in sources:
+        if src.resolve() == where or where in src.resolve().parents:
+            raise FileExistsError(
+                f"{dest} holds the run being exported ({src}); --force replaces only a previous "
+                "export: choose another --out"
+            )
+    if dest.is_symlink() or not dest.is_dir() or not (dest / "export.json").is_file():
+        raise FileExistsError(
+            f"{dest} exists and is not a previous export (no export.json); --force replaces only "
+            "an export: choose another --out or move it away"
+        )
+    runs = [p for p in dest.rglob("*") if p.name in RUN_MARKERS]
+    if runs:
+        raise FileExistsError(
+            f"{dest} holds a training run ({runs[0]}); --force replaces only a previous export: "
+            "choose another --out"
+        )
 
 
 def _moved(path: Path, tmp: Path, dest: Path) -> Path:

@@ -95,6 +95,31 @@ def oracle_message(task: Any, call_format: str = "hermes") -> str:
     )
 
 
+def demonstration_sources(cfg: Config, env: Any, tasks: list[Any]) -> list[tuple[Any, list[Any]]]:
+    """``tasks`` grouped by the source environment whose episode settings demonstrate them (a
+    mix: each task's own source); a source with no oracle is refused, before any model loads.
+
+    Raises:
+        ConfigError: a task's source has no oracle demonstrations (names it; says
+            ``sft.enabled=false``).
+    """
+    groups: dict[str, tuple[Any, list[Any]]] = {}
+    sources = [] if tasks else [""]  # no task: the source itself is checked
+    for t in tasks:
+        label = env.owner(t) if hasattr(env, "envs") else ""
+        sources.append(label)
+        groups.setdefault(label, (env.envs[label] if label else env, []))[1].append(t)
+    for label in sources:
+        own = env.envs[label] if label and hasattr(env, "envs") else env
+        if not hasattr(own, "episode_config"):
+            raise ConfigError(
+                f"sft.enabled: tasks.source={label or cfg.tasks.source!r} has no oracle "
+                "demonstrations (only agent-harness sources such as humaneval and repo do); "
+                "set sft.enabled=false"
+            )
+    return list(groups.values())
+
+
 def oracle_segments(
     cfg: Config, policy: LocalPolicy, tasks: list[Any], *, seed: int = 0
 ) -> list[Segment]:
@@ -102,21 +127,8 @@ def oracle_segments(
     the paths of repo episodes)."""
     from coderl.envs import build_environment
 
-    env = build_environment(cfg)
-    # a mix: each task's demonstration runs with its own source's episode settings
-    groups: dict[str, tuple[Any, list[Any]]] = {}
-    for t in tasks:
-        label = env.owner(t) if hasattr(env, "envs") else ""
-        own = env.envs[label] if label else env
-        if not hasattr(own, "episode_config"):
-            raise ConfigError(
-                f"sft.enabled: tasks.source={label or cfg.tasks.source!r} has no oracle "
-                "demonstrations (only agent-harness sources such as humaneval and repo do); "
-                "set sft.enabled=false"
-            )
-        groups.setdefault(label, (own, []))[1].append(t)
     segs: list[Segment] = []
-    for own, group in groups.values():
+    for own, group in demonstration_sources(cfg, build_environment(cfg), tasks):
         ecfg = own.episode_config(_params(cfg))
         repo = [t for t in group if t.kind == "repo"]
         function = [t for t in group if t.kind != "repo"]
@@ -248,8 +260,10 @@ def run_sft(cfg: Config, policy: LocalPolicy | None = None) -> Path:
     oracle episodes are drawn again for every epoch, with seed ``seed + epoch``."""
     from coderl.envs import build_environment
 
+    env = build_environment(cfg)
+    tasks = env.tasks(cfg.tasks.train_split)[: cfg.sft.limit]
+    demonstration_sources(cfg, env, tasks)  # a source without an oracle: before the model loads
     policy = policy or build_policy(cfg)
-    tasks = build_environment(cfg).tasks(cfg.tasks.train_split)[: cfg.sft.limit]
     redraw = any(t.kind == "repo" for t in tasks)
     tcfg = cfg.trainer.model_copy(
         update={"lr": cfg.sft.lr, "schedule": "constant", "warmup_steps": 0}
