@@ -158,6 +158,23 @@ DENIED = {
         "module_function": "import os\nos.write = print\n",
         "local_alias": "import json\ndef f(g):\n    copy = json.JSONEncoder\n    copy.encode = g\n",
     },
+    # issue 47 round 5: an attribute store fails closed unless the object is visibly the
+    # method's own or one the scope made; any expression could be another package's class
+    "attr_store": {
+        "subscript": "import json\n[json.JSONEncoder][0].encode = 1\n",
+        "loop_variable": "import json\nfor E in (json.JSONEncoder,):\n    E.encode = 1\n",
+        "walrus": "import json\n(E := json.JSONEncoder).encode = 1\n",
+        "parameter": "import json\ndef p(c):\n    c.encode = 1\np(json.JSONEncoder)\n",
+        "setattr_call": "import json\nsetattr((lambda c: c)(json.JSONEncoder), 'encode', 1)\n",
+        "delete": "import json\nfor E in [json.JSONEncoder]:\n    del E.encode\n",
+        "static_method": ("class C:\n    @staticmethod\n    def p(c):\n        c.encode = 1\n"),
+        "function_result": "import json\ndef g():\n    return json.JSONEncoder\ng().encode = 1\n",
+        "identity_def": "import json\ndef Id(c):\n    return c\nE = Id(json.JSONEncoder)\nE.encode = 1\n",
+        "new_returns_other": (
+            "import json\nclass C:\n    def __new__(cls):\n        return json.JSONEncoder\n"
+            "E = C()\nE.encode = 1\n"
+        ),
+    },
 }
 CASES = [(cls, name) for cls, ex in DENIED.items() for name in ex]
 
@@ -209,6 +226,13 @@ HONEST = {
         "import copy\nclass C(dict):\n    def f(self):\n        copy = C(self)\n"
         "        copy.note = 1\n        return copy\n"
     ),
+    "own_class_attr": "class C:\n    pass\n\nC.note = 1\n",
+    "cls_store": "class C:\n    @classmethod\n    def f(cls):\n        cls.n = 1\n",
+    "property_setter": (
+        "class C:\n    @property\n    def x(self):\n        return 1\n"
+        "    @x.setter\n    def x(self, v):\n        self._x = v\n"
+    ),
+    "nested_def_attr": "def d(g):\n    def w():\n        return g()\n    w.note = 1\n    return w\n",
     "regex_braces": "import re\nR = re.compile(r'^[a-z]{1,3}$')\n",
 }
 
@@ -216,6 +240,12 @@ HONEST = {
 @pytest.mark.parametrize("cls,name", CASES)
 def test_a_route_the_denylist_missed_is_a_finding(cls, name):
     assert scan_source(DENIED[cls][name], "pkg/mod.py"), f"{cls}/{name} was not flagged"
+
+
+def test_an_attribute_store_on_an_unknown_object_is_a_store_finding():
+    for name, code in DENIED["attr_store"].items():
+        rules = {f.rule for f in scan_source(code, "pkg/mod.py")}
+        assert rules & {"attr-store", "module-store"}, (name, rules)
 
 
 def test_every_class_has_several_members():
@@ -308,3 +338,77 @@ def test_the_submodule_table_is_what_the_reviewed_modules_hold():
         [sys.executable, "-S", "-c", code, *SAFE_MODULES], capture_output=True, check=True
     )
     assert json.loads(run.stdout) == SUBMODULES
+
+
+# --- issue 47 round 5: a tainted helper reached by import, module-level taint, lazy re-exports --
+# A stand-in for six.py: helpers whose bodies or values hold a finding, and names it defines.
+SIX = b"""import operator
+import sys
+import types
+
+_func_globals = "__globals__"
+_meth_self = "__self__"
+get_function_globals = operator.attrgetter(_func_globals)
+get_method_self = operator.attrgetter(_meth_self)
+exec_ = getattr(__builtins__, "exec")
+
+
+def load(name):
+    return sys.modules[name]
+
+
+class _MovedItems(types.ModuleType):
+    pass
+
+
+moves = _MovedItems("six.moves")
+PY3 = sys.version_info[0] == 3
+
+
+def b(s):
+    return s.encode("latin-1")
+"""
+
+
+@pytest.mark.parametrize(
+    "added",
+    [
+        # class 1: importing a tainted helper by name, with or without an alias
+        b"\nfrom six import exec_ as _run\n_run('x = 1', {})\n",
+        b"\nfrom six import exec_\n",
+        b"\nfrom six import load as _l\n",
+        b"\ndef f():\n    from six import load\n    return load('x')\n",
+        # class 2: a value with a finding assigned at module or class level taints its name
+        b"\ndef f(g):\n    return get_function_globals(g)\n",
+        b"\nx = get_method_self(print)\n",
+        b"\nclass C:\n    g = operator.attrgetter(_func_globals)\n\nC.g(f)\n",
+        b"\ndef f():\n    return _meth_self\n",
+        # class 4: a name the module does not define (six.moves' lazy names), or a tainted one
+        b"\nfrom six.moves import getoutput\n",
+        b"\nfrom six.moves import getcwd, input\n",
+        b"\nfrom six.moves import reload_module as _r\n",
+        b"\nfrom six import get_method_self\n",
+        b"\nfrom six import no_such_name\n",
+    ],
+)
+def test_a_tainted_or_lazy_name_of_the_module_is_a_finding(added):
+    found = added_findings(SIX, SIX + added, "six.py", SIX)
+    assert {f.rule for f in found} & {"helper", "lazy-import"}, found
+
+
+@pytest.mark.parametrize(
+    "added",
+    [
+        b"\nfrom six import b as _b\nx = _b('a')\n",
+        b"\nfrom six import PY3\n",
+        b"\ndef f():\n    from six import _MovedItems\n    return _MovedItems\n",
+    ],
+)
+def test_an_untainted_name_the_module_defines_may_be_imported(added):
+    assert added_findings(SIX, SIX + added, "six.py", SIX) == []
+
+
+def test_a_module_attribute_of_the_own_module_is_still_a_use():
+    """``import six as m; m.load`` was already a helper use; it stays one."""
+    found = added_findings(SIX, SIX + b"\nimport six as m\nm.load('x')\n", "six.py", SIX)
+    assert "helper" in {f.rule for f in found}, found

@@ -56,11 +56,15 @@ from dataclasses import dataclass
 
 from coderl.grading.guardast import (
     SCOPES,
+    assigned_names,
     bindings,
     docstrings,
     first_party,
     foreign_names,
     format_fields,
+    fresh_locals,
+    module_defs,
+    own_module,
     top_name,
 )
 from coderl.grading.guardlists import (  # the reviewed lists
@@ -160,6 +164,10 @@ class _Scanner:
         # names of other code's objects (patchable): imported, and aliases of those
         self.foreign, self.aliases = foreign_names(tree, first)
         self.bound, self.plain, self.literal_names = bindings(tree)
+        self.fresh = fresh_locals(tree)
+        self.flows: set[str] = set()  # names assigned, outside functions, a value with a finding
+        self.from_own: list[tuple[str, str, int, str]] = []  # (module, name, line, scope)
+        self.alias_of: dict[str, str] = {}  # ``from <own> import name as alias``: alias -> name
         self.scope: list[str] = []
         self.tree = tree
         self.scope_ids: list[tuple[int, bool]] = [(id(tree), False)]  # (scope, is a class)
@@ -167,6 +175,8 @@ class _Scanner:
 
     def add(self, rule: str, what: str, node: ast.AST) -> None:
         self.found.append((rule, what[:80], getattr(node, "lineno", 0), ".".join(self.scope)))
+        if rule != "import-not-allowed":
+            self.flows |= assigned_names(node)
 
     def run(self, tree: ast.AST) -> None:
         """Visit every node in pre-order (children in source order), each ``visit_<Type>``
@@ -218,6 +228,8 @@ class _Scanner:
     def visit_FunctionDef(self, node: ast.FunctionDef | ast.AsyncFunctionDef) -> None:
         args = [*node.args.posonlyargs, *node.args.args]
         first = args[0].arg if args else None
+        if not self.scope_ids[-1][1] or not all(map(_method_decorator, node.decorator_list)):
+            first = None  # only a method's ``self``/``cls`` is the object the call is about
         rebound = any(
             isinstance(n, ast.Name) and n.id == first and not isinstance(n.ctx, ast.Load)
             for stmt in node.body
@@ -260,8 +272,14 @@ class _Scanner:
 
     def visit_ImportFrom(self, node: ast.ImportFrom) -> None:
         mod = node.module or ""
+        for alias in node.names:  # importing a helper by name is a use of it (rule ``helper``)
+            self.ref(alias.name, node)
+            if alias.asname:
+                self.alias_of[alias.asname] = alias.name
         if node.level:
             return  # the package's own modules (a tainted helper there: residual risk)
+        if self._ours(mod):
+            self.from_own += [(mod, a.name, node.lineno, ".".join(self.scope)) for a in node.names]
         self._import(mod, node)
         for alias in node.names:
             self._from_name(mod, alias, node)
@@ -328,8 +346,8 @@ class _Scanner:
     def visit_Attribute(self, node: ast.Attribute) -> None:
         self.ref(node.attr, node)
         base, attr = node.value, node.attr
-        if not isinstance(node.ctx, ast.Load) and self._foreign(base):
-            self.add("module-store", attr, node)  # ``json.JSONEncoder.encode = f``
+        if not isinstance(node.ctx, ast.Load):
+            self._store(base, attr, node)
         own = isinstance(base, ast.Name) and self._local(base.id, base)
         if isinstance(base, ast.Name) and base.id in self.modules and not own:
             self._module_attr(self.modules[base.id], attr, node)
@@ -361,6 +379,24 @@ class _Scanner:
             self.add("dynamic-attr", f"{attr} as a value", node)
         if attr in ("format", "format_map") and not self._literal(base):
             self.add("format", f"{attr} on a template that is not a literal", node)
+
+    def _store(self, base: ast.AST, what: str, node: ast.AST) -> None:
+        """An attribute store or delete fails closed: allowed on a method's ``self``/``cls``
+        and on a name this scope binds only to an object it made (:func:`fresh_locals`);
+        ``module-store`` on another package's object, ``attr-store`` on anything else (a
+        parameter, a subscript, a call's result, a loop variable: any could be one)."""
+        if self._foreign(base):
+            self.add("module-store", what, node)  # ``json.JSONEncoder.encode = f``
+        elif not isinstance(base, ast.Name) or not (
+            base.id == (self.own[-1] if self.own else None) or self._fresh(base)
+        ):
+            self.add("attr-store", what, node)
+
+    def _fresh(self, name: ast.Name) -> bool:
+        parent = getattr(name, "_parent", None)
+        while parent is not None and not isinstance(parent, SCOPES):
+            parent = getattr(parent, "_parent", None)
+        return parent is not None and name.id in self.fresh.get(id(parent), ())
 
     def _foreign(self, node: ast.AST) -> bool:
         """Whether ``node`` is (an attribute chain on) a module, class or function the file
@@ -421,8 +457,7 @@ class _Scanner:
         if name in WRAPPER_CALLS and (node.keywords or len(node.args) > 2 - (name == "wraps")):
             self.add("dynamic-attr", f"{name} with chosen attribute names", node)
         if name in ("setattr", "delattr", "__setattr__", "__delattr__") and node.args:
-            if self._foreign(node.args[0]):
-                self.add("module-store", name, node)
+            self._store(node.args[0], name, node)
         if name in FILE_CALLS:  # any added file I/O: open(3 + 0, "wb") is the event pipe
             self.add("file-io", name, node)
         if name in FD_OPEN_CALLS:
@@ -483,6 +518,13 @@ def _bad_name(part: str) -> bool:
     )
 
 
+def _method_decorator(node: ast.AST) -> bool:
+    """A decorator that keeps a method's first argument the instance or class."""
+    if isinstance(node, ast.Name):
+        return node.id in ("classmethod", "property")
+    return isinstance(node, ast.Attribute) and node.attr in ("setter", "getter", "deleter")
+
+
 def _called(node: ast.AST) -> bool:
     parent = getattr(node, "_parent", None)
     return isinstance(parent, ast.Call) and parent.func is node
@@ -534,13 +576,17 @@ def scan_source(source: bytes | str, path: str = "<diff>") -> list[Finding] | No
     return [Finding(path, line, rule, what, scope) for rule, what, line, scope in scanner.found]
 
 
-def _known(source: bytes | None, path: str) -> tuple[Counter, Counter, set[str], set[str]]:
+def _known(
+    source: bytes | None, path: str
+) -> tuple[Counter, Counter, set[str], set[str], set[str]]:
     """Counts of findings and of name uses per scope, the *tainted helpers* (the names of the
-    functions and classes that hold a finding: a library's own ``sys.modules`` lookup) and the
-    modules the file imports."""
+    functions and classes that hold a finding, a library's own ``sys.modules`` lookup, and the
+    names a value with a finding is assigned to outside functions, six's
+    ``get_function_globals = operator.attrgetter(_func_globals)``), the modules the file
+    imports and the names its module body defines (:func:`module_defs`)."""
     scanner = _scan(source, path) if source else None
     if scanner is None:
-        return Counter(), Counter(), set(), set()
+        return Counter(), Counter(), set(), set(), set()
     found = Counter((rule, what, scope) for rule, what, _, scope in scanner.found)
     refs = Counter((name, scope) for name, _, scope in scanner.refs)
     # a dunder is called implicitly (``obj.attr`` runs ``__get__``), so its name is no route of
@@ -550,8 +596,8 @@ def _known(source: bytes | None, path: str) -> tuple[Counter, Counter, set[str],
         for r, _, _, scope in scanner.found
         if scope and r != "import-not-allowed"
     }
-    tainted = {name for name in helpers if not _dunder(name)}
-    return found, refs, tainted, scanner.import_names
+    tainted = {name for name in helpers | scanner.flows if not _dunder(name)}
+    return found, refs, tainted, scanner.import_names, module_defs(scanner.tree)
 
 
 def _imported(module: str, known: set[str]) -> bool:
@@ -583,8 +629,8 @@ def added_findings(
         if path.endswith(PYTHON_SUFFIXES):
             return [Finding(path, 0, "unscannable", "the host cannot parse it as Python")]
         return []
-    old_found, old_refs, old_tainted, old_imports = _known(old, path)
-    rel_found, rel_refs, rel_tainted, rel_imports = _known(released, path)
+    old_found, old_refs, old_tainted, old_imports, old_defs = _known(old, path)
+    rel_found, rel_refs, rel_tainted, rel_imports, rel_defs = _known(released, path)
     budget = old_found | rel_found  # per key, the larger count
     known = old_imports | rel_imports
     out: list[Finding] = []
@@ -596,11 +642,29 @@ def added_findings(
         else:
             out.append(Finding(path, line, rule, what, scope))
     tainted, uses = old_tainted | rel_tainted, old_refs | rel_refs
+    out += _lazy_imports(scanner, path, (old_defs | rel_defs) - tainted)
     for name, line, scope in scanner.refs:
+        if scanner.alias_of.get(name) in tainted:
+            out.append(Finding(path, line, "helper", f"{name} ({scanner.alias_of[name]})", scope))
         if name not in tainted:
             continue
         if uses[(name, scope)] > 0:
             uses[(name, scope)] -= 1
         else:
             out.append(Finding(path, line, "helper", name, scope))
+    return out
+
+
+def _lazy_imports(scanner: _Scanner, path: str, defs: set[str]) -> list[Finding]:
+    """``from <this module> import name`` for a name its source does not define untainted
+    (:func:`module_defs`), and ``from <this module>.sub import name`` where this file is a
+    plain module (no package, so ``sub`` is an object it builds at run time: six's lazy
+    ``moves`` hand out ``subprocess.getoutput``, ``input``, ``reload``): rule ``lazy-import``.
+    Other modules of a package are not read here (residual risk)."""
+    own = own_module(path)
+    plain = bool(own) and not path.endswith("__init__.py")
+    out: list[Finding] = []
+    for module, name, line, scope in scanner.from_own:
+        if module == own and name not in defs or plain and module.startswith(own + "."):
+            out.append(Finding(path, line, "lazy-import", f"{module}.{name}", scope))
     return out

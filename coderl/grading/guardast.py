@@ -134,3 +134,117 @@ def _str_assign(node: ast.AST) -> bool:
         and isinstance(parent.value, ast.Constant)
         and isinstance(parent.value.value, str)
     )
+
+
+_DEFS = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
+
+
+def _constructor(value: ast.AST, defs: set[str], odd: set[str]) -> bool:
+    """A literal, or a call of a CapWords name (a class: a fresh instance) that the file does
+    not define as a function and that is no class of the file with ``__new__`` or a
+    metaclass (either could hand back another object)."""
+    if isinstance(value, (ast.Constant, ast.List, ast.Dict, ast.Set, ast.Tuple, ast.JoinedStr)):
+        return True
+    if not isinstance(value, ast.Call):
+        return False
+    fn = value.func
+    name = fn.id if isinstance(fn, ast.Name) else fn.attr if isinstance(fn, ast.Attribute) else ""
+    return name[:1].isupper() and name not in defs and name not in odd
+
+
+def fresh_locals(tree: ast.AST) -> dict[int, set[str]]:
+    """Per scope id (as :func:`bindings`), the names whose every binding there is a ``def``,
+    a ``class`` or a plain ``name = <literal or constructor call>`` (:func:`_constructor`):
+    storing an attribute on one changes only an object the scope made. Parameters, imports,
+    loop, ``with`` and walrus targets, unpacking and ``global`` names are never fresh."""
+    defs = {
+        n.name for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
+    }
+    odd = {
+        n.name
+        for n in ast.walk(tree)
+        if isinstance(n, ast.ClassDef)
+        and (n.keywords or any(isinstance(b, _DEFS) and b.name == "__new__" for b in n.body))
+    }
+    ok: dict[int, dict[str, bool]] = {}
+    stack: list[tuple[ast.AST, int]] = [(tree, id(tree))]
+    while stack:
+        node, scope = stack.pop()
+        inner = id(node) if isinstance(node, SCOPES) else scope
+        seen = ok.setdefault(scope, {})
+        parent = getattr(node, "_parent", None)
+        if isinstance(node, _DEFS):
+            seen[node.name] = seen.get(node.name, True)
+        elif isinstance(node, ast.Name) and not isinstance(node.ctx, ast.Load):
+            plain = isinstance(parent, (ast.Assign, ast.AnnAssign)) and node in (
+                parent.targets if isinstance(parent, ast.Assign) else [parent.target]
+            )
+            good = plain and parent.value is not None and _constructor(parent.value, defs, odd)
+            seen[node.id] = seen.get(node.id, True) and good
+        elif isinstance(node, (ast.arg, ast.alias, ast.ExceptHandler, ast.MatchAs, ast.MatchStar)):
+            name = getattr(node, "arg", None) or getattr(node, "asname", None) or node.name
+            if isinstance(name, str):
+                seen[top_name(name)] = False
+        elif isinstance(node, (ast.Global, ast.Nonlocal)):
+            for name in node.names:
+                seen[name] = False
+        for child in ast.iter_child_nodes(node):
+            stack.append((child, inner))
+    return {scope: {n for n, good in names.items() if good} for scope, names in ok.items()}
+
+
+def assigned_names(node: ast.AST) -> set[str]:
+    """The plain names a finding at ``node`` flows into outside any function: the targets of
+    every assignment (``=``, ``:=``, ``+=``, ``for``, ``with``) that encloses it up to the
+    nearest function (none inside one: the function's own name is tainted instead), class or
+    module."""
+    out: set[str] = set()
+    child, parent = node, getattr(node, "_parent", None)
+    while parent is not None and not isinstance(parent, (*_DEFS, ast.Module)):
+        targets: list[ast.AST] = []
+        if isinstance(parent, ast.Assign) and child is parent.value:
+            targets = parent.targets
+        elif isinstance(parent, (ast.AnnAssign, ast.AugAssign, ast.NamedExpr)):
+            targets = [parent.target]
+        elif isinstance(parent, (ast.For, ast.AsyncFor, ast.comprehension)):
+            targets = [parent.target]
+        elif isinstance(parent, ast.withitem) and parent.optional_vars is not None:
+            targets = [parent.optional_vars]
+        for target in targets:
+            out |= {n.id for n in ast.walk(target) if isinstance(n, ast.Name)}
+        child, parent = parent, getattr(parent, "_parent", None)
+    if isinstance(parent, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        return set()
+    return out
+
+
+def module_defs(tree: ast.AST) -> set[str]:
+    """Names the module body binds by ``def``, ``class`` or a plain ``name = ...`` (inside
+    module-level ``if``/``try`` too): what ``from <this module> import name`` may ask for."""
+    out: set[str] = set()
+    todo = list(getattr(tree, "body", []))
+    while todo:
+        node = todo.pop()
+        if isinstance(node, _DEFS):
+            out.add(node.name)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            out |= {t.id for t in targets if isinstance(t, ast.Name)}
+        elif isinstance(node, (ast.If, ast.Try)):
+            todo += [*node.body, *node.orelse, *getattr(node, "finalbody", [])]
+            todo += [s for h in getattr(node, "handlers", []) for s in h.body]
+    return out
+
+
+def own_module(path: str) -> str:
+    """The dotted module a workspace file is (``six`` for ``six.py``, ``pkg.mod`` for
+    ``src/pkg/mod.py``, ``pkg`` for ``pkg/__init__.py``); ``""`` when there is none."""
+    parts = [p for p in path.split("/") if p]
+    if parts and parts[0] in ("src", "lib") and len(parts) > 1:
+        parts = parts[1:]
+    if not parts or not parts[-1].endswith(".py"):
+        return ""
+    parts[-1] = parts[-1].removesuffix(".py")
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts) if all(p.isidentifier() for p in parts) else ""
