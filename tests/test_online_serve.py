@@ -425,6 +425,13 @@ def test_a_promotion_is_picked_up_without_a_restart(tmp_path: Path) -> None:
     ra, rb = (store.interactions(ids=[x.id])[0] for x in (a, b))
     assert (ra["policy_version"], ra["adapter"]) == (1, "shared@v1")
     assert (rb["policy_version"], rb["adapter"]) == (2, "shared@v2")
+    # the reply names the model asked for (as vLLM answers); the version is in its extra fields
+    assert (b.model, b.model_extra["policy_version"], b.model_extra["adapter"]) == (
+        "coderl",
+        2,
+        "shared@v2",
+    )
+    assert b.system_fingerprint == "coderl-v2"
     # the new weights sampled it: their own forward reproduces the recorded logprobs
     seq = rb["prompt_token_ids"] + rb["completion_token_ids"]
     n = len(rb["prompt_token_ids"])
@@ -532,3 +539,86 @@ def test_serve_checks_its_port_before_loading_the_model(capsys) -> None:
     err = capsys.readouterr().err
     assert code == 2 and f"cannot listen on 127.0.0.1:{port}" in err and "--port" in err
     assert took < 5  # no model was loaded, no database opened
+
+
+# --- errors and models as OpenAI's clients expect them (issue 48 class 6) ----------------------
+
+
+def _error(r: _Resp, status: int) -> dict:
+    """The body of an OpenAI-shaped error with HTTP ``status`` (every key present)."""
+    assert r.status_code == status, r.text
+    err = r.json()["error"]
+    assert set(err) == {"message", "type", "param", "code"} and err["code"] == status
+    return err
+
+
+def test_models_retrieve_answers_served_names_and_a_not_found_error_otherwise(served) -> None:
+    import openai
+
+    _, _, bg = served
+    client = OpenAI(base_url=bg.base_url, api_key="unused", max_retries=0)
+    for name in ("tiny", "coderl"):
+        m = client.models.retrieve(name)
+        assert (m.id, m.object, m.owned_by) == (name, "model", "coderl")
+    with pytest.raises(openai.NotFoundError) as err:
+        client.models.retrieve("gpt-4o")
+    body = err.value.body
+    assert body["type"] == "NotFoundError" and body["param"] == "model" and body["code"] == 404
+    assert "The model `gpt-4o` does not exist (served: tiny, coderl)" in body["message"]
+
+
+def test_unknown_paths_wrong_methods_and_bad_fields_answer_openai_shaped_errors(served) -> None:
+    import openai
+
+    _, _, bg = served
+    client = OpenAI(base_url=bg.base_url, api_key="unused", max_retries=0)
+    with pytest.raises(openai.NotFoundError) as nf:
+        client.completions.create(model="tiny", prompt="x")  # legacy endpoint: not served
+    assert nf.value.body["message"] == "no such endpoint: POST /v1/completions"
+    assert nf.value.body["type"] == "NotFoundError" and nf.value.body["param"] is None
+    err = _error(_http(bg.base_url + "/models", method="DELETE"), 405)
+    assert err["message"] == "method not allowed: DELETE /v1/models (allowed: GET)"
+    assert err["type"] == "invalid_request_error"
+    url = bg.base_url + "/chat/completions"
+    user = [{"role": "user", "content": "x"}]
+    err = _error(_http(url, json_body={"model": "tiny", "messages": user, "top_p": 7}), 400)
+    assert err["param"] == "top_p" and err["message"].startswith("top_p: ")
+    err = _error(_http(url, json_body={"model": "tiny", "messages": user, "stop": [""]}), 400)
+    assert err["param"] == "stop"
+    err = _error(_http(bg.base_url + "/admin/reload"), 404)  # an HTTPException of a route
+    assert err["message"] == "reload is not configured"
+
+
+def test_a_body_that_is_not_a_json_object_says_so(served) -> None:
+    _, _, bg = served
+    url = bg.base_url + "/chat/completions"
+    err = _error(_http(url, content=b'{"model": "tiny", oops'), 400)
+    assert err["message"].startswith("the request body is not valid JSON (Invalid JSON:")
+    assert err["param"] is None
+    err = _error(_http(url, json_body=["tiny"]), 400)
+    assert err["message"].startswith("the request body must be a JSON object (")
+
+
+def test_only_openai_roles_are_accepted_and_developer_is_the_system_role(served) -> None:
+    import openai
+
+    store, _, bg = served
+    client = OpenAI(base_url=bg.base_url, api_key="unused", max_retries=0)
+    before = len(store.interactions())
+    wizard = [{"role": "user", "content": "hi"}, {"role": "wizard", "content": "abracadabra"}]
+    with pytest.raises(openai.BadRequestError) as err:
+        client.chat.completions.create(model="tiny", messages=wizard, max_tokens=2)
+    assert err.value.body["param"] == "messages.1.role"
+    assert err.value.body["message"] == (
+        'messages.1.role: "wizard" is not a valid role; '
+        "supported: system, developer, user, assistant, tool"
+    )
+    with pytest.raises(openai.BadRequestError):
+        client.chat.completions.create(model="tiny", messages=[{"content": "hi"}], max_tokens=2)
+    assert len(store.interactions()) == before  # nothing sampled or recorded
+    rows = []
+    for role in ("developer", "system"):
+        msgs = [{"role": role, "content": "Be brief."}, {"role": "user", "content": "hi"}]
+        r = client.chat.completions.create(model="tiny", messages=msgs, max_tokens=2)
+        rows.append(store.interactions(ids=[r.id])[0]["prompt_token_ids"])
+    assert rows[0] == rows[1]  # developer is rendered exactly as system

@@ -3,6 +3,7 @@ and the gateway environment (:mod:`coderl.envs.gateway`).
 
 - :mod:`coderl.endpoint.chat`: the request path (what is accepted and refused, rendering,
   sampling, ``stop``, the reply and its stream) and the segmenter of an episode's calls;
+- :mod:`coderl.endpoint.errors`: every error in OpenAI's shape (unknown paths included);
 - :mod:`coderl.endpoint.calls`: the harness's tools and call formats on the served side;
 - :mod:`coderl.endpoint.batching`: concurrent requests batched for an in-process sampler;
 - :mod:`coderl.endpoint.http`: an app served by uvicorn in a background thread.

@@ -51,7 +51,12 @@ def harness_format(cfg: Any) -> tuple[str, bool]:
 
 
 class RequestError(ValueError):
-    """A request that cannot be served as the harness would (the message says why)."""
+    """A request that cannot be served as the harness would (the message says why;
+    ``param``: the request field at fault, when one is)."""
+
+    def __init__(self, message: str, *, param: str | None = None) -> None:
+        super().__init__(message)
+        self.param = param
 
 
 def function_entries(request_tools: Sequence[Any] | None) -> list[tuple[Any, dict[str, Any]]]:

@@ -10,6 +10,8 @@ null, or a list of ``{"type": "text", "text": ...}`` parts), ``tools``, ``tool_c
 ``max_completion_tokens``, ``stop`` (up to 4 strings), ``seed``, ``logprobs``, ``n`` (1),
 ``stream`` and ``stream_options.include_usage``, ``user``, and coderl's own ``episode_id``,
 ``population``, ``is_summary``, ``return_token_ids``.
+Message roles: ``system``, ``developer`` (rendered as ``system``), ``user``, ``assistant``,
+``tool``; any other (or none) is refused with a 400, as OpenAI refuses it.
 
 Refused with a reason: ``tool_choice`` ``"required"`` or a named function (constraining the
 sample would make the recorded behaviour logprobs those of another distribution), content parts
@@ -56,6 +58,7 @@ from coderl.endpoint.calls import (
     renderer_for,
 )
 from coderl.endpoint.continuation import Turn, continued_prompt
+from coderl.endpoint.errors import error_response
 from coderl.policy.base import Completion, SamplingParams
 from coderl.policy.episode import encode
 from coderl.trajectory import Segment, Trajectory
@@ -95,20 +98,26 @@ SUPPORTED_FIELDS = tuple(ChatRequest.model_fields)
 """Every request field that is accepted (the others are refused with a 400 listing these)."""
 
 
-def request_error(e: pydantic.ValidationError) -> str:
-    """One line for a request that failed validation: each bad field, and for a field that is
-    not supported at all, the list of the supported ones."""
-    parts, unknown = [], False
+def request_error(e: pydantic.ValidationError) -> tuple[str, str | None]:
+    """``(message, param)`` of a request that failed validation: one line naming each bad field
+    (the body itself when it is not a JSON object), and for a field that is not supported at
+    all, the list of the supported ones; ``param`` the first bad field (None: the body)."""
+    parts, unknown, fields = [], False, []
     for x in e.errors():
         where = ".".join(str(p) for p in x["loc"])
-        if x["type"] == "extra_forbidden":
+        fields.append(where)
+        if x["type"] == "json_invalid":
+            parts.append(f"the request body is not valid JSON ({x['msg']})")
+        elif not where:
+            parts.append(f"the request body must be a JSON object ({x['msg']})")
+        elif x["type"] == "extra_forbidden":
             unknown = True
             parts.append(f"{where}: not supported by coderl")
         else:
             parts.append(f"{where}: {x['msg']}")
     if unknown:
         parts.append(f"supported fields: {', '.join(SUPPORTED_FIELDS)}")
-    return "; ".join(parts)
+    return "; ".join(parts), (fields[0] or None) if fields else None
 
 
 def stop_strings(req: ChatRequest) -> list[str]:
@@ -119,7 +128,7 @@ def stop_strings(req: ChatRequest) -> list[str]:
     """
     stops = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
     if len(stops) > 4 or any(not s for s in stops):
-        raise RequestError("stop: at most 4 non-empty strings")
+        raise RequestError("stop: at most 4 non-empty strings", param="stop")
     return stops
 
 
@@ -136,20 +145,37 @@ def offers_tools(req: ChatRequest) -> bool:
         return False
     raise RequestError(
         f"tool_choice {json.dumps(req.tool_choice)} is not supported: coderl records the "
-        "policy's samples as drawn, so it cannot force a call; supported: 'auto', 'none'"
+        "policy's samples as drawn, so it cannot force a call; supported: 'auto', 'none'",
+        param="tool_choice",
     )
 
 
+ROLES = ("system", "developer", "user", "assistant", "tool")
+"""The message roles accepted (OpenAI's; ``developer`` is rendered as ``system``)."""
+
+
 def flat_messages(messages: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-    """``messages`` with list-of-parts contents joined into one string (text parts only).
+    """``messages`` with list-of-parts contents joined into one string (text parts only) and
+    the ``developer`` role (OpenAI's newer name for ``system``) as ``system``, the role chat
+    templates know.
 
     Raises:
-        RequestError: a message that is not an object, or a content part that is not text.
+        RequestError: a message that is not an object, a role not in :data:`ROLES`, or a
+            content part that is not text.
     """
     out = []
     for i, m in enumerate(messages):
         if not isinstance(m, dict):
-            raise RequestError(f"messages.{i}: a message must be an object")
+            raise RequestError(f"messages.{i}: a message must be an object", param=f"messages.{i}")
+        role = m.get("role")
+        if role not in ROLES:
+            raise RequestError(
+                f"messages.{i}.role: {json.dumps(role)} is not a valid role; "
+                f"supported: {', '.join(ROLES)}",
+                param=f"messages.{i}.role",
+            )
+        if role == "developer":
+            m = {**m, "role": "system"}
         content = m.get("content")
         if isinstance(content, list):
             texts = []
@@ -158,7 +184,8 @@ def flat_messages(messages: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
                 if kind != "text" or not isinstance(part.get("text"), str):
                     raise RequestError(
                         f"messages.{i}.content: part of type {kind!r} is not supported; "
-                        "supported: a string or {'type': 'text', 'text': ...} parts"
+                        "supported: a string or {'type': 'text', 'text': ...} parts",
+                        param=f"messages.{i}.content",
                     )
                 texts.append(part["text"])
             m = {**m, "content": "".join(texts)}
@@ -186,7 +213,9 @@ def client_tools(request_tools: Sequence[Any] | None) -> dict[str, Tool]:
     out: dict[str, Tool] = {}
     for name, fn in function_entries(request_tools):
         if not isinstance(name, str) or not name or name in out:
-            raise RequestError(f"tools: a missing or repeated function name {name!r}")
+            raise RequestError(
+                f"tools: a missing or repeated function name {name!r}", param="tools"
+            )
         out[name] = Tool(name, _not_run_here, {"type": "function", "function": fn}, _AnyArguments)
     return out
 
@@ -403,13 +432,6 @@ def trajectory_of(calls: Sequence[Call]) -> tuple[Trajectory, int]:
     return traj, breaks
 
 
-def error_response(status: int, message: str) -> JSONResponse:
-    """An OpenAI-style error body (404: ``NotFoundError``, as vLLM types it)."""
-    kind = "invalid_request_error" if status < 500 else "server_error"
-    kind = "NotFoundError" if status == 404 else kind
-    return JSONResponse({"error": {"message": message, "type": kind, "code": status}}, status)
-
-
 async def chat_endpoint(
     request: Request, complete: Callable[[ChatRequest], dict[str, Any]]
 ) -> Response:
@@ -420,11 +442,12 @@ async def chat_endpoint(
     try:
         req = ChatRequest.model_validate_json(await request.body())
     except pydantic.ValidationError as e:
-        return error_response(400, request_error(e))
+        message, param = request_error(e)
+        return error_response(400, message, param=param)
     try:
         body = await run_in_threadpool(complete, req)
     except HTTPException as e:
-        return error_response(e.status_code, str(e.detail))
+        return error_response(e.status_code, str(e.detail), param=getattr(e, "param", None))
     headers = {"X-Interaction-Id": body["id"]}
     if not req.stream:
         return JSONResponse(body, headers=headers)

@@ -82,6 +82,7 @@ from coderl.endpoint.chat import (
     trajectory_of,
 )
 from coderl.endpoint.continuation import Turn
+from coderl.endpoint.errors import ApiError, install_error_handlers
 from coderl.endpoint.http import BackgroundServer
 from coderl.envs.agent import AgentEnvironment, sandbox_for
 from coderl.envs.base import EpisodeRecord, FailureKind, GradeRecord, SamplingPolicy
@@ -207,7 +208,7 @@ class Gateway:
                     previous=ep.turn,
                 )
             except RequestError as e:
-                raise HTTPException(400, str(e)) from None
+                raise ApiError(400, str(e), param=e.param) from None
             ep.turn = s.turn
             # any model name is answered (one policy is served) and recorded with the call
             call = Call(s.prompt_ids, s.completion, {"status": s.status, "model": req.model})
@@ -253,7 +254,7 @@ class Gateway:
         return {"output": out, "returncode": r.exit_code}
 
     def app(self) -> FastAPI:
-        app = FastAPI(title="coderl gateway")
+        app = install_error_handlers(FastAPI(title="coderl gateway"))
 
         @app.post("/e/{secret}/v1/chat/completions")
         async def chat(secret: str, request: Request) -> Response:

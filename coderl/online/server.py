@@ -18,7 +18,7 @@ Endpoints (FastAPI):
   :mod:`coderl.online.events`). Malformed events are rejected with a reason (HTTP 400 listing
   them; the valid ones in the same request are still stored) and counted; duplicates are stored
   once.
-- ``GET /v1/models``, ``GET /v1/stats`` (ingestion counters), ``POST /v1/admin/reload``
+- ``GET /v1/models``, ``GET /v1/models/{id}`` (a served name, else 404), ``GET /v1/stats`` (ingestion counters), ``POST /v1/admin/reload``
   (load every champion of the registry that changed: the shared one and each population's).
 
 - ``GET /v1/tools``: the harness tools a request may offer, with their schemas, and the call
@@ -39,7 +39,9 @@ is waiting when it starts, and waits up to ``batch_window_s`` for the others the
 waits for the requests in flight and holds new ones back while routes change (a reader/writer
 gate, :class:`_Gate`), so no request samples an adapter while it is replaced.
 
-Errors: what is the client's answers 4xx with a reason (bad JSON or fields: 400; a tool that is
+Errors: every error, an unknown path (404) and a wrong method (405) included, has OpenAI's
+shape ``{"error": {"message", "type", "param", "code"}}`` (:mod:`coderl.endpoint.errors`). What
+is the client's answers 4xx with a reason (bad JSON or fields, a role other than OpenAI's: 400; a tool that is
 not the harness's: 400; a conversation that cannot be rendered: 400; a prompt that fills the
 engine's context: 400). An engine failure answers 503 with its reason and the server keeps
 serving.
@@ -76,6 +78,7 @@ from coderl.endpoint.batching import WindowBatcher
 from coderl.endpoint.calls import RequestError, served_tools
 from coderl.endpoint.chat import ChatRequest, chat_endpoint, response_body, sample_chat
 from coderl.endpoint.continuation import Turn
+from coderl.endpoint.errors import ApiError, install_error_handlers
 from coderl.online.events import MAX_REQUEST_BYTES, Rejected, parse_event, parse_json
 from coderl.online.routing import Route, Router
 from coderl.online.store import Store, interaction_row
@@ -291,6 +294,15 @@ class InteractionServer:
             explore = self._explore_rng.random() < self.exploration.share
         return (self.exploration.temperature if explore else self.default_temperature), explore
 
+    def check_model(self, name: str) -> None:
+        """Raises ``ApiError(404)`` (``NotFoundError``, ``param`` ``model``) unless ``name`` is a
+        served name (:attr:`model_names`), as vLLM answers a name it does not serve."""
+        if name not in self.model_names:
+            served = ", ".join(self.model_names)
+            raise ApiError(
+                404, f"The model `{name}` does not exist (served: {served}).", param="model"
+            )
+
     def complete(self, req: ChatRequest) -> dict[str, Any]:
         """Generate one reply, record it, return the OpenAI response body.
 
@@ -300,9 +312,7 @@ class InteractionServer:
                 rendered, or its prompt fills the engine's context.
             HTTPException(503): the engine failed (logged; the server keeps serving).
         """
-        if req.model not in self.model_names:  # as vLLM answers a name it does not serve
-            served = ", ".join(self.model_names)
-            raise HTTPException(404, f"The model `{req.model}` does not exist (served: {served}).")
+        self.check_model(req.model)
         with self.batcher.incoming():  # a batch about to start knows this request is coming
             return self._complete(req)
 
@@ -328,7 +338,7 @@ class InteractionServer:
                     previous=self._last_turn(req.episode_id, population, version),
                 )
         except RequestError as e:
-            raise HTTPException(400, str(e)) from None
+            raise ApiError(400, str(e), param=e.param) from None
         self._keep_turn(req.episode_id, population, version, s.turn)
         latency_ms = 1000.0 * (time.perf_counter() - start)
         out, params = s.completion, s.params
@@ -435,7 +445,7 @@ class InteractionServer:
         return (400 if res.reasons else 200), out
 
     def app(self) -> FastAPI:
-        app = FastAPI(title="coderl serve")
+        app = install_error_handlers(FastAPI(title="coderl serve"))
 
         @app.post("/v1/chat/completions")
         async def chat(request: Request) -> Response:
@@ -454,21 +464,23 @@ class InteractionServer:
                 "data": [t.schema for t in TOOLS.values()],
             }
 
+        def card(name: str) -> dict[str, Any]:
+            return {
+                "id": name,
+                "object": "model",
+                "owned_by": "coderl",
+                "created": 0,
+                "policy_version": self.version,
+            }
+
         @app.get("/v1/models")
         def models() -> dict[str, Any]:
-            return {
-                "object": "list",
-                "data": [
-                    {
-                        "id": name,
-                        "object": "model",
-                        "owned_by": "coderl",
-                        "created": 0,
-                        "policy_version": self.version,
-                    }
-                    for name in self.model_names
-                ],
-            }
+            return {"object": "list", "data": [card(name) for name in self.model_names]}
+
+        @app.get("/v1/models/{model:path}")
+        def model(model: str) -> dict[str, Any]:
+            self.check_model(model)
+            return card(model)
 
         @app.get("/v1/stats")
         def stats() -> dict[str, Any]:
