@@ -622,3 +622,15 @@ def test_only_openai_roles_are_accepted_and_developer_is_the_system_role(served)
         r = client.chat.completions.create(model="tiny", messages=msgs, max_tokens=2)
         rows.append(store.interactions(ids=[r.id])[0]["prompt_token_ids"])
     assert rows[0] == rows[1]  # developer is rendered exactly as system
+
+
+def test_the_documented_feedback_examples_are_accepted_one_per_type() -> None:
+    from coderl.config.online import EVENT_TYPES
+    from coderl.online.events import Rejected, parse_event
+
+    page = (Path(__file__).parents[1] / "docs" / "online.md").read_text()
+    block = page.split("One example per\ntype")[1].split("```json\n")[1].split("```")[0]
+    events = [json.loads(line) for line in block.splitlines()]
+    parsed = [parse_event(e) for e in events]
+    assert not [p for p in parsed if isinstance(p, Rejected)], parsed
+    assert [e["type"] for e in events] == list(EVENT_TYPES)
