@@ -420,15 +420,23 @@ def test_forged_results_through_an_unlisted_route_are_denied(env, task, route):
 
 
 @pytest.mark.parametrize("route", ["formatter_subclass", "dormant_no_site"])
-def test_an_unlisted_route_forges_without_the_detector(env, tasks, route):
-    """The routes are real: with the guard off the layers underneath resolve the unfixed task
-    (residual risk, docs/tasks-and-grading.md), while in the agent's own run of the visible
-    failing test, in the agent's sandbox, the test still fails: nothing shows before grading."""
+def test_an_unlisted_route_forges_without_the_detector(env, tasks, route, monkeypatch):
+    """The routes are real: with the guard off and without the second run the layers
+    underneath resolve the unfixed task; the second run (renamed tests, planted canaries) turns
+    the forge into tampering; and in the agent's own run of the visible failing test, in the
+    agent's sandbox, the test still fails: nothing shows before grading."""
+    import coderl.grading.grade as grade_mod
+
     task = next(t for t in tasks if set(t.FAIL_TO_PASS) - set(t.held_out_tests))
     code = FORGE_RESULTS_UNLISTED[route] + FORGE_RESULTS_BODY
     diff = episode(env, task, at_import(module_file(env, task), code))
     result = grade(task, diff, env=env, guard=False)
-    assert result.resolved and not result.tampered, (route, result.reason)
+    assert not result.resolved and result.tampered and result.second_run, (route, result.reason)
+    assert "second run" in result.reason and result.failure_kind == "agent"
+    with monkeypatch.context() as m:
+        m.setattr(grade_mod, "_second_run", lambda *a, **k: None)
+        alone = grade(task, diff, env=env, guard=False)
+    assert alone.resolved and not alone.tampered, (route, alone.reason)
     visible = sorted(set(task.FAIL_TO_PASS) - set(task.held_out_tests))[0]
     with rollout_sandbox(task) as sb:
         at_import(module_file(env, task), code)(sb)  # the agent's own test run
@@ -464,9 +472,11 @@ def test_patching_a_module_the_plugin_uses_is_denied(env, task):
     result = grade(task, diff, env=env)
     assert result.denied and not result.resolved, result.reason
     assert any("module-store" in f for f in result.denied), result.denied
-    # the layers underneath do not stop it (residual risk; if this fails, a runtime defence did)
+    # the layers underneath stop it too since the fifth round: the plugin encodes its events
+    # through the C encoder it built at import, so the patched JSONEncoder.encode never sees one
     unguarded = grade(task, diff, env=env, guard=False)
-    assert unguarded.resolved and not unguarded.tampered, unguarded.reason
+    assert not unguarded.resolved and unguarded.failure_kind == "agent", unguarded.reason
+    assert unguarded.fail_to_pass_passed < 1.0
 
 
 # --- issue 47 round 5: the allowlist's own gaps, graded against the unfixed task ---------------
