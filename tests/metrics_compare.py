@@ -6,8 +6,9 @@ from typing import Any
 
 import pytest
 
-VOLATILE = ("time/", "tokens_per_s/")
-"""Metric prefixes that measure the machine, not the run (left out of comparisons)."""
+VOLATILE = ("time/", "tokens_per_s/", "cpu_s/")
+"""Metric prefixes that measure the machine, not the run (left out of comparisons): wall and
+CPU seconds, rates."""
 
 
 def stable(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -62,7 +62,11 @@ def test_the_instances_test_files_are_not_the_agents_to_change(instance, monkeyp
         "+++ b/fakecalc.py\n@@ -0,0 +1,2 @@\n+add = lambda a, b: a + b\n+sub = lambda a, b: a - b\n"
     )
     assert not grade_instance(instance, forged)["resolved"]
-    monkeypatch.setattr(protected, "is_protected", lambda *a, **k: False)  # unprotected: it would
+    import coderl.grading.guardproc as guardproc
+
+    # unprotected (and the guard, which denies the new import of `fakecalc`, off): it would
+    monkeypatch.setattr(protected, "is_protected", lambda *a, **k: False)
+    monkeypatch.setattr(guardproc, "scan_change", lambda *a, **k: [])
     assert grade_instance(instance, forged)["resolved"]
 
 

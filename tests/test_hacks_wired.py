@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from metrics_compare import VOLATILE
 
 from coderl.agent.episode import Episode, EpisodeStats, ToolCallRecord
 from coderl.asyncrl.trainer import train_async
@@ -143,9 +144,7 @@ def test_the_detectors_only_observe(tmp_path, hacky, monkeypatch):
 
     def same(row: dict) -> dict:
         return {
-            k: v
-            for k, v in row.items()
-            if k not in _hack_keys(row) and not k.startswith(("time/", "tokens_per_s/"))
+            k: v for k, v in row.items() if k not in _hack_keys(row) and not k.startswith(VOLATILE)
         }
 
     assert [same(r) for r in on] == [same(r) for r in off]
