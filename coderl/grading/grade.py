@@ -69,9 +69,11 @@ import errno
 import os
 import random
 import secrets
+import shutil
 import tempfile
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from coderl.grading.apply import apply_to_copy, drop_binary, remove_tree
@@ -274,18 +276,26 @@ def _grade_tree(
         _summarise(result, task, {})
         return
     result.stripped_paths = [_shown(p) for p in stripped]
+    ro = pristine_mounts(env)
+    select = list(dict.fromkeys(task.FAIL_TO_PASS + task.PASS_TO_PASS))
     snapshot = Path(env.snapshot)
-    found = scan_change(base, tree, changed, snapshot) if guard else []
+    with ThreadPoolExecutor(1) as pool:
+        # the guard scans private copies of the changed files, taken before any of the tree
+        # runs, beside the first test run (its child process and the run use both cores)
+        scan = (
+            pool.submit(scan_change, base, _private_copy(tree, changed), changed, snapshot)
+            if guard
+            else None
+        )
+        run = _run(tree, env, factory, timeout, ro, select, env.canaries_ok)
+        found = scan.result() if scan is not None else []
     result.denied = [_shown(str(f)) for f in found]
-    if result.denied:  # decided before any of the tree runs; nothing it does can undo it
+    if result.denied:  # whatever the run said, the verdict is the guard's
         result.reason = (
             f"reward denied: the diff reaches into process internals: {result.denied[0]}"
         )
         _summarise(result, task, {})
         return
-    ro = pristine_mounts(env)
-    select = list(dict.fromkeys(task.FAIL_TO_PASS + task.PASS_TO_PASS))
-    run = _run(tree, env, factory, timeout, ro, select, env.canaries_ok)
     run.tampered = sorted(set(run.tampered) - set(env.baseline_tampered))
     why = tampering(run, canaries=env.canaries_ok)
     if why:
@@ -299,6 +309,24 @@ def _grade_tree(
     if not why and any(outcomes.get(t) == "passed" for t in task.FAIL_TO_PASS):
         _second_run(task, env, tree, factory, timeout, ro, outcomes, result)
     _summarise(result, task, outcomes)
+
+
+def _private_copy(tree: Path, changed: list[str]) -> Path:
+    """Copies of the ``changed`` files of ``tree`` (links as links), for the guard to scan while
+    the tree runs: taken before it runs, so code that rewrites its own files while it runs
+    cannot change what the guard reads (the sandbox writes to its own overlay anyway; this does
+    not depend on that). Under ``tree``'s parent, removed with it."""
+    copy = Path(tempfile.mkdtemp(dir=tree.parent, prefix="scan-"))
+    for rel in changed:
+        src, dst = tree / rel, copy / rel
+        if not (src.is_symlink() or src.is_file()):
+            continue  # deleted
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        if src.is_symlink():
+            os.symlink(os.readlink(src), dst)
+        else:
+            shutil.copyfile(src, dst)
+    return copy
 
 
 def _run(
