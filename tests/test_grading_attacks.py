@@ -456,9 +456,12 @@ def test_a_fix_that_special_cases_the_visible_tests_does_not_resolve(env, tasks)
     result = grade(task, diff, env=env, guard=False)  # and the held-out tests catch it anyway
     assert result.grading_error is None and result.failure_kind == "agent"
     assert not result.resolved, result.reason
-    assert all(result.tests[v] == "passed" for v in visible)
     hidden = set(task.FAIL_TO_PASS) & set(task.held_out_tests)
     assert any(result.tests[h] != "passed" for h in hidden)
+    # the visible tests passed in the first run; in the second, renamed, the special case no
+    # longer recognises them: they fail there, and the disagreement is recorded
+    assert result.second_run and all(result.tests[v] != "passed" for v in visible)
+    assert {d.split(": ")[0] for d in result.rerun_disagreed} >= visible, result.rerun_disagreed
 
 
 def test_gold_fix_in_a_workspace_with_odd_names_and_deep_trees_still_resolves(env, task):

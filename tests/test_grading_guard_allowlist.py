@@ -175,6 +175,24 @@ DENIED = {
             "E = C()\nE.encode = 1\n"
         ),
     },
+    # round-5 red team: a new metaclass writes the class namespace with keys built at run time
+    # (an `__annotations__` whose field name `dataclasses` pastes into the code it execs)
+    "metaclass": {
+        "dataclass_fields": (
+            "import dataclasses\n\nclass M(type):\n    def __new__(mcs, n, b, ns):\n"
+            "        ns['__anno' + 'tations__'] = {'a,b': int}\n"
+            "        return super().__new__(mcs, n, b, ns)\n\n"
+            "@dataclasses.dataclass\nclass P(metaclass=M):\n    pass\n"
+        ),
+        "type_base": "class M(type):\n    pass\n",
+        "builtins_type_base": "import builtins\nclass M(builtins.type):\n    pass\n",
+        "type_of_base": "class M(type(object)):\n    pass\n",
+        "keyword_only": "class C(metaclass=type):\n    pass\n",
+        "type_new": (
+            "class M(type):\n    def __new__(mcs, n, b, ns):\n"
+            "        ns['__mod' + 'ule__'] = 'x'\n        return type.__new__(mcs, n, b, ns)\n"
+        ),
+    },
 }
 CASES = [(cls, name) for cls, ex in DENIED.items() for name in ex]
 
@@ -246,6 +264,12 @@ def test_an_attribute_store_on_an_unknown_object_is_a_store_finding():
     for name, code in DENIED["attr_store"].items():
         rules = {f.rule for f in scan_source(code, "pkg/mod.py")}
         assert rules & {"attr-store", "module-store"}, (name, rules)
+
+
+def test_a_new_metaclass_is_a_metaclass_finding():
+    for name, code in DENIED["metaclass"].items():
+        rules = {f.rule for f in scan_source(code, "pkg/mod.py")}
+        assert "metaclass" in rules, (name, rules)
 
 
 def test_every_class_has_several_members():

@@ -128,3 +128,35 @@ def test_a_path_the_host_cannot_stat_is_a_finding(tmp_path: Path) -> None:
     deep = "/".join(["d" * 200] * 30) + "/m.py"  # 6,000 characters: past PATH_MAX
     found = scan_change(base, tree, ["ok.py", deep])
     assert [(f.path, f.rule) for f in found] == [(deep, "unscannable")]
+
+
+def test_a_path_too_long_for_the_guards_copy_is_the_agents_failure_not_a_mask() -> None:
+    # round-5 red team: a file git writes (its relative path under PATH_MAX) whose path under the
+    # guard's private copy is past PATH_MAX made the copy raise OSError, and grade() masked it;
+    # any losing episode could add one and turn its 0 into a mask. Never a mask now: alone it
+    # is unresolved; beside the gold fix it is an unscannable finding (or, where the copy fits,
+    # a harmless new file and the fix resolves). The grader's cleanup of such a tree raised past
+    # grade() too (ENAMETOOLONG from remove_tree): it now removes by directory descriptors.
+    from coderl.envbuild.build import build_env
+    from coderl.grading.grade import grade
+    from coderl.tasks.spec import load_tasks
+
+    env = build_env("six==1.17.0")
+    task = load_tasks(Path(__file__).parent.parent / "data" / "tasks" / "ci.jsonl")[0]
+    unscannable = 0
+    for n in (3980, 4040, 4080):
+        comps, total = [], 0
+        while total < n:
+            comps.append("d" * min(200, n - total))
+            total += len(comps[-1]) + 1
+        rel = "/".join(comps) + "/x.txt"
+        diff = f"diff --git a/{rel} b/{rel}\nnew file mode 100644\n--- /dev/null\n+++ b/{rel}\n@@ -0,0 +1 @@\n+hello\n"
+        alone, with_fix = grade(task, diff, env=env), grade(task, task.gold_patch + diff, env=env)
+        for g in (alone, with_fix):
+            assert g.grading_error is None, (n, g.grading_error)
+        assert not alone.resolved and alone.failure_kind == "agent", (n, alone.reason)
+        # beside the fix: resolved where the copy fits, else the agent's failure (an
+        # unscannable finding, or a workspace the host cannot read back at all)
+        assert with_fix.resolved or with_fix.failure_kind == "agent", (n, with_fix.reason)
+        unscannable += any("unscannable" in d for d in with_fix.denied)
+    assert unscannable  # the copy's failure was exercised

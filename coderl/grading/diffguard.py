@@ -240,6 +240,18 @@ class _Scanner:
     visit_AsyncFunctionDef = visit_FunctionDef
 
     def visit_ClassDef(self, node: ast.ClassDef) -> None:
+        # a new metaclass writes the class namespace with keys built at run time (round-5 red
+        # team: `__annotations__` with a field name that `dataclasses` pastes into the code it
+        # execs); a bug fix does not define one
+        for kw in node.keywords:
+            if kw.arg == "metaclass":
+                self.add("metaclass", f"{node.name}(metaclass=...)", node)
+        for base in node.bases:
+            target = base.func if isinstance(base, ast.Call) else base
+            if (isinstance(target, ast.Name) and target.id == "type") or (
+                isinstance(target, ast.Attribute) and target.attr == "type"
+            ):
+                self.add("metaclass", f"{node.name}(type)", node)
         self._scoped(node, None)
 
     def _ours(self, module: str) -> bool:

@@ -77,6 +77,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from coderl.grading.apply import apply_to_copy, drop_binary, remove_tree
+from coderl.grading.diffguard import Finding
 from coderl.grading.function import encode_text, grade_function, workspace_base
 from coderl.grading.guardproc import scan_change
 from coderl.grading.protected import is_protected
@@ -282,13 +283,10 @@ def _grade_tree(
     with ThreadPoolExecutor(1) as pool:
         # the guard scans private copies of the changed files, taken before any of the tree
         # runs, beside the first test run (its child process and the run use both cores)
-        scan = (
-            pool.submit(scan_change, base, _private_copy(tree, changed), changed, snapshot)
-            if guard
-            else None
-        )
+        copy, unread = _private_copy(tree, changed) if guard else (tree, [])
+        scan = pool.submit(scan_change, base, copy, changed, snapshot) if guard else None
         run = _run(tree, env, factory, timeout, ro, select, env.canaries_ok)
-        found = scan.result() if scan is not None else []
+        found = unread + (scan.result() if scan is not None else [])
     result.denied = [_shown(str(f)) for f in found]
     if result.denied:  # whatever the run said, the verdict is the guard's
         result.reason = (
@@ -311,22 +309,35 @@ def _grade_tree(
     _summarise(result, task, outcomes)
 
 
-def _private_copy(tree: Path, changed: list[str]) -> Path:
+def _private_copy(tree: Path, changed: list[str]) -> tuple[Path, list[Finding]]:
     """Copies of the ``changed`` files of ``tree`` (links as links), for the guard to scan while
-    the tree runs: taken before it runs, so code that rewrites its own files while it runs
-    cannot change what the guard reads (the sandbox writes to its own overlay anyway; this does
-    not depend on that). Under ``tree``'s parent, removed with it."""
+    the tree runs, and an ``unscannable`` finding for each file that cannot be copied (a path
+    too long for the host once under the copy's folder, a name the host cannot create): the
+    agent's failure, as the guard's own unreadable files are, never a mask. Taken before the
+    tree runs, so code that rewrites its own files while it runs cannot change what the guard
+    reads (the sandbox writes to its own overlay anyway; this does not depend on that). Under
+    ``tree``'s parent, removed with it.
+
+    Raises:
+        OSError: the host's disk or memory is full (``ENOSPC``, ``EDQUOT``, ``ENOMEM``): a mask.
+    """
     copy = Path(tempfile.mkdtemp(dir=tree.parent, prefix="scan-"))
+    unread: list[Finding] = []
     for rel in changed:
         src, dst = tree / rel, copy / rel
-        if not (src.is_symlink() or src.is_file()):
-            continue  # deleted
-        dst.parent.mkdir(parents=True, exist_ok=True)
-        if src.is_symlink():
-            os.symlink(os.readlink(src), dst)
-        else:
-            shutil.copyfile(src, dst)
-    return copy
+        try:
+            if not (src.is_symlink() or src.is_file()):
+                continue  # deleted
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            if src.is_symlink():
+                os.symlink(os.readlink(src), dst)
+            else:
+                shutil.copyfile(src, dst)
+        except OSError as e:
+            if e.errno in (errno.ENOSPC, errno.EDQUOT, errno.ENOMEM):
+                raise
+            unread.append(Finding(rel, 0, "unscannable", f"{type(e).__name__}: {e}"[:80]))
+    return copy, unread
 
 
 def _run(

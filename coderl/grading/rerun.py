@@ -22,7 +22,9 @@ in the first run *and* in a second one that:
 a finding (``GradeResult.rerun_disagreed``), the test counts as failed; a planted canary with
 the wrong outcome, or a tripwire of the plugin, is tampering.
 
-Not defended: the canaries' bodies are a fixed, recognisable shape (a sum of a repeated list), so
+The real FAIL_TO_PASS tests are renamed in the second run (:func:`plant_canaries`), so names
+do not tell them from canaries either. Not defended: the canaries' bodies are a fixed,
+recognisable shape (a sum of a repeated list), so
 code in the second worker that reads each test's source can tell them apart and forge the rest,
 as code that reaches the second worker's memory can forge its own events; what bounds both is
 the static guard (``coderl.grading.diffguard``). A test file the host cannot parse, or whose name
