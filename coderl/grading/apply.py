@@ -16,6 +16,7 @@ import subprocess
 from collections.abc import Callable
 from pathlib import Path
 
+from coderl.sandbox.workspace import remove_tree
 from coderl.tasks.patches import PatchError, split_diff
 
 MAX_AGENT_DIFF_BYTES = 16 * 1024**2
@@ -167,43 +168,6 @@ def _same(a: Path, b: Path, sa: os.stat_result, sb: os.stat_result) -> bool:
     if (sa.st_mode & 0o111 != 0) != (sb.st_mode & 0o111 != 0) or sa.st_size != sb.st_size:
         return False
     return a.read_bytes() == b.read_bytes()
-
-
-def remove_tree(root: Path) -> None:
-    """Remove the directory ``root`` and everything under it, never following symlinks.
-
-    Without recursion (``shutil.rmtree`` recursed once per level before Python 3.12, so a tree
-    1,000+ levels deep raised RecursionError) and through directory descriptors, one level open
-    at a time, so a path past ``PATH_MAX`` under ``root`` (a file the agent's ``git apply``
-    wrote by its relative path) is removed too instead of raising ``ENAMETOOLONG`` out of the
-    grader's cleanup.
-    """
-    flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW
-    fd = os.open(root, flags)
-    names: list[str] = []  # the path from root to the open directory
-    try:
-        while True:
-            sub = None
-            with os.scandir(fd) as it:
-                for entry in it:
-                    if entry.is_dir(follow_symlinks=False):
-                        sub = entry.name
-                        break
-                    os.unlink(entry.name, dir_fd=fd)
-            if sub is not None:
-                child = os.open(sub, flags, dir_fd=fd)
-                os.close(fd)
-                fd, names = child, [*names, sub]
-                continue
-            if not names:
-                break
-            parent = os.open("..", flags, dir_fd=fd)
-            os.close(fd)
-            fd = parent
-            os.rmdir(names.pop(), dir_fd=fd)
-    finally:
-        os.close(fd)
-    os.rmdir(root)
 
 
 def _remove(path: Path) -> None:

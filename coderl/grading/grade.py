@@ -76,7 +76,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from coderl.grading.apply import apply_to_copy, drop_binary, remove_tree
+from coderl.grading.apply import apply_to_copy, drop_binary
 from coderl.grading.diffguard import Finding
 from coderl.grading.function import encode_text, grade_function, workspace_base
 from coderl.grading.guardproc import scan_change
@@ -96,6 +96,7 @@ from coderl.grading.runner import (
 )
 from coderl.grading.verdict import GRADER_RAISED, GradeResult
 from coderl.sandbox.base import Limits, Sandbox, SandboxError
+from coderl.sandbox.workspace import remove_tree
 from coderl.tasks.env import EnvRecord, find_env
 from coderl.tasks.holdout import rollout_workspace
 from coderl.tasks.patches import PatchError

@@ -41,11 +41,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-from coderl.grading.apply import apply_to_copy, drop_binary, remove_tree
+from coderl.grading.apply import apply_to_copy, drop_binary
 from coderl.grading.grade import grade, pristine_mounts, protection, rollout_base
 from coderl.grading.runner import SANDBOX_ENV, SandboxFactory, default_factory
 from coderl.grading.verdict import GradeResult
 from coderl.sandbox.base import Limits
+from coderl.sandbox.workspace import remove_tree
 from coderl.tasks.env import EnvRecord, find_env
 from coderl.tasks.patches import PatchError
 from coderl.tasks.snapshot import cache_dir
