@@ -93,6 +93,18 @@ def run_lock(run_dir: str | Path, command: str | None = None) -> Iterator[None]:
         os.close(fd)
 
 
+def enclosing_run(path: str | Path) -> Path | None:
+    """The training run directory at or above ``path`` (one with a ``config.yaml`` beside its
+    checkpoints, logs, SFT weights or lock), or None."""
+    out = Path(path).resolve()
+    for d in [out, *out.parents]:
+        if (d / "config.yaml").is_file() and any(
+            (d / m).exists() for m in ("checkpoints", "sft", LOCK_FILE, *RUN_LOGS)
+        ):
+            return d
+    return None
+
+
 def existing_logs(run_dir: str | Path) -> list[Path]:
     """The non-empty :data:`RUN_LOGS` of ``run_dir``."""
     root = Path(run_dir)

@@ -342,3 +342,43 @@ def test_help_texts_carry_no_rst_markup_and_eval_help_says_what_k_sets(capsys):
         main(["eval", "--help"])
     said = " ".join(capsys.readouterr().out.split())
     assert "samples per task, overriding eval.samples" in said and "eval.tasks=N" in said, said
+
+
+# --- the second fresh-user trial ------------------------------------------------------------
+
+
+def test_no_flag_replaces_a_runs_own_files(tmp_path, capsys):
+    # `eval --episodes-out RUN/metrics.jsonl --force` replaced the run's training log (and the
+    # report then crashed on it); a new file beside the run's is fine, outside a run --force is
+    from coderl.cli.tasks import writable
+
+    run = tmp_path / "run"
+    assert _train(run) == 0
+    before = _tree(run)
+    for own in ("metrics.jsonl", "config.yaml", "checkpoints"):
+        with pytest.raises(FileExistsError, match="inside the training run"):
+            writable(run / own, True)
+    assert main(["eval", str(run), "--episodes-out", str(run / "metrics.jsonl"), "--force"]) != 0
+    assert "inside the training run" in _one_line_error(capsys.readouterr().err)
+    assert _tree(run) == before
+    assert writable(run / "episodes.jsonl", True) == run / "episodes.jsonl"  # new: allowed
+    (tmp_path / "old.jsonl").write_text("x\n")
+    assert writable(tmp_path / "old.jsonl", True) == tmp_path / "old.jsonl"
+
+
+@pytest.mark.parametrize("value", ["{a: 1", "[1", "'x", "{a: [1}"])
+def test_a_malformed_override_value_is_a_one_line_config_error(value):
+    from coderl.config import ConfigError, load_config
+
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_config(TOY, [f"tasks={value}"])
+
+
+def test_eval_harness_on_tasks_without_repositories_stops_before_sampling(tmp_path, capsys):
+    run = tmp_path / "run"
+    assert _train(run) == 0
+    capsys.readouterr()
+    assert main(["eval", str(run), "--harness", str(tmp_path / "h")]) != 0
+    err = _one_line_error(capsys.readouterr().err)
+    assert "--harness" in err and "no repository tasks" in err
+    assert not (tmp_path / "h").exists()

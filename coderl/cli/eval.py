@@ -86,6 +86,15 @@ def run(args: argparse.Namespace) -> int:
         load_checkpoint(ckpt, model=run_.policy.model, restore_rng=False)
     run_.engine = build_engine(cfg, run_.policy, training=False)  # engine.kind, these weights
     episodes: list[tuple[Any, bool]] | None = [] if args.episodes_out or args.harness else None
+    if args.harness and not any(
+        getattr(t, "kind", None) == "repo"
+        for t in run_.env.tasks(split or cfg.tasks.heldout_split)[: cfg.eval.tasks]
+    ):
+        close_run(run_)
+        raise ValueError(
+            f"--harness: tasks.source={cfg.tasks.source!r} has no repository tasks to report in "
+            "SWE-bench's format (repo, swebench or an instance file)"
+        )
     try:
         result = run_eval(run_, split or None, episodes)
         evaluated = run_.env.tasks(split or cfg.tasks.heldout_split)[: cfg.eval.tasks]

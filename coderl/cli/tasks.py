@@ -25,6 +25,8 @@ from typing import TYPE_CHECKING, Any
 from rich.console import Console
 from rich.table import Table
 
+from coderl.rundir import enclosing_run
+
 if TYPE_CHECKING:
     from coderl.tasks.env import EnvRecord
 
@@ -45,12 +47,19 @@ def writable(path: str | Path, force: bool, append: bool | None = None) -> Path:
     """``path`` if it may be written: it does not exist, or ``force`` (or ``append``) says so.
 
     Raises:
-        FileExistsError: ``path`` exists; names the flag that adds to it or replaces it.
+        FileExistsError: ``path`` exists; names the flag that adds to it or replaces it; or it
+            exists inside a training run's directory (``coderl.rundir.enclosing_run``), whose
+            files no flag replaces.
     """
     out = Path(path)
     if out.exists() and not force and not append:
         how = "--append adds to it, --force replaces it" if append is not None else "--force"
         raise FileExistsError(f"{out} exists; not replaced without a flag ({how})")
+    if out.exists() and (run := enclosing_run(out)) is not None:
+        raise FileExistsError(
+            f"{out} is inside the training run {run}: a flag never replaces a run's files there; "
+            "choose a new name"
+        )
     return out
 
 

@@ -470,7 +470,8 @@ def apply_override(tree: dict[str, Any], override: str) -> None:
     :func:`build_config`.
 
     Raises:
-        ConfigError: no ``=``, an empty key, or a path through a non-section value.
+        ConfigError: no ``=``, an empty key, a path through a non-section value, or a value
+            that is not valid YAML.
     """
     key, sep, raw = override.partition("=")
     key = key.strip()
@@ -483,7 +484,11 @@ def apply_override(tree: dict[str, Any], override: str) -> None:
         if not isinstance(child, dict):
             raise ConfigError(f"{'.'.join(parts[: i + 1])} is a value, not a section ({key!r})")
         node = child
-    node[parts[-1]] = yaml.safe_load(raw) if raw.strip() else ""
+    try:
+        node[parts[-1]] = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError as e:
+        why = str(getattr(e, "problem", None) or "not valid YAML")
+        raise ConfigError(f"override {override!r}: the value is not valid YAML ({why})") from None
 
 
 def build_config(tree: dict[str, Any]) -> Config:

@@ -115,7 +115,8 @@ def demonstration_sources(cfg: Config, env: Any, tasks: list[Any]) -> list[tuple
             raise ConfigError(
                 f"sft.enabled: tasks.source={label or cfg.tasks.source!r} has no oracle "
                 "demonstrations (only agent-harness sources such as humaneval and repo do); "
-                "set sft.enabled=false"
+                "`coderl sft` needs such a source, and `coderl train` runs without a warm start "
+                "with sft.enabled=false"
             )
     return list(groups.values())
 
