@@ -382,3 +382,14 @@ def test_eval_harness_on_tasks_without_repositories_stops_before_sampling(tmp_pa
     err = _one_line_error(capsys.readouterr().err)
     assert "--harness" in err and "no repository tasks" in err
     assert not (tmp_path / "h").exists()
+
+
+@pytest.mark.parametrize("text", ["", "# nothing here\n", "\n\n"])
+def test_an_empty_config_file_is_refused_not_run_on_the_defaults(tmp_path, text):
+    # `coderl train empty.yaml` started the full default job (SmolLM2 on HumanEval) for 10 minutes
+    from coderl.config import ConfigError, load_config
+
+    empty = tmp_path / "empty.yaml"
+    empty.write_text(text)
+    with pytest.raises(ConfigError, match="the config file is empty"):
+        load_config(empty)

@@ -538,8 +538,8 @@ def load_tree(
     """The raw YAML mapping of a preset (None: empty) with ``key=value`` overrides applied.
 
     Raises:
-        ConfigError: the file is missing, holds a key twice in one mapping (names the key and
-            line) or its top level is not a mapping; a malformed override.
+        ConfigError: the file is missing or empty, holds a key twice in one mapping (names the
+            key and line) or its top level is not a mapping; a malformed override.
     """
     tree: dict[str, Any] = {}
     if path is not None:
@@ -551,7 +551,12 @@ def load_tree(
                 loaded = yaml.load(f, Loader=UniqueKeyLoader)  # noqa: S506 (a SafeLoader)
         except yaml.YAMLError as err:
             raise ConfigError(f"{p}: not valid YAML: {err}") from err
-        if loaded is not None and not isinstance(loaded, dict):
+        if loaded is None:  # an empty file (or only comments) would silently be the defaults
+            raise ConfigError(
+                f"{p}: the config file is empty; give a preset (e.g. configs/default.yaml) or "
+                "leave the file out to run on the defaults"
+            )
+        if not isinstance(loaded, dict):
             raise ConfigError(f"{p}: top level must be a mapping, got {type(loaded).__name__}")
         tree = loaded or {}
     for ov in overrides:
