@@ -393,3 +393,14 @@ def test_an_empty_config_file_is_refused_not_run_on_the_defaults(tmp_path, text)
     empty.write_text(text)
     with pytest.raises(ConfigError, match="the config file is empty"):
         load_config(empty)
+
+
+def test_an_export_never_goes_into_a_runs_checkpoints_folder(tmp_path, capsys):
+    run = tmp_path / "run"
+    assert _train(run) == 0
+    before = _tree(run)
+    capsys.readouterr()
+    for out in (run / "checkpoints" / "step-000099", run / "checkpoints" / "hf"):
+        assert main(["export", str(run), "--out", str(out)]) != 0
+        assert "checkpoints/ folder" in _one_line_error(capsys.readouterr().err)
+    assert _tree(run) == before

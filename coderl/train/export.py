@@ -50,6 +50,7 @@ from coderl.policy.episode import encode, render
 from coderl.policy.loading import save_model_dir
 from coderl.policy.local import LocalPolicy
 from coderl.policy.vllm_server import write_base_model
+from coderl.rundir import enclosing_run
 from coderl.train.checkpoint import load_checkpoint, resolve_checkpoint
 from coderl.train.run import build_policy
 
@@ -147,8 +148,15 @@ def ensure_replaceable(dest: Path, sources: tuple[Path, ...], *, force: bool) ->
     depth). ``--force`` replaces an export, never a run or a directory of runs.
 
     Raises:
-        FileExistsError: ``dest`` exists and may not be replaced (one line saying why).
+        FileExistsError: ``dest`` exists and may not be replaced, or it would go into a run's
+            ``checkpoints/`` folder (one line saying why).
     """
+    parent = dest.resolve().parent
+    if parent.name == "checkpoints" and enclosing_run(parent) is not None:
+        raise FileExistsError(
+            f"{dest} is in a run's checkpoints/ folder, where it would sit beside (and look like) "
+            "a checkpoint: choose another --out"
+        )
     if not dest.exists() and not dest.is_symlink():
         return
     if not force:
