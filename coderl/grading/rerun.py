@@ -251,14 +251,17 @@ def plant_canaries(
         inserts[rel].setdefault(line, []).append((canary, cls, indent))
     for k, rel in enumerate(sorted(plans)):
         plan = plans[rel]
+        done: dict[str, str] = {}  # one new name per old name in a file (methods of 2 classes)
         for old, cls in plan.renames.values():
             # every mention in the file, not only the def: a test may name itself (six's
-            # test_add_metaclass_nested compares a __qualname__ with a string holding its name)
-            new = next(fresh)
-            word = re.compile(rb"\b" + re.escape(old.encode()) + rb"\b")
-            plan.lines = [word.sub(new.encode(), line) for line in plan.lines]
+            # test_add_metaclass_nested compares a __qualname__ with a string holding its name),
+            # and a subclass inheriting the method runs it under the new name too
+            if old not in done:
+                done[old] = next(fresh)
+                word = re.compile(rb"\b" + re.escape(old.encode()) + rb"\b")
+                plan.lines = [word.sub(done[old].encode(), line) for line in plan.lines]
             prefix = f"{rel}::{cls}::" if cls else f"{rel}::"
-            planted.renamed[prefix + new] = prefix + old
+            planted.renamed[prefix + done[old]] = prefix + old
         out: list[bytes] = []
         for number, line in enumerate(plan.lines, start=1):
             for canary, cls, indent in inserts[rel].get(number, []):  # spaced as its neighbours
@@ -279,23 +282,33 @@ def plant_canaries(
     return planted
 
 
-def renamed_ids(ids: list[str], renamed: dict[str, str]) -> list[str]:
-    """``ids`` with each renamed test's node id as the second run names it (parameters kept)."""
-    back = {old: new for new, old in renamed.items()}
-    out = []
-    for i in ids:
-        base, _, params = i.partition("[")
-        out.append(back.get(base, base) + (f"[{params}" if params else ""))
+def _names(renamed: dict[str, str]) -> dict[str, dict[str, str]]:
+    """File -> old test name -> new one, from :attr:`Planted.renamed` (a name is renamed
+    throughout its file, so every node id that ends in it, inherited ones included, changes)."""
+    out: dict[str, dict[str, str]] = {}
+    for new, old in renamed.items():
+        out.setdefault(old.split("::")[0], {})[old.split("::")[-1]] = new.split("::")[-1]
     return out
+
+
+def _rename(node_id: str, names: dict[str, dict[str, str]]) -> str:
+    base, sep, params = node_id.partition("[")  # parameters may hold "::" (an IPv6 address)
+    parts = base.split("::")
+    parts[-1] = names.get(parts[0], {}).get(parts[-1], parts[-1])
+    return "::".join(parts) + sep + params
+
+
+def renamed_ids(ids: list[str], renamed: dict[str, str]) -> list[str]:
+    """``ids`` as the second run names them: a renamed test's name replaced wherever it ends a
+    node id of its file (parameters kept)."""
+    names = _names(renamed)
+    return [_rename(i, names) for i in ids]
 
 
 def original_ids(outcomes: dict[str, str], renamed: dict[str, str]) -> dict[str, str]:
     """The second run's ``outcomes`` keyed by the tests' published node ids again."""
-    out = {}
-    for i, outcome in outcomes.items():
-        base, _, params = i.partition("[")
-        out[renamed.get(base, base) + (f"[{params}" if params else "")] = outcome
-    return out
+    back = {f: {new: old for old, new in m.items()} for f, m in _names(renamed).items()}
+    return {_rename(i, back): outcome for i, outcome in outcomes.items()}
 
 
 def _without_blank_tail(lines: list[bytes]) -> list[bytes]:
