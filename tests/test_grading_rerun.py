@@ -402,3 +402,22 @@ def test_gold_patches_pass_both_runs(env, tasks):
         assert not result.rerun_disagreed and not result.tampered
     empty = grade(tasks[0], "", env=env)
     assert not empty.resolved and not empty.second_run  # nothing passed: nothing to confirm
+
+
+def test_a_test_another_file_calls_by_name_keeps_its_name(tmp_path):
+    # idna's codec tests call test_idna.IDNATests().test_decode: renaming it in one file broke
+    # the other, and a correct fix failed the second run
+    src = tmp_path / "test_mod.py"
+    src.write_text(TEST_FILE)
+    other = tmp_path / "test_other.py"
+    other.write_text(
+        "from .test_mod import test_alpha_value\n\ndef test_x():\n    test_alpha_value()\n"
+    )
+    out = tmp_path / "out"
+    out.mkdir()
+    f2p = ["test_mod.py::test_alpha_value", "test_mod.py::test_epsilon_order"]
+    planted = plant_canaries({"test_mod.py": src}, f2p, random.Random(0), out, (other,))
+    kept = sorted(planted.renamed.values())
+    assert kept == ["test_mod.py::test_epsilon_order"]  # test_alpha_value is called elsewhere
+    alone = plant_canaries({"test_mod.py": src}, f2p, random.Random(0), out / "..", ())
+    assert sorted(alone.renamed.values()) == sorted(f2p)

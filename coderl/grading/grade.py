@@ -409,7 +409,13 @@ def _second_run(
     rng = random.Random(secrets.randbits(64))  # drawn now, after the first run has ended
     with tempfile.TemporaryDirectory(dir=tree.parent, prefix="planted-") as tmp:
         os.chmod(tmp, 0o755)
-        planted = plant_canaries(sources, f2p, rng, Path(tmp)) if env.canaries_ok else Planted()
+        roots = [Path(env.snapshot) / t for t in env.test_paths]
+        suite = tuple(  # the rest of the suite: a renamed test may be called from there
+            p for r in roots for p in ([r] if r.is_file() else r.rglob("*.py"))
+        )
+        planted = (
+            plant_canaries(sources, f2p, rng, Path(tmp), suite) if env.canaries_ok else Planted()
+        )
         select = renamed_ids(f2p, planted.renamed) + sorted(planted.expected)
         rng.shuffle(select)
         second = _run(

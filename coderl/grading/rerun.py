@@ -202,7 +202,11 @@ def _as_method(source: str, indent: bytes) -> list[bytes]:
 
 
 def plant_canaries(
-    sources: dict[str, Path], fail_to_pass: list[str], rng: random.Random, out_dir: Path
+    sources: dict[str, Path],
+    fail_to_pass: list[str],
+    rng: random.Random,
+    out_dir: Path,
+    others: tuple[Path, ...] = (),
 ) -> Planted:
     """Write the second run's canaries into copies of the files holding ``fail_to_pass`` tests,
     and rename those tests there.
@@ -214,8 +218,11 @@ def plant_canaries(
     Every FAIL_TO_PASS test that is a top-level function or a method of a top-level class is
     renamed to a fresh name drawn as the canaries' names are (:attr:`Planted.renamed` maps
     back), so no name tells a real test from a canary: canaries never take a name the file
-    has, and a real test no longer has its published one. Files that cannot take a canary are
-    left alone; an empty :class:`Planted` means none could.
+    has, and a real test no longer has its published one. A test whose name another file
+    mentions (another file of ``sources``, or of ``others``: the rest of the suite) keeps it:
+    idna's codec tests call ``test_idna.IDNATests().test_decode``, which a rename in one file
+    would break. Files that cannot take a canary are left alone; an empty :class:`Planted`
+    means none could.
     """
     plans: dict[str, _File] = {}
     taken: set[str] = set()
@@ -229,6 +236,15 @@ def plant_canaries(
         plans[rel], names = got
         taken |= names
         tests_seen += [f"{rel}::{n}" for n in names if n.lower().startswith("test")]
+    texts = {str(p): p.read_bytes() for p in {*sources.values(), *others} if p.is_file()}
+    for rel, plan in plans.items():
+        own = str(sources[rel])
+        elsewhere = [t for path, t in texts.items() if path != own]
+        plan.renames = {
+            line: (old, cls)
+            for line, (old, cls) in plan.renames.items()
+            if not any(re.search(rb"\b" + re.escape(old.encode()) + rb"\b", t) for t in elsewhere)
+        }
     if not plans:
         return Planted()
     n_fail = fail_canaries(len(set(fail_to_pass)))
