@@ -50,16 +50,17 @@ def _one_line_error(err: str) -> str:
 HOLD = """
 import sys, time
 from coderl.rundir import run_lock
-with run_lock(sys.argv[1], "coderl train (the first one)"):
+with run_lock(sys.argv[1], sys.argv[2]):
     print("held", flush=True)
     time.sleep(600)
 """
 
 
-def _holder(run_dir: Path) -> subprocess.Popen:
+def _holder(run_dir: Path, who: str = "coderl train (the first one)") -> subprocess.Popen:
+    """A process holding ``run_dir``'s lock, recorded as ``who``, until killed."""
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     proc = subprocess.Popen(
-        [sys.executable, "-c", HOLD, str(run_dir)], stdout=subprocess.PIPE, text=True, env=env
+        [sys.executable, "-c", HOLD, str(run_dir), who], stdout=subprocess.PIPE, text=True, env=env
     )
     assert proc.stdout is not None and proc.stdout.readline().strip() == "held"
     return proc

@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from test_first_day import _holder
 
 from coderl.cli import main
 from coderl.train.checkpoint import list_checkpoints
@@ -80,23 +81,6 @@ def test_export_force_never_removes_a_run_or_a_directory_of_runs(runs, tmp_path,
 
 # --- 2. nothing moves or writes into a run directory a live command holds --------------------
 
-HOLD = """
-import sys, time
-from coderl.rundir import run_lock
-with run_lock(sys.argv[1], "coderl train (the live one)"):
-    print("held", flush=True)
-    time.sleep(600)
-"""
-
-
-def _holder(run_dir: Path) -> subprocess.Popen:
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    proc = subprocess.Popen(
-        [sys.executable, "-c", HOLD, str(run_dir)], stdout=subprocess.PIPE, text=True, env=env
-    )
-    assert proc.stdout is not None and proc.stdout.readline().strip() == "held"
-    return proc
-
 
 @pytest.mark.parametrize(
     "argv",
@@ -112,7 +96,7 @@ def test_a_live_runs_directory_is_neither_moved_nor_written(tmp_path, capsys, ar
     run_dir.mkdir()
     (run_dir / "metrics.jsonl").write_text('{"step": 1}\n')  # the live run's log so far
     before = {**_tree(run_dir)}
-    holder = _holder(run_dir)
+    holder = _holder(run_dir, "coderl train (the live one)")
     try:
         assert main([*argv, f"run_dir={run_dir}"]) == 2
         out, err = capsys.readouterr()
