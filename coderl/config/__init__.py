@@ -22,17 +22,61 @@ from pydantic import (
 )
 
 from coderl.config._base import ConfigError, _error_message, _Section
+from coderl.config.algorithm import (
+    AlgorithmConfig,
+    DynamicSamplingConfig,
+    ImportanceConfig,
+    KLConfig,
+)
 from coderl.config.asyncrl import AsyncConfig
 from coderl.config.engine import EngineConfig
 from coderl.config.graders import GradersConfig, JudgeConfig, RMConfig
 from coderl.config.online import OnlineConfig
 from coderl.config.reward_order import check_reward_order
+from coderl.config.rewards import REWARD_TERM_NAMES, LengthPenaltyConfig, RewardConfig
 from coderl.config.rollout import RolloutConfig
 from coderl.config.sandbox import SandboxConfig
 from coderl.config.synth import CurriculumConfig, SynthConfig
 from coderl.config.tracking import LoggingConfig
-from coderl.config.trainer import DistributedConfig as DistributedConfig  # re-export
-from coderl.config.trainer import TrainerConfig
+from coderl.config.trainer import DistributedConfig, TrainerConfig
+
+__all__ = [  # the sections live in their modules; users import them from here
+    "AlgorithmConfig",
+    "AsyncConfig",
+    "Config",
+    "ConfigError",
+    "CurriculumConfig",
+    "DistributedConfig",
+    "DynamicSamplingConfig",
+    "EngineConfig",
+    "EvalConfig",
+    "GradersConfig",
+    "ImportanceConfig",
+    "JudgeConfig",
+    "KLConfig",
+    "LengthPenaltyConfig",
+    "LoggingConfig",
+    "MixSourceConfig",
+    "ModelConfig",
+    "OnlineConfig",
+    "PoolConfig",
+    "REWARD_TERM_NAMES",
+    "RMConfig",
+    "RewardConfig",
+    "RolloutConfig",
+    "SFTConfig",
+    "SandboxConfig",
+    "SynthConfig",
+    "TaskConfig",
+    "TrainerConfig",
+    "anchored",
+    "apply_override",
+    "build_config",
+    "dump_config",
+    "load_config",
+    "load_online_config",
+    "load_tree",
+]
 
 
 class ModelConfig(_Section):
@@ -184,152 +228,6 @@ class TaskConfig(_Section):
         if self.mix and self.limit is not None:
             raise ValueError("tasks.limit does not apply to a mix: set each entry's limit")
         return self
-
-
-class LengthPenaltyConfig(_Section):
-    coef: float = Field(0.1, ge=0)
-    """Largest penalty (reward units), reached by an easiest task that uses its whole budget."""
-    free_fraction: float = Field(0.25, ge=0, lt=1)
-    """Fraction of the token budget that is never penalised."""
-    power: float = Field(2.0, ge=1)
-    """Exponent on the excess length: > 1 makes the penalty grow faster near the budget."""
-    ease_power: float = Field(1.0, ge=0)
-    """Exponent on the task's ease (group pass rate): larger leaves hard tasks more room."""
-
-
-REWARD_TERM_NAMES = ("tests", "broken_calls", "length", "kl", "judge", "rm")
-"""The reward terms a config may name: the keys of ``coderl.rewards.terms.REWARD_TERMS``
-(which checks at import that it registers exactly these; the config floor does not import the
-terms it names)."""
-
-
-class RewardConfig(_Section):
-    terms: dict[str, float] = Field(default_factory=lambda: {"tests": 1.0, "broken_calls": 1.0})
-    """Reward term name -> weight; names from :data:`REWARD_TERM_NAMES`."""
-    tests: Literal["resolved", "fraction"] = "resolved"
-    """``resolved``: 1 if every FAIL_TO_PASS and PASS_TO_PASS test passes else 0;
-    ``fraction``: the fraction of those tests that pass."""
-    broken_call_penalty: float = Field(0.2, ge=0)
-    """Reward subtracted per broken tool call (unparseable, unknown tool, bad arguments)."""
-    broken_call_cap: int = Field(5, ge=1)
-    """Broken calls counted at most (the penalty saturates)."""
-    length: LengthPenaltyConfig = Field(default_factory=LengthPenaltyConfig)
-    """Difficulty-scaled length penalty; used when ``length`` is in ``terms``."""
-    kl_coef: float = Field(0.0, ge=0)
-    """Beta of the k1 KL-in-reward term; used when ``kl`` is in ``terms``."""
-    term_timeout_s: float = Field(10.0, gt=0)
-    """A term that takes longer masks the samples it was scoring."""
-    mask_alarm_rate: float = Field(0.1, ge=0, le=1)
-    """Alarm (a logged warning and ``alarm/masked=1``) when more than this share of a step's
-    episodes is masked (infrastructure failures and reward-term failures)."""
-    hack_alarm_rate: float = Field(0.1, ge=0, le=1)
-    """Alarm (a logged warning and ``alarm/hacks=1``) when more than this share of a step's
-    episodes has at least one hack flag (``hacks/suspected_rate``, detectors of
-    ``coderl.rewards.hacks``; flags never change a reward)."""
-    audit_top_k: int = Field(2, ge=0)
-    """Highest-reward trajectories of each step appended to ``RUN_DIR/audit.jsonl`` (the audit
-    page of ``coderl report``), besides the flagged ones."""
-    audit_max_flagged: int = Field(8, ge=0)
-    """Most flagged trajectories kept per step (the first ones in task order)."""
-    learned_requires_tests: bool = True
-    """Learned terms (``judge``, ``rm``) count only on samples whose tests pass (0 elsewhere):
-    they rank correct solutions and cannot turn a failing patch into reward. False pays them on
-    every sample, accepted only while their weights stay below the test reward
-    (``coderl.config.reward_order``)."""
-    judge: JudgeConfig = Field(default_factory=JudgeConfig)
-    """Rubric LLM judge; used when ``judge`` is in ``terms``."""
-    rm: RMConfig = Field(default_factory=RMConfig)
-    """Reward model from preferences; used when ``rm`` is in ``terms``."""
-    shaping: float = Field(0.0, ge=0)
-    """Weight of the potential-based shaping of ``vineppo``'s turns (0: off): the share of the
-    visible tests passing after each ``run`` call, measured by the harness with the shown check
-    (function repair) or read from the run's pytest output (repository tasks)
-    (``coderl.rewards.shaping``)."""
-
-
-class KLConfig(_Section):
-    coef: float = Field(0.0, ge=0)
-    """KL coefficient beta in the loss (0: no KL in the loss)."""
-    estimator: Literal["k2"] = "k2"
-    """Per-token KL estimator of the loss term: only ``k2``, whose gradient on the policy's own
-    samples is ``grad KL(pi || ref)``; k3 differentiated as a loss follows ``grad KL(ref || pi)``
-    and k1's gradient is 0 in expectation (Tang & Munos 2025; see
-    ``coderl.algorithms.kl_penalty``). For a k1 KL, use ``reward.terms.kl``."""
-
-    @field_validator("estimator", mode="before")
-    @classmethod
-    def _loss_estimator(cls, v: Any) -> Any:
-        if v in ("k1", "k3"):
-            raise ValueError(
-                f"{v} is not a KL loss: its gradient is not grad KL(pi || ref) (k1: 0 in "
-                "expectation, k3: grad KL(ref || pi)); use k2 here, or the k1 KL-in-reward term "
-                "(reward.terms.kl with reward.kl_coef)"
-            )
-        return v
-
-
-def _off(v: Any) -> Any:
-    """YAML 1.1 reads a bare ``off`` (in a preset or a ``key=off`` override) as False: that is
-    the ``"off"`` mode, not an error."""
-    return "off" if v is False else v
-
-
-class ImportanceConfig(_Section):
-    level: Literal["token", "sequence"] = "token"
-    """One weight per token, or the geometric mean per sequence."""
-    mode: Literal["off", "truncate", "mask"] = "truncate"
-    """Correction of sampler/trainer mismatch; ``off`` uses no weights."""
-    _mode = field_validator("mode", mode="before")(_off)
-    cap: float = Field(2.0, gt=0)
-    """Upper bound of the weights."""
-    low: float | None = Field(None, ge=0)
-    """Lower bound (None: none)."""
-
-
-class AlgorithmConfig(_Section):
-    advantage: Literal["grpo", "dr_grpo", "rloo", "gae", "vineppo"] = "grpo"
-    """Advantage estimator: group baselines, GAE with a value head (PPO), or ``vineppo``:
-    per-turn advantages from Monte-Carlo values of continuations (``rollout.branch``)."""
-    turn_lam: float = Field(0.0, ge=0, le=1)
-    """``vineppo``: GAE lambda over turns (0: VinePPO's ``V(s_{t+1}) - V(s_t)``); the discount
-    per turn is ``gamma``."""
-    loss_agg: Literal[
-        "token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"
-    ] = "token-mean"
-    """How per-token losses are reduced, see ``coderl.algorithms.aggregate``."""
-    clip_low: float = Field(0.2, ge=0, lt=1)
-    """PPO clip range below 1."""
-    clip_high: float = Field(0.28, ge=0)
-    """PPO clip range above 1 (clip-higher when > ``clip_low``)."""
-    dual_clip: float | None = Field(None, gt=1)
-    """Dual-clip constant c for negative advantages (None: off)."""
-    old_logp: Literal["behaviour", "trainer"] = "trainer"
-    """Ratio denominator: the sampler's behaviour logprobs, or the trainer's own logprobs before
-    the update (then importance weights correct the sampler/trainer mismatch)."""
-    importance: ImportanceConfig = Field(default_factory=ImportanceConfig)
-    """Importance weights for sampler/trainer mismatch (used with ``old_logp=trainer``)."""
-    kl: KLConfig = Field(default_factory=KLConfig)
-    """KL-in-loss to the reference policy."""
-    entropy_coef: float = Field(0.0, ge=0)
-    """Entropy bonus coefficient (0: entropy is only logged)."""
-    gamma: float = Field(1.0, ge=0, le=1)
-    """GAE discount."""
-    lam: float = Field(0.95, ge=0, le=1)
-    """GAE lambda."""
-    value_coef: float = Field(0.5, ge=0)
-    """Weight of the value loss (PPO)."""
-    value_clip: float | None = Field(0.2, ge=0)
-    """Value clipping range (None: off)."""
-    value_lr: float = Field(1e-3, gt=0)
-    """Learning rate of the value head."""
-
-
-class DynamicSamplingConfig(_Section):
-    mode: Literal["off", "drop", "resample"] = "off"
-    """Groups whose rewards have zero variance: keep, drop, or drop and sample new tasks."""
-    _mode = field_validator("mode", mode="before")(_off)
-    max_resample: int = Field(2, ge=0)
-    """Extra rounds of task sampling per step in ``resample`` mode."""
 
 
 class EvalConfig(_Section):
