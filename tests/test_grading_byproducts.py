@@ -104,3 +104,43 @@ def test_drop_binary_keeps_every_text_patch() -> None:
     )
     assert drop_binary(text) == (text, [])
     assert drop_binary(note + text + GIT_BINARY) == (text, ["d.db", "x.bin"])
+
+
+NATIVE = "six.cpython-311-x86_64-linux-gnu.so"  # imported before six.py beside it
+
+
+def _text_patch(path: str, body: str) -> str:
+    lines = body.split("\n")
+    return (
+        f"diff --git a/{path} b/{path}\nnew file mode 100644\n--- /dev/null\n+++ b/{path}\n"
+        f"@@ -0,0 +1,{len(lines)} @@\n" + "".join(f"+{ln}\n" for ln in lines)
+    )
+
+
+@pytest.mark.parametrize(
+    "path", [NATIVE, "six.abi3.so", "data.bin", "pkg/x.txt"], ids=["native", "abi3", "bin", "txt"]
+)
+def test_binary_content_written_as_text_is_dropped(repo_task, path: str) -> None:
+    """``git apply`` writes NUL bytes from a text hunk: an ELF image written that way would be
+    a native module that shadows the library (no guard reads it). Dropped like a binary note."""
+    task, env = repo_task
+    elf = "\x7fELF\x02\x01\x01\0\0\0\0\0\0\0\0\0" + "\0" * 32
+    g = grade(task, _text_patch(path, elf), env=env)
+    assert not g.resolved and g.failure_kind == "agent" and g.dropped_paths == [path], g.reason
+    g = grade(task, task.gold_patch + _text_patch(path, elf), env=env)
+    assert g.resolved and g.dropped_paths == [path], g.reason
+
+
+@pytest.mark.parametrize(
+    "path", [NATIVE, "six.abi3.so", "six.so", "pkg/_speedups.so", "six.pyd", "lib.dylib"]
+)
+def test_native_modules_are_protected(path: str) -> None:
+    from coderl.grading.protected import is_protected
+
+    assert is_protected(path)
+
+
+def test_drop_binary_drops_a_text_patch_holding_a_nul() -> None:
+    text = _text_patch("a.py", "x = 1")
+    nul = _text_patch("b.txt", "a\0b")
+    assert drop_binary(text + nul) == (text, ["b.txt"])

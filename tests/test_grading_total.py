@@ -121,3 +121,23 @@ def test_an_exception_in_the_repository_grader_is_scored(repo_task, monkeypatch,
 
     monkeypatch.setattr(grading, "scan_change", boom)
     _scored(grade(repo_task, repo_task.gold_patch, timeout=60))
+
+
+@needs_sandbox
+def test_the_guard_decides_before_a_sandbox_failure_masks(repo_task) -> None:
+    """A test run that fails in the sandbox or the host is a mask only when the guard passed
+    the diff: a denied diff is the agent's scored failure whatever the run did (red team, round
+    six: the run's ``SandboxError`` was raised before the guard's findings were read)."""
+
+    def broken(*args, **kwargs):
+        raise SandboxError("the sandbox could not start")
+
+    fixed = "+        return iter(d.values(**kw))\n"
+    assert fixed in repo_task.gold_patch
+    denied = repo_task.gold_patch.replace(
+        fixed, "+        return iter(d.values(**kw)) if __import__('ctypes') else None\n"
+    )
+    g = grade(repo_task, denied, factory=broken, timeout=60)
+    assert g.denied and g.failure_kind == "agent" and g.grading_error is None, g
+    g = grade(repo_task, repo_task.gold_patch, factory=broken, timeout=60)
+    assert g.grading_error and g.failure_kind == "infra", g

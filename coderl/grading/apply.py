@@ -202,14 +202,17 @@ def drop_binary(diff: str) -> tuple[str, list[str]]:
     whole diff for it; a test run's byproduct (a SQLite file, a coverage database, a log in
     latin-1) would then void a correct fix. Such patches are dropped: not applied, not graded,
     listed in ``GradeResult.dropped_paths``. Untracked text files are ordinary new files and are
-    applied like any other. Dropping only removes what the agent wrote, so it cannot raise a
-    grade; a fix that needs a binary file changed cannot be graded (no shipped task has one).
+    applied like any other. A file patch written as text that holds a NUL byte is binary content
+    too (``Sandbox.diff`` never writes one; ``git apply`` would write it: a native module that
+    shadows the library's source, which no guard reads) and is dropped the same way. Dropping
+    only removes what the agent wrote, so it cannot raise a grade; a fix that needs a binary
+    file changed cannot be graded (no shipped task has one).
     """
-    if not _BINARY_NOTE.search(diff):
+    if not _BINARY_NOTE.search(diff) and "\0" not in diff:
         return diff, []
     kept, dropped = [], []
     for path, chunk in split_diff(diff):
-        if _BINARY_NOTE.search(chunk):
+        if _BINARY_NOTE.search(chunk) or "\0" in chunk:
             dropped.append(path or "<unparsed chunk>")
         else:
             kept.append(chunk)

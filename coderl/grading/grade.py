@@ -286,9 +286,15 @@ def _grade_tree(
         # runs, beside the first test run (its child process and the run use both cores)
         copy, unread = _private_copy(tree, changed) if guard else (tree, [])
         scan = pool.submit(scan_change, base, copy, changed, snapshot) if guard else None
-        run = _run(tree, env, factory, timeout, ro, select, env.canaries_ok)
+        failed: SandboxError | OSError | None = None
+        try:
+            run = _run(tree, env, factory, timeout, ro, select, env.canaries_ok)
+        except (SandboxError, OSError) as e:
+            failed = e  # a mask, unless the guard denies the diff (below)
         found = unread + (scan.result() if scan is not None else [])
     result.denied = [_shown(str(f)) for f in found]
+    if failed is not None and not result.denied:
+        raise failed  # the sandbox or the host failed on a diff the guard passed: a mask
     if result.denied:  # whatever the run said, the verdict is the guard's
         result.reason = (
             f"reward denied: the diff reaches into process internals: {result.denied[0]}"

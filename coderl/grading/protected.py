@@ -31,6 +31,9 @@ PROTECTED_PATTERNS: tuple[str, ...] = (
     "**/usercustomize.py",
     "**/__pycache__/**",
     "**/*.pyc",
+    "**/*.so",  # native modules: imported before the source beside them, read by no guard
+    "**/*.pyd",
+    "**/*.dylib",
     "**/.pytest_cache/**",
     ".hypothesis/**",
     "**/*.dist-info",
