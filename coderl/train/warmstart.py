@@ -48,7 +48,7 @@ import transformers
 from coderl.config import Config
 from coderl.policy.loading import model_files
 from coderl.tasks.snapshot import cache_dir
-from coderl.train.checkpoint import MANIFEST, checkpoint_damage, write_manifest
+from coderl.train.checkpoint import MANIFEST, checkpoint_damage, sha256_file, write_manifest
 from coderl.train.run import SFT_WEIGHTS, resolve_device
 
 WARMSTART_FORMAT = 1
@@ -106,14 +106,6 @@ class WarmStart:
     demonstrations: int
 
 
-def _sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
 def code_digest() -> str:
     """SHA-256 over the paths and texts of the :data:`SFT_CODE` sources."""
     root = Path(__file__).resolve().parents[1]
@@ -157,7 +149,7 @@ def warmstart_inputs(cfg: Config, tasks: list[Any]) -> dict[str, Any]:
         "format": WARMSTART_FORMAT,
         "code": code_digest(),
         "libraries": {"torch": torch.__version__, "transformers": transformers.__version__},
-        "model_files": [_sha256_file(p) for p in model_files(cfg.model.name)],
+        "model_files": [sha256_file(p) for p in model_files(cfg.model.name)],
         "demonstrations": {"count": len(tasks), "sha256": demonstrations_digest(tasks)},
         "seed": cfg.seed,
         **{n: _section(cfg, n) for n in ("model", "sft", "tasks", "rollout", "trainer", "sandbox")},
