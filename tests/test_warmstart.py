@@ -3,6 +3,7 @@ of the same inputs gives, byte for byte; any changed input misses; a damaged ent
 rebuilt; a store stopped half-way leaves no entry. Tiny random model, two demonstrations."""
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -161,3 +162,24 @@ def test_the_summary_says_sft_did_not_run_when_it_was_reused():
     reused = _phase_times([], [], {"sft_s": 1.0, "sft_reused": 1.0, "train_s": 600.0})
     assert ran.startswith("SFT 300 s")
     assert reused.startswith("SFT not run: reused from the warm-start cache (1 s)")
+
+
+def test_the_demo_reuses_the_built_entry_and_says_so(tmp_path, capsys):
+    from coderl.cli.demo import run_demo
+    from coderl.metrics import read_jsonl
+
+    small = ["tasks.tasks_per_step=1", "rollout.group_size=2", "trainer.steps=1",
+             "rollout.max_new_tokens=32",
+             "tasks.synth.enabled=false", "eval.tasks=2", "eval.samples=2", "eval.k=[1,2]",
+             "tensorboard=false"]  # fmt: skip
+    key = W.build_entry(cfg_of(tmp_path, "unused", *small)).key
+    capsys.readouterr()
+    assert run_demo(REPAIR, [f"run_dir={tmp_path / 'demo'}", *TINY, *small]) == 0
+    out = capsys.readouterr().out
+    assert f"warm start: reused cached SFT adapter {key} (built " in out
+    flat = " ".join(re.sub("[│┃]", " ", out).split())  # the summary table's cells, unwrapped
+    assert "SFT not run: reused from the warm-start cache" in flat  # its phase times
+    phases = json.loads((tmp_path / "demo" / "phases.json").read_text())
+    assert phases["sft_reused"] == 1.0
+    evals = read_jsonl(tmp_path / "demo" / "eval.jsonl")
+    assert evals[0]["phase"] == "sft" and evals[0]["time_s"] > 0  # measured in this run
