@@ -183,3 +183,16 @@ def test_the_demo_reuses_the_built_entry_and_says_so(tmp_path, capsys):
     assert phases["sft_reused"] == 1.0
     evals = read_jsonl(tmp_path / "demo" / "eval.jsonl")
     assert evals[0]["phase"] == "sft" and evals[0]["time_s"] > 0  # measured in this run
+
+
+def test_a_source_without_demonstrations_is_refused_before_any_hashing(tmp_path, monkeypatch):
+    from coderl.config import ConfigError
+
+    def no_hashing(*a):
+        raise AssertionError("inputs were hashed before the source was checked")
+
+    monkeypatch.setattr(W, "warmstart_inputs", no_hashing)
+    toy = REPAIR.parent / "toy.yaml"
+    cfg = load_config(toy, ["sft.enabled=true", "sft.cache=true", f"run_dir={tmp_path / 'r'}"])
+    with pytest.raises(ConfigError, match="has no oracle demonstrations"):
+        W.warm_start(cfg)

@@ -98,12 +98,11 @@ build's and removed."""
 @dataclass
 class WarmStart:
     """What :func:`warm_start` did: ``path`` (the run's SFT weights file), ``key`` (None with
-    ``sft.cache`` off), ``reused`` (taken from the cache, SFT not run), ``demonstrations``."""
+    ``sft.cache`` off), ``reused`` (taken from the cache, SFT not run)."""
 
     path: Path
     key: str | None
     reused: bool
-    demonstrations: int
 
 
 def code_digest() -> str:
@@ -252,11 +251,18 @@ def _mark(sft_dir: Path, info: dict[str, Any], reused: bool) -> None:
 
 
 def _demonstrations(cfg: Config) -> list[Any]:
-    """The training tasks SFT demonstrates (:func:`coderl.train.sft.demonstration_tasks`)."""
-    from coderl.envs import build_environment
-    from coderl.train.sft import demonstration_tasks
+    """The training tasks SFT demonstrates (:func:`coderl.train.sft.demonstration_tasks`).
 
-    return demonstration_tasks(cfg, build_environment(cfg))
+    Raises:
+        ConfigError: their source has no oracle (:func:`coderl.train.sft.demonstration_sources`).
+    """
+    from coderl.envs import build_environment
+    from coderl.train.sft import demonstration_sources, demonstration_tasks
+
+    env = build_environment(cfg)
+    tasks = demonstration_tasks(cfg, env)
+    demonstration_sources(cfg, env, tasks)  # a source without an oracle: one line, at once
+    return tasks
 
 
 def warm_start(cfg: Config) -> WarmStart:
@@ -269,10 +275,10 @@ def warm_start(cfg: Config) -> WarmStart:
     """
     from coderl.train.sft import run_sft
 
-    tasks = _demonstrations(cfg)
     if not cfg.sft.cache:
         print("warm start: sft.cache=false: SFT runs and nothing is cached")
-        return WarmStart(run_sft(cfg), None, False, len(tasks))
+        return WarmStart(run_sft(cfg), None, False)
+    tasks = _demonstrations(cfg)
     inputs = warmstart_inputs(cfg, tasks)
     key = warmstart_key(inputs)
     entry = cache_root() / key
@@ -284,7 +290,7 @@ def warm_start(cfg: Config) -> WarmStart:
             "to rebuild); SFT did not run in this process"
         )
         _mark(sft_dir, info, reused=True)
-        return WarmStart(Path(cfg.run_dir) / SFT_WEIGHTS, key, True, len(tasks))
+        return WarmStart(Path(cfg.run_dir) / SFT_WEIGHTS, key, True)
     print(
         f"warm start: building SFT adapter {key} from {len(tasks)} demonstrations; it is "
         f"cached in {entry} and reused by later runs with the same inputs"
@@ -300,7 +306,7 @@ def warm_start(cfg: Config) -> WarmStart:
     }
     store(sft_dir, key, info)
     _mark(sft_dir, {**info, "key": key}, reused=False)
-    return WarmStart(path, key, False, len(tasks))
+    return WarmStart(path, key, False)
 
 
 def build_entry(cfg: Config, *, force: bool = False) -> WarmStart:
