@@ -7,6 +7,7 @@ import re
 from pathlib import Path
 
 import pytest
+import torch
 
 from coderl.config import load_config
 from coderl.train import warmstart as W
@@ -70,6 +71,12 @@ def test_every_input_changes_the_key_and_rl_only_settings_do_not(tmp_path):
     edited = tasks[0].model_copy(update={"problem_statement": tasks[0].problem_statement + " "})
     assert key_of(demos=[edited, *tasks[1:]]) != key  # one demonstration's content
     assert key_of(demos=tasks[::-1]) != key  # their order
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(threads + 1)  # float summation order: other weights
+        assert key_of() != key
+    finally:
+        torch.set_num_threads(threads)
     # what only RL reads leaves the entry valid
     for over in ("trainer.steps=12", "trainer.lr=0.001", "rollout.group_size=4", "sft.cache=false",
                  "eval.samples=8", "tasks.tasks_per_step=2"):  # fmt: skip

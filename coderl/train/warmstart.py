@@ -13,18 +13,21 @@ of every model file (weights, tokenizer and chat template:
 :func:`coderl.policy.loading.model_files`), the demonstrations (each training task's content
 and its oracle's gold file), ``seed``, the ``sft`` section (``cache`` aside), the parts of
 ``tasks``, ``rollout`` and ``trainer`` SFT reads (the RL-only fields listed in
-:data:`NOT_SFT_INPUTS` aside), ``sandbox``, and the resolved device and precision.
+:data:`NOT_SFT_INPUTS` aside), ``sandbox``, the resolved device and precision, the CPU's model
+name and torch's thread count (one and two threads give other weights).
 
 A reused entry is copied into ``RUN_DIR/sft/`` and the copy is checked against the manifest, so
 a damaged entry (or one replaced while it was copied) is found and SFT runs again and replaces
 it; ``RUN_DIR/sft/warmstart.json`` then says ``"reused": true``. An entry is written in a
 temporary directory under the cache and renamed into place: a build killed at any point leaves
-no entry (only a ``.tmp-*`` folder, removed by a later store once an hour old), and of two
+no entry (only a ``.tmp-*`` folder, removed by a later store once an hour old; a killed
+``coderl warm-start`` leaves a ``.build-*`` folder, removed once a day old), and of two
 builders of one key the second keeps the first's intact entry.
 
-Limits: the CPU model is not part of the key: an entry copied to a machine of another CPU is
-reused although SFT there would round differently (the same machine and thread count give
-identical weights: tests/test_warmstart.py). Sections SFT does not read today (``reward``,
+Limits: SFT gives identical weights for the same inputs on one machine at one thread count
+(tests/test_warmstart.py; two processes checked by hand); the CPU's model name stands for its
+arithmetic (a machine of the same model name with another microcode or library build is not
+told apart). Sections SFT does not read today (``reward``,
 ``algorithm``, ``eval``, ``engine``) are not hashed; a code change that makes SFT read them
 changes :data:`SFT_CODE`'s digest. The held-out evaluation after SFT is not cached: it is
 measured again in every run. ``coderl online`` runs SFT without the cache.
@@ -47,6 +50,7 @@ import transformers
 
 from coderl.config import Config
 from coderl.policy.loading import model_files
+from coderl.policy.precision import cpu_info
 from coderl.tasks.snapshot import cache_dir
 from coderl.train.checkpoint import MANIFEST, checkpoint_damage, sha256_file, write_manifest
 from coderl.train.run import SFT_WEIGHTS, resolve_device
@@ -154,6 +158,10 @@ def warmstart_inputs(cfg: Config, tasks: list[Any]) -> dict[str, Any]:
         **{n: _section(cfg, n) for n in ("model", "sft", "tasks", "rollout", "trainer", "sandbox")},
         "device": resolve_device(cfg.trainer.device).type,
         "bf16": sft_bf16(cfg),
+        # the CPU and the thread count change float summation order: 1 and 2 threads give
+        # other SFT weights on the development machine
+        "cpu": cpu_info()[0],
+        "threads": torch.get_num_threads(),
     }
 
 
@@ -198,7 +206,11 @@ def store(sft_dir: Path, key: str, info: dict[str, Any]) -> Path:
         *((p, STALE_TMP_S) for p in root.glob(".tmp-*")),
         *((p, STALE_BUILD_S) for p in root.glob(".build-*")),
     ]:
-        if time.time() - old.stat().st_mtime > age:  # left by killed stores and builds
+        try:
+            stale = time.time() - old.stat().st_mtime > age  # left by killed stores and builds
+        except FileNotFoundError:  # another process removed it
+            continue
+        if stale:
             shutil.rmtree(old, ignore_errors=True)
     final = root / key
     tmp = root / f".tmp-{key}-{uuid.uuid4().hex[:8]}"
