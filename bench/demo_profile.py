@@ -145,7 +145,7 @@ def phase_rows(run: Path, shape: ModelShape, modes: dict[str, str]) -> list[dict
         cpu = phases["sft_cpu_s"] + phases["sft_children_cpu_s"]
         rows.append(
             {
-                "name": "SFT",
+                "name": "SFT (not run: reused from cache)" if phases.get("sft_reused") else "SFT",
                 "wall": phases["sft_s"],
                 "cpu": cpu,
                 "parts": [(f, "train", modes["sft"])],

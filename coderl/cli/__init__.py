@@ -25,6 +25,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "demo": ("coderl.cli.demo", "run the main job on the embedded default"),
     "train": ("coderl.cli.train", "RL training: rollouts, grading, rewards, updates"),
     "sft": ("coderl.cli.sft", "supervised warm start on oracle episodes (training split)"),
+    "warm-start": ("coderl.cli.warmstart", "build the SFT warm start's cache entry of a config"),
     "eval": ("coderl.cli.eval", "pass@k and best-of-n of a checkpoint on a task split"),
     "export": ("coderl.cli.export", "a run's weights as Hugging Face / peft directories"),
     "report": ("coderl.cli.report", "PNG plots and an HTML page for a training run"),

@@ -103,7 +103,7 @@ def run_demo(config: Path, overrides: list[str]) -> int:
     from coderl.rundir import run_lock
     from coderl.train.loop import train
     from coderl.train.resume import stopped_line
-    from coderl.train.sft import run_sft
+    from coderl.train.warmstart import warm_start
 
     cfg = load_config(config, overrides)
     if Path(cfg.run_dir).exists():
@@ -116,8 +116,8 @@ def run_demo(config: Path, overrides: list[str]) -> int:
         with run_lock(cfg.run_dir, "coderl demo"):  # one writer, SFT and RL alike
             clock = cpu_clock()
             if cfg.sft.enabled:
-                run_sft(cfg)
-                phases.update(phase_times("sft", clock))
+                reused = warm_start(cfg).reused  # sft.cache: an earlier build of the same inputs
+                phases.update(phase_times("sft", clock), sft_reused=float(reused))
             clock = cpu_clock()
             run_dir = train(cfg, observers=default_observers())
             phases.update(phase_times("train", clock))

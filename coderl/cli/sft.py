@@ -18,7 +18,7 @@ from coderl.config import Config, anchored, dump_config, load_config
 from coderl.rundir import existing_logs, run_lock
 from coderl.train.checkpoint import list_checkpoints
 from coderl.train.run import SFT_WEIGHTS
-from coderl.train.sft import run_sft
+from coderl.train.warmstart import warm_start
 
 
 def run(args: argparse.Namespace) -> int:
@@ -34,7 +34,7 @@ def run(args: argparse.Namespace) -> int:
         if not (run_dir / "config.yaml").is_file():  # what eval and export read the run with
             (run_dir / "config.yaml").write_text(dump_config(anchored(cfg)))
         try:
-            print(run_sft(cfg))
+            print(warm_start(cfg).path)  # sft.cache: an earlier build of the same inputs
         except KeyboardInterrupt:  # Ctrl-C or SIGTERM: SFT keeps no partial weights
             again = shlex.join(["coderl", "sft", args.config, *args.overrides])
             print(

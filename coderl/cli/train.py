@@ -41,10 +41,10 @@ def run(args: argparse.Namespace) -> int:
             # process group (trainer.distributed.timeout_min), then every rank loads its shard
             if cfg.sft.enabled and not args.resume and launch_rank() == 0:
                 from coderl.train.checkpoint import ensure_new_run
-                from coderl.train.sft import run_sft
+                from coderl.train.warmstart import warm_start
 
                 ensure_new_run(cfg.run_dir)  # before minutes of SFT, not after
-                run_sft(cfg)
+                warm_start(cfg)  # sft.cache: an earlier build of the same inputs is reused
             if args.resume:
                 for line in record_resume(cfg, changes, step):
                     print(line)

@@ -271,6 +271,10 @@ class SFTConfig(_Section):
     """SFT precision (fp32 weights and optimizer either way): ``bfloat16`` is ``trainer.bf16``'s
     bf16 MLPs, ``auto`` is bfloat16 iff the device has bf16 units (``has_bf16_units``). SFT
     follows the trainer's packing and checkpointing too (docs/training.md, "Memory and speed levers")."""
+    cache: bool = False
+    """Reuse the SFT weights of an earlier run with the same inputs (model files, demonstrations,
+    this section, seed, code): a content-addressed cache under ``data/cache/warmstart``
+    (:mod:`coderl.train.warmstart`; ``make warm-start`` builds the demo's entry)."""
 
 
 class Config(_Section):

@@ -26,7 +26,9 @@ from coderl.eval.passk import Comparison, Estimate, compare, summarize
 PHASES_FILE = "phases.json"
 """``RUN_DIR/phases.json``: ``{"sft_s": ..., "train_s": ...}`` wall seconds, with
 ``<phase>_cpu_s`` and ``<phase>_children_cpu_s`` beside them (CPU seconds of the process and
-of its reaped children), written by ``coderl demo`` (absent for runs it did not time)."""
+of its reaped children), and ``sft_reused`` (1.0: the SFT weights were copied from the
+warm-start cache, :mod:`coderl.train.warmstart`, and SFT did not run: ``sft_s`` is the copy's
+time), written by ``coderl demo`` (absent for runs it did not time)."""
 
 
 def phase_name(e: dict[str, Any], last: bool) -> str:
@@ -200,7 +202,9 @@ def _phase_times(
     evals: list[dict[str, Any]], metrics: list[dict[str, Any]], phases: dict[str, float]
 ) -> str:
     parts = []
-    if "sft_s" in phases:
+    if phases.get("sft_reused"):
+        parts.append(f"SFT not run: reused from the warm-start cache ({phases['sft_s']:.0f} s)")
+    elif "sft_s" in phases:
         parts.append(f"SFT {phases['sft_s']:.0f} s")
     for i, e in enumerate(evals):
         if "time_s" in e:

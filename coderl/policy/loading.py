@@ -72,6 +72,36 @@ MODEL_SOURCES: dict[str, Callable[[torch.dtype, int], tuple[torch.nn.Module, Any
 }
 
 
+# model name -> the files its loader reads (none: built from code and the seed).
+MODEL_FILES: dict[str, Callable[[], list[Path]]] = {
+    "tiny-random": list,
+    "smollm2-135m": lambda: [smollm2_gguf_path()],
+}
+
+
+def model_files(spec: str | os.PathLike[str]) -> list[Path]:
+    """The files :func:`load_policy` reads the weights and tokenizer (chat template included) of
+    ``spec`` from, sorted: none for a model built from code (``tiny-random``), the GGUF file of
+    ``smollm2-135m`` or of a ``.gguf`` path, every file under a model directory. What a cache of
+    results derived from the model hashes as its identity.
+
+    Raises:
+        FileNotFoundError: as :func:`load_policy` (unknown name, missing path or package).
+    """
+    key = str(spec)
+    if key in MODEL_FILES:
+        return MODEL_FILES[key]()
+    path = Path(key).expanduser()
+    if path.is_file() and path.suffix == ".gguf":
+        return [path]
+    if path.is_dir():
+        return sorted(p for p in path.rglob("*") if p.is_file())
+    raise FileNotFoundError(
+        f"unknown model {key!r}: not one of {sorted(MODEL_FILES)}, a .gguf file or a "
+        f"Hugging Face model directory"
+    )
+
+
 def load_gguf(path: str | os.PathLike[str], dtype: torch.dtype) -> tuple[torch.nn.Module, Any]:
     """Load a GGUF file as a plain (savable, trainable) model and its tokenizer.
 

@@ -45,7 +45,8 @@ class DamagedCheckpoint(ValueError):
     prints it as one line); the message names the newest intact checkpoint of the run."""
 
 
-def _sha256(path: Path) -> str:
+def sha256_file(path: Path) -> str:
+    """The SHA-256 of the file ``path`` (hex), read in 1 MiB blocks."""
     h = hashlib.sha256()
     with path.open("rb") as f:
         for block in iter(lambda: f.read(1 << 20), b""):
@@ -58,7 +59,7 @@ def write_manifest(ckpt: str | Path) -> None:
     (recursively: a sharded checkpoint's ``dcp/`` too), hashed from the disk."""
     ckpt = Path(ckpt)
     files = {
-        str(p.relative_to(ckpt)): {"bytes": p.stat().st_size, "sha256": _sha256(p)}
+        str(p.relative_to(ckpt)): {"bytes": p.stat().st_size, "sha256": sha256_file(p)}
         for p in sorted(ckpt.rglob("*"))
         if p.is_file() and p.name != MANIFEST
     }
@@ -82,7 +83,7 @@ def checkpoint_damage(ckpt: str | Path) -> str | None:
             return f"{name} is missing"
         if p.stat().st_size != want["bytes"]:
             return f"{name} has {p.stat().st_size} bytes, {want['bytes']} were written"
-        if _sha256(p) != want["sha256"]:
+        if sha256_file(p) != want["sha256"]:
             return f"{name} differs from what was written (SHA-256)"
     return None
 

@@ -256,13 +256,18 @@ def sft_bf16(cfg: Config) -> bool:
     )
 
 
+def demonstration_tasks(cfg: Config, env: Any) -> list[Any]:
+    """The tasks SFT demonstrates: the first ``sft.limit`` of ``env``'s ``tasks.train_split``."""
+    return list(env.tasks(cfg.tasks.train_split)[: cfg.sft.limit])
+
+
 def run_sft(cfg: Config, policy: LocalPolicy | None = None) -> Path:
     """Fine-tune on oracle episodes of the training split; returns the weights file. Repo
     oracle episodes are drawn again for every epoch, with seed ``seed + epoch``."""
     from coderl.envs import build_environment
 
     env = build_environment(cfg)
-    tasks = env.tasks(cfg.tasks.train_split)[: cfg.sft.limit]
+    tasks = demonstration_tasks(cfg, env)
     demonstration_sources(cfg, env, tasks)  # a source without an oracle: before the model loads
     policy = policy or build_policy(cfg)
     redraw = any(t.kind == "repo" for t in tasks)
