@@ -50,30 +50,38 @@ to a facility that is allowed; and anything that needs no process internals at a
 from __future__ import annotations
 
 import ast
-import re
 from collections import Counter
 from dataclasses import dataclass
 
 from coderl.grading.guardast import (
+    CO_ATTR,
     SCOPES,
     assigned_names,
+    bad_dunder,
+    bad_name,
+    banned_module,
     bindings,
+    called,
     docstrings,
+    dunder,
     first_party,
     foreign_names,
     format_fields,
     fresh_locals,
+    imports_module,
+    method_decorator,
     module_defs,
+    numeric,
     own_module,
+    private,
+    string_hits,
     top_name,
 )
 from coderl.grading.guardlists import (  # the reviewed lists
     BANNED_ATTRS,
     BANNED_CALLS,
-    BANNED_MODULES,
     BUILTIN_NAMES,
     BUILTINS_ALLOWED,
-    DUNDER_ALLOWED,
     DUNDER_STORE_DENIED,
     FD_OPEN_CALLS,
     FILE_CALLS,
@@ -82,19 +90,13 @@ from coderl.grading.guardlists import (  # the reviewed lists
     MEMBERS_DENIED,
     MODULE_ALIASES,
     NAME_ATTR_CALLS,
-    NUMERIC_CALLS,
     RULED_MODULES,
     SAFE_MODULES,
     STDLIB_NAMES,
-    STRING_PATHS,
-    STRING_WORDS,
     SUBMODULES,
     WRAPPER_CALLS,
 )
 from coderl.grading.pyparse import parse_python
-
-_CO_ATTR = re.compile(r"^co_[a-z]+$")
-_WORD = re.compile(r"[A-Za-z_][A-Za-z0-9_.]*")
 
 
 @dataclass(frozen=True)
@@ -117,31 +119,6 @@ class Finding:
 
     def __str__(self) -> str:
         return f"{self.path}:{self.line}: {self.rule} {self.what}"
-
-
-def _banned_module(name: str) -> bool:
-    return name in BANNED_MODULES or top_name(name) in BANNED_MODULES
-
-
-def _dunder(name: str) -> bool:
-    return len(name) > 4 and name.startswith("__") and name.endswith("__")
-
-
-def _bad_dunder(name: str) -> bool:
-    """A dunder name outside the reviewed ``DUNDER_ALLOWED``."""
-    return _dunder(name) and name[2:-2] not in DUNDER_ALLOWED
-
-
-def _private(name: str) -> bool:
-    return name.startswith("_") and not _dunder(name)
-
-
-def _string_hits(text: str) -> list[str]:
-    hits = [p for p in STRING_PATHS if p in text]
-    for word in _WORD.findall(text):
-        parts = {word, *word.split(".")}
-        hits += sorted(p for p in parts if p in STRING_WORDS or _CO_ATTR.match(p) or _bad_dunder(p))
-    return hits
 
 
 _EXIT = object()  # marks, on the walk's stack, the end of a scope's body
@@ -228,7 +205,7 @@ class _Scanner:
     def visit_FunctionDef(self, node: ast.FunctionDef | ast.AsyncFunctionDef) -> None:
         args = [*node.args.posonlyargs, *node.args.args]
         first = args[0].arg if args else None
-        if not self.scope_ids[-1][1] or not all(map(_method_decorator, node.decorator_list)):
+        if not self.scope_ids[-1][1] or not all(map(method_decorator, node.decorator_list)):
             first = None  # only a method's ``self``/``cls`` is the object the call is about
         rebound = any(
             isinstance(n, ast.Name) and n.id == first and not isinstance(n.ctx, ast.Load)
@@ -270,7 +247,7 @@ class _Scanner:
         self.import_names.add(module)
         if self._ours(module) or module == "__future__":
             return
-        if _banned_module(module) or any(p.startswith("_") for p in module.split(".")):
+        if banned_module(module) or any(p.startswith("_") for p in module.split(".")):
             self.add("import", module, node)
         elif module not in SAFE_MODULES:
             self.add("import-not-allowed", module, node)
@@ -300,12 +277,12 @@ class _Scanner:
         name, full = alias.name, f"{mod}.{alias.name}"
         if mod in RULED_MODULES:
             self._module_attr(mod, name, node)
-        if not mod and _banned_module(name):
+        if not mod and banned_module(name):
             self.add("import", name, node)
-        banned = _banned_module(name) or _banned_module(full)
-        if name in BANNED_ATTRS or _bad_dunder(name) or banned and mod != "__future__":
+        banned = banned_module(name) or banned_module(full)
+        if name in BANNED_ATTRS or bad_dunder(name) or banned and mod != "__future__":
             self.add("import", full, node)
-        if not self._ours(mod) and (_private(name) or self._foreign_module(name)):
+        if not self._ours(mod) and (private(name) or self._foreign_module(name)):
             self.add("module-attr", full, node)
         if name in NAME_ATTR_CALLS and alias.asname not in (None, name):
             self.add("dynamic-attr", f"{name} as {alias.asname}", node)
@@ -367,7 +344,7 @@ class _Scanner:
             self._module_attr(dotted, attr, node)  # ``os.path.exists``
         if isinstance(base, ast.Name) and base.id in self.is_module and not own:
             module = self.imported[base.id]
-            if not self._ours(module) and (_private(attr) or self._foreign_module(attr)):
+            if not self._ours(module) and (private(attr) or self._foreign_module(attr)):
                 self.add("module-attr", f"{module}.{attr}", node)
         self._submodule(base, attr, node)
         if not isinstance(node.ctx, ast.Load) and attr in DUNDER_STORE_DENIED:
@@ -376,18 +353,18 @@ class _Scanner:
             self.add("call", attr, node)  # ``enum.bltns.exec``: the builtin by another path
         if (
             (attr in BANNED_ATTRS and not self._own_dict(node))
-            or _CO_ATTR.match(attr)
+            or CO_ATTR.match(attr)
             or attr.lstrip("_") in MODULE_ALIASES
         ):
             self.add("attr", attr, node)
-        if _bad_dunder(attr):
+        if bad_dunder(attr):
             self.add("dunder", attr, node)
         if attr in FS_PROBES:
             self.add("fs-probe", attr, node)
         dotted = self._dotted(node)
-        if dotted and _banned_module(dotted) and not _banned_module(dotted.rsplit(".", 1)[0]):
+        if dotted and banned_module(dotted) and not banned_module(dotted.rsplit(".", 1)[0]):
             self.add("attr", dotted, node)  # ``logging.config``
-        if attr in NAME_ATTR_CALLS and not _called(node):
+        if attr in NAME_ATTR_CALLS and not called(node):
             self.add("dynamic-attr", f"{attr} as a value", node)
         if attr in ("format", "format_map") and not self._literal(base):
             self.add("format", f"{attr} on a template that is not a literal", node)
@@ -446,7 +423,7 @@ class _Scanner:
             self.add("module-value", node.id, node)  # ``wraps(typing)`` copies its namespace
         if not isinstance(node.ctx, ast.Load) and node.id in DUNDER_STORE_DENIED:
             self.add("dunder", f"{node.id} assigned", node)
-        if node.id in NAME_ATTR_CALLS | BANNED_CALLS and not _called(node):
+        if node.id in NAME_ATTR_CALLS | BANNED_CALLS and not called(node):
             self.add("dynamic-attr", f"{node.id} as a value", node)  # ``g = getattr``
 
     def _builtin(self, node: ast.Name) -> None:
@@ -454,7 +431,7 @@ class _Scanner:
         name = node.id
         if name in BUILTINS_ALLOWED or self._is_bound(name, node):
             return
-        if name in BUILTIN_NAMES or _dunder(name):
+        if name in BUILTIN_NAMES or dunder(name):
             self.add("builtin", name, node)
 
     def visit_Call(self, node: ast.Call) -> None:
@@ -475,14 +452,14 @@ class _Scanner:
         if name in FD_OPEN_CALLS:
             first = node.args[0] if node.args else None
             keys = {k.arg for k in node.keywords}
-            if (first is not None and _numeric(first)) or keys & {"closefd", "opener", "fd"}:
+            if (first is not None and numeric(first)) or keys & {"closefd", "opener", "fd"}:
                 self.add("fd-open", name, node)
         if name == "type" and isinstance(fn, ast.Name) and len(node.args) + len(node.keywords) > 1:
             self.add("call", "type(name, bases, namespace)", node)
         if name == "import_module":
             first = node.args[0] if node.args else None
             text = first.value if isinstance(first, ast.Constant) else None
-            if not isinstance(text, str) or _banned_module(text) or text.startswith("_"):
+            if not isinstance(text, str) or banned_module(text) or text.startswith("_"):
                 self.add("dynamic-attr", "import_module without a literal, allowed name", node)
 
     def _literal_attrs(self, name: str, node: ast.Call) -> None:
@@ -495,7 +472,7 @@ class _Scanner:
         for arg in args:
             if not (isinstance(arg, ast.Constant) and isinstance(arg.value, str)):
                 self.add("dynamic-attr", name, node)
-            elif any(_bad_name(p) for p in arg.value.split(".")):
+            elif any(bad_name(p) for p in arg.value.split(".")):
                 self.add("dynamic-attr", f"{name} {arg.value}", node)
             else:
                 for part in arg.value.split("."):
@@ -503,7 +480,7 @@ class _Scanner:
 
     def visit_MatchClass(self, node: ast.MatchClass) -> None:
         for attr in node.kwd_attrs:  # ``case object(sys=s)`` reads an attribute by name
-            if _bad_name(attr):
+            if bad_name(attr):
                 self.add("dynamic-attr", f"match {attr}=", node)
 
     def visit_Constant(self, node: ast.Constant) -> None:
@@ -511,55 +488,10 @@ class _Scanner:
         if isinstance(value, bytes):
             value = value.decode("latin-1")
         if isinstance(value, str) and id(node) not in self.docstrings:
-            for hit in _string_hits(value):
+            for hit in string_hits(value):
                 self.add("string", hit, node)
             for field in format_fields(value):
                 self.add("format-field", field, node)
-
-
-def _bad_name(part: str) -> bool:
-    """An attribute name a literal ``getattr`` may not use."""
-    return (
-        part in BANNED_ATTRS
-        or bool(_CO_ATTR.match(part))
-        or _bad_dunder(part)
-        or part.lstrip("_") in MODULE_ALIASES
-        or part in FS_PROBES
-        or part in STDLIB_NAMES
-        and part not in SAFE_MODULES
-    )
-
-
-def _method_decorator(node: ast.AST) -> bool:
-    """A decorator that keeps a method's first argument the instance or class."""
-    if isinstance(node, ast.Name):
-        return node.id in ("classmethod", "property")
-    return isinstance(node, ast.Attribute) and node.attr in ("setter", "getter", "deleter")
-
-
-def _called(node: ast.AST) -> bool:
-    parent = getattr(node, "_parent", None)
-    return isinstance(parent, ast.Call) and parent.func is node
-
-
-def _numeric(node: ast.AST) -> bool:
-    """Whether ``node`` is visibly a number (so ``open(node)`` opens a descriptor): a numeric
-    literal, arithmetic on one, or a call that returns one (``int(...)``, ``x.fileno()``).
-    A plain name holding a number is not seen (residual risk). Walked without recursion."""
-    todo = [node]
-    while todo:
-        node = todo.pop()
-        if isinstance(node, ast.Constant) and isinstance(node.value, (int, float)):
-            return True  # bool is an int
-        if isinstance(node, ast.UnaryOp):
-            todo.append(node.operand)
-        elif isinstance(node, ast.BinOp):
-            todo += [node.left, node.right]
-        elif isinstance(node, ast.Call):
-            fn = node.func
-            if (fn.id if isinstance(fn, ast.Name) else getattr(fn, "attr", "")) in NUMERIC_CALLS:
-                return True
-    return False
 
 
 PYTHON_SUFFIXES = (".py", ".pyw")
@@ -608,15 +540,8 @@ def _known(
         for r, _, _, scope in scanner.found
         if scope and r != "import-not-allowed"
     }
-    tainted = {name for name in helpers | scanner.flows if not _dunder(name)}
+    tainted = {name for name in helpers | scanner.flows if not dunder(name)}
     return found, refs, tainted, scanner.import_names, module_defs(scanner.tree)
-
-
-def _imported(module: str, known: set[str]) -> bool:
-    """Whether the file already imports ``module``, a package of it or a module under it."""
-    return any(
-        module == k or module.startswith(k + ".") or k.startswith(module + ".") for k in known
-    )
 
 
 def added_findings(
@@ -647,7 +572,7 @@ def added_findings(
     known = old_imports | rel_imports
     out: list[Finding] = []
     for rule, what, line, scope in scanner.found:
-        if rule == "import-not-allowed" and _imported(what, known):
+        if rule == "import-not-allowed" and imports_module(what, known):
             continue  # a module the file already imports, anywhere in it
         if budget[(rule, what, scope)] > 0:
             budget[(rule, what, scope)] -= 1

@@ -1,14 +1,31 @@
 """Pre-passes of the reward-denying detector (:mod:`coderl.grading.diffguard`) over one AST:
 which names each scope binds, which names stand for another package's objects, which string
 constants are docstrings or format templates that reach into their argument, and which
-top-level package a file belongs to. Pure functions; every walk is without recursion."""
+top-level package a file belongs to; and the predicates the scanner applies to one node or
+name (a banned module, a dunder outside the list, a visibly numeric argument). Pure
+functions; every walk is without recursion."""
 
 from __future__ import annotations
 
 import ast
+import re
 import string
 
-from coderl.grading.guardlists import STDLIB_NAMES
+from coderl.grading.guardlists import (
+    BANNED_ATTRS,
+    BANNED_MODULES,
+    DUNDER_ALLOWED,
+    FS_PROBES,
+    MODULE_ALIASES,
+    NUMERIC_CALLS,
+    SAFE_MODULES,
+    STDLIB_NAMES,
+    STRING_PATHS,
+    STRING_WORDS,
+)
+
+CO_ATTR = re.compile(r"^co_[a-z]+$")
+_WORD = re.compile(r"[A-Za-z_][A-Za-z0-9_.]*")
 
 
 def top_name(name: str) -> str:
@@ -248,3 +265,83 @@ def own_module(path: str) -> str:
     if parts[-1] == "__init__":
         parts.pop()
     return ".".join(parts) if all(p.isidentifier() for p in parts) else ""
+
+
+def imports_module(module: str, known: set[str]) -> bool:
+    """Whether the file already imports ``module``, a package of it or a module under it."""
+    return any(
+        module == k or module.startswith(k + ".") or k.startswith(module + ".") for k in known
+    )
+
+
+# --- predicates of the scanner (:class:`coderl.grading.diffguard._Scanner`) --------------------
+
+
+def banned_module(name: str) -> bool:
+    return name in BANNED_MODULES or top_name(name) in BANNED_MODULES
+
+
+def dunder(name: str) -> bool:
+    return len(name) > 4 and name.startswith("__") and name.endswith("__")
+
+
+def bad_dunder(name: str) -> bool:
+    """A dunder name outside the reviewed ``DUNDER_ALLOWED``."""
+    return dunder(name) and name[2:-2] not in DUNDER_ALLOWED
+
+
+def private(name: str) -> bool:
+    return name.startswith("_") and not dunder(name)
+
+
+def string_hits(text: str) -> list[str]:
+    hits = [p for p in STRING_PATHS if p in text]
+    for word in _WORD.findall(text):
+        parts = {word, *word.split(".")}
+        hits += sorted(p for p in parts if p in STRING_WORDS or CO_ATTR.match(p) or bad_dunder(p))
+    return hits
+
+
+def bad_name(part: str) -> bool:
+    """An attribute name a literal ``getattr`` may not use."""
+    return (
+        part in BANNED_ATTRS
+        or bool(CO_ATTR.match(part))
+        or bad_dunder(part)
+        or part.lstrip("_") in MODULE_ALIASES
+        or part in FS_PROBES
+        or part in STDLIB_NAMES
+        and part not in SAFE_MODULES
+    )
+
+
+def method_decorator(node: ast.AST) -> bool:
+    """A decorator that keeps a method's first argument the instance or class."""
+    if isinstance(node, ast.Name):
+        return node.id in ("classmethod", "property")
+    return isinstance(node, ast.Attribute) and node.attr in ("setter", "getter", "deleter")
+
+
+def called(node: ast.AST) -> bool:
+    parent = getattr(node, "_parent", None)
+    return isinstance(parent, ast.Call) and parent.func is node
+
+
+def numeric(node: ast.AST) -> bool:
+    """Whether ``node`` is visibly a number (so ``open(node)`` opens a descriptor): a numeric
+    literal, arithmetic on one, or a call that returns one (``int(...)``, ``x.fileno()``).
+    A plain name holding a number is not seen (residual risk). Walked without recursion."""
+    todo = [node]
+    while todo:
+        node = todo.pop()
+        if isinstance(node, ast.Constant) and isinstance(node.value, (int, float)):
+            return True  # bool is an int
+        if isinstance(node, ast.UnaryOp):
+            todo.append(node.operand)
+        elif isinstance(node, ast.BinOp):
+            todo += [node.left, node.right]
+        elif isinstance(node, ast.Call):
+            fn = node.func
+            if (fn.id if isinstance(fn, ast.Name) else getattr(fn, "attr", "")) in NUMERIC_CALLS:
+                return True
+    return False
