@@ -2,49 +2,30 @@
 
 Repository tests run in the same process as the code under test, so a few lines of Python in a
 library can, in principle, reach whatever in that process reports a test's outcome (see
-``coderl.grading.runner``: the verdict's key and channel now live in an observer process, but the
-worker that reports events is still the tested code's process). A bug fix has no business
-reaching into the interpreter, so ``guardproc.scan_change`` reads the graded tree on the host, before
-any of it runs, and every finding denies the reward (``GradeResult.denied``: scored 0, failure
-kind ``agent``, counted, kept for audit). It compares each changed file with the base and
-reports only what the diff *adds* (a library that already calls ``sys._getframe`` is not
-flagged; a diff that adds a second call is).
+``coderl.grading.runner``). A bug fix has no business reaching into the interpreter, so
+``guardproc.scan_change`` reads the graded tree on the host, before any of it runs, and every
+finding denies the reward (``GradeResult.denied``: scored 0, failure kind ``agent``, counted,
+kept for audit). It reports only what the diff *adds* beyond the base.
 
-Policy: an allowlist that fails closed for what a diff adds (the reviewed lists and why each
-entry is there: :mod:`coderl.grading.guardlists`; the AST pre-passes: :mod:`.guardast`; the
+Policy: an allowlist that fails closed (the reviewed lists and why each entry is there:
+:mod:`coderl.grading.guardlists`; the AST pre-passes and predicates: :mod:`.guardast`; the
 measured false positives and the residual risk: ``docs/tasks-and-grading.md``):
 
-- imports: a module the changed file (as released, or as the task starts) already imports, a
-  module of the package itself (relative, or under the file's top-level package), or one on
-  the short reviewed list ``SAFE_MODULES``; anything else is ``import-not-allowed``. Process
-  internals and text evaluators (``BANNED_MODULES``) and every underscore-prefixed module not
-  of the package (the C twins ``_io``, ``_thread``, ``_operator``...) are ``import`` findings,
-  allowed only where the base or the released file has them in that scope;
-- members: ``sys``, ``os``, ``os.path`` and ``warnings`` by allowlist (``SYS_ALLOWED``,
-  ``OS_ALLOWED``...: nothing that tells a graded run from the agent's own, no environment, no
-  file-system probe), ``string.Formatter``, ``functools.singledispatch``, ``typing``'s
-  annotation evaluators, ``types``' code constructors and ``threading``'s hooks denied; a
-  private member (``_x``) or a standard-library module reached as an attribute of another
-  module; a ruled module used as a plain value (``m = sys``);
-- constructs: a dunder attribute, name or string token outside ``DUNDER_ALLOWED``; a builtin
-  outside ``BUILTINS_ALLOWED`` (``eval``, ``dir``, ``input``, ``open``, ``exit``...) where the
-  file does not bind the name; ``type`` with three arguments; a string literal that is a format
-  template with an attribute or index field (``"{0.x}"``, ``"{a[k]}"``); ``.format`` or
-  ``.format_map`` on anything but a string literal or a name bound only to string literals;
-  ``getattr``-family calls, ``attrgetter``, ``import_module`` without a literal, allowed name;
-  file I/O (``FILE_CALLS``) and file-system or environment probes (``FS_PROBES``) on any
-  object; frame, code and class-graph attributes (``BANNED_ATTRS``); string literals holding a
-  banned word or path; symbolic links; a *helper* of the changed file whose body holds a
-  finding, used by name beyond the base.
+- imports: a module the changed file already imports, one of its own package, or one of
+  ``SAFE_MODULES``; process internals, text evaluators and underscore modules are findings;
+- members of ``sys``, ``os``, ``os.path`` and ``warnings`` by allowlist, reviewed members of
+  allowed modules denied, private members and modules reached as another module's attribute;
+- constructs: dunders outside ``DUNDER_ALLOWED``, builtins outside ``BUILTINS_ALLOWED``, three-
+  argument ``type``, format templates that reach into their argument, ``getattr``-family calls
+  without a literal allowed name, file I/O and file-system or environment probes, frame, code
+  and class-graph attributes, banned words in strings, a new metaclass, symbolic links;
+- attribute stores only on a method's own ``self``/``cls`` or an object the scope made, and a
+  method that stores through its ``self`` reached only bound to one (:mod:`.guardself`);
+- a *helper* of the changed file whose body holds a finding, used by name beyond the base.
 
 Findings are counted per rule, name and scope (enclosing functions and classes); the base and
 the released file each allow what they have in a scope (:func:`added_findings`), and an import
 the file already has anywhere.
-
-Not covered (residual risk, stated in ``docs/tasks-and-grading.md``): code around an existing
-use rewritten in its own function; helpers with a finding in another file of the package; what
-a reviewed module or builtin does that the review missed; strings built at run time and handed
-to a facility that is allowed; and anything that needs no process internals at all.
 """
 
 from __future__ import annotations
@@ -69,10 +50,10 @@ from coderl.grading.guardast import (
     format_fields,
     fresh_locals,
     imports_module,
-    method_decorator,
+    lazy_imports,
     module_defs,
+    new_metaclass,
     numeric,
-    own_module,
     private,
     string_hits,
     top_name,
@@ -96,6 +77,13 @@ from coderl.grading.guardlists import (  # the reviewed lists
     SUBMODULES,
     WRAPPER_CALLS,
 )
+from coderl.grading.guardself import (
+    BINDERS,
+    bound_use,
+    in_class_body,
+    method_kind,
+    storing_methods,
+)
 from coderl.grading.pyparse import parse_python
 
 
@@ -109,8 +97,8 @@ class Finding:
     """Line in the changed file (0 for whole-file findings)."""
     rule: str
     """Which rule: ``import``, ``attr``, ``module-attr``, ``module-value``, ``call``,
-    ``dynamic-attr``, ``file-io``, ``fd-open``, ``string``, ``helper``, ``size``, ``symlink``
-    or ``unscannable`` (the host could not read it within bounds: fail closed)."""
+    ``dynamic-attr``, ``file-io``, ``fd-open``, ``string``, ``helper``, ``unbound``, ``size``,
+    ``symlink`` or ``unscannable`` (the host could not read it within bounds: fail closed)."""
     what: str
     """The offending name or text (at most 80 characters)."""
     scope: str = ""
@@ -129,7 +117,12 @@ class _Scanner:
     stack (:meth:`run`): an AST of any depth is scanned, never a ``RecursionError`` on the host
     that would leave a file the sandbox compiles unread."""
 
-    def __init__(self, tree: ast.AST, first: frozenset[str] = frozenset()) -> None:
+    def __init__(
+        self,
+        tree: ast.AST,
+        first: frozenset[str] = frozenset(),
+        shared: frozenset[str] = frozenset(),
+    ) -> None:
         self.found: list[tuple[str, str, int, str]] = []
         self.refs: list[tuple[str, int, str]] = []  # (name, line, scope) of every name used
         self.modules: dict[str, str] = {}  # local name -> ruled module it is bound to
@@ -149,6 +142,10 @@ class _Scanner:
         self.tree = tree
         self.scope_ids: list[tuple[int, bool]] = [(id(tree), False)]  # (scope, is a class)
         self.own: list[str | None] = []  # each enclosing function's unassigned first argument
+        self.mine: list[str | None] = [None]  # the same, of an instance method or property only
+        self.unbound, self.storing = storing_methods(tree)  # rule ``unbound`` (guardself)
+        self.unbound |= shared
+        self.made = fresh_locals(tree, instances=True) if self.unbound else {}
 
     def add(self, rule: str, what: str, node: ast.AST) -> None:
         self.found.append((rule, what[:80], getattr(node, "lineno", 0), ".".join(self.scope)))
@@ -164,6 +161,7 @@ class _Scanner:
             if node is _EXIT:
                 self.scope.pop()
                 self.own.pop()
+                self.mine.pop()
                 self.scope_ids.pop()
                 continue
             assert isinstance(node, ast.AST)
@@ -174,11 +172,12 @@ class _Scanner:
                 stack.append(_EXIT)
             stack.extend(reversed(list(ast.iter_child_nodes(node))))
 
-    def _scoped(self, node: ast.AST, own: str | None) -> None:
+    def _scoped(self, node: ast.AST, own: str | None, mine: str | None = None) -> None:
         """Open ``node``'s scope; :meth:`run` closes it after its children."""
         self.scope.append(getattr(node, "name", "?"))
         self.scope_ids.append((id(node), isinstance(node, ast.ClassDef)))
         self.own.append(own)
+        self.mine.append(mine)
 
     def _is_bound(self, name: str, node: ast.AST) -> bool:
         """Whether ``name`` is bound in an enclosing scope: the innermost (a lambda counts),
@@ -204,31 +203,22 @@ class _Scanner:
 
     def visit_FunctionDef(self, node: ast.FunctionDef | ast.AsyncFunctionDef) -> None:
         args = [*node.args.posonlyargs, *node.args.args]
-        first = args[0].arg if args else None
-        if not self.scope_ids[-1][1] or not all(map(method_decorator, node.decorator_list)):
-            first = None  # only a method's ``self``/``cls`` is the object the call is about
+        kind = method_kind(node, self.scope_ids[-1][1])
+        # only a method's ``self``/``cls`` is the object the call is about
+        first = args[0].arg if args and kind else None
         rebound = any(
             isinstance(n, ast.Name) and n.id == first and not isinstance(n.ctx, ast.Load)
             for stmt in node.body
             for n in ast.walk(stmt)
         )
-        self._scoped(node, None if rebound else first)
+        own = None if rebound else first
+        self._scoped(node, own, own if kind in ("instance", "property") else None)
 
     visit_AsyncFunctionDef = visit_FunctionDef
 
     def visit_ClassDef(self, node: ast.ClassDef) -> None:
-        # a new metaclass writes the class namespace with keys built at run time (round-5 red
-        # team: `__annotations__` with a field name that `dataclasses` pastes into the code it
-        # execs); a bug fix does not define one
-        for kw in node.keywords:
-            if kw.arg == "metaclass":
-                self.add("metaclass", f"{node.name}(metaclass=...)", node)
-        for base in node.bases:
-            target = base.func if isinstance(base, ast.Call) else base
-            if (isinstance(target, ast.Name) and target.id == "type") or (
-                isinstance(target, ast.Attribute) and target.attr == "type"
-            ):
-                self.add("metaclass", f"{node.name}(type)", node)
+        for what in new_metaclass(node):
+            self.add("metaclass", what, node)
         self._scoped(node, None)
 
     def _ours(self, module: str) -> bool:
@@ -335,6 +325,9 @@ class _Scanner:
     def visit_Attribute(self, node: ast.Attribute) -> None:
         self.ref(node.attr, node)
         base, attr = node.value, node.attr
+        made = isinstance(base, ast.Name) and self._fresh(base, self.made)
+        if attr in BINDERS or attr in self.unbound and not bound_use(node, self.mine[-1], made):
+            self.add("unbound", f"{attr} not bound to an object the code made", node)
         if not isinstance(node.ctx, ast.Load):
             self._store(base, attr, node)
         own = isinstance(base, ast.Name) and self._local(base.id, base)
@@ -381,11 +374,12 @@ class _Scanner:
         ):
             self.add("attr-store", what, node)
 
-    def _fresh(self, name: ast.Name) -> bool:
+    def _fresh(self, name: ast.Name, table: dict[int, set[str]] | None = None) -> bool:
         parent = getattr(name, "_parent", None)
         while parent is not None and not isinstance(parent, SCOPES):
             parent = getattr(parent, "_parent", None)
-        return parent is not None and name.id in self.fresh.get(id(parent), ())
+        table = self.fresh if table is None else table
+        return parent is not None and name.id in table.get(id(parent), ())
 
     def _foreign(self, node: ast.AST) -> bool:
         """Whether ``node`` is (an attribute chain on) a module, class or function the file
@@ -411,6 +405,8 @@ class _Scanner:
         if isinstance(node.ctx, ast.Load):
             self.ref(node.id, node)
             self._builtin(node)
+            if node.id in self.storing and in_class_body(node):
+                self.add("unbound", f"{node.id} in its class body", node)  # ``alias = put``
         if node.id in ("__builtins__", "__import__", "__loader__", "__spec__"):
             self.add("attr", node.id, node)
         parent = getattr(node, "_parent", None)
@@ -477,6 +473,8 @@ class _Scanner:
             else:
                 for part in arg.value.split("."):
                     self.ref(part, node)  # ``getattr(o, "helper")`` uses ``helper``
+                    if part in self.unbound | BINDERS:
+                        self.add("unbound", f"{name} {part}", node)
 
     def visit_MatchClass(self, node: ast.MatchClass) -> None:
         for attr in node.kwd_attrs:  # ``case object(sys=s)`` reads an attribute by name
@@ -498,7 +496,9 @@ PYTHON_SUFFIXES = (".py", ".pyw")
 """Files the import system runs as Python source (``importlib.machinery.SOURCE_SUFFIXES``)."""
 
 
-def _scan(source: bytes | str, path: str = "") -> _Scanner | None:
+def _scan(
+    source: bytes | str, path: str = "", shared: frozenset[str] = frozenset()
+) -> _Scanner | None:
     try:
         tree = parse_python(source)
     except (SyntaxError, ValueError, RecursionError, MemoryError):
@@ -506,7 +506,7 @@ def _scan(source: bytes | str, path: str = "") -> _Scanner | None:
     for parent in ast.walk(tree):
         for child in ast.iter_child_nodes(parent):
             child._parent = parent  # type: ignore[attr-defined]
-    scanner = _Scanner(tree, first_party(path))
+    scanner = _Scanner(tree, first_party(path), shared)
     scanner.run(tree)
     return scanner
 
@@ -521,14 +521,14 @@ def scan_source(source: bytes | str, path: str = "<diff>") -> list[Finding] | No
 
 
 def _known(
-    source: bytes | None, path: str
+    source: bytes | None, path: str, shared: frozenset[str] = frozenset()
 ) -> tuple[Counter, Counter, set[str], set[str], set[str]]:
     """Counts of findings and of name uses per scope, the *tainted helpers* (the names of the
     functions and classes that hold a finding, a library's own ``sys.modules`` lookup, and the
     names a value with a finding is assigned to outside functions, six's
     ``get_function_globals = operator.attrgetter(_func_globals)``), the modules the file
     imports and the names its module body defines (:func:`module_defs`)."""
-    scanner = _scan(source, path) if source else None
+    scanner = _scan(source, path, shared) if source else None
     if scanner is None:
         return Counter(), Counter(), set(), set(), set()
     found = Counter((rule, what, scope) for rule, what, _, scope in scanner.found)
@@ -545,7 +545,11 @@ def _known(
 
 
 def added_findings(
-    old: bytes | None, new: bytes, path: str, released: bytes | None = None
+    old: bytes | None,
+    new: bytes,
+    path: str,
+    released: bytes | None = None,
+    shared: frozenset[str] = frozenset(),
 ) -> list[Finding]:
     """The findings of ``new`` beyond those of ``old`` (counted per rule, name and scope, so
     moving a line within its function is not a finding, adding a second ``sys._getframe`` or
@@ -560,14 +564,16 @@ def added_findings(
     error, an AST deeper than the host's parser accepts, memory), is one finding (rule
     ``unscannable``): the sandbox's interpreter may compile what the host's cannot, so a file
     the guard cannot read never passes. Any other file that does not parse gives none: it is
-    not imported, and reading it as code needs a banned facility."""
-    scanner = _scan(new, path)
+    not imported, and reading it as code needs a banned facility. ``shared``: the methods of
+    the diff's other changed files that store through their ``self`` (:func:`unbound_methods`,
+    rule ``unbound``)."""
+    scanner = _scan(new, path, shared)
     if scanner is None:
         if path.endswith(PYTHON_SUFFIXES):
             return [Finding(path, 0, "unscannable", "the host cannot parse it as Python")]
         return []
-    old_found, old_refs, old_tainted, old_imports, old_defs = _known(old, path)
-    rel_found, rel_refs, rel_tainted, rel_imports, rel_defs = _known(released, path)
+    old_found, old_refs, old_tainted, old_imports, old_defs = _known(old, path, shared)
+    rel_found, rel_refs, rel_tainted, rel_imports, rel_defs = _known(released, path, shared)
     budget = old_found | rel_found  # per key, the larger count
     known = old_imports | rel_imports
     out: list[Finding] = []
@@ -579,7 +585,8 @@ def added_findings(
         else:
             out.append(Finding(path, line, rule, what, scope))
     tainted, uses = old_tainted | rel_tainted, old_refs | rel_refs
-    out += _lazy_imports(scanner, path, (old_defs | rel_defs) - tainted)
+    lazy = lazy_imports(scanner.from_own, path, (old_defs | rel_defs) - tainted)
+    out += [Finding(path, line, "lazy-import", what, scope) for line, what, scope in lazy]
     for name, line, scope in scanner.refs:
         if scanner.alias_of.get(name) in tainted:
             out.append(Finding(path, line, "helper", f"{name} ({scanner.alias_of[name]})", scope))
@@ -589,19 +596,4 @@ def added_findings(
             uses[(name, scope)] -= 1
         else:
             out.append(Finding(path, line, "helper", name, scope))
-    return out
-
-
-def _lazy_imports(scanner: _Scanner, path: str, defs: set[str]) -> list[Finding]:
-    """``from <this module> import name`` for a name its source does not define untainted
-    (:func:`module_defs`), and ``from <this module>.sub import name`` where this file is a
-    plain module (no package, so ``sub`` is an object it builds at run time: six's lazy
-    ``moves`` hand out ``subprocess.getoutput``, ``input``, ``reload``): rule ``lazy-import``.
-    Other modules of a package are not read here (residual risk)."""
-    own = own_module(path)
-    plain = bool(own) and not path.endswith("__init__.py")
-    out: list[Finding] = []
-    for module, name, line, scope in scanner.from_own:
-        if module == own and name not in defs or plain and module.startswith(own + "."):
-            out.append(Finding(path, line, "lazy-import", f"{module}.{name}", scope))
     return out

@@ -169,11 +169,13 @@ def _constructor(value: ast.AST, defs: set[str], odd: set[str]) -> bool:
     return name[:1].isupper() and name not in defs and name not in odd
 
 
-def fresh_locals(tree: ast.AST) -> dict[int, set[str]]:
+def fresh_locals(tree: ast.AST, instances: bool = False) -> dict[int, set[str]]:
     """Per scope id (as :func:`bindings`), the names whose every binding there is a ``def``,
     a ``class`` or a plain ``name = <literal or constructor call>`` (:func:`_constructor`):
     storing an attribute on one changes only an object the scope made. Parameters, imports,
-    loop, ``with`` and walrus targets, unpacking and ``global`` names are never fresh."""
+    loop, ``with`` and walrus targets, unpacking and ``global`` names are never fresh; with
+    ``instances``, nor are ``def`` and ``class`` names (a class's attribute is its unbound
+    function)."""
     defs = {
         n.name for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
     }
@@ -191,7 +193,7 @@ def fresh_locals(tree: ast.AST) -> dict[int, set[str]]:
         seen = ok.setdefault(scope, {})
         parent = getattr(node, "_parent", None)
         if isinstance(node, _DEFS):
-            seen[node.name] = seen.get(node.name, True)
+            seen[node.name] = seen.get(node.name, True) and not instances
         elif isinstance(node, ast.Name) and not isinstance(node.ctx, ast.Load):
             plain = isinstance(parent, (ast.Assign, ast.AnnAssign)) and node in (
                 parent.targets if isinstance(parent, ast.Assign) else [parent.target]
@@ -345,3 +347,36 @@ def numeric(node: ast.AST) -> bool:
             if (fn.id if isinstance(fn, ast.Name) else getattr(fn, "attr", "")) in NUMERIC_CALLS:
                 return True
     return False
+
+
+def new_metaclass(node: ast.ClassDef) -> list[str]:
+    """A metaclass the class statement defines or names (``metaclass=``, a base that is
+    ``type`` or calls it). A metaclass writes the class namespace with keys built at run time
+    (round-5 red team: ``__annotations__`` with a field name that ``dataclasses`` pastes into
+    the code it execs); a bug fix does not define one."""
+    out = [f"{node.name}(metaclass=...)" for kw in node.keywords if kw.arg == "metaclass"]
+    for base in node.bases:
+        target = base.func if isinstance(base, ast.Call) else base
+        if (isinstance(target, ast.Name) and target.id == "type") or (
+            isinstance(target, ast.Attribute) and target.attr == "type"
+        ):
+            out.append(f"{node.name}(type)")
+    return out
+
+
+def lazy_imports(
+    from_own: list[tuple[str, str, int, str]], path: str, defs: set[str]
+) -> list[tuple[int, str, str]]:
+    """``(line, what, scope)`` of each ``from <this module> import name`` (``from_own``: module,
+    name, line, scope) for a name its source does not define untainted (``defs``:
+    :func:`module_defs` less the tainted ones), and ``from <this module>.sub import name`` where
+    this file is a plain module (no package, so ``sub`` is an object it builds at run time:
+    six's lazy ``moves`` hand out ``subprocess.getoutput``, ``input``, ``reload``): rule
+    ``lazy-import``. Other modules of a package are not read here (residual risk)."""
+    own = own_module(path)
+    plain = bool(own) and not path.endswith("__init__.py")
+    return [
+        (line, f"{module}.{name}", scope)
+        for module, name, line, scope in from_own
+        if module == own and name not in defs or plain and module.startswith(own + ".")
+    ]

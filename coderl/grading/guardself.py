@@ -1,0 +1,175 @@
+"""Rule ``unbound`` of the reward-denying detector (:mod:`coderl.grading.diffguard`): a method
+whose body stores through its first argument is reached only bound to an object the code made.
+
+The detector allows an attribute store on a method's own ``self``/``cls``. That allowance is
+only as good as the binding: ``C.put(json.JSONEncoder, f)``, where ``def put(self, f):
+self.encode = f``, patches a standard-library class through a store the scanner allowed (the
+round-5 red team; the grader's plugin runs the same standard library). So a function of a class
+body that *stores through its first argument* (an attribute or subscript store or delete on it,
+``setattr``/``delattr``/``vars`` on it, its ``__dict__``, or a call of another such method
+through it: :func:`storing_methods`) may be reached only as
+
+- ``self.m`` or ``super().m`` inside an instance method or property of the file (its first
+  argument is then an instance of a class of the file, or the method was itself reached
+  unbound, which is a finding where that happens);
+- ``K.m(self, ...)`` or ``super(K, self).m`` called with that own first argument;
+- ``x.m`` on a local name whose every binding is a constructor call (``x = C()``).
+
+Any other reference is a finding (``C.m``, ``getattr(C, 'm')``, ``attrgetter('m')``,
+``cls.m`` in a classmethod, ``super().m`` in a classmethod or ``__new__``, ``other.m`` on a
+parameter, the bare name in the class body: ``alias = m``, ``staticmethod(m)``), and so is any
+explicit use of the descriptor binders (``__get__``, ``__set__``, ``__delete__``) or of a
+property's functions (``fget``, ``fset``, ``fdel``), which bind a function to an object chosen
+at run time. Names count across the changed files of one diff (``shared``). Not covered:
+such a method defined in a file of the package the diff does not change (residual risk,
+``docs/tasks-and-grading.md``), and a method that mutates an object it reads from its first
+argument by a call (``self.data.update(d)``).
+"""
+
+from __future__ import annotations
+
+import ast
+
+from coderl.grading.guardast import method_decorator
+from coderl.grading.pyparse import parse_python
+
+BINDERS = frozenset({"__get__", "__set__", "__delete__", "fget", "fset", "fdel"})
+"""Attributes that bind a function to an object chosen at run time (a descriptor's methods,
+a property's functions): never needed by a bug fix, so any explicit use is a finding."""
+
+_IMPLICIT_CLASS = frozenset({"__init_subclass__", "__class_getitem__"})
+_STORERS = frozenset({"setattr", "delattr", "vars", "__setattr__", "__delattr__"})
+
+
+def method_kind(fn: ast.AST, in_class: bool) -> str | None:
+    """``instance``, ``property``, ``class`` or ``new`` (``__new__``: its first argument is
+    passed explicitly) for a function directly in a class body whose decorators keep the first
+    argument (:func:`~coderl.grading.guardast.method_decorator`); ``None`` otherwise."""
+    if not in_class or not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        return None
+    decorators = fn.decorator_list
+    if not all(map(method_decorator, decorators)):
+        return None
+    if fn.name == "__new__":
+        return "new"
+    if fn.name in _IMPLICIT_CLASS or any(getattr(d, "id", "") == "classmethod" for d in decorators):
+        return "class"
+    return "property" if decorators else "instance"
+
+
+def _first(fn: ast.FunctionDef | ast.AsyncFunctionDef) -> str | None:
+    args = [*fn.args.posonlyargs, *fn.args.args]
+    return args[0].arg if args else None
+
+
+def _root(node: ast.AST) -> ast.AST:
+    while isinstance(node, (ast.Attribute, ast.Subscript)):
+        node = node.value
+    return node
+
+
+def _stores_through(fn: ast.AST, first: str, storing: set[str]) -> bool:
+    """Whether ``fn``'s body stores through its first argument ``first`` (see the module)."""
+    for node in ast.walk(fn):
+        if isinstance(node, (ast.Attribute, ast.Subscript)):
+            root = _root(node)
+            if not (isinstance(root, ast.Name) and root.id == first):
+                continue
+            if not isinstance(node.ctx, ast.Load):
+                return True
+            if isinstance(node, ast.Attribute) and (
+                node.attr == "__dict__" or node.value is root and node.attr in storing
+            ):
+                return True
+        elif isinstance(node, ast.Call):
+            fn_name = getattr(node.func, "id", None) or getattr(node.func, "attr", "")
+            if fn_name in _STORERS and any(
+                isinstance(a, ast.Name) and a.id == first for a in node.args
+            ):
+                return True
+    return False
+
+
+def storing_methods(tree: ast.AST) -> tuple[frozenset[str], frozenset[str]]:
+    """``(unbound, any)``: the names of the functions of a class body that store through their
+    first argument and whose first argument a caller chooses (instance methods and
+    ``__new__``), and the names of all that store through it, of any kind (a classmethod or a
+    property too: the bare name in the class body is the function). A method that calls such an
+    instance method through its own first argument stores through it too (to a fixed point)."""
+    methods: list[tuple[ast.AST, str, str]] = []
+    for cls in ast.walk(tree):
+        if isinstance(cls, ast.ClassDef):
+            for fn in cls.body:
+                kind = method_kind(fn, True)
+                first = _first(fn) if kind else None  # type: ignore[arg-type]
+                if kind and first:
+                    methods.append((fn, kind, first))
+    found: dict[str, str] = {}
+    changed = True
+    while changed:
+        changed = False
+        unbound = {n for n, k in found.items() if k in ("instance", "new")}
+        for fn, kind, first in methods:
+            name = fn.name  # type: ignore[attr-defined]
+            if name not in found and _stores_through(fn, first, unbound):
+                found[name] = kind
+                changed = True
+    unbound = {n for n, k in found.items() if k in ("instance", "new")}
+    return frozenset(unbound), frozenset(found)
+
+
+def _super(node: ast.AST, own: str | None) -> bool:
+    """``super()``, or ``super(K, own)`` with the method's own first argument."""
+    if not (isinstance(node, ast.Call) and getattr(node.func, "id", "") == "super"):
+        return False
+    if not node.args and not node.keywords:
+        return True
+    last = node.args[-1] if len(node.args) == 2 else None
+    return isinstance(last, ast.Name) and last.id == own
+
+
+def bound_use(node: ast.Attribute, own: str | None, made: bool) -> bool:
+    """Whether ``node`` (``x.m`` for a storing method ``m``) reaches ``m`` bound to an object
+    the code made. ``own`` is the enclosing instance method's or property's own first argument
+    (``None`` elsewhere); ``made`` whether ``x`` is a local bound only to constructor calls."""
+    base, parent = node.value, getattr(node, "_parent", None)
+    if made or own is not None and (isinstance(base, ast.Name) and base.id == own):
+        return True
+    if own is not None and _super(base, own):
+        return True
+    first = parent.args[0] if isinstance(parent, ast.Call) and parent.args else None
+    return (
+        own is not None
+        and isinstance(parent, ast.Call)
+        and parent.func is node
+        and isinstance(first, ast.Name)
+        and first.id == own
+    )
+
+
+def in_class_body(node: ast.AST) -> bool:
+    """Whether the name ``node`` is read in a class body (a default argument or decorator of a
+    method counts; a function body does not), where a method's name is its function. A
+    property's ``x.setter``/``getter``/``deleter`` makes another property, which is allowed."""
+    parent = getattr(node, "_parent", None)
+    if isinstance(parent, ast.Attribute) and parent.attr in ("setter", "getter", "deleter"):
+        return False
+    child = node
+    while parent is not None and not isinstance(parent, ast.Module):
+        if isinstance(parent, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            body = parent.body if isinstance(parent.body, list) else [parent.body]
+            if any(child is b for b in body):
+                return False
+        if isinstance(parent, ast.ClassDef) and any(child is b for b in parent.body):
+            return True
+        child, parent = parent, getattr(parent, "_parent", None)
+    return False
+
+
+def unbound_methods(source: bytes | None) -> frozenset[str]:
+    """The methods of one file that store through a ``self`` a caller chooses
+    (:func:`~coderl.grading.guardself.storing_methods`); none when it does not parse."""
+    try:
+        return storing_methods(parse_python(source))[0] if source else frozenset()
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return frozenset()
