@@ -36,7 +36,6 @@ from dataclasses import dataclass
 
 from coderl.grading.guardast import (
     CO_ATTR,
-    SCOPES,
     assigned_names,
     bad_dunder,
     bad_name,
@@ -45,6 +44,7 @@ from coderl.grading.guardast import (
     called,
     docstrings,
     dunder,
+    enclosing_scope,
     first_party,
     foreign_names,
     format_fields,
@@ -145,7 +145,7 @@ class _Scanner:
         self.mine: list[str | None] = [None]  # the same, of an instance method or property only
         self.unbound, self.storing = storing_methods(tree)  # rule ``unbound`` (guardself)
         self.unbound |= shared
-        self.made = fresh_locals(tree, instances=True) if self.unbound else {}
+        self.made: dict[int, set[str]] | None = None  # constructed locals, when first needed
 
     def add(self, rule: str, what: str, node: ast.AST) -> None:
         self.found.append((rule, what[:80], getattr(node, "lineno", 0), ".".join(self.scope)))
@@ -182,9 +182,7 @@ class _Scanner:
     def _is_bound(self, name: str, node: ast.AST) -> bool:
         """Whether ``name`` is bound in an enclosing scope: the innermost (a lambda counts),
         then the enclosing functions and the module (a class body binds only for itself)."""
-        parent = getattr(node, "_parent", None)
-        while parent is not None and not isinstance(parent, SCOPES):
-            parent = getattr(parent, "_parent", None)
+        parent = enclosing_scope(node)
         chain = [i for i, is_class in self.scope_ids[:-1] if not is_class]
         ids = [*chain, self.scope_ids[-1][0], id(parent)]
         return any(name in self.bound.get(i, ()) for i in ids)
@@ -192,9 +190,7 @@ class _Scanner:
     def _local(self, name: str, node: ast.AST) -> bool:
         """Whether ``name`` is a local variable here (bound, not by an import, in an enclosing
         function, class body or lambda): a local ``copy`` is not the module ``copy``."""
-        parent = getattr(node, "_parent", None)
-        while parent is not None and not isinstance(parent, SCOPES):
-            parent = getattr(parent, "_parent", None)
+        parent = enclosing_scope(node)
         chain = [i for i, is_class in self.scope_ids[1:-1] if not is_class]
         ids = [*chain, *[i for i, _ in self.scope_ids[-1:] if i != self.scope_ids[0][0]]]
         if parent is not None and parent is not self.tree:
@@ -325,8 +321,7 @@ class _Scanner:
     def visit_Attribute(self, node: ast.Attribute) -> None:
         self.ref(node.attr, node)
         base, attr = node.value, node.attr
-        made = isinstance(base, ast.Name) and self._fresh(base, self.made)
-        if attr in BINDERS or attr in self.unbound and not bound_use(node, self.mine[-1], made):
+        if attr in BINDERS or attr in self.unbound and not bound_use(node, *self._made(base)):
             self.add("unbound", f"{attr} not bound to an object the code made", node)
         if not isinstance(node.ctx, ast.Load):
             self._store(base, attr, node)
@@ -374,10 +369,14 @@ class _Scanner:
         ):
             self.add("attr-store", what, node)
 
+    def _made(self, base: ast.AST) -> tuple[str | None, bool]:
+        """The enclosing method's own ``self`` and whether ``base`` is a constructed local."""
+        if isinstance(base, ast.Name) and self.made is None:
+            self.made = fresh_locals(self.tree, instances=True)
+        return self.mine[-1], isinstance(base, ast.Name) and self._fresh(base, self.made)
+
     def _fresh(self, name: ast.Name, table: dict[int, set[str]] | None = None) -> bool:
-        parent = getattr(name, "_parent", None)
-        while parent is not None and not isinstance(parent, SCOPES):
-            parent = getattr(parent, "_parent", None)
+        parent = enclosing_scope(name)
         table = self.fresh if table is None else table
         return parent is not None and name.id in table.get(id(parent), ())
 

@@ -79,6 +79,14 @@ def format_fields(text: str) -> list[str]:
 SCOPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda, ast.Module)
 
 
+def enclosing_scope(node: ast.AST) -> ast.AST | None:
+    """The nearest function, class, lambda or module above ``node`` (by its ``_parent``)."""
+    parent = getattr(node, "_parent", None)
+    while parent is not None and not isinstance(parent, SCOPES):
+        parent = getattr(parent, "_parent", None)
+    return parent
+
+
 def bindings(tree: ast.AST) -> tuple[dict[int, set[str]], dict[int, set[str]], set[str]]:
     """Names bound in each scope (keyed by the id of its function, class, lambda or module;
     comprehensions count as their enclosing scope), the same without import bindings, and the

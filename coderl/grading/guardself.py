@@ -68,52 +68,52 @@ def _root(node: ast.AST) -> ast.AST:
     return node
 
 
-def _stores_through(fn: ast.AST, first: str, storing: set[str]) -> bool:
-    """Whether ``fn``'s body stores through its first argument ``first`` (see the module)."""
+def _through(fn: ast.AST, first: str) -> tuple[bool, set[str]]:
+    """Whether ``fn``'s body stores through its first argument ``first`` directly (see the
+    module), and the attributes it reads on ``first`` (candidates for a call of another storing
+    method through it)."""
+    reads: set[str] = set()
     for node in ast.walk(fn):
         if isinstance(node, (ast.Attribute, ast.Subscript)):
             root = _root(node)
             if not (isinstance(root, ast.Name) and root.id == first):
                 continue
             if not isinstance(node.ctx, ast.Load):
-                return True
-            if isinstance(node, ast.Attribute) and (
-                node.attr == "__dict__" or node.value is root and node.attr in storing
-            ):
-                return True
+                return True, reads
+            if isinstance(node, ast.Attribute) and node.attr == "__dict__":
+                return True, reads
+            if isinstance(node, ast.Attribute) and node.value is root:
+                reads.add(node.attr)
         elif isinstance(node, ast.Call):
             fn_name = getattr(node.func, "id", None) or getattr(node.func, "attr", "")
             if fn_name in _STORERS and any(
                 isinstance(a, ast.Name) and a.id == first for a in node.args
             ):
-                return True
-    return False
+                return True, reads
+    return False, reads
 
 
 def storing_methods(tree: ast.AST) -> tuple[frozenset[str], frozenset[str]]:
     """``(unbound, any)``: the names of the functions of a class body that store through their
     first argument and whose first argument a caller chooses (instance methods and
     ``__new__``), and the names of all that store through it, of any kind (a classmethod or a
-    property too: the bare name in the class body is the function). A method that calls such an
+    property too: the bare name in the class body is the function). A method that reads such an
     instance method through its own first argument stores through it too (to a fixed point)."""
-    methods: list[tuple[ast.AST, str, str]] = []
+    methods: list[tuple[str, str, bool, set[str]]] = []  # name, kind, stores directly, reads
     for cls in ast.walk(tree):
         if isinstance(cls, ast.ClassDef):
             for fn in cls.body:
                 kind = method_kind(fn, True)
                 first = _first(fn) if kind else None  # type: ignore[arg-type]
                 if kind and first:
-                    methods.append((fn, kind, first))
-    found: dict[str, str] = {}
+                    methods.append((fn.name, kind, *_through(fn, first)))  # type: ignore[attr-defined]
+    found = {name: kind for name, kind, direct, _ in methods if direct}
     changed = True
     while changed:
-        changed = False
         unbound = {n for n, k in found.items() if k in ("instance", "new")}
-        for fn, kind, first in methods:
-            name = fn.name  # type: ignore[attr-defined]
-            if name not in found and _stores_through(fn, first, unbound):
-                found[name] = kind
-                changed = True
+        grown = {n: k for n, k, _, reads in methods if n not in found and reads & unbound}
+        found.update(grown)
+        changed = bool(grown)
     unbound = {n for n, k in found.items() if k in ("instance", "new")}
     return frozenset(unbound), frozenset(found)
 
