@@ -239,6 +239,27 @@ DENIED = {
         ),
         "attrgetter": _PUT + "operator.attrgetter('put')(C)(json.JSONEncoder, 1)\n",
         "methodcaller": _PUT + "operator.methodcaller('put', json.JSONEncoder, 1)(C)\n",
+        # a Python function of another package's class, called with a chosen ``self``
+        "library_init": (
+            "import argparse, json\nargparse.Namespace.__init__(json.JSONEncoder, encode=print)\n"
+        ),
+        "library_from_import": (
+            "import json\nfrom string import Template\nTemplate.__init__(json.JSONEncoder, '')\n"
+        ),
+        "library_alias": "import json\nE = json.JSONEncoder\nE.__init__(json.JSONDecoder)\n",
+        "library_getattr": (
+            "import json\ngetattr(json.JSONEncoder, '__init__')(json.JSONDecoder)\n"
+        ),
+        "library_partial": (
+            "import functools, json\n"
+            "functools.partial(json.JSONEncoder.__init__, json.JSONDecoder)()\n"
+        ),
+        "type_of_library_object": "import json\ntype(json.JSONEncoder()).__init__(json.JSONDecoder)\n",
+        "class_of_parameter": "def f(o, k):\n    o.__class__.__init__(k)\n",
+        "dataclass_init": (
+            "import dataclasses, json\n@dataclasses.dataclass\nclass P:\n    encode: object = None\n"
+            "P.__init__(json.JSONEncoder, print)\n"
+        ),
         "random_random": (
             "import random\nclass C:\n    def put(self, f):\n        self.randrange = f\n"
             "C.put(random.Random, max)\n"
@@ -317,6 +338,15 @@ HONEST = {
         "class B:\n    def __init__(self):\n        self.x = 1\n"
         "class D(B):\n    def __init__(self):\n        super(D, self).__init__()\n"
     ),
+    "library_method_with_self": (
+        "import json\nclass E(json.JSONEncoder):\n    def default(self, o):\n"
+        "        return json.JSONEncoder.default(self, o)\n"
+    ),
+    "library_classmethods": (
+        "import fractions\nfrom collections import OrderedDict\n"
+        "d = OrderedDict.fromkeys('ab')\nf = fractions.Fraction.from_float(0.5)\n"
+    ),
+    "library_functions": "import json, os\ns = json.dumps([os.path.join('a', 'b')])\n",
     "classmethod_store_called_on_the_class": (
         "class C:\n    @classmethod\n    def make(cls):\n        cls.n = 1\n        return cls()\n"
         "C.make()\n"

@@ -81,6 +81,8 @@ from coderl.grading.guardself import (
     BINDERS,
     bound_use,
     in_class_body,
+    library_function,
+    library_use,
     method_kind,
     storing_methods,
 )
@@ -299,8 +301,9 @@ class _Scanner:
         if (allowed is not None and attr not in allowed) or attr in denied:
             self.add("module-attr", f"{module}.{attr}", node)
 
-    def _dotted(self, node: ast.AST) -> str | None:
-        """``pkg.sub.name`` when ``node`` is an attribute chain on an imported module."""
+    def _dotted(self, node: ast.AST, ours: bool = True) -> str | None:
+        """``pkg.sub.name`` when ``node`` is an attribute chain on an imported module (not one
+        of the file's own package unless ``ours``)."""
         attrs: list[str] = []
         while isinstance(node, ast.Attribute):
             attrs.append(node.attr)
@@ -308,7 +311,9 @@ class _Scanner:
         if not isinstance(node, ast.Name) or self._local(node.id, node):
             return None
         base = self.imported.get(node.id)
-        return ".".join([base, *reversed(attrs)]) if base else None
+        if not base or not ours and self._ours(base):
+            return None
+        return ".".join([base, *reversed(attrs)])
 
     def _own_dict(self, node: ast.Attribute) -> bool:
         """``self.__dict__`` on the enclosing method's first argument, never rebound there."""
@@ -323,6 +328,9 @@ class _Scanner:
         base, attr = node.value, node.attr
         if attr in BINDERS or attr in self.unbound and not bound_use(node, *self._made(base)):
             self.add("unbound", f"{attr} not bound to an object the code made", node)
+        elif library_use(node, self._dotted(node, False), self.aliases):
+            if not bound_use(node, self.mine[-1], False):
+                self.add("unbound", f"{attr} of another package's class, unbound", node)
         if not isinstance(node.ctx, ast.Load):
             self._store(base, attr, node)
         own = isinstance(base, ast.Name) and self._local(base.id, base)
@@ -472,7 +480,12 @@ class _Scanner:
             else:
                 for part in arg.value.split("."):
                     self.ref(part, node)  # ``getattr(o, "helper")`` uses ``helper``
-                    if part in self.unbound | BINDERS:
+                    dotted = self._dotted(node.args[0], False) if node.args else None
+                    if (
+                        part in self.unbound | BINDERS
+                        or dotted
+                        and library_function(f"{dotted}.{part}")
+                    ):
                         self.add("unbound", f"{name} {part}", node)
 
     def visit_MatchClass(self, node: ast.MatchClass) -> None:

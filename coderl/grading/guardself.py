@@ -29,8 +29,13 @@ argument by a call (``self.data.update(d)``).
 from __future__ import annotations
 
 import ast
+import functools
+import importlib
+import inspect
+import types
 
 from coderl.grading.guardast import method_decorator
+from coderl.grading.guardlists import SAFE_MODULES
 from coderl.grading.pyparse import parse_python
 
 BINDERS = frozenset({"__get__", "__set__", "__delete__", "fget", "fset", "fdel"})
@@ -108,6 +113,8 @@ def storing_methods(tree: ast.AST) -> tuple[frozenset[str], frozenset[str]]:
                 if kind and first:
                     methods.append((fn.name, kind, *_through(fn, first)))  # type: ignore[attr-defined]
     found = {name: kind for name, kind, direct, _ in methods if direct}
+    if any(isinstance(c, ast.ClassDef) and c.decorator_list for c in ast.walk(tree)):
+        found["__init__"] = "instance"  # ``@dataclass`` writes one that stores every field
     changed = True
     while changed:
         unbound = {n for n, k in found.items() if k in ("instance", "new")}
@@ -173,3 +180,45 @@ def unbound_methods(source: bytes | None) -> frozenset[str]:
         return storing_methods(parse_python(source))[0] if source else frozenset()
     except (SyntaxError, ValueError, RecursionError, MemoryError):
         return frozenset()
+
+
+DATA_DUNDERS = frozenset({"__name__", "__qualname__", "__module__", "__doc__"})
+"""Attributes of a class that are no function: reading them through ``type(x)`` binds nothing."""
+
+
+@functools.lru_cache(maxsize=4096)
+def library_function(dotted: str) -> bool:
+    """Whether ``dotted`` (``json.JSONEncoder.__init__``) is a Python function found on a class
+    of another package: called with a first argument the caller chooses, it stores wherever its
+    body stores on ``self`` (``argparse.Namespace.__init__(json.JSONEncoder, encode=f)``). A
+    class of a reviewed module (``SAFE_MODULES``) is looked up on the host's standard library
+    (Python 3.11; C methods check their ``self``, classmethods bind their class); a CapWords
+    object of any other module is assumed to be a class with such functions (fail closed)."""
+    parts = dotted.split(".")
+    cut = next((i for i in range(len(parts) - 1, 0, -1) if ".".join(parts[:i]) in SAFE_MODULES), 0)
+    unknown = len(parts) > 2 and parts[-2][:1].isupper()
+    if not cut:
+        return unknown
+    try:
+        obj: object = importlib.import_module(".".join(parts[:cut]))
+        for part in parts[cut:-1]:
+            obj = getattr(obj, part)
+    except (ImportError, AttributeError):
+        return unknown
+    found = inspect.getattr_static(obj, parts[-1], None) if isinstance(obj, type) else None
+    return isinstance(found, types.FunctionType)
+
+
+def library_use(node: ast.Attribute, dotted: str | None, aliases: set[str]) -> bool:
+    """Whether ``node`` reads a function of another package's class, unbound: a
+    :func:`library_function` by its dotted name (``dotted``: ``None`` where ``node`` is no
+    attribute chain on an import, or one on the file's own package), or any attribute but a
+    :data:`DATA_DUNDERS` of ``type(...)`` or ``x.__class__``, or any attribute read on a name
+    that aliases another package's object (``E = json.JSONEncoder``; ``aliases``)."""
+    base = node.value
+    if isinstance(base, ast.Name) and base.id in aliases:
+        return isinstance(node.ctx, ast.Load)
+    typed = isinstance(base, ast.Call) and getattr(base.func, "id", "") == "type"
+    if typed or isinstance(base, ast.Attribute) and base.attr == "__class__":
+        return node.attr not in DATA_DUNDERS
+    return dotted is not None and library_function(dotted)
