@@ -7,9 +7,8 @@ library can, in principle, reach whatever in that process reports a test's outco
 finding denies the reward (``GradeResult.denied``: scored 0, failure kind ``agent``, counted,
 kept for audit). It reports only what the diff *adds* beyond the base.
 
-Policy: an allowlist that fails closed (the reviewed lists and why each entry is there:
-:mod:`coderl.grading.guardlists`; the AST pre-passes and predicates: :mod:`.guardast`; the
-measured false positives and the residual risk: ``docs/tasks-and-grading.md``):
+Policy: an allowlist that fails closed (why each entry is there: :mod:`.guardlists`; the AST
+pre-passes: :mod:`.guardast`; false positives and residual risk: ``docs/tasks-and-grading.md``):
 
 - imports: a module the changed file already imports, one of its own package, or one of
   ``SAFE_MODULES``; process internals, text evaluators and underscore modules are findings;
@@ -23,9 +22,8 @@ measured false positives and the residual risk: ``docs/tasks-and-grading.md``):
   method that stores through its ``self`` reached only bound to one (:mod:`.guardself`);
 - a *helper* of the changed file whose body holds a finding, used by name beyond the base.
 
-Findings are counted per rule, name and scope (enclosing functions and classes); the base and
-the released file each allow what they have in a scope (:func:`added_findings`), and an import
-the file already has anywhere.
+Findings are counted per rule, name and scope; the base and the released file each allow what
+they have in a scope (:func:`added_findings`), and an import the file already has anywhere.
 """
 
 from __future__ import annotations
@@ -34,6 +32,7 @@ import ast
 from collections import Counter
 from dataclasses import dataclass
 
+from coderl.grading import guardself  # rule ``unbound``
 from coderl.grading.guardast import (
     CO_ATTR,
     assigned_names,
@@ -77,15 +76,6 @@ from coderl.grading.guardlists import (  # the reviewed lists
     SUBMODULES,
     WRAPPER_CALLS,
 )
-from coderl.grading.guardself import (
-    BINDERS,
-    bound_use,
-    in_class_body,
-    library_function,
-    library_use,
-    method_kind,
-    storing_methods,
-)
 from coderl.grading.pyparse import parse_python
 
 
@@ -98,9 +88,8 @@ class Finding:
     line: int
     """Line in the changed file (0 for whole-file findings)."""
     rule: str
-    """Which rule: ``import``, ``attr``, ``module-attr``, ``module-value``, ``call``,
-    ``dynamic-attr``, ``file-io``, ``fd-open``, ``string``, ``helper``, ``unbound``, ``size``,
-    ``symlink`` or ``unscannable`` (the host could not read it within bounds: fail closed)."""
+    """Which rule (``import``, ``attr-store``, ``unbound``, ``helper``...: each ``add`` below;
+    ``unscannable``: the host could not read the file within bounds, so it fails closed)."""
     what: str
     """The offending name or text (at most 80 characters)."""
     scope: str = ""
@@ -145,7 +134,7 @@ class _Scanner:
         self.scope_ids: list[tuple[int, bool]] = [(id(tree), False)]  # (scope, is a class)
         self.own: list[str | None] = []  # each enclosing function's unassigned first argument
         self.mine: list[str | None] = [None]  # the same, of an instance method or property only
-        self.unbound, self.storing = storing_methods(tree)  # rule ``unbound`` (guardself)
+        self.unbound, self.storing = guardself.storing_methods(tree)  # rule ``unbound`` (guardself)
         self.unbound |= shared
         self.made: dict[int, set[str]] | None = None  # constructed locals, when first needed
 
@@ -201,7 +190,7 @@ class _Scanner:
 
     def visit_FunctionDef(self, node: ast.FunctionDef | ast.AsyncFunctionDef) -> None:
         args = [*node.args.posonlyargs, *node.args.args]
-        kind = method_kind(node, self.scope_ids[-1][1])
+        kind = guardself.method_kind(node, self.scope_ids[-1][1])
         # only a method's ``self``/``cls`` is the object the call is about
         first = args[0].arg if args and kind else None
         rebound = any(
@@ -326,11 +315,7 @@ class _Scanner:
     def visit_Attribute(self, node: ast.Attribute) -> None:
         self.ref(node.attr, node)
         base, attr = node.value, node.attr
-        if attr in BINDERS or attr in self.unbound and not bound_use(node, *self._made(base)):
-            self.add("unbound", f"{attr} not bound to an object the code made", node)
-        elif library_use(node, self._dotted(node, False), self.aliases):
-            if not bound_use(node, self.mine[-1], False):
-                self.add("unbound", f"{attr} of another package's class, unbound", node)
+        self._unbound(node)
         if not isinstance(node.ctx, ast.Load):
             self._store(base, attr, node)
         own = isinstance(base, ast.Name) and self._local(base.id, base)
@@ -377,13 +362,20 @@ class _Scanner:
         ):
             self.add("attr-store", what, node)
 
-    def _made(self, base: ast.AST) -> tuple[str | None, bool]:
-        """The enclosing method's own ``self`` and whether ``base`` is a constructed local."""
-        if isinstance(base, ast.Name) and self.made is None:
-            self.made = fresh_locals(self.tree, instances=True)
-        return self.mine[-1], isinstance(base, ast.Name) and self._fresh(base, self.made)
+    def _unbound(self, node: ast.Attribute) -> None:
+        """Rule ``unbound`` (:func:`.guardself.unbound_what`) for ``x.attr``."""
+        if node.attr in self.unbound and isinstance(node.value, ast.Name) and self.made is None:
+            self.made = fresh_locals(self.tree, instances=True)  # constructed locals
+        made = node.attr in self.unbound and self._fresh(node.value, self.made)
+        dotted = self._dotted(node, False)
+        if what := guardself.unbound_what(
+            node, self.unbound, self.mine[-1], made, dotted, self.aliases
+        ):
+            self.add("unbound", what, node)
 
-    def _fresh(self, name: ast.Name, table: dict[int, set[str]] | None = None) -> bool:
+    def _fresh(self, name: ast.AST, table: dict[int, set[str]] | None = None) -> bool:
+        if not isinstance(name, ast.Name):
+            return False
         parent = enclosing_scope(name)
         table = self.fresh if table is None else table
         return parent is not None and name.id in table.get(id(parent), ())
@@ -412,7 +404,7 @@ class _Scanner:
         if isinstance(node.ctx, ast.Load):
             self.ref(node.id, node)
             self._builtin(node)
-            if node.id in self.storing and in_class_body(node):
+            if node.id in self.storing and guardself.in_class_body(node):
                 self.add("unbound", f"{node.id} in its class body", node)  # ``alias = put``
         if node.id in ("__builtins__", "__import__", "__loader__", "__spec__"):
             self.add("attr", node.id, node)
@@ -480,12 +472,9 @@ class _Scanner:
             else:
                 for part in arg.value.split("."):
                     self.ref(part, node)  # ``getattr(o, "helper")`` uses ``helper``
-                    dotted = self._dotted(node.args[0], False) if node.args else None
-                    if (
-                        part in self.unbound | BINDERS
-                        or dotted
-                        and library_function(f"{dotted}.{part}")
-                    ):
+                    owner = self._dotted(node.args[0], False) if node.args else None
+                    library = owner is not None and guardself.library_function(f"{owner}.{part}")
+                    if part in self.unbound | guardself.BINDERS or library:
                         self.add("unbound", f"{name} {part}", node)
 
     def visit_MatchClass(self, node: ast.MatchClass) -> None:

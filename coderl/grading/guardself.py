@@ -20,10 +20,18 @@ Any other reference is a finding (``C.m``, ``getattr(C, 'm')``, ``attrgetter('m'
 parameter, the bare name in the class body: ``alias = m``, ``staticmethod(m)``), and so is any
 explicit use of the descriptor binders (``__get__``, ``__set__``, ``__delete__``) or of a
 property's functions (``fget``, ``fset``, ``fdel``), which bind a function to an object chosen
-at run time. Names count across the changed files of one diff (``shared``). Not covered:
-such a method defined in a file of the package the diff does not change (residual risk,
-``docs/tasks-and-grading.md``), and a method that mutates an object it reads from its first
-argument by a call (``self.data.update(d)``).
+at run time. Names count across the changed files of one diff (``shared``); a decorated
+class's ``__init__`` counts (``@dataclass`` generates one that stores every field).
+
+Other packages' classes (:func:`library_use`): a Python function of a library class
+(``argparse.Namespace.__init__(json.JSONEncoder, encode=f)``), an attribute of ``type(x)`` or
+``x.__class__``, or of a name aliasing another package's object, is reached only as
+``K.m(self, ...)`` with the method's own first argument.
+
+Not covered (residual risk, ``docs/tasks-and-grading.md``): a storing method defined in a
+file of the package the diff does not change, a method that mutates an object it reads from
+its first argument by a call (``self.data.update(d)``), and a standard library that differs
+from the host's (library classes are looked up on the host's Python).
 """
 
 from __future__ import annotations
@@ -216,9 +224,27 @@ def library_use(node: ast.Attribute, dotted: str | None, aliases: set[str]) -> b
     :data:`DATA_DUNDERS` of ``type(...)`` or ``x.__class__``, or any attribute read on a name
     that aliases another package's object (``E = json.JSONEncoder``; ``aliases``)."""
     base = node.value
-    if isinstance(base, ast.Name) and base.id in aliases:
-        return isinstance(node.ctx, ast.Load)
+    aliased = isinstance(base, ast.Name) and base.id in aliases
     typed = isinstance(base, ast.Call) and getattr(base.func, "id", "") == "type"
-    if typed or isinstance(base, ast.Attribute) and base.attr == "__class__":
-        return node.attr not in DATA_DUNDERS
+    if aliased or typed or isinstance(base, ast.Attribute) and base.attr == "__class__":
+        return isinstance(node.ctx, ast.Load) and node.attr not in DATA_DUNDERS
     return dotted is not None and library_function(dotted)
+
+
+def unbound_what(
+    node: ast.Attribute,
+    storing: frozenset[str],
+    own: str | None,
+    made: bool,
+    dotted: str | None,
+    aliases: set[str],
+) -> str | None:
+    """The finding's text when ``node`` (``x.attr``) reaches a storing method (``storing``), a
+    binder or a library class's function other than bound to an object the code made (see
+    :func:`bound_use` for ``own`` and ``made``, :func:`library_use` for ``dotted`` and
+    ``aliases``); ``None`` when it does not."""
+    if node.attr in BINDERS or node.attr in storing and not bound_use(node, own, made):
+        return f"{node.attr} not bound to an object the code made"
+    if library_use(node, dotted, aliases) and not bound_use(node, own, False):
+        return f"{node.attr} of another package's class, unbound"
+    return None
