@@ -125,7 +125,7 @@ class _Scanner:
         # names of other code's objects (patchable): imported, and aliases of those
         self.foreign, self.aliases = foreign_names(tree, first)
         self.bound, self.plain, self.literal_names = bindings(tree)
-        self.fresh = fresh_locals(tree)
+        self.fresh, self.made = fresh_locals(tree)  # made: instances only (rule ``unbound``)
         self.flows: set[str] = set()  # names assigned, outside functions, a value with a finding
         self.from_own: list[tuple[str, str, int, str]] = []  # (module, name, line, scope)
         self.alias_of: dict[str, str] = {}  # ``from <own> import name as alias``: alias -> name
@@ -136,7 +136,6 @@ class _Scanner:
         self.mine: list[str | None] = [None]  # the same, of an instance method or property only
         self.unbound, self.storing = guardself.storing_methods(tree)  # rule ``unbound`` (guardself)
         self.unbound |= shared
-        self.made: dict[int, set[str]] | None = None  # constructed locals, when first needed
 
     def add(self, rule: str, what: str, node: ast.AST) -> None:
         self.found.append((rule, what[:80], getattr(node, "lineno", 0), ".".join(self.scope)))
@@ -364,8 +363,6 @@ class _Scanner:
 
     def _unbound(self, node: ast.Attribute) -> None:
         """Rule ``unbound`` (:func:`.guardself.unbound_what`) for ``x.attr``."""
-        if node.attr in self.unbound and isinstance(node.value, ast.Name) and self.made is None:
-            self.made = fresh_locals(self.tree, instances=True)  # constructed locals
         made = node.attr in self.unbound and self._fresh(node.value, self.made)
         dotted = self._dotted(node, False)
         if what := guardself.unbound_what(

@@ -177,13 +177,13 @@ def _constructor(value: ast.AST, defs: set[str], odd: set[str]) -> bool:
     return name[:1].isupper() and name not in defs and name not in odd
 
 
-def fresh_locals(tree: ast.AST, instances: bool = False) -> dict[int, set[str]]:
+def fresh_locals(tree: ast.AST) -> tuple[dict[int, set[str]], dict[int, set[str]]]:
     """Per scope id (as :func:`bindings`), the names whose every binding there is a ``def``,
     a ``class`` or a plain ``name = <literal or constructor call>`` (:func:`_constructor`):
     storing an attribute on one changes only an object the scope made. Parameters, imports,
-    loop, ``with`` and walrus targets, unpacking and ``global`` names are never fresh; with
-    ``instances``, nor are ``def`` and ``class`` names (a class's attribute is its unbound
-    function)."""
+    loop, ``with`` and walrus targets, unpacking and ``global`` names are never fresh. Second,
+    the same without ``def`` and ``class`` names (*instances*: a class's attribute is its
+    unbound function)."""
     defs = {
         n.name for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
     }
@@ -194,6 +194,7 @@ def fresh_locals(tree: ast.AST, instances: bool = False) -> dict[int, set[str]]:
         and (n.keywords or any(isinstance(b, _DEFS) and b.name == "__new__" for b in n.body))
     }
     ok: dict[int, dict[str, bool]] = {}
+    defined: set[tuple[int, str]] = set()  # (scope, name) bound by ``def`` or ``class``
     stack: list[tuple[ast.AST, int]] = [(tree, id(tree))]
     while stack:
         node, scope = stack.pop()
@@ -201,7 +202,8 @@ def fresh_locals(tree: ast.AST, instances: bool = False) -> dict[int, set[str]]:
         seen = ok.setdefault(scope, {})
         parent = getattr(node, "_parent", None)
         if isinstance(node, _DEFS):
-            seen[node.name] = seen.get(node.name, True) and not instances
+            seen[node.name] = seen.get(node.name, True)
+            defined.add((scope, node.name))
         elif isinstance(node, ast.Name) and not isinstance(node.ctx, ast.Load):
             plain = isinstance(parent, (ast.Assign, ast.AnnAssign)) and node in (
                 parent.targets if isinstance(parent, ast.Assign) else [parent.target]
@@ -217,7 +219,11 @@ def fresh_locals(tree: ast.AST, instances: bool = False) -> dict[int, set[str]]:
                 seen[name] = False
         for child in ast.iter_child_nodes(node):
             stack.append((child, inner))
-    return {scope: {n for n, good in names.items() if good} for scope, names in ok.items()}
+    fresh = {scope: {n for n, good in names.items() if good} for scope, names in ok.items()}
+    made = {
+        scope: {n for n in names if (scope, n) not in defined} for scope, names in fresh.items()
+    }
+    return fresh, made
 
 
 def assigned_names(node: ast.AST) -> set[str]:

@@ -113,16 +113,18 @@ def storing_methods(tree: ast.AST) -> tuple[frozenset[str], frozenset[str]]:
     property too: the bare name in the class body is the function). A method that reads such an
     instance method through its own first argument stores through it too (to a fixed point)."""
     methods: list[tuple[str, str, bool, set[str]]] = []  # name, kind, stores directly, reads
+    decorated = False  # ``@dataclass`` writes an ``__init__`` that stores every field
     for cls in ast.walk(tree):
         if isinstance(cls, ast.ClassDef):
+            decorated = decorated or bool(cls.decorator_list)
             for fn in cls.body:
                 kind = method_kind(fn, True)
                 first = _first(fn) if kind else None  # type: ignore[arg-type]
                 if kind and first:
                     methods.append((fn.name, kind, *_through(fn, first)))  # type: ignore[attr-defined]
     found = {name: kind for name, kind, direct, _ in methods if direct}
-    if any(isinstance(c, ast.ClassDef) and c.decorator_list for c in ast.walk(tree)):
-        found["__init__"] = "instance"  # ``@dataclass`` writes one that stores every field
+    if decorated:
+        found["__init__"] = "instance"
     changed = True
     while changed:
         unbound = {n for n, k in found.items() if k in ("instance", "new")}
