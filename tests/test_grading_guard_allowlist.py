@@ -548,3 +548,19 @@ def test_a_module_attribute_of_the_own_module_is_still_a_use():
     """``import six as m; m.load`` was already a helper use; it stays one."""
     found = added_findings(SIX, SIX + b"\nimport six as m\nm.load('x')\n", "six.py", SIX)
     assert "helper" in {f.rule for f in found}, found
+
+
+def test_the_guard_child_shares_storing_methods_across_the_changed_files(tmp_path):
+    """``guardproc`` names a storing method of one changed file in all of them."""
+    from coderl.grading.guardproc import scan_change
+
+    base, tree = tmp_path / "base", tmp_path / "tree"
+    for root in (base, tree):
+        (root / "pkg").mkdir(parents=True)
+        (root / "pkg" / "__init__.py").write_text("")
+    (tree / "pkg" / "a.py").write_text("class C:\n    def put(self, f):\n        self.encode = f\n")
+    (tree / "pkg" / "b.py").write_text(
+        "import json\nfrom .a import C\n\nC.put(json.JSONEncoder, 1)\n"
+    )
+    found = scan_change(base, tree, ["pkg/a.py", "pkg/b.py"])
+    assert [(f.path, f.rule) for f in found] == [("pkg/b.py", "unbound")], found
