@@ -503,3 +503,50 @@ def test_a_helper_import_or_an_expression_store_is_denied(env, task, route):
     assert result.denied and not result.resolved, (route, result.reason)
     rules = {"helper_import": "helper", "store_through_expression": "attr-store"}
     assert any(rules[route] in f for f in result.denied), result.denied
+
+
+# --- issue 47 round 5: the first run's canary placement and random.Random ---------------------
+# The plugin drew canary positions with random.Random, whose methods are Python code the tested
+# process can replace (with the guard on, through a method called unbound: rule ``unbound``).
+# Simulated with the guard off: a correct fix that also patches random.Random at import.
+PATCH_RANDOM = """
+import random as _random
+
+_random.Random.randrange = lambda self, *a, **k: 10**6
+_random.Random._randbelow = lambda self, *a, **k: 10**6
+"""
+
+
+def test_a_patched_random_method_does_not_change_the_outcome(env, task):
+    original = (Path(env.snapshot) / task.extra["file"]).read_text()
+    diff = episode(env, task, lambda sb: sb.write_text(task.extra["file"], original + PATCH_RANDOM))
+    result = grade(task, diff, env=env, guard=False)
+    # before the placement came from the observer's bytes, the plugin's hook raised on the
+    # patched draw (a canary's module out of range) and the correct fix was unresolved
+    assert result.resolved, result.reason
+    assert grade(task, diff, env=env).resolved is False  # with the guard on: ``module-store``
+
+
+# The same patch with the guard on, through the allowance for a store on a method's own
+# ``self``: the method called unbound with random.Random bound to ``self`` (rule ``unbound``).
+PATCH_RANDOM_UNBOUND = """
+import random as _random
+
+
+class _Holder:
+    def put(self, f):
+        self.randrange = f
+
+
+_Holder.put(_random.Random, lambda self, *a, **k: 10**6)
+"""
+
+
+def test_a_method_called_unbound_on_a_library_class_is_denied(env, task):
+    original = (Path(env.snapshot) / task.extra["file"]).read_text()
+    diff = episode(
+        env, task, lambda sb: sb.write_text(task.extra["file"], original + PATCH_RANDOM_UNBOUND)
+    )
+    result = grade(task, diff, env=env)
+    assert result.denied and not result.resolved, result.reason
+    assert any("unbound" in f for f in result.denied), result.denied

@@ -2,78 +2,66 @@
 
 Repository tests run in the same process as the code under test, so a few lines of Python in a
 library can, in principle, reach whatever in that process reports a test's outcome (see
-``coderl.grading.runner``: the verdict's key and channel now live in an observer process, but the
-worker that reports events is still the tested code's process). A bug fix has no business
-reaching into the interpreter, so ``guardproc.scan_change`` reads the graded tree on the host, before
-any of it runs, and every finding denies the reward (``GradeResult.denied``: scored 0, failure
-kind ``agent``, counted, kept for audit). It compares each changed file with the base and
-reports only what the diff *adds* (a library that already calls ``sys._getframe`` is not
-flagged; a diff that adds a second call is).
+``coderl.grading.runner``). A bug fix has no business reaching into the interpreter, so
+``guardproc.scan_change`` reads the graded tree on the host, before any of it runs, and every
+finding denies the reward (``GradeResult.denied``: scored 0, failure kind ``agent``, counted,
+kept for audit). It reports only what the diff *adds* beyond the base.
 
-Policy: an allowlist that fails closed for what a diff adds (the reviewed lists and why each
-entry is there: :mod:`coderl.grading.guardlists`; the AST pre-passes: :mod:`.guardast`; the
-measured false positives and the residual risk: ``docs/tasks-and-grading.md``):
+Policy: an allowlist that fails closed (why each entry is there: :mod:`.guardlists`; the AST
+pre-passes: :mod:`.guardast`; false positives and residual risk: ``docs/tasks-and-grading.md``):
 
-- imports: a module the changed file (as released, or as the task starts) already imports, a
-  module of the package itself (relative, or under the file's top-level package), or one on
-  the short reviewed list ``SAFE_MODULES``; anything else is ``import-not-allowed``. Process
-  internals and text evaluators (``BANNED_MODULES``) and every underscore-prefixed module not
-  of the package (the C twins ``_io``, ``_thread``, ``_operator``...) are ``import`` findings,
-  allowed only where the base or the released file has them in that scope;
-- members: ``sys``, ``os``, ``os.path`` and ``warnings`` by allowlist (``SYS_ALLOWED``,
-  ``OS_ALLOWED``...: nothing that tells a graded run from the agent's own, no environment, no
-  file-system probe), ``string.Formatter``, ``functools.singledispatch``, ``typing``'s
-  annotation evaluators, ``types``' code constructors and ``threading``'s hooks denied; a
-  private member (``_x``) or a standard-library module reached as an attribute of another
-  module; a ruled module used as a plain value (``m = sys``);
-- constructs: a dunder attribute, name or string token outside ``DUNDER_ALLOWED``; a builtin
-  outside ``BUILTINS_ALLOWED`` (``eval``, ``dir``, ``input``, ``open``, ``exit``...) where the
-  file does not bind the name; ``type`` with three arguments; a string literal that is a format
-  template with an attribute or index field (``"{0.x}"``, ``"{a[k]}"``); ``.format`` or
-  ``.format_map`` on anything but a string literal or a name bound only to string literals;
-  ``getattr``-family calls, ``attrgetter``, ``import_module`` without a literal, allowed name;
-  file I/O (``FILE_CALLS``) and file-system or environment probes (``FS_PROBES``) on any
-  object; frame, code and class-graph attributes (``BANNED_ATTRS``); string literals holding a
-  banned word or path; symbolic links; a *helper* of the changed file whose body holds a
-  finding, used by name beyond the base.
+- imports: a module the changed file already imports, one of its own package, or one of
+  ``SAFE_MODULES``; process internals, text evaluators and underscore modules are findings;
+- members of ``sys``, ``os``, ``os.path`` and ``warnings`` by allowlist, reviewed members of
+  allowed modules denied, private members and modules reached as another module's attribute;
+- constructs: dunders outside ``DUNDER_ALLOWED``, builtins outside ``BUILTINS_ALLOWED``, three-
+  argument ``type``, format templates that reach into their argument, ``getattr``-family calls
+  without a literal allowed name, file I/O and file-system or environment probes, frame, code
+  and class-graph attributes, banned words in strings, a new metaclass, symbolic links;
+- attribute stores only on a method's own ``self``/``cls`` or an object the scope made, and a
+  method that stores through its ``self`` reached only bound to one (:mod:`.guardself`);
+- a *helper* of the changed file whose body holds a finding, used by name beyond the base.
 
-Findings are counted per rule, name and scope (enclosing functions and classes); the base and
-the released file each allow what they have in a scope (:func:`added_findings`), and an import
-the file already has anywhere.
-
-Not covered (residual risk, stated in ``docs/tasks-and-grading.md``): code around an existing
-use rewritten in its own function; helpers with a finding in another file of the package; what
-a reviewed module or builtin does that the review missed; strings built at run time and handed
-to a facility that is allowed; and anything that needs no process internals at all.
+Findings are counted per rule, name and scope; the base and the released file each allow what
+they have in a scope (:func:`added_findings`), and an import the file already has anywhere.
 """
 
 from __future__ import annotations
 
 import ast
-import re
 from collections import Counter
 from dataclasses import dataclass
 
+from coderl.grading import guardself  # rule ``unbound``
 from coderl.grading.guardast import (
-    SCOPES,
+    CO_ATTR,
     assigned_names,
+    bad_dunder,
+    bad_name,
+    banned_module,
     bindings,
+    called,
     docstrings,
+    dunder,
+    enclosing_scope,
     first_party,
     foreign_names,
     format_fields,
     fresh_locals,
+    imports_module,
+    lazy_imports,
     module_defs,
-    own_module,
+    new_metaclass,
+    numeric,
+    private,
+    string_hits,
     top_name,
 )
 from coderl.grading.guardlists import (  # the reviewed lists
     BANNED_ATTRS,
     BANNED_CALLS,
-    BANNED_MODULES,
     BUILTIN_NAMES,
     BUILTINS_ALLOWED,
-    DUNDER_ALLOWED,
     DUNDER_STORE_DENIED,
     FD_OPEN_CALLS,
     FILE_CALLS,
@@ -82,19 +70,13 @@ from coderl.grading.guardlists import (  # the reviewed lists
     MEMBERS_DENIED,
     MODULE_ALIASES,
     NAME_ATTR_CALLS,
-    NUMERIC_CALLS,
     RULED_MODULES,
     SAFE_MODULES,
     STDLIB_NAMES,
-    STRING_PATHS,
-    STRING_WORDS,
     SUBMODULES,
     WRAPPER_CALLS,
 )
 from coderl.grading.pyparse import parse_python
-
-_CO_ATTR = re.compile(r"^co_[a-z]+$")
-_WORD = re.compile(r"[A-Za-z_][A-Za-z0-9_.]*")
 
 
 @dataclass(frozen=True)
@@ -106,9 +88,8 @@ class Finding:
     line: int
     """Line in the changed file (0 for whole-file findings)."""
     rule: str
-    """Which rule: ``import``, ``attr``, ``module-attr``, ``module-value``, ``call``,
-    ``dynamic-attr``, ``file-io``, ``fd-open``, ``string``, ``helper``, ``size``, ``symlink``
-    or ``unscannable`` (the host could not read it within bounds: fail closed)."""
+    """Which rule (``import``, ``attr-store``, ``unbound``, ``helper``...: each ``add`` below;
+    ``unscannable``: the host could not read the file within bounds, so it fails closed)."""
     what: str
     """The offending name or text (at most 80 characters)."""
     scope: str = ""
@@ -119,31 +100,6 @@ class Finding:
         return f"{self.path}:{self.line}: {self.rule} {self.what}"
 
 
-def _banned_module(name: str) -> bool:
-    return name in BANNED_MODULES or top_name(name) in BANNED_MODULES
-
-
-def _dunder(name: str) -> bool:
-    return len(name) > 4 and name.startswith("__") and name.endswith("__")
-
-
-def _bad_dunder(name: str) -> bool:
-    """A dunder name outside the reviewed ``DUNDER_ALLOWED``."""
-    return _dunder(name) and name[2:-2] not in DUNDER_ALLOWED
-
-
-def _private(name: str) -> bool:
-    return name.startswith("_") and not _dunder(name)
-
-
-def _string_hits(text: str) -> list[str]:
-    hits = [p for p in STRING_PATHS if p in text]
-    for word in _WORD.findall(text):
-        parts = {word, *word.split(".")}
-        hits += sorted(p for p in parts if p in STRING_WORDS or _CO_ATTR.match(p) or _bad_dunder(p))
-    return hits
-
-
 _EXIT = object()  # marks, on the walk's stack, the end of a scope's body
 
 
@@ -152,7 +108,12 @@ class _Scanner:
     stack (:meth:`run`): an AST of any depth is scanned, never a ``RecursionError`` on the host
     that would leave a file the sandbox compiles unread."""
 
-    def __init__(self, tree: ast.AST, first: frozenset[str] = frozenset()) -> None:
+    def __init__(
+        self,
+        tree: ast.AST,
+        first: frozenset[str] = frozenset(),
+        shared: frozenset[str] = frozenset(),
+    ) -> None:
         self.found: list[tuple[str, str, int, str]] = []
         self.refs: list[tuple[str, int, str]] = []  # (name, line, scope) of every name used
         self.modules: dict[str, str] = {}  # local name -> ruled module it is bound to
@@ -164,7 +125,7 @@ class _Scanner:
         # names of other code's objects (patchable): imported, and aliases of those
         self.foreign, self.aliases = foreign_names(tree, first)
         self.bound, self.plain, self.literal_names = bindings(tree)
-        self.fresh = fresh_locals(tree)
+        self.fresh, self.made = fresh_locals(tree)  # made: instances only (rule ``unbound``)
         self.flows: set[str] = set()  # names assigned, outside functions, a value with a finding
         self.from_own: list[tuple[str, str, int, str]] = []  # (module, name, line, scope)
         self.alias_of: dict[str, str] = {}  # ``from <own> import name as alias``: alias -> name
@@ -172,6 +133,9 @@ class _Scanner:
         self.tree = tree
         self.scope_ids: list[tuple[int, bool]] = [(id(tree), False)]  # (scope, is a class)
         self.own: list[str | None] = []  # each enclosing function's unassigned first argument
+        self.mine: list[str | None] = [None]  # the same, of an instance method or property only
+        self.unbound, self.storing = guardself.storing_methods(tree)  # rule ``unbound`` (guardself)
+        self.unbound |= shared
 
     def add(self, rule: str, what: str, node: ast.AST) -> None:
         self.found.append((rule, what[:80], getattr(node, "lineno", 0), ".".join(self.scope)))
@@ -187,6 +151,7 @@ class _Scanner:
             if node is _EXIT:
                 self.scope.pop()
                 self.own.pop()
+                self.mine.pop()
                 self.scope_ids.pop()
                 continue
             assert isinstance(node, ast.AST)
@@ -197,18 +162,17 @@ class _Scanner:
                 stack.append(_EXIT)
             stack.extend(reversed(list(ast.iter_child_nodes(node))))
 
-    def _scoped(self, node: ast.AST, own: str | None) -> None:
+    def _scoped(self, node: ast.AST, own: str | None, mine: str | None = None) -> None:
         """Open ``node``'s scope; :meth:`run` closes it after its children."""
         self.scope.append(getattr(node, "name", "?"))
         self.scope_ids.append((id(node), isinstance(node, ast.ClassDef)))
         self.own.append(own)
+        self.mine.append(mine)
 
     def _is_bound(self, name: str, node: ast.AST) -> bool:
         """Whether ``name`` is bound in an enclosing scope: the innermost (a lambda counts),
         then the enclosing functions and the module (a class body binds only for itself)."""
-        parent = getattr(node, "_parent", None)
-        while parent is not None and not isinstance(parent, SCOPES):
-            parent = getattr(parent, "_parent", None)
+        parent = enclosing_scope(node)
         chain = [i for i, is_class in self.scope_ids[:-1] if not is_class]
         ids = [*chain, self.scope_ids[-1][0], id(parent)]
         return any(name in self.bound.get(i, ()) for i in ids)
@@ -216,9 +180,7 @@ class _Scanner:
     def _local(self, name: str, node: ast.AST) -> bool:
         """Whether ``name`` is a local variable here (bound, not by an import, in an enclosing
         function, class body or lambda): a local ``copy`` is not the module ``copy``."""
-        parent = getattr(node, "_parent", None)
-        while parent is not None and not isinstance(parent, SCOPES):
-            parent = getattr(parent, "_parent", None)
+        parent = enclosing_scope(node)
         chain = [i for i, is_class in self.scope_ids[1:-1] if not is_class]
         ids = [*chain, *[i for i, _ in self.scope_ids[-1:] if i != self.scope_ids[0][0]]]
         if parent is not None and parent is not self.tree:
@@ -227,31 +189,22 @@ class _Scanner:
 
     def visit_FunctionDef(self, node: ast.FunctionDef | ast.AsyncFunctionDef) -> None:
         args = [*node.args.posonlyargs, *node.args.args]
-        first = args[0].arg if args else None
-        if not self.scope_ids[-1][1] or not all(map(_method_decorator, node.decorator_list)):
-            first = None  # only a method's ``self``/``cls`` is the object the call is about
+        kind = guardself.method_kind(node, self.scope_ids[-1][1])
+        # only a method's ``self``/``cls`` is the object the call is about
+        first = args[0].arg if args and kind else None
         rebound = any(
             isinstance(n, ast.Name) and n.id == first and not isinstance(n.ctx, ast.Load)
             for stmt in node.body
             for n in ast.walk(stmt)
         )
-        self._scoped(node, None if rebound else first)
+        own = None if rebound else first
+        self._scoped(node, own, own if kind in ("instance", "property") else None)
 
     visit_AsyncFunctionDef = visit_FunctionDef
 
     def visit_ClassDef(self, node: ast.ClassDef) -> None:
-        # a new metaclass writes the class namespace with keys built at run time (round-5 red
-        # team: `__annotations__` with a field name that `dataclasses` pastes into the code it
-        # execs); a bug fix does not define one
-        for kw in node.keywords:
-            if kw.arg == "metaclass":
-                self.add("metaclass", f"{node.name}(metaclass=...)", node)
-        for base in node.bases:
-            target = base.func if isinstance(base, ast.Call) else base
-            if (isinstance(target, ast.Name) and target.id == "type") or (
-                isinstance(target, ast.Attribute) and target.attr == "type"
-            ):
-                self.add("metaclass", f"{node.name}(type)", node)
+        for what in new_metaclass(node):
+            self.add("metaclass", what, node)
         self._scoped(node, None)
 
     def _ours(self, module: str) -> bool:
@@ -270,7 +223,7 @@ class _Scanner:
         self.import_names.add(module)
         if self._ours(module) or module == "__future__":
             return
-        if _banned_module(module) or any(p.startswith("_") for p in module.split(".")):
+        if banned_module(module) or any(p.startswith("_") for p in module.split(".")):
             self.add("import", module, node)
         elif module not in SAFE_MODULES:
             self.add("import-not-allowed", module, node)
@@ -300,12 +253,12 @@ class _Scanner:
         name, full = alias.name, f"{mod}.{alias.name}"
         if mod in RULED_MODULES:
             self._module_attr(mod, name, node)
-        if not mod and _banned_module(name):
+        if not mod and banned_module(name):
             self.add("import", name, node)
-        banned = _banned_module(name) or _banned_module(full)
-        if name in BANNED_ATTRS or _bad_dunder(name) or banned and mod != "__future__":
+        banned = banned_module(name) or banned_module(full)
+        if name in BANNED_ATTRS or bad_dunder(name) or banned and mod != "__future__":
             self.add("import", full, node)
-        if not self._ours(mod) and (_private(name) or self._foreign_module(name)):
+        if not self._ours(mod) and (private(name) or self._foreign_module(name)):
             self.add("module-attr", full, node)
         if name in NAME_ATTR_CALLS and alias.asname not in (None, name):
             self.add("dynamic-attr", f"{name} as {alias.asname}", node)
@@ -336,8 +289,9 @@ class _Scanner:
         if (allowed is not None and attr not in allowed) or attr in denied:
             self.add("module-attr", f"{module}.{attr}", node)
 
-    def _dotted(self, node: ast.AST) -> str | None:
-        """``pkg.sub.name`` when ``node`` is an attribute chain on an imported module."""
+    def _dotted(self, node: ast.AST, ours: bool = True) -> str | None:
+        """``pkg.sub.name`` when ``node`` is an attribute chain on an imported module (not one
+        of the file's own package unless ``ours``)."""
         attrs: list[str] = []
         while isinstance(node, ast.Attribute):
             attrs.append(node.attr)
@@ -345,7 +299,9 @@ class _Scanner:
         if not isinstance(node, ast.Name) or self._local(node.id, node):
             return None
         base = self.imported.get(node.id)
-        return ".".join([base, *reversed(attrs)]) if base else None
+        if not base or not ours and self._ours(base):
+            return None
+        return ".".join([base, *reversed(attrs)])
 
     def _own_dict(self, node: ast.Attribute) -> bool:
         """``self.__dict__`` on the enclosing method's first argument, never rebound there."""
@@ -358,6 +314,7 @@ class _Scanner:
     def visit_Attribute(self, node: ast.Attribute) -> None:
         self.ref(node.attr, node)
         base, attr = node.value, node.attr
+        self._unbound(node)
         if not isinstance(node.ctx, ast.Load):
             self._store(base, attr, node)
         own = isinstance(base, ast.Name) and self._local(base.id, base)
@@ -367,7 +324,7 @@ class _Scanner:
             self._module_attr(dotted, attr, node)  # ``os.path.exists``
         if isinstance(base, ast.Name) and base.id in self.is_module and not own:
             module = self.imported[base.id]
-            if not self._ours(module) and (_private(attr) or self._foreign_module(attr)):
+            if not self._ours(module) and (private(attr) or self._foreign_module(attr)):
                 self.add("module-attr", f"{module}.{attr}", node)
         self._submodule(base, attr, node)
         if not isinstance(node.ctx, ast.Load) and attr in DUNDER_STORE_DENIED:
@@ -376,18 +333,18 @@ class _Scanner:
             self.add("call", attr, node)  # ``enum.bltns.exec``: the builtin by another path
         if (
             (attr in BANNED_ATTRS and not self._own_dict(node))
-            or _CO_ATTR.match(attr)
+            or CO_ATTR.match(attr)
             or attr.lstrip("_") in MODULE_ALIASES
         ):
             self.add("attr", attr, node)
-        if _bad_dunder(attr):
+        if bad_dunder(attr):
             self.add("dunder", attr, node)
         if attr in FS_PROBES:
             self.add("fs-probe", attr, node)
         dotted = self._dotted(node)
-        if dotted and _banned_module(dotted) and not _banned_module(dotted.rsplit(".", 1)[0]):
+        if dotted and banned_module(dotted) and not banned_module(dotted.rsplit(".", 1)[0]):
             self.add("attr", dotted, node)  # ``logging.config``
-        if attr in NAME_ATTR_CALLS and not _called(node):
+        if attr in NAME_ATTR_CALLS and not called(node):
             self.add("dynamic-attr", f"{attr} as a value", node)
         if attr in ("format", "format_map") and not self._literal(base):
             self.add("format", f"{attr} on a template that is not a literal", node)
@@ -404,11 +361,21 @@ class _Scanner:
         ):
             self.add("attr-store", what, node)
 
-    def _fresh(self, name: ast.Name) -> bool:
-        parent = getattr(name, "_parent", None)
-        while parent is not None and not isinstance(parent, SCOPES):
-            parent = getattr(parent, "_parent", None)
-        return parent is not None and name.id in self.fresh.get(id(parent), ())
+    def _unbound(self, node: ast.Attribute) -> None:
+        """Rule ``unbound`` (:func:`.guardself.unbound_what`) for ``x.attr``."""
+        made = node.attr in self.unbound and self._fresh(node.value, self.made)
+        dotted = self._dotted(node, False)
+        if what := guardself.unbound_what(
+            node, self.unbound, self.mine[-1], made, dotted, self.aliases
+        ):
+            self.add("unbound", what, node)
+
+    def _fresh(self, name: ast.AST, table: dict[int, set[str]] | None = None) -> bool:
+        if not isinstance(name, ast.Name):
+            return False
+        parent = enclosing_scope(name)
+        table = self.fresh if table is None else table
+        return parent is not None and name.id in table.get(id(parent), ())
 
     def _foreign(self, node: ast.AST) -> bool:
         """Whether ``node`` is (an attribute chain on) a module, class or function the file
@@ -434,6 +401,8 @@ class _Scanner:
         if isinstance(node.ctx, ast.Load):
             self.ref(node.id, node)
             self._builtin(node)
+            if node.id in self.storing and guardself.in_class_body(node):
+                self.add("unbound", f"{node.id} in its class body", node)  # ``alias = put``
         if node.id in ("__builtins__", "__import__", "__loader__", "__spec__"):
             self.add("attr", node.id, node)
         parent = getattr(node, "_parent", None)
@@ -446,7 +415,7 @@ class _Scanner:
             self.add("module-value", node.id, node)  # ``wraps(typing)`` copies its namespace
         if not isinstance(node.ctx, ast.Load) and node.id in DUNDER_STORE_DENIED:
             self.add("dunder", f"{node.id} assigned", node)
-        if node.id in NAME_ATTR_CALLS | BANNED_CALLS and not _called(node):
+        if node.id in NAME_ATTR_CALLS | BANNED_CALLS and not called(node):
             self.add("dynamic-attr", f"{node.id} as a value", node)  # ``g = getattr``
 
     def _builtin(self, node: ast.Name) -> None:
@@ -454,7 +423,7 @@ class _Scanner:
         name = node.id
         if name in BUILTINS_ALLOWED or self._is_bound(name, node):
             return
-        if name in BUILTIN_NAMES or _dunder(name):
+        if name in BUILTIN_NAMES or dunder(name):
             self.add("builtin", name, node)
 
     def visit_Call(self, node: ast.Call) -> None:
@@ -475,14 +444,14 @@ class _Scanner:
         if name in FD_OPEN_CALLS:
             first = node.args[0] if node.args else None
             keys = {k.arg for k in node.keywords}
-            if (first is not None and _numeric(first)) or keys & {"closefd", "opener", "fd"}:
+            if (first is not None and numeric(first)) or keys & {"closefd", "opener", "fd"}:
                 self.add("fd-open", name, node)
         if name == "type" and isinstance(fn, ast.Name) and len(node.args) + len(node.keywords) > 1:
             self.add("call", "type(name, bases, namespace)", node)
         if name == "import_module":
             first = node.args[0] if node.args else None
             text = first.value if isinstance(first, ast.Constant) else None
-            if not isinstance(text, str) or _banned_module(text) or text.startswith("_"):
+            if not isinstance(text, str) or banned_module(text) or text.startswith("_"):
                 self.add("dynamic-attr", "import_module without a literal, allowed name", node)
 
     def _literal_attrs(self, name: str, node: ast.Call) -> None:
@@ -495,15 +464,19 @@ class _Scanner:
         for arg in args:
             if not (isinstance(arg, ast.Constant) and isinstance(arg.value, str)):
                 self.add("dynamic-attr", name, node)
-            elif any(_bad_name(p) for p in arg.value.split(".")):
+            elif any(bad_name(p) for p in arg.value.split(".")):
                 self.add("dynamic-attr", f"{name} {arg.value}", node)
             else:
                 for part in arg.value.split("."):
                     self.ref(part, node)  # ``getattr(o, "helper")`` uses ``helper``
+                    owner = self._dotted(node.args[0], False) if node.args else None
+                    library = owner is not None and guardself.library_function(f"{owner}.{part}")
+                    if part in self.unbound | guardself.BINDERS or library:
+                        self.add("unbound", f"{name} {part}", node)
 
     def visit_MatchClass(self, node: ast.MatchClass) -> None:
         for attr in node.kwd_attrs:  # ``case object(sys=s)`` reads an attribute by name
-            if _bad_name(attr):
+            if bad_name(attr):
                 self.add("dynamic-attr", f"match {attr}=", node)
 
     def visit_Constant(self, node: ast.Constant) -> None:
@@ -511,62 +484,19 @@ class _Scanner:
         if isinstance(value, bytes):
             value = value.decode("latin-1")
         if isinstance(value, str) and id(node) not in self.docstrings:
-            for hit in _string_hits(value):
+            for hit in string_hits(value):
                 self.add("string", hit, node)
             for field in format_fields(value):
                 self.add("format-field", field, node)
-
-
-def _bad_name(part: str) -> bool:
-    """An attribute name a literal ``getattr`` may not use."""
-    return (
-        part in BANNED_ATTRS
-        or bool(_CO_ATTR.match(part))
-        or _bad_dunder(part)
-        or part.lstrip("_") in MODULE_ALIASES
-        or part in FS_PROBES
-        or part in STDLIB_NAMES
-        and part not in SAFE_MODULES
-    )
-
-
-def _method_decorator(node: ast.AST) -> bool:
-    """A decorator that keeps a method's first argument the instance or class."""
-    if isinstance(node, ast.Name):
-        return node.id in ("classmethod", "property")
-    return isinstance(node, ast.Attribute) and node.attr in ("setter", "getter", "deleter")
-
-
-def _called(node: ast.AST) -> bool:
-    parent = getattr(node, "_parent", None)
-    return isinstance(parent, ast.Call) and parent.func is node
-
-
-def _numeric(node: ast.AST) -> bool:
-    """Whether ``node`` is visibly a number (so ``open(node)`` opens a descriptor): a numeric
-    literal, arithmetic on one, or a call that returns one (``int(...)``, ``x.fileno()``).
-    A plain name holding a number is not seen (residual risk). Walked without recursion."""
-    todo = [node]
-    while todo:
-        node = todo.pop()
-        if isinstance(node, ast.Constant) and isinstance(node.value, (int, float)):
-            return True  # bool is an int
-        if isinstance(node, ast.UnaryOp):
-            todo.append(node.operand)
-        elif isinstance(node, ast.BinOp):
-            todo += [node.left, node.right]
-        elif isinstance(node, ast.Call):
-            fn = node.func
-            if (fn.id if isinstance(fn, ast.Name) else getattr(fn, "attr", "")) in NUMERIC_CALLS:
-                return True
-    return False
 
 
 PYTHON_SUFFIXES = (".py", ".pyw")
 """Files the import system runs as Python source (``importlib.machinery.SOURCE_SUFFIXES``)."""
 
 
-def _scan(source: bytes | str, path: str = "") -> _Scanner | None:
+def _scan(
+    source: bytes | str, path: str = "", shared: frozenset[str] = frozenset()
+) -> _Scanner | None:
     try:
         tree = parse_python(source)
     except (SyntaxError, ValueError, RecursionError, MemoryError):
@@ -574,7 +504,7 @@ def _scan(source: bytes | str, path: str = "") -> _Scanner | None:
     for parent in ast.walk(tree):
         for child in ast.iter_child_nodes(parent):
             child._parent = parent  # type: ignore[attr-defined]
-    scanner = _Scanner(tree, first_party(path))
+    scanner = _Scanner(tree, first_party(path), shared)
     scanner.run(tree)
     return scanner
 
@@ -589,14 +519,14 @@ def scan_source(source: bytes | str, path: str = "<diff>") -> list[Finding] | No
 
 
 def _known(
-    source: bytes | None, path: str
+    source: bytes | None, path: str, shared: frozenset[str] = frozenset()
 ) -> tuple[Counter, Counter, set[str], set[str], set[str]]:
     """Counts of findings and of name uses per scope, the *tainted helpers* (the names of the
     functions and classes that hold a finding, a library's own ``sys.modules`` lookup, and the
     names a value with a finding is assigned to outside functions, six's
     ``get_function_globals = operator.attrgetter(_func_globals)``), the modules the file
     imports and the names its module body defines (:func:`module_defs`)."""
-    scanner = _scan(source, path) if source else None
+    scanner = _scan(source, path, shared) if source else None
     if scanner is None:
         return Counter(), Counter(), set(), set(), set()
     found = Counter((rule, what, scope) for rule, what, _, scope in scanner.found)
@@ -608,19 +538,16 @@ def _known(
         for r, _, _, scope in scanner.found
         if scope and r != "import-not-allowed"
     }
-    tainted = {name for name in helpers | scanner.flows if not _dunder(name)}
+    tainted = {name for name in helpers | scanner.flows if not dunder(name)}
     return found, refs, tainted, scanner.import_names, module_defs(scanner.tree)
 
 
-def _imported(module: str, known: set[str]) -> bool:
-    """Whether the file already imports ``module``, a package of it or a module under it."""
-    return any(
-        module == k or module.startswith(k + ".") or k.startswith(module + ".") for k in known
-    )
-
-
 def added_findings(
-    old: bytes | None, new: bytes, path: str, released: bytes | None = None
+    old: bytes | None,
+    new: bytes,
+    path: str,
+    released: bytes | None = None,
+    shared: frozenset[str] = frozenset(),
 ) -> list[Finding]:
     """The findings of ``new`` beyond those of ``old`` (counted per rule, name and scope, so
     moving a line within its function is not a finding, adding a second ``sys._getframe`` or
@@ -635,26 +562,29 @@ def added_findings(
     error, an AST deeper than the host's parser accepts, memory), is one finding (rule
     ``unscannable``): the sandbox's interpreter may compile what the host's cannot, so a file
     the guard cannot read never passes. Any other file that does not parse gives none: it is
-    not imported, and reading it as code needs a banned facility."""
-    scanner = _scan(new, path)
+    not imported, and reading it as code needs a banned facility. ``shared``: the methods of
+    the diff's other changed files that store through their ``self`` (:func:`unbound_methods`,
+    rule ``unbound``)."""
+    scanner = _scan(new, path, shared)
     if scanner is None:
         if path.endswith(PYTHON_SUFFIXES):
             return [Finding(path, 0, "unscannable", "the host cannot parse it as Python")]
         return []
-    old_found, old_refs, old_tainted, old_imports, old_defs = _known(old, path)
-    rel_found, rel_refs, rel_tainted, rel_imports, rel_defs = _known(released, path)
+    old_found, old_refs, old_tainted, old_imports, old_defs = _known(old, path, shared)
+    rel_found, rel_refs, rel_tainted, rel_imports, rel_defs = _known(released, path, shared)
     budget = old_found | rel_found  # per key, the larger count
     known = old_imports | rel_imports
     out: list[Finding] = []
     for rule, what, line, scope in scanner.found:
-        if rule == "import-not-allowed" and _imported(what, known):
+        if rule == "import-not-allowed" and imports_module(what, known):
             continue  # a module the file already imports, anywhere in it
         if budget[(rule, what, scope)] > 0:
             budget[(rule, what, scope)] -= 1
         else:
             out.append(Finding(path, line, rule, what, scope))
     tainted, uses = old_tainted | rel_tainted, old_refs | rel_refs
-    out += _lazy_imports(scanner, path, (old_defs | rel_defs) - tainted)
+    lazy = lazy_imports(scanner.from_own, path, (old_defs | rel_defs) - tainted)
+    out += [Finding(path, line, "lazy-import", what, scope) for line, what, scope in lazy]
     for name, line, scope in scanner.refs:
         if scanner.alias_of.get(name) in tainted:
             out.append(Finding(path, line, "helper", f"{name} ({scanner.alias_of[name]})", scope))
@@ -664,19 +594,4 @@ def added_findings(
             uses[(name, scope)] -= 1
         else:
             out.append(Finding(path, line, "helper", name, scope))
-    return out
-
-
-def _lazy_imports(scanner: _Scanner, path: str, defs: set[str]) -> list[Finding]:
-    """``from <this module> import name`` for a name its source does not define untainted
-    (:func:`module_defs`), and ``from <this module>.sub import name`` where this file is a
-    plain module (no package, so ``sub`` is an object it builds at run time: six's lazy
-    ``moves`` hand out ``subprocess.getoutput``, ``input``, ``reload``): rule ``lazy-import``.
-    Other modules of a package are not read here (residual risk)."""
-    own = own_module(path)
-    plain = bool(own) and not path.endswith("__init__.py")
-    out: list[Finding] = []
-    for module, name, line, scope in scanner.from_own:
-        if module == own and name not in defs or plain and module.startswith(own + "."):
-            out.append(Finding(path, line, "lazy-import", f"{module}.{name}", scope))
     return out

@@ -1,14 +1,31 @@
 """Pre-passes of the reward-denying detector (:mod:`coderl.grading.diffguard`) over one AST:
 which names each scope binds, which names stand for another package's objects, which string
 constants are docstrings or format templates that reach into their argument, and which
-top-level package a file belongs to. Pure functions; every walk is without recursion."""
+top-level package a file belongs to; and the predicates the scanner applies to one node or
+name (a banned module, a dunder outside the list, a visibly numeric argument). Pure
+functions; every walk is without recursion."""
 
 from __future__ import annotations
 
 import ast
+import re
 import string
 
-from coderl.grading.guardlists import STDLIB_NAMES
+from coderl.grading.guardlists import (
+    BANNED_ATTRS,
+    BANNED_MODULES,
+    DUNDER_ALLOWED,
+    FS_PROBES,
+    MODULE_ALIASES,
+    NUMERIC_CALLS,
+    SAFE_MODULES,
+    STDLIB_NAMES,
+    STRING_PATHS,
+    STRING_WORDS,
+)
+
+CO_ATTR = re.compile(r"^co_[a-z]+$")
+_WORD = re.compile(r"[A-Za-z_][A-Za-z0-9_.]*")
 
 
 def top_name(name: str) -> str:
@@ -60,6 +77,14 @@ def format_fields(text: str) -> list[str]:
 
 
 SCOPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda, ast.Module)
+
+
+def enclosing_scope(node: ast.AST) -> ast.AST | None:
+    """The nearest function, class, lambda or module above ``node`` (by its ``_parent``)."""
+    parent = getattr(node, "_parent", None)
+    while parent is not None and not isinstance(parent, SCOPES):
+        parent = getattr(parent, "_parent", None)
+    return parent
 
 
 def bindings(tree: ast.AST) -> tuple[dict[int, set[str]], dict[int, set[str]], set[str]]:
@@ -152,11 +177,13 @@ def _constructor(value: ast.AST, defs: set[str], odd: set[str]) -> bool:
     return name[:1].isupper() and name not in defs and name not in odd
 
 
-def fresh_locals(tree: ast.AST) -> dict[int, set[str]]:
+def fresh_locals(tree: ast.AST) -> tuple[dict[int, set[str]], dict[int, set[str]]]:
     """Per scope id (as :func:`bindings`), the names whose every binding there is a ``def``,
     a ``class`` or a plain ``name = <literal or constructor call>`` (:func:`_constructor`):
     storing an attribute on one changes only an object the scope made. Parameters, imports,
-    loop, ``with`` and walrus targets, unpacking and ``global`` names are never fresh."""
+    loop, ``with`` and walrus targets, unpacking and ``global`` names are never fresh. Second,
+    the same without ``def`` and ``class`` names (*instances*: a class's attribute is its
+    unbound function)."""
     defs = {
         n.name for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
     }
@@ -167,6 +194,7 @@ def fresh_locals(tree: ast.AST) -> dict[int, set[str]]:
         and (n.keywords or any(isinstance(b, _DEFS) and b.name == "__new__" for b in n.body))
     }
     ok: dict[int, dict[str, bool]] = {}
+    defined: set[tuple[int, str]] = set()  # (scope, name) bound by ``def`` or ``class``
     stack: list[tuple[ast.AST, int]] = [(tree, id(tree))]
     while stack:
         node, scope = stack.pop()
@@ -175,6 +203,7 @@ def fresh_locals(tree: ast.AST) -> dict[int, set[str]]:
         parent = getattr(node, "_parent", None)
         if isinstance(node, _DEFS):
             seen[node.name] = seen.get(node.name, True)
+            defined.add((scope, node.name))
         elif isinstance(node, ast.Name) and not isinstance(node.ctx, ast.Load):
             plain = isinstance(parent, (ast.Assign, ast.AnnAssign)) and node in (
                 parent.targets if isinstance(parent, ast.Assign) else [parent.target]
@@ -190,7 +219,11 @@ def fresh_locals(tree: ast.AST) -> dict[int, set[str]]:
                 seen[name] = False
         for child in ast.iter_child_nodes(node):
             stack.append((child, inner))
-    return {scope: {n for n, good in names.items() if good} for scope, names in ok.items()}
+    fresh = {scope: {n for n, good in names.items() if good} for scope, names in ok.items()}
+    made = {
+        scope: {n for n in names if (scope, n) not in defined} for scope, names in fresh.items()
+    }
+    return fresh, made
 
 
 def assigned_names(node: ast.AST) -> set[str]:
@@ -248,3 +281,116 @@ def own_module(path: str) -> str:
     if parts[-1] == "__init__":
         parts.pop()
     return ".".join(parts) if all(p.isidentifier() for p in parts) else ""
+
+
+def imports_module(module: str, known: set[str]) -> bool:
+    """Whether the file already imports ``module``, a package of it or a module under it."""
+    return any(
+        module == k or module.startswith(k + ".") or k.startswith(module + ".") for k in known
+    )
+
+
+# --- predicates of the scanner (:class:`coderl.grading.diffguard._Scanner`) --------------------
+
+
+def banned_module(name: str) -> bool:
+    return name in BANNED_MODULES or top_name(name) in BANNED_MODULES
+
+
+def dunder(name: str) -> bool:
+    return len(name) > 4 and name.startswith("__") and name.endswith("__")
+
+
+def bad_dunder(name: str) -> bool:
+    """A dunder name outside the reviewed ``DUNDER_ALLOWED``."""
+    return dunder(name) and name[2:-2] not in DUNDER_ALLOWED
+
+
+def private(name: str) -> bool:
+    return name.startswith("_") and not dunder(name)
+
+
+def string_hits(text: str) -> list[str]:
+    hits = [p for p in STRING_PATHS if p in text]
+    for word in _WORD.findall(text):
+        parts = {word, *word.split(".")}
+        hits += sorted(p for p in parts if p in STRING_WORDS or CO_ATTR.match(p) or bad_dunder(p))
+    return hits
+
+
+def bad_name(part: str) -> bool:
+    """An attribute name a literal ``getattr`` may not use."""
+    return (
+        part in BANNED_ATTRS
+        or bool(CO_ATTR.match(part))
+        or bad_dunder(part)
+        or part.lstrip("_") in MODULE_ALIASES
+        or part in FS_PROBES
+        or part in STDLIB_NAMES
+        and part not in SAFE_MODULES
+    )
+
+
+def method_decorator(node: ast.AST) -> bool:
+    """A decorator that keeps a method's first argument the instance or class."""
+    if isinstance(node, ast.Name):
+        return node.id in ("classmethod", "property")
+    return isinstance(node, ast.Attribute) and node.attr in ("setter", "getter", "deleter")
+
+
+def called(node: ast.AST) -> bool:
+    parent = getattr(node, "_parent", None)
+    return isinstance(parent, ast.Call) and parent.func is node
+
+
+def numeric(node: ast.AST) -> bool:
+    """Whether ``node`` is visibly a number (so ``open(node)`` opens a descriptor): a numeric
+    literal, arithmetic on one, or a call that returns one (``int(...)``, ``x.fileno()``).
+    A plain name holding a number is not seen (residual risk). Walked without recursion."""
+    todo = [node]
+    while todo:
+        node = todo.pop()
+        if isinstance(node, ast.Constant) and isinstance(node.value, (int, float)):
+            return True  # bool is an int
+        if isinstance(node, ast.UnaryOp):
+            todo.append(node.operand)
+        elif isinstance(node, ast.BinOp):
+            todo += [node.left, node.right]
+        elif isinstance(node, ast.Call):
+            fn = node.func
+            if (fn.id if isinstance(fn, ast.Name) else getattr(fn, "attr", "")) in NUMERIC_CALLS:
+                return True
+    return False
+
+
+def new_metaclass(node: ast.ClassDef) -> list[str]:
+    """A metaclass the class statement defines or names (``metaclass=``, a base that is
+    ``type`` or calls it). A metaclass writes the class namespace with keys built at run time
+    (round-5 red team: ``__annotations__`` with a field name that ``dataclasses`` pastes into
+    the code it execs); a bug fix does not define one."""
+    out = [f"{node.name}(metaclass=...)" for kw in node.keywords if kw.arg == "metaclass"]
+    for base in node.bases:
+        target = base.func if isinstance(base, ast.Call) else base
+        if (isinstance(target, ast.Name) and target.id == "type") or (
+            isinstance(target, ast.Attribute) and target.attr == "type"
+        ):
+            out.append(f"{node.name}(type)")
+    return out
+
+
+def lazy_imports(
+    from_own: list[tuple[str, str, int, str]], path: str, defs: set[str]
+) -> list[tuple[int, str, str]]:
+    """``(line, what, scope)`` of each ``from <this module> import name`` (``from_own``: module,
+    name, line, scope) for a name its source does not define untainted (``defs``:
+    :func:`module_defs` less the tainted ones), and ``from <this module>.sub import name`` where
+    this file is a plain module (no package, so ``sub`` is an object it builds at run time:
+    six's lazy ``moves`` hand out ``subprocess.getoutput``, ``input``, ``reload``): rule
+    ``lazy-import``. Other modules of a package are not read here (residual risk)."""
+    own = own_module(path)
+    plain = bool(own) and not path.endswith("__init__.py")
+    return [
+        (line, f"{module}.{name}", scope)
+        for module, name, line, scope in from_own
+        if module == own and name not in defs or plain and module.startswith(own + ".")
+    ]

@@ -25,6 +25,7 @@ import sys
 from pathlib import Path
 
 from coderl.grading.diffguard import Finding, added_findings
+from coderl.grading.guardself import unbound_methods
 
 SCAN_CPU_S = 20
 """CPU seconds the scan of one change may take (all its files)."""
@@ -146,8 +147,10 @@ def main() -> None:
     resource.setrlimit(resource.RLIMIT_CPU, (work["cpu_s"], work["cpu_s"]))
     resource.setrlimit(resource.RLIMIT_AS, (work["memory_bytes"], work["memory_bytes"]))
     sys.setrecursionlimit(10_000)  # the parser's own depth checks follow it
+    # a method of one changed file that stores through its ``self`` is named in all of them
+    shared = frozenset().union(*(unbound_methods(_read(job[2])) for job in work["jobs"]))
     for rel, old, new, released in work["jobs"]:
-        rows = added_findings(_read(old), _read(new) or b"", rel, _read(released))
+        rows = added_findings(_read(old), _read(new) or b"", rel, _read(released), shared)
         line = json.dumps([rel, [[f.path, f.line, f.rule, f.what, f.scope] for f in rows]])
         sys.stdout.write(line + "\n")
         sys.stdout.flush()

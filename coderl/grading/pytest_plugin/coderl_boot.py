@@ -18,7 +18,7 @@ verdict channel) and points fd 1 at stderr, then forks:
   finished (every test module imported), no canary: those reach it from the observer after its
   ``collected`` event. It leaves with ``os._exit`` (no ``atexit`` handler runs);
 - the **observer** (parent) never imports pytest or workspace code. Only after the fork does it
-  read ``SECRET_FIFO`` (MAC key, canaries, placement seed, written by the host once the FIFO is
+  read ``SECRET_FIFO`` (MAC key, canaries, placement bytes, written by the host once the FIFO is
   opened), so the secret was never in the worker's memory; the worker waits for one byte on a
   pipe that the observer writes once the FIFO is drained, so no workspace code can race it to
   the FIFO (whose path is in the worker's argv). It forwards each event line, MAC-signed
@@ -160,7 +160,7 @@ def _observe(pid: int, stream: int, events: int, control: int, go: int) -> int:
             emit({"w": event})
             if event.get("t") == "collected" and not answered:
                 answered = True
-                reply = {"canaries": secret["canaries"], "seed": secret["seed"]}
+                reply = {"canaries": secret["canaries"], "placement": secret["placement"]}
                 try:
                     _write_all(control, json.dumps(reply).encode() + b"\n")
                 except OSError:

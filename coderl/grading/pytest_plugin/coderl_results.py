@@ -5,8 +5,8 @@ imports nothing from coderl and holds no secret. ``start(events, control, spec)`
 
 - ``events``: the pipe to the observer (``coderl_boot``), which signs and forwards each line;
 - ``control``: the pipe from the observer; one line, read once collection is done (every test
-  module imported): ``{"canaries": [...], "seed": N}``, the must-pass and must-fail tests to
-  place among the real ones;
+  module imported): ``{"canaries": [...], "placement": HEX}``, the must-pass and must-fail tests
+  to place among the real ones and where (two 64-bit draws per canary, :func:`_draw`);
 - ``spec``: ``select`` (node ids to keep; others are deselected), ``trace_root`` (record which
   functions under it each test called), ``allowed_conftests`` (the conftest files that may
   register hooks), ``check_code`` (``False``: skip comparing test functions with the bytecode
@@ -34,7 +34,6 @@ import ast
 import io
 import json
 import os
-import random
 import sys
 import types
 import unittest
@@ -59,6 +58,7 @@ _TAMPERED: list[str] = []
 _TEST_CODE: dict[str, tuple[object, object]] = {}
 _CANARY_IDS: set[str] = set()
 _write, _read, _join = os.write, os.read, "".join
+_int, _str, _type = int, str, type
 
 
 def _not_json(obj: object) -> object:
@@ -149,7 +149,7 @@ def _emit(record: dict[str, Any]) -> None:
 
 
 def _canaries_from_observer(ids: list[str]) -> dict[str, Any]:
-    """Report the selection; the observer answers with the canaries and their placement seed."""
+    """Report the selection; the observer answers with the canaries and their placement."""
     _emit({"t": "collected", "ids": ids})
     buf = b""
     while not buf.endswith(b"\n"):
@@ -191,12 +191,24 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if mod is not None and mod not in modules:
             modules.append(mod)
     reply = _canaries_from_observer([it.nodeid for it in items])
-    rng = random.Random(reply.get("seed", 0))
-    for canary in reply.get("canaries", []) if modules else []:
-        new = _canary_items(modules[rng.randrange(len(modules))], canary)
+    placement = reply.get("placement", "")
+    for i, canary in enumerate(reply.get("canaries", []) if modules else []):
+        new = _canary_items(modules[_draw(placement, 2 * i, len(modules))], canary)
         _CANARY_IDS.update(it.nodeid for it in new)
-        pos = rng.randrange(len(items) + 1)
+        pos = _draw(placement, 2 * i + 1, len(items) + 1)
         items[pos:pos] = new
+
+
+def _draw(placement: object, k: int, n: int) -> int:
+    """The ``k``-th 64-bit draw of the observer's hex ``placement``, reduced to ``[0, n)`` (bias
+    below n / 2**64); 0 where the text is short or not hex. Only ``int``/``str`` operations on
+    names bound at import (``random.Random``'s methods are Python code that graded code
+    could replace: round-5 red team), so nothing the tested code can reach moves a canary."""
+    text = placement[16 * k : 16 * k + 16] if _type(placement) is _str else ""
+    try:
+        return _int(text, 16) % n if text else 0
+    except ValueError:
+        return 0
 
 
 def _pristine_code(path: str, config: pytest.Config) -> dict[tuple[str, int], set[bytes]]:
