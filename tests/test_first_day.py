@@ -49,19 +49,22 @@ def _one_line_error(err: str) -> str:
 
 HOLD = """
 import sys, time
-from coderl.rundir import run_lock
-with run_lock(sys.argv[1], sys.argv[2]):
+from coderl.rundir import online_lock, run_lock
+role = sys.argv[3:]  # an online role (serve, cycle, ...): held shared, else as the writer
+with online_lock(sys.argv[1], role[0], sys.argv[2]) if role else run_lock(*sys.argv[1:3]):
     print("held", flush=True)
     time.sleep(600)
 """
 
 
-def _holder(run_dir: Path, who: str = "coderl train (the first one)") -> subprocess.Popen:
-    """A process holding ``run_dir``'s lock, recorded as ``who``, until killed."""
+def _holder(
+    run_dir: Path, who: str = "coderl train (the first one)", role: str | None = None
+) -> subprocess.Popen:
+    """A process holding ``run_dir``'s lock, recorded as ``who``, until killed: as its writer,
+    or for the online ``role`` (:func:`coderl.rundir.online_lock`)."""
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    proc = subprocess.Popen(
-        [sys.executable, "-c", HOLD, str(run_dir), who], stdout=subprocess.PIPE, text=True, env=env
-    )
+    argv = [sys.executable, "-c", HOLD, str(run_dir), who, *([role] if role else [])]
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True, env=env)
     assert proc.stdout is not None and proc.stdout.readline().strip() == "held"
     return proc
 

@@ -1,0 +1,67 @@
+"""A user's first day (issue 48), the third pass: what the earlier trials found still open.
+
+Through the command line a user types (``coderl.cli.main``) where it can be, so a refusal is
+checked together with its one-line message and exit status."""
+
+import signal
+from pathlib import Path
+
+import pytest
+from test_first_day import _holder, _one_line_error
+
+from coderl.cli import main
+from coderl.rundir import RunDirBusy, online_lock, run_lock
+
+ROOT = Path(__file__).parent.parent
+TOY = str(ROOT / "configs" / "toy.yaml")
+ONLINE = str(ROOT / "configs" / "online-demo.yaml")
+FAST = ["progress=false", "tensorboard=false", "eval.before_after=false", "trainer.steps=1"]
+FAST += ["rollout.group_size=4", "rollout.max_new_tokens=4"]
+
+
+# --- 1. a live server holds its run directory: no writer and no second server beside it -------
+
+
+def _refused(argv: list[str], run_dir: Path, pid: int, capsys) -> str:
+    assert main([*argv, f"run_dir={run_dir}"]) == 2, argv
+    line = _one_line_error(capsys.readouterr().err)
+    assert f"in use by pid {pid}" in line, line
+    return line
+
+
+def test_a_live_server_keeps_writers_and_a_second_server_out(tmp_path, capsys):
+    run_dir = tmp_path / "online"
+    server = _holder(run_dir, "coderl serve (the live one)", role="serve")
+    try:
+        for argv in (["train", TOY, *FAST], ["sft", TOY], ["serve", ONLINE, "--port", "0"]):
+            assert "the live one" in _refused(argv, run_dir, server.pid, capsys)
+        assert not (run_dir / "config.yaml").exists() and not (run_dir / "registry").exists()
+        with online_lock(run_dir, "cycle"):  # the cycle shares the directory with the server
+            with pytest.raises(RunDirBusy, match="a writer cannot run inside"):
+                with run_lock(run_dir):
+                    pass
+    finally:
+        server.send_signal(signal.SIGKILL)  # a crashed or kill -9'd server
+        server.wait()
+    with run_lock(run_dir):  # the kernel dropped its lock: nothing stuck
+        pass
+    with online_lock(run_dir, "serve"):
+        pass
+
+
+def test_a_live_writer_keeps_the_server_and_the_online_commands_out(tmp_path, capsys):
+    run_dir = tmp_path / "run"
+    writer = _holder(run_dir, "coderl train (the live one)")
+    try:
+        events = tmp_path / "events.jsonl"
+        events.write_text("")
+        for argv in (
+            ["serve", ONLINE, "--port", "0"],
+            ["online", "cycle", ONLINE],
+            ["online", "import", ONLINE, str(events)],
+        ):
+            assert "the live one" in _refused(argv, run_dir, writer.pid, capsys)
+        assert not (run_dir / "registry").exists() and not (run_dir / "online.db").exists()
+    finally:
+        writer.kill()
+        writer.wait()
