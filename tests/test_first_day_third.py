@@ -65,3 +65,25 @@ def test_a_live_writer_keeps_the_server_and_the_online_commands_out(tmp_path, ca
     finally:
         writer.kill()
         writer.wait()
+
+
+# --- 7. coderl eval's JSON holds the per-task rows the docs list ------------------------------
+
+
+def test_eval_prints_per_task_samples_passes_and_pass_at_k(tmp_path, capsys):
+    import json
+
+    run = tmp_path / "run"
+    assert main(["train", TOY, *FAST, f"run_dir={run}", "--no-report"]) == 0
+    capsys.readouterr()
+    assert main(["eval", str(run), "k=2"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    rows = out["per_task"]
+    assert rows and len({r["task_id"] for r in rows}) == len(rows)
+    for r in rows:
+        assert r["n"] == 2 and 0 <= r["correct"] <= 2
+        assert r["pass_at"]["1"] == pytest.approx(r["correct"] / 2)
+        assert r["pass_at"]["2"] == float(r["correct"] > 0)
+    for k in ("1", "2"):
+        mean = sum(r["pass_at"][k] for r in rows) / len(rows)
+        assert mean == pytest.approx(out["pass_at"][k]["mean"])

@@ -81,6 +81,16 @@ class EvalResult:
         return asdict(self)
 
 
+def per_task_pass(per_task: list[dict[str, Any]], ks: list[int]) -> list[dict[str, Any]]:
+    """Each task's row with its unbiased pass@k (Chen et al. 2021, Eq. 1, from its ``n`` samples
+    and ``correct`` count) under ``pass_at`` (``"1"`` -> value), for each k up to its ``n``;
+    the mean over rows of ``pass_at[k]`` is :func:`summarize`'s pass@k."""
+    return [
+        t | {"pass_at": {str(k): A.pass_at_k(t["n"], t["correct"], k) for k in ks if k <= t["n"]}}
+        for t in per_task
+    ]
+
+
 def summarize(
     per_task: list[dict[str, Any]], ks: list[int], samples: int, grading_errors: int = 0
 ) -> EvalResult:
