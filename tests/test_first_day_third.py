@@ -87,3 +87,19 @@ def test_eval_prints_per_task_samples_passes_and_pass_at_k(tmp_path, capsys):
     for k in ("1", "2"):
         mean = sum(r["pass_at"][k] for r in rows) / len(rows)
         assert mean == pytest.approx(out["pass_at"][k]["mean"])
+
+
+# --- 8. train-async ends with coderl train's held-out evaluation and summary -------------------
+
+
+def test_train_async_ends_with_the_held_out_evaluation_and_summary(tmp_path, capsys):
+    from coderl.metrics import read_jsonl
+
+    run = tmp_path / "run"
+    argv = ["train-async", TOY, *FAST, "trainer.steps=2", "eval.before_after=true"]
+    assert main([*argv, f"run_dir={run}"]) == 0
+    out = capsys.readouterr().out
+    evals = read_jsonl(run / "eval.jsonl")
+    assert [e["step"] for e in evals] == [0, 2], evals
+    assert evals[0]["phase"] == "start" and "collapse" in evals[1]  # as coderl train writes
+    assert "held-out summary" in out and "pass@1" in out, out
