@@ -103,3 +103,60 @@ def test_train_async_ends_with_the_held_out_evaluation_and_summary(tmp_path, cap
     assert [e["step"] for e in evals] == [0, 2], evals
     assert evals[0]["phase"] == "start" and "collapse" in evals[1]  # as coderl train writes
     assert "held-out summary" in out and "pass@1" in out, out
+
+
+# --- 9. Ctrl-C or SIGTERM ends the gateway's agent programs at once -----------------------------
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_an_interrupted_gateway_rollout_kills_its_agent_programs(tmp_path, signum):
+    import os
+    import threading
+    import time
+
+    from test_gateway import Forced, _config, _program
+
+    from coderl.cli import _signals_as_interrupt
+    from coderl.envs import build_environment
+    from coderl.policy import load_policy
+    from coderl.policy.base import SamplingParams
+
+    pids = tmp_path / "pids"
+    pids.mkdir()
+    sleeper = _program(  # a stand-in agent program: says it runs, then sleeps past the test
+        f"import os, time; open({str(pids)!r} + '/' + str(os.getpid()), 'w').close(); "
+        "time.sleep(300)"
+    )
+    env = build_environment(_config(sleeper, "rollout.concurrency=2", timeout_s=300))
+    task = env.tasks("train")[0]
+    policy = Forced(load_policy("tiny-random", reference=False), lambda _: "ok")
+
+    def interrupt_once_running() -> None:
+        while len(list(pids.iterdir())) < 2:
+            time.sleep(0.05)
+        os.kill(os.getpid(), signum)  # what a user's Ctrl-C or a scheduler's kill sends
+
+    _, previous = _signals_as_interrupt()  # as the command line sets them
+    try:
+        threading.Thread(target=interrupt_once_running, daemon=True).start()
+        with pytest.raises(KeyboardInterrupt):
+            env.rollout(policy, [task], SamplingParams(), 2)
+    finally:
+        for n, handler in previous.items():
+            signal.signal(n, handler)
+    started = time.monotonic()
+    alive = [int(p.name) for p in pids.iterdir()]
+    while alive and time.monotonic() - started < 10:
+        time.sleep(0.1)
+        alive = [pid for pid in alive if _alive(pid)]
+    assert not alive, f"agent programs {alive} outlived the interrupt"
+
+
+def _alive(pid: int) -> bool:
+    import os
+
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
