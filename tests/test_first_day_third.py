@@ -160,3 +160,27 @@ def _alive(pid: int) -> bool:
     except ProcessLookupError:
         return False
     return True
+
+
+# --- 2. the toy summary prints no broken-call or KV-reuse rows: nothing was parsed or reused ----
+
+
+def test_the_toy_summary_has_no_rows_for_what_a_single_reply_task_cannot_measure(tmp_path):
+    from coderl.eval.summary import summary_lines
+    from coderl.metrics import read_jsonl
+
+    run = tmp_path / "run"
+    assert (
+        main(["train", TOY, *FAST, "eval.before_after=true", f"run_dir={run}", "--no-report"]) == 0
+    )
+    evals = read_jsonl(run / "eval.jsonl")
+    labels = [label for label, _ in summary_lines(evals)]
+    assert any("pass@1" in x for x in labels), labels
+    assert not [x for x in labels if "broken calls" in x or "prefill" in x or "summaries" in x]
+    # an agent harness's evaluation (its replies parsed, several turns) keeps both rows
+    for e in evals:
+        e["per_task"] = [t | {"tool_episodes": t["episodes"]} for t in e["per_task"]]
+        e["context"] = e["context"] | {"multi_turn": 3.0}
+    labels = [label for label, _ in summary_lines(evals)]
+    assert "broken calls per episode before -> after RL" in labels, labels
+    assert "prefill per episode, last evaluation (tokens)" in labels, labels
