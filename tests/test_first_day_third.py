@@ -184,3 +184,23 @@ def test_the_toy_summary_has_no_rows_for_what_a_single_reply_task_cannot_measure
     labels = [label for label, _ in summary_lines(evals)]
     assert "broken calls per episode before -> after RL" in labels, labels
     assert "prefill per episode, last evaluation (tokens)" in labels, labels
+
+
+# --- 3. approx_kl is logged only where it measures something; no empty KL plot -----------------
+
+
+def test_approx_kl_is_absent_when_zero_by_construction_and_the_report_draws_no_kl(tmp_path):
+    from coderl.eval.report import write_report
+    from coderl.metrics import read_jsonl
+
+    one = tmp_path / "one"  # one epoch, old_logp=trainer: ratio exactly 1
+    assert main(["train", TOY, *FAST, "trainer.steps=2", f"run_dir={one}", "--no-report"]) == 0
+    rows = read_jsonl(one / "metrics.jsonl")
+    assert rows and not [r for r in rows if "approx_kl" in r or "kl" in r], rows[0].keys()
+    write_report(one)
+    assert (one / "report" / "reward.png").exists() and not (one / "report" / "kl.png").exists()
+    two = tmp_path / "two"  # a second epoch measures how far the first update moved the policy
+    argv = ["train", TOY, *FAST, "trainer.update_epochs=2", "trainer.lr=0.01"]
+    assert main([*argv, f"run_dir={two}", "--no-report"]) == 0
+    [row] = read_jsonl(two / "metrics.jsonl")
+    assert row["approx_kl"] > 0, row

@@ -63,7 +63,7 @@ PLOTS: dict[str, tuple[str, list[str]]] = {
     ),
     "time.png": ("Time split per step (s)", ["time/rollout", "time/grading", "time/train"]),
 }
-OPTIONAL = {"signal.png", "pool.png"}
+OPTIONAL = {"signal.png", "pool.png", "kl.png"}  # kl: absent unless measured
 HELDOUT = ("heldout.png", "Held-out pass@k per evaluation (95% CI bands)")
 SFT_PLOT = ("sft.png", "SFT warm start: NLL per assistant token, per batch")
 
