@@ -204,3 +204,17 @@ def test_approx_kl_is_absent_when_zero_by_construction_and_the_report_draws_no_k
     assert main([*argv, f"run_dir={two}", "--no-report"]) == 0
     [row] = read_jsonl(two / "metrics.jsonl")
     assert row["approx_kl"] > 0, row
+
+
+# --- 4. a cycle without traffic says "no traffic", never a share of 0.000 ----------------------
+
+
+def test_a_cycle_without_traffic_prints_no_traffic(tmp_path, capsys):
+    import json
+
+    run = tmp_path / "online"
+    assert main(["online", "cycle", ONLINE, f"run_dir={run}"]) == 0
+    out = capsys.readouterr().out
+    rep = json.loads((run / "cycles.jsonl").read_text().splitlines()[-1])
+    assert rep["exploration"]["traffic_share"] is None, rep["exploration"]
+    assert "no traffic" in out and "traffic 0.000" not in out, out
