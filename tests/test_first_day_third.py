@@ -218,3 +218,23 @@ def test_a_cycle_without_traffic_prints_no_traffic(tmp_path, capsys):
     rep = json.loads((run / "cycles.jsonl").read_text().splitlines()[-1])
     assert rep["exploration"]["traffic_share"] is None, rep["exploration"]
     assert "no traffic" in out and "traffic 0.000" not in out, out
+
+
+# --- 5. the gate never promotes on 0.000 vs 0.000 ---------------------------------------------
+
+
+def test_the_gate_refuses_to_promote_when_nothing_was_measured():
+    from coderl.config.online import GateConfig
+    from coderl.online.gate import run_gate
+
+    cfg = GateConfig(margins={"pass@1": 0.15})
+    n = 20  # identical weights on a suite neither solves
+    rep = run_gate(cfg, {"pass@1": ([0.0] * n, [0.0] * n)}, None, [])
+    assert not rep.promote and rep.comparisons[0].passed  # the tie alone would promote
+    assert rep.reasons == [
+        f"not measured: candidate and champion both score 0.000 on all {n} held-out tasks "
+        "(pass@1); nothing shows either is better, not promoted"
+    ]
+    # one task solved by both is a measurement: a tie at 0.05 vs 0.05 is decided as before
+    rep = run_gate(cfg, {"pass@1": ([1.0] + [0.0] * 19, [1.0] + [0.0] * 19)}, None, [])
+    assert rep.promote, rep.reasons
