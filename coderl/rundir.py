@@ -69,7 +69,9 @@ def _holders(run_dir: Path) -> str:
 
 
 @contextmanager
-def _flock(path: Path, *, shared: bool, record: str | None, run_dir: Path) -> Iterator[None]:
+def _flock(
+    path: Path, *, shared: bool, record: str | None, run_dir: Path, advice: str = ""
+) -> Iterator[None]:
     """Hold ``path``'s ``flock`` (re-entrant within this process), writing ``record`` into it.
 
     Raises:
@@ -95,9 +97,11 @@ def _flock(path: Path, *, shared: bool, record: str | None, run_dir: Path) -> It
     except BlockingIOError:
         os.close(fd)
         holder = _holders(run_dir) if key.name == LOCK_FILE else key.read_text().strip()
+        advice = advice or (
+            "wait for it to finish (or stop it), or set run_dir=... to write elsewhere"
+        )
         raise RunDirBusy(
-            f"{run_dir} is in use by {holder or 'another process'}; wait for it to finish (or "
-            "stop it), or set run_dir=... to write elsewhere"
+            f"{run_dir} is in use by {holder or 'another process'}; {advice}"
         ) from None
     os.ftruncate(fd, 0)  # held: whatever a dead holder recorded is stale
     if record is not None:
@@ -137,6 +141,21 @@ def run_lock(run_dir: str | Path, command: str | None = None) -> Iterator[None]:
     root.mkdir(parents=True, exist_ok=True)
     with _flock(root / LOCK_FILE, shared=False, record=_said(command), run_dir=root):
         yield
+
+
+def ensure_not_live(run_dir: str | Path) -> None:
+    """Refuse to resume a run that is still running (checked by taking and releasing its lock).
+
+    Raises:
+        RunDirBusy: another live process holds ``run_dir`` (names it; a run live before its
+            first checkpoint would otherwise read as "no checkpoint").
+    """
+    root = Path(run_dir)
+    if launch_rank() > 0 or not (root / LOCK_FILE).is_file():
+        return
+    advice = "it is still running: resume it after it stops (Ctrl-C prints the resume command)"
+    with _flock(root / LOCK_FILE, shared=False, record=_said(None), run_dir=root, advice=advice):
+        pass
 
 
 @contextmanager

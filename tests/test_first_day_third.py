@@ -238,3 +238,32 @@ def test_the_gate_refuses_to_promote_when_nothing_was_measured():
     # one task solved by both is a measurement: a tie at 0.05 vs 0.05 is decided as before
     rep = run_gate(cfg, {"pass@1": ([1.0] + [0.0] * 19, [1.0] + [0.0] * 19)}, None, [])
     assert rep.promote, rep.reasons
+
+
+# --- 6. three misleading messages, each one line saying what is wrong and what to do ------------
+
+
+def test_resume_of_a_live_run_a_directory_as_config_and_a_missing_online_run(tmp_path, capsys):
+    live = tmp_path / "live"  # a live run before its first checkpoint
+    live.mkdir()
+    (live / "config.yaml").write_text(Path(TOY).read_text())
+    (live / "metrics.jsonl").write_text('{"step": 1}\n')
+    holder = _holder(live, "coderl train (the live one)")
+    try:
+        for command in ("train", "train-async"):
+            assert main([command, "--resume", str(live)]) == 2
+            line = _one_line_error(capsys.readouterr().err)
+            assert f"in use by pid {holder.pid}" in line and "still running" in line, line
+            assert "no complete checkpoint" not in line, line
+    finally:
+        holder.kill()
+        holder.wait()
+    assert main(["train", f"{live}/"]) == 2  # a directory given as CONFIG
+    line = _one_line_error(capsys.readouterr().err)
+    assert "is a directory, not a YAML config file" in line and "does not exist" not in line
+    assert f"coderl train --resume {live}" in line, line
+    nope = tmp_path / "nope"
+    assert main(["online", "report", str(nope)]) == 2
+    line = _one_line_error(capsys.readouterr().err)
+    assert f"{nope} does not exist" in line and "online run's directory" in line, line
+    assert "config file" not in line, line

@@ -165,6 +165,11 @@ def cmd_import(args: argparse.Namespace) -> int:
 def cmd_report(args: argparse.Namespace) -> int:
     """Print the last cycle's report (run_dir/cycles.jsonl); CONFIG may be the run directory."""
     given = Path(args.config)
+    if not given.exists():
+        raise FileNotFoundError(
+            f"{given} does not exist; give the online run's directory (its run_dir, e.g. "
+            "runs/online-demo) or the preset it ran with (e.g. configs/online-demo.yaml)"
+        )
     run_dir = given if given.is_dir() and not args.overrides else Path(_cfg(args).run_dir)
     path = run_dir / "cycles.jsonl"
     if not path.exists():
