@@ -381,7 +381,7 @@ def _record(ep: _Episode, finish: str, diff: str | None) -> EpisodeRecord:
         turns=len(ep.calls),
         truncated=finish in ("max_turns", "max_tokens", "timeout"),
         broken_tool_calls=ep.statuses.count("invalid"),
-        tool_calls=True,
+        parsed_calls=True,
         no_action_turns=ep.statuses.count("none"),
         answer=diff or "",
         failure=failure,

@@ -280,7 +280,7 @@ def _task_row(task: Any, pairs: list[tuple[Any, Any]], samples: int) -> dict[str
         "episodes": len(broken),
         "broken_calls": sum(broken),
         "broken_episodes": sum(b > 0 for b in broken),
-        "tool_episodes": sum(bool(getattr(ep, "tool_calls", False)) for ep, _ in pairs),
+        "tool_episodes": sum(bool(getattr(ep, "parsed_calls", False)) for ep, _ in pairs),
         **_context_row(pairs),
     }
 
