@@ -8,6 +8,11 @@ lock file records). The kernel drops a ``flock`` when its process ends however i
 nothing has to be cleaned up by hand. The lock is re-entrant within a process (the CLI holds it
 around SFT and RL, and the training loop takes it again).
 
+:func:`online_lock` is the online side: ``coderl serve``, ``online cycle``/``run`` and ``online
+import`` share one directory by design, so each holds the writer lock shared (a writer is refused
+while any of them runs, and they are refused while a writer runs) plus an exclusive lock of its
+role (``RUN/.lock.serve``: a second server on the same registry is refused).
+
 :func:`ensure_fresh_logs` refuses to start a new run over the logs a run left (a run stopped
 before its first checkpoint leaves ``metrics.jsonl``, ``eval.jsonl`` and ``audit.jsonl`` but
 nothing to resume from): they are kept, and the error says how to go on.
@@ -31,7 +36,7 @@ LOCK_FILE = ".lock"
 RUN_LOGS = ("metrics.jsonl", "eval.jsonl", "audit.jsonl")
 """The logs a training run appends to; a new run refuses to start over any that is non-empty."""
 
-_held: dict[Path, tuple[int, int]] = {}  # resolved run dir -> (fd, depth) of this process
+_held: dict[Path, list] = {}  # lock file -> [fd, depth, shared] of this process
 
 
 class RunDirBusy(FileExistsError):
@@ -44,6 +49,78 @@ def launch_rank() -> int:
     return int(os.environ.get("RANK", "0") or 0)
 
 
+def _holders(run_dir: Path) -> str:
+    """Who holds ``run_dir``'s lock, as the lock files record it: the writer, else every live
+    online role (a role file whose lock is still held)."""
+    said = (run_dir / LOCK_FILE).read_text(errors="replace").strip()
+    if said:
+        return said
+    live = []
+    for f in sorted(run_dir.glob(LOCK_FILE + ".*")):
+        fd = os.open(f, os.O_RDONLY)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)  # free: its holder is gone
+            fcntl.flock(fd, fcntl.LOCK_UN)
+        except BlockingIOError:
+            live.append(os.pread(fd, 4096, 0).decode(errors="replace").strip())
+        finally:
+            os.close(fd)
+    return " and ".join(x for x in live if x) or "another process"
+
+
+@contextmanager
+def _flock(
+    path: Path, *, shared: bool, record: str | None, run_dir: Path, advice: str = ""
+) -> Iterator[None]:
+    """Hold ``path``'s ``flock`` (re-entrant within this process), writing ``record`` into it.
+
+    Raises:
+        RunDirBusy: another process holds it in a conflicting mode, or this process holds it
+            shared and asks for it exclusive.
+    """
+    key = path.resolve()
+    if key in _held:
+        if _held[key][2] and not shared:
+            raise RunDirBusy(
+                f"{run_dir} is served by this process (coderl serve or online); a writer "
+                "cannot run inside it"
+            )
+        _held[key][1] += 1
+        try:
+            yield
+        finally:
+            _held[key][1] -= 1
+        return
+    fd = os.open(key, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, (fcntl.LOCK_SH if shared else fcntl.LOCK_EX) | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        holder = _holders(run_dir) if key.name == LOCK_FILE else key.read_text().strip()
+        advice = advice or (
+            "wait for it to finish (or stop it), or set run_dir=... to write elsewhere"
+        )
+        raise RunDirBusy(
+            f"{run_dir} is in use by {holder or 'another process'}; {advice}"
+        ) from None
+    os.ftruncate(fd, 0)  # held: whatever a dead holder recorded is stale
+    if record is not None:
+        os.pwrite(fd, f"{record}\n".encode(), 0)
+    _held[key] = [fd, 1, shared]
+    try:
+        yield
+    finally:
+        fd = _held.pop(key)[0]
+        if record is not None:
+            os.ftruncate(fd, 0)
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        os.close(fd)
+
+
+def _said(command: str | None) -> str:
+    return f"pid {os.getpid()} ({command or shlex.join(['coderl', *sys.argv[1:]])})"
+
+
 @contextmanager
 def run_lock(run_dir: str | Path, command: str | None = None) -> Iterator[None]:
     """Hold ``run_dir``'s writer lock (created with the directory if needed) for the block.
@@ -54,43 +131,54 @@ def run_lock(run_dir: str | Path, command: str | None = None) -> Iterator[None]:
             process's command line).
 
     Raises:
-        RunDirBusy: another live process holds the lock (names its pid and command).
+        RunDirBusy: another live process holds the lock, as a writer or an online role (names
+            its pid and command).
     """
     if launch_rank() > 0:
         yield
         return
-    key = Path(run_dir).resolve()
-    if key in _held:
-        fd, depth = _held[key]
-        _held[key] = (fd, depth + 1)
-        try:
-            yield
-        finally:
-            fd, depth = _held[key]
-            _held[key] = (fd, depth - 1)
-        return
-    key.mkdir(parents=True, exist_ok=True)
-    fd = os.open(key / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        holder = os.pread(fd, 4096, 0).decode(errors="replace").strip() or "another process"
-        os.close(fd)
-        raise RunDirBusy(
-            f"{run_dir} is in use by {holder}; wait for it to finish (or stop it), or set "
-            "run_dir=... to write elsewhere"
-        ) from None
-    said = command or shlex.join(["coderl", *sys.argv[1:]])
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, f"pid {os.getpid()} ({said})\n".encode(), 0)
-    _held[key] = (fd, 1)
-    try:
+    root = Path(run_dir)
+    root.mkdir(parents=True, exist_ok=True)
+    with _flock(root / LOCK_FILE, shared=False, record=_said(command), run_dir=root):
         yield
-    finally:
-        fd, depth = _held.pop(key)
-        os.ftruncate(fd, 0)
-        fcntl.flock(fd, fcntl.LOCK_UN)
-        os.close(fd)
+
+
+def ensure_not_live(run_dir: str | Path) -> None:
+    """Refuse to resume a run that is still running (checked by taking and releasing its lock).
+
+    Raises:
+        RunDirBusy: another live process holds ``run_dir`` (names it; a run live before its
+            first checkpoint would otherwise read as "no checkpoint").
+    """
+    root = Path(run_dir)
+    if launch_rank() > 0 or not (root / LOCK_FILE).is_file():
+        return
+    advice = "it is still running: resume it after it stops (Ctrl-C prints the resume command)"
+    with _flock(root / LOCK_FILE, shared=False, record=_said(None), run_dir=root, advice=advice):
+        pass
+
+
+@contextmanager
+def online_lock(run_dir: str | Path, role: str, command: str | None = None) -> Iterator[None]:
+    """Hold ``run_dir`` for one online role (``serve``, ``cycle``, ``import``) for the block.
+
+    The online roles share a run directory by design (a server records interactions into its
+    store while ``coderl online cycle`` claims them and promotes into its registry), so each
+    takes the writer lock *shared*, which every writer (:func:`run_lock`: ``train``, ``sft``,
+    ...) is refused; and each role is one process at a time (an exclusive lock on
+    ``RUN/.lock.ROLE``), so a second ``coderl serve`` cannot share the registry of a live one.
+    Re-entrant within a process (``coderl online run`` serves and cycles in one process).
+
+    Raises:
+        RunDirBusy: a writer holds ``run_dir``, or another process holds ``role`` there.
+    """
+    root = Path(run_dir)
+    root.mkdir(parents=True, exist_ok=True)
+    with _flock(root / LOCK_FILE, shared=True, record=None, run_dir=root):
+        with _flock(
+            root / f"{LOCK_FILE}.{role}", shared=False, record=_said(command), run_dir=root
+        ):
+            yield
 
 
 def enclosing_run(path: str | Path) -> Path | None:

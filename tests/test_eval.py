@@ -118,6 +118,8 @@ def test_evaluate_joins_by_task_and_counts_a_dropped_episode_as_a_failure():
         "episodes": 0,
         "broken_calls": 0,
         "broken_episodes": 0,
+        "tool_episodes": 0,
+        "multi_turn": 0,
         "summarised": 0,
         "continued": 0,
         "continued_resolved": 0,

@@ -60,7 +60,7 @@ def test_report_on_an_empty_run_is_an_error(tmp_path):
 
 def _eval(step, phase, correct, broken):
     per_task = [
-        {"task_id": f"t{i}", "n": 4, "correct": c, "best": float(c > 0)}
+        {"task_id": f"t{i}", "n": 4, "correct": c, "best": float(c > 0), "tool_episodes": 4}
         for i, c in enumerate(correct)
     ]
     from coderl.eval.passk import summarize

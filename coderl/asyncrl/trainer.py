@@ -27,7 +27,10 @@ continuously. Process and Ray workers cannot share it yet (the adapter of each v
 only to the learner's client): those settings raise.
 
 Not supported (it raises): dynamic sampling (zero-variance group filtering) of ``coderl train``.
-No held-out evaluation runs during an async run: evaluate its checkpoints with ``coderl eval``.
+With ``eval.before_after`` it starts and ends with ``coderl train``'s held-out evaluation (the
+same code: :func:`coderl.train.run.run_eval` into ``eval.jsonl``, the end one with the collapse
+check), and ``coderl train-async`` prints the same held-out summary; ``eval.every`` does not
+apply (no evaluation between steps): evaluate its checkpoints with ``coderl eval``.
 """
 
 from __future__ import annotations
@@ -49,11 +52,13 @@ from coderl.progress import PhaseProgress
 from coderl.rundir import run_lock
 from coderl.train import pipeline as P
 from coderl.train.checkpoint import ensure_new_run, load_trainable, trainable_state
+from coderl.train.loop import log_eval_with_alarm, without_heldout_evals
 from coderl.train.run import (
     build_policy,
     close_run,
     optimize,
     restore,
+    run_eval,
     save,
     setup_run,
     step_status,
@@ -373,10 +378,16 @@ def _train_async(cfg: Config, acfg: AsyncConfig, resume: bool) -> dict[str, Any]
         else:
             prepass(run)  # tasks.pool.prepass_samples, as coderl train does
         logger = run_logger(cfg, run.step)
+        without_heldout_evals(run)  # a source without held-out tasks: said, and none run
+        heldout = run.cfg.eval.before_after  # the evaluations coderl train starts and ends with
+        if heldout and not resume:
+            logger.log_eval(0, {**run_eval(run), "phase": "start"})
         steps, at = cfg.trainer.steps, run.step
         with PhaseProgress("train-async", steps, completed=at, enabled=cfg.progress) as bar:
             with runner:
                 summary = runner.run(steps)
+        if heldout and run.step > at:
+            log_eval_with_alarm(logger, run.step, run_eval(run))
         logger.close()
     finally:
         close_run(run)  # a vLLM server coderl started stops, whatever happened

@@ -59,6 +59,7 @@ def _check_split(cfg: Any, tasks: str | None, split: str) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from coderl.eval.passk import per_task_pass
     from coderl.policy.rollout import build_engine
     from coderl.train.checkpoint import load_checkpoint, resolve_checkpoint
     from coderl.train.run import close_run, run_eval, setup_run
@@ -112,6 +113,8 @@ def run(args: argparse.Namespace) -> int:
         write_episodes(args.episodes_out, [v for v, _ in episodes], [ok for _, ok in episodes])
     out = {"checkpoint": str(ckpt), "base": args.base, "split": split or cfg.tasks.heldout_split}
     out.update({k_: v for k_, v in result.items() if k_ != "per_task"})
+    ks = sorted(int(k_) for k_ in result["pass_at"])
+    out["per_task"] = per_task_pass(result["per_task"], ks)  # after the totals: easy to read
     if any(getattr(t, "kind", None) == "repo" for t in evaluated):
         from coderl.tasks.repos import per_repo_report, print_per_repo
 

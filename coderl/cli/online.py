@@ -1,6 +1,10 @@
 """``coderl online``: ``cycle`` (one claim -> train -> gate cycle), ``run`` (cycles on a
 schedule, optionally driving the simulated population through an in-process server),
-``import`` (JSONL batch import of outcome events) and ``report`` (the last cycle's report)."""
+``import`` (JSONL batch import of outcome events) and ``report`` (the last cycle's report).
+
+``cycle``, ``run`` and ``import`` hold the run directory for their online role
+(:func:`coderl.rundir.online_lock`): they run beside ``coderl serve``, never beside a writer
+(``coderl train``, ``sft``, ...) or a second process of the same role."""
 
 from __future__ import annotations
 
@@ -10,6 +14,7 @@ import shlex
 import statistics
 import sys
 import time
+from contextlib import ExitStack
 from pathlib import Path
 
 from rich.console import Console
@@ -22,6 +27,7 @@ from coderl.endpoint.http import BackgroundServer
 from coderl.online.cycle import PHASES, open_run, run_cycle
 from coderl.online.cycle_report import phase_totals, print_report, trained
 from coderl.online.simulate import SimulatedPopulation
+from coderl.rundir import online_lock
 
 
 def _cfg(args: argparse.Namespace) -> Config:
@@ -30,7 +36,9 @@ def _cfg(args: argparse.Namespace) -> Config:
 
 def cmd_cycle(args: argparse.Namespace) -> int:
     """One cycle: claim the joined interactions, train a candidate, gate it, promote or not."""
-    print_report(run_cycle(_cfg(args)))
+    cfg = _cfg(args)
+    with online_lock(cfg.run_dir, "cycle", "coderl online cycle"):  # beside serve, not train
+        print_report(run_cycle(cfg))
     return 0
 
 
@@ -45,6 +53,14 @@ def agent_episode_config(cfg: Config) -> EpisodeConfig:
 def cmd_run(args: argparse.Namespace) -> int:
     """Repeat the cycle ``online.cycles`` times, ``online.interval_s`` apart; report cycle times."""
     cfg = _cfg(args)
+    roles = ["cycle", "serve"] if cfg.online.simulate.enabled else ["cycle"]
+    with ExitStack() as held:  # this process cycles (and serves): a writer or another is refused
+        for role in roles:
+            held.enter_context(online_lock(cfg.run_dir, role, "coderl online run"))
+        return _run_cycles(args, cfg)
+
+
+def _run_cycles(args: argparse.Namespace, cfg: Config) -> int:
     console = Console()
     bg = sim = server = None
     if cfg.online.simulate.enabled:
@@ -132,8 +148,10 @@ def cycle_time_summary(reports: list[dict]) -> str:
 
 def cmd_import(args: argparse.Namespace) -> int:
     """Store outcome events from a JSONL file (rejected lines are counted, with line numbers)."""
-    store, _ = open_run(_cfg(args))
-    res = store.import_jsonl(args.file, batch_size=args.batch_size)
+    cfg = _cfg(args)
+    with online_lock(cfg.run_dir, "import", "coderl online import"):
+        store, _ = open_run(cfg)
+        res = store.import_jsonl(args.file, batch_size=args.batch_size)
     print(
         json.dumps(
             {"stored": res.stored, "duplicates": res.duplicates, "rejected": dict(res.rejected)}
@@ -147,6 +165,11 @@ def cmd_import(args: argparse.Namespace) -> int:
 def cmd_report(args: argparse.Namespace) -> int:
     """Print the last cycle's report (run_dir/cycles.jsonl); CONFIG may be the run directory."""
     given = Path(args.config)
+    if not given.exists():
+        raise FileNotFoundError(
+            f"{given} does not exist; give the online run's directory (its run_dir, e.g. "
+            "runs/online-demo) or the preset it ran with (e.g. configs/online-demo.yaml)"
+        )
     run_dir = given if given.is_dir() and not args.overrides else Path(_cfg(args).run_dir)
     path = run_dir / "cycles.jsonl"
     if not path.exists():

@@ -7,6 +7,11 @@ either way each interaction records the engine's sampled ids, their behaviour lo
 registry version. A reload syncs the new champion into the same engine (a LoRA adapter for vLLM,
 canary-checked) instead of starting another server.
 
+The server holds the run directory for the ``serve`` role (:func:`coderl.rundir.online_lock`):
+``coderl online cycle`` may run beside it (it claims what the server recorded), while a writer
+(``coderl train``, ``sft``, ...) or a second ``coderl serve`` on the same directory is refused in
+one line naming this server's pid.
+
 Populations (``online.populations``): every population with an own champion in the registry is
 served its own adapter, the rest the shared champion (:mod:`coderl.online.routing`); a reload
 refreshes every route whose pointer moved. On ``torch`` each route is its own in-process policy;
@@ -30,6 +35,7 @@ from coderl.online.server import InteractionServer
 from coderl.online.store import Store
 from coderl.policy.base import Completion, SamplingParams
 from coderl.policy.rollout import RolloutEngine, TorchRollout, build_engine
+from coderl.rundir import online_lock
 
 
 class AdapterSampler:
@@ -102,14 +108,22 @@ def build_server(
 
 
 def run(args: argparse.Namespace) -> int:
-    import uvicorn
-
     overrides = list(args.overrides)
     overrides += [f"online.serve.host={args.host}"] if args.host is not None else []
     overrides += [f"online.serve.port={args.port}"] if args.port is not None else []
     cfg = load_online_config(args.config, overrides)
     serve = cfg.online.serve
     sock = listening_socket(serve.host, serve.port)  # before the model loads: fail in a second
+    try:  # a writer (train, sft) or a second server on this run dir is refused
+        with online_lock(cfg.run_dir, "serve", "coderl serve"):
+            return _serve(cfg, sock, args.access_log)
+    finally:
+        sock.close()
+
+
+def _serve(cfg: Config, sock: socket.socket, access_log: bool) -> int:
+    import uvicorn
+
     store, registry = open_run(cfg)
     champ = registry.champion()
     assert champ is not None
@@ -124,11 +138,10 @@ def run(args: argparse.Namespace) -> int:
             f"(database {database_url(cfg)})"
         )
         # no per-request INFO line unless asked: a log holds what the server says, not traffic
-        config = uvicorn.Config(server.app(), log_level="info", access_log=args.access_log)
+        config = uvicorn.Config(server.app(), log_level="info", access_log=access_log)
         uvicorn.Server(config).run(sockets=[sock])
     finally:
         engine.close()  # a vLLM server coderl started stops with it
-        sock.close()
     return 0
 
 

@@ -44,6 +44,9 @@ def run(args: argparse.Namespace) -> int:
     console.print(f"[bold]async run finished[/] in {cfg.run_dir}")
     for key, value in summary.items():
         console.print(f"  {key}: {value:.4g}" if isinstance(value, float) else f"  {key}: {value}")
+    from coderl.eval.summary import print_summary
+
+    print_summary(cfg.run_dir)  # the held-out table coderl train ends with (none without evals)
     return 0
 
 

@@ -446,6 +446,12 @@ def load_tree(
     tree: dict[str, Any] = {}
     if path is not None:
         p = Path(path)
+        if p.is_dir():
+            run = f"; to continue the run in it: coderl train --resume {p}"
+            raise ConfigError(
+                f"{str(p)!r} is a directory, not a YAML config file; name a preset such as "
+                f"configs/default.yaml{run if (p / 'config.yaml').is_file() else ''}"
+            )
         if not p.is_file():
             raise ConfigError(f"config file {str(p)!r} does not exist")
         try:

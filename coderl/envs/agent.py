@@ -46,6 +46,7 @@ def _record(ep: Any) -> EpisodeRecord:
         turns=ep.stats.turns,
         truncated=ep.stats.finish_reason in TRUNCATED,
         broken_tool_calls=ep.stats.broken_tool_calls,
+        parsed_calls=True,
         no_action_turns=ep.stats.no_action_turns,
         summaries=ep.stats.summaries,
         turns_after_summary=ep.stats.turns_after_summary,

@@ -43,6 +43,9 @@ class EpisodeRecord:
     truncated: bool = False
     """The episode hit a token or turn budget instead of ending on its own."""
     broken_tool_calls: int = 0
+    parsed_calls: bool = False
+    """Its replies were parsed as tool calls (an agent harness): ``broken_tool_calls`` is a
+    measurement; False (single-reply tasks): nothing was parsed, and nothing is reported."""
     no_action_turns: int = 0
     """Turns in which the model produced no tool call and no answer."""
     summaries: int = 0

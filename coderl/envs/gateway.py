@@ -37,7 +37,10 @@ episode's.
 Limits and failures: ``rollout.max_turns`` calls and ``token_budget()`` sampled tokens per
 episode (the call that would exceed them is refused and the program stopped: ``max_turns`` /
 ``max_tokens``, truncated), ``tasks.options.timeout_s`` of the program's own wall time (time
-waiting for the model does not count; past it the process group is killed: ``timeout``). A program that exits non-zero, hangs past its time or never calls
+waiting for the model does not count; past it the process group is killed: ``timeout``); an
+interrupted rollout (Ctrl-C, SIGTERM: a ``KeyboardInterrupt`` in the thread that called
+``rollout``) kills every program's process group at once. A program that exits non-zero, hangs
+past its time or never calls
 the model is the agent's failure: scored (its diff is graded all the same). The gateway's own
 faults (the engine failed, the sandbox would not start, the diff could not be taken) are
 ``infra``: masked and counted.
@@ -173,6 +176,16 @@ class Gateway:
         ep.ending = ep.ending or ending
         if ep.process is not None and ep.process.poll() is None:
             os.killpg(ep.process.pid, signal.SIGTERM)
+
+    def stop_all(self) -> None:
+        """End every program now (SIGKILL to its process group; one not started yet never
+        starts): the rollout was interrupted (Ctrl-C, SIGTERM), and a program left running would
+        hold the command until its own ``timeout_s``."""
+        for ep in list(self.episodes.values()):
+            with ep.lock:
+                ep.ending = ep.ending or "interrupted"
+                if ep.process is not None and ep.process.poll() is None:
+                    os.killpg(ep.process.pid, signal.SIGKILL)
 
     def complete(self, ep: _Episode, req: ChatRequest) -> dict[str, Any]:
         """Sample and record one call of ``ep`` (see the module docstring).
@@ -319,6 +332,9 @@ def run_program(ep: _Episode, opts: GatewayOptions, base_url: str, statement: st
         }
         log = open(scratch / "program.log", "wb")  # noqa: SIM115 - closed below
         with ep.lock:
+            if ep.ending == "interrupted":  # Gateway.stop_all came first
+                log.close()
+                return ep.ending
             ep.process = subprocess.Popen(
                 ["bash", "-c", opts.program], cwd=scratch, env=env, stdout=log,
                 stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
@@ -365,6 +381,7 @@ def _record(ep: _Episode, finish: str, diff: str | None) -> EpisodeRecord:
         turns=len(ep.calls),
         truncated=finish in ("max_turns", "max_tokens", "timeout"),
         broken_tool_calls=ep.statuses.count("invalid"),
+        parsed_calls=True,
         no_action_turns=ep.statuses.count("none"),
         answer=diff or "",
         failure=failure,
@@ -407,6 +424,9 @@ class GatewayEnvironment:
             with thread_pool(max(1, self.cfg.rollout.concurrency)) as pool:
                 return list(pool.map(lambda it: self._one(gw, server.base_url[:-3], *it),
                                      enumerate(owners)))  # fmt: skip
+        except BaseException:  # Ctrl-C or SIGTERM (the CLI raises it here): no program outlives it
+            gw.stop_all()
+            raise
         finally:
             server.stop()
             gw.batcher.close()

@@ -52,13 +52,14 @@ class EvalResult:
     """Mean over tasks of the best ``fraction_passed`` among the n samples."""
     per_task: list[dict[str, Any]] = field(default_factory=list)
     """``{"task_id", "source", "n", "correct", "best", "f2p", "episodes", "broken_calls",
-    "broken_episodes"}`` per task (for paired comparisons): ``source`` is the task's family in
+    "broken_episodes", "tool_episodes"}`` per task (for paired comparisons): ``source`` is the task's family in
     the summary (:func:`coderl.tasks.ladder.family`: ``level L<k>`` for a variant of the
     repository ladder, else its :attr:`~coderl.tasks.spec.Task.source`; None for tasks without
     one); ``f2p`` is the mean over the n samples
     of the fraction of FAIL_TO_PASS tests passed (0 for a sample that is missing or whose grading
     failed); ``episodes`` returned by the environment, the broken tool calls among them and how
-    many had at least one; ``summarised``, ``continued``, ``continued_resolved`` and the
+    many had at least one, and how many had their replies parsed as tool calls (0: the broken
+    counts measure nothing); ``summarised``, ``continued``, ``continued_resolved`` and the
     prefill accounting summed over the task's episodes (see :attr:`context`)."""
     grading_errors: int = 0
     """Episodes whose grading failed (infrastructure: counted as failures, in the denominator)."""
@@ -71,7 +72,8 @@ class EvalResult:
     broken_episode_rate: float = 0.0
     """Share of returned episodes with at least one broken tool call."""
     context: dict[str, float] = field(default_factory=dict)
-    """Over returned episodes: ``summarised`` (episodes with a self-summary), ``continued``
+    """Over returned episodes: ``multi_turn`` (episodes of more than one model turn: without
+    one, KV reuse across turns measures nothing), ``summarised`` (episodes with a self-summary), ``continued``
     (of those, episodes that took a turn in the window the summary opened),
     ``continued_resolved`` (of those, resolved), each a count; ``distinct_tokens``,
     ``prompt_tokens`` and ``prefill_tokens`` per episode
@@ -79,6 +81,16 @@ class EvalResult:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+def per_task_pass(per_task: list[dict[str, Any]], ks: list[int]) -> list[dict[str, Any]]:
+    """Each task's row with its unbiased pass@k (Chen et al. 2021, Eq. 1, from its ``n`` samples
+    and ``correct`` count) under ``pass_at`` (``"1"`` -> value), for each k up to its ``n``;
+    the mean over rows of ``pass_at[k]`` is :func:`summarize`'s pass@k."""
+    return [
+        t | {"pass_at": {str(k): A.pass_at_k(t["n"], t["correct"], k) for k in ks if k <= t["n"]}}
+        for t in per_task
+    ]
 
 
 def summarize(
@@ -102,7 +114,7 @@ def summarize(
     if episodes:
         res.broken_calls = sum(t["broken_calls"] for t in per_task) / episodes
         res.broken_episode_rate = sum(t["broken_episodes"] for t in per_task) / episodes
-        counts = ("summarised", "continued", "continued_resolved")
+        counts = ("multi_turn", "summarised", "continued", "continued_resolved")
         res.context = {k: float(sum(t.get(k, 0) for t in per_task)) for k in counts}
         res.context.update({k: sum(t.get(k, 0) for t in per_task) / episodes for k in PREFILL_KEYS})
     return res
@@ -268,6 +280,7 @@ def _task_row(task: Any, pairs: list[tuple[Any, Any]], samples: int) -> dict[str
         "episodes": len(broken),
         "broken_calls": sum(broken),
         "broken_episodes": sum(b > 0 for b in broken),
+        "tool_episodes": sum(bool(getattr(ep, "parsed_calls", False)) for ep, _ in pairs),
         **_context_row(pairs),
     }
 
@@ -277,6 +290,7 @@ def _context_row(pairs: list[tuple[Any, Any]]) -> dict[str, int]:
     :attr:`EvalResult.context`); an episode without a trajectory counts zero tokens."""
     went_on = [(ep, g) for ep, g in pairs if getattr(ep, "turns_after_summary", 0) > 0]
     row = {
+        "multi_turn": sum(getattr(ep, "turns", 1) > 1 for ep, _ in pairs),
         "summarised": sum(getattr(ep, "summaries", 0) > 0 for ep, _ in pairs),
         "continued": len(went_on),
         "continued_resolved": sum(bool(g.resolved) and g.grading_error is None for _, g in went_on),

@@ -35,7 +35,12 @@ from coderl.eval.curve import (  # noqa: E402
     reward_keys,
     write_curve,
 )
-from coderl.eval.summary import phase_name, read_phases, summary_lines  # noqa: E402
+from coderl.eval.summary import (  # noqa: E402
+    parsed_calls,
+    phase_name,
+    read_phases,
+    summary_lines,
+)
 from coderl.graders.report import html_section  # noqa: E402
 from coderl.metrics import SFT_LOG, read_jsonl  # noqa: E402
 
@@ -58,7 +63,7 @@ PLOTS: dict[str, tuple[str, list[str]]] = {
     ),
     "time.png": ("Time split per step (s)", ["time/rollout", "time/grading", "time/train"]),
 }
-OPTIONAL = {"signal.png", "pool.png"}
+OPTIONAL = {"signal.png", "pool.png", "kl.png"}  # kl: absent unless measured
 HELDOUT = ("heldout.png", "Held-out pass@k per evaluation (95% CI bands)")
 SFT_PLOT = ("sft.png", "SFT warm start: NLL per assistant token, per batch")
 
@@ -115,7 +120,7 @@ def _summary_rows(evals: list[dict[str, Any]]) -> str:
             alarm = "COLLAPSE ALARM" if c["alarm"] else "no collapse alarm"
             change = c["change"]["mean"]
             cells.append(f"{alarm}: pass@{c['k']} {change:+.3f} vs step {c['best_step']}")
-        if "broken_calls" in e:
+        if "broken_calls" in e and (not e.get("per_task") or parsed_calls(e)):  # measured
             cells.append(
                 f"broken calls/episode {e['broken_calls']:.2f} "
                 f"({e['broken_episode_rate']:.0%} of episodes)"

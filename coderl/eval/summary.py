@@ -9,8 +9,10 @@ after SFT, after RL), the paired RL-only change (after RL - after SFT) and the w
 pass@k before/after RL per task family when the split mixes several (each task's ``source``:
 the repair demo's held-out library and HumanEval's held-out problems), pass@k at the largest k
 before and after RL (the collapse check), the collapse alarm of the periodic evaluations
-(:func:`collapse_line`), the broken-call rate before and after RL, the last evaluation's
-self-summaries and prefill per episode (:func:`context_rows`), and the phase times.
+(:func:`collapse_line`), the broken-call rate before and after RL (when tool calls were parsed:
+:func:`parsed_calls`), the last evaluation's
+self-summaries and prefill per episode (:func:`context_rows`, multi-turn episodes only), and
+the phase times.
 The comparisons are :func:`coderl.eval.passk.compare`; nothing is computed here that is not
 computed there.
 """
@@ -96,18 +98,8 @@ def summary_lines(
                 f"paired change {_ci(rl.passk, signed=True)}",
             )
         )
-        (b0, b1), (r0, r1) = rl.broken_calls, rl.broken_episode_rate
-        rows.append(
-            (
-                "broken calls per episode before -> after RL",
-                f"{b0:.2f} -> {b1:.2f} (episodes with one: {r0:.0%} -> {r1:.0%})"
-                + (
-                    f"; paired change {_ci(rl.broken_change, signed=True)}"
-                    if rl.broken_change is not None
-                    else ""
-                ),
-            )
-        )
+        if parsed_calls(start) and parsed_calls(last):  # else no call was parsed: absent
+            rows.append(("broken calls per episode before -> after RL", _broken(rl)))
         rows.extend(family_rows(start, last))
     elif len(evals) >= 2:
         rows.append(("whole run: pass@1 change (paired, 95% CI)", _change(compare(first, last))))
@@ -119,11 +111,27 @@ def summary_lines(
     return rows
 
 
+def parsed_calls(e: dict[str, Any]) -> bool:
+    """Whether an evaluation record's episodes had their replies parsed as tool calls (its
+    broken-call counts measure something); a record from before ``tool_episodes`` was counted:
+    whether it returned episodes."""
+    return any(t.get("tool_episodes", t.get("episodes", 0)) for t in e["per_task"])
+
+
+def _broken(rl: Any) -> str:
+    (b0, b1), (r0, r1) = rl.broken_calls, rl.broken_episode_rate
+    text = f"{b0:.2f} -> {b1:.2f} (episodes with one: {r0:.0%} -> {r1:.0%})"
+    if rl.broken_change is not None:
+        text += f"; paired change {_ci(rl.broken_change, signed=True)}"
+    return text
+
+
 def context_rows(e: dict[str, Any]) -> list[tuple[str, str]]:
     """The self-summaries and the multi-turn prefill of one evaluation (its ``context``:
-    :attr:`coderl.eval.passk.EvalResult.context`); empty for records without it."""
+    :attr:`coderl.eval.passk.EvalResult.context`); empty for records without it and for
+    evaluations whose episodes were all one model turn (nothing to summarise or reuse)."""
     c = e.get("context") or {}
-    if not c:
+    if not c or not c.get("multi_turn", 1):  # single replies: no summary, no KV to reuse
         return []
     return [
         (

@@ -409,7 +409,8 @@ def run_cycle(
     rep["exploration"] = {
         "share": x.share,
         "temperature": x.temperature,
-        "traffic_share": sum(bool(r["exploration"]) for r in rows) / len(rows) if rows else 0.0,
+        # None: no interaction to count over (the report says "no traffic", never 0.000)
+        "traffic_share": sum(bool(r["exploration"]) for r in rows) / len(rows) if rows else None,
     }
     suites = _Suites(cfg, registry, {SHARED: evaluator, **(evaluators or {})})
     tracks = select_tracks(cfg, registry, rows, rewards)

@@ -14,7 +14,9 @@ from coderl.online.cycle import PHASES
 
 
 def _exploration_line(x: dict[str, Any]) -> str:
-    line = f"share {x['share']:g} at T={x['temperature']:g}; traffic {x['traffic_share']:.3f}"
+    t = x.get("traffic_share")
+    said = "no traffic" if t is None else f"traffic {t:.3f}"  # nothing to count over: absent
+    line = f"share {x['share']:g} at T={x['temperature']:g}; {said}"
     if "batch_share" in x:
         line += (
             f"; batch {x['batch_share']:.3f}, Kish ESS of the sequence weights "

@@ -19,7 +19,8 @@ Checks, all of which must pass:
    promotion, reported as an alarm.
 5. **No gain anywhere**: a candidate that is worse than the champion on some held-out task and
    better on none (for any gated metric) is rejected, however small the loss: it has shown
-   nothing to trade the loss for.
+   nothing to trade the loss for. When both score 0 on every task for every gated metric (0.000
+   vs 0.000: nothing measured) the candidate is rejected too (:func:`no_evidence`).
 6. **The best earlier champion**: the paired test (1) and check (5) are run again against the
    earlier champion of the track with the best recorded held-out mean, so a run of candidates
    each within the margin of its parent cannot drift further than one margin from the best
@@ -197,6 +198,20 @@ def no_gain(metric: str, candidate: list[float], champion: list[float]) -> str |
     return None
 
 
+def no_evidence(heldout: dict[str, tuple[list[float], list[float]]]) -> str | None:
+    """Why the held-out suites measured nothing (every gated metric scores 0 for candidate and
+    champion on every task: a suite neither policy scores on, or no task at all), or None.
+    0.000 vs 0.000 passes the non-inferiority test trivially (no discordant task); promoting on
+    it would replace the champion on no evidence."""
+    if any(x != 0 for pair in heldout.values() for side in pair for x in side):
+        return None
+    n = max((len(c) for c, _ in heldout.values()), default=0)
+    return (
+        f"not measured: candidate and champion both score 0.000 on all {n} held-out tasks "
+        f"({', '.join(sorted(heldout))}); nothing shows either is better, not promoted"
+    )
+
+
 def _compare(
     cfg: GateConfig, heldout: dict[str, tuple[list[float], list[float]]], rep: GateReport, who: str
 ) -> None:
@@ -255,6 +270,9 @@ def run_gate(
     """
     rep = GateReport(promote=True)
     _compare(cfg, heldout, rep, "champion")
+    same = no_evidence({m: heldout[m] for m in cfg.margins})
+    if same is not None:
+        rep.reasons.append(same)
     if best is not None:
         _compare(cfg, best, rep, "best earlier champion")
     alarms = list(production_alarms)

@@ -28,6 +28,7 @@ from coderl.config import (
     dump_config,
     load_tree,
 )
+from coderl.rundir import ensure_not_live
 from coderl.train.checkpoint import (
     CKPT_PREFIX,
     latest_checkpoint,
@@ -142,11 +143,14 @@ def resume_target(path: str | Path) -> tuple[Path, Path]:
     intact one a damaged newer one names).
 
     Raises:
+        coderl.rundir.RunDirBusy: the run is live (another process holds its lock).
         FileNotFoundError: PATH is neither.
         coderl.train.checkpoint.DamagedCheckpoint: that checkpoint is damaged.
     """
     path = Path(path)
-    if (path / "state.json").is_file() and path.parent.name == "checkpoints":
+    named = (path / "state.json").is_file() and path.parent.name == "checkpoints"
+    ensure_not_live(path.parent.parent if named else path)  # live: not "no checkpoint"
+    if named:
         run_dir, ckpt = path.parent.parent, path
     else:
         run_dir, ckpt = path, latest_checkpoint(path)

@@ -428,7 +428,9 @@ def train_step(
 
     Returns:
         The metrics of :func:`accumulate_gradients` for the first epoch (the on-policy one),
-        plus ``grad_norm``, ``lr``, ``optimizer_steps`` (this call), ``sequences``,
+        except ``approx_kl``: the last epoch's (KL(old || new) after ``update_epochs - 1``
+        updates), the first epoch's with ``old_logp="behaviour"`` and one epoch (trainer vs
+        sampler), absent with ``old_logp="trainer"`` and one epoch (0 by construction); plus ``grad_norm``, ``lr``, ``optimizer_steps`` (this call), ``sequences``,
         ``trained_tokens``, and the work of the forward passes with gradients over every epoch
         (``forward_tokens``: token positions run; ``forward_attended``: causal query-key pairs
         per head and layer; :func:`coderl.policy.forward.work`; 0 in a sharded step, and the
@@ -457,6 +459,10 @@ def train_step(
         work = {k: v + m[k] for k, v in work.items()}
         if epoch == 0:
             metrics = m
+        if epoch > 0:  # old = before the first epoch's update: the policy has moved
+            metrics["approx_kl"] = m["approx_kl"]
+    if trainer.update_epochs == 1 and alg.old_logp == "trainer":
+        metrics.pop("approx_kl")  # old is this very forward: ratio 1, KL 0 by construction
     metrics.update(
         optimizer_steps=float(trainer.update_epochs),
         sequences=float(batch.size),
