@@ -51,7 +51,7 @@ from coderl.agent.tools import (
     resolve_tools,
 )
 from coderl.policy.episode import EpisodeBuilder, encode
-from coderl.sandbox.base import Sandbox
+from coderl.sandbox.base import Sandbox, WorkspaceError
 from coderl.trajectory import Trajectory
 
 FinishReason = Literal["submitted", "max_turns", "max_tokens", "broken_calls", "context", "error"]
@@ -456,16 +456,18 @@ def _summarize(st: _State, max_new: int) -> Generator[SampleRequest, Any, None]:
 
 def _fork(st: _State, tools: Mapping[str, Tool]) -> list[Step | Episode]:
     """``cfg.branch.k`` continuations of ``st`` at its current boundary, each over a fork of the
-    sandbox; a fork that fails becomes an ``infra``-failed episode (masked, counted)."""
+    sandbox; a fork that fails becomes a failed episode: ``agent`` (scored) when the parent's
+    workspace made the copy fail (:class:`WorkspaceError`), else ``infra`` (masked, counted)."""
     t = st.stats.turns
     out: list[Step | Episode] = []
     for k in range(st.cfg.branch.k):
         child_id = f"{st.episode.episode_id}@{t}.{k}"
         try:
             sandbox = st.ctx.sandbox.fork()
-        except Exception:  # noqa: BLE001 - infrastructure: that continuation is masked
+        except Exception as e:  # noqa: BLE001 - that continuation fails, the others go on
             ep = Episode(st.task.id, child_id, Trajectory(), [], [], "", EpisodeStats())
-            ep.error, ep.failure = traceback.format_exc(), "infra"
+            ep.error = traceback.format_exc()
+            ep.failure = "agent" if isinstance(e, WorkspaceError) else "infra"
             out.append(ep)
             continue
         out.append(_drive(st.fork(sandbox, child_id), tools, close=True))
