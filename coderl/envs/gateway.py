@@ -236,13 +236,14 @@ class Gateway:
 
     def execute(self, ep: _Episode, body: dict[str, Any]) -> dict[str, Any]:
         """Run ``body["argv"]`` in ``body["cwd"]`` with ``body["env"]`` in ``ep``'s sandbox;
-        ``{"output", "returncode"}`` (stdout and stderr merged)."""
-        argv, cwd, env = body.get("argv"), body.get("cwd") or "/testbed", body.get("env") or {}
-        if not isinstance(argv, list) or not argv or not all(isinstance(a, str) for a in argv):
-            raise HTTPException(400, "argv must be a non-empty list of strings")
-        exports = "".join(f"export {k}={shlex.quote(str(v))}; " for k, v in env.items()
-                          if str(k).isidentifier())  # fmt: skip
-        cmd = f"( {exports}cd {shlex.quote(cwd)} && {shlex.join(argv)} ) 2>&1"
+        ``{"output", "returncode"}`` (stdout and stderr merged).
+
+        Raises:
+            HTTPException: 400 for a request the program (or the model through it) got wrong
+                (:func:`exec_command`): the program's to handle, never a mask; 503 when the
+                sandbox failed on a valid command (infra, masked).
+        """
+        cmd = exec_command(body)
         try:
             r = ep.sandbox.exec(cmd, timeout=self.opts.exec_timeout_s)
         except Exception as e:  # noqa: BLE001 - the sandbox's fault, not the command's: infra
@@ -272,6 +273,42 @@ class Gateway:
             return self.execute(self._episode(secret), body)
 
         return app
+
+
+MAX_EXEC_BYTES = 1 << 20
+"""The longest command line (argv, cwd and env together, UTF-8) an ``/exec`` request may send."""
+
+
+def exec_command(body: dict[str, Any]) -> str:
+    """The shell command that runs an ``/exec`` request's ``argv`` in ``cwd`` (default
+    ``/testbed``) with ``env``, stdout and stderr merged.
+
+    Raises:
+        HTTPException: 400 when the request cannot be a command: ``argv`` not a non-empty list
+            of strings, ``cwd`` not a string, ``env`` not an object of strings, a string holding
+            NUL or a lone surrogate (not UTF-8), or more than ``MAX_EXEC_BYTES`` in all. That is
+            the program's (or the model's) input, so it is answered, never turned into a mask.
+    """
+    argv, cwd, env = body.get("argv"), body.get("cwd") or "/testbed", body.get("env") or {}
+    if not isinstance(argv, list) or not argv or not all(isinstance(a, str) for a in argv):
+        raise HTTPException(400, "argv must be a non-empty list of strings")
+    if not isinstance(cwd, str) or not isinstance(env, dict):
+        raise HTTPException(400, "cwd must be a string and env an object")
+    if not all(isinstance(v, str) for v in env.values()):
+        raise HTTPException(400, "env values must be strings")
+    texts = [*argv, cwd, *env, *env.values()]
+    size = 0
+    for text in texts:
+        if "\0" in text:
+            raise HTTPException(400, "a command cannot hold a NUL character")
+        try:
+            size += len(text.encode())
+        except UnicodeEncodeError:
+            raise HTTPException(400, "a command must be valid UTF-8 (no lone surrogates)") from None
+    if size > MAX_EXEC_BYTES:
+        raise HTTPException(400, f"a command may hold at most {MAX_EXEC_BYTES} bytes, got {size}")
+    exports = "".join(f"export {k}={shlex.quote(v)}; " for k, v in env.items() if k.isidentifier())
+    return f"( {exports}cd {shlex.quote(cwd)} && {shlex.join(argv)} ) 2>&1"
 
 
 def _wait(ep: _Episode, timeout_s: float) -> int | None:
