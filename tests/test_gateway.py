@@ -625,3 +625,22 @@ urllib.request.urlopen(req).read()
     )
     assert (rec.finish_reason, rec.failure) == ("exited", None), rec.failure_reason
     assert "[400, 400, 'fine\\n']" in seen[0]
+
+
+@pytest.mark.parametrize(("emoji", "finish"), [(1500, "context"), (10, "exited")])
+def test_a_prompt_past_the_engines_context_is_a_scored_context_ending(policy, emoji, finish):
+    """The program sends a message past the model's context (4,096 tokens for tiny-random;
+    1,500 emoji are 6,000): the call is refused before the engine (which would fail it as
+    infra), the program stopped, and the episode ends ``context``: the agent's, scored."""
+    from coderl.envs.base import GradeRecord
+    from coderl.train.pipeline import attribute
+
+    program = _program(
+        CALL.replace('"content": "hi"', f'"content": chr(0x1F600) * {emoji}') + "call(1)"
+    )
+    env = build_environment(_config(program, "rollout.max_turns=3", timeout_s=60))
+    task = env.tasks("train")[0]
+    [rec] = env.rollout(Forced(policy, lambda _: "ok"), [task], SamplingParams(), 1)
+    kind = "agent" if finish == "context" else None  # the refused call is its only one
+    assert (rec.finish_reason, rec.failure) == (finish, kind), rec.failure_reason
+    assert attribute(rec, GradeRecord())[0] == kind

@@ -54,8 +54,15 @@ class ToolConfig:
     """Longest line shown by ``read_file`` and ``search`` (characters); longer lines are cut."""
     max_observation_chars: int = 8000
     """Observations longer than this (characters) keep their head and tail around a marker."""
+    max_observation_tokens: int = 3072
+    """The same cap in the policy's tokens (``coderl.agent.context.cap_tokens``), applied by the
+    episode loop: characters that cost several tokens each cannot flood the context."""
 
     def __post_init__(self) -> None:
+        if self.max_observation_tokens < 128:
+            raise ValueError(
+                f"ToolConfig.max_observation_tokens must be >= 128, got {self.max_observation_tokens}"
+            )
         if self.max_read_lines is not None and self.max_read_lines < 1:
             raise ValueError(f"ToolConfig.max_read_lines must be >= 1, got {self.max_read_lines}")
 

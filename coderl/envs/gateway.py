@@ -37,7 +37,12 @@ episode's.
 Limits and failures: ``rollout.max_turns`` calls and ``token_budget()`` sampled tokens per
 episode (the call that would exceed them is refused and the program stopped: ``max_turns`` /
 ``max_tokens``, truncated), ``tasks.options.timeout_s`` of the program's own wall time (time
-waiting for the model does not count; past it the process group is killed: ``timeout``). A program that exits non-zero, hangs past its time or never calls
+waiting for the model does not count; past it the process group is killed: ``timeout``). A
+call whose prompt leaves the engine no room to sample (:func:`coderl.policy.base.context_limit`)
+is refused (400) before it reaches the engine and the program stopped: ``context``, scored as
+the agent's ending like the native harness's. A command the program sends that cannot be one
+(NUL, a lone surrogate, bad types, over ``MAX_EXEC_BYTES``) is answered 400 and the episode
+goes on. A program that exits non-zero, hangs past its time or never calls
 the model is the agent's failure: scored (its diff is graded all the same). The gateway's own
 faults (the engine failed, the sandbox would not start, the diff could not be taken) are
 ``infra``: masked and counted.
@@ -71,7 +76,7 @@ from fastapi import FastAPI, HTTPException, Request, Response
 from coderl.agent.episode import diff_failure
 from coderl.config import Config
 from coderl.endpoint.batching import WindowBatcher
-from coderl.endpoint.calls import RequestError
+from coderl.endpoint.calls import ContextFullError, RequestError
 from coderl.endpoint.chat import (
     Call,
     ChatRequest,
@@ -86,7 +91,7 @@ from coderl.endpoint.errors import ApiError, install_error_handlers
 from coderl.endpoint.http import BackgroundServer
 from coderl.envs.agent import AgentEnvironment, sandbox_for
 from coderl.envs.base import EpisodeRecord, FailureKind, GradeRecord, SamplingPolicy
-from coderl.policy.base import SamplingParams
+from coderl.policy.base import SamplingParams, context_limit
 from coderl.pools import thread_pool
 from coderl.trajectory import Trajectory
 
@@ -202,11 +207,14 @@ class Gateway:
                     self._generate(ep),
                     temperature=self.params.temperature,
                     max_new_tokens=min(self.params.max_new_tokens, self.budget - ep.sampled),
-                    context=None,
+                    context=context_limit(self.policy),
                     call_format=self.opts.call_format,
                     template_tools=self.opts.template_tools,
                     previous=ep.turn,
                 )
+            except ContextFullError as e:  # the program's history filled the context: scored
+                self._stop(ep, "context")
+                raise ApiError(400, str(e), param=e.param) from None
             except RequestError as e:
                 raise ApiError(400, str(e), param=e.param) from None
             ep.turn = s.turn
