@@ -42,7 +42,7 @@ from typing import Any, Literal, Protocol
 
 from coderl.agent.branch import BranchSpec
 from coderl.agent.context import ChatRenderer, Message, cap_tokens
-from coderl.agent.parsing import BrokenCall, ToolCall, get_call_format, validate
+from coderl.agent.parsing import BrokenCall, ToolCall, get_call_format, printable, validate
 from coderl.agent.tools import (
     TOOLS,
     TOOLSETS,
@@ -50,7 +50,6 @@ from coderl.agent.tools import (
     ToolConfig,
     ToolContext,
     execute,
-    printable,
     resolve_tools,
 )
 from coderl.policy.episode import EpisodeBuilder, encode

@@ -97,20 +97,6 @@ def truncate_middle(text: str, max_chars: int) -> str:
     return f"{text[:head]}\n[... {omitted} characters omitted ...]\n{text[len(text) - tail :]}"
 
 
-def printable(text: str) -> str:
-    """``text`` with every lone surrogate written as a ``\\udXXX`` escape.
-
-    Arguments parsed from a model's JSON may hold lone surrogates (``"\\ud800"`` is valid JSON);
-    echoed into an observation they would make the tokenizer raise and the episode end as an
-    ``error`` (masked). The escape shows the model what it wrote.
-    """
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return text.encode("utf-8", "backslashreplace").decode("utf-8")
-    return text
-
-
 def _cut(line: str, max_chars: int) -> str:
     return line if len(line) <= max_chars else line[:max_chars] + " [line cut]"
 
