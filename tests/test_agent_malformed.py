@@ -213,3 +213,23 @@ def test_a_surrogate_tool_name_is_scored_by_a_learned_term_not_masked(tok, gate)
     fails = [attribute(e, g) for e, g in zip(eps, grades, strict=True)]
     res = compute_rewards(reward_samples(env, [task], ["k"], eps, grades, fails), cfg.reward)
     assert eps[0].broken_tool_calls == 1 and res.valid[0] and res.errors == []
+
+
+@pytest.mark.parametrize("byproducts", [1, 5])
+def test_the_diff_compares_a_bounded_amount_of_text_smallest_changes_first(
+    tmp_path, monkeypatch, byproducts
+):
+    """Large byproducts past ``MAX_DIFF_TEXT_BYTES`` are noted like binary files (dropped by the
+    grader), while the small fix beside them, even sorted after them, is still diffed."""
+    monkeypatch.setattr(workspace, "MAX_DIFF_TEXT_BYTES", 4096)
+    base, tree = tmp_path / "base", tmp_path / "tree"
+    base.mkdir()
+    (base / "zz_fix.py").write_text("def add(a, b):\n    return a - b\n")
+    shutil.copytree(base, tree)
+    (tree / "zz_fix.py").write_text("def add(a, b):\n    return a + b\n")
+    for i in range(byproducts):
+        (tree / f"a_log{i}.txt").write_text("line\n" * 2000)  # 10,000 bytes each
+    diff = workspace.tree_diff(base, tree, DIFF_EXCLUDES)
+    assert "+    return a + b\n" in diff
+    assert diff.count("Binary files /dev/null and b/a_log") == byproducts
+    assert len(diff) < 2000
