@@ -198,3 +198,25 @@ def test_how_long_tool_calls_and_forks_take_changes_no_sampled_token(tmp_path: P
     first = sampled(forks_of=None, tools_of=None)
     assert first == sampled(forks_of=0, tools_of=None)  # the second turns split on the old runner
     assert first == sampled(forks_of=None, tools_of=1)  # every turn after the first did
+
+
+def test_a_fork_the_parents_workspace_breaks_is_a_scored_continuation(tok, tmp_path: Path):
+    """Turn 1 leaves a tree past PATH_MAX in the workspace: every fork at s_1 fails on the copy,
+    and each continuation is the agent's failure (scored on an empty diff), not an infra mask."""
+    long = "d" * 200
+    deep = f"mkdir junk && cd junk && for i in $(seq 25); do mkdir {long} && cd {long}; done; echo made"
+
+    def script(prompt: str) -> str:
+        if "<|im_start|>tool" not in prompt:
+            return call("run", {"command": deep})
+        return call("submit", {})
+
+    cfg = EpisodeConfig(branch=BranchSpec(turns=(1,), k=3))
+    with open_sandbox(make_repo(tmp_path)) as sandbox:
+        task = SimpleTask("calc", "Fix it.")
+        (ep,) = run_episodes(ScriptedPolicy(tok, script), [(task, sandbox)], cfg)
+    assert ep.stats.finish_reason == "submitted" and ep.failure is None
+    assert len(ep.branches) == 3
+    for b in ep.branches:
+        assert b.episode.failure == "agent" and "WorkspaceError" in (b.episode.error or "")
+        assert b.episode.diff == ""

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -18,6 +19,7 @@ from coderl.agent.scripted import ScriptedPolicy
 from coderl.cli import agent as agent_cli
 from coderl.policy import load_policy
 from coderl.policy.tiny import tiny_tokenizer
+from coderl.policy.vllm_engine import VLLMEngine
 from coderl.sandbox import Sandbox
 
 call = CALL_FORMATS["hermes"].format_call
@@ -464,3 +466,75 @@ def test_cli_runs_episodes_and_writes_them(tmp_path, one_torch_thread, capsys):
     assert [e["episode_id"] for e in saved] == ["cli/0", "cli/1"]
     seg = saved[0]["trajectory"]["segments"][0]
     assert sum(seg["loss_mask"]) == saved[0]["stats"]["generated_tokens"] <= 8
+
+
+# --- a prompt past the engine's context ends its episode ("context", scored), not the batch ---
+
+
+class EngineBacked(ScriptedPolicy):
+    """A scripted policy behind a real :class:`VLLMEngine`'s length check (no server: the check
+    runs before any request); ``context_limit`` reads its ``max_model_len`` as a served one's."""
+
+    def __init__(self, tok, script, max_model_len: int) -> None:
+        super().__init__(tok, script)
+        self.engine = VLLMEngine.__new__(VLLMEngine)
+        self.engine.max_model_len = max_model_len
+
+    def generate(self, prompts, params):
+        if any(len(p) >= self.engine.max_model_len for p in prompts):
+            self.engine.generate(prompts, params)  # raises the engine's own ValueError
+        return super().generate(prompts, params)
+
+
+EMOJI = 'python3 -c "print(chr(0x1F600) * 8000)"'  # 8,000 characters, 32,000 tiny tokens
+
+
+@pytest.mark.parametrize("calls", [1, 3, 16])
+def test_a_flood_past_the_engines_context_ends_that_episode_not_the_batch(tok, tmp_path, calls):
+    base = make_repo(tmp_path)
+
+    def script(prompt: str) -> str:
+        if "TASK flood" in prompt and "<|im_start|>tool" not in prompt:
+            return call("run", {"command": EMOJI}) * calls
+        if "<|im_start|>tool" not in prompt:
+            return call("read_file", {"path": "pkg/calc.py"})
+        return call("submit", {})
+
+    policy = EngineBacked(tok, script, max_model_len=2048)
+    tasks = [SimpleTask(n, f"TASK {n}") for n in ("flood", "calm")]
+    boxes = [open_sandbox(base) for _ in tasks]
+    try:
+        eps = run_episodes(policy, list(zip(tasks, boxes, strict=True)), EpisodeConfig())
+    finally:
+        for box in boxes:
+            box.close()
+    flood, calm = eps
+    assert flood.stats.finish_reason == "context" and flood.failure is None and flood.error is None
+    assert calm.stats.finish_reason == "submitted"
+    assert max(len(p) for p in policy.prompts) < 2048  # no prompt past the context was sent
+    from coderl.envs.base import GradeRecord
+    from coderl.train.pipeline import attribute
+
+    rec = SimpleNamespace(failure=None, failure_reason="", finish_reason="context")
+    assert attribute(rec, GradeRecord())[0] == "agent"  # scored, never a mask
+
+
+@pytest.mark.parametrize("command", [EMOJI, 'python3 -c "print(chr(0x4E00) * 8000)"'])
+def test_an_observation_is_capped_in_tokens_not_only_characters(tok, setup, command):
+    task, sandbox = setup
+    cfg = EpisodeConfig()
+    cfg.tools.max_observation_tokens = 300
+    script = [call("run", {"command": command}), call("submit", {})]
+    ep = run_episode(ScriptedPolicy(tok, script), task, sandbox(), cfg)
+    obs = ep.tool_calls[0].observation
+    assert 200 <= len(tok.encode(obs, add_special_tokens=False)) <= 300 and "omitted" in obs
+
+
+def test_context_limit_reads_every_engine():
+    from coderl.policy.base import context_limit
+    from coderl.policy.rollout import TorchRollout
+
+    policy = load_policy("tiny-random", reference=False)
+    assert context_limit(policy) == context_limit(TorchRollout(policy)) == 4096
+    assert context_limit(EngineBacked(tiny_tokenizer(), [], 1234)) == 1234
+    assert context_limit(ScriptedPolicy(tiny_tokenizer(), [])) is None

@@ -559,3 +559,88 @@ def test_a_diff_the_policys_workspace_breaks_is_scored_like_a_native_episode(
     assert record.failure_reason.startswith(
         "the workspace's diff failed" if kind == "agent" else "diff failed"
     )
+
+
+# --- a command the program (or the model through it) got wrong is answered, never a mask -----
+
+BAD_EXEC = [
+    {"argv": ["bash", "-c", "echo a\u0000b"]},  # NUL: a JSON "\u0000" in the model's call
+    {"argv": ["bash", "-c", "echo \ud800"]},  # a lone surrogate: valid JSON, not UTF-8
+    {"argv": ["echo", "x"], "cwd": "/test\u0000bed"},
+    {"argv": ["echo", "x"], "env": {"A": "\udfff"}},
+    {"argv": ["echo", "x"], "env": {"A": 1}},
+    {"argv": ["echo", "x"], "cwd": ["/testbed"]},
+    {"argv": ["echo", "x" * (1 << 20)]},
+    {"argv": "echo x"},
+]
+
+
+@pytest.mark.filterwarnings("ignore::coderl.sandbox.local.UnisolatedSandboxWarning")
+@pytest.mark.parametrize("body", BAD_EXEC, ids=lambda b: repr(b)[:40])
+def test_a_bad_exec_request_is_a_400_not_infra(policy, tmp_path: Path, body) -> None:
+    from fastapi import HTTPException
+
+    from coderl.sandbox import Sandbox
+
+    gw = Gateway(Forced(policy, lambda _: "a"), SamplingParams(), GatewayOptions("true"), 99, 9)
+    (tmp_path / "f.txt").write_text("x\n")
+    with Sandbox.create(tmp_path, backend="local") as sandbox:
+        ep = _Episode(0, None, sandbox, "s")
+        with pytest.raises(HTTPException) as info:
+            gw.execute(ep, body)
+        assert info.value.status_code == 400 and ep.infra == ""
+        assert gw.execute(ep, {"argv": ["cat", "f.txt"], "cwd": "."})["output"] == "x\n"
+    with pytest.raises(HTTPException) as info:  # the sandbox failing on a valid command masks
+        gw.execute(ep, {"argv": ["true"]})
+    assert info.value.status_code == 503 and ep.infra.startswith("sandbox exec failed")
+    gw.batcher.close()
+
+
+def test_a_model_command_with_nul_or_a_surrogate_keeps_the_episode_scored(policy) -> None:
+    """End to end: a program that posts the model's command to ``$CODERL_SANDBOX_URL`` itself."""
+    program = _program(
+        CALL.replace("urllib.request.urlopen(req).read()", "pass")
+        + """
+import urllib.error
+codes = []
+for cmd in ("echo a\\u0000b", "echo \\ud800", "echo fine"):
+    body = json.dumps({"argv": ["bash", "-c", cmd]}).encode()
+    req = urllib.request.Request(os.environ["CODERL_SANDBOX_URL"], body,
+                                 {"Content-Type": "application/json"})
+    try:
+        codes.append(json.loads(urllib.request.urlopen(req).read())["output"])
+    except urllib.error.HTTPError as e:
+        codes.append(e.code)
+body = json.dumps({"model": "x", "messages": [{"role": "user", "content": str(codes)}]})
+req = urllib.request.Request(os.environ["OPENAI_BASE_URL"] + "/chat/completions",
+                             body.encode(), {"Content-Type": "application/json"})
+urllib.request.urlopen(req).read()
+"""
+    )
+    seen: list[str] = []
+    env = build_environment(_config(program, "rollout.max_turns=3", timeout_s=60))
+    task = env.tasks("train")[0]
+    [rec] = env.rollout(
+        Forced(policy, lambda p: seen.append(p) or "ok"), [task], SamplingParams(), 1
+    )
+    assert (rec.finish_reason, rec.failure) == ("exited", None), rec.failure_reason
+    assert "[400, 400, 'fine\\n']" in seen[0]
+
+
+@pytest.mark.parametrize(("emoji", "finish"), [(1500, "context"), (10, "exited")])
+def test_a_prompt_past_the_engines_context_is_a_scored_context_ending(policy, emoji, finish):
+    """The program sends a message past the model's context (4,096 tokens for tiny-random;
+    1,500 emoji are 6,000): the call is refused before the engine (which would fail it as
+    infra), the program stopped, and the episode ends ``context``: the agent's, scored."""
+    from coderl.envs.base import GradeRecord
+    from coderl.train.pipeline import attribute
+
+    program = _program(
+        CALL.replace('"content": "hi"', f'"content": chr(0x1F600) * {emoji}') + "call(1)"
+    )
+    env = build_environment(_config(program, "rollout.max_turns=3", timeout_s=60))
+    task = env.tasks("train")[0]
+    [rec] = env.rollout(Forced(policy, lambda _: "ok"), [task], SamplingParams(), 1)
+    kind = "agent" if finish == "context" else None  # the refused call is its only one
+    assert (rec.finish_reason, rec.failure) == (finish, kind), rec.failure_reason
+    assert attribute(rec, GradeRecord())[0] == kind

@@ -9,13 +9,15 @@ from __future__ import annotations
 import fcntl
 import os
 import shutil
+import time
 from pathlib import Path
 
 import pytest
 from test_sandbox import mounted_anywhere, procs_of
 
-from coderl.sandbox import Limits, Sandbox, SandboxError
+from coderl.sandbox import Limits, Sandbox, SandboxError, WorkspaceError, bwrap
 from coderl.sandbox.bwrap import SCRATCH_ROOT
+from coderl.sandbox.fork import copy_tree
 
 pytestmark = [
     pytest.mark.skipif(
@@ -162,3 +164,85 @@ def test_local_child_gets_its_own_tree_and_cleanup(repo: Path) -> None:
     for sb in (parent, child):
         sb.close()
     assert not any(root.exists() for root in roots)
+
+
+# --- a failed copy is attributed by its cause; the parent is frozen while it is copied ------
+
+LONG = "d" * 200
+
+
+def deep_tree(where: str) -> str:
+    """Shell that makes a tree under ``where`` whose deepest path is past PATH_MAX (25 levels of
+    200-character names: 5,025 bytes); every step is an ordinary relative mkdir and cd."""
+    return f"cd {where} && for i in $(seq 25); do mkdir {LONG} && cd {LONG} || exit 1; done; echo x > f"
+
+
+@pytest.mark.parametrize(
+    ("backend", "where"),
+    [("bwrap", "/tmp"), ("bwrap", "/testbed"), ("bwrap", "~"), ("local", ".")],
+)
+def test_a_tree_past_path_max_is_the_workspaces_failure(
+    repo: Path, backend: str, where: str
+) -> None:
+    with Sandbox.create(repo, backend=backend) as parent:
+        assert parent.exec(deep_tree(where)).exit_code == 0
+        with pytest.raises(WorkspaceError, match="File name too long"):
+            parent.fork()
+        assert parent.exec("echo still here").stdout == "still here\n"
+
+
+def test_a_child_disk_too_small_for_the_parents_files_is_the_workspaces_failure(repo: Path) -> None:
+    with Sandbox.create(repo, limits=Limits(disk_bytes=16 << 20)) as parent:
+        assert parent.exec("head -c 6M /dev/urandom > /tmp/big").exit_code == 0
+        with pytest.raises(WorkspaceError, match="No space left"):
+            parent.fork(limits=Limits(disk_bytes=4 << 20))
+
+
+def test_a_copy_that_fails_for_another_reason_stays_infrastructure(tmp_path: Path) -> None:
+    with pytest.raises(SandboxError) as info:
+        copy_tree(str(tmp_path / "missing"), str(tmp_path))
+    assert not isinstance(info.value, WorkspaceError)
+    # a full disk is the workspace's doing only on the child's own bounded tmpfs, else the host's
+    assert not isinstance(_classified("No space left on device", bounded=False), WorkspaceError)
+    assert isinstance(_classified("No space left on device", bounded=True), WorkspaceError)
+    assert not isinstance(_classified("Input/output error", bounded=True), WorkspaceError)
+    assert isinstance(
+        _classified("Too many levels of symbolic links", bounded=False), WorkspaceError
+    )
+
+
+def _classified(message: str, *, bounded: bool) -> SandboxError:
+    """The error ``copy_tree`` raises when ``cp`` fails with ``message``."""
+    from unittest import mock
+
+    done = mock.Mock(returncode=1, stderr=f"/usr/bin/cp: cannot create 'x': {message}".encode())
+    with mock.patch("coderl.sandbox.fork.subprocess.run", return_value=done):
+        try:
+            copy_tree("a", "b", bounded=bounded)
+        except SandboxError as e:
+            return e
+    raise AssertionError("copy_tree did not raise")
+
+
+def test_the_parents_processes_are_stopped_while_it_is_copied(repo: Path, monkeypatch) -> None:
+    """A background job of the parent rewrites /tmp/c without pause; during the copy it must not
+    move (SIGSTOP to the parent's uid), and after the fork it runs again (SIGCONT)."""
+    seen: list[tuple[str, str]] = []
+
+    def watching_copy(src: str, dst: str, **kw) -> None:
+        if src.endswith("/tmp"):
+            first = Path(f"{src}/c").read_text()
+            time.sleep(0.3)
+            seen.append((first, Path(f"{src}/c").read_text()))
+        copy_tree(src, dst, **kw)
+
+    monkeypatch.setattr(bwrap, "copy_tree", watching_copy)
+    with Sandbox.create(repo) as parent:
+        job = "(i=0; while :; do i=$((i+1)); echo $i > /tmp/c.new; mv /tmp/c.new /tmp/c; done) &"
+        parent.exec(f"{job} sleep 0.3")
+        with parent.fork() as child:
+            assert child.exec("test -s /tmp/c").exit_code == 0
+        assert len(seen) == 1 and seen[0][0] == seen[0][1]  # frozen through the copy
+        moving = parent.exec("a=$(cat /tmp/c); sleep 0.3; b=$(cat /tmp/c); echo $a $b").stdout
+        a, b = moving.split()
+        assert int(b) > int(a)  # and running again after it

@@ -17,8 +17,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from coderl.agent.parsing import CallFormat
-from coderl.agent.tools import Tool
+from coderl.agent.tools import Tool, truncate_middle
 from coderl.policy.base import Completion
+from coderl.policy.episode import encode
 
 Message = dict[str, Any]
 
@@ -135,3 +136,18 @@ class ChatRenderer:
         if ids and ids[-1] in self.stop_token_ids:
             ids = ids[:-1]
         return str(self.tokenizer.decode(ids, skip_special_tokens=False))
+
+
+def cap_tokens(tokenizer: Any, text: str, max_tokens: int) -> str:
+    """``text`` cut in the middle (:func:`coderl.agent.tools.truncate_middle`) until it encodes
+    to at most ``max_tokens`` tokens: a character cap alone lets 8,000 characters of emoji cost
+    24,000 tokens. Each cut keeps the share of characters the token budget, less 32 tokens for
+    the marker, allows; it stops when a cut no longer shortens the text (``max_tokens`` below
+    the marker's own tokens)."""
+    n = len(encode(tokenizer, text))
+    while n > max_tokens:
+        cut = truncate_middle(text, max(1, len(text) * (max_tokens - 32) // n))
+        if len(cut) >= len(text):
+            break
+        text, n = cut, len(encode(tokenizer, cut))
+    return text

@@ -11,10 +11,13 @@ Self-summarization: when the next turn could overflow ``context_budget``, the po
 (so its tokens are trainable there); the next window starts again from the system prompt and
 the task, with that summary appended to the task message. Each window is one trajectory segment.
 The summary turn sees the last turn's observations, so it may run past ``context_budget`` by
-them (each at most ``tools.max_observation_chars`` characters), the instruction and
-``summary_max_tokens``: keep the budget that far below the model's real context length.
-A summary so long that the window it opens cannot fit one more turn ends the episode with
-``finish_reason="context"``: the policy's own doing, graded and scored like any other ending.
+them (each at most ``tools.max_observation_chars`` characters and
+``tools.max_observation_tokens`` tokens), the instruction and ``summary_max_tokens``: keep the
+budget that far below the model's real context length. A summary so long that the window it
+opens cannot fit one more turn, or any prompt that reaches the engine's context
+(:func:`coderl.policy.base.context_limit`, checked by the runner before every batch), ends the
+episode with ``finish_reason="context"``: the policy's own doing, graded and scored like any
+other ending, never a mask and never a failed batch.
 
 Branched episodes (``EpisodeConfig.branch``): at a chosen turn boundary ``s_t`` (after turn
 ``t``'s tool results, before turn ``t + 1``) the episode forks ``k`` continuations: each gets a
@@ -38,8 +41,8 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
 from coderl.agent.branch import BranchSpec
-from coderl.agent.context import ChatRenderer, Message
-from coderl.agent.parsing import BrokenCall, ToolCall, get_call_format, validate
+from coderl.agent.context import ChatRenderer, Message, cap_tokens
+from coderl.agent.parsing import BrokenCall, ToolCall, get_call_format, printable, validate
 from coderl.agent.tools import (
     TOOLS,
     TOOLSETS,
@@ -47,16 +50,16 @@ from coderl.agent.tools import (
     ToolConfig,
     ToolContext,
     execute,
-    printable,
     resolve_tools,
 )
 from coderl.policy.episode import EpisodeBuilder, encode
-from coderl.sandbox.base import Sandbox
+from coderl.sandbox.base import Sandbox, WorkspaceError
 from coderl.trajectory import Trajectory
 
 FinishReason = Literal["submitted", "max_turns", "max_tokens", "broken_calls", "context", "error"]
-"""``context``: the model's own self-summary left the next window no room for a turn (an
-agent-caused ending, scored); ``error``: the harness raised (infrastructure, masked)."""
+"""``context``: the model's own self-summary left the next window no room for a turn, or its
+next prompt leaves the engine no room to sample (:class:`ContextExhausted`): an agent-caused
+ending, scored; ``error``: the harness raised (infrastructure, masked)."""
 
 DEFAULT_INSTRUCTIONS = (
     "You are a coding agent working in a repository at the workspace root. Use the tools to "
@@ -425,6 +428,7 @@ def _run_calls(st: _State, text: str, tools: Mapping[str, Tool]) -> list[ToolCal
             obs, duration = outcome.observation, outcome.duration_s
             status = "ok" if outcome.ok else "tool_error"
         obs = printable(obs)  # a lone surrogate echoed from the arguments must not crash encoding
+        obs = cap_tokens(st.renderer.tokenizer, obs, st.cfg.tools.max_observation_tokens)
         records.append(
             ToolCallRecord(turn, name, args, parsed.text, obs, status, started, duration)  # type: ignore[arg-type]
         )
@@ -456,16 +460,18 @@ def _summarize(st: _State, max_new: int) -> Generator[SampleRequest, Any, None]:
 
 def _fork(st: _State, tools: Mapping[str, Tool]) -> list[Step | Episode]:
     """``cfg.branch.k`` continuations of ``st`` at its current boundary, each over a fork of the
-    sandbox; a fork that fails becomes an ``infra``-failed episode (masked, counted)."""
+    sandbox; a fork that fails becomes a failed episode: ``agent`` (scored) when the parent's
+    workspace made the copy fail (:class:`WorkspaceError`), else ``infra`` (masked, counted)."""
     t = st.stats.turns
     out: list[Step | Episode] = []
     for k in range(st.cfg.branch.k):
         child_id = f"{st.episode.episode_id}@{t}.{k}"
         try:
             sandbox = st.ctx.sandbox.fork()
-        except Exception:  # noqa: BLE001 - infrastructure: that continuation is masked
+        except Exception as e:  # noqa: BLE001 - that continuation fails, the others go on
             ep = Episode(st.task.id, child_id, Trajectory(), [], [], "", EpisodeStats())
-            ep.error, ep.failure = traceback.format_exc(), "infra"
+            ep.error = traceback.format_exc()
+            ep.failure = "agent" if isinstance(e, WorkspaceError) else "infra"
             out.append(ep)
             continue
         out.append(_drive(st.fork(sandbox, child_id), tools, close=True))
@@ -558,11 +564,18 @@ def _drive(st: _State, tools: Mapping[str, Tool], *, close: bool) -> Step:
     try:
         episode.stats.finish_reason = yield from _loop(st, tools)
         episode.transcripts[-1].extend(st.pending)  # results the model never got to read
+    except ContextExhausted:  # the policy's observations filled the engine's context: scored
+        episode.stats.finish_reason = "context"
     except Exception:  # noqa: BLE001 - one broken episode must not take down a batch of rollouts
         episode.stats.finish_reason = "error"
         episode.error = traceback.format_exc()
         episode.failure = "infra"
     return (yield from _finish(episode, st.ctx.sandbox, st.start, close=close))
+
+
+class ContextExhausted(Exception):
+    """Thrown into an episode by its driver: its next prompt leaves the engine no room to sample
+    (:func:`coderl.policy.base.context_limit`). The episode ends ``finish_reason="context"``."""
 
 
 def diff_failure(e: BaseException) -> Literal["agent", "infra"]:

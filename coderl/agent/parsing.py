@@ -99,6 +99,37 @@ def _blocks(text: str) -> list[tuple[str, str | None]]:
     return out
 
 
+def printable(text: str) -> str:
+    """``text`` with every lone surrogate written as a ``\\udXXX`` escape.
+
+    Arguments parsed from a model's JSON may hold lone surrogates (``"\\ud800"`` is valid JSON);
+    echoed into an observation, hashed by a learned reward term or rendered for a judge they
+    would make an encoder raise, and the sample end as a mask. The escape shows the model
+    what it wrote.
+    """
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "backslashreplace").decode("utf-8")
+    return text
+
+
+def _not_text(arguments: dict[str, Any]) -> bool:
+    """Whether a key or string of ``arguments`` (nested at most ``MAX_ARGUMENT_DEPTH`` levels:
+    the parsers check that first) holds a lone surrogate: valid JSON, but no UTF-8 text. Such a
+    call is broken (the policy's, scored): it never becomes a call whose name or arguments a
+    tool, a log or a reward term would fail to encode, which would mask the sample."""
+    try:
+        json.dumps(arguments, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False
+
+
+NOT_TEXT = "a key or value holds a lone surrogate (\\udXXX): not UTF-8 text"
+"""The error a call with such arguments gets."""
+
+
 def parse_hermes(text: str, tools: Mapping[str, Tool]) -> list[ParsedCall]:
     """Parse Hermes ``<tool_call>{json}</tool_call>`` blocks; the JSON must be exactly
     ``{"name": str, "arguments": object}``."""
@@ -122,8 +153,10 @@ def parse_hermes(text: str, tools: Mapping[str, Tool]) -> list[ParsedCall]:
             calls.append(BrokenCall(raw, '"name" must be a string and "arguments" an object'))
         elif _too_deep(obj["arguments"]):
             calls.append(BrokenCall(raw, f"arguments nested over {MAX_ARGUMENT_DEPTH} levels"))
-        else:
-            calls.append(ToolCall(obj["name"], obj["arguments"], raw))
+        elif _not_text(obj["arguments"]):
+            calls.append(BrokenCall(raw, NOT_TEXT))
+        else:  # a name with a lone surrogate is no tool's: escaped, it is reported as unknown
+            calls.append(ToolCall(printable(obj["name"]), obj["arguments"], raw))
     return calls
 
 
@@ -186,6 +219,9 @@ def parse_xml(text: str, tools: Mapping[str, Tool]) -> list[ParsedCall]:
             continue
         if _too_deep(args):
             calls.append(BrokenCall(raw, f"arguments nested over {MAX_ARGUMENT_DEPTH} levels"))
+            continue
+        if _not_text(args):
+            calls.append(BrokenCall(raw, NOT_TEXT))
             continue
         calls.append(ToolCall(name, args, raw))
     return calls

@@ -41,6 +41,7 @@ from typing import Any
 from coderl.agent.episode import (
     AgentTask,
     Branch,
+    ContextExhausted,
     Episode,
     EpisodeConfig,
     SampleRequest,
@@ -49,7 +50,13 @@ from coderl.agent.episode import (
     episode_steps,
 )
 from coderl.agent.tools import TOOLS, Tool
-from coderl.policy.base import Completion, Policy, SamplingParams, check_finish_reason
+from coderl.policy.base import (
+    Completion,
+    Policy,
+    SamplingParams,
+    check_finish_reason,
+    context_limit,
+)
 from coderl.pools import thread_pool
 from coderl.sandbox.base import Sandbox
 
@@ -131,9 +138,12 @@ def run_episodes(
     Raises:
         KeyError: a task kind has no tool set, a tool set names an unknown tool, or
             ``cfg.call_format`` is unknown.
-        Whatever ``policy.generate`` raises (it affects every episode of the batch).
+        Whatever ``policy.generate`` raises (it affects every episode of the batch). A prompt
+        that reaches the engine's context (:func:`coderl.policy.base.context_limit`) is never
+        sent: its episode ends ``finish_reason="context"`` (scored), the batch goes on.
     """
     tok = policy.tokenizer if tokenizer is None else tokenizer
+    limit = context_limit(policy)
     gens: dict[int, Step] = {
         i: episode_steps(tok, task, sb, cfg, episode_id=f"{task.id}/{i}", registry=registry)
         for i, (task, sb) in enumerate(jobs)
@@ -182,6 +192,9 @@ def run_episodes(
                         advance(i, error=error)
                     else:
                         advance(i, fut.result())
+            for i in [i for i in ready if limit is not None and len(ready[i].prompt_ids) >= limit]:
+                n = len(ready.pop(i).prompt_ids)  # the engine would refuse it, failing the batch
+                advance(i, error=ContextExhausted(f"prompt of {n} tokens; context {limit}"))
             if ready:
                 batch = sorted(ready, key=order.__getitem__)
                 completions = sample_batch(policy, [ready[i] for i in batch], cfg, calls)

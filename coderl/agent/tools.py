@@ -54,8 +54,15 @@ class ToolConfig:
     """Longest line shown by ``read_file`` and ``search`` (characters); longer lines are cut."""
     max_observation_chars: int = 8000
     """Observations longer than this (characters) keep their head and tail around a marker."""
+    max_observation_tokens: int = 3072
+    """The same cap in the policy's tokens (``coderl.agent.context.cap_tokens``), applied by the
+    episode loop: characters that cost several tokens each cannot flood the context."""
 
     def __post_init__(self) -> None:
+        if self.max_observation_tokens < 128:
+            raise ValueError(
+                f"ToolConfig.max_observation_tokens must be >= 128, got {self.max_observation_tokens}"
+            )
         if self.max_read_lines is not None and self.max_read_lines < 1:
             raise ValueError(f"ToolConfig.max_read_lines must be >= 1, got {self.max_read_lines}")
 
@@ -88,20 +95,6 @@ def truncate_middle(text: str, max_chars: int) -> str:
     tail = max_chars - head
     omitted = len(text) - head - tail
     return f"{text[:head]}\n[... {omitted} characters omitted ...]\n{text[len(text) - tail :]}"
-
-
-def printable(text: str) -> str:
-    """``text`` with every lone surrogate written as a ``\\udXXX`` escape.
-
-    Arguments parsed from a model's JSON may hold lone surrogates (``"\\ud800"`` is valid JSON);
-    echoed into an observation they would make the tokenizer raise and the episode end as an
-    ``error`` (masked). The escape shows the model what it wrote.
-    """
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return text.encode("utf-8", "backslashreplace").decode("utf-8")
-    return text
 
 
 def _cut(line: str, max_chars: int) -> str:

@@ -59,6 +59,10 @@ class RequestError(ValueError):
         self.param = param
 
 
+class ContextFullError(RequestError):
+    """A request whose prompt leaves the model no room to sample (it fills the context)."""
+
+
 def function_entries(request_tools: Sequence[Any] | None) -> list[tuple[Any, dict[str, Any]]]:
     """``(name, function)`` of each entry of a request's ``tools`` (the name unchecked).
 

@@ -51,6 +51,7 @@ from starlette.concurrency import run_in_threadpool
 
 from coderl.agent.tools import Tool
 from coderl.endpoint.calls import (
+    ContextFullError,
     RequestError,
     function_entries,
     parse_reply,
@@ -307,7 +308,7 @@ def sample_chat(
         raise RequestError(f"cannot render the conversation: {e}") from None
     room = max_new_tokens if context is None else context - len(prompt)
     if room <= 0:
-        raise RequestError(
+        raise ContextFullError(
             f"prompt of {len(prompt)} tokens leaves no room to sample: the model's context is "
             f"{context} tokens (prompt plus completion)"
         )

@@ -39,8 +39,12 @@ episode (the call that would exceed them is refused and the program stopped: ``m
 ``max_tokens``, truncated), ``tasks.options.timeout_s`` of the program's own wall time (time
 waiting for the model does not count; past it the process group is killed: ``timeout``); an
 interrupted rollout (Ctrl-C, SIGTERM: a ``KeyboardInterrupt`` in the thread that called
-``rollout``) kills every program's process group at once. A program that exits non-zero, hangs
-past its time or never calls
+``rollout``) kills every program's process group at once. A call whose prompt leaves the engine
+no room to sample (:func:`coderl.policy.base.context_limit`) is refused (400) before it reaches
+the engine and the program stopped: ``context``, scored as the agent's ending like the native
+harness's. A command the program sends that cannot be one (NUL, a lone surrogate, bad types,
+over ``MAX_EXEC_BYTES``) is answered 400 and the episode goes on. A program that exits
+non-zero, hangs past its time or never calls
 the model is the agent's failure: scored (its diff is graded all the same). The gateway's own
 faults (the engine failed, the sandbox would not start, the diff could not be taken) are
 ``infra``: masked and counted.
@@ -74,7 +78,7 @@ from fastapi import FastAPI, HTTPException, Request, Response
 from coderl.agent.episode import diff_failure
 from coderl.config import Config
 from coderl.endpoint.batching import WindowBatcher
-from coderl.endpoint.calls import RequestError
+from coderl.endpoint.calls import ContextFullError, RequestError
 from coderl.endpoint.chat import (
     Call,
     ChatRequest,
@@ -89,7 +93,7 @@ from coderl.endpoint.errors import ApiError, install_error_handlers
 from coderl.endpoint.http import BackgroundServer
 from coderl.envs.agent import AgentEnvironment, sandbox_for
 from coderl.envs.base import EpisodeRecord, FailureKind, GradeRecord, SamplingPolicy
-from coderl.policy.base import SamplingParams
+from coderl.policy.base import SamplingParams, context_limit
 from coderl.pools import thread_pool
 from coderl.trajectory import Trajectory
 
@@ -215,11 +219,14 @@ class Gateway:
                     self._generate(ep),
                     temperature=self.params.temperature,
                     max_new_tokens=min(self.params.max_new_tokens, self.budget - ep.sampled),
-                    context=None,
+                    context=context_limit(self.policy),
                     call_format=self.opts.call_format,
                     template_tools=self.opts.template_tools,
                     previous=ep.turn,
                 )
+            except ContextFullError as e:  # the program's history filled the context: scored
+                self._stop(ep, "context")
+                raise ApiError(400, str(e), param=e.param) from None
             except RequestError as e:
                 raise ApiError(400, str(e), param=e.param) from None
             ep.turn = s.turn
@@ -249,13 +256,14 @@ class Gateway:
 
     def execute(self, ep: _Episode, body: dict[str, Any]) -> dict[str, Any]:
         """Run ``body["argv"]`` in ``body["cwd"]`` with ``body["env"]`` in ``ep``'s sandbox;
-        ``{"output", "returncode"}`` (stdout and stderr merged)."""
-        argv, cwd, env = body.get("argv"), body.get("cwd") or "/testbed", body.get("env") or {}
-        if not isinstance(argv, list) or not argv or not all(isinstance(a, str) for a in argv):
-            raise HTTPException(400, "argv must be a non-empty list of strings")
-        exports = "".join(f"export {k}={shlex.quote(str(v))}; " for k, v in env.items()
-                          if str(k).isidentifier())  # fmt: skip
-        cmd = f"( {exports}cd {shlex.quote(cwd)} && {shlex.join(argv)} ) 2>&1"
+        ``{"output", "returncode"}`` (stdout and stderr merged).
+
+        Raises:
+            HTTPException: 400 for a request the program (or the model through it) got wrong
+                (:func:`exec_command`): the program's to handle, never a mask; 503 when the
+                sandbox failed on a valid command (infra, masked).
+        """
+        cmd = exec_command(body)
         try:
             r = ep.sandbox.exec(cmd, timeout=self.opts.exec_timeout_s)
         except Exception as e:  # noqa: BLE001 - the sandbox's fault, not the command's: infra
@@ -285,6 +293,42 @@ class Gateway:
             return self.execute(self._episode(secret), body)
 
         return app
+
+
+MAX_EXEC_BYTES = 1 << 20
+"""The longest command line (argv, cwd and env together, UTF-8) an ``/exec`` request may send."""
+
+
+def exec_command(body: dict[str, Any]) -> str:
+    """The shell command that runs an ``/exec`` request's ``argv`` in ``cwd`` (default
+    ``/testbed``) with ``env``, stdout and stderr merged.
+
+    Raises:
+        HTTPException: 400 when the request cannot be a command: ``argv`` not a non-empty list
+            of strings, ``cwd`` not a string, ``env`` not an object of strings, a string holding
+            NUL or a lone surrogate (not UTF-8), or more than ``MAX_EXEC_BYTES`` in all. That is
+            the program's (or the model's) input, so it is answered, never turned into a mask.
+    """
+    argv, cwd, env = body.get("argv"), body.get("cwd") or "/testbed", body.get("env") or {}
+    if not isinstance(argv, list) or not argv or not all(isinstance(a, str) for a in argv):
+        raise HTTPException(400, "argv must be a non-empty list of strings")
+    if not isinstance(cwd, str) or not isinstance(env, dict):
+        raise HTTPException(400, "cwd must be a string and env an object")
+    if not all(isinstance(v, str) for v in env.values()):
+        raise HTTPException(400, "env values must be strings")
+    texts = [*argv, cwd, *env, *env.values()]
+    size = 0
+    for text in texts:
+        if "\0" in text:
+            raise HTTPException(400, "a command cannot hold a NUL character")
+        try:
+            size += len(text.encode())
+        except UnicodeEncodeError:
+            raise HTTPException(400, "a command must be valid UTF-8 (no lone surrogates)") from None
+    if size > MAX_EXEC_BYTES:
+        raise HTTPException(400, f"a command may hold at most {MAX_EXEC_BYTES} bytes, got {size}")
+    exports = "".join(f"export {k}={shlex.quote(v)}; " for k, v in env.items() if k.isidentifier())
+    return f"( {exports}cd {shlex.quote(cwd)} && {shlex.join(argv)} ) 2>&1"
 
 
 def _wait(ep: _Episode, timeout_s: float) -> int | None:

@@ -16,8 +16,11 @@ from typing import Any
 
 
 def input_hash(payload: Any) -> str:
-    """SHA-256 of the canonical JSON of ``payload`` (sorted keys), hex."""
-    blob = json.dumps(payload, sort_keys=True, ensure_ascii=False).encode()
+    """SHA-256 of the canonical JSON of ``payload`` (sorted keys), hex. The encoding is total
+    (``surrogatepass``: a lone surrogate a policy wrote hashes instead of raising, which would
+    turn a learned term's sample into a mask); valid text encodes as plain UTF-8, so keys of
+    existing caches do not change."""
+    blob = json.dumps(payload, sort_keys=True, ensure_ascii=False).encode("utf-8", "surrogatepass")
     return hashlib.sha256(blob).hexdigest()
 
 

@@ -82,7 +82,7 @@ from coderl.endpoint.errors import ApiError, install_error_handlers
 from coderl.online.events import MAX_REQUEST_BYTES, Rejected, parse_event, parse_json
 from coderl.online.routing import Route, Router
 from coderl.online.store import Store, interaction_row
-from coderl.policy.base import SamplingParams
+from coderl.policy.base import SamplingParams, context_limit
 from coderl.policy.local import LocalPolicy
 from coderl.policy.rollout import TorchRollout
 
@@ -132,17 +132,6 @@ def in_process(sampler: Any) -> bool:
     :class:`~coderl.endpoint.batching.WindowBatcher`) rather than in an engine that batches
     concurrent requests itself (vLLM)."""
     return isinstance(sampler, (LocalPolicy, TorchRollout))
-
-
-def context_limit(sampler: Any) -> int | None:
-    """Tokens of one sequence (prompt plus completion) the sampler's model holds: a vLLM
-    engine's ``max_model_len``, else the model's ``max_position_embeddings`` (None: unknown)."""
-    engine = getattr(sampler, "engine", None)
-    if isinstance(getattr(engine, "max_model_len", None), int):
-        return int(engine.max_model_len)  # type: ignore[union-attr]
-    model = getattr(getattr(sampler, "policy", sampler), "model", None)
-    n = getattr(getattr(model, "config", None), "max_position_embeddings", None)
-    return n if isinstance(n, int) else None
 
 
 def classify(text: str, calls: list[dict[str, Any]], status: str) -> str:

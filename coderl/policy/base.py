@@ -108,3 +108,18 @@ class Policy(Protocol):
     version: int
 
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Completion]: ...
+
+
+def context_limit(sampler: Any) -> int | None:
+    """Tokens of one sequence (prompt plus completion) the sampler's model holds: a vLLM
+    engine's ``max_model_len``, else the model's ``max_position_embeddings`` (None: unknown).
+    The one check of a prompt against the engine's context, for every engine and driver: a
+    prompt of ``context_limit`` tokens or more leaves no room to sample (the vLLM engine refuses
+    it, the torch model has no positions for it), so the harness, the gateway and ``coderl
+    serve`` end or refuse it before sampling."""
+    engine = getattr(sampler, "engine", None)
+    if isinstance(getattr(engine, "max_model_len", None), int):
+        return int(engine.max_model_len)  # type: ignore[union-attr]
+    model = getattr(getattr(sampler, "policy", sampler), "model", None)
+    n = getattr(getattr(model, "config", None), "max_position_embeddings", None)
+    return n if isinstance(n, int) else None

@@ -6,6 +6,13 @@ time, and ``coderl.sandbox.base`` for the interface.
 """
 
 from coderl.sandbox import backends  # noqa: F401  - fills base.BACKENDS
-from coderl.sandbox.base import DIFF_EXCLUDES, ExecResult, Limits, Sandbox, SandboxError
+from coderl.sandbox.base import (
+    DIFF_EXCLUDES,
+    ExecResult,
+    Limits,
+    Sandbox,
+    SandboxError,
+    WorkspaceError,
+)
 
-__all__ = ["DIFF_EXCLUDES", "ExecResult", "Limits", "Sandbox", "SandboxError"]
+__all__ = ["DIFF_EXCLUDES", "ExecResult", "Limits", "Sandbox", "SandboxError", "WorkspaceError"]

@@ -40,6 +40,13 @@ class SandboxError(RuntimeError):
     command's fault. Command failures are reported in ``ExecResult``, never raised."""
 
 
+class WorkspaceError(SandboxError):
+    """A sandbox operation failed because of what the commands left in the workspace (a path
+    longer than PATH_MAX, a symlink loop, a tree that does not fit the sandbox's own bounded
+    disk): the policy's doing, so the episode it belongs to is scored as the agent's failure,
+    never masked as infrastructure."""
+
+
 BYTES_PER_INODE = 16 * 1024
 """``Limits.inodes`` by default: one inode per this many bytes of ``disk_bytes``."""
 MIN_INODES = 4096

@@ -242,7 +242,7 @@ class BwrapSandbox(ShellSandboxMethods, Sandbox):
         seed = self._seed
         if seed is not None:  # the parent's changes, /tmp and home; its work dir stays behind
             for name in ("upper", "tmp", "home"):
-                copy_tree(f"{seed.tree}/{name}", f"{s}/{name}", owner=seed.uid, new_owner=uid)
+                _copy_seed(seed, name, s, uid)
         for dest, host in self.ro_mounts.items():
             self._binds.append(("--ro-bind", self._idmap(host, readonly=True), dest))
         for dest, host in self.rw_mounts.items():
@@ -253,7 +253,7 @@ class BwrapSandbox(ShellSandboxMethods, Sandbox):
             if e.errno not in _NO_IDMAP:
                 raise
             if seed is not None:
-                copy_tree(f"{seed.tree}/merged", f"{s}/merged", owner=seed.uid, new_owner=uid)
+                _copy_seed(seed, "merged", s, uid)
                 return _same_mode(seed, "copy")
             shutil.copytree(self.base, self.scratch / "merged", symlinks=True, dirs_exist_ok=True)
             _chown_tree(self.scratch / "merged", uid)
@@ -361,15 +361,16 @@ class BwrapSandbox(ShellSandboxMethods, Sandbox):
             # stage, reaches it through the descriptor (a magic link valid in any namespace)
             tree = self.scratch if self._root is None else f"/proc/{os.getpid()}/fd/{self._root}"
             seed = Seed(str(tree), self.uid, self.workspace_mode, self._shell.state)
-            return BwrapSandbox(
-                self.base,
-                limits=limits or self.limits,
-                env=self.env,
-                ro_mounts=self.ro_mounts,
-                rw_mounts=self.rw_mounts,
-                network=self.network,
-                seed=seed,
-            )
+            with self._process.frozen():  # no background job changes the tree under the copy
+                return BwrapSandbox(
+                    self.base,
+                    limits=limits or self.limits,
+                    env=self.env,
+                    ro_mounts=self.ro_mounts,
+                    rw_mounts=self.rw_mounts,
+                    network=self.network,
+                    seed=seed,
+                )
 
     def close(self) -> None:
         with self._lock:
@@ -390,6 +391,13 @@ class BwrapSandbox(ShellSandboxMethods, Sandbox):
     def __del__(self) -> None:
         if not getattr(self, "_closed", True):
             self.close()
+
+
+def _copy_seed(seed: Seed, name: str, scratch: str, uid: int) -> None:
+    """Copy the parent's ``name`` into the child's scratch tmpfs (bounded: a full disk there is
+    the parent workspace's doing), its files given to the child's uid."""
+    src, dst = f"{seed.tree}/{name}", f"{scratch}/{name}"
+    copy_tree(src, dst, owner=seed.uid, new_owner=uid, bounded=True)
 
 
 def _same_mode(seed: Seed, mode: str) -> str:

@@ -297,7 +297,7 @@ class ContainerSandbox(ShellSandboxMethods, Sandbox):
             os.chmod(f"{s}/{name}", 0o1777)
         if self._seed is not None:
             for name in ("upper", "tmp", "home"):
-                copy_tree(f"{self._seed.tree}/{name}", f"{s}/{name}")
+                copy_tree(f"{self._seed.tree}/{name}", f"{s}/{name}", bounded=True)
         if self.kind == "docker":  # no overlay volumes: the host mounts the workspace's overlay
             mounts.mount_overlay(str(self.base), f"{s}/upper", f"{s}/work", f"{s}/merged")
 

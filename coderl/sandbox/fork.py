@@ -8,9 +8,17 @@ command, ``coderl.sandbox.shell``) is replayed into the child's fresh shell.
 
 Not carried: running processes (a server or a background job of the parent is not running in
 the child), non-exported shell variables, functions and aliases, ``/dev/shm``, open files. The
-copy is made while the parent's shell is idle (its lock is held), but a background process of
-the parent that writes during the copy may leave the child a half-written file. Hard links
-inside the copied tree stay hard links (``cp -a``); nothing is shared between parent and child.
+copy is made while the parent's shell is idle (its lock is held) and, on the bwrap backend as
+root, with every process of the parent stopped (SIGSTOP to its uid, SIGCONT after), so a
+background job cannot change the tree under the copy. Hard links inside the copied tree stay
+hard links (``cp -a``); nothing is shared between parent and child.
+
+Who a failed copy belongs to: a cause that the parent's workspace content makes (a path longer
+than PATH_MAX, a symlink loop, more bytes or inodes than the child's own bounded disk holds) is
+:class:`coderl.sandbox.base.WorkspaceError`, the agent's failure (its continuation is scored);
+anything else is a :class:`SandboxError` (infrastructure, masked). NOT done: a copy that does
+not depend on path lengths (``cp`` and ``tar`` both walk by full paths), so a tree deeper than
+PATH_MAX is not forked, it is scored as the policy's failure.
 """
 
 from __future__ import annotations
@@ -18,7 +26,7 @@ from __future__ import annotations
 import subprocess
 from dataclasses import dataclass
 
-from coderl.sandbox.base import SandboxError
+from coderl.sandbox.base import SandboxError, WorkspaceError
 from coderl.sandbox.shell import ShellState
 
 
@@ -37,24 +45,48 @@ class Seed:
     """The parent shell's cwd and exported variables after its last command."""
 
 
+WORKSPACE_CAUSES = ("File name too long", "Too many levels of symbolic links")
+"""``cp``'s messages (C locale) for copy failures that the tree being copied causes."""
+FULL_DISK = ("No space left on device", "Disk quota exceeded")
+"""Its messages for a destination that is full: the workspace's doing when that destination is
+the child's own bounded disk (``bounded``), a host fault otherwise."""
+
+
 def copy_tree(
-    src: str, dst: str, *, owner: int | None = None, new_owner: int | None = None
+    src: str,
+    dst: str,
+    *,
+    owner: int | None = None,
+    new_owner: int | None = None,
+    bounded: bool = False,
 ) -> None:
     """Copy the contents of directory ``src`` into the existing directory ``dst``.
 
     ``cp -a`` keeps modes, times, symlinks, hard links, device nodes (overlay whiteouts) and
     extended attributes (``trusted.overlay.*``, as root); every inode is new, so a write on one
     side never shows on the other. Then files owned by ``owner`` are given to ``new_owner``
-    (uid and gid) when both are set and differ. Raises SandboxError (the copy failed, e.g. the
-    child's ``disk_bytes`` is smaller than the parent's workspace).
+    (uid and gid) when both are set and differ. ``bounded``: ``dst`` is on the child's own
+    size-limited tmpfs, so a full disk there is the workspace's doing.
+
+    Raises:
+        WorkspaceError: the tree's content made the copy fail (see ``WORKSPACE_CAUSES`` and
+            ``FULL_DISK``): the policy's failure.
+        SandboxError: any other failure (infrastructure).
     """
-    _run(["/usr/bin/cp", "-a", "--no-target-directory", "--", src, dst])
+    causes = WORKSPACE_CAUSES + (FULL_DISK if bounded else ())
+    _run(["/usr/bin/cp", "-a", "--no-target-directory", "--", src, dst], causes)
     if owner is not None and new_owner is not None and owner != new_owner:
-        _run(["/usr/bin/chown", "-hR", f"--from={owner}:{owner}", f"{new_owner}:{new_owner}", dst])
+        chown = ["/usr/bin/chown", "-hR", f"--from={owner}:{owner}", f"{new_owner}:{new_owner}"]
+        _run([*chown, dst], causes)
 
 
-def _run(argv: list[str]) -> None:
-    done = subprocess.run(argv, capture_output=True, stdin=subprocess.DEVNULL)
+def _run(argv: list[str], causes: tuple[str, ...]) -> None:
+    env = {"PATH": "/usr/bin:/bin", "LC_ALL": "C"}  # messages in one language to classify
+    done = subprocess.run(argv, capture_output=True, stdin=subprocess.DEVNULL, env=env)
     if done.returncode != 0:
-        why = done.stderr.decode(errors="replace").strip().splitlines()[:1] or ["no message"]
-        raise SandboxError(f"fork: {argv[0]} failed: {why[0]}")
+        text = done.stderr.decode(errors="replace")
+        why = (text.strip().splitlines()[:1] or ["no message"])[0]
+        cause = next((c for c in causes if c in text), None)
+        if cause is not None:
+            raise WorkspaceError(f"fork: {argv[0]} failed on the workspace: {cause}: {why[:200]}")
+        raise SandboxError(f"fork: {argv[0]} failed: {why[:300]}")

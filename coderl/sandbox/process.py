@@ -18,11 +18,13 @@ bwrap's init runs as root and keeps that signal.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import select
 import signal
 import subprocess
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 KILL_WAIT_S = 30.0
@@ -60,6 +62,25 @@ class BwrapProcess:
                 raise TimeoutError(f"sandbox of uid {self.uid} still running after SIGKILL")
         self._release()
 
+    @contextlib.contextmanager
+    def frozen(self) -> Iterator[None]:
+        """Stop every process of the sandbox for the ``with`` block (SIGSTOP to all processes of
+        its uid, SIGCONT after; kill(-1) is atomic against fork). Only where ``uid_kill``
+        (a uid of the sandbox's own); elsewhere a no-op."""
+        if not self.uid_kill:
+            yield
+            return
+        self._signal_uid("STOP")
+        try:
+            yield
+        finally:
+            self._signal_uid("CONT")
+
+    def _signal_uid(self, name: str) -> None:
+        """``kill -<name> -1`` as the sandbox uid: every process of that uid but the kill."""
+        cmd = ["kill", f"-{name}", "-1"]
+        subprocess.run(cmd, user=self.uid, group=self.uid, extra_groups=[], check=False)
+
     def _open_pidfd(self) -> None:
         """A pidfd for the namespace init (None when bwrap died before reporting it)."""
         if self._pidfd is not None or self.proc.poll() is not None:
@@ -96,8 +117,7 @@ class BwrapProcess:
             return
         self.proc.kill()
         if self.uid_kill:  # kill(-1) as the sandbox uid: every process of that uid, atomically
-            cmd = ["kill", "-9", "-1"]
-            subprocess.run(cmd, user=self.uid, group=self.uid, extra_groups=[], check=False)
+            self._signal_uid("KILL")
 
     def _release(self) -> None:
         self._done = True

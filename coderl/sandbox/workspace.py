@@ -31,6 +31,11 @@ MAX_TEXT_BYTES = 2 * 1024**2
 """Files larger than this are reported like binary files (noted, not diffed)."""
 MAX_DEPTH = 128
 """Deepest directory level the diff walks into (the workspace root is level 0)."""
+MAX_DIFF_TEXT_BYTES = 16 * 1024**2
+"""Bytes of file content (old plus new) one diff compares line by line, given to the smallest
+changed files first; larger ones past it are noted like binary files. Bounds the host's time
+and the diff's size on a workspace the policy filled (a 64 MiB workspace took 34 s and built a
+96 MiB diff before), while a small fix beside large byproducts is still diffed."""
 
 
 @dataclass(frozen=True)
@@ -238,16 +243,29 @@ def _excluded(rel: str, exclude: Sequence[str]) -> bool:
 
 
 def _render(changes: dict[str, tuple[Entry | None, Entry | None]], exclude: Sequence[str]) -> str:
+    kept = {rel: pair for rel, pair in changes.items() if not _excluded(rel, exclude)}
+    noted = _over_budget(kept)
     parts = []
-    for rel in sorted(changes):
-        old, new = changes[rel]
-        if _excluded(rel, exclude):
-            continue
+    for rel in sorted(kept):
+        old, new = kept[rel]
+        text = rel not in noted
         if old is not None and new is not None and (old.mode == 0o120000) != (new.mode == 0o120000):
-            parts.append(_file_diff(rel, old, None) + _file_diff(rel, None, new))
+            parts.append(_file_diff(rel, old, None, text) + _file_diff(rel, None, new, text))
         else:
-            parts.append(_file_diff(rel, old, new))
+            parts.append(_file_diff(rel, old, new, text))
     return "".join(parts)
+
+
+def _over_budget(changes: dict[str, tuple[Entry | None, Entry | None]]) -> set[str]:
+    """Paths left past ``MAX_DIFF_TEXT_BYTES`` when it is spent on the smallest changes first."""
+    size = {rel: sum(len(e.data) for e in pair if e is not None) for rel, pair in changes.items()}
+    left, over = MAX_DIFF_TEXT_BYTES, set()
+    for rel in sorted(size, key=lambda r: (size[r], r)):
+        if size[rel] > left:
+            over.add(rel)
+        else:
+            left -= size[rel]
+    return over
 
 
 def _text(entry: Entry | None) -> str | None:
@@ -262,8 +280,9 @@ def _text(entry: Entry | None) -> str | None:
         return None
 
 
-def _file_diff(rel: str, old: Entry | None, new: Entry | None) -> str:
-    """git-style diff of one path: headers, then hunks or a ``Binary files ... differ`` note."""
+def _file_diff(rel: str, old: Entry | None, new: Entry | None, text: bool = True) -> str:
+    """git-style diff of one path: headers, then hunks or a ``Binary files ... differ`` note
+    (also for text when ``text`` is False: past the diff's budget)."""
     head = f"diff --git {_quote('a/' + rel)} {_quote('b/' + rel)}\n"
     if old is None and new is not None:
         head += f"new file mode {new.mode:o}\n"
@@ -276,7 +295,7 @@ def _file_diff(rel: str, old: Entry | None, new: Entry | None) -> str:
     a, b = _text(old), _text(new)
     src = _quote(f"a/{rel}") if old is not None else "/dev/null"
     dst = _quote(f"b/{rel}") if new is not None else "/dev/null"
-    if a is None or b is None:
+    if a is None or b is None or not text:
         return head + f"Binary files {src} and {dst} differ\n"
     if a == b:  # empty file created or deleted
         return head

@@ -65,7 +65,7 @@ log = logging.getLogger("coderl.train")
 
 AGENT_ENDINGS = {
     "broken_calls": "the episode ended on repeated broken tool calls",
-    "context": "the policy's self-summary left the next context window no room for a turn",
+    "context": "the policy's self-summary or observations left the context no room for a turn",
 }
 """Finish reasons that the policy caused and that end an episode early: scored, never masked."""
 
