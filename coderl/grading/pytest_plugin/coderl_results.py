@@ -298,18 +298,17 @@ _PHASES = ("setup", "call", "teardown")
 
 
 def _outcome(report: pytest.TestReport) -> str:
-    """This phase's outcome, one of the constants above, from pytest's own ``report.outcome``
-    and ``report.when``; ``error`` when either is not a plain ``str`` pytest could have set."""
+    """This phase's outcome from pytest's own ``report.outcome`` and ``report.when``, as the
+    literals of this function (interned: the very objects of the constants above, whatever a
+    module global is rebound to later); ``error`` when either is not a plain ``str``."""
     outcome, when = _getattr(report, "outcome", None), _getattr(report, "when", None)
     if _type(outcome) is not _str or _type(when) is not _str:
-        return _ERROR
+        return "error"
     if hasattr(report, "wasxfail"):
-        return _XFAILED if outcome == "skipped" else _XPASSED
-    if outcome == "passed":
-        return _PASSED
-    if outcome == "skipped":
-        return _SKIPPED
-    return _FAILED if when == "call" else _ERROR
+        return "xfailed" if outcome == "skipped" else "xpassed"
+    if outcome in ("passed", "skipped"):
+        return "passed" if outcome == "passed" else "skipped"
+    return "failed" if when == "call" else "error"
 
 
 def _check_test_code(item: pytest.Item) -> None:
@@ -331,6 +330,9 @@ def _outcome_hooks() -> tuple[Any, Any]:
     ``failing()`` gives what :func:`_cross_check` compares with pytest's own counts: the ids
     with a failed report, the ids emitted ``failed``/``error``, how many failed reports (xfail
     aside) this hook saw, and the outcomes that were not the plugin's own."""
+    # bound here, once: rebinding the module's names later changes nothing below
+    outcome_of, emit, outcomes = _outcome, _emit, _OUTCOMES
+    passed, failed, error = _PASSED, _FAILED, _ERROR
     entries: dict[str, tuple[str, str, bool]] = {}
     failed_ids: set[str] = set()
     emitted_failing: set[str] = set()
@@ -339,28 +341,28 @@ def _outcome_hooks() -> tuple[Any, Any]:
 
     def pytest_runtest_logreport(report: pytest.TestReport) -> None:
         nodeid, when = report.nodeid, report.when
-        outcome, longrepr, called = entries.pop(nodeid, (_PASSED, "", False))
-        now = _outcome(report)
-        if now is _FAILED or now is _ERROR:
+        outcome, longrepr, called = entries.pop(nodeid, (passed, "", False))
+        now = outcome_of(report)
+        if now is failed or now is error:
             failed_ids.add(nodeid)
             if not hasattr(report, "wasxfail"):
                 failed_reports[0] += 1
-        if now is not _PASSED and outcome is _PASSED:
+        if now is not passed and outcome is passed:
             outcome = now
             longrepr = str(report.longrepr)[-4000:] if report.longrepr else ""
         called = called or when == "call"
         if when != "teardown":
             entries[nodeid] = (outcome, longrepr, called)
             return
-        if outcome is _PASSED and not called:
-            outcome = _ERROR  # the call phase never ran (e.g. setup skipped it)
-        if not any(outcome is known for known in _OUTCOMES):
+        if outcome is passed and not called:
+            outcome = error  # the call phase never ran (e.g. setup skipped it)
+        if not any(outcome is known for known in outcomes):
             foreign.append(nodeid)
-            outcome = _ERROR
-        if outcome is _FAILED or outcome is _ERROR:
+            outcome = error
+        if outcome is failed or outcome is error:
             emitted_failing.add(nodeid)
         trace = sorted(_TRACE.pop(nodeid, ()))
-        _emit({"t": "test", "id": nodeid, "outcome": outcome, "longrepr": longrepr, "trace": trace})
+        emit({"t": "test", "id": nodeid, "outcome": outcome, "longrepr": longrepr, "trace": trace})
 
     def failing() -> tuple[frozenset[str], frozenset[str], int, tuple[str, ...]]:
         return frozenset(failed_ids), frozenset(emitted_failing), failed_reports[0], (*foreign,)
