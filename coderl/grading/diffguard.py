@@ -494,21 +494,7 @@ class _Scanner:
         self._built_string(node)
 
     def _built_string(self, node: ast.AST) -> None:
-        """A string spelled from literals (:func:`.guardreflect.folded_string`) read as one
-        literal, outermost expression only; ``coderl`` anywhere in it is a finding too."""
-        parent = getattr(node, "_parent", None)
-        if isinstance(parent, ast.BinOp | ast.JoinedStr | ast.FormattedValue):
-            return
-        try:
-            text = guardreflect.folded_string(node)
-        except RecursionError:
-            text = None  # a sum too deep to fold has each literal read on its own
-        if not text:
-            return
-        hits = string_hits(text)
-        if "coderl" in text.lower() and not hits:
-            hits = ["coderl"]
-        for hit in hits:
+        for hit in guardreflect.built_string_hits(node):
             self.add("string", f"built: {hit}", node)
 
     def visit_MatchClass(self, node: ast.MatchClass) -> None:

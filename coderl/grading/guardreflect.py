@@ -17,7 +17,7 @@ from __future__ import annotations
 import ast
 import hashlib
 
-from coderl.grading.guardast import CO_ATTR
+from coderl.grading.guardast import CO_ATTR, string_hits
 from coderl.grading.guardlists import BANNED_ATTRS
 
 REFLECTIVE = frozenset(a for a in BANNED_ATTRS if a.startswith(("f_", "tb_", "gi_", "cr_", "ag_")))
@@ -129,3 +129,18 @@ def folded_string(node: ast.AST) -> str | None:
         if sep is not None and all(t is not None for t in items):
             return sep.join(items)  # type: ignore[arg-type]
     return None
+
+
+def built_string_hits(node: ast.AST) -> list[str]:
+    """What rule ``string`` finds in the text :func:`folded_string` gives for ``node``, read at
+    the outermost expression only; ``coderl`` anywhere in it is a finding too."""
+    parent = getattr(node, "_parent", None)
+    if isinstance(parent, ast.BinOp | ast.JoinedStr | ast.FormattedValue):
+        return []
+    try:
+        text = folded_string(node)
+    except RecursionError:
+        return []  # a sum too deep to fold has each literal read on its own
+    if not text:
+        return []
+    return string_hits(text) or (["coderl"] if "coderl" in text.lower() else [])
