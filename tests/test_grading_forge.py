@@ -6,10 +6,12 @@ and the second run agrees). Two halves close it, each tested here with several m
 
 - runtime: the plugin keeps no per-test state in a module global and compares outcomes by
   identity with its own constants; a rewrite of its closure's state is caught by the cross-check
-  against pytest's own counts (the plugin runs here in a subprocess as the worker runs it, no
-  sandbox: a forge that fails here fails in the worker too);
-- guard: the same forge through other released reflective uses is denied (the graded A22 diff
-  on boltons: ``scratch``-free, in ``bench/`` notes of docs/tasks-and-grading.md)."""
+  against pytest's own counts (the plugin runs here in a subprocess, started as the worker
+  starts it but without the sandbox, the observer or the canaries);
+- guard: the same forge through released reflective uses other than A22's ``tb_frame``
+  (``sys._getframe``, ``inspect.currentframe``, a function's ``__globals__``) is denied, and
+  attribute names and module names spelled another way are read as written (graded on six:
+  ``tests/test_grading_redteam.py::test_code_rewritten_around_a_released_frame_use_is_denied``)."""
 
 from __future__ import annotations
 
@@ -81,7 +83,7 @@ FORGES = {
 }
 
 
-def _run(tmp_path: Path, forge: str) -> tuple[dict, dict]:
+def _run(tmp_path: Path, forge: str, extra: str = "") -> tuple[dict, dict]:
     body = textwrap.indent(textwrap.dedent(forge), "    ")
     test = (
         "import sys\n" + LIAR + "\n\ndef test_forged():\n"
@@ -90,10 +92,12 @@ def _run(tmp_path: Path, forge: str) -> tuple[dict, dict]:
     )
     (tmp_path / "test_x.py").write_text(test)
     (tmp_path / "run.py").write_text(RUN)
+    if extra:
+        (tmp_path / "test_y.py").write_text(extra)
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST")}
     env["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] = "1"
     subprocess.run(
-        [sys.executable, "run.py", str(PLUGIN_DIR), "test_x.py", "events.jsonl"],
+        [sys.executable, "run.py", str(PLUGIN_DIR), ".", "events.jsonl"],
         cwd=tmp_path,
         capture_output=True,
         text=True,
@@ -233,3 +237,20 @@ BUILT = {
 def test_getattr_literals_and_built_names_are_read_as_written(route):
     found = added_findings(b"", BUILT[route].encode(), "lib/m.py")
     assert found, route
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        "def broken(:\n",  # a collection error: pytest counts it among its failed reports
+        "import pytest\n\n\n@pytest.mark.xfail(strict=True)\ndef test_xpass():\n    pass\n",
+        "import pytest\n\n\n@pytest.fixture\ndef bad():\n    raise RuntimeError\n\n\n"
+        "def test_setup_error(bad):\n    pass\n",
+    ],
+)
+def test_other_failures_agree_with_pytests_counts(tmp_path, extra):
+    """The cross-check counts as pytest does: a failed collection, a strict xpass, an error
+    in setup raise no tampering of their own."""
+    tests, end = _run(tmp_path, "", extra)
+    assert tests.get("test_x.py::test_forged", "failed") == "failed"  # none run: collection
+    assert not _outcome_tamper(end), end["tampered"]

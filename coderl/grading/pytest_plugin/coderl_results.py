@@ -375,13 +375,14 @@ pytest_runtest_logreport, _failing = _outcome_hooks()
 
 def _cross_check(session: pytest.Session) -> list[str]:
     """Tampering where the outcomes this plugin decided disagree with the counts pytest keeps
-    on its own: ``session.testsfailed`` (failed reports, xfail aside) and the terminal
-    reporter's ``stats`` (the ids with a failed or error test report); every test with a failed
-    report must have been emitted ``failed`` or ``error``."""
+    on its own: ``session.testsfailed`` (failed test and collection reports, xfail aside) and
+    the terminal reporter's ``stats`` (the ids with a failed or error test report); every test
+    with a failed report must have been emitted ``failed`` or ``error``."""
     ids, emitted, n, foreign = _failing()
     out = [f"outcomes: not the plugin's own outcome: {i}" for i in foreign[:3]]
     if not ids <= emitted:
         out.append(f"outcomes: failed tests emitted as not failed: {sorted(ids - emitted)[:3]}")
+    n += len(_COLLECT_ERRORS)  # pytest counts a failed collection report too
     if _getattr(session, "testsfailed", n) != n:
         out.append(f"outcomes: {n} failed reports seen, pytest counted {session.testsfailed}")
     reporter = session.config.pluginmanager.get_plugin("terminalreporter")
