@@ -150,17 +150,23 @@ _r.BaseReport.passed = property(lambda self: True)
 # Not a function, so no tripwire watches it: the must-fail canaries catch it.
 FORCE_RESULTS_STATE = """
 import sys as _sys
-class _Entry(dict):
-    def __setitem__(self, key, value):
-        super().__setitem__(key, "passed" if key == "outcome" else value)
-class _Forced(dict):
-    def setdefault(self, key, default=None):
-        if key not in self:
-            self[key] = _Entry(default or {})
-        return self[key]
+import json as _j
 _plugin = _sys.modules.get("coderl_results")
 if _plugin is not None:
-    _plugin._RESULTS = _Forced()
+    _real = _plugin._write
+
+    def _write(fd, data):
+        if fd == _plugin._STATE["fd"] and data[-1:] == bytes([10]):
+            ev = _j.loads(data)
+            if ev.get("t") == "test":
+                ev["outcome"] = "passed"
+                new = (_j.dumps(ev) + chr(10)).encode()
+                while new:
+                    new = new[_real(fd, new) :]
+                return len(data)
+        return _real(fd, data)
+
+    _plugin._write = _write
 """
 
 PATCH_RESULTS_PLUGIN = """

@@ -153,7 +153,8 @@ def test_a_library_helper_that_holds_a_finding_is_a_finding_by_its_name(name):
     diff reached the plugin with no banned name (resolved an unfixed task before g25x)."""
     new = LIBRARY + HELPER_USES[name]
     found = added_findings(LIBRARY, new, "lib.py", LIBRARY)
-    assert found and {f.rule for f in found} == {"helper"}, name
+    # the plugin's name the helper is handed is read too (rule ``string``, round 7)
+    assert found and {f.rule for f in found} - {"string"} == {"helper"}, name
 
 
 def test_helpers_without_a_finding_and_existing_uses_are_free():

@@ -221,9 +221,10 @@ def _diff(env, task, code: str) -> str:
         return sb.diff()
 
 
-# Each forge replaces the results plugin's mapping (reached through a laundered ``sys``: the
-# guard is off) with one whose entries ignore failures, except for the tests it takes for
-# canaries (IS_CANARY) and except when it decides not to forge (FORGE_NOW).
+# Each forge rewrites the results plugin's event lines (reached through a laundered ``sys``: the
+# guard is off) so that every failure reads passed, except for the tests it takes for
+# canaries (IS_CANARY) and except when it decides not to forge (FORGE_NOW); it replaced the
+# plugin's per-test mapping before round 7 took that out of reach.
 FORGE = """
 from collections import _sys as _s
 import json as _json
@@ -245,22 +246,22 @@ def _forge():
 IS_CANARY
 FORGE_NOW
 
-    class Entry(dict):
-        def __setitem__(self, k, v):
-            if k == "outcome" and v != "passed" and not self.get("canary"):
-                return
-            dict.__setitem__(self, k, v)
+    real = cr._write
 
-    class Results(dict):
-        def setdefault(self, k, d=None):
-            if k not in self:
-                e = Entry(d) if forge_now() else dict(d)
-                if is_canary(k):
-                    dict.__setitem__(e, "canary", True)
-                dict.__setitem__(self, k, e)
-            return dict.__getitem__(self, k)
+    # round 7 took the per-test entries out of reach; what is left in reach (guard off) is the
+    # plugin's unwatched alias of os.write: rewrite each event line on its way out
+    def write(fd, data):
+        if fd == cr._STATE["fd"] and data[-1:] == bytes([10]):
+            ev = _json.loads(data)
+            if ev.get("t") == "test" and ev.get("outcome") != "passed" and forge_now() and not is_canary(ev["id"]):
+                ev["outcome"] = "passed"
+                new = (_json.dumps(ev) + chr(10)).encode()
+                while new:
+                    new = new[real(fd, new) :]
+                return len(data)
+        return real(fd, data)
 
-    cr._RESULTS = Results()
+    cr._write = write
 
 
 _forge()

@@ -32,7 +32,7 @@ import ast
 from collections import Counter
 from dataclasses import dataclass
 
-from coderl.grading import guardself  # rule ``unbound``
+from coderl.grading import guardreflect, guardself  # rules ``reflective``, ``unbound``
 from coderl.grading.guardast import (
     CO_ATTR,
     assigned_names,
@@ -448,6 +448,8 @@ class _Scanner:
                 self.add("fd-open", name, node)
         if name == "type" and isinstance(fn, ast.Name) and len(node.args) + len(node.keywords) > 1:
             self.add("call", "type(name, bases, namespace)", node)
+        if name == "join":
+            self._built_string(node)  # ``''.join(['cod', 'erl'])``
         if name == "import_module":
             first = node.args[0] if node.args else None
             text = first.value if isinstance(first, ast.Constant) else None
@@ -467,12 +469,33 @@ class _Scanner:
             elif any(bad_name(p) for p in arg.value.split(".")):
                 self.add("dynamic-attr", f"{name} {arg.value}", node)
             else:
+                if name in ("getattr", "hasattr") and node.args:
+                    self._as_attribute(node.args[0], arg.value, node)
                 for part in arg.value.split("."):
                     self.ref(part, node)  # ``getattr(o, "helper")`` uses ``helper``
                     owner = self._dotted(node.args[0], False) if node.args else None
                     library = owner is not None and guardself.library_function(f"{owner}.{part}")
                     if part in self.unbound | guardself.BINDERS or library:
                         self.add("unbound", f"{name} {part}", node)
+
+    def _as_attribute(self, base: ast.AST, attr: str, node: ast.Call) -> None:
+        """``getattr(base, 'attr'[, default])`` is read by every attribute rule as
+        ``base.attr`` (round 7: ``getattr(m, 'modules')`` where ``m.modules`` was denied)."""
+        if not attr.isidentifier():
+            return
+        read = ast.copy_location(ast.Attribute(value=base, attr=attr, ctx=ast.Load()), node)
+        read._parent = node  # type: ignore[attr-defined]
+        self.visit_Attribute(read)
+
+    def visit_BinOp(self, node: ast.BinOp) -> None:
+        self._built_string(node)
+
+    def visit_JoinedStr(self, node: ast.JoinedStr) -> None:
+        self._built_string(node)
+
+    def _built_string(self, node: ast.AST) -> None:
+        for hit in guardreflect.built_string_hits(node):
+            self.add("string", f"built: {hit}", node)
 
     def visit_MatchClass(self, node: ast.MatchClass) -> None:
         for attr in node.kwd_attrs:  # ``case object(sys=s)`` reads an attribute by name
@@ -484,7 +507,8 @@ class _Scanner:
         if isinstance(value, bytes):
             value = value.decode("latin-1")
         if isinstance(value, str) and id(node) not in self.docstrings:
-            for hit in string_hits(value):
+            hits = string_hits(value)
+            for hit in hits or (["coderl"] if "coderl" in value.lower() else []):
                 self.add("string", hit, node)
             for field in format_fields(value):
                 self.add("format-field", field, node)
@@ -506,6 +530,7 @@ def _scan(
             child._parent = parent  # type: ignore[attr-defined]
     scanner = _Scanner(tree, first_party(path), shared)
     scanner.run(tree)
+    scanner.found += guardreflect.reflective_statements(tree)
     return scanner
 
 

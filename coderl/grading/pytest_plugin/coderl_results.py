@@ -51,7 +51,6 @@ import pytest
 
 SPEC: dict[str, Any] = {}
 _STATE: dict[str, Any] = {"n": 0, "fd": -1, "control": -1}
-_RESULTS: dict[str, dict[str, Any]] = {}
 _TRACE: dict[str, set[tuple[str, int]]] = {}
 _COLLECT_ERRORS: list[str] = []
 _TAMPERED: list[str] = []
@@ -289,14 +288,27 @@ def pytest_collectreport(report: pytest.CollectReport) -> None:
 # --- outcomes -------------------------------------------------------------------------------
 
 
+# The outcomes, bound now: a verdict is one of these very objects (compared by identity, never by
+# ``==`` on a value the tested code could have made: red team, round 7, A22 put a ``str``
+# subclass whose ``__eq__`` lies into the per-test state, which was a module global then).
+_PASSED, _FAILED, _ERROR, _SKIPPED = "passed", "failed", "error", "skipped"
+_XFAILED, _XPASSED = "xfailed", "xpassed"
+_OUTCOMES = (_PASSED, _FAILED, _ERROR, _SKIPPED, _XFAILED, _XPASSED)
+_PHASES = ("setup", "call", "teardown")
+
+
 def _outcome(report: pytest.TestReport) -> str:
+    """This phase's outcome from pytest's own ``report.outcome`` and ``report.when``, as the
+    literals of this function (interned: the very objects of the constants above, whatever a
+    module global is rebound to later); ``error`` when either is not a plain ``str``."""
+    outcome, when = _getattr(report, "outcome", None), _getattr(report, "when", None)
+    if _type(outcome) is not _str or _type(when) is not _str:
+        return "error"
     if hasattr(report, "wasxfail"):
-        return "xfailed" if report.skipped else "xpassed"
-    if report.passed:
-        return "passed"
-    if report.skipped:
-        return "skipped"
-    return "failed" if report.when == "call" else "error"
+        return "xfailed" if outcome == "skipped" else "xpassed"
+    if outcome in ("passed", "skipped"):
+        return "passed" if outcome == "passed" else "skipped"
+    return "failed" if when == "call" else "error"
 
 
 def _check_test_code(item: pytest.Item) -> None:
@@ -309,27 +321,83 @@ def _check_test_code(item: pytest.Item) -> None:
         _TAMPERED.append(f"test code: {item.nodeid}")
 
 
-def pytest_runtest_logreport(report: pytest.TestReport) -> None:
-    entry = _RESULTS.setdefault(report.nodeid, {"outcome": "passed", "longrepr": ""})
-    outcome = _outcome(report)
-    if outcome != "passed" and entry["outcome"] == "passed":
-        entry["outcome"] = outcome
-        entry["longrepr"] = str(report.longrepr)[-4000:] if report.longrepr else ""
-    if report.when == "call":
-        entry["called"] = True
-    if report.when == "teardown":
-        if entry["outcome"] == "passed" and not entry.get("called"):
-            entry["outcome"] = "error"  # the call phase never ran (e.g. setup skipped it)
-        trace = sorted(_TRACE.pop(report.nodeid, ()))
-        _emit(
-            {
-                "t": "test",
-                "id": report.nodeid,
-                "outcome": entry["outcome"],
-                "longrepr": entry["longrepr"],
-                "trace": trace,
-            }
-        )
+def _outcome_hooks() -> tuple[Any, Any]:
+    """``(pytest_runtest_logreport, failing)``. The per-test state across a test's phases lives
+    in this closure, not in a module global the tested code can reach by name: each entry is
+    an immutable ``(outcome, longrepr, called)`` replaced, never updated in place, and the
+    outcome is decided when pytest makes the report; an outcome that is not one of this
+    module's constants by identity is emitted as ``error`` and counted as tampering.
+    ``failing()`` gives what :func:`_cross_check` compares with pytest's own counts: the ids
+    with a failed report, the ids emitted ``failed``/``error``, how many failed reports (xfail
+    aside) this hook saw, and the outcomes that were not the plugin's own."""
+    # bound here, once: rebinding the module's names later changes nothing below
+    outcome_of, emit, outcomes = _outcome, _emit, _OUTCOMES
+    passed, failed, error = _PASSED, _FAILED, _ERROR
+    entries: dict[str, tuple[str, str, bool]] = {}
+    failed_ids: set[str] = set()
+    emitted_failing: set[str] = set()
+    foreign: list[str] = []
+    failed_reports = [0]
+
+    def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+        nodeid, when = report.nodeid, report.when
+        outcome, longrepr, called = entries.pop(nodeid, (passed, "", False))
+        now = outcome_of(report)
+        if now is failed or now is error:
+            failed_ids.add(nodeid)
+            if not hasattr(report, "wasxfail"):
+                failed_reports[0] += 1
+        if now is not passed and outcome is passed:
+            outcome = now
+            longrepr = str(report.longrepr)[-4000:] if report.longrepr else ""
+        called = called or when == "call"
+        if when != "teardown":
+            entries[nodeid] = (outcome, longrepr, called)
+            return
+        if outcome is passed and not called:
+            outcome = error  # the call phase never ran (e.g. setup skipped it)
+        if not any(outcome is known for known in outcomes):
+            foreign.append(nodeid)
+            outcome = error
+        if outcome is failed or outcome is error:
+            emitted_failing.add(nodeid)
+        trace = sorted(_TRACE.pop(nodeid, ()))
+        emit({"t": "test", "id": nodeid, "outcome": outcome, "longrepr": longrepr, "trace": trace})
+
+    def failing() -> tuple[frozenset[str], frozenset[str], int, tuple[str, ...]]:
+        return frozenset(failed_ids), frozenset(emitted_failing), failed_reports[0], (*foreign,)
+
+    return pytest_runtest_logreport, failing
+
+
+pytest_runtest_logreport, _failing = _outcome_hooks()
+
+
+def _cross_check(session: pytest.Session) -> list[str]:
+    """Tampering where the outcomes this plugin decided disagree with the counts pytest keeps
+    on its own: ``session.testsfailed`` (failed test and collection reports, xfail aside) and
+    the terminal reporter's ``stats`` (the ids with a failed or error test report); every test
+    with a failed report must have been emitted ``failed`` or ``error``."""
+    ids, emitted, n, foreign = _failing()
+    out = [f"outcomes: not the plugin's own outcome: {i}" for i in foreign[:3]]
+    if not ids <= emitted:
+        out.append(f"outcomes: failed tests emitted as not failed: {sorted(ids - emitted)[:3]}")
+    n += len(_COLLECT_ERRORS)  # pytest counts a failed collection report too
+    if _getattr(session, "testsfailed", n) != n:
+        out.append(f"outcomes: {n} failed reports seen, pytest counted {session.testsfailed}")
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    stats = _getattr(reporter, "stats", None)
+    if isinstance(stats, dict):
+        theirs = {
+            r.nodeid
+            for key in ("failed", "error")
+            for r in stats.get(key, ())
+            if _getattr(r, "when", None) in _PHASES
+        }
+        if theirs != ids:
+            diff = sorted(theirs ^ ids)[:3]
+            out.append(f"outcomes: failed tests differ from pytest's stats: {diff}")
+    return out
 
 
 def _make_profiler(root: str, bucket: set[tuple[str, int]]) -> Any:
@@ -391,6 +459,7 @@ def _tampered(session: pytest.Session) -> list[str]:
     for item in session.items:
         _check_test_code(item)
     found += _TAMPERED
+    found += _cross_check(session)
     return sorted(set(found))
 
 
