@@ -10,6 +10,10 @@ For each task whose environment is built (``coderl tasks build-env``): ``grade(t
 grades agree when ``resolved``, ``failure_kind``, the per-test outcomes (``GradeResult.tests``: the
 task's FAIL_TO_PASS and PASS_TO_PASS tests), ``tampered`` and ``denied`` are equal. Prints agreement per file and every disagreement
 (issue 43's target: 100%), the load average before and after, and writes the rows as JSON.
+
+Each row is also appended, as soon as its four grades are done, to ``OUT`` with ``.jsonl`` for
+its suffix (``parity.jsonl`` for ``--out parity.json``), so a crash loses one task at most;
+``--resume`` reads that file first and grades only the tasks not in it.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import glob
 import json
 import os
 import time
+from pathlib import Path
 
 from coderl.grading.grade import grade
 from coderl.grading.verdict import GradeResult
@@ -54,15 +59,35 @@ def grade_both(task: Task) -> dict:
     return row
 
 
+def done_rows(path: Path) -> dict[str, dict]:
+    """The rows already in the per-task log ``path``, by task id (empty when there is none); a
+    last line cut short by a crash is dropped."""
+    if not path.exists():
+        return {}
+    rows = {}
+    for line in path.read_text().splitlines():
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        rows[row["task"]] = row
+    return rows
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("tasks", nargs="*", default=sorted(glob.glob("data/tasks/*.jsonl.gz")))
     ap.add_argument("--limit", type=int, default=None, help="tasks per file")
     ap.add_argument("--image", default=None)
     ap.add_argument("--out", default="container_parity.json")
+    ap.add_argument("--resume", action="store_true", help="skip tasks already in OUT's .jsonl log")
     args = ap.parse_args()
     os.environ[IMAGE_ENV] = args.image or base_image()
     print(f"load before: {os.getloadavg()}")
+    log = Path(args.out).with_suffix(".jsonl")
+    done = done_rows(log) if args.resume else {}
+    if not args.resume:
+        log.write_text("")
     rows = []
     for path in args.tasks:
         tasks = load_tasks(path)[: args.limit]
@@ -71,7 +96,14 @@ def main() -> int:
         except KeyError:
             print(f"{path}: environment not built, skipped")
             continue
-        own = [grade_both(t) for t in tasks]
+        own = []
+        for task in tasks:
+            row = done.get(task.id)
+            if row is None:
+                row = grade_both(task)
+                with log.open("a") as f:
+                    f.write(json.dumps(row) + "\n")
+            own.append(row)
         rows += own
         agree = sum(r["agree"] for r in own)
         print(f"{path}: {agree}/{len(own)} tasks agree (gold and empty, both backends)")
