@@ -199,13 +199,31 @@ def existing_logs(run_dir: str | Path) -> list[Path]:
     return [p for name in RUN_LOGS if (p := root / name).is_file() and p.stat().st_size > 0]
 
 
+OTHER_OUTPUTS = {
+    "cycles.jsonl": "an online run",
+    "registry": "an online run",
+    "online.db": "an online run",
+    "export.json": "an export",
+}
+"""What another command leaves in its directory (name -> what it is): a training run never
+starts among them."""
+
+
 def ensure_fresh_logs(run_dir: str | Path) -> None:
-    """Refuse to start a new run where a run's logs already are.
+    """Refuse to start a new run where a run's logs already are, or in the output of another
+    command (:data:`OTHER_OUTPUTS`: an online run's cycles and registry, an export).
 
     Raises:
-        FileExistsError: ``run_dir`` holds a non-empty metrics, eval or audit log (names them
-            and the ways out).
+        FileExistsError: ``run_dir`` holds a non-empty metrics, eval or audit log, or another
+            command's output (names them and the ways out).
     """
+    other = [(n, what) for n, what in OTHER_OUTPUTS.items() if (Path(run_dir) / n).exists()]
+    if other:
+        names = ", ".join(n for n, _ in other)
+        raise FileExistsError(
+            f"{run_dir} holds {other[0][1]} ({names}), not a training run; set run_dir=... to "
+            "start the training run elsewhere"
+        )
     found = existing_logs(run_dir)
     if found:
         names = ", ".join(p.name for p in found)

@@ -267,3 +267,56 @@ def test_resume_of_a_live_run_a_directory_as_config_and_a_missing_online_run(tmp
     line = _one_line_error(capsys.readouterr().err)
     assert f"{nope} does not exist" in line and "online run's directory" in line, line
     assert "config file" not in line, line
+
+
+# --- the fourth trial (fresh user, 13:14-13:39 UTC): what it found, fixed ----------------------
+
+
+@pytest.mark.parametrize(
+    "made", ["cycles.jsonl", "registry/", "online.db", "export.json"], ids=str.strip
+)
+def test_train_never_starts_inside_another_commands_output(tmp_path, capsys, made):
+    """An online run's directory or an export is not a training run: train is refused there in
+    one line (it used to run a whole toy run beside an online run's registry)."""
+    run_dir = tmp_path / "other"
+    run_dir.mkdir()
+    target = run_dir / made.rstrip("/")
+    target.mkdir() if made.endswith("/") else target.write_text("{}\n")
+    before = sorted(p.name for p in run_dir.iterdir())
+    assert main(["train", TOY, *FAST, f"run_dir={run_dir}"]) == 2
+    line = _one_line_error(capsys.readouterr().err)
+    assert "not a training run" in line and made.rstrip("/") in line, line
+    assert sorted(p.name for p in run_dir.iterdir() if p.name != ".lock") == before
+
+
+def test_a_section_given_whole_keeps_the_presets_other_keys():
+    """``trainer={steps: 1}`` overrides one key of the section, as ``trainer.steps=1`` does (it
+    replaced the section, so the preset's lr fell back to the default without a word); a
+    mapping field is still replaced whole."""
+    from coderl.config import load_config
+
+    preset = load_config(TOY)
+    whole = load_config(TOY, ["trainer={steps: 1}"])
+    assert whole.trainer.steps == 1 and whole.trainer.lr == preset.trainer.lr
+    assert load_config(TOY, ["trainer={}"]).trainer == preset.trainer
+    nested = load_config(TOY, ["algorithm={kl: {coef: 0.5}}"])
+    assert (
+        nested.algorithm.kl.coef == 0.5 and nested.algorithm.clip_low == preset.algorithm.clip_low
+    )
+    terms = load_config(TOY, ["reward.terms={tests: 1.0}"])
+    assert terms.reward.terms == {"tests": 1.0}
+
+
+@pytest.mark.parametrize("command", ["report", "eval"])
+def test_a_config_given_as_a_run_says_what_it_is(capsys, command):
+    assert main([command, TOY]) != 0
+    line = _one_line_error(capsys.readouterr().err)
+    assert "is a file, not a run directory" in line and "coderl train" in line, line
+
+
+def test_a_host_that_is_not_this_machines_blames_the_host():
+    from coderl.cli.serve import listening_socket
+    from coderl.config import ConfigError
+
+    with pytest.raises(ConfigError, match="check --host"):
+        listening_socket("999.1.1.1", 0)

@@ -21,6 +21,7 @@ on ``vllm`` each is a LoRA adapter of the one server (:func:`route_loader`).
 from __future__ import annotations
 
 import argparse
+import errno
 import socket
 from collections.abc import Callable
 from typing import Any
@@ -158,9 +159,12 @@ def listening_socket(host: str, port: int) -> socket.socket:
         sock.bind((host, port))
     except OSError as err:
         sock.close()
+        if err.errno == errno.EADDRINUSE:
+            hint = "choose another with --port, or --port 0 for a free one"
+        else:  # an unknown name, or an address this machine does not have
+            hint = "check --host: an address of this machine, e.g. 127.0.0.1 or 0.0.0.0"
         raise ConfigError(
-            f"online.serve.host/port: cannot listen on {host}:{port}: {err.strerror} "
-            "(choose another with --port, or --port 0 for a free one)"
+            f"online.serve.host/port: cannot listen on {host}:{port}: {err.strerror} ({hint})"
         ) from err
     return sock
 

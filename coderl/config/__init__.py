@@ -367,8 +367,10 @@ class Config(_Section):
 def apply_override(tree: dict[str, Any], override: str) -> None:
     """Apply one ``dotted.key=value`` override to a raw config dict, in place.
 
-    The value is parsed as YAML (``3`` is an int, ``[1, 2]`` a list, ``null`` None). Intermediate
-    sections that are absent from the YAML are created; whether the key exists is checked by
+    The value is parsed as YAML (``3`` is an int, ``[1, 2]`` a list, ``null`` None). A mapping
+    given for a whole section is merged into the section (``trainer={steps: 1}`` keeps the
+    preset's other trainer keys), as a key-by-key override would be. Intermediate sections that
+    are absent from the YAML are created; whether the key exists is checked by
     :func:`build_config`.
 
     Raises:
@@ -387,10 +389,39 @@ def apply_override(tree: dict[str, Any], override: str) -> None:
             raise ConfigError(f"{'.'.join(parts[: i + 1])} is a value, not a section ({key!r})")
         node = child
     try:
-        node[parts[-1]] = yaml.safe_load(raw) if raw.strip() else ""
+        value = yaml.safe_load(raw) if raw.strip() else ""
     except yaml.YAMLError as e:
         why = str(getattr(e, "problem", None) or "not valid YAML")
         raise ConfigError(f"override {override!r}: the value is not valid YAML ({why})") from None
+    _merge(node, parts[-1], value, _section_of(parts))
+
+
+def _section_of(parts: list[str]) -> type[_Section] | None:
+    """The config section at dotted ``parts`` (``["trainer"]`` -> TrainerConfig), or None for a
+    leaf (a value, or a mapping field such as ``reward.terms``)."""
+    model: type[_Section] = Config
+    for part in parts:
+        field = model.model_fields.get(part)
+        ann = field.annotation if field is not None else None
+        if not (isinstance(ann, type) and issubclass(ann, _Section)):
+            return None
+        model = ann
+    return model
+
+
+def _merge(node: dict[str, Any], key: str, value: Any, section: type[_Section] | None) -> None:
+    """``node[key] = value``, except that a mapping given for a section is merged into what the
+    preset holds there (``trainer={steps: 1}`` keeps the preset's other trainer keys); a mapping
+    field (``reward.terms``) is replaced whole."""
+    old = node.get(key)
+    if section is None or not isinstance(value, dict) or not isinstance(old, dict):
+        node[key] = value
+        return
+    for k, v in value.items():
+        field = section.model_fields.get(k) if isinstance(k, str) else None
+        ann = field.annotation if field is not None else None
+        sub = ann if isinstance(ann, type) and issubclass(ann, _Section) else None
+        _merge(old, k, v, sub)
 
 
 def build_config(tree: dict[str, Any]) -> Config:

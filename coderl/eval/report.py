@@ -144,6 +144,11 @@ def write_report(run_dir: str | Path) -> Path:
             ``eval.jsonl``.
     """
     run = Path(run_dir)
+    if run.is_file():
+        raise FileNotFoundError(
+            f"{run} is a file, not a run directory (a config? `coderl train {run}` makes a run "
+            "to report on)"
+        )
     if not run.is_dir():
         raise FileNotFoundError(f"{run} does not exist (give a run directory)")
     metrics, evals = read_jsonl(run / "metrics.jsonl"), read_jsonl(run / "eval.jsonl")

@@ -258,6 +258,11 @@ def latest_checkpoint(run_dir: str | Path) -> Path:
     Raises:
         FileNotFoundError: ``run_dir`` does not exist, or has no complete checkpoint.
     """
+    if Path(run_dir).is_file():
+        raise FileNotFoundError(
+            f"{run_dir} is a file, not a run directory or a checkpoint (a config? `coderl train "
+            f"{run_dir}` makes a run)"
+        )
     if not Path(run_dir).is_dir():
         raise FileNotFoundError(f"{run_dir} does not exist (give a run directory or a checkpoint)")
     ckpts = list_checkpoints(run_dir)
