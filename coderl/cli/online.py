@@ -95,7 +95,7 @@ def _run_cycles(args: argparse.Namespace, cfg: Config) -> int:
                 extra["window_wait_s"] = wait
                 extra["collect_s"] = time.perf_counter() - t
             rep = run_cycle(cfg, log=console.print, extra=extra)
-            rep["total_s"] = rep["cycle_s"] + extra.get("collect_s", 0.0)
+            rep["total_s"] = rep["cycle_s"] + extra.get("collect_s", 0.0)  # what the phases sum to
             reports.append(rep)
             console.rule(f"cycle {i + 1}/{cfg.online.cycles}")
             print_report(rep, console)

@@ -82,10 +82,14 @@ def print_report(rep: dict[str, Any], console: Console | None = None) -> None:
     """A cycle report as rich tables: decision, timings, exclusions, gate, monitors."""
     console = console or Console()
     t = Table(title=f"online cycle: {rep['decision']}", show_header=False)
-    for k in ("champion_before", "candidate", "champion_after", "trainable", "cycle_s"):
+    labels = {  # cycle_s starts after the collection that `online run` times on its own
+        "cycle_s": "cycle_s (finalize to promote)",
+        "total_s": "total_s (collect included)",
+    }
+    for k in ("champion_before", "candidate", "champion_after", "trainable", "cycle_s", "total_s"):
         if k in rep:
             v = rep[k]
-            t.add_row(k, f"{v:.2f}" if isinstance(v, float) else str(v))
+            t.add_row(labels.get(k, k), f"{v:.2f}" if isinstance(v, float) else str(v))
     t.add_row("phases (s)", phase_split(rep))
     t.add_row("excluded", json.dumps(rep.get("excluded", {})))
     t.add_row("finalize", json.dumps({k: v for k, v in rep["finalize"].items() if v}))
