@@ -113,8 +113,7 @@ def test_evaluate_joins_by_task_and_counts_a_dropped_episode_as_a_failure():
         "source": None,
         "n": 2,
         "correct": 0,
-        "best": 0.0,
-        "f2p": 0.0,
+        "best": 0.0,  # no "f2p": the scripted task has no FAIL_TO_PASS tests, nothing graded
         "episodes": 0,
         "broken_calls": 0,
         "broken_episodes": 0,

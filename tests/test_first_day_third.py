@@ -320,3 +320,17 @@ def test_a_host_that_is_not_this_machines_blames_the_host():
 
     with pytest.raises(ConfigError, match="check --host"):
         listening_socket("999.1.1.1", 0)
+
+
+def test_eval_prints_no_fail_to_pass_fraction_for_a_task_without_one(tmp_path, capsys):
+    """The toy task has no FAIL_TO_PASS tests: ``f2p`` is absent from its rows, not 0.0 beside
+    a ``best`` of 0.5 (the fourth trial read it as a placeholder)."""
+    import json
+
+    run_dir = tmp_path / "toy"
+    assert main(["train", TOY, *FAST, "trainer.checkpoint_every=1", f"run_dir={run_dir}"]) == 0
+    capsys.readouterr()
+    assert main(["eval", str(run_dir), "eval.tasks=2", "k=2"]) == 0
+    out = capsys.readouterr().out
+    rows = json.loads(out[out.index("{") :])["per_task"]
+    assert rows and all("f2p" not in r for r in rows), rows

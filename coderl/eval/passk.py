@@ -57,7 +57,7 @@ class EvalResult:
     repository ladder, else its :attr:`~coderl.tasks.spec.Task.source`; None for tasks without
     one); ``f2p`` is the mean over the n samples
     of the fraction of FAIL_TO_PASS tests passed (0 for a sample that is missing or whose grading
-    failed); ``episodes`` returned by the environment, the broken tool calls among them and how
+    failed; absent for a task without FAIL_TO_PASS tests, such as the toy task); ``episodes`` returned by the environment, the broken tool calls among them and how
     many had at least one, and how many had their replies parsed as tool calls (0: the broken
     counts measure nothing); ``summarised``, ``continued``, ``continued_resolved`` and the
     prefill accounting summed over the task's episodes (see :attr:`context`)."""
@@ -270,13 +270,17 @@ def _task_row(task: Any, pairs: list[tuple[Any, Any]], samples: int) -> dict[str
         ((x.fraction_passed if x.grading_error is None else 0.0) for x in grades), default=0.0
     )
     broken = [ep.broken_tool_calls for ep, _ in pairs]
+    measured = bool(getattr(task, "FAIL_TO_PASS", None)) or any(
+        hasattr(x.result, "fail_to_pass_passed") for x in grades
+    )
     return {
         "task_id": task_id,
         "source": family(task),
         "n": samples,
         "correct": sum(ok),
         "best": best,
-        "f2p": sum(_f2p(x) for x in grades) / samples,  # missing samples count as 0
+        # missing samples count as 0; absent for a task without FAIL_TO_PASS tests (toy)
+        **({"f2p": sum(_f2p(x) for x in grades) / samples} if measured else {}),
         "episodes": len(broken),
         "broken_calls": sum(broken),
         "broken_episodes": sum(b > 0 for b in broken),
