@@ -334,3 +334,14 @@ def test_eval_prints_no_fail_to_pass_fraction_for_a_task_without_one(tmp_path, c
     out = capsys.readouterr().out
     rows = json.loads(out[out.index("{") :])["per_task"]
     assert rows and all("f2p" not in r for r in rows), rows
+
+
+def test_rl_steps_without_phase_times_are_not_printed_as_zero_seconds():
+    """train-async logs no per-phase times: its steps are "not timed", not "0 s", and the rest
+    of its wall time is not called model loading (the fourth trial read "RL 3 steps 0 s")."""
+    from coderl.eval.summary import _phase_times
+
+    untimed = _phase_times([], [{"step": 1}, {"step": 2}], {"train_s": 40.0})
+    assert "RL 2 steps (not timed)" in untimed and "other" not in untimed, untimed
+    timed = _phase_times([], [{"time/rollout": 5.0, "time/train": 3.0}], {"train_s": 10.0})
+    assert "RL 1 steps 8 s" in timed and "other (model load, checkpoints) 2 s" in timed, timed

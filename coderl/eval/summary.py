@@ -219,9 +219,10 @@ def _phase_times(
             parts.append(f"eval {phase_name(e, i == len(evals) - 1)} {e['time_s']:.0f} s")
     keys = ("time/rollout", "time/grading", "time/train", "time/sync")
     rl = sum(r.get(k, 0.0) for r in metrics for k in keys)
+    timed = any(k in r for r in metrics for k in keys)  # train-async logs no per-phase times
     if metrics:
-        parts.append(f"RL {len(metrics)} steps {rl:.0f} s")
-    if "train_s" in phases:
+        parts.append(f"RL {len(metrics)} steps" + (f" {rl:.0f} s" if timed else " (not timed)"))
+    if "train_s" in phases and (timed or not metrics):  # else "other" would hold the RL time
         evals_s = sum(e.get("time_s", 0.0) for e in evals)
         other = phases["train_s"] - evals_s - rl
         parts.append(f"other (model load, checkpoints) {other:.0f} s")
