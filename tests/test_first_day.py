@@ -214,7 +214,8 @@ def test_eval_base_is_the_base_model_from_any_directory(tmp_path, monkeypatch, c
     for cwd, run in ((tmp_path, "runs/rel"), (elsewhere, str(tmp_path / "runs/rel"))):
         monkeypatch.chdir(cwd)
         assert main(["eval", run, "--base", "k=1", "sft.enabled=true"]) == 0
-        capsys.readouterr()
+        record = json.loads(capsys.readouterr().out)  # names the base model, no checkpoint
+        assert record["base"] and record["checkpoint"] is None and record["model"], record
     assert len(seen) == 2
     for weights in seen:
         assert all(torch.equal(a, b) for a, b in zip(weights, base, strict=True))

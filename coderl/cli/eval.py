@@ -111,7 +111,12 @@ def run(args: argparse.Namespace) -> int:
         from coderl.graders.pairs import write_episodes
 
         write_episodes(args.episodes_out, [v for v, _ in episodes], [ok for _, ok in episodes])
-    out = {"checkpoint": str(ckpt), "base": args.base, "split": split or cfg.tasks.heldout_split}
+    out = {  # --base loads no checkpoint: the record names the base model, not one
+        "checkpoint": None if args.base else str(ckpt),
+        "base": args.base,
+        **({"model": cfg.model.name} if args.base else {}),
+        "split": split or cfg.tasks.heldout_split,
+    }
     out.update({k_: v for k_, v in result.items() if k_ != "per_task"})
     ks = sorted(int(k_) for k_ in result["pass_at"])
     out["per_task"] = per_task_pass(result["per_task"], ks)  # after the totals: easy to read
