@@ -3,7 +3,7 @@
 Runs ``coderl demo --config configs/repair.yaml`` (SFT on oracle repairs, GRPO from the
 difficulty pool with synthesis inside the loop, :func:`coderl.cli.demo.run_demo`) with
 ``--steps`` RL steps and a held-out evaluation every ``--every`` steps (``eval.every``; each
-one after the first carries the collapse check, :func:`coderl.train.loop.log_eval_with_alarm`),
+one after the first carries the collapse check, :func:`coderl.train.heldout.log_eval_with_alarm`),
 then prints the curve the run report draws (:mod:`coderl.eval.curve`: held-out pass@1 and
 pass@k with 95% CIs and the alarm per evaluation; reward per term, the pool's active band and
 synthesis counts per step) and what the run cost: wall time, CPU seconds (this process and

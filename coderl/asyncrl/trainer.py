@@ -52,7 +52,7 @@ from coderl.progress import PhaseProgress
 from coderl.rundir import run_lock
 from coderl.train import pipeline as P
 from coderl.train.checkpoint import ensure_new_run, load_trainable, trainable_state
-from coderl.train.loop import log_eval_with_alarm, without_heldout_evals
+from coderl.train.heldout import log_eval_with_alarm, without_heldout_evals
 from coderl.train.run import (
     build_policy,
     close_run,

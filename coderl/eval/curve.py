@@ -4,7 +4,7 @@ resolved rate, the pool's active band, synthesis counts), as one data file and o
 
 Reads the rows of ``metrics.jsonl`` and the records of ``eval.jsonl`` (the periodic
 evaluations of ``eval.every`` carry the ``collapse`` check that
-:func:`coderl.train.loop.log_eval_with_alarm` writes). Writes ``curve.json``
+:func:`coderl.train.heldout.log_eval_with_alarm` writes). Writes ``curve.json``
 (:func:`curve_data`) and ``learning_curve.png`` (:func:`curve_figure`: four panels on one step
 axis); the run report (:mod:`coderl.eval.report`) embeds both. Nothing is computed here: the
 CIs are the evaluation's own (:func:`coderl.eval.passk.summarize`, percentile bootstrap over

@@ -149,7 +149,7 @@ def context_rows(e: dict[str, Any]) -> list[tuple[str, str]]:
 
 def collapse_line(evals: list[dict[str, Any]]) -> str:
     """What the collapse checks of a run's evaluations said (the ``collapse`` field that
-    :func:`coderl.train.loop.log_eval_with_alarm` writes): the steps where the alarm was raised,
+    :func:`coderl.train.heldout.log_eval_with_alarm` writes): the steps where the alarm was raised,
     or that it never was, with the largest drop (or "no drop" when pass@k never fell: a rise is
     not printed as a negative drop); "" when no evaluation holds a check."""
     checks = [(e["step"], e["collapse"]) for e in evals if e.get("collapse")]

@@ -26,8 +26,6 @@ have (with ``engine.kind=vllm`` too: its requests are seeded). ``coderl train-as
 
 from __future__ import annotations
 
-import logging
-import sys
 import time
 from collections.abc import Sequence
 from dataclasses import replace
@@ -36,13 +34,11 @@ from typing import Any
 
 from coderl.agent.branch import BranchSpec
 from coderl.config import Config, anchored, dump_config
-from coderl.eval.passk import collapse_check
 from coderl.metrics import (
     MetricsLogger,
     add_cpu_since,
     check_step_measured,
     cpu_clock,
-    read_jsonl,
     run_logger,
 )
 from coderl.progress import PhaseProgress
@@ -50,6 +46,7 @@ from coderl.rundir import run_lock
 from coderl.train import pipeline as P
 from coderl.train.branching import turn_credit
 from coderl.train.checkpoint import ensure_new_run
+from coderl.train.heldout import log_eval_with_alarm, without_heldout_evals
 from coderl.train.run import (
     SFT_WEIGHTS,
     Run,
@@ -68,8 +65,6 @@ from coderl.train.signal import prepass, rollout_metrics
 
 # the recipe's own functions, and the run pieces it composes (their home: coderl.train.run)
 __all__ = ["Run", "build_policy", "collect", "run_eval", "setup_run", "train", "training_step"]
-
-log = logging.getLogger("coderl.train")
 
 
 def collect(run: Run, step: int) -> tuple[P.Scored, dict[str, float]]:
@@ -297,30 +292,6 @@ def train(cfg: Config, *, resume: bool = False, observers: Sequence[P.StepObserv
     return run_dir
 
 
-def log_eval_with_alarm(
-    logger: MetricsLogger, step: int, record: dict[str, Any]
-) -> dict[str, float]:
-    """Log a held-out evaluation made during RL with its collapse alarm
-    (:func:`coderl.eval.passk.collapse_check` against the run's earlier evaluations, read back
-    from ``eval.jsonl`` so a resumed run compares with the same ones): the record gains
-    ``collapse`` (the check as a dict), a raised alarm logs one warning line, and the step's
-    metrics get ``eval/collapse_alarm`` (1 or 0) and ``eval/collapse_drop`` (returned; {} when
-    there is no earlier evaluation)."""
-    check = collapse_check(read_jsonl(logger.eval_path), record)
-    if check is None:
-        logger.log_eval(step, record)
-        return {}
-    if check.alarm:
-        c = check.change
-        log.warning(
-            "collapse alarm at step %d: held-out pass@%d fell %.3f below step %d's "
-            "(paired change %+.3f, 95%% CI [%+.3f, %+.3f])",
-            step, check.k, check.drop, check.best_step, c.mean, c.lo, c.hi,
-        )  # fmt: skip
-    logger.log_eval(step, {**record, "collapse": check.to_dict()})
-    return {"eval/collapse_alarm": float(check.alarm), "eval/collapse_drop": check.drop}
-
-
 def _rank(run: Run) -> int:
     """This process's rank in a sharded run (0 in a single-process one)."""
     if run.sharded is None:
@@ -328,30 +299,6 @@ def _rank(run: Run) -> int:
     import torch.distributed as dist
 
     return dist.get_rank()
-
-
-def without_heldout_evals(run: Run) -> None:
-    """A run whose task source has no held-out tasks (a user's own synthesised tasks, all
-    ``train``) trains without held-out evaluations, saying so in one line, rather than failing
-    after the model loaded; ``run.cfg`` is changed only when evaluations were configured."""
-    cfg = run.cfg
-    if not (cfg.eval.before_after or cfg.eval.every):
-        return
-    try:
-        heldout = run.env.tasks(cfg.tasks.heldout_split)
-    except KeyError:
-        heldout = []
-    if heldout:
-        return
-    print(
-        f"train: tasks.heldout_split={cfg.tasks.heldout_split!r} holds no tasks of "
-        f"tasks.source={cfg.tasks.source!r}: training without held-out evaluations (mark some "
-        "tasks split=heldout, or evaluate later with coderl eval RUN tasks=SOURCE:SPLIT)",
-        file=sys.stderr,
-        flush=True,
-    )
-    off = cfg.eval.model_copy(update={"before_after": False, "every": 0})
-    run.cfg = cfg.model_copy(update={"eval": off})
 
 
 def _train(run: Run, resume: bool) -> None:
