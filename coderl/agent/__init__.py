@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from coderl.agent.context import ChatRenderer, TemplateError, template_supports_tools
-    from coderl.agent.episode import (
+    from coderl.agent.record import (
         AgentTask,
         Episode,
         EpisodeConfig,
@@ -72,19 +72,19 @@ _HOME = {
     "CALL_FORMATS": "coderl.agent.parsing",
     "TOOLS": "coderl.agent.tools",
     "TOOLSETS": "coderl.agent.tools",
-    "AgentTask": "coderl.agent.episode",
+    "AgentTask": "coderl.agent.record",
     "BrokenCall": "coderl.agent.parsing",
     "CallFormat": "coderl.agent.parsing",
     "ChatRenderer": "coderl.agent.context",
-    "Episode": "coderl.agent.episode",
-    "EpisodeConfig": "coderl.agent.episode",
-    "EpisodeStats": "coderl.agent.episode",
+    "Episode": "coderl.agent.record",
+    "EpisodeConfig": "coderl.agent.record",
+    "EpisodeStats": "coderl.agent.record",
     "ScriptedPolicy": "coderl.agent.scripted",
-    "SimpleTask": "coderl.agent.episode",
+    "SimpleTask": "coderl.agent.record",
     "TemplateError": "coderl.agent.context",
     "Tool": "coderl.agent.tools",
     "ToolCall": "coderl.agent.parsing",
-    "ToolCallRecord": "coderl.agent.episode",
+    "ToolCallRecord": "coderl.agent.record",
     "ToolConfig": "coderl.agent.tools",
     "ToolContext": "coderl.agent.tools",
     "ToolError": "coderl.agent.tools",
