@@ -22,7 +22,8 @@ snapshot of at least ``MIN_BYTES`` (any of them may become a task); for a task
 (``coderl tasks validate``), the files its bug patch touches and its held-out test files.
 
 Not checked: copies that differ by a byte (a reformatted or older copy still gives most of a fix
-away: the check compares exact content), compressed archives other than zip (``.tar.gz``),
+away: the check compares exact content), compressed archives other than zip (``.tar.gz``), zip
+archives Python's ``zipfile`` cannot read (corrupt, encrypted, an unknown compression),
 files the sandbox user cannot read at walk time but could later, and files smaller than
 ``MIN_BYTES`` at build (one-line modules are too common to mean a copy).
 """
@@ -44,7 +45,7 @@ CHECK_DIR = "/coderl/exposure"
 LIMITS = Limits(timeout_s=300.0, cpu_s=300, memory_bytes=2 * 1024**3)
 
 WALKER = r"""
-import hashlib, json, os, stat, sys, zipfile
+import hashlib, json, os, stat, struct, sys, zipfile, zlib
 want = json.load(open(sys.argv[1]))
 sizes, hashes = set(want["sizes"]), set(want["hashes"])
 skip = {"/proc", "/sys", "/dev", sys.argv[2]}
@@ -58,8 +59,10 @@ def check_zip(path):
                     digest = hashlib.sha256(z.read(info)).hexdigest()
                     if digest in hashes:
                         print(json.dumps([path + "!" + info.filename, digest]))
-    except Exception:
-        pass
+    except (OSError, EOFError, ValueError, RuntimeError, struct.error, zipfile.BadZipFile,
+            zlib.error):
+        pass  # an archive zipfile cannot read (corrupt, encrypted, unknown compression)
+    # any other error is a bug of this walk: it fails, and the check with it (fail closed)
 
 for root, dirs, files in os.walk("/"):
     dirs[:] = [d for d in dirs if os.path.join(root, d) not in skip]
