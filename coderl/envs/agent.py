@@ -11,6 +11,7 @@ Limits: sandboxes are started and closed here, one per episode; the repository e
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -24,6 +25,8 @@ from coderl.policy.base import SamplingParams
 from coderl.pools import thread_pool
 from coderl.tasks.spec import Task
 from coderl.trajectory import Trajectory
+
+log = logging.getLogger(__name__)
 
 TRUNCATED = ("max_turns", "max_tokens")
 """Finish reasons that mean a budget ran out (not a submit or a broken-call stop)."""
@@ -138,6 +141,7 @@ class AgentEnvironment:
                 try:
                     started[i] = (self.sandbox or sandbox_for)(t)
                 except Exception as e:  # noqa: BLE001 - infrastructure: masked and counted
+                    log.warning("task %s: sandbox could not start (masked)", t.id, exc_info=True)
                     failed[i] = f"sandbox could not start: {type(e).__name__}: {e}"
             ran = iter(
                 run_episodes(
@@ -173,6 +177,7 @@ class AgentEnvironment:
             try:
                 g = grade(task, ep.answer or "", timeout=self.grade_timeout_s)
             except Exception as e:  # noqa: BLE001 - a grader bug is infrastructure: masked
+                log.warning("task %s: the grader raised (masked)", task.id, exc_info=True)
                 return GradeRecord(
                     grading_error=f"grader raised {type(e).__name__}: {e}", failure_kind="infra"
                 )

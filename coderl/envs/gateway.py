@@ -59,6 +59,7 @@ model output on the host itself defeats that. Not recorded: what a program does 
 
 from __future__ import annotations
 
+import logging
 import os
 import secrets
 import shlex
@@ -96,6 +97,8 @@ from coderl.envs.base import EpisodeRecord, FailureKind, GradeRecord, SamplingPo
 from coderl.policy.base import SamplingParams, context_limit
 from coderl.pools import thread_pool
 from coderl.trajectory import Trajectory
+
+log = logging.getLogger(__name__)
 
 EXEC_SHIM = Path(__file__).with_name("sandbox_exec.py")
 
@@ -249,6 +252,7 @@ class Gateway:
             try:
                 return self.batcher.generate(self.policy, prompt, params)
             except Exception as e:  # noqa: BLE001 - the engine's fault: infra, masked
+                log.warning("episode %d: engine failure (masked)", ep.index, exc_info=True)
                 ep.infra = ep.infra or f"engine failure: {type(e).__name__}: {e}"
                 raise HTTPException(503, ep.infra) from None
 
@@ -267,6 +271,7 @@ class Gateway:
         try:
             r = ep.sandbox.exec(cmd, timeout=self.opts.exec_timeout_s)
         except Exception as e:  # noqa: BLE001 - the sandbox's fault, not the command's: infra
+            log.warning("episode %d: sandbox exec failed (masked)", ep.index, exc_info=True)
             ep.infra = ep.infra or f"sandbox exec failed: {type(e).__name__}: {e}"
             raise HTTPException(503, ep.infra) from None
         out = r.stdout + r.stderr
@@ -479,6 +484,7 @@ class GatewayEnvironment:
         try:
             sandbox = sandbox_for(task)
         except Exception as e:  # noqa: BLE001 - infrastructure: masked and counted
+            log.warning("task %s: sandbox could not start (masked)", task.id, exc_info=True)
             return EpisodeRecord(task.id, Trajectory(), "error", 0, failure="infra",
                                  failure_reason=f"sandbox could not start: {type(e).__name__}: {e}")  # fmt: skip
         ep = _Episode(index, task, sandbox, secrets.token_urlsafe(24))
@@ -492,6 +498,7 @@ class GatewayEnvironment:
                 if diff_failure(e) == "agent":  # a workspace the policy made: scored, as native
                     ep.agent_diff_error = f"the workspace's diff failed: {type(e).__name__}: {e}"
                 else:
+                    log.warning("task %s: diff failed (masked)", task.id, exc_info=True)
                     ep.infra = ep.infra or f"diff failed: {type(e).__name__}: {e}"
             return _record(ep, finish, diff)
         finally:

@@ -25,6 +25,7 @@ sandbox; sandboxes already handed out belong to their callers.
 from __future__ import annotations
 
 import atexit
+import logging
 import threading
 import weakref
 from collections import OrderedDict, deque
@@ -34,6 +35,8 @@ from typing import Unpack
 
 from coderl.sandbox.base import Limits, Sandbox, SandboxError, SandboxOptions
 from coderl.sandbox.bwrap import BwrapSandbox
+
+log = logging.getLogger(__name__)
 
 _pools: weakref.WeakSet[SandboxPool] = weakref.WeakSet()
 
@@ -219,7 +222,8 @@ class SandboxPool:
                 sb = key.start()
                 if sb.exec("true").exit_code != 0:
                     raise SandboxError("a warm sandbox failed its start-up check")
-            except Exception as e:  # not the caller's: counted, and its create will raise
+            except Exception as e:  # noqa: BLE001 - not the caller's: counted; its create raises
+                log.warning("a warm sandbox failed to start", exc_info=True)
                 if sb is not None:
                     sb.close()
                 sb, error = None, repr(e)
