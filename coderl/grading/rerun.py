@@ -40,6 +40,7 @@ import math
 import os
 import random
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -236,15 +237,7 @@ def plant_canaries(
         plans[rel], names = got
         taken |= names
         tests_seen += [f"{rel}::{n}" for n in names if n.lower().startswith("test")]
-    texts = {str(p): p.read_bytes() for p in {*sources.values(), *others} if p.is_file()}
-    for rel, plan in plans.items():
-        own = str(sources[rel])
-        elsewhere = [t for path, t in texts.items() if path != own]
-        plan.renames = {
-            line: (old, cls)
-            for line, (old, cls) in plan.renames.items()
-            if not any(re.search(rb"\b" + re.escape(old.encode()) + rb"\b", t) for t in elsewhere)
-        }
+    _keep_mentioned_names(plans, sources, others)
     if not plans:
         return Planted()
     n_fail = fail_canaries(len(set(fail_to_pass)))
@@ -267,35 +260,66 @@ def plant_canaries(
         inserts[rel].setdefault(line, []).append((canary, cls, indent))
     for k, rel in enumerate(sorted(plans)):
         plan = plans[rel]
-        done: dict[str, str] = {}  # one new name per old name in a file (methods of 2 classes)
-        for old, cls in plan.renames.values():
-            # every mention in the file, not only the def: a test may name itself (six's
-            # test_add_metaclass_nested compares a __qualname__ with a string holding its name),
-            # and a subclass inheriting the method runs it under the new name too
-            if old not in done:
-                done[old] = next(fresh)
-                word = re.compile(rb"\b" + re.escape(old.encode()) + rb"\b")
-                plan.lines = [word.sub(done[old].encode(), line) for line in plan.lines]
-            prefix = f"{rel}::{cls}::" if cls else f"{rel}::"
-            planted.renamed[prefix + done[old]] = prefix + old
-        out: list[bytes] = []
-        for number, line in enumerate(plan.lines, start=1):
-            for canary, cls, indent in inserts[rel].get(number, []):  # spaced as its neighbours
-                gap = len(out) - len(_without_blank_tail(out))
-                body = (
-                    _as_method(canary.source, indent)
-                    if cls
-                    else canary.source.rstrip("\n").encode().split(b"\n")
-                )
-                out += [*body, *[b""] * max(gap, 1)]
-                where = f"{rel}::{cls}::" if cls else f"{rel}::"
-                planted.expected[where + canary.name] = canary.expected
-            out.append(line)
+        out = _planted_lines(rel, plan, inserts[rel], fresh, planted)
         path = out_dir / f"{k}-{rel.rsplit('/', 1)[-1]}"
         path.write_bytes(b"\n".join(out) + (b"" if plan.lines[-1] == b"" else b"\n"))
         path.chmod(0o644)
         planted.mounts[f"/testbed/{rel}"] = str(path)
     return planted
+
+
+def _keep_mentioned_names(
+    plans: dict[str, _File], sources: dict[str, Path], others: tuple[Path, ...]
+) -> None:
+    """Drop from each plan's renames the tests whose name another file of ``sources`` or
+    ``others`` mentions (as a whole word): a rename would break that file's use of it."""
+    texts = {str(p): p.read_bytes() for p in {*sources.values(), *others} if p.is_file()}
+    for rel, plan in plans.items():
+        own = str(sources[rel])
+        elsewhere = [t for path, t in texts.items() if path != own]
+        plan.renames = {
+            line: (old, cls)
+            for line, (old, cls) in plan.renames.items()
+            if not any(re.search(rb"\b" + re.escape(old.encode()) + rb"\b", t) for t in elsewhere)
+        }
+
+
+def _planted_lines(
+    rel: str,
+    plan: _File,
+    inserts: dict[int, list[tuple[Canary, str | None, bytes]]],
+    fresh: Iterator[str],
+    planted: Planted,
+) -> list[bytes]:
+    """The lines of ``rel``'s copy: its renamed tests under names drawn from ``fresh`` (every
+    mention in ``plan.lines``, rewritten in place; recorded in ``planted.renamed``), and the
+    canaries of ``inserts`` (line -> canaries) before their lines, spaced as their neighbours
+    (recorded in ``planted.expected``)."""
+    done: dict[str, str] = {}  # one new name per old name in a file (methods of 2 classes)
+    for old, cls in plan.renames.values():
+        # every mention in the file, not only the def: a test may name itself (six's
+        # test_add_metaclass_nested compares a __qualname__ with a string holding its name),
+        # and a subclass inheriting the method runs it under the new name too
+        if old not in done:
+            done[old] = next(fresh)
+            word = re.compile(rb"\b" + re.escape(old.encode()) + rb"\b")
+            plan.lines = [word.sub(done[old].encode(), line) for line in plan.lines]
+        prefix = f"{rel}::{cls}::" if cls else f"{rel}::"
+        planted.renamed[prefix + done[old]] = prefix + old
+    out: list[bytes] = []
+    for number, line in enumerate(plan.lines, start=1):
+        for canary, owner, indent in inserts.get(number, []):  # spaced as its neighbours
+            gap = len(out) - len(_without_blank_tail(out))
+            body = (
+                _as_method(canary.source, indent)
+                if owner
+                else canary.source.rstrip("\n").encode().split(b"\n")
+            )
+            out += [*body, *[b""] * max(gap, 1)]
+            where = f"{rel}::{owner}::" if owner else f"{rel}::"
+            planted.expected[where + canary.name] = canary.expected
+        out.append(line)
+    return out
 
 
 def _names(renamed: dict[str, str]) -> dict[str, dict[str, str]]:

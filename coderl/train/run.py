@@ -377,25 +377,7 @@ def run_eval(
         if hi > lo or not split_eval:
             res = _evaluate(run, tasks[lo:hi], n, ks, params, per_batch, views)
     if split_eval:
-        from coderl.eval.passk import summarize
-        from coderl.train.distributed import gather
-
-        mine = (
-            (
-                res.per_task,
-                res.grading_errors,
-                res.dropped_episodes,
-                views,
-                res.grading_error_examples,
-            )
-            if res
-            else None
-        )
-        parts = [p for p in gather(mine) if p is not None]
-        res = summarize([t for p in parts for t in p[0]], ks, n, sum(p[1] for p in parts))
-        res.dropped_episodes = sum(p[2] for p in parts)
-        res.grading_error_examples = sorted({e for p in parts for e in p[4]})[:3]
-        views = None if views is None else [v for p in parts for v in p[3]]
+        res, views = _gather_eval(res, views, ks, n)
     assert res is not None  # evaluated above, or gathered
     if episodes_out is not None and views is not None:
         episodes_out.extend(views)
@@ -409,6 +391,33 @@ def run_eval(
     if warning:
         print(warning, file=sys.stderr, flush=True)
     return out
+
+
+def _gather_eval(
+    res: Any, views: list[Any] | None, ks: list[int], n: int
+) -> tuple[Any, list[Any] | None]:
+    """Every rank's share of a split evaluation (``res`` None: this rank had no tasks), summarized
+    over the gathered per-task rows: ``(result, views of every rank)``; a collective."""
+    from coderl.eval.passk import summarize
+    from coderl.train.distributed import gather
+
+    mine = (
+        (
+            res.per_task,
+            res.grading_errors,
+            res.dropped_episodes,
+            views,
+            res.grading_error_examples,
+        )
+        if res
+        else None
+    )
+    parts = [p for p in gather(mine) if p is not None]
+    res = summarize([t for p in parts for t in p[0]], ks, n, sum(p[1] for p in parts))
+    res.dropped_episodes = sum(p[2] for p in parts)
+    res.grading_error_examples = sorted({e for p in parts for e in p[4]})[:3]
+    views = None if views is None else [v for p in parts for v in p[3]]
+    return res, views
 
 
 def _evaluate(
