@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from coderl.agent.context import ChatRenderer, TemplateError, template_supports_tools
+    from coderl.agent.parsing import CALL_FORMATS, BrokenCall, CallFormat, ToolCall, get_call_format
     from coderl.agent.record import (
         AgentTask,
         Episode,
@@ -24,7 +25,6 @@ if TYPE_CHECKING:
         SimpleTask,
         ToolCallRecord,
     )
-    from coderl.agent.parsing import CALL_FORMATS, BrokenCall, CallFormat, ToolCall, get_call_format
     from coderl.agent.runner import run_episode, run_episodes
     from coderl.agent.scripted import ScriptedPolicy
     from coderl.agent.tools import (
