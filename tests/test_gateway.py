@@ -10,6 +10,7 @@ grading tests build), each graded by its own source's grader.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shlex
 import shutil
@@ -577,11 +578,12 @@ BAD_EXEC = [
 
 @pytest.mark.filterwarnings("ignore::coderl.sandbox.local.UnisolatedSandboxWarning")
 @pytest.mark.parametrize("body", BAD_EXEC, ids=lambda b: repr(b)[:40])
-def test_a_bad_exec_request_is_a_400_not_infra(policy, tmp_path: Path, body) -> None:
+def test_a_bad_exec_request_is_a_400_not_infra(policy, tmp_path: Path, body, caplog) -> None:
     from fastapi import HTTPException
 
     from coderl.sandbox import Sandbox
 
+    caplog.set_level(logging.WARNING, logger="coderl.envs.gateway")
     gw = Gateway(Forced(policy, lambda _: "a"), SamplingParams(), GatewayOptions("true"), 99, 9)
     (tmp_path / "f.txt").write_text("x\n")
     with Sandbox.create(tmp_path, backend="local") as sandbox:
@@ -593,6 +595,8 @@ def test_a_bad_exec_request_is_a_400_not_infra(policy, tmp_path: Path, body) -> 
     with pytest.raises(HTTPException) as info:  # the sandbox failing on a valid command masks
         gw.execute(ep, {"argv": ["true"]})
     assert info.value.status_code == 503 and ep.infra.startswith("sandbox exec failed")
+    # the masked failure's traceback is logged (the record keeps only 'Type: message')
+    assert [r for r in caplog.records if r.name == "coderl.envs.gateway" and r.exc_info]
     gw.batcher.close()
 
 

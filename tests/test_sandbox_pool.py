@@ -6,6 +6,7 @@ fixture); these tests cover what only the pool does. Root and ``bwrap`` are requ
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import subprocess
@@ -184,12 +185,13 @@ def test_pool_is_closed_at_interpreter_exit(repo: Path) -> None:
 
 
 def test_failed_background_start_is_counted_and_raised_to_the_caller(
-    repo: Path, monkeypatch: pytest.MonkeyPatch
+    repo: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     def broken(self: _Key) -> Sandbox:
         raise SandboxError("no bwrap today")
 
     monkeypatch.setattr(_Key, "start", broken)
+    caplog.set_level(logging.WARNING, logger="coderl.sandbox.pool")
     with SandboxPool(size=2) as pool:
         pool.prepare(repo, 2)
         assert pool.wait_ready(60)
@@ -197,6 +199,8 @@ def test_failed_background_start_is_counted_and_raised_to_the_caller(
         assert pool.ready(repo) == 0
         with pytest.raises(SandboxError, match="no bwrap today"):
             Sandbox.create(repo, pool=pool)
+    # the stats keep only the message; the log has the traceback, where the start raised
+    assert any(r.exc_info and "no bwrap today" in str(r.exc_info[1]) for r in caplog.records)
 
 
 def test_bad_input_is_a_clear_error(repo: Path) -> None:
