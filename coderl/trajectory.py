@@ -24,13 +24,20 @@ class Segment:
     - ``loss_mask``: 1 only on tokens the policy sampled (trainable), 0 on prompt, observations,
       template scaffolding inserted by the harness and padding.
     - ``behavior_logprobs``: logprob of each sampled token under the distribution it was sampled
-      from (temperature applied); 0.0 where ``loss_mask`` is 0.
-    - ``policy_versions``: weight version that produced each sampled token; -1 where
-      ``loss_mask`` is 0.
+      from (temperature applied); 0.0 on tokens the policy did not sample.
+    - ``policy_versions``: weight version that produced each sampled token; -1 on tokens the
+      policy did not sample.
     - ``provenance``: free-form audit data (episode id, turn boundaries, template name...).
       :class:`~coderl.policy.episode.EpisodeBuilder` records ``"spans"``: a list of
       ``[kind, start, end]`` with kind in ``{"prompt", "action", "observation"}``, and per action
-      the sampling temperature and ``finish_reason``.
+      the sampling temperature and ``finish_reason``. :meth:`untrain` records ``"untrained"``:
+      ``[start, end, reason]`` runs of sampled tokens taken out of the loss.
+
+    Sampled but untrained (:meth:`untrain`): tokens the policy sampled that the loss must not
+    see (those after an episode's ``submit`` call, :mod:`coderl.agent.episode`) keep their
+    behaviour logprobs and versions but get ``loss_mask`` 0, so the policy loss, the importance
+    ratios and the KL-in-loss statistics all skip them; reward terms that measure what was
+    sampled (length, KL-in-reward) still count them (:attr:`num_sampled`, :meth:`sampled_mask`).
     """
 
     token_ids: list[int] = field(default_factory=list)
@@ -117,6 +124,39 @@ class Segment:
     def num_trainable(self) -> int:
         """Number of tokens with ``loss_mask`` 1."""
         return sum(self.loss_mask)
+
+    def untrain(self, start: int, reason: str) -> int:
+        """Take the trainable tokens from ``start`` to the end of the segment out of the loss
+        (``loss_mask`` 0); their logprobs and versions stay, and the run is recorded in
+        ``provenance["untrained"]`` as ``[start, end, reason]``.
+
+        Returns:
+            How many tokens were trainable and no longer are (0: nothing recorded).
+
+        Raises:
+            ValueError: ``start`` outside ``[0, len(self)]``.
+        """
+        n = len(self.token_ids)
+        if not 0 <= start <= n:
+            raise ValueError(f"untrain start {start} outside a segment of {n} tokens")
+        count = sum(self.loss_mask[start:])
+        if count:
+            self.loss_mask[start:] = [0] * (n - start)
+            self.provenance.setdefault("untrained", []).append([start, n, reason])
+        return count
+
+    def sampled_mask(self) -> list[int]:
+        """1 on every token the policy sampled, trained or not (:meth:`untrain`), 0 elsewhere."""
+        mask = list(self.loss_mask)
+        for start, end, _ in self.provenance.get("untrained", []):
+            for t in range(start, end):
+                mask[t] = int(self.policy_versions[t] >= 0)
+        return mask
+
+    @property
+    def num_sampled(self) -> int:
+        """Number of tokens the policy sampled, trained or not (:meth:`sampled_mask`)."""
+        return sum(self.sampled_mask())
 
 
 @dataclass

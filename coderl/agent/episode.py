@@ -234,7 +234,7 @@ def _run_calls(st: _State, text: str, tools: Mapping[str, Tool]) -> list[ToolCal
         name = parsed.name if isinstance(parsed, ToolCall) else None
         args = parsed.arguments if isinstance(parsed, ToolCall) else None
         call = validate(parsed, tools)
-        if isinstance(call, BrokenCall):  # counted even after submit: no escaping the penalty
+        if isinstance(call, BrokenCall):  # counted after submit too (untrained there, scored)
             obs, status, duration = f"Error: {call.error}", "broken", 0.0
         elif st.ctx.submitted:
             obs, status, duration = "Not run: the task was already submitted.", "not_run", 0.0
@@ -267,6 +267,20 @@ def _take_turn(st: _State, records: list[ToolCallRecord]) -> None:
             st.stats.tool_errors += r.status == "tool_error"
             st.consecutive_broken = 0
         st.pending.append({"role": "tool", "name": r.name or "invalid", "content": r.observation})
+
+
+def _untrain_after_submit(st: _State, text: str, records: list[ToolCallRecord]) -> None:
+    """Take what the policy wrote after its ``submit`` call out of the loss: the call's tokens
+    and the one after it (stop, or go on) stay trainable, every later token of the message is
+    untrained (:meth:`coderl.policy.episode.EpisodeBuilder.untrain_after`). The broken calls
+    there still count, so going on costs reward, and the one token that chose to go on carries
+    that cost; without this every babbled token after a resolving submit shared the episode's
+    advantage and was reinforced with it."""
+    assert st.builder is not None
+    ran = [i for i, r in enumerate(records) if r.status in ("ok", "tool_error")]
+    end = get_call_format(st.cfg.call_format).ends(text)[ran[-1]]  # nothing runs after submit
+    n = st.builder.untrain_after(end, "after submit")
+    st.builder.segment.provenance["actions"][-1]["untrained"] = n
 
 
 def _summarize(st: _State, max_new: int) -> Generator[SampleRequest, Any, None]:
@@ -330,6 +344,7 @@ def _loop(st: _State, tools: Mapping[str, Tool]) -> Generator[Any, Any, FinishRe
             continue
         _take_turn(st, records)
         if st.ctx.submitted:
+            _untrain_after_submit(st, text, records)
             return "submitted"
         if st.consecutive_broken >= cfg.max_consecutive_broken_calls:
             return "broken_calls"

@@ -80,23 +80,32 @@ def _too_deep(arguments: Any) -> bool:
     return nesting_exceeds(arguments, MAX_ARGUMENT_DEPTH + 1)
 
 
-def _blocks(text: str) -> list[tuple[str, str | None]]:
-    """Split ``text`` into ``<tool_call>`` blocks: ``(block text, error or None)`` in order."""
-    out: list[tuple[str, str | None]] = []
+def _blocks(text: str) -> list[tuple[str, str | None, int]]:
+    """Split ``text`` into ``<tool_call>`` blocks: ``(block text, error or None, end)`` in order,
+    ``end`` the character offset in ``text`` right after the block (after its ``</tool_call>``,
+    or where the next block or the text begins or ends for an unclosed one)."""
+    out: list[tuple[str, str | None, int]] = []
     open_at: int | None = None
     for m in re.finditer(r"</?tool_call>", text):
         if m.group() == _OPEN:
             if open_at is not None:
-                out.append((text[open_at : m.start()], f"{_OPEN} block not closed by {_CLOSE}"))
+                error = f"{_OPEN} block not closed by {_CLOSE}"
+                out.append((text[open_at : m.start()], error, m.start()))
             open_at = m.end()
         elif open_at is None:
-            out.append((m.group(), f"{_CLOSE} without a matching {_OPEN}"))
+            out.append((m.group(), f"{_CLOSE} without a matching {_OPEN}", m.end()))
         else:
-            out.append((text[open_at : m.start()], None))
+            out.append((text[open_at : m.start()], None, m.end()))
             open_at = None
     if open_at is not None:
-        out.append((text[open_at:], f"{_OPEN} block not closed by {_CLOSE}"))
+        out.append((text[open_at:], f"{_OPEN} block not closed by {_CLOSE}", len(text)))
     return out
+
+
+def call_ends(text: str) -> list[int]:
+    """The character offset in ``text`` right after each call that a format's ``parse`` finds
+    there, in the same order (every format in ``CALL_FORMATS`` parses one call per block)."""
+    return [end for _, _, end in _blocks(text)]
 
 
 def printable(text: str) -> str:
@@ -134,7 +143,7 @@ def parse_hermes(text: str, tools: Mapping[str, Tool]) -> list[ParsedCall]:
     """Parse Hermes ``<tool_call>{json}</tool_call>`` blocks; the JSON must be exactly
     ``{"name": str, "arguments": object}``."""
     calls: list[ParsedCall] = []
-    for body, error in _blocks(text):
+    for body, error, _ in _blocks(text):
         raw = f"{_OPEN}{body}{_CLOSE}" if error is None else body
         if error is not None:
             calls.append(BrokenCall(raw, error))
@@ -198,7 +207,7 @@ def parse_xml(text: str, tools: Mapping[str, Tool]) -> list[ParsedCall]:
     one newline right after ``<parameter=KEY>`` and right before ``</parameter>`` is not part of
     the value."""
     calls: list[ParsedCall] = []
-    for body, error in _blocks(text):
+    for body, error, _ in _blocks(text):
         raw = f"{_OPEN}{body}{_CLOSE}" if error is None else body
         fn = None if error else _FUNCTION.match(body)
         if fn is None:
@@ -248,11 +257,13 @@ def instructions_xml(tools: Mapping[str, Tool]) -> str:
 
 @dataclass(frozen=True)
 class CallFormat:
-    """One tool-call format; the three functions must agree with each other."""
+    """One tool-call format; the functions must agree with each other."""
 
     parse: Callable[[str, Mapping[str, Tool]], list[ParsedCall]]
     format_call: Callable[[str, Mapping[str, Any]], str]
     instructions: Callable[[Mapping[str, Tool]], str]
+    ends: Callable[[str], list[int]] = call_ends
+    """Text -> the character offset right after each call ``parse`` returns, in its order."""
 
 
 CALL_FORMATS: dict[str, CallFormat] = {

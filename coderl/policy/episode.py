@@ -153,6 +153,32 @@ class EpisodeBuilder:
         self.messages.append(dict(message))
         self._last = completion
 
+    def untrain_after(self, chars: int, reason: str) -> int:
+        """Take the last completion's tokens after its first ``chars`` characters, and one more
+        token, out of the loss (:meth:`coderl.trajectory.Segment.untrain`): the tokens that
+        write those characters stay trainable, and so does the next one (the choice to stop
+        there or go on), every later token of the completion is untrained.
+
+        Args:
+            chars: a character offset into the completion's text as ``tokenizer.decode`` (special
+                tokens kept) writes it, e.g. where the harness found the end of a ``submit`` call.
+            reason: recorded with the untrained run.
+
+        Returns:
+            The number of tokens untrained (0 when the completion ends within one token of
+            ``chars``).
+
+        Raises:
+            RuntimeError: no completion since the last observation.
+        """
+        if self._last is None:
+            raise RuntimeError("untrain_after needs a completion without its observation yet")
+        ids = self._last.token_ids
+        keep = tokens_covering(self.tokenizer, ids, chars) + 1
+        if keep >= len(ids):
+            return 0
+        return self.segment.untrain(len(self.segment) - len(ids) + keep, reason)
+
     def add_observation(self, messages: Sequence[dict[str, Any]]) -> bool:
         """Append observation turns (tool results, user messages) after the last completion.
 
@@ -189,6 +215,39 @@ class EpisodeBuilder:
             )
 
         return template_delta(rendered, self.tokenizer, self.messages[:-1], self._last, new)
+
+
+def tokens_covering(tokenizer: Any, ids: Sequence[int], chars: int) -> int:
+    """The fewest leading ``ids`` whose decoded text (special tokens kept) holds the first
+    ``chars`` characters of the decoded whole: ``k`` such that ``decode(ids[:k])`` starts with
+    ``decode(ids)[:chars]``; the token that writes character ``chars - 1`` is ``ids[k - 1]``.
+
+    Decoding prefixes (not re-tokenizing the text) keeps the sampled ids: a byte-level token
+    that ends inside a character decodes to U+FFFD until the rest of it comes. A binary search
+    over prefix lengths, each candidate checked; ``len(ids)`` when no shorter prefix holds them.
+
+    Raises:
+        ValueError: ``chars`` outside ``[0, len(decode(ids))]``.
+    """
+
+    def text(k: int) -> str:
+        return str(tokenizer.decode(list(ids[:k]), skip_special_tokens=False))
+
+    whole = text(len(ids))
+    if not 0 <= chars <= len(whole):
+        raise ValueError(f"character offset {chars} outside a completion of {len(whole)}")
+    want = whole[:chars]
+    lo, hi = 0, len(ids)  # text(hi) holds want; find the smallest such prefix
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if len(text(mid)) >= chars:
+            hi = mid
+        else:
+            lo = mid + 1
+    for k in range(lo, len(ids)):  # lengths need not grow strictly: confirm, never guess
+        if text(k).startswith(want):
+            return k
+    return len(ids)
 
 
 def template_delta(

@@ -42,7 +42,7 @@ import logging
 import math
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Protocol
 
 import numpy as np
@@ -141,7 +141,7 @@ def reward_samples(
                 resolved=g.resolved if graded else False,
                 fraction_passed=g.fraction_passed if graded else 0.0,
                 grading_error=reason if kind == "infra" else None,
-                sampled_tokens=sum(s.num_trainable for s in ep.trajectory.segments),
+                sampled_tokens=sum(s.num_sampled for s in ep.trajectory.segments),
                 token_budget=budget,
                 broken_tool_calls=ep.broken_tool_calls,
                 ease=env.ease(task),
@@ -193,12 +193,12 @@ def fill_kl_k1(
     policy: Any, cfg: Config, episodes: list[EpisodeRecord], samples: list[RewardSample]
 ) -> None:
     """k1 = sum over sampled tokens of (behaviour logp - reference logp), per episode, for the
-    KL reward term (episodes without sampled tokens keep 0)."""
+    KL reward term (episodes without sampled tokens keep 0), untrained ones included."""
     segs = [
-        (i, s)
+        (i, replace(s, loss_mask=s.sampled_mask()))
         for i, ep in enumerate(episodes)
         for s in ep.trajectory.segments
-        if s.num_trainable > 0
+        if s.num_sampled > 0
     ]
     if not segs:
         return
@@ -280,6 +280,7 @@ def episode_info(
         "failure": failure[0],
         "failure_reason": failure[1],
         "sampled_tokens": sample.sampled_tokens,
+        "untrained_tokens": sum(s.num_sampled - s.num_trainable for s in ep.trajectory.segments),
         "truncated": bool(ep.truncated),
         "turns": ep.turns,
         "segments": len(ep.trajectory.segments),
@@ -525,7 +526,8 @@ def step_metrics(infos: list[dict[str, Any]], cfg: Config) -> dict[str, float]:
         "episodes": float(n),
         "resolved_rate": _mean([float(x["resolved"]) for x in valid]),
     }
-    for key in ("sampled_tokens", "turns", "segments", "broken_tool_calls", "no_action_turns"):
+    counts = ("sampled_tokens", "untrained_tokens", "turns", "segments", "broken_tool_calls")
+    for key in (*counts, "no_action_turns"):
         m[f"episode/{key}"] = sum(x[key] for x in infos) / d
     m["episode/truncated_rate"] = sum(x["truncated"] for x in infos) / d
     m.update(summary_metrics(infos))
