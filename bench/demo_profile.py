@@ -134,7 +134,7 @@ def sampler_parts(
 def phase_rows(run: Path, shape: ModelShape, modes: dict[str, str]) -> list[dict[str, Any]]:
     """One row per phase: ``name``, ``wall``, ``cpu`` (s, the process and its reaped children)
     and ``parts``: ``(FLOPs, floor phase, precision mode)``."""
-    from coderl.metrics import SFT_LOG, read_jsonl
+    from coderl.metrics import EXTRA_EVAL_FILE, SFT_LOG, read_jsonl
 
     phases = json.loads((run / "phases.json").read_text())
     rows: list[dict[str, Any]] = []
@@ -151,11 +151,12 @@ def phase_rows(run: Path, shape: ModelShape, modes: dict[str, str]) -> list[dict
                 "parts": [(f, "train", modes["sft"])],
             }
         )
-    for e in read_jsonl(run / "eval.jsonl"):
+    for e in read_jsonl(run / "eval.jsonl") + read_jsonl(run / EXTRA_EVAL_FILE):
         perf = e.get("perf", {})
         parts = [(f, p, modes["sampler"]) for f, p in sampler_parts(shape, perf, "decode-eval")]
         cpu = perf.get("cpu_s/eval", 0.0) + perf.get("cpu_s/eval_children", 0.0)
-        name = f"eval {e.get('phase') or 'after RL'} (step {e['step']})"
+        split = f"{e['split']} " if "split" in e else ""  # eval.extra_splits
+        name = f"eval {split}{e.get('phase') or 'after RL'} (step {e['step']})"
         rows.append({"name": name, "wall": e["time_s"], "cpu": cpu, "parts": parts})
     steps = read_jsonl(run / "metrics.jsonl")
 

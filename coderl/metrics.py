@@ -1,8 +1,8 @@
 """Metrics logging: one JSON line per step (``metrics.jsonl``), evaluation lines
-(``eval.jsonl``), the same scalars in TensorBoard (``tb/``) and, with ``logging.wandb.enabled``,
-in Weights & Biases (every step's metrics under the JSONL's keys, NaN kept as NaN; evaluations as
-``eval/pass@k`` and ``eval/best_of_n``, as in TensorBoard); the progress bar with ETA is
-:mod:`coderl.progress`.
+(``eval.jsonl``; those of ``eval.extra_splits`` in ``eval_extra.jsonl``), the same scalars in
+TensorBoard (``tb/``) and, with ``logging.wandb.enabled``, in Weights & Biases (every step's
+metrics under the JSONL's keys, NaN kept as NaN; evaluations as ``eval/pass@k`` and
+``eval/best_of_n``, as in TensorBoard); the progress bar with ETA is :mod:`coderl.progress`.
 
 On resume the JSONL files (with the pipeline's ``audit.jsonl``) are cut back to the checkpoint's
 step, so a resumed run's files equal an uninterrupted run's, and TensorBoard purges the later
@@ -36,6 +36,10 @@ SFT_LOG = "sft/metrics.jsonl"
 mean negative log-likelihood per assistant token; ``trained_tokens``: the assistant tokens;
 ``forward_tokens``, ``forward_attended``: the work of its forwards, as in the RL step's metrics),
 under the run directory."""
+EXTRA_EVAL_FILE = "eval_extra.jsonl"
+"""The evaluations of ``eval.extra_splits`` (each record an ``eval.jsonl`` record plus its
+``split``), apart from the held-out ones so that nothing reading ``eval.jsonl`` (the summary, the
+collapse check, the learning curve) mixes the splits."""
 AUDIT_FILE = "audit.jsonl"
 """The audit log of a run directory (written by :mod:`coderl.eval.observers`); the logger cuts
 it on resume like the metrics."""
@@ -138,11 +142,13 @@ class MetricsLogger:
         self.dir.mkdir(parents=True, exist_ok=True)
         self.metrics_path = self.dir / "metrics.jsonl"
         self.eval_path = self.dir / "eval.jsonl"
+        self.extra_eval_path = self.dir / EXTRA_EVAL_FILE
         audit = self.dir / AUDIT_FILE  # written by the pipeline, cut on resume like the rest
+        logs = (self.metrics_path, self.eval_path, self.extra_eval_path, audit)
         if resume_step == 0:
-            for p in (self.metrics_path, self.eval_path, audit):
+            for p in logs:
                 p.unlink(missing_ok=True)
-        for p in (self.metrics_path, self.eval_path, audit):
+        for p in logs:
             _truncate_jsonl(p, resume_step)
         self.tb = None
         if tensorboard:
@@ -165,12 +171,18 @@ class MetricsLogger:
         if self.wandb is not None:
             self.wandb.log(dict(metrics), step=step)
 
-    def log_eval(self, step: int, result: dict[str, Any]) -> None:
-        """Append one evaluation (an :class:`coderl.eval.EvalResult` as a dict)."""
-        with self.eval_path.open("a") as f:
+    def log_eval(self, step: int, result: dict[str, Any], split: str | None = None) -> None:
+        """Append one evaluation (an :class:`coderl.eval.EvalResult` as a dict): a held-out one
+        to ``eval.jsonl`` (scalars ``eval/pass@k``), one of another ``split``
+        (``eval.extra_splits``) to ``eval_extra.jsonl`` with ``split`` in the record (scalars
+        ``eval/<split>/pass@k``)."""
+        path, prefix = self.eval_path, "eval"
+        if split is not None:
+            path, prefix, result = self.extra_eval_path, f"eval/{split}", {"split": split, **result}
+        with path.open("a") as f:
             f.write(json.dumps({"step": step, **result}) + "\n")
-        scalars = {f"eval/pass@{k}": est["mean"] for k, est in result["pass_at"].items()}
-        scalars["eval/best_of_n"] = result["best_of_n"]["mean"]
+        scalars = {f"{prefix}/pass@{k}": est["mean"] for k, est in result["pass_at"].items()}
+        scalars[f"{prefix}/best_of_n"] = result["best_of_n"]["mean"]
         if self.tb is not None:
             for k, v in scalars.items():
                 self.tb.add_scalar(k, v, step)

@@ -33,7 +33,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 LOCK_FILE = ".lock"
-RUN_LOGS = ("metrics.jsonl", "eval.jsonl", "audit.jsonl")
+RUN_LOGS = ("metrics.jsonl", "eval.jsonl", "eval_extra.jsonl", "audit.jsonl")
 """The logs a training run appends to; a new run refuses to start over any that is non-empty."""
 
 _held: dict[Path, list] = {}  # lock file -> [fd, depth, shared] of this process

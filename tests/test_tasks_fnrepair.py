@@ -13,6 +13,7 @@ from coderl.config import load_config
 from coderl.grading.grade import grade
 from coderl.synth.fnrepair import (
     KINDS,
+    OUTSIDE_FILE,
     Knobs,
     helpers_of,
     inject,
@@ -26,7 +27,17 @@ from coderl.synth.fnrepair import (
     symptom,
     validate,
 )
-from coderl.tasks.fnseeds import Seed, check_source, humaneval_seeds, load_seeds, standalone
+from coderl.tasks.fnseeds import (
+    LIBRARIES,
+    OUTSIDE_LIBRARIES,
+    OUTSIDE_SEEDS_FILE,
+    Seed,
+    check_source,
+    humaneval_seeds,
+    load_seeds,
+    outside_pins,
+    standalone,
+)
 from coderl.tasks.patches import make_diff
 from coderl.tasks.repos import pinned
 from coderl.train.sft import oracle_message, without_docstrings
@@ -172,14 +183,17 @@ def test_shipped_tasks_split_by_seed_and_cover_every_level(shipped):
 
 def test_no_heldout_code_in_any_training_task_or_seed(shipped):
     # provenance: every training task names a training seed of a training source; content: no
-    # held-out function (normalised body or >= CONTAINMENT of its token shingles) in any text of
-    # a training task or a training seed
+    # held-out function (normalised body or >= CONTAINMENT of its token shingles) and no function
+    # of the kept-back (outside) libraries in any text of a training task or a training seed
     from coderl.synth.fnrepair import training_seeds
     from coderl.tasks.leakage import content_leaks, heldout_functions, provenance_leaks, task_texts
 
     seeds = humaneval_seeds() + load_seeds()
     heldout = heldout_functions(seeds)
     assert len(heldout) >= 50  # HumanEval's held-out problems and the held-out library's seeds
+    outside = heldout_functions(load_seeds(OUTSIDE_SEEDS_FILE), split="outside")
+    assert len(outside) >= 20  # every function of every kept-back seed
+    heldout += outside
     training = {s.id: s for s in training_seeds()}
     train = [t for t in shipped if t.split == "train"]
     assert train and not provenance_leaks(train, training, pinned())
@@ -188,16 +202,17 @@ def test_no_heldout_code_in_any_training_task_or_seed(shipped):
     assert not leaks, leaks[:5]
 
 
-def test_the_leakage_check_finds_a_planted_heldout_function(shipped):
-    # a copy of a training task that shows a held-out seed's code (with a bug injected: one
-    # token changed) and one that names a held-out seed are both caught
+@pytest.mark.parametrize("split", ["heldout", "outside"])
+def test_the_leakage_check_finds_a_planted_heldout_function(shipped, split):
+    # a copy of a training task that shows a held-out (or kept-back) seed's code (with a bug
+    # injected: one token changed) and one that names such a seed are both caught
 
     from coderl.synth.fnrepair import training_seeds
     from coderl.tasks.leakage import content_leaks, heldout_functions, provenance_leaks, task_texts
 
-    seeds = humaneval_seeds() + load_seeds()
-    held = next(s for s in load_seeds() if s.split == "heldout")
-    heldout = heldout_functions(seeds)
+    libraries = load_seeds() if split == "heldout" else load_seeds(OUTSIDE_SEEDS_FILE)
+    held = next(s for s in libraries if s.split == split)
+    heldout = heldout_functions(humaneval_seeds() + libraries, split=split)
     task = next(t for t in shipped if t.split == "train")
     planted = held.code.replace("return ", "return not ", 1)
     files = {**task.workspace_files, "solution.py": planted}
@@ -212,24 +227,68 @@ def test_the_leakage_check_finds_a_planted_heldout_function(shipped):
     ]
 
 
+@pytest.fixture(scope="module")
+def outside():
+    return repair_tasks("outside", OUTSIDE_FILE)
+
+
+def test_the_outside_set_is_kept_back_from_every_training_path(shipped, outside):
+    # built the same way (repair tasks of its own seeds, every level the build makes) from
+    # libraries that neither data/repos.txt nor HumanEval holds; in its own file, whose tasks the
+    # training file, the training seeds and synthesis never see
+    from coderl.synth.fnrepair import training_seeds
+
+    seeds = {s.id: s for s in load_seeds(OUTSIDE_SEEDS_FILE)}
+    pins = outside_pins()  # raises if data/repos.txt pins one of them
+    assert set(pins) == set(OUTSIDE_LIBRARIES) and len(pins) == 2
+    assert not set(pins) & set(pinned()) and not set(pins) & set(LIBRARIES)
+    assert 60 <= len(outside) <= 120
+    assert {t.split for t in outside} == {"outside"} and {s.split for s in seeds.values()} == {
+        "outside"
+    }
+    assert {t.source for t in outside} == {f"pypi:{p.spec}" for p in pins.values()}
+    for t in outside:
+        seed = seeds[t.extra["fnrepair"]["seed"]]
+        assert t.extra["gold_file"] == seed.code and t.hidden_tests["hidden_test.py"] == seed.test
+    assert {level_of(t) for t in outside} >= {0, 1, 2}
+    assert not {t.id for t in outside} & {t.id for t in shipped}
+    assert not set(seeds) & {s.id for s in training_seeds()}
+    assert not {s.split(":")[0] for s in seeds} & {s.id.split(":")[0] for s in load_seeds()}
+    assert repair_tasks("outside") == []  # the training file holds none
+
+
+def test_an_outside_library_the_family_uses_is_refused(tmp_path, monkeypatch):
+    import coderl.tasks.fnseeds as fnseeds
+
+    listed = tmp_path / "outside.txt"
+    listed.write_text("toolz==1.0.0  outside  BSD-3-Clause\n")
+    monkeypatch.setattr(fnseeds, "OUTSIDE_PINS", listed)
+    with pytest.raises(ValueError, match=r"\['toolz'\] are in data/repos.txt too"):
+        fnseeds.outside_pins()
+
+
 @needs_sandbox
-def test_shipped_tasks_validate(shipped):
+def test_shipped_tasks_validate(shipped, outside):
     rng = random.Random(0)
-    for t in rng.sample([t for t in shipped if t.split == "heldout"], 2):
+    sample = rng.sample([t for t in shipped if t.split == "heldout"], 2) + rng.sample(outside, 2)
+    every = humaneval_seeds() + load_seeds() + load_seeds(OUTSIDE_SEEDS_FILE)
+    for t in sample:
         assert validate(t) is None, t.id
         buggy, entry = t.workspace_files["solution.py"], t.extra["entry_point"]
         sym = symptom(buggy, t.hidden_tests["hidden_test.py"], entry)  # the statement is current
         shown = render_symptom(sym, t.extra["fnrepair"]["show_assertion"])
         assert statement(buggy, entry, shown) == t.problem_statement
-        info, seeds = t.extra["fnrepair"], {s.id: s for s in humaneval_seeds() + load_seeds()}
+        info, seeds = t.extra["fnrepair"], {s.id: s for s in every}
         level, rng = info["level"], random.Random(f"{info['seed']}/{info['level']}")
         again = make_task_at(seeds[info["seed"]], level, rng)  # the build's draw reproduces it
         assert again is not None and again.model_dump() == t.model_dump()
 
 
-def test_environment_serves_both_splits():
+def test_environment_serves_both_splits_and_the_outside_set_apart(outside):
     from coderl.envs import build_environment
 
     env = build_environment(load_config(None, ["tasks.source=fnrepair"]))
     train, heldout = env.tasks("train"), env.tasks("heldout")
     assert train and heldout and not {t.id for t in train} & {t.id for t in heldout}
+    assert [t.id for t in env.tasks("outside")] == [t.id for t in outside]
+    assert not {t.id for t in outside} & {t.id for t in train + heldout}

@@ -52,7 +52,7 @@ from coderl.progress import PhaseProgress
 from coderl.rundir import run_lock
 from coderl.train import pipeline as P
 from coderl.train.checkpoint import ensure_new_run, load_trainable, trainable_state
-from coderl.train.heldout import log_eval_with_alarm, without_heldout_evals
+from coderl.train.heldout import log_eval_with_alarm, log_extra_evals, without_heldout_evals
 from coderl.train.run import (
     build_policy,
     close_run,
@@ -383,12 +383,14 @@ def _train_async(cfg: Config, acfg: AsyncConfig, resume: bool) -> dict[str, Any]
         heldout = run.cfg.eval.before_after  # the evaluations coderl train starts and ends with
         if heldout and not resume:
             logger.log_eval(0, {**run_eval(run), "phase": "start"})
+            log_extra_evals(run, logger, 0, "start")  # eval.extra_splits, beside it
         steps, at = cfg.trainer.steps, run.step
         with PhaseProgress("train-async", steps, completed=at, enabled=cfg.progress) as bar:
             with runner:
                 summary = runner.run(steps)
         if heldout and run.step > at:
             log_eval_with_alarm(logger, run.step, run_eval(run))
+            log_extra_evals(run, logger, run.step)
         logger.close()
     finally:
         close_run(run)  # a vLLM server coderl started stops, whatever happened

@@ -6,7 +6,9 @@ from the difficulty pool with synthesis inside the loop, the held-out split eval
 and after RL; ``--config configs/default.yaml`` is the HumanEval demo of earlier rounds), writes
 the report, and prints the run's summary:
 held-out pass@1 per phase, the paired RL-only change with its 95% CI, pass@k at the largest k
-before and after RL, broken calls before and after, phase times. Every run starts fresh: an existing run directory (an
+before and after RL, broken calls before and after, the same for each split of
+``eval.extra_splits`` (``eval.extra_splits=[outside]``: the kept-back set of libraries the family
+never uses, reported apart; off in the preset), phase times. Every run starts fresh: an existing run directory (an
 earlier demo, finished or not) is first moved to ``RUN_DIR.prev``, or ``RUN_DIR.prev2``,
 ``.prev3``... when that is taken (no earlier run is deleted), so a second ``make demo`` neither
 crashes nor resumes or mixes in the previous run; a run directory that a live command holds
@@ -97,15 +99,19 @@ def run_demo(config: Path, overrides: list[str]) -> int:
     (:func:`coderl.eval.summary.summary_lines`: held-out pass@1 per phase, the paired RL-only and
     whole-run changes, pass@k at the largest k before/after RL, broken calls, phase times)."""
     from coderl.config import load_config
+    from coderl.envs import build_environment
     from coderl.eval.observers import default_observers
     from coderl.eval.report import write_report
     from coderl.eval.summary import print_summary, write_phases
     from coderl.rundir import run_lock
     from coderl.train.loop import train
     from coderl.train.resume import stopped_line
+    from coderl.train.run import check_extra_splits
     from coderl.train.warmstart import warm_start
 
     cfg = load_config(config, overrides)
+    if cfg.eval.extra_splits:  # an empty split is refused before SFT, not after it
+        check_extra_splits(cfg, build_environment(cfg))
     if Path(cfg.run_dir).exists():
         with run_lock(cfg.run_dir, "coderl demo"):  # a live run there is refused, not moved
             prev = set_aside(Path(cfg.run_dir))

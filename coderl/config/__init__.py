@@ -253,6 +253,12 @@ class EvalConfig(_Section):
     batch_episodes: int = Field(64, ge=1)
     """Episodes rolled out together (one sampling batch: ``batch_episodes // samples`` tasks,
     at least one); larger batches sample faster and hold more KV cache in memory."""
+    extra_splits: list[str] = Field(default_factory=list)
+    """Further task splits evaluated beside ``tasks.heldout_split`` at the start (after SFT) and
+    after the last step, with the same ``tasks``, ``samples`` and seeds (each costs what the
+    held-out evaluation costs), logged to ``eval_extra.jsonl`` and reported with their own
+    paired RL-only change; never trained on. ``[outside]`` with ``tasks.source: fnrepair``: the
+    kept-back set of libraries the family never uses (docs/training.md)."""
 
 
 class SFTConfig(_Section):
@@ -351,6 +357,13 @@ class Config(_Section):
         if any(k < 1 or k > self.eval.samples for k in self.eval.k):
             raise ValueError(
                 f"eval.k={self.eval.k}: every k must be in [1, eval.samples={self.eval.samples}]"
+            )
+        named = (self.tasks.train_split, self.tasks.heldout_split)
+        extra = self.eval.extra_splits
+        if len(set(extra)) != len(extra) or set(extra) & set(named):
+            raise ValueError(
+                f"eval.extra_splits={extra}: each split once, neither tasks.train_split nor "
+                f"tasks.heldout_split ({list(named)})"
             )
         if self.trainer.warmup_steps > self.trainer.steps:
             raise ValueError("trainer.warmup_steps must be <= trainer.steps")

@@ -58,7 +58,7 @@ def _humaneval(cfg: Config) -> Environment:
 def _fnrepair(cfg: Config) -> Environment:
     from coderl.envs.fnrepair import fnrepair_environment
 
-    _check_agent_options(cfg, {"episode", "tasks_file"})
+    _check_agent_options(cfg, {"episode", "tasks_file", "outside_file"})
     return fnrepair_environment(cfg)
 
 

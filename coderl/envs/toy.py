@@ -37,6 +37,9 @@ class ToyEnvironment:
     residues: int = 1
     n_train: int = 16
     n_heldout: int = 8
+    n_outside: int = 0
+    """Tasks of a third split, ``outside`` (absent when 0): only evaluated, with
+    ``eval.extra_splits: [outside]``, as the repair demo's kept-back set."""
     prefix: str = "toy"
     """Task ids are ``<prefix>/<split>/<i>`` (two toy sources in one ``tasks.mix`` need two)."""
     _tasks: dict[str, list[ToyTask]] = field(default_factory=dict)
@@ -52,6 +55,8 @@ class ToyEnvironment:
             "train": [make(i, "train") for i in range(self.n_train)],
             "heldout": [make(100 + i, "heldout") for i in range(self.n_heldout)],
         }
+        if self.n_outside:
+            self._tasks["outside"] = [make(200 + i, "outside") for i in range(self.n_outside)]
 
     def tasks(self, split: str) -> list[Any]:
         if split not in self._tasks:

@@ -4,7 +4,7 @@
 
 The page opens with the run's summary (:func:`coderl.eval.summary.summary_lines`: pass@1 per
 evaluation phase, the paired RL-only change, pass@k at the largest k before/after RL, broken
-calls before/after, phase times), then held-out pass@k per evaluation with 95% CI bands (collapse
+calls before/after, the same rows for each split of ``eval.extra_splits``, phase times), then held-out pass@k per evaluation with 95% CI bands (collapse
 alarms marked), the learning curve (:mod:`coderl.eval.curve`: ``learning_curve.png`` and
 ``curve.json``), and the training curves: reward (mean and per term), resolved rate, groups with signal (the share of
 groups whose rewards vary, ``signal/groups_with_signal``, when the run logged it), the task
@@ -38,6 +38,7 @@ from coderl.eval.curve import (  # noqa: E402
 from coderl.eval.summary import (  # noqa: E402
     parsed_calls,
     phase_name,
+    read_extra_evals,
     read_phases,
     summary_lines,
 )
@@ -197,7 +198,7 @@ def write_report(run_dir: str | Path) -> Path:
         else ""
     )
     last = metrics[-1] if metrics else {}
-    summary = _key_table(summary_lines(evals, metrics, read_phases(run)))
+    summary = _key_table(summary_lines(evals, metrics, read_phases(run), read_extra_evals(run)))
     signal = (
         ""
         if any(SIGNAL_KEY in r for r in metrics)

@@ -11,8 +11,10 @@ the repair demo's held-out library and HumanEval's held-out problems), pass@k at
 before and after RL (the collapse check), the collapse alarm of the periodic evaluations
 (:func:`collapse_line`), the broken-call rate before and after RL (when tool calls were parsed:
 :func:`parsed_calls`), the last evaluation's
-self-summaries and prefill per episode (:func:`context_rows`, multi-turn episodes only), and
-the phase times.
+self-summaries and prefill per episode (:func:`context_rows`, multi-turn episodes only), the
+same pass@1 rows and paired RL-only change for each further split of ``eval.extra_splits``
+(``eval_extra.jsonl``, :func:`read_extra_evals`; labels start with the split's name), and the
+phase times.
 The comparisons are :func:`coderl.eval.passk.compare`; nothing is computed here that is not
 computed there.
 """
@@ -65,16 +67,36 @@ def summary_lines(
     evals: list[dict[str, Any]],
     metrics: list[dict[str, Any]] | None = None,
     phases: dict[str, float] | None = None,
+    extra: dict[str, list[dict[str, Any]]] | None = None,
 ) -> list[tuple[str, str]]:
     """``(label, statement)`` rows summarising a run's evaluations (see the module docstring);
     ``metrics`` (the rows of ``metrics.jsonl``) give the RL steps' time; ``phases`` the timed
-    phases. Empty without evaluations.
+    phases; ``extra`` the evaluations of further splits (:func:`read_extra_evals`), each
+    reported apart with its own rows. Empty without held-out evaluations.
 
     Raises:
         ValueError: two evaluations compared do not hold the same tasks.
     """
     if not evals:
         return []
+    rows = evaluation_rows(evals)
+    rows.extend(context_rows(evals[-1]))
+    alarm = collapse_line(evals)
+    if alarm:
+        rows.append(("collapse alarm (pass@k vs the best earlier evaluation)", alarm))
+    for split, records in (extra or {}).items():
+        rows.extend((f"{split} split: {label}", text) for label, text in evaluation_rows(records))
+    rows.append(("phase times", _phase_times(evals, metrics or [], phases or {}, extra or {})))
+    return rows
+
+
+def evaluation_rows(evals: list[dict[str, Any]]) -> list[tuple[str, str]]:
+    """The rows of one split's evaluations: pass@1 per phase, the paired RL-only and whole-run
+    changes, pass@k at the largest k before and after RL, broken calls, per-family changes.
+
+    Raises:
+        ValueError: two evaluations compared do not hold the same tasks.
+    """
     rows: list[tuple[str, str]] = []
     first, last, start = evals[0], evals[-1], rl_start(evals)
     for i, e in enumerate(evals):
@@ -103,11 +125,6 @@ def summary_lines(
         rows.extend(family_rows(start, last))
     elif len(evals) >= 2:
         rows.append(("whole run: pass@1 change (paired, 95% CI)", _change(compare(first, last))))
-    rows.extend(context_rows(last))
-    alarm = collapse_line(evals)
-    if alarm:
-        rows.append(("collapse alarm (pass@k vs the best earlier evaluation)", alarm))
-    rows.append(("phase times", _phase_times(evals, metrics or [], phases or {})))
     return rows
 
 
@@ -207,29 +224,46 @@ def family_rows(start: dict[str, Any], last: dict[str, Any]) -> list[tuple[str, 
 
 
 def _phase_times(
-    evals: list[dict[str, Any]], metrics: list[dict[str, Any]], phases: dict[str, float]
+    evals: list[dict[str, Any]],
+    metrics: list[dict[str, Any]],
+    phases: dict[str, float],
+    extra: dict[str, list[dict[str, Any]]],
 ) -> str:
     parts = []
     if phases.get("sft_reused"):
         parts.append(f"SFT not run: reused from the warm-start cache ({phases['sft_s']:.0f} s)")
     elif "sft_s" in phases:
         parts.append(f"SFT {phases['sft_s']:.0f} s")
-    for i, e in enumerate(evals):
-        if "time_s" in e:
-            parts.append(f"eval {phase_name(e, i == len(evals) - 1)} {e['time_s']:.0f} s")
+    by_split = {"": evals, **{f"{split} ": records for split, records in extra.items()}}
+    for prefix, records in by_split.items():  # prefix "": the held-out split
+        for i, e in enumerate(records):
+            if "time_s" in e:
+                name = phase_name(e, i == len(records) - 1)
+                parts.append(f"eval {prefix}{name} {e['time_s']:.0f} s")
     keys = ("time/rollout", "time/grading", "time/train", "time/sync")
     rl = sum(r.get(k, 0.0) for r in metrics for k in keys)
     timed = any(k in r for r in metrics for k in keys)  # train-async logs no per-phase times
     if metrics:
         parts.append(f"RL {len(metrics)} steps" + (f" {rl:.0f} s" if timed else " (not timed)"))
     if "train_s" in phases and (timed or not metrics):  # else "other" would hold the RL time
-        evals_s = sum(e.get("time_s", 0.0) for e in evals)
+        evals_s = sum(e.get("time_s", 0.0) for records in by_split.values() for e in records)
         other = phases["train_s"] - evals_s - rl
         parts.append(f"other (model load, checkpoints) {other:.0f} s")
     total = phases.get("sft_s", 0.0) + phases.get("train_s", 0.0)
     if total:
         parts.append(f"total {total / 60:.1f} min")
     return "; ".join(parts) or "not timed"
+
+
+def read_extra_evals(run_dir: str | Path) -> dict[str, list[dict[str, Any]]]:
+    """The records of ``RUN_DIR/eval_extra.jsonl`` (``eval.extra_splits``) by split, splits in
+    order of first appearance ({} when there are none)."""
+    from coderl.metrics import EXTRA_EVAL_FILE, read_jsonl
+
+    out: dict[str, list[dict[str, Any]]] = {}
+    for record in read_jsonl(Path(run_dir) / EXTRA_EVAL_FILE):
+        out.setdefault(str(record["split"]), []).append(record)
+    return out
 
 
 def read_phases(run_dir: str | Path) -> dict[str, float]:
@@ -257,12 +291,13 @@ def print_summary(run_dir: str | Path, phases: dict[str, float] | None = None) -
     from coderl.metrics import read_jsonl
 
     run_dir = Path(run_dir)
-    evals = read_jsonl(run_dir / "eval.jsonl")
-    rows = summary_lines(evals, read_jsonl(run_dir / "metrics.jsonl"), phases)
+    evals, extra = read_jsonl(run_dir / "eval.jsonl"), read_extra_evals(run_dir)
+    rows = summary_lines(evals, read_jsonl(run_dir / "metrics.jsonl"), phases, extra)
     if not rows:
         return False
     split = load_config(run_dir / "config.yaml").tasks.heldout_split
-    table = Table(title=f"held-out summary ({split} split, 95% CIs)", show_header=False)
+    also = "".join(f"; {s} split apart" for s in extra)
+    table = Table(title=f"held-out summary ({split} split{also}, 95% CIs)", show_header=False)
     table.add_column("what")
     table.add_column("measured")
     for label, text in rows:

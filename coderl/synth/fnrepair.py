@@ -24,7 +24,8 @@ hard settings (0-4).
 
 Validation (:func:`validate`): in fresh sandboxes, the gold patch must resolve the task and the
 unedited buggy file must not. Held-out tasks come only from held-out seeds (HumanEval's fixed split,
-the held-out libraries of ``data/repos.txt``).
+the held-out libraries of ``data/repos.txt``); ``outside`` tasks only from the kept-back libraries
+of ``data/fnrepair/outside.txt``, in their own file (``OUTSIDE_FILE``).
 
 The *visible check* of a task (:func:`shown_check`) is the failing assertion its statement shows,
 as a ``check(candidate)`` of its own: the one test the agent can see. :func:`visible_potential`
@@ -63,6 +64,10 @@ from coderl.tasks.spec import Difficulty, Task, load_tasks
 
 TASKS_FILE = DATA_DIR / "fnrepair" / "tasks.jsonl.gz"
 """The shipped, validated task file (``python -m coderl.synth.fnrepair_build``)."""
+OUTSIDE_FILE = DATA_DIR / "fnrepair" / "outside.jsonl.gz"
+"""The kept-back set (split ``outside``): repair tasks built the same way from libraries the
+family never uses (``data/fnrepair/outside.txt``; ``python -m coderl.synth.fnrepair_build
+outside``). Only evaluated (``eval.extra_splits``), never trained on."""
 KINDS: dict[str, tuple[str, ...]] = {
     "plain": (
         "flip_comparison",
@@ -435,16 +440,21 @@ def propose(
     return out
 
 
+REPAIR_SPLITS = ("all", "heldout", "outside", "train")
+"""What :func:`repair_tasks` serves (``all``: every task of the file, whatever its split)."""
+
+
 def repair_tasks(split: str = "all", path: str | Path = TASKS_FILE) -> list[Task]:
-    """The shipped repair tasks of ``split`` (train, heldout or all), interleaved by source
-    (HumanEval and each library, :func:`coderl.tasks.repos.round_robin`), so a prefix
-    (``eval.tasks``) holds every source.
+    """The repair tasks of ``split`` (train, heldout, outside or all) in the task file ``path``,
+    interleaved by source (HumanEval and each library, :func:`coderl.tasks.repos.round_robin`),
+    so a prefix (``eval.tasks``) holds every source. The shipped ``TASKS_FILE`` holds no
+    ``outside`` task: those are in ``OUTSIDE_FILE``.
 
     Raises:
         KeyError: an unknown split. FileNotFoundError: no task file.
     """
-    if split not in ("train", "heldout", "all"):
-        raise KeyError(f"unknown split {split!r}; valid: ['all', 'heldout', 'train']")
+    if split not in REPAIR_SPLITS:
+        raise KeyError(f"unknown split {split!r}; valid: {list(REPAIR_SPLITS)}")
     return round_robin([t for t in load_tasks(path) if split in ("all", t.split)])
 
 

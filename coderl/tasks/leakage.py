@@ -17,7 +17,10 @@ content.
   them at most ``2 * SHINGLE_TOKENS`` of its windows) or inside a markdown statement.
 
 Held-out functions are every top-level function of a held-out seed (HumanEval's held-out
-problems, prompt and canonical solution; the seeds of held-out libraries). Limits: a held-out
+problems, prompt and canonical solution; the seeds of held-out libraries). The kept-back set is
+checked the same way: ``heldout_functions(seeds, split="outside")`` fingerprints the seeds of the
+kept-back libraries (``data/fnrepair/outside-seeds.jsonl.gz``), and none may be in a training task
+or seed either. Limits: a held-out
 library without seeds (idna and python-slugify have none) is covered by provenance only, since
 its code is not in the checkout; renamed identifiers throughout a copied function defeat both
 content measures; held-out *tests* are not fingerprinted (HumanEval's checks share boilerplate
@@ -98,11 +101,12 @@ class HeldoutFunction:
     shingles: frozenset[bytes]
 
 
-def heldout_functions(seeds: Iterable[Seed]) -> list[HeldoutFunction]:
-    """Fingerprints of every top-level function of the ``heldout`` seeds among ``seeds``."""
+def heldout_functions(seeds: Iterable[Seed], split: str = "heldout") -> list[HeldoutFunction]:
+    """Fingerprints of every top-level function of the seeds of ``split`` (``heldout``, or
+    ``outside``: the kept-back libraries) among ``seeds``."""
     out = []
     for seed in seeds:
-        if seed.split != "heldout":
+        if seed.split != split:
             continue
         for name, fn in _functions(seed.code):
             if fn.col_offset == 0:

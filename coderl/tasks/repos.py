@@ -53,14 +53,16 @@ class RepoPin:
     name: str
     version: str
     split: str
-    """``train`` or ``heldout``: every task of this repository is in this split."""
+    """``train`` or ``heldout`` (``outside`` in ``data/fnrepair/outside.txt``): every task of this
+    repository is in this split."""
     license: str
     """SPDX licence expression of the repository (read from its sdist's licence file); the
     shipped tasks' ``license`` field carries the same string."""
 
 
-def read_repos(path: str | Path = REPOS_FILE) -> list[RepoPin]:
-    """Parse a repository list.
+def read_repos(path: str | Path = REPOS_FILE, splits: Sequence[str] = SPLITS) -> list[RepoPin]:
+    """Parse a repository list whose lines may name the ``splits`` (``data/repos.txt``: train or
+    heldout; ``data/fnrepair/outside.txt``: outside).
 
     Raises:
         ValueError: a line without ``NAME==VERSION SPLIT LICENCE``, an unknown split, or a
@@ -76,8 +78,8 @@ def read_repos(path: str | Path = REPOS_FILE) -> list[RepoPin]:
         pinned = parse_spec(fields[0])
         if len(fields) < 3 or pinned is None:
             raise ValueError(f"{where}: expected 'NAME==VERSION SPLIT LICENCE', got {raw!r}")
-        if fields[1] not in SPLITS:
-            raise ValueError(f"{where}: split {fields[1]!r}; valid: {list(SPLITS)}")
+        if fields[1] not in splits:
+            raise ValueError(f"{where}: split {fields[1]!r}; valid: {list(splits)}")
         name, version = pinned
         if name in seen:
             raise ValueError(f"{where}: {name} is listed twice")
@@ -114,9 +116,10 @@ def stamp(task: Task, pins: dict[str, RepoPin]) -> Task:
     return task.model_copy(update={"split": pin.split, "license": pin.license})
 
 
-def pinned(path: str | Path | None = None) -> dict[str, RepoPin]:
-    """``{name: RepoPin}`` of a repository list (default ``data/repos.txt``)."""
-    return {p.name: p for p in read_repos(path or REPOS_FILE)}
+def pinned(path: str | Path | None = None, splits: Sequence[str] = SPLITS) -> dict[str, RepoPin]:
+    """``{name: RepoPin}`` of a repository list (default ``data/repos.txt``), see
+    :func:`read_repos`."""
+    return {p.name: p for p in read_repos(path or REPOS_FILE, splits)}
 
 
 def task_files(patterns: str | Sequence[str] | None = None) -> list[Path]:

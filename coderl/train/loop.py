@@ -46,7 +46,7 @@ from coderl.rundir import run_lock
 from coderl.train import pipeline as P
 from coderl.train.branching import turn_credit
 from coderl.train.checkpoint import ensure_new_run
-from coderl.train.heldout import log_eval_with_alarm, without_heldout_evals
+from coderl.train.heldout import log_eval_with_alarm, log_extra_evals, without_heldout_evals
 from coderl.train.run import (
     SFT_WEIGHTS,
     Run,
@@ -317,7 +317,9 @@ def _train(run: Run, resume: bool) -> None:
             logger.log_eval(0, {**base, "phase": "base"})
         sft = load_sft_weights(run)
         if cfg.eval.before_after:
-            logger.log_eval(0, {**run_eval(run), "phase": "sft" if sft else "start"})
+            phase = "sft" if sft else "start"
+            logger.log_eval(0, {**run_eval(run), "phase": phase})
+            log_extra_evals(run, logger, 0, phase)  # eval.extra_splits, beside it
         with full_weights(run):  # sharded: every rank runs the whole pre-pass
             prepass(run)  # tasks.pool.prepass_samples: seed the pool's estimates (0: nothing)
     with PhaseProgress("train", cfg.trainer.steps, completed=run.step, enabled=cfg.progress) as bar:
@@ -329,6 +331,8 @@ def _train(run: Run, resume: bool) -> None:
                 last and cfg.eval.before_after
             ):
                 metrics.update(log_eval_with_alarm(logger, run.step, run_eval(run)))
+            if last and cfg.eval.before_after:
+                log_extra_evals(run, logger, run.step)
             logger.log(run.step, metrics)
             if run.step % cfg.trainer.checkpoint_every == 0 or last:
                 save(run)

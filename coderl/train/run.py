@@ -130,6 +130,7 @@ def setup_run(
 
     Raises:
         FileNotFoundError: ``resume`` and the run has no complete checkpoint.
+        ValueError: a split of ``eval.extra_splits`` holds no task (:func:`check_extra_splits`).
         ValueError, coderl.policy.vllm_server.ServerError, coderl.policy.vllm_engine.CanaryError:
             from :func:`coderl.policy.rollout.build_engine`.
     """
@@ -145,6 +146,8 @@ def setup_run(
     )  # close_run restores
     try:
         env = build_environment(cfg)
+        if training:
+            check_extra_splits(cfg, env)  # before the model loads
         policy = build_policy(cfg)
         value_head = None
         if cfg.algorithm.advantage == "gae":
@@ -324,6 +327,27 @@ def load_sft_weights(run: Run) -> bool:
         load_trainable(run.policy.model, load_file(str(sft)))
     sync_engine(run)
     return True
+
+
+def check_extra_splits(cfg: Config, env: Environment) -> None:
+    """Refuse an ``eval.extra_splits`` split that the environment does not have or that holds no
+    task (a run would otherwise fail at its first evaluation, after SFT).
+
+    Raises:
+        ValueError: one line naming the split and the task source.
+    """
+    if not (cfg.eval.before_after and cfg.eval.extra_splits):
+        return
+    for split in cfg.eval.extra_splits:
+        try:
+            found = env.tasks(split)
+        except (KeyError, ValueError) as e:
+            raise ValueError(f"eval.extra_splits: {e.args[0] if e.args else e}") from None
+        if not found:
+            raise ValueError(
+                f"eval.extra_splits: split {split!r} of tasks.source={cfg.tasks.source!r} holds "
+                "no task"
+            )
 
 
 def run_eval(
