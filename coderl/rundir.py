@@ -17,6 +17,16 @@ role (``RUN/.lock.serve``: a second server on the same registry is refused).
 before its first checkpoint leaves ``metrics.jsonl``, ``eval.jsonl`` and ``audit.jsonl`` but
 nothing to resume from): they are kept, and the error says how to go on.
 
+A command that fails (or is stopped) before writing any result leaves its run directory as it
+found it (:func:`_as_found`): a directory it created is removed again, and what it wrote there
+before its first result (``config.yaml``, ``tb/``, empty logs, its lock files) is removed or,
+for a ``config.yaml`` that was there before, put back; so the next attempt starts from the same
+state and needs no ``--force`` or other ``run_dir``. Once a result is written (a metric, an
+evaluation, a checkpoint, SFT weights or their log), nothing is removed.
+
+A ``run_dir`` that is a file, or lies under one, is refused in one line naming the key and the
+file (:func:`check_run_dir`), before anything is created.
+
 Limits: ``flock`` is advisory (a process that ignores the lock is not stopped) and on NFS it is
 only as good as the server's lock support. Ranks of a ``torchrun`` run other than rank 0 do not
 take the lock (they write under ``ranks/`` only).
@@ -27,6 +37,7 @@ from __future__ import annotations
 import fcntl
 import os
 import shlex
+import shutil
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -35,6 +46,13 @@ from pathlib import Path
 LOCK_FILE = ".lock"
 RUN_LOGS = ("metrics.jsonl", "eval.jsonl", "eval_extra.jsonl", "audit.jsonl")
 """The logs a training run appends to; a new run refuses to start over any that is non-empty."""
+CKPT_PREFIX = "step-"
+"""Checkpoints are ``RUN_DIR/checkpoints/step-NNNNNN`` (:mod:`coderl.train.checkpoint`)."""
+SFT_WEIGHTS = "sft/trainable.safetensors"
+"""Where ``coderl sft`` writes its weights under the run directory; RL starts from them."""
+SETUP_FILES = ("config.yaml", "tb", *RUN_LOGS)
+"""What a command writes into a run directory before its first result (the logs while still
+empty): removed again when it fails before any result (:func:`_as_found`)."""
 
 _held: dict[Path, list] = {}  # lock file -> [fd, depth, shared] of this process
 
@@ -121,6 +139,95 @@ def _said(command: str | None) -> str:
     return f"pid {os.getpid()} ({command or shlex.join(['coderl', *sys.argv[1:]])})"
 
 
+def check_run_dir(run_dir: str | Path) -> None:
+    """Refuse a ``run_dir`` that is a file or lies under one, before anything is created.
+
+    Raises:
+        FileExistsError: one line naming ``run_dir=`` and the file.
+    """
+    root = Path(run_dir)
+    for d in [root, *root.parents]:
+        if d.is_dir():
+            return
+        if d.exists():
+            where = "is a file" if d == root else f"lies under the file {d}"
+            raise FileExistsError(
+                f"run_dir={run_dir} {where}, not a directory; set run_dir=... to a new "
+                "directory or a run's"
+            )
+
+
+def _entries(root: Path) -> dict[str, tuple[int, int]]:
+    """``root``'s entries: name -> (size, mtime in ns); none when it is not a directory."""
+    if not root.is_dir():
+        return {}
+    stats = {n: (root / n).lstat() for n in os.listdir(root)}
+    return {n: (st.st_size, st.st_mtime_ns) for n, st in stats.items()}
+
+
+def _setup_only(root: Path, name: str) -> bool:
+    """Whether ``root/name`` is a lock file or a :data:`SETUP_FILES` entry that holds no result
+    (a log: empty)."""
+    path = root / name
+    if name == LOCK_FILE or name.startswith(LOCK_FILE + "."):
+        return True
+    if name in RUN_LOGS:
+        return path.is_file() and path.stat().st_size == 0
+    return name in SETUP_FILES
+
+
+class _Found:
+    """What :func:`_as_found` puts back: ``root``'s entries (name -> size, mtime) and
+    ``config.yaml`` as found, and the topmost directory of ``root``'s path that did not exist."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.created = next((d for d in [*reversed(root.parents), root] if not d.exists()), None)
+        self.entries = _entries(root)
+        config = root / "config.yaml"
+        self.config = config.read_bytes() if config.is_file() else None
+
+
+@contextmanager
+def _as_found(found: _Found) -> Iterator[None]:
+    """Leave ``found.root`` as it was found when the block raises (a failure, Ctrl-C) before
+    writing any result: every changed entry is a lock file or a :data:`SETUP_FILES` entry (see
+    the module docstring). Then the new ones are removed, a ``config.yaml`` that was there is put
+    back byte for byte, and the directories of the path that did not exist are removed when
+    empty. Anything else changed: nothing is touched. Entered inside the lock, so no other
+    writer can start in between."""
+    try:
+        yield
+    except BaseException:
+        root = found.root
+        try:
+            changed = [n for n, st in _entries(root).items() if found.entries.get(n) != st]
+            if all(_setup_only(root, n) for n in changed):
+                _put_back(found, changed)
+        except OSError:  # the failure that got here is the one to report
+            pass
+        raise
+
+
+def _put_back(found: _Found, changed: list[str]) -> None:
+    """:func:`_as_found`'s undo of the setup entries ``changed``."""
+    root = found.root
+    for name in changed:
+        path = root / name
+        if name == "config.yaml" and found.config is not None:
+            path.write_bytes(found.config)
+        elif name not in found.entries:
+            shutil.rmtree(path) if path.is_dir() else path.unlink()
+    if found.created is None:
+        return
+    for d in [root, *root.parents]:
+        if not d.is_dir() or any(d.iterdir()):
+            return
+        d.rmdir()
+        if d == found.created:
+            return
+
+
 @contextmanager
 def run_lock(run_dir: str | Path, command: str | None = None) -> Iterator[None]:
     """Hold ``run_dir``'s writer lock (created with the directory if needed) for the block.
@@ -130,17 +237,24 @@ def run_lock(run_dir: str | Path, command: str | None = None) -> Iterator[None]:
         command: what the lock file records for a refused second writer (default: this
             process's command line).
 
+    A block that raises before writing any result leaves ``run_dir`` as it found it
+    (:func:`_as_found`).
+
     Raises:
         RunDirBusy: another live process holds the lock, as a writer or an online role (names
             its pid and command).
+        FileExistsError: ``run_dir`` is a file or lies under one (:func:`check_run_dir`).
     """
     if launch_rank() > 0:
         yield
         return
     root = Path(run_dir)
+    check_run_dir(root)
+    found = _Found(root)
     root.mkdir(parents=True, exist_ok=True)
     with _flock(root / LOCK_FILE, shared=False, record=_said(command), run_dir=root):
-        yield
+        with _as_found(found):
+            yield
 
 
 def ensure_not_live(run_dir: str | Path) -> None:
@@ -169,16 +283,23 @@ def online_lock(run_dir: str | Path, role: str, command: str | None = None) -> I
     ``RUN/.lock.ROLE``), so a second ``coderl serve`` cannot share the registry of a live one.
     Re-entrant within a process (``coderl online run`` serves and cycles in one process).
 
+    A block that raises before writing anything but locks leaves ``run_dir`` as it found it
+    (:func:`_as_found`).
+
     Raises:
         RunDirBusy: a writer holds ``run_dir``, or another process holds ``role`` there.
+        FileExistsError: ``run_dir`` is a file or lies under one (:func:`check_run_dir`).
     """
     root = Path(run_dir)
+    check_run_dir(root)
+    found = _Found(root)
     root.mkdir(parents=True, exist_ok=True)
     with _flock(root / LOCK_FILE, shared=True, record=None, run_dir=root):
         with _flock(
             root / f"{LOCK_FILE}.{role}", shared=False, record=_said(command), run_dir=root
         ):
-            yield
+            with _as_found(found):
+                yield
 
 
 def enclosing_run(path: str | Path) -> Path | None:
@@ -231,3 +352,35 @@ def ensure_fresh_logs(run_dir: str | Path) -> None:
             f"{run_dir} already holds the logs of an earlier run ({names}) and no checkpoint to "
             "resume; set run_dir=... to start a new run elsewhere, or move those files away"
         )
+
+
+def list_checkpoints(run_dir: str | Path) -> list[Path]:
+    """Complete checkpoints of a run (``checkpoints/step-N`` with a ``state.json``), oldest
+    first."""
+    root = Path(run_dir) / "checkpoints"
+    if not root.is_dir():
+        return []
+    done = [p for p in root.glob(f"{CKPT_PREFIX}*") if (p / "state.json").is_file()]
+    return sorted(done, key=lambda p: int(p.name[len(CKPT_PREFIX) :]))
+
+
+def ensure_new_run(run_dir: str | Path) -> None:
+    """Refuse to start a fresh run in a directory that already holds checkpoints or a run's logs.
+
+    A new run there would overwrite the old run's logs while older, higher-numbered checkpoints
+    outrank its own, so ``--resume`` and ``coderl eval`` would silently pick the old weights; a
+    run stopped before its first checkpoint has only logs, and they are kept too
+    (:func:`ensure_fresh_logs`). Light (no torch): the commands call it before their imports.
+
+    Raises:
+        FileExistsError: ``run_dir`` holds checkpoints or non-empty logs (names them and the way
+            out), or is a file (:func:`check_run_dir`).
+    """
+    check_run_dir(run_dir)
+    found = list_checkpoints(run_dir)
+    if found:
+        raise FileExistsError(
+            f"{run_dir} already holds checkpoints of a previous run (latest: {found[-1].name}); "
+            "continue it with --resume, or set run_dir=... to start a new run elsewhere"
+        )
+    ensure_fresh_logs(run_dir)

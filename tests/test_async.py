@@ -65,9 +65,9 @@ def group(index: int, versions: list[int], mask: list[int] | None = None) -> Gro
 def test_config_rejects_unknown_keys_and_bad_values():
     with pytest.raises(ConfigError, match="unknown key 'async.max_stale'"):
         AsyncConfig.from_dict({"max_stale": 1})
-    with pytest.raises(ConfigError, match="async.stale_policy: Input should be 'drop' or"):
+    with pytest.raises(ConfigError, match="async.stale_policy: must be 'drop' or"):
         AsyncConfig.from_dict({"stale_policy": "forget"})
-    with pytest.raises(ConfigError, match="async.max_staleness: Input should be greater than"):
+    with pytest.raises(ConfigError, match="async.max_staleness: must be at least 0"):
         AsyncConfig.from_dict({"max_staleness": -1})
     with pytest.raises(ConfigError, match="tasks_per_rollout=3 must divide"):
         AsyncConfig.from_dict({"groups_per_step": 4, "tasks_per_rollout": 3})

@@ -184,7 +184,7 @@ def test_async_section_in_yaml_and_overrides(tmp_path):
     assert cfg.seed == 5 and cfg.async_.max_staleness == 3
     with pytest.raises(ConfigError, match="unknown key 'async.workers'"):
         load_configs(str(preset), ["async.workers=2"])
-    with pytest.raises(ConfigError, match="async.max_staleness: Input should be greater"):
+    with pytest.raises(ConfigError, match="async.max_staleness: must be at least 0"):
         load_config(str(preset), ["async.max_staleness=-1"])
 
 

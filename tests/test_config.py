@@ -31,7 +31,7 @@ def test_overrides_replace_leaves_with_yaml_types():
     [
         ("trainer.lrr=1", "unknown key 'trainer.lrr'"),
         ("bogus=1", "unknown key 'bogus'"),
-        ("trainer.lr=fast", "trainer.lr: Input should be a valid number"),
+        ("trainer.lr=fast", "trainer.lr: must be a number"),
         ("rollout.group_size=2.5", "rollout.group_size"),
         ("algorithm.advantage=ppo2", "algorithm.advantage"),
         ("rollout.group_size=1", "rollout.group_size=1"),

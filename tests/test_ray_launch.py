@@ -149,7 +149,7 @@ def test_bad_launch_settings_are_one_line_errors(capsys, monkeypatch, tmp_path):
     run = f"run_dir={tmp_path / 'run'}"
     ray_on = [run, "trainer.distributed.enabled=true", "trainer.distributed.launcher=ray"]
     line = _one_line_error(capsys, *ray_on, "trainer.distributed.world_size=0")
-    assert "trainer.distributed.world_size" in line and "greater than or equal to 1" in line
+    assert "trainer.distributed.world_size" in line and "must be at least 1" in line
     line = _one_line_error(capsys, *ray_on)
     assert "needs trainer.distributed.world_size=N" in line
     line = _one_line_error(capsys, run, "trainer.distributed.launcher=ray")

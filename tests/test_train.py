@@ -137,11 +137,13 @@ def test_each_algorithm_completes_a_step_and_changes_parameters(overrides, tmp_p
     # kl is measured against reference logprobs, which the batch has only with kl.coef > 0:
     # absent otherwise, never a placeholder 0
     assert ("kl" in m) == (cfg.algorithm.kl.coef > 0), m.get("kl")
+    # the ratio's metrics only where the ratio can differ from 1 (a second epoch), never a
+    # placeholder 0 of a one-epoch on-policy step
+    ratio = ("clip_frac_low", "clip_frac_high", "ratio_mean", "approx_kl")
+    assert all((k in m) == (cfg.trainer.update_epochs > 1) for k in ratio), sorted(m)
     for key in (
         "loss",
         "entropy",
-        "clip_frac_low",
-        "clip_frac_high",
         "iw_mean",
         "logprob_gap",
         "grad_norm",

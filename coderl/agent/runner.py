@@ -58,6 +58,7 @@ from coderl.policy.base import (
     context_limit,
 )
 from coderl.pools import thread_pool
+from coderl.progress import inner_progress
 from coderl.sandbox.base import Sandbox
 
 
@@ -154,7 +155,8 @@ def run_episodes(
     ready: dict[int, SampleRequest] = {}
     running: dict[Future[Any], int] = {}
     calls = 0
-    with thread_pool(max_workers or min(32, max(1, len(gens)))) as pool:
+    turns = inner_progress("rollout turn", cfg.max_turns)  # one line per batch of turns
+    with thread_pool(max_workers or min(32, max(1, len(gens)))) as pool, turns:
 
         def advance(i: int, value: Any = None, error: BaseException | None = None) -> None:
             try:
@@ -202,6 +204,8 @@ def run_episodes(
                 calls += 1
                 for i, completion in zip(batch, completions, strict=True):
                     advance(i, completion)
+                ended = sum(e is not None for e in done[: len(jobs)])
+                turns.advance(status=f"episodes done {ended}/{len(jobs)}")
     for j, (i, turn, k) in sorted(parents.items()):  # every generator has returned by now
         parent, child = done[i], done[j]
         assert parent is not None and child is not None

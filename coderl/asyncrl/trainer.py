@@ -49,9 +49,9 @@ from coderl.eval.observers import default_observers
 from coderl.metrics import check_step_measured, run_logger
 from coderl.policy.base import Completion, SamplingParams
 from coderl.progress import PhaseProgress
-from coderl.rundir import run_lock
+from coderl.rundir import ensure_new_run, run_lock
 from coderl.train import pipeline as P
-from coderl.train.checkpoint import ensure_new_run, load_trainable, trainable_state
+from coderl.train.checkpoint import load_trainable, trainable_state
 from coderl.train.heldout import log_eval_with_alarm, log_extra_evals, without_heldout_evals
 from coderl.train.run import (
     build_policy,

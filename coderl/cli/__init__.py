@@ -15,7 +15,7 @@ import signal
 import sys
 import threading
 import warnings
-from typing import Any, TextIO
+from typing import Any, NoReturn, TextIO
 
 from coderl import __version__
 
@@ -82,6 +82,35 @@ class HelpfulParser(argparse.ArgumentParser):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         kwargs.setdefault("formatter_class", DefaultsFormatter)
         super().__init__(*args, **kwargs)
+
+    def error(self, message: str) -> NoReturn:
+        """argparse's error (exit status 2); a missing argument is said as one line naming it
+        in capitals with its help text, under a one-line usage of the positional arguments
+        (``--help`` has the full one)."""
+        missing = message.removeprefix(REQUIRED)
+        if missing == message:
+            super().error(message)
+        names = missing.split(", ")
+        said = [
+            f"{name.upper()}: {plain_help(a.help or '')}"
+            for a in self._actions
+            if (name := a.metavar if isinstance(a.metavar, str) else a.dest) in names
+        ]
+        formatter = self._get_formatter()
+        words = [
+            formatter._format_args(a, a.dest.upper())
+            for a in self._actions
+            if not a.option_strings and a.help != argparse.SUPPRESS
+        ]
+        self.exit(
+            2,
+            f"usage: {self.prog} {' '.join(words)} [options]\n"
+            f"{self.prog}: error: missing {'; '.join(said) or missing} (see {self.prog} --help)\n",
+        )
+
+
+REQUIRED = "the following arguments are required: "
+"""How argparse begins the error of a missing argument (Python 3.10 to 3.13)."""
 
 
 def build_parser(command: str | None = "*") -> argparse.ArgumentParser:

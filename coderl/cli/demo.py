@@ -26,16 +26,16 @@ import shlex
 import sys
 from pathlib import Path
 
-import torch
 from rich.console import Console
 from rich.table import Table
-
-from coderl import algorithms as A
-from coderl.metrics import cpu_clock
 
 
 def self_check() -> list[tuple[str, float, float]]:
     """(check, computed, expected) for the worked examples of the algorithm core."""
+    import torch
+
+    from coderl import algorithms as A
+
     rows: list[tuple[str, float, float]] = []
     logits = torch.tensor([[[2.0, 1.0, 0.0]]])
     lp = A.token_logprobs(logits, torch.tensor([[0]]), temperature=0.5)
@@ -90,6 +90,8 @@ def phase_times(name: str, start: tuple[float, float, float]) -> dict[str, float
     """``{name}_s`` (wall seconds since ``start``, a :func:`coderl.metrics.cpu_clock` reading),
     ``{name}_cpu_s`` (this process's CPU seconds) and ``{name}_children_cpu_s`` (its reaped
     children's), the entries of ``phases.json``."""
+    from coderl.metrics import cpu_clock
+
     wall, cpu, children = (b - a for a, b in zip(start, cpu_clock(), strict=True))
     return {f"{name}_s": wall, f"{name}_cpu_s": cpu, f"{name}_children_cpu_s": children}
 
@@ -99,19 +101,9 @@ def run_demo(config: Path, overrides: list[str]) -> int:
     (:func:`coderl.eval.summary.summary_lines`: held-out pass@1 per phase, the paired RL-only and
     whole-run changes, pass@k at the largest k before/after RL, broken calls, phase times)."""
     from coderl.config import load_config
-    from coderl.envs import build_environment
-    from coderl.eval.observers import default_observers
-    from coderl.eval.report import write_report
-    from coderl.eval.summary import print_summary, write_phases
     from coderl.rundir import run_lock
-    from coderl.train.loop import train
-    from coderl.train.resume import stopped_line
-    from coderl.train.run import check_extra_splits
-    from coderl.train.warmstart import warm_start
 
     cfg = load_config(config, overrides)
-    if cfg.eval.extra_splits:  # an empty split is refused before SFT, not after it
-        check_extra_splits(cfg, build_environment(cfg))
     if Path(cfg.run_dir).exists():
         with run_lock(cfg.run_dir, "coderl demo"):  # a live run there is refused, not moved
             prev = set_aside(Path(cfg.run_dir))
@@ -120,6 +112,17 @@ def run_demo(config: Path, overrides: list[str]) -> int:
     phases: dict[str, float] = {}
     try:
         with run_lock(cfg.run_dir, "coderl demo"):  # one writer, SFT and RL alike
+            # torch, the tasks and the model: after the refusals above
+            from coderl.eval.observers import default_observers
+            from coderl.metrics import cpu_clock
+            from coderl.train.loop import train
+            from coderl.train.warmstart import warm_start
+
+            if cfg.eval.extra_splits:  # an empty split is refused before SFT, not after it
+                from coderl.envs import build_environment
+                from coderl.train.run import check_extra_splits
+
+                check_extra_splits(cfg, build_environment(cfg))
             clock = cpu_clock()
             if cfg.sft.enabled:
                 reused = warm_start(cfg).reused  # sft.cache: an earlier build of the same inputs
@@ -128,10 +131,15 @@ def run_demo(config: Path, overrides: list[str]) -> int:
             run_dir = train(cfg, observers=default_observers())
             phases.update(phase_times("train", clock))
     except KeyboardInterrupt:  # Ctrl-C or SIGTERM, in any phase
+        from coderl.train.resume import stopped_line
+
         resume = f"coderl train --resume {shlex.quote(str(cfg.run_dir))}"
         again = shlex.join(["coderl", "demo", *overrides, "--config", str(config)])
         print(stopped_line("coderl demo", cfg.run_dir, resume, again), file=sys.stderr)
         return 130
+    from coderl.eval.report import write_report
+    from coderl.eval.summary import print_summary, write_phases
+
     write_phases(run_dir, phases)
     page = write_report(run_dir)
     print_summary(run_dir, phases)

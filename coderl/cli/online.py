@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import shlex
+import socket
 import statistics
 import sys
 import time
@@ -20,7 +21,7 @@ from pathlib import Path
 from rich.console import Console
 
 from coderl.agent.episode import EpisodeConfig
-from coderl.cli.serve import build_server
+from coderl.cli.serve import build_server, listening_socket
 from coderl.config import Config, load_online_config
 from coderl.endpoint.calls import harness_format
 from coderl.endpoint.http import BackgroundServer
@@ -53,14 +54,20 @@ def agent_episode_config(cfg: Config) -> EpisodeConfig:
 def cmd_run(args: argparse.Namespace) -> int:
     """Repeat the cycle ``online.cycles`` times, ``online.interval_s`` apart; report cycle times."""
     cfg = _cfg(args)
-    roles = ["cycle", "serve"] if cfg.online.simulate.enabled else ["cycle"]
+    simulate = cfg.online.simulate.enabled
+    roles = ["cycle", "serve"] if simulate else ["cycle"]
     with ExitStack() as held:  # this process cycles (and serves): a writer or another is refused
+        # the port and the locks before the model loads: a refusal comes in a second
+        serve, keys = cfg.online.serve, ("online.serve.port=", "online.serve.host=")
+        sock = listening_socket(serve.host, serve.port, keys) if simulate else None
+        if sock is not None:
+            held.callback(sock.close)
         for role in roles:
             held.enter_context(online_lock(cfg.run_dir, role, "coderl online run"))
-        return _run_cycles(args, cfg)
+        return _run_cycles(args, cfg, sock)
 
 
-def _run_cycles(args: argparse.Namespace, cfg: Config) -> int:
+def _run_cycles(args: argparse.Namespace, cfg: Config, sock: socket.socket | None) -> int:
     console = Console()
     bg = sim = server = None
     if cfg.online.simulate.enabled:
@@ -68,7 +75,7 @@ def _run_cycles(args: argparse.Namespace, cfg: Config) -> int:
         champ = registry.champion()
         assert champ is not None
         server = build_server(cfg, store, registry, champ)
-        bg = BackgroundServer(server.app(), cfg.online.serve.host, cfg.online.serve.port)
+        bg = BackgroundServer(server.app(), sock=sock)
         agent = cfg.online.simulate.agent
         sim = SimulatedPopulation(
             bg.base_url,

@@ -146,8 +146,13 @@ def _serve(cfg: Config, sock: socket.socket, access_log: bool) -> int:
     return 0
 
 
-def listening_socket(host: str, port: int) -> socket.socket:
+def listening_socket(
+    host: str, port: int, flags: tuple[str, str] = ("--port", "--host")
+) -> socket.socket:
     """A socket bound to ``host:port`` (port 0: a free one), checked before anything loads.
+
+    ``flags``: how the command line sets the port and the host (``coderl online run``:
+    ``online.serve.port=`` and ``online.serve.host=``).
 
     Raises:
         ConfigError: the address cannot be bound (in use, or not this host's), naming the
@@ -159,10 +164,12 @@ def listening_socket(host: str, port: int) -> socket.socket:
         sock.bind((host, port))
     except OSError as err:
         sock.close()
+        port_flag, host_flag = flags
         if err.errno == errno.EADDRINUSE:
-            hint = "choose another with --port, or --port 0 for a free one"
+            sep = "" if port_flag.endswith("=") else " "
+            hint = f"choose another with {port_flag}{sep}N, or {port_flag}{sep}0 for a free one"
         else:  # an unknown name, or an address this machine does not have
-            hint = "check --host: an address of this machine, e.g. 127.0.0.1 or 0.0.0.0"
+            hint = f"check {host_flag}: an address of this machine, e.g. 127.0.0.1 or 0.0.0.0"
         raise ConfigError(
             f"online.serve.host/port: cannot listen on {host}:{port}: {err.strerror} ({hint})"
         ) from err

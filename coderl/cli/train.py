@@ -11,50 +11,71 @@ from __future__ import annotations
 import argparse
 import shlex
 import sys
+from pathlib import Path
 from typing import Any
 
 
 def run(args: argparse.Namespace) -> int:
-    from coderl.config import load_config
-    from coderl.train.resume import record_resume, resume_config, split_preset, stopped_line
+    from coderl.cli.sft import reuse_sft
+    from coderl.config import load_config, split_preset
+    from coderl.rundir import ensure_new_run, launch_rank, run_lock
+    from coderl.train.ray_launch import launch, train_argv, wants_ray_launch
 
     config, overrides = split_preset(args.config, args.overrides)
+    changes: dict[str, Any] = {}
+    step = 0
     if args.resume:
+        from coderl.train.resume import resume_config
+
         cfg, changes, step = resume_config(args.resume, config, overrides)
     elif config is None:
         raise ValueError("give a CONFIG (e.g. configs/default.yaml) or --resume RUN_DIR")
     else:
         cfg = load_config(config, overrides)
-    from coderl.train.ray_launch import launch, train_argv, wants_ray_launch
-
     if wants_ray_launch(cfg):  # this process starts the ranks; each runs this function
         from coderl.cli import main
 
         return launch(cfg, train_argv(args), main)
-    from coderl.eval.observers import default_observers
-    from coderl.rundir import launch_rank, run_lock
-    from coderl.train.loop import train
-
+    # the refusals first (a live writer, another run's files, a file as run_dir), in a second:
+    # before torch, the tasks and the model load, and before any SFT line is printed
     with run_lock(cfg.run_dir, "coderl train"):  # one writer, SFT and RL alike
-        try:
-            # a sharded run: rank 0 runs SFT alone while the other ranks wait to join the
-            # process group (trainer.distributed.timeout_min), then every rank loads its shard
-            if cfg.sft.enabled and not args.resume and launch_rank() == 0:
-                from coderl.train.checkpoint import ensure_new_run
-                from coderl.train.warmstart import warm_start
+        sft = False  # the SFT warm start runs here
+        if not args.resume and launch_rank() == 0:
+            ensure_new_run(cfg.run_dir)
+            sft = cfg.sft.enabled and not reuse_sft(Path(cfg.run_dir), cfg)
+            if cfg.sft.enabled and not sft:
+                print(
+                    f"warm start: RL starts from the SFT weights in {Path(cfg.run_dir) / 'sft'} "
+                    "(same model, tasks and sft settings); SFT does not run"
+                )
+        return _train(args, cfg, changes, step, sft)
 
-                ensure_new_run(cfg.run_dir)  # before minutes of SFT, not after
-                warm_start(cfg)  # sft.cache: an earlier build of the same inputs is reused
-            if args.resume:
-                for line in record_resume(cfg, changes, step):
-                    print(line)
-            run_dir = train(cfg, resume=bool(args.resume), observers=default_observers())
-        except KeyboardInterrupt:
-            resume = f"coderl train --resume {shlex.quote(str(cfg.run_dir))}"
-            print(
-                stopped_line("coderl train", cfg.run_dir, resume, over(args, cfg)), file=sys.stderr
-            )
-            return 130
+
+def _train(
+    args: argparse.Namespace, cfg: Any, changes: dict[str, Any], step: int, sft: bool
+) -> int:
+    """``coderl train`` once its run directory is held and checked: the SFT warm start (``sft``;
+    a sharded run's rank 0), RL, the held-out summary and the report."""
+    from coderl.eval.observers import default_observers
+    from coderl.rundir import launch_rank
+    from coderl.train.loop import train
+    from coderl.train.resume import record_resume, stopped_line
+
+    try:
+        # a sharded run: rank 0 runs SFT alone while the other ranks wait to join the
+        # process group (trainer.distributed.timeout_min), then every rank loads its shard
+        if sft:
+            from coderl.train.warmstart import warm_start
+
+            warm_start(cfg)  # sft.cache: an earlier build of the same inputs is reused
+        if args.resume:
+            for line in record_resume(cfg, changes, step):
+                print(line)
+        run_dir = train(cfg, resume=bool(args.resume), observers=default_observers())
+    except KeyboardInterrupt:
+        resume = f"coderl train --resume {shlex.quote(str(cfg.run_dir))}"
+        print(stopped_line("coderl train", cfg.run_dir, resume, over(args, cfg)), file=sys.stderr)
+        return 130
     from coderl.eval.summary import print_summary
 
     if launch_rank() == 0:  # torchrun: one rank speaks

@@ -18,19 +18,25 @@ from rich.console import Console
 
 
 def run(args: argparse.Namespace) -> int:
-    from coderl.asyncrl.trainer import train_async  # heavy imports, on use only
-    from coderl.config import load_config
-    from coderl.rundir import run_lock
-    from coderl.train.resume import record_resume, resume_config, split_preset, stopped_line
+    from coderl.config import load_config, split_preset
+    from coderl.rundir import ensure_new_run, run_lock
 
     config, overrides = split_preset(args.config, args.overrides)
     if args.resume:
+        from coderl.train.resume import resume_config
+
         named = args.resume if isinstance(args.resume, str) else None
         run_dir = named or load_config(config, overrides).run_dir
         cfg, changes, step = resume_config(run_dir, config, overrides)
     else:
         cfg = load_config(config, overrides)
+    # the refusals first, in a second: before torch, the tasks and the model load
     with run_lock(cfg.run_dir, "coderl train-async"):  # one writer at a time
+        if not args.resume:
+            ensure_new_run(cfg.run_dir)
+        from coderl.asyncrl.trainer import train_async  # heavy imports, after the refusals
+        from coderl.train.resume import record_resume, stopped_line
+
         if args.resume:
             for line in record_resume(cfg, changes, step):
                 print(line)

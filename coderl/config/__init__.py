@@ -377,6 +377,16 @@ class Config(_Section):
         return self
 
 
+def split_preset(
+    config: str | None, overrides: list[str] | tuple[str, ...]
+) -> tuple[str | None, list[str]]:
+    """``(preset, overrides)`` of a command line whose first word may be an override instead of
+    a YAML preset (``coderl train --resume RUN k=v``: argparse puts ``k=v`` in ``config``)."""
+    if config is not None and "=" in config and not config.endswith((".yaml", ".yml")):
+        return None, [config, *overrides]
+    return config, list(overrides)
+
+
 def apply_override(tree: dict[str, Any], override: str) -> None:
     """Apply one ``dotted.key=value`` override to a raw config dict, in place.
 

@@ -17,6 +17,8 @@ class BackgroundServer:
     Args:
         app: the FastAPI app.
         host, port: where to listen; port 0 picks a free port (read :attr:`port` after start).
+        sock: a socket bound already (``coderl online run`` binds before the model loads, so a
+            port in use is refused in a second); host and port are then its own.
 
     Raises:
         ValueError: the address cannot be bound (in use, or not this host's); the message names
@@ -24,17 +26,25 @@ class BackgroundServer:
         RuntimeError: the server did not start within 30 s.
     """
 
-    def __init__(self, app: FastAPI, host: str = "127.0.0.1", port: int = 0) -> None:
-        self._sock = socket.socket()
-        try:
-            self._sock.bind((host, port))
-        except OSError as err:
-            self._sock.close()
-            raise ValueError(
-                f"online.serve.host/port: cannot listen on {host}:{port}: {err.strerror} "
-                "(online.serve.port=0 picks a free port)"
-            ) from err
-        self.host, self.port = host, int(self._sock.getsockname()[1])
+    def __init__(
+        self,
+        app: FastAPI,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        sock: socket.socket | None = None,
+    ) -> None:
+        if sock is None:
+            sock = socket.socket()
+            try:
+                sock.bind((host, port))
+            except OSError as err:
+                sock.close()
+                raise ValueError(
+                    f"online.serve.host/port: cannot listen on {host}:{port}: {err.strerror} "
+                    "(online.serve.port=0 picks a free port)"
+                ) from err
+        self._sock = sock
+        self.host, self.port = str(sock.getsockname()[0]), int(sock.getsockname()[1])
         config = uvicorn.Config(app, log_level="warning", lifespan="off")
         self._server = uvicorn.Server(config)
         self._thread = threading.Thread(

@@ -23,6 +23,7 @@ from coderl.config import Config
 from coderl.envs.base import EpisodeRecord, FailureKind, GradeRecord, SamplingPolicy
 from coderl.policy.base import SamplingParams
 from coderl.pools import thread_pool
+from coderl.progress import inner_progress
 from coderl.tasks.spec import Task
 from coderl.trajectory import Trajectory
 
@@ -186,8 +187,17 @@ class AgentEnvironment:
                 g.resolved, g.fraction_passed, g.grading_error, failure_kind=kind, result=g
             )
 
-        with thread_pool(self.cfg.rollout.concurrency) as pool:
-            return list(pool.map(one, zip(tasks, episodes, strict=True)))
+        graded: list[GradeRecord] = []
+        with (
+            thread_pool(self.cfg.rollout.concurrency) as pool,
+            inner_progress("grading", len(episodes), every_s=10.0) as bar,
+        ):
+            resolved = 0
+            for g in pool.map(one, zip(tasks, episodes, strict=True)):
+                graded.append(g)
+                resolved += bool(g.resolved)
+                bar.advance(status=f"resolved {resolved}")
+        return graded
 
 
 def humaneval_environment(cfg: Config) -> AgentEnvironment:

@@ -34,9 +34,11 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from coderl.rundir import ensure_fresh_logs
+# the run directory's layout and the new-run check live in coderl.rundir (no torch there)
+from coderl.rundir import CKPT_PREFIX as CKPT_PREFIX
+from coderl.rundir import ensure_new_run as ensure_new_run
+from coderl.rundir import list_checkpoints as list_checkpoints
 
-CKPT_PREFIX = "step-"
 MANIFEST = "manifest.json"
 
 
@@ -220,36 +222,6 @@ def save_checkpoint(
     for old in list_checkpoints(run_dir)[:-keep]:
         shutil.rmtree(old, ignore_errors=True)
     return final
-
-
-def list_checkpoints(run_dir: str | Path) -> list[Path]:
-    """Complete checkpoints of a run, oldest first."""
-    root = Path(run_dir) / "checkpoints"
-    if not root.is_dir():
-        return []
-    done = [p for p in root.glob(f"{CKPT_PREFIX}*") if (p / "state.json").is_file()]
-    return sorted(done, key=lambda p: int(p.name[len(CKPT_PREFIX) :]))
-
-
-def ensure_new_run(run_dir: str | Path) -> None:
-    """Refuse to start a fresh run in a directory that already holds checkpoints or a run's logs.
-
-    A new run there would overwrite the old run's logs while older, higher-numbered checkpoints
-    outrank its own, so ``--resume`` and ``coderl eval`` would silently pick the old weights; a
-    run stopped before its first checkpoint has only logs, and they are kept too
-    (:func:`coderl.rundir.ensure_fresh_logs`).
-
-    Raises:
-        FileExistsError: ``run_dir`` holds checkpoints or non-empty logs (names them and the way
-            out).
-    """
-    found = list_checkpoints(run_dir)
-    if found:
-        raise FileExistsError(
-            f"{run_dir} already holds checkpoints of a previous run (latest: {found[-1].name}); "
-            "continue it with --resume, or set run_dir=... to start a new run elsewhere"
-        )
-    ensure_fresh_logs(run_dir)
 
 
 def latest_checkpoint(run_dir: str | Path) -> Path:

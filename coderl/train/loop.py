@@ -42,10 +42,9 @@ from coderl.metrics import (
     run_logger,
 )
 from coderl.progress import PhaseProgress
-from coderl.rundir import run_lock
+from coderl.rundir import ensure_new_run, run_lock
 from coderl.train import pipeline as P
 from coderl.train.branching import turn_credit
-from coderl.train.checkpoint import ensure_new_run
 from coderl.train.heldout import log_eval_with_alarm, log_extra_evals, without_heldout_evals
 from coderl.train.run import (
     SFT_WEIGHTS,

@@ -15,6 +15,7 @@ uninterrupted one (``seed``, ``rollout.*``...) is the user's choice; it is print
 from __future__ import annotations
 
 import json
+import shlex
 import time
 from pathlib import Path
 from typing import Any
@@ -28,7 +29,7 @@ from coderl.config import (
     dump_config,
     load_tree,
 )
-from coderl.rundir import ensure_not_live
+from coderl.rundir import SFT_WEIGHTS, ensure_not_live
 from coderl.train.checkpoint import (
     CKPT_PREFIX,
     latest_checkpoint,
@@ -75,16 +76,6 @@ def _merge(base: dict[str, Any], top: dict[str, Any]) -> None:
             _merge(base[key], value)
         else:
             base[key] = value
-
-
-def split_preset(
-    config: str | None, overrides: list[str] | tuple[str, ...]
-) -> tuple[str | None, list[str]]:
-    """``(preset, overrides)`` of a command line whose first word may be an override instead of
-    a YAML preset (``coderl train --resume RUN k=v``: argparse puts ``k=v`` in ``config``)."""
-    if config is not None and "=" in config and not config.endswith((".yaml", ".yml")):
-        return None, [config, *overrides]
-    return config, list(overrides)
 
 
 def resume_config(
@@ -144,7 +135,8 @@ def resume_target(path: str | Path) -> tuple[Path, Path]:
 
     Raises:
         coderl.rundir.RunDirBusy: the run is live (another process holds its lock).
-        FileNotFoundError: PATH is neither.
+        FileNotFoundError: PATH is neither; or it holds only ``coderl sft`` output (the line
+            says so and gives the ``coderl train`` command that starts RL from it).
         coderl.train.checkpoint.DamagedCheckpoint: that checkpoint is damaged.
     """
     path = Path(path)
@@ -153,6 +145,20 @@ def resume_target(path: str | Path) -> tuple[Path, Path]:
     if named:
         run_dir, ckpt = path.parent.parent, path
     else:
+        if (path / SFT_WEIGHTS).is_file() and not list_checkpoints(path):
+            start = shlex.join(
+                [
+                    "coderl",
+                    "train",
+                    str(path / "config.yaml"),
+                    f"run_dir={path}",
+                    "sft.enabled=true",
+                ]
+            )
+            raise FileNotFoundError(
+                f"--resume {path}: it holds an SFT warm start ({SFT_WEIGHTS}) and no RL "
+                f"checkpoint to resume; start RL from the SFT weights with: {start}"
+            )
         run_dir, ckpt = path, latest_checkpoint(path)
     verify_checkpoint(ckpt)
     return run_dir, ckpt

@@ -39,6 +39,7 @@ from coderl.metrics import add_cpu_since, cpu_clock
 from coderl.policy.loading import load_policy
 from coderl.policy.local import LocalPolicy, LoraSpec
 from coderl.policy.rollout import RolloutEngine, build_engine
+from coderl.rundir import SFT_WEIGHTS as SFT_WEIGHTS  # where coderl sft writes; RL starts there
 from coderl.sandbox.settings import restore_backend, use_backend
 from coderl.train.batch import StepBatch
 from coderl.train.checkpoint import (
@@ -52,8 +53,6 @@ from coderl.train.pipeline import advantage_metrics, sampling_params
 from coderl.train.sampling import TaskSource, build_sampler
 from coderl.train.step import train_step
 
-SFT_WEIGHTS = "sft/trainable.safetensors"
-"""Where ``coderl sft`` writes its weights under the run directory; RL starts from them."""
 EVAL_SEED_OFFSET = 1_000_003
 
 

@@ -410,6 +410,18 @@ def optimizer_step(
     return {"grad_norm": float(norm), "lr": lr}
 
 
+RATIO_METRICS = (
+    "approx_kl",
+    "clip_frac_low",
+    "clip_frac_high",
+    "dual_clip_frac",
+    "ratio_mean",
+    "ratio_max",
+)
+"""The metrics of the PPO ratio ``exp(logp - old_logp)`` (:func:`coderl.algorithms.policy_loss`):
+measured only where the ratio can differ from 1 (:func:`train_step`)."""
+
+
 def train_step(
     model: nn.Module,
     optimizer: torch.optim.Optimizer,
@@ -428,10 +440,12 @@ def train_step(
 
     Returns:
         The metrics of :func:`accumulate_gradients` for the first epoch (the on-policy one),
-        except ``approx_kl``: the last epoch's (KL(old || new) after ``update_epochs - 1``
-        updates), the first epoch's with ``old_logp="behaviour"`` and one epoch (trainer vs
-        sampler), absent with ``old_logp="trainer"`` and one epoch (0 by construction); plus ``grad_norm``, ``lr``, ``optimizer_steps`` (this call), ``sequences``,
-        ``trained_tokens``, and the work of the forward passes with gradients over every epoch
+        except the ratio's (:data:`RATIO_METRICS`: ``approx_kl``, the clip fractions,
+        ``ratio_mean``, ``ratio_max``): the last epoch's (after ``update_epochs - 1`` updates),
+        the first epoch's with ``old_logp="behaviour"`` and one epoch (trainer vs sampler: stale
+        or mismatched behaviour logprobs), absent with ``old_logp="trainer"`` and one epoch
+        (ratio exactly 1: nothing clipped, KL 0, by construction); plus ``grad_norm``, ``lr``,
+        ``optimizer_steps`` (this call), ``sequences``, ``trained_tokens``, and the work of the forward passes with gradients over every epoch
         (``forward_tokens``: token positions run; ``forward_attended``: causal query-key pairs
         per head and layer; :func:`coderl.policy.forward.work`; 0 in a sharded step, and the
         extra forward of ``importance.mode=mask`` is not counted).
@@ -460,9 +474,10 @@ def train_step(
         if epoch == 0:
             metrics = m
         if epoch > 0:  # old = before the first epoch's update: the policy has moved
-            metrics["approx_kl"] = m["approx_kl"]
+            metrics.update({k: m[k] for k in RATIO_METRICS if k in m})
     if trainer.update_epochs == 1 and alg.old_logp == "trainer":
-        metrics.pop("approx_kl")  # old is this very forward: ratio 1, KL 0 by construction
+        for k in RATIO_METRICS:  # old is this very forward: ratio 1, nothing clipped, KL 0
+            metrics.pop(k, None)
     metrics.update(
         optimizer_steps=float(trainer.update_epochs),
         sequences=float(batch.size),

@@ -63,6 +63,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from coderl.config import SynthConfig
+from coderl.progress import inner_note
 from coderl.synth import fnrepair
 from coderl.synth.repo import synthesise_ladder
 from coderl.tasks import ladder
@@ -265,6 +266,12 @@ class SynthSampler:
             self._submit(self.pending["request"])
         assert self._future is not None
         t0 = time.perf_counter()
+        if not self._future.done():  # late: the step waits, minutes for a repository request
+            request = self.pending["request"]
+            inner_note(
+                f"synth: waiting for the request in flight ({request['n']} level-"
+                f"{request['level']} tasks, proposed and validated in sandboxes)"
+            )
         result = self._future.result()
         m["synth/wait_s"] = time.perf_counter() - t0
         m["synth/request_s"] = float(result.get("seconds", math.nan))

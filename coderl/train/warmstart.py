@@ -287,10 +287,10 @@ def warm_start(cfg: Config) -> WarmStart:
     """
     from coderl.train.sft import run_sft
 
+    tasks = _demonstrations(cfg)  # its refusals before the line that announces the work
     if not cfg.sft.cache:
         print("warm start: sft.cache=false: SFT runs and nothing is cached")
         return WarmStart(run_sft(cfg), None, False)
-    tasks = _demonstrations(cfg)
     inputs = warmstart_inputs(cfg, tasks)
     key = warmstart_key(inputs)
     entry = cache_root() / key
