@@ -25,7 +25,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from coderl.grading.diffguard import Finding, added_findings
+from coderl.grading.diffguard import PYTHON_SUFFIXES, Finding, added_findings
 from coderl.grading.guardself import unbound_methods
 
 SCAN_CPU_S = 20
@@ -137,6 +137,8 @@ def _check_entry(
         return []
     if not new.is_file():
         return []  # deleted
+    if byproduct(new, old):
+        return []  # a new data file: nothing runs it as Python
     if new.stat().st_size > MAX_SCAN_BYTES:
         return [Finding(rel, 0, "size", f"{new.stat().st_size} bytes")]
     released = pristine / rel if pristine is not None else None
@@ -169,6 +171,20 @@ def package_storing(base: Path, changed: list[str]) -> frozenset[str]:
             _STORING[key] = unbound_methods(data)
         out |= _STORING[key]
     return frozenset(out)
+
+
+def byproduct(new: Path, old: Path) -> bool:
+    """Whether ``new`` is a file the diff adds (``old`` absent) whose name Python does not import
+    (not ``PYTHON_SUFFIXES``) and that does not start with a ``#!`` line naming python: data a
+    test run may leave behind (a JSON report, a log, a CSV). The import system never runs it and
+    a pristine test cannot name it, so it is not read with Python's rules: a JSON report holding
+    ``/proc/cpuinfo`` or ``{0.name}`` parsed as Python and denied a correct fix (round 8).
+    A file the base has, or a new script with a python shebang, is scanned as before."""
+    if new.name.endswith(PYTHON_SUFFIXES) or old.exists() or old.is_symlink():
+        return False
+    with new.open("rb") as f:
+        first = f.readline(256)
+    return not (first.startswith(b"#!") and b"python" in first)
 
 
 def _read(path: str | None) -> bytes | None:
