@@ -96,21 +96,19 @@ _READERS = frozenset({"getattr", "attrgetter", "hasattr", "__getattribute__", "_
 
 class _Scope:
     """One function, class or module body in :func:`reflective_statements`' walk: ``parent``
-    is where its free names resolve (the nearest enclosing function or the module), ``home``
-    the body that holds its ``def`` or ``class`` statement."""
+    is where its free names resolve (the nearest enclosing function or the module)."""
 
-    __slots__ = ("stmts", "name", "node", "parent", "home", "tainted", "local", "glob", "nonlocal_")
+    __slots__ = ("stmts", "name", "node", "parent", "tainted", "local", "glob", "nonlocal_")
 
     def __init__(
         self,
         node: ast.AST,
         name: str,
         parent: _Scope | None,
-        home: _Scope | None,
         tainted: set[str],
     ) -> None:
         self.stmts: list[ast.stmt] = list(getattr(node, "body", []))
-        self.name, self.node, self.parent, self.home = name, node, parent, home
+        self.name, self.node, self.parent = name, node, parent
         self.tainted = tainted
         self.local: set[str] = set()
         self.glob: set[str] = set()
@@ -223,19 +221,6 @@ def _text(node: ast.AST) -> bool:
     return isinstance(node, ast.Constant) and isinstance(node.value, str)
 
 
-def _carrier(value: ast.AST | None) -> bool:
-    """Whether a returned ``value`` is the carried object itself (a name, an attribute or item
-    of one, or a call of a :data:`REFLECTIVE` function such as ``vars``), not a value computed
-    from it by another call (``cls(**kwargs)``), nor a plain string or number."""
-    while isinstance(value, ast.Attribute | ast.Subscript):
-        if isinstance(value, ast.Attribute) and value.attr in _SCALARS:
-            return False
-        value = value.value
-    if isinstance(value, ast.Call):
-        return _name(value.func) in REFLECTIVE
-    return isinstance(value, ast.Name)
-
-
 def _stores(header: ast.AST) -> tuple[set[str], set[str]]:
     """``(names, attributes)`` a reflective statement makes carry what it read: every name it
     binds, and, unless its value is a plain string or number, the attribute names and the
@@ -268,7 +253,7 @@ def reflective_statements(tree: ast.AST) -> list[tuple[str, str, int, str]]:
     them (a module-level or enclosing function's name read in a function, a default argument,
     ``global``/``nonlocal``), attributes and containers a reflective value was stored into
     (``self.g``, a class attribute, ``d[k]``, ``frames.append``), a function's parameters
-    where a call hands it a reflective value, and a function's name where it returns one, to a
+    where a call hands it a reflective value, to a
     fixed point over the file. The walk keeps an explicit stack (no recursion limit)."""
     facts, bound = _Facts(), {}
     while True:
@@ -285,7 +270,7 @@ def _walk(
     each body's :func:`_bound_in`, kept across passes)."""
     out: list[tuple[str, str, int, str]] = []
     new = _Facts(facts)
-    module = _Scope(tree, "", None, None, set(facts.lifted.get(id(tree), ())))
+    module = _Scope(tree, "", None, set(facts.lifted.get(id(tree), ())))
     work = [module]
     while work:
         sc = work.pop()
@@ -302,7 +287,7 @@ def _walk(
             if isinstance(stmt, _DEFS):
                 inner = f"{sc.name}.{stmt.name}" if sc.name else stmt.name
                 params = _tainted_params(stmt, sc, new)
-                work.append(_Scope(stmt, inner, resolve, sc, params))
+                work.append(_Scope(stmt, inner, resolve, params))
             if hit:
                 out.append(("reflective", _what(header), stmt.lineno, sc.name))
                 _learn(sc, header, module, new)
@@ -317,15 +302,6 @@ def _learn(sc: _Scope, header: ast.AST, module: _Scope, new: _Facts) -> None:
     names, stored = _stores(header)
     new.attrs |= stored
     new.calls |= _called_with(header, sc.tainted, new.attrs)
-    value = header.value if isinstance(header, ast.Return | ast.Expr) else None
-    if isinstance(value, ast.Yield | ast.YieldFrom):
-        value = value.value
-    elif not isinstance(header, ast.Return):
-        value = None
-    home = sc.home
-    if _carrier(value) and home is not None and not isinstance(home.node, ast.ClassDef):
-        fname = getattr(sc.node, "name", "")  # a function (not a method) that returns it
-        new.lift(_owner(home, fname, module).node, fname)
     for name in names:
         owner = _owner(sc, name, module)
         if owner is not sc:  # an enclosing scope's: it carries the value from the start
