@@ -359,7 +359,7 @@ ATTACKS = {
     ),
     "force_results_plugin_state": (
         lambda m: at_import(m, FORCE_RESULTS_STATE),
-        "a must-fail canary passed",
+        "coderl_results._write",  # rebinding a plugin name (round 8)
     ),
     "patch_results_plugin": (
         lambda m: at_import(m, PATCH_RESULTS_PLUGIN),

@@ -144,3 +144,20 @@ def test_drop_binary_drops_a_text_patch_holding_a_nul() -> None:
     text = _text_patch("a.py", "x = 1")
     nul = _text_patch("b.txt", "a\0b")
     assert drop_binary(text + nul) == (text, ["b.txt"])
+
+
+# Round 8: text byproducts that parse as Python (a JSON report a test run wrote) are not read with
+# the guard's Python rules, so a banned path or a format template in them denies nothing
+TEXT_BYPRODUCTS = {
+    "a JSON report naming /proc": """printf '["/proc/cpuinfo", 1]\\n' > report.json""",
+    "a JSON report with a format template": """printf '{"t": "{0.name}"}\\n' > out/t.json""",
+}
+
+
+@pytest.mark.parametrize("name", sorted(TEXT_BYPRODUCTS))
+def test_a_text_byproduct_that_parses_as_python_does_not_void_a_fix(repo_task, name: str) -> None:
+    task, env = repo_task
+    diff = _with(task, env, task.gold_patch, "mkdir -p out && " + TEXT_BYPRODUCTS[name])
+    assert ".json" in diff  # a text file: applied, not dropped
+    g = grade(task, diff, env=env)
+    assert g.resolved and not g.denied, (name, g.reason)

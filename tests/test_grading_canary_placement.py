@@ -32,14 +32,14 @@ class _Item:
 
 
 def _place(plugin, monkeypatch, placement: str) -> list[str]:
-    """Run the plugin's collection hook over 4 items in 2 modules with 2 canaries."""
+    """Run the placement the plugin's collection hook runs (``_place_canaries``) over 4 items in
+    2 modules with 2 canaries."""
     items = [_Item(f"{m}::t{i}", m) for m in ("a.py", "b.py") for i in range(2)]
     reply = {"canaries": [{"name": "c0"}, {"name": "c1"}], "placement": placement}
-    monkeypatch.setattr(plugin, "_canaries_from_observer", lambda ids: reply)
-    monkeypatch.setattr(
-        plugin, "_canary_items", lambda module, c: [_Item(f"{module}::{c['name']}", module)]
+    ids = plugin._place_canaries(
+        items, reply, lambda module, c: [_Item(f"{module}::{c['name']}", module)]
     )
-    plugin.pytest_collection_modifyitems(None, items)
+    assert sorted(ids) == sorted(f"{it.nodeid}" for it in items if "::c" in it.nodeid)
     return [it.nodeid for it in items]
 
 

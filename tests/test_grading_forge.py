@@ -11,7 +11,11 @@ and the second run agrees). Two halves close it, each tested here with several m
 - guard: the same forge through released reflective uses other than A22's ``tb_frame``
   (``sys._getframe``, ``inspect.currentframe``, a function's ``__globals__``) is denied, and
   attribute names and module names spelled another way are read as written (graded on six:
-  ``tests/test_grading_redteam.py::test_code_rewritten_around_a_released_frame_use_is_denied``)."""
+  ``tests/test_grading_redteam.py::test_code_rewritten_around_a_released_frame_use_is_denied``).
+
+Round 8 (issue 47): the rest of the plugin's module-level state (its alias of ``os.write``, its
+encoder, its spec, its tripwires' records) moved into the hooks' closures, and a rebound module
+name is tampering (``MODULE_FORGES``)."""
 
 from __future__ import annotations
 
@@ -58,6 +62,7 @@ CLOSURE = """
     fn = cr.pytest_runtest_logreport
     for cell in getattr(fn, "__closure__", None) or ():
         v = cell.cell_contents
+        v = getattr(v, "entries", v)  # since round 8 the per-test state is in the run object
         if isinstance(v, dict) and NODE in v:
             v[NODE] = (OUTCOME, "", True)
 """
@@ -83,10 +88,10 @@ FORGES = {
 }
 
 
-def _run(tmp_path: Path, forge: str, extra: str = "") -> tuple[dict, dict]:
+def _run(tmp_path: Path, forge: str, extra: str = "", header: str = "") -> tuple[dict, dict]:
     body = textwrap.indent(textwrap.dedent(forge), "    ")
     test = (
-        "import sys\n" + LIAR + "\n\ndef test_forged():\n"
+        "import sys\n" + LIAR + header + "\n\ndef test_forged():\n"
         "    cr = sys.modules['coderl_results']\n    NODE = 'test_x.py::test_forged'\n"
         f"{body}\n    assert 0\n\n\ndef test_fine():\n    pass\n"
     )
@@ -128,6 +133,83 @@ def test_honest_outcomes_raise_no_cross_check(tmp_path):
     tests, end = _run(tmp_path, "")
     assert tests == {"test_x.py::test_forged": "failed", "test_x.py::test_fine": "passed"}
     assert not _outcome_tamper(end), end["tampered"]
+
+
+# --- round 8: the plugin's module-level state (``_write``, ``_STATE``, ``_WATCHED``, ``SPEC``) ----
+# Until round 8 the plugin kept its event writer, its encoder, its spec and its tripwires' records
+# in module globals a forge that reached the module could rebind or mutate; each member below
+# changed the verdict or hid its own tampering then. Now all of it lives in the hooks' closures,
+# and a rebound module name is tampering (``coderl_results.<name>``). Each member: the forged test
+# still reads failed, and what the forge did is noted.
+REWRITE = """
+    def liar(fd, data, real=REAL):
+        return real(fd, data.replace(b'"failed"', b'"passed"'))
+"""
+MODULE_FORGES = {
+    # the alias of os.write every event went through
+    "rebind_write": (
+        "    REAL = cr._write" + REWRITE + "    cr._write = liar\n",
+        "coderl_results._write",
+    ),
+    # the C encoder (not callable-watched: its __module__ is _json)
+    "rebind_encoder": (
+        "    real = cr._ENCODE\n"
+        "    def enc(o, i):\n"
+        "        return [''.join(real(o, i)).replace('\"failed\"', '\"passed\"')]\n"
+        "    cr._ENCODE = enc\n",
+        "coderl_results._ENCODE",
+    ),
+    # the bound str.join that assembled each line
+    "rebind_join": (
+        "    real = cr._join\n"
+        "    cr._join = lambda parts: real(parts).replace('\"failed\"', '\"passed\"')\n",
+        "coderl_results._join",
+    ),
+    # hide a replaced pytest function from the end-of-run comparison
+    "update_watched": (
+        "    import _pytest.runner as R\n"
+        "    new = lambda *a, **k: None\n"
+        "    R.show_test_item = new\n"
+        "    w = getattr(cr, '_WATCHED', None)\n"
+        "    if w is not None:\n"
+        "        w['_pytest.runner.show_test_item'] = (new, new.__code__)\n",
+        "_pytest.runner.show_test_item",
+    ),
+    # register a hook from the test file and allow that file as a conftest
+    "allow_own_hook": (
+        "    import gc\n"
+        "    from _pytest.config import Config\n"
+        "    cfg = next(o for o in gc.get_objects() if isinstance(o, Config))\n"
+        "    cfg.pluginmanager.register(_Hook(), 'forged')\n"
+        "    spec = getattr(cr, 'SPEC', None)\n"
+        "    if spec is not None:\n"
+        "        spec.setdefault('allowed_conftests', []).append(__file__)\n",
+        "/test_x.py",  # the note: hook pytest_runtest_logreport: .../test_x.py
+    ),
+}
+HOOK = """
+
+class _Hook:
+    def pytest_runtest_logreport(self, report):
+        pass
+"""
+
+
+@pytest.mark.parametrize("forge", sorted(MODULE_FORGES))
+def test_the_plugins_module_state_is_out_of_reach_or_tampering(tmp_path, forge):
+    body, note = MODULE_FORGES[forge]
+    tests, end = _run(tmp_path, body, header=HOOK)
+    assert tests["test_x.py::test_forged"] == "failed", (forge, tests)
+    assert tests["test_x.py::test_fine"] == "passed"
+    assert any(note in t for t in end["tampered"]), (forge, end["tampered"])
+
+
+def test_an_honest_run_notes_no_tampering(tmp_path):
+    tests, end = _run(tmp_path, "", header=HOOK)
+    assert tests == {"test_x.py::test_forged": "failed", "test_x.py::test_fine": "passed"}
+    # outside the sandbox every hook of the test virtualenv reads as foreign (not under /venv/)
+    ours = [t for t in end["tampered"] if t.startswith(("coderl_results.", "outcomes:", "test "))]
+    assert ours == [], end["tampered"]
 
 
 # --- the guard half: new code around a released reflective use ---------------------------------

@@ -161,3 +161,31 @@ def test_a_path_too_long_for_the_guards_copy_is_the_agents_failure_not_a_mask() 
         assert with_fix.resolved or with_fix.failure_kind == "agent", (n, with_fix.reason)
         unscannable += any("unscannable" in d for d in with_fix.denied)
     assert unscannable  # the copy's failure was exercised
+
+
+# Round 8: a new data file a test run leaves behind is not read with Python's rules. Before,
+# any changed file that happened to parse as Python (JSON does) was scanned, so a report holding
+# a banned path or a format template denied the correct fix beside it.
+BYPRODUCT_TEXT = {
+    "a JSON report naming /proc": '["/proc/cpuinfo", 1]\n',
+    "a JSON report with a format template": '{"greeting": "{0.name}"}\n',
+    "a JSON log naming the grader": '{"log": "coderl"}\n',
+    "an assignment-like config line": 'status = "/proc/self/status"\n',
+}
+
+
+@pytest.mark.parametrize("name", sorted(BYPRODUCT_TEXT))
+def test_a_new_data_file_is_no_finding(tmp_path: Path, name: str) -> None:
+    text = BYPRODUCT_TEXT[name]
+    assert added_findings(None, text.encode(), "out/report.json")  # read as Python: a finding
+    base, tree, changed = _tree(tmp_path, {"out/report.json": text, "ok.py": "x = 1\n"})
+    assert scan_change(base, tree, changed) == [], name
+
+
+def test_python_files_existing_files_and_python_scripts_are_still_scanned(tmp_path: Path) -> None:
+    text = BYPRODUCT_TEXT["a JSON report naming /proc"]
+    base, tree, _ = _tree(tmp_path, {"new.py": text, "data.json": text, "bin/tool": text})
+    (base / "data.json").write_text("[]\n")  # the base has it: a changed file, scanned
+    (tree / "bin" / "tool").write_text("#!/usr/bin/env python3\n" + text)  # a script
+    found = scan_change(base, tree, ["bin/tool", "data.json", "new.py"])
+    assert sorted({f.path for f in found}) == ["bin/tool", "data.json", "new.py"], found

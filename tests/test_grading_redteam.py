@@ -257,10 +257,11 @@ def test_synth_keeps_a_mutant_the_tests_catch(env):
 
 
 # --- red team g25x: an in-process forge that reaches the plugin through a laundered ``sys`` ---
-# The plugin's non-callable globals are not watched: rewriting what it writes (every failure
-# passed, except the canaries', so they still fail; before round 7 by replacing ``_RESULTS``)
-# forges the first run with the tripwires quiet. Before g25x each route below scanned clean and was resolved; since
-# the second run it is unresolved with the detector off as well.
+# The plugin's state is reachable (since round 8 only through its closures' cells): rewriting
+# what it writes (every failure passed, except the canaries', so they still fail; before round 7
+# by replacing ``_RESULTS``) forges the first run with the tripwires quiet. Before g25x each
+# route below scanned clean and was resolved; since the second run it is unresolved with the
+# detector off as well.
 FORGE_RESULTS_VIA = {
     "collections_sys": "from collections import _sys as _s",
     "threading_sys": "import threading\n_s = threading._sys",
@@ -278,13 +279,19 @@ def _forge():
     cr = _s.modules.get("cod" + "erl_results")
     if cr is None:
         return
-    canaries = cr._CANARY_IDS
-    real = cr._write
 
-    # round 7 took the per-test entries out of reach; what is left in reach (guard off) is the
-    # plugin's unwatched alias of os.write: rewrite each event line on its way out
+    def cell(fn, name):
+        return fn.__closure__[fn.__code__.co_freevars.index(name)]
+
+    # round 7 took the per-test entries out of reach and round 8 the plugin's module globals
+    # (its alias of os.write was one); what is left in reach, guard off, is the closure's cells:
+    # rewrite each event line on its way out through the emitter's own alias of os.write
+    emit = cell(cr.pytest_runtest_logreport, "emit").cell_contents
+    run, out = cell(emit, "run").cell_contents, cell(emit, "write")
+    canaries, real = run.canary_ids, out.cell_contents
+
     def write(fd, data):
-        if fd == cr._STATE["fd"] and data[-1:] == bytes([10]):
+        if fd == run.fd and data[-1:] == bytes([10]):
             ev = _j.loads(data)
             if ev.get("t") == "test" and ev.get("outcome") != "passed" and ev.get("id") not in canaries:
                 ev["outcome"] = "passed"
@@ -294,7 +301,7 @@ def _forge():
                 return len(data)
         return real(fd, data)
 
-    cr._write = write
+    out.cell_contents = write
 
 
 _forge()

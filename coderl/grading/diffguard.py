@@ -72,7 +72,10 @@ PYTHON_SUFFIXES = (".py", ".pyw")
 
 
 def _scan(
-    source: bytes | str, path: str = "", shared: frozenset[str] = frozenset()
+    source: bytes | str,
+    path: str = "",
+    shared: frozenset[str] = frozenset(),
+    package: frozenset[str] = frozenset(),
 ) -> _Scanner | None:
     try:
         tree = parse_python(source)
@@ -81,7 +84,7 @@ def _scan(
     for parent in ast.walk(tree):
         for child in ast.iter_child_nodes(parent):
             child._parent = parent  # type: ignore[attr-defined]
-    scanner = _Scanner(tree, first_party(path), shared)
+    scanner = _Scanner(tree, first_party(path), shared, package)
     scanner.run(tree)
     scanner.found += guardreflect.reflective_statements(tree)
     return scanner
@@ -97,14 +100,14 @@ def scan_source(source: bytes | str, path: str = "<diff>") -> list[Finding] | No
 
 
 def _known(
-    source: bytes | None, path: str, shared: frozenset[str] = frozenset()
+    source: bytes | None, path: str, shared: frozenset[str], package: frozenset[str]
 ) -> tuple[Counter, Counter, set[str], set[str], set[str]]:
     """Counts of findings and of name uses per scope, the *tainted helpers* (the names of the
     functions and classes that hold a finding, a library's own ``sys.modules`` lookup, and the
     names a value with a finding is assigned to outside functions, six's
     ``get_function_globals = operator.attrgetter(_func_globals)``), the modules the file
     imports and the names its module body defines (:func:`module_defs`)."""
-    scanner = _scan(source, path, shared) if source else None
+    scanner = _scan(source, path, shared, package) if source else None
     if scanner is None:
         return Counter(), Counter(), set(), set(), set()
     found = Counter((rule, what, scope) for rule, what, _, scope in scanner.found)
@@ -126,6 +129,7 @@ def added_findings(
     path: str,
     released: bytes | None = None,
     shared: frozenset[str] = frozenset(),
+    package: frozenset[str] = frozenset(),
 ) -> list[Finding]:
     """The findings of ``new`` beyond those of ``old`` (counted per rule, name and scope, so
     moving a line within its function is not a finding, adding a second ``sys._getframe`` or
@@ -142,14 +146,17 @@ def added_findings(
     the guard cannot read never passes. Any other file that does not parse gives none: it is
     not imported, and reading it as code needs a banned facility. ``shared``: the methods of
     the diff's other changed files that store through their ``self`` (:func:`unbound_methods`,
-    rule ``unbound``)."""
-    scanner = _scan(new, path, shared)
+    rule ``unbound``); ``package``: those of the package's files the diff does not change
+    (:func:`.guardself.package_what`)."""
+    scanner = _scan(new, path, shared, package)
     if scanner is None:
         if path.endswith(PYTHON_SUFFIXES):
             return [Finding(path, 0, "unscannable", "the host cannot parse it as Python")]
         return []
-    old_found, old_refs, old_tainted, old_imports, old_defs = _known(old, path, shared)
-    rel_found, rel_refs, rel_tainted, rel_imports, rel_defs = _known(released, path, shared)
+    old_found, old_refs, old_tainted, old_imports, old_defs = _known(old, path, shared, package)
+    rel_found, rel_refs, rel_tainted, rel_imports, rel_defs = _known(
+        released, path, shared, package
+    )
     budget = old_found | rel_found  # per key, the larger count
     known = old_imports | rel_imports
     out: list[Finding] = []

@@ -18,13 +18,14 @@ holds no secret and writes nothing but its report to stdout.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import subprocess
 import sys
 from pathlib import Path
 
-from coderl.grading.diffguard import Finding, added_findings
+from coderl.grading.diffguard import PYTHON_SUFFIXES, Finding, added_findings
 from coderl.grading.guardself import unbound_methods
 
 SCAN_CPU_S = 20
@@ -42,19 +43,28 @@ def scan_bounded(
     cpu_s: int = SCAN_CPU_S,
     memory_bytes: int = SCAN_MEMORY_BYTES,
     wall_s: float = SCAN_WALL_S,
+    package: frozenset[str] = frozenset(),
 ) -> list[Finding]:
     """Findings of :func:`~coderl.grading.diffguard.added_findings` for each ``(rel, old,
     new, released)`` job (host paths of the base's file, the graded tree's file and the
     released file; ``None`` where absent), computed in a bounded child process. A file the child
     did not finish is one ``unscannable`` finding. ``cpu_s``, ``memory_bytes``, ``wall_s``: the
-    child's bounds (defaults ``SCAN_CPU_S``, ``SCAN_MEMORY_BYTES``, ``SCAN_WALL_S``)."""
+    child's bounds (defaults ``SCAN_CPU_S``, ``SCAN_MEMORY_BYTES``, ``SCAN_WALL_S``); ``package``:
+    the storing methods of the package's unchanged files (:func:`package_storing`)."""
     if not jobs:
         return []
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "PYTHONPATH": _PACKAGE_ROOT}
     try:
         proc = subprocess.run(
             [sys.executable, "-S", "-m", "coderl.grading.guardproc"],  # no site: starts faster
-            input=json.dumps({"cpu_s": cpu_s, "memory_bytes": memory_bytes, "jobs": jobs}).encode(),
+            input=json.dumps(
+                {
+                    "cpu_s": cpu_s,
+                    "memory_bytes": memory_bytes,
+                    "jobs": jobs,
+                    "package": sorted(package),
+                }
+            ).encode(),
             capture_output=True,
             env=env,
             timeout=wall_s,
@@ -108,7 +118,7 @@ def scan_change(
             out += _check_entry(base, tree, rel, pristine, jobs)
         except OSError as e:  # a path the host cannot stat or read: closed, never open
             out.append(Finding(rel, 0, "unscannable", f"{type(e).__name__}: {e}"[:80]))
-    return out + scan_bounded(jobs)
+    return out + scan_bounded(jobs, package=package_storing(base, changed))
 
 
 def _check_entry(
@@ -127,11 +137,54 @@ def _check_entry(
         return []
     if not new.is_file():
         return []  # deleted
+    if byproduct(new, old):
+        return []  # a new data file: nothing runs it as Python
     if new.stat().st_size > MAX_SCAN_BYTES:
         return [Finding(rel, 0, "size", f"{new.stat().st_size} bytes")]
     released = pristine / rel if pristine is not None else None
     jobs.append((rel, _plain_path(old), str(new), _plain_path(released)))
     return []
+
+
+MAX_PACKAGE_FILES = 5000
+"""Most Python files of a base read for :func:`package_storing` (a library has far fewer)."""
+_STORING: dict[bytes, frozenset[str]] = {}  # a file's digest -> its storing methods
+
+
+def package_storing(base: Path, changed: list[str]) -> frozenset[str]:
+    """The methods that store through their ``self`` (:func:`~.guardself.unbound_methods`) in
+    the Python files of ``base`` that ``changed`` leaves alone, for rule ``unbound``: a diff may
+    reach one of them unbound (``Box.put(json.JSONEncoder, f)``) without changing its file.
+    The base is the task's (environment snapshot and bug patch), not the agent's, so it is
+    parsed here, once per file content (kept by digest for this process)."""
+    skip, out = set(changed), set()
+    for path in sorted(base.rglob("*.py"))[:MAX_PACKAGE_FILES]:
+        if path.relative_to(base).as_posix() in skip or path.is_symlink() or not path.is_file():
+            continue
+        if path.stat().st_size > MAX_SCAN_BYTES:
+            continue
+        data = path.read_bytes()
+        key = hashlib.sha1(data).digest()
+        if key not in _STORING:
+            if len(_STORING) >= 4 * MAX_PACKAGE_FILES:
+                _STORING.clear()
+            _STORING[key] = unbound_methods(data)
+        out |= _STORING[key]
+    return frozenset(out)
+
+
+def byproduct(new: Path, old: Path) -> bool:
+    """Whether ``new`` is a file the diff adds (``old`` absent) whose name Python does not import
+    (not ``PYTHON_SUFFIXES``) and that does not start with a ``#!`` line naming python: data a
+    test run may leave behind (a JSON report, a log, a CSV). The import system never runs it and
+    a pristine test cannot name it, so it is not read with Python's rules: a JSON report holding
+    ``/proc/cpuinfo`` or ``{0.name}`` parsed as Python and denied a correct fix (round 8).
+    A file the base has, or a new script with a python shebang, is scanned as before."""
+    if new.name.endswith(PYTHON_SUFFIXES) or old.exists() or old.is_symlink():
+        return False
+    with new.open("rb") as f:
+        first = f.readline(256)
+    return not (first.startswith(b"#!") and b"python" in first)
 
 
 def _read(path: str | None) -> bytes | None:
@@ -149,8 +202,9 @@ def main() -> None:
     sys.setrecursionlimit(10_000)  # the parser's own depth checks follow it
     # a method of one changed file that stores through its ``self`` is named in all of them
     shared = frozenset().union(*(unbound_methods(_read(job[2])) for job in work["jobs"]))
+    package = frozenset(work.get("package", ()))
     for rel, old, new, released in work["jobs"]:
-        rows = added_findings(_read(old), _read(new) or b"", rel, _read(released), shared)
+        rows = added_findings(_read(old), _read(new) or b"", rel, _read(released), shared, package)
         line = json.dumps([rel, [[f.path, f.line, f.rule, f.what, f.scope] for f in rows]])
         sys.stdout.write(line + "\n")
         sys.stdout.flush()

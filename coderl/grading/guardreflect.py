@@ -6,8 +6,13 @@ The detector counts findings per rule, name and scope, so a scope the released f
 the statements around it (``g = tb.tb_frame.f_globals`` and then ``g.get('sys')`` to reach the
 grader's plugin through ``sys.modules``). Here each statement that holds a frame, traceback,
 code or namespace attribute (:data:`REFLECTIVE`), or that reads a name such a statement bound
-in its scope (tainted, transitively, in source order), is a finding whose name is the statement
-itself (normalised: its AST without positions; a compound statement by its header only). The
+(tainted, transitively), is a finding whose name is the statement itself (normalised: its AST
+without positions; a compound statement, a ``def`` or a ``class`` by its header only). Since
+round 8 (issue 47) taint crosses scopes as Python resolves names: a module-level or enclosing
+function's tainted name read in a function or lambda, a default argument, ``global`` and
+``nonlocal`` bindings, and the attributes and containers a reflective value is stored into
+(``self.g = f.f_globals``, a class attribute, ``d[k] = ...``, ``frames.append(f)``), read
+anywhere in the file by that attribute name; the file is walked to a fixed point. The
 budget of :func:`.diffguard.added_findings` then allows exactly the statements the base or the
 released file has in that scope: restoring one is clean, a new or changed one is not.
 """
@@ -41,14 +46,21 @@ def _header(stmt: ast.stmt) -> ast.AST:
     )
 
 
-def _reflective(node: ast.AST, tainted: set[str]) -> bool:
+def _reflective(node: ast.AST, tainted: set[str] | frozenset[str], attrs: set[str]) -> bool:
+    """Whether ``node`` holds a :data:`REFLECTIVE` attribute or name, reads a ``tainted`` name,
+    or reads an attribute named in ``attrs`` (where a reflective value was stored)."""
     for n in ast.walk(node):
         if isinstance(n, ast.Attribute) and (n.attr in REFLECTIVE or CO_ATTR.match(n.attr)):
             own = isinstance(n.value, ast.Name) and n.value.id in ("self", "cls")
             if not (own and n.attr == "__dict__"):  # a method's own namespace (rule ``attr``)
                 return True
+        if isinstance(n, ast.Attribute) and n.attr in attrs and isinstance(n.ctx, ast.Load):
+            return True
+        if isinstance(n, ast.Call) and _literal_name(n) in attrs and _name(n.func) in _READERS:
+            return True  # ``getattr(self, 'g')``, ``attrgetter('g')``
         if isinstance(n, ast.Name) and (n.id in REFLECTIVE or n.id in tainted):
-            return isinstance(n.ctx, ast.Load) or n.id in REFLECTIVE
+            if isinstance(n.ctx, ast.Load) or n.id in REFLECTIVE:
+                return True
     return False
 
 
@@ -65,32 +77,284 @@ def _what(header: ast.AST) -> str:
     return f"{text[:60]} #{digest}"
 
 
+_SCALARS = frozenset(
+    {"co_name", "co_qualname", "co_filename", "co_firstlineno", "f_lineno", "tb_lineno"}
+    | {"f_lasti", "tb_lasti", "__name__", "__qualname__", "__module__", "__doc__"}
+)
+"""Attributes whose value is a plain string or number: an attribute that stores one carries no
+frame or namespace, so its name is not followed (``self.name = f.f_code.co_name``)."""
+_MUTATORS = frozenset({"append", "appendleft", "extend", "insert", "update", "setdefault", "add"})
+"""Methods that put a value into their container: ``frames.append(f)`` makes ``frames`` carry it."""
+_STRING_METHODS = frozenset(
+    {"format", "join", "replace", "strip", "lstrip", "rstrip", "lower", "upper", "split", "encode"}
+    | {"decode", "startswith", "endswith", "splitlines", "title", "capitalize", "count", "find"}
+)
+"""Methods whose result is a string, a list of strings, a number or a truth value."""
+_SETTERS = frozenset({"setattr", "__setattr__"})
+_READERS = frozenset({"getattr", "attrgetter", "hasattr", "__getattribute__", "__getattr__"})
+
+
+class _Scope:
+    """One function, class or module body in :func:`reflective_statements`' walk: ``parent``
+    is where its free names resolve (the nearest enclosing function or the module)."""
+
+    __slots__ = ("stmts", "name", "node", "parent", "tainted", "local", "glob", "nonlocal_")
+
+    def __init__(
+        self,
+        node: ast.AST,
+        name: str,
+        parent: _Scope | None,
+        tainted: set[str],
+    ) -> None:
+        self.stmts: list[ast.stmt] = list(getattr(node, "body", []))
+        self.name, self.node, self.parent = name, node, parent
+        self.tainted = tainted
+        self.local: set[str] = set()
+        self.glob: set[str] = set()
+        self.nonlocal_: set[str] = set()
+
+
+class _Facts:
+    """What one pass of the walk learned for the next (:func:`reflective_statements`' fixed
+    point): names an inner scope tainted in an enclosing one (by the enclosing scope's node id),
+    attribute names a reflective value was stored into, and the names of functions called with
+    a reflective argument (their parameters carry it)."""
+
+    __slots__ = ("lifted", "attrs", "calls")
+
+    def __init__(self, other: _Facts | None = None) -> None:
+        self.lifted = {k: set(v) for k, v in other.lifted.items()} if other else {}
+        self.attrs: set[str] = set(other.attrs) if other else set()
+        self.calls: set[str] = set(other.calls) if other else set()
+
+    def lift(self, node: ast.AST, name: str) -> None:
+        self.lifted.setdefault(id(node), set()).add(name)
+
+    def same(self, other: _Facts) -> bool:
+        return (self.lifted, self.attrs, self.calls) == (other.lifted, other.attrs, other.calls)
+
+
+def _bound_in(node: ast.AST) -> tuple[set[str], set[str], set[str]]:
+    """``(local, global, nonlocal)``: the names a function's or class's body binds (parameters,
+    assignment and walrus targets, imports, nested definitions, handler and match names; not a
+    comprehension's own variables) less those it declares ``global``/``nonlocal``, and those."""
+    args = getattr(node, "args", None)
+    params = (
+        [*args.posonlyargs, *args.args, *args.kwonlyargs, args.vararg, args.kwarg] if args else []
+    )
+    names = {a.arg for a in params if a is not None}
+    glob: set[str] = set()
+    nonlocal_: set[str] = set()
+    stack: list[ast.AST] = list(getattr(node, "body", []))
+    while stack:
+        n = stack.pop()
+        if isinstance(n, _DEFS):
+            names.add(n.name)  # its body is its own scope
+            continue
+        if isinstance(n, ast.Lambda):
+            continue
+        if isinstance(n, ast.comprehension):
+            stack += [n.iter, *n.ifs]  # its target is the comprehension's own
+            continue
+        if isinstance(n, ast.Global):
+            glob.update(n.names)
+        elif isinstance(n, ast.Nonlocal):
+            nonlocal_.update(n.names)
+        elif isinstance(n, ast.Name) and not isinstance(n.ctx, ast.Load):
+            names.add(n.id)
+        elif isinstance(n, (ast.Import, ast.ImportFrom)):
+            names |= {a.asname or a.name.split(".")[0] for a in n.names}
+        elif isinstance(n, (ast.ExceptHandler, ast.MatchAs, ast.MatchStar)) and n.name:
+            names.add(n.name)
+        stack.extend(ast.iter_child_nodes(n))
+    return names - glob - nonlocal_, glob, nonlocal_
+
+
+def _root_into(node: ast.AST, names: set[str], attrs: set[str]) -> None:
+    while isinstance(node, (ast.Subscript, ast.Starred)):
+        node = node.value
+    if isinstance(node, ast.Name):
+        names.add(node.id)
+    elif isinstance(node, ast.Attribute):
+        attrs.add(node.attr)
+
+
+def _name(node: ast.AST) -> str:
+    return getattr(node, "id", None) or getattr(node, "attr", None) or ""
+
+
+def _literal_name(call: ast.Call) -> str:
+    """The first string literal among ``call``'s positional arguments (an attribute name)."""
+    for arg in call.args:
+        if isinstance(arg, ast.Constant) and isinstance(arg.value, str):
+            return arg.value
+    return ""
+
+
+def _scalar(value: ast.AST | None) -> bool:
+    """Whether ``value`` is a plain string, number or truth value (what it carries is no frame
+    or namespace): a literal, an f-string, a comparison, string formatting or concatenation
+    with a literal, a string method's result, a :data:`_SCALARS` attribute, ``str(...)``..."""
+    if isinstance(value, ast.Attribute):
+        return value.attr in _SCALARS
+    if isinstance(value, ast.Call):
+        if isinstance(value.func, ast.Attribute):
+            return value.func.attr in _STRING_METHODS
+        return _name(value.func) in (
+            "str",
+            "int",
+            "float",
+            "len",
+            "repr",
+            "bool",
+            "hash",
+            "id",
+            "format",
+        )
+    if isinstance(value, ast.BinOp):
+        return any(isinstance(s, ast.JoinedStr) or _text(s) for s in (value.left, value.right))
+    return isinstance(value, (ast.Constant, ast.JoinedStr, ast.Compare))
+
+
+def _text(node: ast.AST) -> bool:
+    return isinstance(node, ast.Constant) and isinstance(node.value, str)
+
+
+def _stores(header: ast.AST) -> tuple[set[str], set[str]]:
+    """``(names, attributes)`` a reflective statement makes carry what it read: every name it
+    binds, and, unless its value is a plain string or number, the attribute names and the
+    containers it stores into (``self.g = ...``, ``d[k] = ...``, ``frames.append(...)``)."""
+    names: set[str] = {header.name} if isinstance(header, _DEFS) else set()
+    attrs: set[str] = set()
+    carries = not _scalar(getattr(header, "value", None))
+    for n in ast.walk(header):
+        if isinstance(n, ast.Name) and not isinstance(n.ctx, ast.Load):
+            names.add(n.id)
+        elif isinstance(n, ast.Attribute | ast.Subscript) and not isinstance(n.ctx, ast.Load):
+            if carries:
+                _root_into(n if isinstance(n, ast.Attribute) else n.value, names, attrs)
+                key = getattr(n, "slice", None)  # ``self.__dict__['g'] = v``
+                if isinstance(key, ast.Constant) and isinstance(key.value, str):
+                    attrs.add(key.value)
+        elif isinstance(n, ast.Call) and _name(n.func) in _SETTERS and _literal_name(n):
+            attrs.add(_literal_name(n))  # ``setattr(self, 'g', v)``
+        elif isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute):
+            if n.func.attr in _MUTATORS:
+                _root_into(n.func.value, names, attrs)
+                attrs.update(k.arg for k in n.keywords if k.arg)  # ``__dict__.update(g=v)``
+    return names, attrs
+
+
 def reflective_statements(tree: ast.AST) -> list[tuple[str, str, int, str]]:
     """``(rule, what, line, scope)`` for every reflective statement of ``tree`` (the shape of
     ``diffguard._Scanner.found``; ``scope`` the dotted names of the enclosing functions and
-    classes, ``""`` at module level). The walk keeps an explicit stack (no recursion limit)."""
+    classes, ``""`` at module level). Taint follows names across scopes as Python resolves
+    them (a module-level or enclosing function's name read in a function, a default argument,
+    ``global``/``nonlocal``), attributes and containers a reflective value was stored into
+    (``self.g``, a class attribute, ``d[k]``, ``frames.append``), a function's parameters
+    where a call hands it a reflective value, to a
+    fixed point over the file. The walk keeps an explicit stack (no recursion limit)."""
+    facts, bound = _Facts(), {}
+    while True:
+        out, learned = _walk(tree, facts, bound)
+        if learned.same(facts):
+            return out
+        facts = learned
+
+
+def _walk(
+    tree: ast.AST, facts: _Facts, bound: dict[int, tuple[set[str], set[str], set[str]]]
+) -> tuple[list[tuple[str, str, int, str]], _Facts]:
+    """One pass of :func:`reflective_statements` with what earlier passes found (``bound``:
+    each body's :func:`_bound_in`, kept across passes)."""
     out: list[tuple[str, str, int, str]] = []
-    # (statements of one scope in source order, scope, that scope's tainted names)
-    work: list[tuple[list[ast.stmt], str, set[str]]] = [
-        (list(getattr(tree, "body", [])), "", set())
-    ]
+    new = _Facts(facts)
+    module = _Scope(tree, "", None, set(facts.lifted.get(id(tree), ())))
+    work = [module]
     while work:
-        stmts, scope, tainted = work.pop()
-        for i, stmt in enumerate(stmts):
-            if isinstance(stmt, _DEFS):
-                inner = f"{scope}.{stmt.name}" if scope else stmt.name
-                work.append((list(stmt.body), inner, set()))
-                continue
+        sc = work.pop()
+        if sc.parent is not None:  # what the enclosing scope's names carry, unless bound here
+            if id(sc.node) not in bound:
+                bound[id(sc.node)] = _bound_in(sc.node)
+            sc.local, sc.glob, sc.nonlocal_ = bound[id(sc.node)]
+            sc.tainted |= (sc.parent.tainted - sc.local) | (module.tainted & sc.glob)
+            sc.tainted |= facts.lifted.get(id(sc.node), set())
+        resolve = sc if not isinstance(sc.node, ast.ClassDef) else sc.parent
+        for i, stmt in enumerate(sc.stmts):
             header = _header(stmt)
-            if _reflective(header, tainted):
-                out.append(("reflective", _what(header), stmt.lineno, scope))
-                tainted |= {
-                    n.id
-                    for n in ast.walk(header)
-                    if isinstance(n, ast.Name) and not isinstance(n.ctx, ast.Load)
-                }
-            nested = [s for f in _BLOCKS for s in _block(stmt, f)]
-            stmts[i + 1 : i + 1] = nested  # the blocks' statements, in order, in this scope
+            hit = _reflective(header, sc.tainted, new.attrs)
+            if isinstance(stmt, _DEFS):
+                inner = f"{sc.name}.{stmt.name}" if sc.name else stmt.name
+                params = _tainted_params(stmt, sc, new)
+                work.append(_Scope(stmt, inner, resolve, params))
+            if hit:
+                out.append(("reflective", _what(header), stmt.lineno, sc.name))
+                _learn(sc, header, module, new)
+            if not isinstance(stmt, _DEFS):
+                nested = [s for f in _BLOCKS for s in _block(stmt, f)]
+                sc.stmts[i + 1 : i + 1] = nested  # the blocks' statements, in order, here
+    return out, new
+
+
+def _learn(sc: _Scope, header: ast.AST, module: _Scope, new: _Facts) -> None:
+    """Taint what the reflective statement ``header`` of ``sc`` makes carry its value."""
+    names, stored = _stores(header)
+    new.attrs |= stored
+    new.calls |= _called_with(header, sc.tainted, new.attrs)
+    for name in names:
+        owner = _owner(sc, name, module)
+        if owner is not sc:  # an enclosing scope's: it carries the value from the start
+            new.lift(owner.node, name)
+            continue
+        sc.tainted.add(name)
+        if isinstance(sc.node, ast.ClassDef):
+            new.attrs.add(name)  # a class attribute: read as ``self.name``
+
+
+def _called_with(header: ast.AST, tainted: set[str], attrs: set[str]) -> set[str]:
+    """The names of the functions ``header`` calls with a reflective argument."""
+    out: set[str] = set()
+    for n in ast.walk(header):
+        if not isinstance(n, ast.Call):
+            continue
+        name = getattr(n.func, "id", None) or getattr(n.func, "attr", None)
+        values = [*n.args, *(k.value for k in n.keywords)]
+        if name and any(_reflective(v, tainted, attrs) for v in values):
+            out.add(name)
+    return out
+
+
+def _owner(sc: _Scope, name: str, module: _Scope) -> _Scope:
+    """The scope where ``name``, bound or mutated in ``sc``, lives: ``sc`` for its own locals,
+    the module for a ``global``, else the nearest enclosing scope that binds it."""
+    if sc.parent is None or name in sc.glob:
+        return module
+    scope: _Scope = sc if name not in sc.nonlocal_ else sc.parent
+    while scope.parent is not None and name not in scope.local:
+        scope = scope.parent
+    return scope
+
+
+def _tainted_params(stmt: ast.stmt, sc: _Scope, facts: _Facts) -> set[str]:
+    """The parameters of a ``def`` that carry a reflective value: those whose default is
+    reflective where it is evaluated, and all of them (a method's own first one aside) when
+    the file calls a function of that name with a reflective argument."""
+    args = getattr(stmt, "args", None)
+    if args is None:
+        return set()
+    positional = [*args.posonlyargs, *args.args]
+    pairs = list(
+        zip(positional[len(positional) - len(args.defaults) :], args.defaults, strict=True)
+    )
+    kw = zip(args.kwonlyargs, args.kw_defaults, strict=True)
+    pairs += [(a, d) for a, d in kw if d is not None]
+    out = {a.arg for a, d in pairs if _reflective(d, sc.tainted, facts.attrs)}
+    if getattr(stmt, "name", None) in facts.calls:
+        every = [*positional, *args.kwonlyargs, args.vararg, args.kwarg]
+        static = any(getattr(d, "id", "") == "staticmethod" for d in stmt.decorator_list)
+        skip = positional[:1] if isinstance(sc.node, ast.ClassDef) and not static else []
+        out |= {a.arg for a in every if a is not None and a not in skip}
     return out
 
 

@@ -65,6 +65,7 @@ class _Scanner:
         tree: ast.AST,
         first: frozenset[str] = frozenset(),
         shared: frozenset[str] = frozenset(),
+        package: frozenset[str] = frozenset(),
     ) -> None:
         self.found: list[tuple[str, str, int, str]] = []
         self.refs: list[tuple[str, int, str]] = []  # (name, line, scope) of every name used
@@ -88,6 +89,9 @@ class _Scanner:
         self.mine: list[str | None] = [None]  # the same, of an instance method or property only
         self.unbound, self.storing = guardself.storing_methods(tree)  # rule ``unbound`` (guardself)
         self.unbound |= shared
+        # the unchanged files' storing methods, reached on a class (rule ``unbound``, guardself)
+        self.package = package
+        self.classes = guardself.class_aliases(tree) if package else frozenset()
 
     def add(self, rule: str, what: str, node: ast.AST) -> None:
         self.found.append((rule, what[:80], getattr(node, "lineno", 0), ".".join(self.scope)))
@@ -319,7 +323,7 @@ class _Scanner:
         dotted = self._dotted(node, False)
         if what := guardself.unbound_what(
             node, self.unbound, self.mine[-1], made, dotted, self.aliases
-        ):
+        ) or guardself.package_what(node, self.package, self.classes, self.mine[-1]):
             self.add("unbound", what, node)
 
     def _fresh(self, name: ast.AST, table: dict[int, set[str]] | None = None) -> bool:
@@ -427,7 +431,8 @@ class _Scanner:
                     self.ref(part, node)  # ``getattr(o, "helper")`` uses ``helper``
                     owner = self._dotted(node.args[0], False) if node.args else None
                     library = owner is not None and guardself.library_function(f"{owner}.{part}")
-                    if part in self.unbound | guardself.BINDERS or library:
+                    mine = part in self.package and name in ("attrgetter", "methodcaller")
+                    if part in self.unbound | guardself.BINDERS or library or mine:
                         self.add("unbound", f"{name} {part}", node)
 
     def _as_attribute(self, base: ast.AST, attr: str, node: ast.Call) -> None:

@@ -28,10 +28,18 @@ Other packages' classes (:func:`library_use`): a Python function of a library cl
 ``x.__class__``, or of a name aliasing another package's object, is reached only as
 ``K.m(self, ...)`` with the method's own first argument.
 
-Not covered (residual risk, ``docs/tasks-and-grading.md``): a storing method defined in a
-file of the package the diff does not change, a method that mutates an object it reads from
-its first argument by a call (``self.data.update(d)``), and a standard library that differs
-from the host's (library classes are looked up on the host's Python).
+Methods of the package's files the diff does not change (:func:`package_what`, round 8): the
+host reads every Python file of the task's base that the diff leaves alone
+(``guardproc.package_storing``); such a method is reached unbound when it is read on a class
+(``Box.put``, ``m.Box.put``, an alias bound to a class, ``getattr(Box, 'put')``, a subclass
+named like a class) other than as ``K.m(self, ...)``, and ``attrgetter``/``methodcaller`` naming
+one are findings too.
+
+Not covered (residual risk, ``docs/tasks-and-grading.md``): an unchanged file's method reached
+through a receiver that is no class by name (a class passed as an argument, ``k.put`` on a
+parameter), a method that mutates an object it reads from its first argument by a call
+(``self.data.update(d)``), and a standard library that differs from the host's (library
+classes are looked up on the host's Python).
 """
 
 from __future__ import annotations
@@ -249,4 +257,46 @@ def unbound_what(
         return f"{node.attr} not bound to an object the code made"
     if library_use(node, dotted, aliases) and not bound_use(node, own, False):
         return f"{node.attr} of another package's class, unbound"
+    return None
+
+
+def capwords(name: str) -> bool:
+    """A class's name by convention (``Box``, ``JSONEncoder``; not ``box``, not ``MAX``)."""
+    return name[:1].isupper() and any(c.islower() for c in name)
+
+
+def _classy(node: ast.AST | None, names: frozenset[str] | set[str]) -> bool:
+    if isinstance(node, ast.Name):
+        return capwords(node.id) or node.id in names
+    return isinstance(node, ast.Attribute) and capwords(node.attr)
+
+
+def class_aliases(tree: ast.AST) -> frozenset[str]:
+    """Names the file binds to a class under a name that does not look like one: ``from .m
+    import Box as box``, ``box = Box``, ``box = m.Box``, ``b = box`` (to a fixed point)."""
+    out: set[str] = set()
+    pairs: list[tuple[str, ast.AST]] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            out |= {a.asname for a in node.names if a.asname and capwords(a.name)}
+        elif isinstance(node, ast.Assign | ast.AnnAssign | ast.NamedExpr) and node.value:
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            pairs += [(t.id, node.value) for t in targets if isinstance(t, ast.Name)]
+    grown = True
+    while grown:
+        new = {name for name, value in pairs if name not in out and _classy(value, out)}
+        out |= new
+        grown = bool(new)
+    return frozenset(out)
+
+
+def package_what(
+    node: ast.Attribute, package: frozenset[str], classes: frozenset[str], own: str | None
+) -> str | None:
+    """The finding's text when ``node`` (``K.m``) reads, on a class (a CapWords name or
+    attribute, or one of ``classes``: :func:`class_aliases`), a method that stores through its
+    ``self`` in a file of the package the diff does not change (``package``), other than called
+    with the enclosing method's own ``self`` (``own``: ``K.m(self, ...)``)."""
+    if node.attr in package and _classy(node.value, classes) and not bound_use(node, own, False):
+        return f"{node.attr} of a class of the package, unbound"
     return None
