@@ -17,6 +17,7 @@ stay quiet).
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 import threading
@@ -165,3 +166,25 @@ def inner_note(text: str) -> None:
     if outer is not None:
         line = f"{outer.description} {outer.done + 1}/{outer.total}: {text}"
         print(line, file=outer.stream, flush=True)
+
+
+_MASKED_SEEN: set[tuple[str, str, str]] = set()
+_MASKED_LOCK = threading.Lock()
+
+
+def warn_masked(log: logging.Logger, msg: str, *args: object) -> None:
+    """Log a masked infrastructure failure, called inside the ``except`` block that masked it:
+    the first failure of each cause (the logger, the message template and the exception's type
+    and text) as a warning with its traceback, later ones of the same cause at debug level
+    (traceback kept), so a cause that masks every episode of an evaluation (repository
+    environments not built) prints one traceback, not one per episode, while the log at debug
+    level keeps every one."""
+    exc = sys.exc_info()[1]
+    key = (log.name, msg, f"{type(exc).__name__}: {exc}"[:300])
+    with _MASKED_LOCK:
+        first = key not in _MASKED_SEEN
+        _MASKED_SEEN.add(key)
+    if first:
+        log.warning(msg, *args, exc_info=True)
+    else:
+        log.debug(msg + " (the same cause as the warning above)", *args, exc_info=True)

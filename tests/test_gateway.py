@@ -583,7 +583,7 @@ def test_a_bad_exec_request_is_a_400_not_infra(policy, tmp_path: Path, body, cap
 
     from coderl.sandbox import Sandbox
 
-    caplog.set_level(logging.WARNING, logger="coderl.envs.gateway")
+    caplog.set_level(logging.DEBUG, logger="coderl.envs.gateway")
     gw = Gateway(Forced(policy, lambda _: "a"), SamplingParams(), GatewayOptions("true"), 99, 9)
     (tmp_path / "f.txt").write_text("x\n")
     with Sandbox.create(tmp_path, backend="local") as sandbox:

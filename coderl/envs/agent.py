@@ -23,7 +23,7 @@ from coderl.config import Config
 from coderl.envs.base import EpisodeRecord, FailureKind, GradeRecord, SamplingPolicy
 from coderl.policy.base import SamplingParams
 from coderl.pools import thread_pool
-from coderl.progress import inner_progress
+from coderl.progress import inner_progress, warn_masked
 from coderl.tasks.spec import Task
 from coderl.trajectory import Trajectory
 
@@ -142,7 +142,7 @@ class AgentEnvironment:
                 try:
                     started[i] = (self.sandbox or sandbox_for)(t)
                 except Exception as e:  # noqa: BLE001 - infrastructure: masked and counted
-                    log.warning("task %s: sandbox could not start (masked)", t.id, exc_info=True)
+                    warn_masked(log, "task %s: sandbox could not start (masked)", t.id)
                     failed[i] = f"sandbox could not start: {type(e).__name__}: {e}"
             ran = iter(
                 run_episodes(
@@ -178,7 +178,7 @@ class AgentEnvironment:
             try:
                 g = grade(task, ep.answer or "", timeout=self.grade_timeout_s)
             except Exception as e:  # noqa: BLE001 - a grader bug is infrastructure: masked
-                log.warning("task %s: the grader raised (masked)", task.id, exc_info=True)
+                warn_masked(log, "task %s: the grader raised (masked)", task.id)
                 return GradeRecord(
                     grading_error=f"grader raised {type(e).__name__}: {e}", failure_kind="infra"
                 )

@@ -96,6 +96,7 @@ from coderl.envs.agent import AgentEnvironment, sandbox_for
 from coderl.envs.base import EpisodeRecord, FailureKind, GradeRecord, SamplingPolicy
 from coderl.policy.base import SamplingParams, context_limit
 from coderl.pools import thread_pool
+from coderl.progress import warn_masked
 from coderl.trajectory import Trajectory
 
 log = logging.getLogger(__name__)
@@ -252,7 +253,7 @@ class Gateway:
             try:
                 return self.batcher.generate(self.policy, prompt, params)
             except Exception as e:  # noqa: BLE001 - the engine's fault: infra, masked
-                log.warning("episode %d: engine failure (masked)", ep.index, exc_info=True)
+                warn_masked(log, "episode %d: engine failure (masked)", ep.index)
                 ep.infra = ep.infra or f"engine failure: {type(e).__name__}: {e}"
                 raise HTTPException(503, ep.infra) from None
 
@@ -271,7 +272,7 @@ class Gateway:
         try:
             r = ep.sandbox.exec(cmd, timeout=self.opts.exec_timeout_s)
         except Exception as e:  # noqa: BLE001 - the sandbox's fault, not the command's: infra
-            log.warning("episode %d: sandbox exec failed (masked)", ep.index, exc_info=True)
+            warn_masked(log, "episode %d: sandbox exec failed (masked)", ep.index)
             ep.infra = ep.infra or f"sandbox exec failed: {type(e).__name__}: {e}"
             raise HTTPException(503, ep.infra) from None
         out = r.stdout + r.stderr
@@ -484,7 +485,7 @@ class GatewayEnvironment:
         try:
             sandbox = sandbox_for(task)
         except Exception as e:  # noqa: BLE001 - infrastructure: masked and counted
-            log.warning("task %s: sandbox could not start (masked)", task.id, exc_info=True)
+            warn_masked(log, "task %s: sandbox could not start (masked)", task.id)
             return EpisodeRecord(task.id, Trajectory(), "error", 0, failure="infra",
                                  failure_reason=f"sandbox could not start: {type(e).__name__}: {e}")  # fmt: skip
         ep = _Episode(index, task, sandbox, secrets.token_urlsafe(24))
@@ -498,7 +499,7 @@ class GatewayEnvironment:
                 if diff_failure(e) == "agent":  # a workspace the policy made: scored, as native
                     ep.agent_diff_error = f"the workspace's diff failed: {type(e).__name__}: {e}"
                 else:
-                    log.warning("task %s: diff failed (masked)", task.id, exc_info=True)
+                    warn_masked(log, "task %s: diff failed (masked)", task.id)
                     ep.infra = ep.infra or f"diff failed: {type(e).__name__}: {e}"
             return _record(ep, finish, diff)
         finally:

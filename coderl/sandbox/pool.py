@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Unpack
 
+from coderl.progress import warn_masked
 from coderl.sandbox.base import Limits, Sandbox, SandboxError, SandboxOptions
 from coderl.sandbox.bwrap import BwrapSandbox
 
@@ -223,7 +224,7 @@ class SandboxPool:
                 if sb.exec("true").exit_code != 0:
                     raise SandboxError("a warm sandbox failed its start-up check")
             except Exception as e:  # noqa: BLE001 - not the caller's: counted; its create raises
-                log.warning("a warm sandbox failed to start", exc_info=True)
+                warn_masked(log, "a warm sandbox failed to start")
                 if sb is not None:
                     sb.close()
                 sb, error = None, repr(e)
