@@ -27,7 +27,7 @@ from coderl.agent.parsing import format_hermes
 from coderl.agent.tools import TOOLS as HARNESS_TOOLS
 from coderl.cli import main
 from coderl.config import ConfigError, load_config
-from coderl.endpoint.chat import calls_from_rows, trajectory_of
+from coderl.endpoint.chat import Call, calls_from_rows, trajectory_of
 from coderl.endpoint.http import BackgroundServer
 from coderl.envbuild.build import build_env
 from coderl.envs import build_environment
@@ -601,7 +601,12 @@ def test_a_diff_the_policys_workspace_breaks_is_scored_like_a_native_episode(
 
     sandbox = _DiffRaises(error)
     monkeypatch.setattr(G, "sandbox_for", lambda task: sandbox)
-    monkeypatch.setattr(G, "run_program", lambda ep, opts, url, statement: "exited")
+
+    def one_call(ep, opts, url, statement):  # the policy answered once, then it exited
+        ep.calls.append(Call([1, 2], Completion([3], [-0.5], "stop", 0), {"status": "ok"}))
+        return "exited"
+
+    monkeypatch.setattr(G, "run_program", one_call)
     env = SimpleNamespace(opts=None, statement=lambda task: "fix it")
     task = SimpleNamespace(id="t/1", problem_statement="fix it")
     record = G.GatewayEnvironment._one(env, _Registry(), "http://127.0.0.1:1", 0, task)

@@ -45,7 +45,8 @@ interrupted rollout (Ctrl-C, SIGTERM: a ``KeyboardInterrupt`` in the thread that
 ``rollout``) kills every program's process group at once. A call whose prompt leaves the engine
 no room to sample (:func:`coderl.policy.base.context_limit`) is refused (400) before it reaches
 the engine and the program stopped: ``context``, scored as the agent's ending like the native
-harness's. A command the program sends that cannot be one (NUL, a lone surrogate, bad types,
+harness's (as the program's first call, nothing sampled reached it: infra, as below, like a
+native episode whose first window does not fit). A command the program sends that cannot be one (NUL, a lone surrogate, bad types,
 over ``MAX_EXEC_BYTES``) is answered 400 and the episode goes on. A program that exits
 non-zero or hangs past its time after calling the model is the agent's failure: scored (its diff
 is graded all the same). A program that never called the model (it did not start, or it ended
