@@ -82,7 +82,12 @@ def test_help_has_a_line_and_the_default_for_every_argument(capsys):
         text = "".join(parser.format_help().split())  # long defaults wrap, even at a hyphen
         for action in parser._actions:
             default = action.default
-            if action.option_strings and default not in (None, False, argparse.SUPPRESS):
+            flag = action.nargs == 0  # --no-report: its default is the flag's absence
+            if (
+                action.option_strings
+                and not flag
+                and default not in (None, False, argparse.SUPPRESS)
+            ):
                 said = "default" in action.help or f"(default:{default})" in text
                 assert said, f"{path} {action.dest}: {parser.format_help()}"
         assert "(default:None)" not in text, parser.format_help()

@@ -27,16 +27,17 @@ from coderl.agent.parsing import format_hermes
 from coderl.agent.tools import TOOLS as HARNESS_TOOLS
 from coderl.cli import main
 from coderl.config import ConfigError, load_config
-from coderl.endpoint.chat import calls_from_rows, trajectory_of
+from coderl.endpoint.chat import Call, calls_from_rows, trajectory_of
 from coderl.endpoint.http import BackgroundServer
 from coderl.envbuild.build import build_env
 from coderl.envs import build_environment
-from coderl.envs.gateway import Gateway, GatewayOptions, _Episode, _record
+from coderl.envs.gateway import Gateway, GatewayOptions, _Episode, _record, check_program
 from coderl.metrics import read_jsonl
 from coderl.online.server import InteractionServer
 from coderl.online.store import Store
 from coderl.policy import load_policy
 from coderl.policy.base import Completion, SamplingParams
+from coderl.stats import NothingMeasured
 from coderl.train import loop
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -48,9 +49,9 @@ MINI_BIN = ROOT / ".venv-agents" / "bin" / "mini"
 MINI = (
     load_config(ROOT / "configs" / "gateway-mini.yaml")
     .tasks.options["program"]
-    .replace("$CODERL_LAUNCH_DIR", str(ROOT))
+    .replace("$CODERL_ROOT", str(ROOT))
 )
-"""The program line of configs/gateway-mini.yaml (docs/harness-byo.md), wherever pytest runs."""
+"""The program line of configs/gateway-mini.yaml (docs/harness-byo.md)."""
 
 
 def _needs_mini() -> None:
@@ -243,25 +244,64 @@ def call(n=1):
 @pytest.mark.parametrize(
     ("program", "finish", "failure"),
     [
-        (_program("import sys; sys.exit(3)"), "program_error", "agent"),
-        (_program("import time; time.sleep(60)"), "timeout", "agent"),
+        (_program("import sys; sys.exit(3)"), "program_error", "infra"),
+        (_program("import time; time.sleep(60)"), "timeout", "infra"),
+        (_program("print('nothing to do')"), "exited", "infra"),
+        ('"$CODERL_OUTPUT_DIR/no-such-agent" -t x', "program_error", "infra"),
         (_program(CALL + "call(1); raise SystemExit(1)"), "program_error", "agent"),
+        (_program(CALL + "import time; call(1); time.sleep(60)"), "timeout", "agent"),
         (_program(CALL + "call(10)"), "max_turns", None),
         (_program(CALL + "call(1)"), "exited", None),
     ],
-    ids=["crash-no-call", "hang", "crash-after-call", "over-the-call-limit", "clean"],
-)
+    ids=["crash-no-call", "hang-no-call", "exit-0-no-call", "not-installed", "crash-after-call",
+         "hang-after-call", "over-the-call-limit", "clean"],
+)  # fmt: skip
 def test_program_failures_are_scored_and_limits_hold(policy, program, finish, failure):
+    """A program that never called the model is infra (masked: nothing the policy sampled
+    reached it); one that fails after a call is the agent's, scored."""
     env = build_environment(_config(program, "rollout.max_turns=3", timeout_s=3))
     task = env.tasks("train")[0]
     [rec] = env.rollout(Forced(policy, lambda _: "ok"), [task], SamplingParams(), 1)
     assert (rec.finish_reason, rec.failure) == (finish, failure), rec.failure_reason
-    assert rec.turns == {
-        "max_turns": 3,
-        "exited": 1,
-        "program_error": int("call" in program),
-    }.get(finish, 0)
+    assert rec.turns == {"max_turns": 3}.get(finish, int("call(" in program))
     assert rec.truncated == (finish in ("timeout", "max_turns"))
+    if failure == "infra":
+        assert rec.failure_reason.startswith(f"the program never called the model ({finish})")
+    if "no-such-agent" in program:  # the reason keeps the program's last line
+        assert "No such file or directory" in rec.failure_reason
+
+
+def test_a_program_that_never_calls_the_model_fails_the_step_and_the_eval(tmp_path) -> None:
+    """Every episode masked (the program never called the model): the step and the held-out
+    evaluation fail with the reason instead of training on nothing or printing 0.000."""
+    program = '"$CODERL_OUTPUT_DIR/no-such-agent"'
+    opts = {"inner": "fnrepair", "program": program, "timeout_s": 30}
+    common = [*RANDOM, "tasks.source=gateway", f"tasks.options={json.dumps(opts)}"]
+    step = load_config(TOY, [*common, f"run_dir={tmp_path / 'step'}"])  # no evaluation
+    with pytest.raises(NothingMeasured, match=r"step 0: .*never called the model"):
+        loop.train(step)
+    evals = ["eval.before_after=true", "eval.tasks=1", "eval.samples=1", "eval.k=[1]"]
+    before = load_config(TOY, [*common, *evals, f"run_dir={tmp_path / 'eval'}"])
+    with pytest.raises(NothingMeasured, match="never called the model"):
+        loop.train(before)  # the held-out evaluation before step 1
+
+
+def test_a_program_path_that_does_not_exist_is_refused_before_the_model(
+    tmp_path, monkeypatch
+) -> None:
+    """The preset names ``$CODERL_ROOT`` and runs from any directory; a program path that does
+    not exist is one ConfigError at ``build_environment`` (before the model loads)."""
+    _needs_mini()
+    monkeypatch.chdir(tmp_path)  # not the checkout
+    preset = load_config(ROOT / "configs" / "gateway-mini.yaml")
+    check_program(preset.tasks.options["program"])  # resolves against the checkout
+    old = preset.tasks.options["program"].replace("$CODERL_ROOT", "$CODERL_LAUNCH_DIR")
+    with pytest.raises(ConfigError, match=f"{tmp_path}/.venv-agents/bin/mini does not exist"):
+        check_program(old)
+    with pytest.raises(ConfigError, match="/no/such/agent does not exist"):
+        build_environment(_config("X=1 /no/such/agent --flag"))
+    for fine in ("true", f"{sys.executable} -c pass", '"$CODERL_OUTPUT_DIR/later" -x', "a 'b"):
+        check_program(fine)  # a bare name, another variable, a line shlex cannot split: the run's
 
 
 def test_an_engine_failure_is_infra_and_masked(policy) -> None:
@@ -418,6 +458,15 @@ def test_training_on_mini_swe_agent_rollouts_steps_and_resumes_exactly(tmp_path,
     assert_same_metrics(ref, read_jsonl(cut_dir / "metrics.jsonl"))
 
 
+def test_the_preset_evaluates_a_few_tasks_before_and_after() -> None:
+    """configs/gateway-mini.yaml's held-out evaluations are small (every held-out task x 16
+    samples of mini-swe-agent would run for hours before step 1), and ``eval.every=0`` does
+    not skip them: ``eval.before_after=false`` does."""
+    cfg = load_config(ROOT / "configs" / "gateway-mini.yaml")
+    assert cfg.eval.before_after and cfg.eval.every == 0
+    assert cfg.eval.tasks is not None and cfg.eval.tasks * cfg.eval.samples <= 32
+
+
 def test_gateway_options_are_checked() -> None:
     with pytest.raises(ConfigError, match="tasks.options.program"):
         build_environment(load_config(TOY, ["tasks.source=gateway"]))
@@ -552,7 +601,12 @@ def test_a_diff_the_policys_workspace_breaks_is_scored_like_a_native_episode(
 
     sandbox = _DiffRaises(error)
     monkeypatch.setattr(G, "sandbox_for", lambda task: sandbox)
-    monkeypatch.setattr(G, "run_program", lambda ep, opts, url, statement: "exited")
+
+    def one_call(ep, opts, url, statement):  # the policy answered once, then it exited
+        ep.calls.append(Call([1, 2], Completion([3], [-0.5], "stop", 0), {"status": "ok"}))
+        return "exited"
+
+    monkeypatch.setattr(G, "run_program", one_call)
     env = SimpleNamespace(opts=None, statement=lambda task: "fix it")
     task = SimpleNamespace(id="t/1", problem_statement="fix it")
     record = G.GatewayEnvironment._one(env, _Registry(), "http://127.0.0.1:1", 0, task)
@@ -631,20 +685,26 @@ urllib.request.urlopen(req).read()
     assert "[400, 400, 'fine\\n']" in seen[0]
 
 
-@pytest.mark.parametrize(("emoji", "finish"), [(1500, "context"), (10, "exited")])
-def test_a_prompt_past_the_engines_context_is_a_scored_context_ending(policy, emoji, finish):
+@pytest.mark.parametrize(
+    ("call_before", "emoji", "finish", "kind", "attributed"),
+    [(True, 1500, "context", None, "agent"), (False, 1500, "context", "infra", "infra"),
+     (True, 10, "exited", None, None)],
+)  # fmt: skip
+def test_a_prompt_past_the_engines_context_is_a_scored_context_ending(
+    policy, call_before, emoji, finish, kind, attributed
+):
     """The program sends a message past the model's context (4,096 tokens for tiny-random;
     1,500 emoji are 6,000): the call is refused before the engine (which would fail it as
-    infra), the program stopped, and the episode ends ``context``: the agent's, scored."""
+    infra), the program stopped, and the episode ends ``context``: after a call the policy
+    answered, scored; as its first call (nothing sampled reached it), infra like a fresh
+    native context window that does not fit."""
     from coderl.envs.base import GradeRecord
     from coderl.train.pipeline import attribute
 
-    program = _program(
-        CALL.replace('"content": "hi"', f'"content": chr(0x1F600) * {emoji}') + "call(1)"
-    )
+    long = CALL.replace('"content": "hi"', f'"content": chr(0x1F600) * {emoji}') + "call(1)"
+    program = _program((CALL + "call(1)\n" if call_before else "") + long)
     env = build_environment(_config(program, "rollout.max_turns=3", timeout_s=60))
     task = env.tasks("train")[0]
     [rec] = env.rollout(Forced(policy, lambda _: "ok"), [task], SamplingParams(), 1)
-    kind = "agent" if finish == "context" else None  # the refused call is its only one
     assert (rec.finish_reason, rec.failure) == (finish, kind), rec.failure_reason
-    assert attribute(rec, GradeRecord())[0] == kind
+    assert attribute(rec, GradeRecord())[0] == attributed

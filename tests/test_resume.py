@@ -57,7 +57,8 @@ def test_resume_without_overrides_equals_the_uninterrupted_run(tmp_path, monkeyp
     assert_same_metrics(ref, cut)
     assert (cut_dir / "config.yaml").read_text() == saved  # nothing changed, nothing rewritten
     assert not (cut_dir / "resume.jsonl").exists()
-    assert "resume:" not in capsys.readouterr().out
+    said = [x for x in capsys.readouterr().out.splitlines() if x.startswith("resume:")]
+    assert said == [f"resume: from {cut_dir / 'checkpoints' / 'step-000002'} (step 2)"], said
 
 
 def test_resume_overrides_are_printed_and_recorded(tmp_path, monkeypatch, capsys):

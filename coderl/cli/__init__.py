@@ -72,6 +72,8 @@ class DefaultsFormatter(argparse.ArgumentDefaultsHelpFormatter):
         text = action.help or ""
         if action.default in (None, False, argparse.SUPPRESS) or "default" in text:
             return text
+        if action.option_strings and action.nargs == 0:  # a flag (--no-report): its default
+            return text  # is the flag's absence, and "(default: True)" reads as the opposite
         return super()._get_help_string(action)
 
 
@@ -90,8 +92,9 @@ class HelpfulParser(argparse.ArgumentParser):
         missing = message.removeprefix(REQUIRED)
         if missing == message:
             super().error(message)
-        names = missing.split(", ")
-        said = [
+        optional = {a.dest for a in self._actions if a.nargs == argparse.ZERO_OR_MORE}
+        names = [n for n in missing.split(", ") if n not in optional]  # argparse lists a
+        said = [  # positional nargs="*" as required when nothing was given; it is optional
             f"{name.upper()}: {plain_help(a.help or '')}"
             for a in self._actions
             if (name := a.metavar if isinstance(a.metavar, str) else a.dest) in names

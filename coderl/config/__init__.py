@@ -232,7 +232,8 @@ class TaskConfig(_Section):
 
 class EvalConfig(_Section):
     every: int = Field(0, ge=0)
-    """Evaluate on held-out tasks every N steps (0: only before and after training)."""
+    """Evaluate on held-out tasks every N steps (0: none between steps; the evaluations before and
+    after training are ``before_after``'s, which ``before_after=false`` skips)."""
     before_after: bool = True
     """Evaluate before the first and after the last step."""
     before_sft: bool = True

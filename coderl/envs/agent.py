@@ -174,7 +174,8 @@ class AgentEnvironment:
         def one(pair: tuple[Task, EpisodeRecord]) -> GradeRecord:
             task, ep = pair
             if ep.failure == "infra" and not ep.trajectory.segments:
-                return GradeRecord(grading_error="not graded: the episode never ran")
+                why = f" ({ep.failure_reason})" if ep.failure_reason else ""
+                return GradeRecord(grading_error=f"not graded: the episode never ran{why}")
             try:
                 g = grade(task, ep.answer or "", timeout=self.grade_timeout_s)
             except Exception as e:  # noqa: BLE001 - a grader bug is infrastructure: masked

@@ -23,7 +23,10 @@ command) with the task's statement and its own endpoint, and waits for it to end
 - **The task**: ``$CODERL_TASK_FILE`` holds the statement (``$CODERL_TASK_ID`` its id);
   ``$CODERL_OUTPUT_DIR`` is the program's own scratch directory (also its cwd and ``$HOME``,
   deleted after the episode); ``$CODERL_LAUNCH_DIR`` is where coderl was started (for the
-  program's own files, e.g. its config).
+  program's own files, e.g. its config); ``$CODERL_ROOT`` is the directory that holds the
+  ``coderl`` package (the checkout, for a source install: its ``.venv-agents`` and
+  ``configs``, wherever coderl was started). A program whose first word is a path that does not
+  exist (with these two expanded) is refused before the model loads (:func:`check_program`).
 
 Trajectory: the calls, in order, through :func:`coderl.endpoint.chat.trajectory_of` (the segmenting
 of ``coderl serve``'s episodes too). A call that carries the previous call and its reply
@@ -42,12 +45,16 @@ interrupted rollout (Ctrl-C, SIGTERM: a ``KeyboardInterrupt`` in the thread that
 ``rollout``) kills every program's process group at once. A call whose prompt leaves the engine
 no room to sample (:func:`coderl.policy.base.context_limit`) is refused (400) before it reaches
 the engine and the program stopped: ``context``, scored as the agent's ending like the native
-harness's. A command the program sends that cannot be one (NUL, a lone surrogate, bad types,
+harness's (as the program's first call, nothing sampled reached it: infra, as below, like a
+native episode whose first window does not fit). A command the program sends that cannot be one (NUL, a lone surrogate, bad types,
 over ``MAX_EXEC_BYTES``) is answered 400 and the episode goes on. A program that exits
-non-zero, hangs past its time or never calls
-the model is the agent's failure: scored (its diff is graded all the same). The gateway's own
+non-zero or hangs past its time after calling the model is the agent's failure: scored (its diff
+is graded all the same). A program that never called the model (it did not start, or it ended
+before its first request) is ``infra``: nothing the policy sampled reached it, so nothing the
+policy did caused it (the reason keeps its ending and last output line), and a step or an
+evaluation where every episode is so fails loudly instead of scoring 0. The gateway's own
 faults (the engine failed, the sandbox would not start, the diff could not be taken) are
-``infra``: masked and counted.
+``infra`` too: masked and counted.
 
 Not isolated: the program itself runs on the host as the training user (it is the user's own
 harness, trusted like coderl); it gets a clean environment (no host variables but ``PATH``,
@@ -61,6 +68,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import secrets
 import shlex
 import shutil
@@ -77,7 +85,7 @@ from typing import Any
 from fastapi import FastAPI, HTTPException, Request, Response
 
 from coderl.agent.episode import diff_failure
-from coderl.config import Config
+from coderl.config import Config, ConfigError
 from coderl.endpoint.batching import WindowBatcher
 from coderl.endpoint.calls import ContextFullError, RequestError
 from coderl.endpoint.chat import (
@@ -354,6 +362,42 @@ def _wait(ep: _Episode, timeout_s: float) -> int | None:
             continue
 
 
+PACKAGE_ROOT = Path(__file__).resolve().parent.parent.parent
+"""The directory that holds the ``coderl`` package (``$CODERL_ROOT``: the checkout, for a
+source install)."""
+
+
+def program_dirs() -> dict[str, str]:
+    """The directories a program's command line may name: ``CODERL_LAUNCH_DIR`` (where coderl
+    was started) and ``CODERL_ROOT`` (:data:`PACKAGE_ROOT`)."""
+    return {"CODERL_LAUNCH_DIR": os.getcwd(), "CODERL_ROOT": str(PACKAGE_ROOT)}
+
+
+def check_program(program: str) -> None:
+    """Refuse a program whose first word (after ``NAME=value`` assignments) is a path that does
+    not exist once ``$CODERL_LAUNCH_DIR`` and ``$CODERL_ROOT`` are expanded; a bare command
+    name, a word with other variables, or a line shlex cannot split is left to the run.
+
+    Raises:
+        ConfigError: the program's path does not exist (one line, naming it).
+    """
+    try:
+        words = shlex.split(program)
+    except ValueError:
+        return
+    words = [w for w in words if not re.fullmatch(r"[A-Za-z_]\w*=.*", w)][:1]
+    if not words:
+        return
+    dirs = program_dirs()
+    path = re.sub(r"\$(\w+)|\$\{(\w+)\}", lambda m: dirs.get(m[1] or m[2], m[0]), words[0])
+    if "/" in path and "$" not in path and not Path(path).exists():
+        raise ConfigError(
+            f"tasks.options.program: {path} does not exist (from {words[0]}; $CODERL_ROOT is "
+            f"{dirs['CODERL_ROOT']}, $CODERL_LAUNCH_DIR {dirs['CODERL_LAUNCH_DIR']}; "
+            "mini-swe-agent: make agents; docs/harness-byo.md)"
+        )
+
+
 def run_program(ep: _Episode, opts: GatewayOptions, base_url: str, statement: str) -> str:
     """Run the program for ``ep`` to its end; returns its finish reason (``exited``: exit
     0; ``program_error``: non-zero exit; ``timeout``; or the gateway's ``ep.ending``)."""
@@ -378,7 +422,7 @@ def run_program(ep: _Episode, opts: GatewayOptions, base_url: str, statement: st
             "CODERL_TASK_FILE": str(scratch / "task.md"),
             "CODERL_TASK_ID": str(ep.task.id),
             "CODERL_OUTPUT_DIR": str(scratch),
-            "CODERL_LAUNCH_DIR": os.getcwd(),
+            **program_dirs(),
         }
         log = open(scratch / "program.log", "wb")  # noqa: SIM115 - closed below
         with ep.lock:
@@ -413,17 +457,18 @@ def _record(ep: _Episode, finish: str, diff: str | None) -> EpisodeRecord:
     traj, _ = trajectory_of(ep.calls)
     failure: FailureKind | None = None
     reason = ""
+    tail = ep.log_tail.strip().splitlines()
+    last = tail[-1] if tail else "no output"
     if ep.infra:
         failure, reason = "infra", ep.infra
+    elif not ep.calls:  # nothing the policy sampled reached the program: not the policy's doing
+        failure, reason = "infra", f"the program never called the model ({finish}): {last}"
     elif ep.agent_diff_error:
         failure, reason = "agent", ep.agent_diff_error
     elif diff is None:
         failure, reason = "infra", "the sandbox's diff could not be taken"
-    elif not ep.calls:
-        failure, reason = "agent", f"the program never called the model ({finish})"
     elif finish in ("program_error", "timeout"):
-        tail = ep.log_tail.strip().splitlines()
-        failure, reason = "agent", f"program {finish}: {tail[-1] if tail else 'no output'}"
+        failure, reason = "agent", f"program {finish}: {last}"
     return EpisodeRecord(
         task_id=ep.task.id,
         trajectory=traj,

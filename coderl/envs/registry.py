@@ -89,7 +89,12 @@ def _swebench(cfg: Config) -> Environment:
 
 
 def _gateway(cfg: Config) -> Environment:
-    from coderl.envs.gateway import GATEWAY_KEYS, GatewayEnvironment, GatewayOptions
+    from coderl.envs.gateway import (
+        GATEWAY_KEYS,
+        GatewayEnvironment,
+        GatewayOptions,
+        check_program,
+    )
 
     opts = dict(cfg.tasks.options)
     if not opts.get("program"):
@@ -103,6 +108,7 @@ def _gateway(cfg: Config) -> Environment:
             f"tasks.options.inner: {inner!r}; valid: ['fnrepair', 'humaneval', 'repo']"
         )
     check_options(opts, GATEWAY_KEYS | {"episode", "tasks_file", "repos_file"}, "tasks.options")
+    check_program(str(opts["program"]))  # before the model loads
     mine = {k: opts.pop(k) for k in list(opts) if k in GATEWAY_KEYS}
     tasks = cfg.tasks.model_copy(update={"source": inner, "options": opts})
     env = ENVIRONMENTS[inner](cfg.model_copy(update={"tasks": tasks}))

@@ -26,6 +26,7 @@ import hashlib
 import json
 import random
 import shutil
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -224,11 +225,47 @@ def save_checkpoint(
     return final
 
 
+def incomplete_newer(run_dir: str | Path, used: Path | None) -> list[Path]:
+    """The ``checkpoints/step-N`` directories of ``run_dir`` without a ``state.json`` (a save
+    that did not finish: ``save_checkpoint`` writes it last, then renames) that are newer than
+    ``used`` (all of them when None), oldest first."""
+    root = Path(run_dir) / "checkpoints"
+    if not root.is_dir():
+        return []
+    floor = -1 if used is None else _step_of(used)
+    found = [
+        p
+        for p in root.glob(f"{CKPT_PREFIX}*")
+        if p.is_dir() and not (p / "state.json").is_file() and _step_of(p) > floor
+    ]
+    return sorted(found, key=_step_of)
+
+
+def _step_of(ckpt: Path) -> int:
+    tail = ckpt.name[len(CKPT_PREFIX) :]
+    return int(tail) if tail.isdigit() else -1
+
+
+def incomplete_note(run_dir: str | Path, used: Path) -> str | None:
+    """One line naming the checkpoints newer than ``used`` that are incomplete (skipped) and
+    ``used``, the one taken instead; None when there is none."""
+    skipped = incomplete_newer(run_dir, used)
+    if not skipped:
+        return None
+    names = ", ".join(str(p) for p in skipped)
+    return (
+        f"checkpoint {names} is incomplete (no state.json: its save did not finish) and is "
+        f"skipped; using {used}"
+    )
+
+
 def latest_checkpoint(run_dir: str | Path) -> Path:
-    """The newest complete checkpoint of ``run_dir``.
+    """The newest complete checkpoint of ``run_dir`` (newer incomplete ones are skipped:
+    :func:`incomplete_note` says so).
 
     Raises:
-        FileNotFoundError: ``run_dir`` does not exist, or has no complete checkpoint.
+        FileNotFoundError: ``run_dir`` does not exist, or has no complete checkpoint (naming
+            the incomplete ones, if any).
     """
     if Path(run_dir).is_file():
         raise FileNotFoundError(
@@ -239,13 +276,16 @@ def latest_checkpoint(run_dir: str | Path) -> Path:
         raise FileNotFoundError(f"{run_dir} does not exist (give a run directory or a checkpoint)")
     ckpts = list_checkpoints(run_dir)
     if not ckpts:
-        raise FileNotFoundError(f"{run_dir}: no complete checkpoint under checkpoints/")
+        bad = incomplete_newer(run_dir, None)
+        said = f" ({bad[-1]} is incomplete: no state.json, its save did not finish)" if bad else ""
+        raise FileNotFoundError(f"{run_dir}: no complete checkpoint under checkpoints/{said}")
     return ckpts[-1]
 
 
 def resolve_checkpoint(path: str | Path) -> tuple[Path, Path]:
     """``(run_dir, checkpoint)`` of a checkpoint directory or of a run directory (then its newest
-    checkpoint; a run of ``coderl sft`` alone: its ``sft/`` weights, which hold no optimizer
+    complete checkpoint, with :func:`incomplete_note`'s line on stderr when a newer one is
+    incomplete; a run of ``coderl sft`` alone: its ``sft/`` weights, which hold no optimizer
     state); what ``coderl eval`` and ``coderl export`` accept.
 
     Raises:
@@ -254,10 +294,19 @@ def resolve_checkpoint(path: str | Path) -> tuple[Path, Path]:
     """
     ckpt = Path(path)
     if not (ckpt / "state.json").is_file():
+        if ckpt.parent.name == "checkpoints" and ckpt.is_dir():  # one checkpoint, named
+            good = list_checkpoints(ckpt.parent.parent)
+            instead = f"; the newest complete one is {good[-1]}" if good else ""
+            raise FileNotFoundError(
+                f"checkpoint {ckpt} is incomplete (no state.json: its save did not finish){instead}"
+            )
         sft = ckpt / "sft"
         if not list_checkpoints(ckpt) and (sft / "state.json").is_file():
             return ckpt, sft
         ckpt = latest_checkpoint(ckpt)
+        note = incomplete_note(path, ckpt)
+        if note:
+            print(note, file=sys.stderr, flush=True)
     return (ckpt.parent.parent if ckpt.parent.name == "checkpoints" else ckpt.parent), ckpt
 
 

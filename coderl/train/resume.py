@@ -32,6 +32,7 @@ from coderl.config import (
 from coderl.rundir import SFT_WEIGHTS, ensure_not_live
 from coderl.train.checkpoint import (
     CKPT_PREFIX,
+    incomplete_note,
     latest_checkpoint,
     list_checkpoints,
     newest_intact,
@@ -186,8 +187,12 @@ def record_resume(cfg: Config, changes: dict[str, tuple[Any, Any]], step: int) -
     """Set aside the checkpoints newer than ``step`` (:func:`set_aside_newer`: the run was
     resumed from an older one), and write the resumed config to ``config.yaml`` with a
     ``resume.jsonl`` line of what changed (nothing when nothing changed); returns one printable
-    line per change or checkpoint set aside."""
+    line for the checkpoint it starts from (and the newer incomplete ones it skips), then one
+    per change or checkpoint set aside."""
     aside = [f"resume: {p.name} set aside to {p}" for p in set_aside_newer(cfg.run_dir, step)]
+    used = latest_checkpoint(cfg.run_dir)  # the one restore loads
+    note = incomplete_note(cfg.run_dir, used)
+    aside.insert(0, f"resume: from {used} (step {step})" + (f"; {note}" if note else ""))
     if not changes:
         return aside
     run_dir = Path(cfg.run_dir)

@@ -235,14 +235,17 @@ def sync_engine(run: Run) -> dict[str, float]:
 def step_status(metrics: dict[str, float]) -> str:
     """A training step's progress status: reward and resolved rate over the episodes it
     measured, and what it did not measure, said as such (never ``reward nan``): groups dropped
-    by dynamic sampling, episodes masked as infrastructure failures."""
+    by dynamic sampling (every group dropped: said so, with no update), episodes masked as
+    infrastructure failures."""
     n = int(metrics.get("episodes", 0))
     masked = int(metrics.get("reward/masked", 0))
     dropped = int(metrics.get("dynamic/dropped_groups", 0))
-    notes = [f"{dropped} zero-variance groups dropped"] if dropped else []
+    notes = [f"{dropped} zero-variance groups dropped"] if dropped and n else []
     if masked:
         notes.append(f"{masked} of {n} episodes masked")
-    if n - masked <= 0:
+    if n == 0 and dropped:  # graded, but every group scored the same: no advantage anywhere
+        head = f"all {dropped} groups had zero reward variance, dropped (no update)"
+    elif n - masked <= 0:
         head = "no episode measured (no update)"
     else:
         reward, resolved = metrics["reward/mean"], metrics["resolved_rate"]
