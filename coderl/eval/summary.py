@@ -227,14 +227,14 @@ def _phase_times(
     evals: list[dict[str, Any]],
     metrics: list[dict[str, Any]],
     phases: dict[str, float],
-    extra: dict[str, list[dict[str, Any]]],
+    extra: dict[str, list[dict[str, Any]]] | None = None,
 ) -> str:
     parts = []
     if phases.get("sft_reused"):
         parts.append(f"SFT not run: reused from the warm-start cache ({phases['sft_s']:.0f} s)")
     elif "sft_s" in phases:
         parts.append(f"SFT {phases['sft_s']:.0f} s")
-    by_split = {"": evals, **{f"{split} ": records for split, records in extra.items()}}
+    by_split = {"": evals, **{f"{split} ": records for split, records in (extra or {}).items()}}
     for prefix, records in by_split.items():  # prefix "": the held-out split
         for i, e in enumerate(records):
             if "time_s" in e:
