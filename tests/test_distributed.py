@@ -322,12 +322,13 @@ def test_only_rank_zero_runs_the_sft_warm_start(monkeypatch, tmp_path, rank):
     # a sharded `coderl train` with sft.enabled: rank 0 runs SFT alone, the others go straight
     # to joining the process group (where they wait for rank 0) and load its weights there
     import coderl.train.loop
-    import coderl.train.sft
+    import coderl.train.warmstart
     from coderl.cli import main
 
     ran: list[str] = []
     monkeypatch.setenv("RANK", rank)
-    monkeypatch.setattr(coderl.train.sft, "run_sft", lambda cfg: ran.append("sft"))
+    # the warm start itself (its demonstration check refuses the toy source, which has none)
+    monkeypatch.setattr(coderl.train.warmstart, "warm_start", lambda cfg: ran.append("sft"))
     monkeypatch.setattr(coderl.train.loop, "train", lambda cfg, **kw: Path(cfg.run_dir))
     args = ["train", "configs/toy.yaml", "sft.enabled=true", f"run_dir={tmp_path / 'run'}"]
     assert main([*args, "--no-report"]) == 0
