@@ -1,5 +1,3 @@
-
-
 def test_a_masked_cause_prints_one_traceback_not_one_per_episode(caplog) -> None:
     """128 episodes masked by one cause (environments not built) give one warning with its
     traceback; later ones of that cause go to debug (traceback kept); another cause, another
