@@ -1,11 +1,14 @@
+"""coderl.progress: what long phases print (the masked-failure log of a phase's episodes)."""
+
+import logging
+
+from coderl.progress import warn_masked
+
+
 def test_a_masked_cause_prints_one_traceback_not_one_per_episode(caplog) -> None:
     """128 episodes masked by one cause (environments not built) give one warning with its
     traceback; later ones of that cause go to debug (traceback kept); another cause, another
     exception text or another message template warns again."""
-    import logging
-
-    from coderl.progress import warn_masked
-
     log = logging.getLogger("coderl.test_masked")
     caplog.set_level(logging.DEBUG, logger="coderl.test_masked")
 
