@@ -180,3 +180,57 @@ def test_the_cache_root_resolves_a_linked_cache(tmp_path, monkeypatch):
     monkeypatch.chdir(checkout)
     monkeypatch.delenv("CODERL_CACHE", raising=False)
     assert cache_dir() == shared.resolve()
+
+
+def _build_in_child(spec, cache, log):
+    """Child process: ``build_env`` with ``_build`` replaced by a slow fake that logs each call."""
+    import time
+
+    import coderl.envbuild.build as build
+    from coderl.tasks.env import EnvRecord
+
+    def slow_build(spec, factory, cache, policy):
+        with open(log, "a") as f:
+            f.write("build\n")
+        time.sleep(0.5)  # the window in which a second, unlocked builder would start its own
+        env_dir = cache / "envs" / "fake-1.0-000000000000"
+        (env_dir / "venv").mkdir(parents=True)
+        record = EnvRecord(
+            env_id=env_dir.name,
+            spec=spec,
+            name="fake",
+            version="1.0",
+            snapshot_digest="0",
+            snapshot=str(cache),
+            venv=str(env_dir / "venv"),
+            install_plan="none",
+            install_commands=[],
+            test_paths=[],
+            test_command="pytest",
+            passing=[],
+        )
+        record.save(env_dir / "env.json")
+        return record
+
+    build._build = slow_build
+    print(build.build_env(spec, cache=cache).env_id, file=open(log.with_suffix(".out"), "a"))
+
+
+def test_two_processes_building_one_spec_build_it_once(tmp_path):
+    """Two pytest-xdist workers on a fresh cache once both built ``six`` and the second's rename
+    onto the first's venv failed (``Directory not empty``): the build is serialised per spec."""
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("fork")
+    log = tmp_path / "calls.log"
+    children = [
+        ctx.Process(target=_build_in_child, args=("fake==1.0", tmp_path / "cache", log))
+        for _ in range(2)
+    ]
+    for child in children:
+        child.start()
+    for child in children:
+        child.join(30)
+    assert [child.exitcode for child in children] == [0, 0]
+    assert log.read_text() == "build\n"
+    assert log.with_suffix(".out").read_text().split() == ["fake-1.0-000000000000"] * 2

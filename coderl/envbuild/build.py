@@ -23,11 +23,14 @@ maps names to policies (the model-driven builder drives the agent harness, so it
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import json
 import shlex
 import shutil
 import tempfile
+from collections.abc import Iterator
 from dataclasses import asdict
 from email.parser import Parser
 from pathlib import Path
@@ -318,10 +321,43 @@ def build_env(
             and the error tail; ``attempts`` holds every plan tried.
     """
     cache = cache or cache_dir()
+    found = _built(spec, cache)
+    if found is not None:
+        return found
+    with _build_lock(spec, cache):  # one build of a spec at a time, across processes
+        found = _built(spec, cache)  # built by another process while this one waited
+        return found if found is not None else _build(spec, factory, cache, build_policy)
+
+
+def _built(spec: str, cache: Path) -> EnvRecord | None:
     for existing in sorted((cache / "envs").glob("*/env.json")):
         record = EnvRecord.load(existing)
         if record.spec == spec and Path(record.venv).is_dir():
             return record
+    return None
+
+
+@contextlib.contextmanager
+def _build_lock(spec: str, cache: Path) -> Iterator[None]:
+    """Hold ``spec``'s build lock: an ``flock`` on ``CACHE/.locks/build-<sha256(spec)>.lock``.
+
+    Two processes building one spec (two pytest-xdist workers on a fresh cache) would otherwise
+    both build it and the second's rename onto the first's ``venv`` fails. The kernel drops the
+    lock when its holder exits however it exits, so a killed build never leaves it stuck."""
+    locks = cache / ".locks"
+    locks.mkdir(parents=True, exist_ok=True)
+    name = hashlib.sha256(spec.encode()).hexdigest()[:16]
+    with open(locks / f"build-{name}.lock", "w") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        yield
+
+
+def _build(
+    spec: str,
+    factory: SandboxFactory | None,
+    cache: Path,
+    build_policy: BuildPolicy | None,
+) -> EnvRecord:
     policy = build_policy or RuleBasedPolicy()
     factory = factory or default_factory()
     digest, snapshot = snapshot_or_raise(spec, cache)
