@@ -180,6 +180,8 @@ def test_the_cache_root_resolves_a_linked_cache(tmp_path, monkeypatch):
     monkeypatch.chdir(checkout)
     monkeypatch.delenv("CODERL_CACHE", raising=False)
     assert cache_dir() == shared.resolve()
+    monkeypatch.setenv("CODERL_CACHE", "")  # empty is unset, not the working directory
+    assert cache_dir() == shared.resolve()
 
 
 def _build_in_child(spec, cache, log):

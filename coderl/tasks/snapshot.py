@@ -27,11 +27,11 @@ _SPEC = re.compile(r"^(?P<name>[A-Za-z0-9][A-Za-z0-9._-]*)==(?P<version>[A-Za-z0
 
 
 def cache_dir() -> Path:
-    """The cache root: ``$CODERL_CACHE`` or ``./data/cache`` (gitignored), symlinks resolved.
-    Created on demand. Resolved because built environments record absolute paths: a checkout
+    """The cache root: ``$CODERL_CACHE`` (unless empty: an empty value once made the working
+    directory the cache) or ``./data/cache`` (gitignored), symlinks resolved. Created on demand. Resolved because built environments record absolute paths: a checkout
     whose ``data/cache`` links to a shared cache must record the shared cache's paths, or the
     records break when that checkout is removed (two shipped environments did)."""
-    root = Path(os.environ.get("CODERL_CACHE", "data/cache")).resolve()
+    root = Path(os.environ.get("CODERL_CACHE") or "data/cache").resolve()
     root.mkdir(parents=True, exist_ok=True)
     return root
 
