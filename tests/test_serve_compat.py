@@ -151,11 +151,11 @@ REFUSED = {
     "temperature": (3, "allowed: a number from 0 to 2"),
     "top_p": (0, "allowed: a number above 0 and at most 1"),
     "max_tokens": (0, "allowed: a positive integer"),
-    "seed": ("abc", "allowed: an integer"),
+    "seed": ("7", "allowed: an integer"),  # no coercion of strings, as OpenAI has it
     "tool_choice": (12, 'allowed: "auto" or "none"'),
     "stop": (["a", "b", "c", "d", "e"], "at most 4 non-empty strings"),
     "stream_options": ({"continuous_usage_stats": True}, '{"include_usage": true|false'),
-    "logprobs": ("sure", "allowed: true, false or null"),
+    "logprobs": ("true", "allowed: true, false or null"),
 }
 
 

@@ -19,6 +19,7 @@ Three kinds of field, decided per field and value:
 - **unknown**: refused, as OpenAI refuses an unrecognized argument (vLLM ignores extra fields
   with a warning; a client that asks for something coderl would silently not do is told so).
 
+Values are not coerced (``"5"`` for ``max_tokens`` is refused, as OpenAI refuses it).
 Messages: roles are OpenAI's; ``content`` is a string or a list of text parts, and null (or
 absent) only on an assistant message that has ``tool_calls``, as OpenAI has it.
 """
@@ -40,7 +41,7 @@ class StreamOptions(BaseModel):
     padding of stream chunks against length side channels) is ignored. Accepted also without
     ``stream`` (it then changes nothing), where OpenAI and vLLM refuse it."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     include_usage: bool | None = None
     include_obfuscation: bool | None = None
@@ -49,7 +50,7 @@ class StreamOptions(BaseModel):
 class ChatRequest(BaseModel):
     """The honoured fields of OpenAI's chat-completions request (see the module docstring)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     model: str
     messages: list[dict[str, Any]] = Field(min_length=1)
