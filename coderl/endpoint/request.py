@@ -118,7 +118,7 @@ def _flag(v: Any) -> bool:
     return v is None or isinstance(v, bool)
 
 
-NOT_SAMPLED_SO = "coderl records the policy's samples as drawn"
+AS_DRAWN = "coderl records the policy's samples as drawn"
 NEUTRAL: dict[str, tuple[Callable[[Any], bool], str]] = {
     # OpenAI's sampling and output fields, at the value that changes nothing
     "n": (_number(1), "1 (one choice per request)"),
@@ -149,9 +149,9 @@ NEUTRAL: dict[str, tuple[Callable[[Any], bool], str]] = {
     "min_p": (_number(0), "0 (no min-p cut)"),
     "repetition_penalty": (_number(1), "1 (no penalty)"),
     "length_penalty": (_number(1), "1 (no penalty)"),
-    "min_tokens": (_number(0), f"0 ({NOT_SAMPLED_SO}; a minimum would mask the stop token)"),
-    "ignore_eos": (_one_of(False), f"false ({NOT_SAMPLED_SO})"),
-    "use_beam_search": (_one_of(False), f"false ({NOT_SAMPLED_SO})"),
+    "min_tokens": (_number(0), f"0 ({AS_DRAWN}; a minimum would mask the stop token)"),
+    "ignore_eos": (_one_of(False), f"false ({AS_DRAWN})"),
+    "use_beam_search": (_one_of(False), f"false ({AS_DRAWN})"),
     "include_stop_str_in_output": (_one_of(False), "false (the reply ends before a stop string)"),
     "skip_special_tokens": (_one_of(True), "true"),
     "spaces_between_special_tokens": (_one_of(True), "true"),
@@ -252,7 +252,7 @@ def offers_tools(req: ChatRequest) -> bool:
     if req.tool_choice == "none":
         return False
     raise RequestError(
-        f"tool_choice: {shown(req.tool_choice)} is not supported: {NOT_SAMPLED_SO}, so it "
+        f"tool_choice: {shown(req.tool_choice)} is not supported: {AS_DRAWN}, so it "
         "cannot force a call; supported: 'auto', 'none'",
         param="tool_choice",
     )
