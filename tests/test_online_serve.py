@@ -168,15 +168,24 @@ def test_bad_requests_get_clear_errors(served) -> None:
     user = [{"role": "user", "content": "x"}]
     r = _http(url, json_body={"model": "tiny", "messages": user, "frequency_penalty": 1})
     msg = r.json()["error"]["message"]
-    assert r.status_code == 400 and "frequency_penalty: not supported" in msg
-    assert "supported fields:" in msg and "stop" in msg and "tool_choice" in msg
+    assert (
+        r.status_code == 400
+        and msg == "frequency_penalty: 1 is not supported; supported: 0 (no penalty)"
+    )
+    r = _http(url, json_body={"model": "tiny", "messages": user, "guided_json": {}})
+    msg = r.json()["error"]["message"]
+    assert r.status_code == 400 and msg.startswith("guided_json: unknown field")
+    assert "accepted fields:" in msg and "stop" in msg and "tool_choice" in msg
     refused = {
         "tool_choice": ({"tool_choice": "required"}, "supported: 'auto', 'none'"),
         "image part": (
             {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]},
             "'image_url' is not supported",
         ),
-        "response_format": ({"response_format": {"type": "json_object"}}, "not supported"),
+        "response_format": (
+            {"response_format": {"type": "json_object"}},
+            'not supported; supported: {"type": "text"}',
+        ),
     }
     for what, (extra, says) in refused.items():
         r = _http(url, json_body={"model": "tiny", "messages": user} | extra)
@@ -593,10 +602,10 @@ def test_a_body_that_is_not_a_json_object_says_so(served) -> None:
     _, _, bg = served
     url = bg.base_url + "/chat/completions"
     err = _error(_http(url, content=b'{"model": "tiny", oops'), 400)
-    assert err["message"].startswith("the request body is not valid JSON (Invalid JSON:")
+    assert err["message"].startswith("the request body is not valid JSON (Expecting ")
     assert err["param"] is None
     err = _error(_http(url, json_body=["tiny"]), 400)
-    assert err["message"].startswith("the request body must be a JSON object (")
+    assert err["message"] == 'the request body must be a JSON object, not list ["tiny"]'
 
 
 def test_only_openai_roles_are_accepted_and_developer_is_the_system_role(served) -> None:

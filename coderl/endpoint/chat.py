@@ -3,20 +3,11 @@
 from, what is sent back (a JSON body or a server-sent-event stream), and how an episode's
 recorded calls become its trajectory (:func:`trajectory_of`).
 
-Supported request fields (:data:`SUPPORTED_FIELDS`; any other is refused with HTTP 400 naming
-it and listing these): ``model`` (``coderl serve``: a served name, else 404; the gateway: any name, recorded), ``messages`` (``content`` a string,
-null, or a list of ``{"type": "text", "text": ...}`` parts), ``tools``, ``tool_choice``
-(``"auto"`` or ``"none"``), ``temperature``, ``top_p``, ``max_tokens`` /
-``max_completion_tokens``, ``stop`` (up to 4 strings), ``seed``, ``logprobs``, ``n`` (1),
-``stream`` and ``stream_options.include_usage``, ``user``, and coderl's own ``episode_id``,
-``population``, ``is_summary``, ``return_token_ids``.
-Message roles: ``system``, ``developer`` (rendered as ``system``), ``user``, ``assistant``,
-``tool``; any other (or none) is refused with a 400, as OpenAI refuses it.
-
-Refused with a reason: ``tool_choice`` ``"required"`` or a named function (constraining the
-sample would make the recorded behaviour logprobs those of another distribution), content parts
-other than text (images, audio), ``n > 1``, ``top_logprobs > 0``, ``presence_penalty``,
-``frequency_penalty``, ``logit_bias``, ``response_format`` and every other field.
+What a request may carry (honoured fields, fields accepted at a neutral value, refusals) is
+:mod:`coderl.endpoint.request`; message roles are OpenAI's (``developer`` rendered as
+``system``), content a string or text parts. ``tool_choice`` ``"required"`` or a named
+function is refused: constraining the sample would make the recorded behaviour logprobs those
+of another distribution.
 
 Recording is token-exact: the prompt ids are the chat template's rendering of the messages,
 encoded once; the completion is the sampled ids and their behaviour logprobs. A ``stop`` string
@@ -41,14 +32,14 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
-import pydantic
 from fastapi import HTTPException, Request, Response
 from fastapi.responses import JSONResponse, StreamingResponse
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict
 from starlette.concurrency import run_in_threadpool
 
+from coderl.agent.parsing import get_call_format
 from coderl.agent.tools import Tool
 from coderl.endpoint.calls import (
     ContextFullError,
@@ -60,138 +51,16 @@ from coderl.endpoint.calls import (
 )
 from coderl.endpoint.continuation import Turn, continued_prompt
 from coderl.endpoint.errors import error_response
+from coderl.endpoint.request import (
+    ChatRequest,
+    flat_messages,
+    offers_tools,
+    parse_request,
+    stop_strings,
+)
 from coderl.policy.base import Completion, SamplingParams
 from coderl.policy.episode import encode
 from coderl.trajectory import Segment, Trajectory
-
-
-class ChatRequest(BaseModel):
-    """The subset of OpenAI's chat-completions request that is supported; others are errors."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    model: str
-    messages: list[dict[str, Any]] = Field(min_length=1)
-    tools: list[dict[str, Any]] | None = None
-    tool_choice: Literal["auto", "none"] | dict[str, Any] | str | None = None
-    temperature: float | None = Field(default=None, ge=0, le=2)
-    top_p: float | None = Field(default=None, gt=0, le=1)
-    max_tokens: int | None = Field(default=None, ge=1)
-    max_completion_tokens: int | None = Field(default=None, ge=1)
-    stop: str | list[str] | None = None
-    seed: int | None = None
-    logprobs: bool | None = None
-    top_logprobs: int | None = Field(default=None, ge=0, le=0)
-    n: int | None = Field(default=None, ge=1, le=1)
-    stream: bool | None = None
-    stream_options: dict[str, Any] | None = None
-    user: str | None = None
-    episode_id: str | None = Field(default=None, max_length=128)
-    population: str | None = Field(default=None, max_length=128)
-    is_summary: bool = False
-    return_token_ids: bool = False
-    """Also return the sampled token ids (``choices[0].token_ids``, as vLLM's extension names
-    them) and the prompt's (``prompt_token_ids``): what a token-exact client harness continues
-    from (:mod:`coderl.online.agent_client`)."""
-
-
-SUPPORTED_FIELDS = tuple(ChatRequest.model_fields)
-"""Every request field that is accepted (the others are refused with a 400 listing these)."""
-
-
-def request_error(e: pydantic.ValidationError) -> tuple[str, str | None]:
-    """``(message, param)`` of a request that failed validation: one line naming each bad field
-    (the body itself when it is not a JSON object), and for a field that is not supported at
-    all, the list of the supported ones; ``param`` the first bad field (None: the body)."""
-    parts, unknown, fields = [], False, []
-    for x in e.errors():
-        where = ".".join(str(p) for p in x["loc"])
-        fields.append(where)
-        if x["type"] == "json_invalid":
-            parts.append(f"the request body is not valid JSON ({x['msg']})")
-        elif not where:
-            parts.append(f"the request body must be a JSON object ({x['msg']})")
-        elif x["type"] == "extra_forbidden":
-            unknown = True
-            parts.append(f"{where}: not supported by coderl")
-        else:
-            parts.append(f"{where}: {x['msg']}")
-    if unknown:
-        parts.append(f"supported fields: {', '.join(SUPPORTED_FIELDS)}")
-    return "; ".join(parts), (fields[0] or None) if fields else None
-
-
-def stop_strings(req: ChatRequest) -> list[str]:
-    """The request's ``stop`` as a list (at most 4 non-empty strings).
-
-    Raises:
-        RequestError: more than 4, or an empty string.
-    """
-    stops = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
-    if len(stops) > 4 or any(not s for s in stops):
-        raise RequestError("stop: at most 4 non-empty strings", param="stop")
-    return stops
-
-
-def offers_tools(req: ChatRequest) -> bool:
-    """Whether the model is shown the request's tools: ``tool_choice`` ``"auto"`` (default) yes,
-    ``"none"`` no.
-
-    Raises:
-        RequestError: ``"required"`` or a named function (they would constrain the sample).
-    """
-    if req.tool_choice in (None, "auto"):
-        return True
-    if req.tool_choice == "none":
-        return False
-    raise RequestError(
-        f"tool_choice {json.dumps(req.tool_choice)} is not supported: coderl records the "
-        "policy's samples as drawn, so it cannot force a call; supported: 'auto', 'none'",
-        param="tool_choice",
-    )
-
-
-ROLES = ("system", "developer", "user", "assistant", "tool")
-"""The message roles accepted (OpenAI's; ``developer`` is rendered as ``system``)."""
-
-
-def flat_messages(messages: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-    """``messages`` with list-of-parts contents joined into one string (text parts only) and
-    the ``developer`` role (OpenAI's newer name for ``system``) as ``system``, the role chat
-    templates know.
-
-    Raises:
-        RequestError: a message that is not an object, a role not in :data:`ROLES`, or a
-            content part that is not text.
-    """
-    out = []
-    for i, m in enumerate(messages):
-        if not isinstance(m, dict):
-            raise RequestError(f"messages.{i}: a message must be an object", param=f"messages.{i}")
-        role = m.get("role")
-        if role not in ROLES:
-            raise RequestError(
-                f"messages.{i}.role: {json.dumps(role)} is not a valid role; "
-                f"supported: {', '.join(ROLES)}",
-                param=f"messages.{i}.role",
-            )
-        if role == "developer":
-            m = {**m, "role": "system"}
-        content = m.get("content")
-        if isinstance(content, list):
-            texts = []
-            for part in content:
-                kind = part.get("type") if isinstance(part, dict) else type(part).__name__
-                if kind != "text" or not isinstance(part.get("text"), str):
-                    raise RequestError(
-                        f"messages.{i}.content: part of type {kind!r} is not supported; "
-                        "supported: a string or {'type': 'text', 'text': ...} parts",
-                        param=f"messages.{i}.content",
-                    )
-                texts.append(part["text"])
-            m = {**m, "content": "".join(texts)}
-        out.append(m)
-    return out
 
 
 class _AnyArguments(BaseModel):
@@ -240,6 +109,23 @@ class Sampled:
     """What the episode's next call may continue (:mod:`coderl.endpoint.continuation`)."""
 
 
+def _cut(
+    tokenizer: Any, out: Completion, end: Callable[[str], int | None]
+) -> tuple[Completion, str] | None:
+    """``out`` cut after its first token ``k`` whose decoded prefix ``head`` has ``end(head)``
+    not None, with ``head[:end(head)]``; None when no prefix has. A prefix of an
+    autoregressive sample is a sample: it is what is recorded and trained."""
+    for k in range(1, len(out.token_ids) + 1):
+        head = str(tokenizer.decode(out.token_ids[:k], skip_special_tokens=False))
+        if (n := end(head)) is not None:
+            versions = out.token_versions[:k] if out.token_versions else []
+            cut = Completion(
+                out.token_ids[:k], out.logprobs[:k], "stop", out.policy_version, versions
+            )
+            return cut, head[:n]
+    return None
+
+
 def cut_at_stop(
     tokenizer: Any, out: Completion, text: str, stops: list[str]
 ) -> tuple[Completion, str]:
@@ -247,19 +133,28 @@ def cut_at_stop(
     ``stops`` (the returned text ends before the stop string); unchanged when none occurs."""
     if not stops or not any(s in text for s in stops):
         return out, text
-    for k in range(1, len(out.token_ids) + 1):
-        head = str(tokenizer.decode(out.token_ids[:k], skip_special_tokens=False))
-        hits = [head.index(s) for s in stops if s in head]
-        if hits:
-            cut = Completion(
-                out.token_ids[:k],
-                out.logprobs[:k],
-                "stop",
-                out.policy_version,
-                out.token_versions[:k] if out.token_versions else [],
-            )
-            return cut, head[: min(hits)]
-    return out, text
+
+    def before_stop(head: str) -> int | None:
+        return min((head.index(s) for s in stops if s in head), default=None)
+
+    return _cut(tokenizer, out, before_stop) or (out, text)
+
+
+def cut_after_first_call(
+    tokenizer: Any, out: Completion, text: str, tools: Mapping[str, Tool], call_format: str
+) -> tuple[Completion, str]:
+    """``(completion, text)`` cut after the first sampled token whose text holds the reply's
+    first tool call whole (``parallel_tool_calls: false``: at most one call, as OpenAI and vLLM
+    answer it); unchanged when the reply holds fewer than two calls."""
+    parsed = get_call_format(call_format).parse(text, tools)
+    if len(parsed) < 2:
+        return out, text
+    n = text.index(parsed[0].text) + len(parsed[0].text)
+
+    def after_first_call(head: str) -> int | None:
+        return n if head[:n] == text[:n] else None
+
+    return _cut(tokenizer, out, after_first_call) or (out, text)
 
 
 def sample_chat(
@@ -323,6 +218,9 @@ def sample_chat(
     sampled = generate(prompt, params)
     out, text = cut_at_stop(tokenizer, sampled, renderer.content(sampled), stops)
     content, calls, status = parse_reply(text, tools, call_format)
+    if req.parallel_tool_calls is False and len(calls) > 1:
+        out, text = cut_after_first_call(tokenizer, out, text, tools, call_format)
+        content, calls, status = parse_reply(text, tools, call_format)
     turn = Turn(messages, shown, prompt, out, content, calls, whole=out is sampled)
     return Sampled(prompt, out, text, content, calls, status, params, turn)
 
@@ -441,10 +339,9 @@ async def chat_endpoint(
     (its ``HTTPException`` becomes an error body) and send the reply as JSON or, with
     ``stream``, as server-sent events (:func:`stream_events`)."""
     try:
-        req = ChatRequest.model_validate_json(await request.body())
-    except pydantic.ValidationError as e:
-        message, param = request_error(e)
-        return error_response(400, message, param=param)
+        req = parse_request(await request.body())
+    except RequestError as e:
+        return error_response(400, str(e), param=e.param)
     try:
         body = await run_in_threadpool(complete, req)
     except HTTPException as e:
@@ -452,7 +349,7 @@ async def chat_endpoint(
     headers = {"X-Interaction-Id": body["id"]}
     if not req.stream:
         return JSONResponse(body, headers=headers)
-    usage = bool((req.stream_options or {}).get("include_usage"))
+    usage = bool(req.stream_options and req.stream_options.include_usage)
     events = stream_events(body, include_usage=usage)
     return StreamingResponse(events, media_type="text/event-stream", headers=headers)
 

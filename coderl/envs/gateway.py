@@ -6,8 +6,9 @@ command) with the task's statement and its own endpoint, and waits for it to end
 
 - **Model calls**: ``$OPENAI_BASE_URL`` (also ``$OPENAI_API_BASE``) is the episode's
   ``/v1/chat/completions``, behind a secret path (``$OPENAI_API_KEY`` holds the same secret);
-  requests are read as ``coderl serve`` reads them (:mod:`coderl.endpoint.chat`: content parts,
-  ``stop``, streaming, ``tool_choice``; the rest refused with a 400 listing what is supported),
+  requests are read as ``coderl serve`` reads them (:mod:`coderl.endpoint.request`: content
+  parts, ``stop``, streaming, ``tool_choice``, neutral values of the fields coderl does not
+  implement; the rest refused with a 400 naming the field, the value and what is supported),
   with the program's own tools shown through the chat template and calls parsed in the model's
   native format (``tasks.options.call_format``). Every call is sampled from the policy being
   trained, batched with the calls of every other episode running (one

@@ -46,8 +46,9 @@ not the harness's: 400; a conversation that cannot be rendered: 400; a prompt th
 engine's context: 400). An engine failure answers 503 with its reason and the server keeps
 serving.
 
-Requests, streaming, ``stop`` and what is refused: :mod:`coderl.endpoint.chat` (the one request
-path of ``coderl serve`` and the gateway). The request's ``model`` does not select weights
+Requests, streaming, ``stop``: :mod:`coderl.endpoint.chat` (the one request path of ``coderl
+serve`` and the gateway); what is honoured, accepted at a neutral value or refused:
+:mod:`coderl.endpoint.request`. The request's ``model`` does not select weights
 (the population does): it must be a served name (``model.name``, or the alias ``coderl``;
 ``GET /v1/models`` lists them), and any other is answered 404 ``NotFoundError`` as vLLM
 answers it; the reply's ``model`` is the name asked for. No authentication: bind to localhost or put it behind a proxy.
