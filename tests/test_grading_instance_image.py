@@ -99,6 +99,7 @@ def test_an_image_task_grades_as_the_reward_reads_it(instance):
     assert not empty.resolved and empty.failure_kind == "agent" and empty.grading_error is None
     assert empty.tests["tests/test_calc.py::test_add"] == "failed"
     assert empty.fail_to_pass_passed == 0.0 and empty.fraction_passed == 0.5
+    assert empty.partial_credit == 0.0  # what reward.tests=fraction pays the starting state
     broken = grade_image_task(task, task.gold_patch.replace("a - b", "a * b"))
     assert not broken.resolved and broken.failure_kind == "agent"
     assert broken.reason == "the patch did not apply"

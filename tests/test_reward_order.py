@@ -65,6 +65,21 @@ REFUSED = {
         ["reward.terms={tests: 1, broken_calls: 1}", "reward.tests=fraction"],
         "reward.tests=fraction",
     ),
+    "a negative broken-call weight (a failing episode's slips paid)": (
+        ["reward.terms={tests: 1, broken_calls: -1}"], "negative weights",
+    ),
+    "a negative length weight (failing at the full budget paid)": (
+        ["reward.terms={tests: 1, length: -5}"], "negative weights",
+    ),
+    "a negative ungated judge cancelling the sum": (
+        ["reward.terms={tests: 1, judge: -10, length: 1, broken_calls: 1}",
+         "reward.length.coef=0.5", "reward.broken_call_penalty=0.6",
+         "reward.learned_requires_tests=false"],
+        "negative weights",
+    ),
+    "a negative gated judge (solving scores below failing)": (
+        ["reward.terms={tests: 1, judge: -2}"], "negative weights",
+    ),
     "no tests term": (["reward.terms={broken_calls: 1}"], "no positive tests term"),
     "a zero tests weight": (["reward.terms={tests: 0, judge: 1}"], "no positive tests term"),
 }  # fmt: skip
@@ -90,12 +105,20 @@ def _extremes(rew: RewardConfig) -> tuple[float, float]:
         return [0.0 if s.resolved else 1.0 for s in samples]
 
     terms = {**REWARD_TERMS, "judge": learned, "rm": learned}
-    # ease 1 (an easy task) and the whole budget: the largest length penalty there is
-    solving = RewardSample("t", resolved=True, fraction_passed=1.0, sampled_tokens=100,
-                           token_budget=100, ease=1.0, broken_tool_calls=1)  # fmt: skip
-    failing = RewardSample("t", fraction_passed=0.999, sampled_tokens=0, token_budget=100, ease=1.0)
-    res = compute_rewards([solving, failing], rew, terms)
-    return res.totals[0], res.totals[1]
+    # ease 1 (an easy task); each side at both ends of the budget and of the broken calls (a
+    # negative weight would turn the ends around)
+    solving = [
+        RewardSample("t", resolved=True, fraction_passed=1.0, sampled_tokens=n, token_budget=100,
+                     ease=1.0, broken_tool_calls=b)
+        for n, b in ((100, 1), (0, 0))
+    ]  # fmt: skip
+    failing = [
+        RewardSample("t", fraction_passed=0.999, sampled_tokens=n, token_budget=100, ease=1.0,
+                     broken_tool_calls=b)
+        for n, b in ((0, 0), (100, 5))
+    ]  # fmt: skip
+    res = compute_rewards(solving + failing, rew, terms)
+    return min(res.totals[:2]), max(res.totals[2:])
 
 
 def test_every_accepted_composition_pays_solving_more_than_any_cheaper_behaviour() -> None:
@@ -103,7 +126,9 @@ def test_every_accepted_composition_pays_solving_more_than_any_cheaper_behaviour
     accepted = 0
     for _ in range(600):
         names = [n for n in ("length", "broken_calls", "judge", "rm") if rng.random() < 0.5]
-        terms = {"tests": rng.choice([0.5, 1.0, 2.0])} | {n: rng.uniform(0.05, 3) for n in names}
+        # a quarter of the draws allow negative weights: a sign the check must not overlook
+        low = -3.0 if rng.random() < 0.25 else 0.05
+        terms = {"tests": rng.choice([0.5, 1.0, 2.0])} | {n: rng.uniform(low, 3) for n in names}
         overrides = [
             f"reward.terms={terms}",
             f"reward.tests={rng.choice(['resolved', 'fraction'])}",

@@ -10,7 +10,9 @@ pairs at once, and refuses the config otherwise:
 term               range per episode (weighted)                what the check needs
 =================  ==========================================  ================================
 ``tests``          ``resolved``: w if solved, else 0;          present with w > 0; the
-                   ``fraction``: up to w, unsolved as well     *margin* is w (``resolved``)
+                   ``fraction``: w times the share of          *margin* is w (``resolved``)
+                   FAIL_TO_PASS tests passed, 0 when a
+                   PASS_TO_PASS test breaks
 ``length``         ``-w * length.coef`` .. 0 (a long solving   ``w * coef < margin``: the work
                    episode pays it)                            of solving never costs the fix
 ``broken_calls``   ``-w * penalty * cap`` .. 0 (never needed   one call costs more than the
@@ -24,7 +26,9 @@ term               range per episode (weighted)                what the check ne
 ``kl``             unbounded either way (k1 estimate)          not checked (see Limits)
 =================  ==========================================  ================================
 
-All pairs at once: the length penalty a solving episode may pay and one broken call, plus what
+Every weight is at least 0: a term carries its own sign, so a negative weight would pay for
+what the term penalises (``broken_calls: -1`` paid a failing episode with five broken calls as
+much as a solve). All pairs at once: the length penalty a solving episode may pay and one broken call, plus what
 the ungated learned terms can pay a failing one, stay below the margin. With ``tests: fraction`` an episode that
 fails one test of n earns ``w * (1 - 1/n)``, so the margin is not known before the task is: no
 other term that can lower a solving episode or raise a failing one is accepted with it.
@@ -51,6 +55,13 @@ def check_reward_order(rew: Any) -> None:
         ValueError: naming the terms of the pair that breaks the order and their values.
     """
     w = rew.terms
+    negative = {k: v for k, v in w.items() if v < 0}
+    if negative:  # each term carries its own sign: a negative weight turns a penalty into pay
+        raise ValueError(
+            f"reward.terms={w}: negative weights {negative}; a weight scales a term, the term "
+            "carries its sign (length and broken_calls are already penalties, judge and rm "
+            "rewards), so a negative weight pays for what the term penalises"
+        )
     if w.get("tests", 0.0) <= 0:
         raise ValueError(
             f"reward.terms={w}: no positive tests term, so nothing pays for solving the task"

@@ -36,7 +36,8 @@ class RewardConfig(_Section):
     """Reward term name -> weight; names from :data:`REWARD_TERM_NAMES`."""
     tests: Literal["resolved", "fraction"] = "resolved"
     """``resolved``: 1 if every FAIL_TO_PASS and PASS_TO_PASS test passes else 0;
-    ``fraction``: the fraction of those tests that pass."""
+    ``fraction``: partial credit, the share of FAIL_TO_PASS tests that pass when every
+    PASS_TO_PASS test passes, else 0 (doing nothing scores 0)."""
     broken_call_penalty: float = Field(0.2, ge=0)
     """Reward subtracted per broken tool call (unparseable, unknown tool, bad arguments)."""
     broken_call_cap: int = Field(5, ge=1)

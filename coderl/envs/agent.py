@@ -184,8 +184,9 @@ class AgentEnvironment:
                     grading_error=f"grader raised {type(e).__name__}: {e}", failure_kind="infra"
                 )
             kind = getattr(g, "failure_kind", None)  # the grader's attribution, when it gives one
+            # partial credit, not the share of all tests: PASS_TO_PASS would pay doing nothing
             return GradeRecord(
-                g.resolved, g.fraction_passed, g.grading_error, failure_kind=kind, result=g
+                g.resolved, g.partial_credit, g.grading_error, failure_kind=kind, result=g
             )
 
         graded: list[GradeRecord] = []

@@ -300,6 +300,7 @@ def grade_function(
     result.tests = {TEST_ID: "passed" if outcome == "passed" else "failed"}
     result.resolved = outcome == "passed"
     result.fraction_passed = result.fail_to_pass_passed = float(result.resolved)
+    result.partial_credit = float(result.resolved)
     result.reason = "" if result.resolved else f"{outcome}: {detail}".strip()
     result.duration_s = time.monotonic() - start
     return result

@@ -129,10 +129,16 @@ def _summarise(result: GradeResult, task: Task, outcomes: dict[str, str]) -> Gra
     f2p = sum(result.tests[t] == "passed" for t in task.FAIL_TO_PASS)
     result.fail_to_pass_passed = 0.0 if result.tampered else f2p / len(task.FAIL_TO_PASS)
     result.fraction_passed = 0.0 if result.tampered else n_pass / len(expected)
+    kept = all(result.tests[t] == "passed" for t in task.PASS_TO_PASS)
+    result.partial_credit = result.fail_to_pass_passed if kept else 0.0
     result.resolved = not result.tampered and n_pass == len(expected)
     if not result.resolved and not result.reason:
         bad = [t for t, o in result.tests.items() if o != "passed"]
-        result.reason = f"{len(bad)} of {len(expected)} tests did not pass, e.g. {bad[0]} ({result.tests[bad[0]]})"
+        result.reason = (
+            f"{len(bad)} of {len(expected)} tests did not pass, e.g. {bad[0]} ({result.tests[bad[0]]})"
+            if bad
+            else "tampering detected"
+        )
     return result
 
 

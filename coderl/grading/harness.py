@@ -306,6 +306,8 @@ def grade_image_task(task: Task, agent_diff: str, *, timeout: float = 1800.0) ->
     result.fraction_passed = len(passed) / len(expected)
     result.fail_to_pass_passed = len(f2p) / len(task.FAIL_TO_PASS)
     result.denied = list(report.get("denied") or [])
+    kept = not result.denied and all(result.tests[t] == "passed" for t in task.PASS_TO_PASS)
+    result.partial_credit = result.fail_to_pass_passed if kept else 0.0
     result.resolved = bool(report["resolved"]) and not result.denied
     if not result.resolved:
         result.failure_kind = "agent"

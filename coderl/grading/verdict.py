@@ -27,6 +27,12 @@ class GradeResult:
     """Passed / expected tests, in [0, 1]; 0.0 whenever ``tampered``."""
     fail_to_pass_passed: float = 0.0
     """Fraction of the FAIL_TO_PASS tests that passed; 0.0 whenever ``tampered``."""
+    partial_credit: float = 0.0
+    """``fail_to_pass_passed`` when every PASS_TO_PASS test passed, else 0.0 (0.0 whenever
+    ``tampered``): the reward ``reward.tests=fraction`` pays. Not ``fraction_passed``: the
+    PASS_TO_PASS tests dominate that, so the unchanged starting state scored 0.99 on a shipped
+    task; here it scores 0 (its FAIL_TO_PASS tests fail by definition) and a change that breaks
+    working code scores 0 too."""
     grading_error: str | None = None
     """Set only for infrastructure failures (the grader itself failed): mask, do not score."""
     failure_kind: Literal["infra", "agent"] | None = None

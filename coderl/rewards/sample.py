@@ -21,7 +21,8 @@ class RewardSample:
     resolved: bool = False
     """Every FAIL_TO_PASS and PASS_TO_PASS test passed."""
     fraction_passed: float = 0.0
-    """Fraction of those tests that passed, in [0, 1]."""
+    """Partial credit in [0, 1]: for repository tasks the share of FAIL_TO_PASS tests passed
+    when no PASS_TO_PASS test broke, else 0 (``GradeResult.partial_credit``)."""
     grading_error: str | None = None
     """Why grading failed (sandbox crash, timeout of the grader...); such samples are masked."""
     sampled_tokens: int = 0

@@ -15,8 +15,9 @@ __all__ = ["REWARD_TERMS", "RewardSample", "Term"]
 
 
 def tests_term(samples: list[RewardSample], cfg: RewardConfig) -> list[float]:
-    """Verifiable outcome: 1/0 for resolved (``cfg.tests="resolved"``) or the fraction of
-    FAIL_TO_PASS and PASS_TO_PASS tests that pass (``"fraction"``)."""
+    """Verifiable outcome: 1/0 for resolved (``cfg.tests="resolved"``) or partial credit
+    (``"fraction"``): the share of FAIL_TO_PASS tests that pass when every PASS_TO_PASS test
+    passes, else 0 (``GradeResult.partial_credit``; repository tasks)."""
     if cfg.tests == "resolved":
         return [1.0 if s.resolved else 0.0 for s in samples]
     return [float(s.fraction_passed) for s in samples]
