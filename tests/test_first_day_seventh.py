@@ -53,10 +53,7 @@ def _grading_errors(reason: str):
 # --- 1. train-async: no run without a config, and it ends as coderl train ends ------------------
 
 
-@pytest.mark.parametrize(
-    "argv", [["train"], ["train-async"], ["train-async", "--resume"], ["train-async", "a=1"]]
-)
-def test_no_config_no_run_in_train_and_train_async_alike(argv, tmp_path, monkeypatch, capsys):
+def test_no_config_no_run_in_train_and_train_async_alike(tmp_path, monkeypatch, capsys):
     import coderl.asyncrl.trainer as trainer
     import coderl.train.loop as loop
 
@@ -66,11 +63,12 @@ def test_no_config_no_run_in_train_and_train_async_alike(argv, tmp_path, monkeyp
     monkeypatch.setattr(trainer, "train_async", started)
     monkeypatch.setattr(loop, "train", started)
     monkeypatch.chdir(tmp_path)  # the defaults' run_dir is relative: nothing may appear here
-    assert main(argv) == 2
-    line = _one_line_error(capsys.readouterr().err)
-    want = f"coderl {argv[0]}: error: give a CONFIG (e.g. configs/default.yaml) or --resume RUN_DIR"
-    assert line == want, line
-    assert list(tmp_path.iterdir()) == []
+    for argv in (["train"], ["train-async"], ["train-async", "--resume"], ["train-async", "a=1"]):
+        assert main(argv) == 2, argv
+        line = _one_line_error(capsys.readouterr().err)
+        hint = "give a CONFIG (e.g. configs/default.yaml) or --resume RUN_DIR"
+        assert line == f"coderl {argv[0]}: error: {hint}", line
+        assert list(tmp_path.iterdir()) == [], argv
 
 
 def test_train_async_ends_with_the_report_and_the_no_update_warning(tmp_path, monkeypatch, capsys):
