@@ -203,3 +203,36 @@ def test_coderl_eval_of_a_program_that_never_called_the_model_does_not_say_build
     line = _one_line_error(capsys.readouterr().err)
     assert "nothing was measured" in line and "never called the model" in line, line
     assert BUILD_HINT not in line and "tasks.options.program" in line, line
+
+
+# --- 5. elsewhere: a rate over nothing is absent, not 0 -----------------------------------------
+
+
+def test_an_online_run_without_events_prints_no_orphaned_share(tmp_path):
+    import io
+
+    from rich.console import Console
+
+    from coderl.online.cycle_report import print_report
+    from coderl.online.monitors import monitor_snapshot
+    from coderl.online.store import Store
+
+    store = Store(f"sqlite:///{tmp_path / 'db.sqlite'}")
+    try:
+        monitors = monitor_snapshot(store, "v1", window_s=60.0)
+    finally:
+        store.close()
+    assert monitors["orphaned_share"] is None, monitors  # no event: no share of them
+    rep = {"decision": "waited", "finalize": {}, "rejected_events": {}, "duplicate_events": 0}
+    out = io.StringIO()
+    window = {0: {"*": {"reward": 0.5}}}  # interactions in the window, no event yet
+    print_report({**rep, "monitors": {**monitors, "by_version": window}}, Console(file=out))
+    assert "orphaned share of events: n/a" in out.getvalue(), out.getvalue()
+
+
+def test_a_build_ledger_without_build_time_has_no_rate():
+    from coderl.envbuild.ledger import summary
+
+    assert "built_per_hour" not in summary([])  # nothing finished: no rate, not 0 per hour
+    rows = [{"status": "built", "time_s": 1800.0, "builder": "rules"}]
+    assert summary(rows)["built_per_hour"] == 2.0
