@@ -67,20 +67,52 @@ def add_cpu_since(
     return stats
 
 
+MASK_HINTS: tuple[tuple[str, str], ...] = (
+    (
+        "no built environment matches",
+        "repository tasks need their environments built first: coderl tasks build-env",
+    ),
+    (
+        "never called the model",
+        "the agent program (tasks.options.program) never called the model: run it by hand "
+        "to see why (docs/harness-byo.md)",
+    ),
+    (
+        "exceeds context_budget",
+        "the prompt does not fit the context window: raise rollout.max_context_tokens or "
+        "lower rollout.max_new_tokens",
+    ),
+)
+"""(text of a mask reason, what to do about it): the one list of known causes of masked
+episodes; :func:`masked_hint` picks the hints of the causes present."""
+
+
+def masked_hint(reasons: list[str]) -> str:
+    """What to do about the masked episodes whose reasons (``failure_reason``, grading errors)
+    are ``reasons``: the hint of each known cause among them (:data:`MASK_HINTS`), joined by
+    ``"; "``, in their order there; ``""`` when no reason is a known cause."""
+    return "; ".join(hint for cause, hint in MASK_HINTS if any(cause in r for r in reasons))
+
+
 def check_step_measured(step: int, infos: list[dict[str, Any]]) -> None:
     """Fail the run when every episode a step rolled out was masked: a prompt too long for the
     context window, environments that are not built, a broken sandbox mask every episode the
     same way at every step, and the run would train on nothing and end as if it had worked.
 
+    Args:
+        step: the step's number as users see it (from 1: the step lines, ``metrics.jsonl``).
+
     Raises:
-        coderl.stats.NothingMeasured: no episode of the step was valid (names the reasons).
+        coderl.stats.NothingMeasured: no episode of the step was valid (names the reasons, and
+            what to do where the cause is known: :func:`masked_hint`).
     """
     if not infos or any(x["valid"] for x in infos):
         return
     reasons = sorted({str(x.get("failure_reason") or x.get("failure") or "?") for x in infos})
+    hint = masked_hint(reasons)
     raise NothingMeasured(
         f"step {step}: all {len(infos)} episodes were masked, nothing to train on; "
-        f"reasons: {'; '.join(reasons[:3])}"
+        f"reasons: {'; '.join(reasons[:3])}" + (f" ({hint})" if hint else "")
     )
 
 

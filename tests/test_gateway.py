@@ -278,7 +278,7 @@ def test_a_program_that_never_calls_the_model_fails_the_step_and_the_eval(tmp_pa
     opts = {"inner": "fnrepair", "program": program, "timeout_s": 30}
     common = [*RANDOM, "tasks.source=gateway", f"tasks.options={json.dumps(opts)}"]
     step = load_config(TOY, [*common, f"run_dir={tmp_path / 'step'}"])  # no evaluation
-    with pytest.raises(NothingMeasured, match=r"step 0: .*never called the model"):
+    with pytest.raises(NothingMeasured, match=r"step 1: .*never called the model"):
         loop.train(step)
     evals = ["eval.before_after=true", "eval.tasks=1", "eval.samples=1", "eval.k=[1]"]
     before = load_config(TOY, [*common, *evals, f"run_dir={tmp_path / 'eval'}"])

@@ -43,8 +43,11 @@ class AsyncMetrics:
     started: float = field(default_factory=time.monotonic)
 
     def summary(self) -> dict[str, Any]:
+        """Rates and fractions of the segment. What it did not measure is absent, not 0: the
+        staleness means and ``token_staleness_max`` without a trained group or token, the
+        ``logprob_gap`` without a step that computed one (no step updated the policy)."""
         wall = max(time.monotonic() - self.started, 1e-9)
-        return {
+        out: dict[str, Any] = {
             "wall_s": wall,
             "steps": self.steps,
             "trajectories_per_s": self.trajectories_trained / wall,
@@ -57,13 +60,15 @@ class AsyncMetrics:
             "dropped_groups": self.dropped_groups,
             "resampled_groups": self.resampled_groups,
             "staleness_hist": dict(sorted(self.staleness.items())),
-            "mean_staleness": hist_mean(self.staleness),
-            "token_staleness_mean": hist_mean(self.token_staleness),
-            "token_staleness_max": max(self.token_staleness, default=0),
-            "logprob_gap": sum(self.logprob_gaps) / len(self.logprob_gaps)
-            if self.logprob_gaps
-            else 0.0,
         }
+        if self.staleness:
+            out["mean_staleness"] = hist_mean(self.staleness)
+        if self.token_staleness:
+            out["token_staleness_mean"] = hist_mean(self.token_staleness)
+            out["token_staleness_max"] = max(self.token_staleness)
+        if self.logprob_gaps:
+            out["logprob_gap"] = sum(self.logprob_gaps) / len(self.logprob_gaps)
+        return out
 
 
 def hist_mean(hist: Counter[int]) -> float:

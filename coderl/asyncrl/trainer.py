@@ -54,6 +54,7 @@ from coderl.train import pipeline as P
 from coderl.train.checkpoint import load_trainable, trainable_state
 from coderl.train.heldout import log_eval_with_alarm, log_extra_evals, without_heldout_evals
 from coderl.train.run import (
+    UpdateCount,
     build_policy,
     close_run,
     optimize,
@@ -254,7 +255,7 @@ class TrainLearner:
         keys = [P.group_key(ep.task_id, g.job.index) for g, ep in eps]
         owners = [g.job.task for g, _ in eps]
         run.sampler.observe(owners, infos)  # as coderl train does after scoring
-        check_step_measured(run.step, infos)
+        check_step_measured(run.step + 1, infos)  # the step it becomes (from 1)
         metrics: dict[str, float] = rollout_metrics(run.sampler, owners, keys, infos)
         metrics.update(P.step_metrics(infos, cfg))
         batch = P.make_batch(
@@ -353,6 +354,7 @@ def _train_async(cfg: Config, acfg: AsyncConfig, resume: bool) -> dict[str, Any]
         summary = runner.summary()
         extra = {f"async/{k}": float(v) for k, v in summary.items() if not isinstance(v, dict)}
         logger.log(run.step, {**metrics, **extra})
+        updates.saw(metrics)
         bar.advance(status=step_status(metrics))
         if run.step % cfg.trainer.checkpoint_every == 0 or run.step == cfg.trainer.steps:
             run.sampler.position = _cursor(runner)
@@ -385,6 +387,7 @@ def _train_async(cfg: Config, acfg: AsyncConfig, resume: bool) -> dict[str, Any]
             logger.log_eval(0, {**run_eval(run), "phase": "start"})
             log_extra_evals(run, logger, 0, "start")  # eval.extra_splits, beside it
         steps, at = cfg.trainer.steps, run.step
+        updates = UpdateCount(at)
         with PhaseProgress("train-async", steps, completed=at, enabled=cfg.progress) as bar:
             with runner:
                 summary = runner.run(steps)
@@ -392,6 +395,7 @@ def _train_async(cfg: Config, acfg: AsyncConfig, resume: bool) -> dict[str, Any]
             log_eval_with_alarm(logger, run.step, run_eval(run))
             log_extra_evals(run, logger, run.step)
         logger.close()
+        updates.warn(run.step)  # as coderl train ends
     finally:
         close_run(run)  # a vLLM server coderl started stops, whatever happened
     return summary

@@ -96,7 +96,7 @@ def _run_cycles(args: argparse.Namespace, cfg: Config, sock: socket.socket | Non
             if sim is not None:
                 t = time.perf_counter()
                 stats = sim.run(cfg.online.simulate.interactions_per_cycle)
-                console.print(f"simulated traffic so far: {stats}")
+                console.print(f"simulated traffic so far: {stats.line()}")
                 wait = max(cfg.online.reward.windows_s.values())
                 time.sleep(wait)  # let the join windows close
                 extra["window_wait_s"] = wait

@@ -14,6 +14,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
+NO_CONFIG = "give a CONFIG (e.g. configs/default.yaml) or --resume RUN_DIR"
+"""The refusal of ``coderl train`` and ``coderl train-async`` given neither: no run on the
+built-in defaults that nobody asked for."""
+
 
 def run(args: argparse.Namespace) -> int:
     from coderl.cli.sft import reuse_sft
@@ -29,7 +33,7 @@ def run(args: argparse.Namespace) -> int:
 
         cfg, changes, step = resume_config(args.resume, config, overrides)
     elif config is None:
-        raise ValueError("give a CONFIG (e.g. configs/default.yaml) or --resume RUN_DIR")
+        raise ValueError(NO_CONFIG)
     else:
         cfg = load_config(config, overrides)
     if wants_ray_launch(cfg):  # this process starts the ranks; each runs this function
@@ -76,15 +80,22 @@ def _train(
         resume = f"coderl train --resume {shlex.quote(str(cfg.run_dir))}"
         print(stopped_line("coderl train", cfg.run_dir, resume, over(args, cfg)), file=sys.stderr)
         return 130
+    if launch_rank() == 0:  # torchrun: one rank speaks, and writes the report
+        end_of_run(run_dir, args.report)
+    return 0
+
+
+def end_of_run(run_dir: str | Path, report: bool) -> None:
+    """What ``coderl train`` and ``coderl train-async`` end with: the held-out table
+    ``coderl demo`` prints (none without evaluations) and, with ``report``, the report
+    (``RUN_DIR/report``)."""
     from coderl.eval.summary import print_summary
 
-    if launch_rank() == 0:  # torchrun: one rank speaks
-        print_summary(run_dir)  # the held-out table coderl demo prints (none without evals)
-    if args.report:
+    print_summary(run_dir)
+    if report:
         from coderl.eval.report import write_report
 
         print(f"report: {write_report(run_dir)}")
-    return 0
 
 
 def over(args: argparse.Namespace, cfg: Any) -> str | None:

@@ -5,7 +5,11 @@ The config is the ``coderl train`` tree, whose ``async:`` section
 override it. ``--resume RUN_DIR`` (or ``--resume`` after the command line that started the run)
 continues the run with its own ``config.yaml``, as ``coderl train --resume`` does
 (:mod:`coderl.train.resume`): a CONFIG and overrides given with it are applied on top, printed,
-and refused where they change what the checkpoint holds.
+and refused where they change what the checkpoint holds. Without a CONFIG or ``--resume
+RUN_DIR`` it refuses in one line, as ``coderl train`` does (no run on the built-in defaults a
+user did not ask for). It ends as ``coderl train`` ends: the held-out summary, the report
+(``RUN_DIR/report``; ``--no-report`` skips it) and, where no step updated the policy, the
+warning that says so (:class:`coderl.train.run.UpdateCount`).
 """
 
 from __future__ import annotations
@@ -18,14 +22,17 @@ from rich.console import Console
 
 
 def run(args: argparse.Namespace) -> int:
+    from coderl.cli.train import NO_CONFIG
     from coderl.config import load_config, split_preset
     from coderl.rundir import ensure_new_run, run_lock
 
     config, overrides = split_preset(args.config, args.overrides)
+    named = args.resume if isinstance(args.resume, str) else None
+    if config is None and named is None:
+        raise ValueError(NO_CONFIG)
     if args.resume:
         from coderl.train.resume import resume_config
 
-        named = args.resume if isinstance(args.resume, str) else None
         run_dir = named or load_config(config, overrides).run_dir
         cfg, changes, step = resume_config(run_dir, config, overrides)
     else:
@@ -50,9 +57,9 @@ def run(args: argparse.Namespace) -> int:
     console.print(f"[bold]async run finished[/] in {cfg.run_dir}")
     for key, value in summary.items():
         console.print(f"  {key}: {value:.4g}" if isinstance(value, float) else f"  {key}: {value}")
-    from coderl.eval.summary import print_summary
+    from coderl.cli.train import end_of_run
 
-    print_summary(cfg.run_dir)  # the held-out table coderl train ends with (none without evals)
+    end_of_run(cfg.run_dir, args.report)  # the held-out table and the report, as coderl train
     return 0
 
 
@@ -62,7 +69,11 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         help="train with rollout workers decoupled from the trainer (bounded staleness)",
     )
     p.add_argument(
-        "config", nargs="?", default=None, help="YAML preset (default: built-in defaults)"
+        "config",
+        nargs="?",
+        default=None,
+        help="YAML preset, e.g. configs/toy.yaml (with --resume: applied on top of the run's "
+        "own config.yaml; usually left out)",
     )
     p.add_argument(
         "overrides", nargs="*", help="key=value overrides, async.* for the async section"
@@ -76,4 +87,5 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         help="continue RUN_DIR (or the run the command line names) from its latest checkpoint "
         "with its own config.yaml",
     )
+    p.add_argument("--no-report", dest="report", action="store_false", help="skip the report")
     p.set_defaults(func=run)

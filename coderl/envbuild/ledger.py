@@ -161,16 +161,19 @@ def build_many(
 def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
     """Totals over finished rows: built, failed, built by rules / with the model, build time (s)
     summed and the rate in repositories built per hour of build time (``time_s`` summed, so
-    parallel builds are not credited with the overlap)."""
+    parallel builds are not credited with the overlap); the rate is absent without build
+    time (nothing finished), not 0."""
     final = [r for r in rows if r.get("status") in FINAL]
     built = [r for r in final if r["status"] == "built"]
     seconds = sum(r.get("time_s", 0.0) for r in final)
-    return {
+    out = {
         "repositories": len(final),
         "built": len(built),
         "failed": len(final) - len(built),
         "built_by_rules": sum(r.get("builder") == "rules" for r in built),
         "built_with_model": sum(r.get("builder") == "model" for r in built),
         "build_seconds": round(seconds, 1),
-        "built_per_hour": round(len(built) / seconds * 3600, 2) if seconds else 0.0,
     }
+    if seconds:
+        out["built_per_hour"] = round(len(built) / seconds * 3600, 2)
+    return out

@@ -17,6 +17,7 @@ from typing import Any
 
 from coderl import algorithms as A
 from coderl.graders.judge import EpisodeView
+from coderl.metrics import masked_hint
 from coderl.policy.base import SamplingParams
 from coderl.rewards.learned import learned_fields
 from coderl.stats import Estimate, NothingMeasured, bootstrap_ci, estimate, paired_difference
@@ -210,7 +211,9 @@ def evaluate(
 def check_measured(result: dict[str, Any], what: str = "eval") -> str | None:
     """Whether an evaluation (:meth:`EvalResult.to_dict`) measured anything: a warning line when
     at least half its episodes were masked (grading errors or dropped; they count as failures,
-    so pass@k is then mostly a count of infrastructure faults), else None.
+    so pass@k is then mostly a count of infrastructure faults), else None. Both say what to do
+    where the grading errors name a known cause (:func:`coderl.metrics.masked_hint`: environments
+    not built, a gateway program that never called the model, a prompt too long for the window).
 
     Raises:
         coderl.stats.NothingMeasured: every episode was masked (says why, with the first
@@ -220,17 +223,20 @@ def check_measured(result: dict[str, Any], what: str = "eval") -> str | None:
     masked = result["grading_errors"] + result["dropped_episodes"]
     if total == 0 or masked < total / 2:
         return None
-    why = "; ".join(result.get("grading_error_examples", [])[:3]) or "-"
+    examples = result.get("grading_error_examples", [])
+    why = "; ".join(examples[:3]) or "-"
     said = (
         f"{masked} of {total} episodes masked ({result['grading_errors']} grading errors, "
         f"{result['dropped_episodes']} not returned by the environment); grading errors: {why}"
     )
+    hint = masked_hint(examples)
     if masked >= total:
         raise NothingMeasured(
-            f"{what}: nothing was measured: {said} (repository tasks need their environments "
-            "built first: coderl tasks build-env)"
+            f"{what}: nothing was measured: {said}" + (f" ({hint})" if hint else "")
         )
-    return f"{what}: WARNING: {said}; pass@k counts them as failures"
+    return f"{what}: WARNING: {said}; pass@k counts them as failures" + (
+        f" ({hint})" if hint else ""
+    )
 
 
 def _rollout_and_grade(

@@ -141,4 +141,5 @@ def print_report(rep: dict[str, Any], console: Console | None = None) -> None:
         for k in names:
             mt.add_row(k, *[measured(m.get(k)) for _, _, m in cols])
         console.print(mt)
-        console.print(f"orphaned share of events: {rep['monitors']['orphaned_share']:.3f}")
+        share = measured(rep["monitors"]["orphaned_share"], ".3f")  # n/a: no event yet
+        console.print(f"orphaned share of events: {share}")

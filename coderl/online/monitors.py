@@ -104,7 +104,8 @@ def monitor_snapshot(
     interactions created in ``[now - window_s, now)``.
 
     Returns:
-        ``{"window_s", "orphaned_share", "by_version": {version: {population: metrics}}}``.
+        ``{"window_s", "orphaned_share", "by_version": {version: {population: metrics}}}``;
+        ``orphaned_share`` is None while the store holds no event (nothing to share out).
     """
     now = time.time() if now is None else now
     rows = store.interactions(since=now - window_s, until=now)
@@ -126,7 +127,7 @@ def monitor_snapshot(
     total = store.event_count()
     return {
         "window_s": window_s,
-        "orphaned_share": orphans / total if total else 0.0,
+        "orphaned_share": orphans / total if total else None,  # None: no event yet
         "by_version": by_version,
     }
 

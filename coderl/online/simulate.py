@@ -68,6 +68,26 @@ class SimStats:
     harness_errors: int = 0
     """Agent episodes the harness could not start (no request sent, nothing recorded)."""
 
+    def line(self) -> str:
+        """The counts as one readable line (what ``coderl online run`` prints after each
+        cycle's traffic); the agent-mode counts only where agent episodes ran or failed."""
+        agent = [f"{self.episodes} agent episodes"] if self.episodes or self.harness_errors else []
+        if self.summaries:
+            agent.append(f"{self.summaries} self-summary turns")
+        if self.harness_errors:
+            agent.append(f"{self.harness_errors} could not start")
+        return ", ".join(
+            [
+                *agent,
+                f"{self.requests} requests",
+                f"{self.edits} edits ({self.passed} passed)",
+                f"{self.broken_calls} broken tool calls",
+                f"{self.events_sent} events sent ({self.duplicates_sent} duplicates, "
+                f"{self.malformed_sent} malformed)",
+                f"feedback of {self.dropped} interactions dropped (online.simulate.drop_rate)",
+            ]
+        )
+
 
 def post_json(url: str, body: Any) -> tuple[int, dict[str, Any]]:
     """POST JSON; ``(status, decoded body)`` (HTTP errors are returned, not raised)."""

@@ -26,7 +26,6 @@ have (with ``engine.kind=vllm`` too: its requests are seeded). ``coderl train-as
 
 from __future__ import annotations
 
-import sys
 import time
 from collections.abc import Sequence
 from dataclasses import replace
@@ -50,6 +49,7 @@ from coderl.train.heldout import log_eval_with_alarm, log_extra_evals, without_h
 from coderl.train.run import (
     SFT_WEIGHTS,
     Run,
+    UpdateCount,
     build_policy,
     close_run,
     full_weights,
@@ -110,7 +110,7 @@ def collect(run: Run, step: int) -> tuple[P.Scored, dict[str, float]]:
         if dynamic != "resample" or wanted == 0:
             break
     assert kept is not None
-    check_step_measured(step, rolled_infos)
+    check_step_measured(step + 1, rolled_infos)  # step: from 0 here, from 1 for users
     stats.update(rollout_metrics(run.sampler, rolled_tasks, rolled_keys, rolled_infos))
     # rewards of the kept samples, recomputed together (group pass rates are per group)
     return P.rescore(kept, cfg), stats
@@ -322,11 +322,11 @@ def _train(run: Run, resume: bool) -> None:
             log_extra_evals(run, logger, 0, phase)  # eval.extra_splits, beside it
         with full_weights(run):  # sharded: every rank runs the whole pre-pass
             prepass(run)  # tasks.pool.prepass_samples: seed the pool's estimates (0: nothing)
-    first, updates = run.step, 0
+    updates = UpdateCount(run.step)
     with PhaseProgress("train", cfg.trainer.steps, completed=run.step, enabled=cfg.progress) as bar:
         while run.step < cfg.trainer.steps:
             metrics = training_step(run)
-            updates += metrics.get("optimizer_steps", 0.0) > 0
+            updates.saw(metrics)
             bar.advance(status=step_status(metrics))
             last = run.step == cfg.trainer.steps
             if (cfg.eval.every and run.step % cfg.eval.every == 0 and not last) or (
@@ -339,17 +339,5 @@ def _train(run: Run, resume: bool) -> None:
             if run.step % cfg.trainer.checkpoint_every == 0 or last:
                 save(run)
     logger.close()
-    if run.step > first and not updates and rank == 0:
-        print(no_update_warning(first, run.step), file=sys.stderr, flush=True)
-
-
-def no_update_warning(first: int, last: int) -> str:
-    """The line ``coderl train`` ends with when none of steps ``first + 1 .. last`` updated the
-    policy (``optimizer_steps`` 0 in each: every group dropped by dynamic sampling, or every
-    episode masked): the weights it saved are the ones it started from."""
-    return (
-        f"WARNING: none of steps {first + 1}-{last} updated the policy (optimizer_steps 0 in "
-        "each: every group had zero reward variance and was dropped, or every episode was "
-        "masked); the checkpoints hold the weights the run started from. policy_version still "
-        "counts steps, not updates (metrics.jsonl: dynamic/dropped_groups, reward/masked)"
-    )
+    if rank == 0:
+        updates.warn(run.step)

@@ -253,6 +253,39 @@ def step_status(metrics: dict[str, float]) -> str:
     return "; ".join([head, *notes])
 
 
+class UpdateCount:
+    """The steps of a run that updated the policy (``optimizer_steps > 0``), counted from step
+    ``first`` (where the run started or resumed): ``coderl train`` and ``train-async`` both
+    end with :meth:`warn`."""
+
+    def __init__(self, first: int) -> None:
+        self.first, self.updates = first, 0
+
+    def saw(self, metrics: dict[str, float]) -> None:
+        """Count one step by its metrics."""
+        self.updates += metrics.get("optimizer_steps", 0.0) > 0
+
+    def warn(self, last: int) -> None:
+        """Print :func:`no_update_warning` on stderr when steps ran up to ``last`` and none of
+        them updated the policy."""
+        if last > self.first and not self.updates:
+            print(no_update_warning(self.first, last), file=sys.stderr, flush=True)
+
+
+def no_update_warning(first: int, last: int) -> str:
+    """The line a run ends with when none of steps ``first + 1 .. last`` updated the policy
+    (``optimizer_steps`` 0 in each: every group dropped by dynamic sampling, every episode
+    masked, or no episode with a token to train on): the weights it saved are the ones it
+    started from."""
+    return (
+        f"WARNING: none of steps {first + 1}-{last} updated the policy (optimizer_steps 0 in "
+        "each: every group had zero reward variance and was dropped, every episode was "
+        "masked, or no episode had a token to train on); the checkpoints hold the weights the "
+        "run started from. policy_version still counts steps, not updates (metrics.jsonl: "
+        "dynamic/dropped_groups, reward/masked, sequences)"
+    )
+
+
 def save(run: Run, **state: Any) -> Path:
     """Checkpoint ``run`` at its step (``state``: extra JSON entries, e.g. the async ledger);
     a sampler with state beyond the cursor (pool, mix) saves it as ``sampler``."""

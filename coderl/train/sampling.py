@@ -408,7 +408,10 @@ class MixSampler(_Blocks):
             w = {m.label(): scheduled_weight(m.weight, step) for m in self.entries}
         total = sum(w.values())
         if total <= 0:
-            raise ValueError(f"tasks.mix: every source has weight 0 at step {step}")
+            raise ValueError(  # said from 1, as the step lines count; the schedule from 0
+                f"tasks.mix: every source has weight 0 at step {step + 1} (schedule point "
+                f"{step}: the weights' [step, weight] points count steps from 0)"
+            )
         return {k: v / total for k, v in w.items()}
 
     def allocate(self, b: int) -> list[str]:
