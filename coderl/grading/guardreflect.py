@@ -46,10 +46,14 @@ def _header(stmt: ast.stmt) -> ast.AST:
     )
 
 
-def _reflective(node: ast.AST, tainted: set[str] | frozenset[str], attrs: set[str]) -> bool:
+def _reflective(node: ast.AST, tainted: set[str] | frozenset[str], facts: _Facts) -> bool:
     """Whether ``node`` holds a :data:`REFLECTIVE` attribute or name, reads a ``tainted`` name,
-    or reads an attribute named in ``attrs`` (where a reflective value was stored)."""
+    reads an attribute named in ``facts.attrs`` (where a reflective value was stored), or calls
+    a function or method named in ``facts.returns`` (one that returns a frame or namespace)."""
+    attrs = facts.attrs
     for n in ast.walk(node):
+        if isinstance(n, ast.Call) and _callee(n) in facts.returns:
+            return True
         if isinstance(n, ast.Attribute) and (n.attr in REFLECTIVE or CO_ATTR.match(n.attr)):
             own = isinstance(n.value, ast.Name) and n.value.id in ("self", "cls")
             if not (own and n.attr == "__dict__"):  # a method's own namespace (rule ``attr``)
@@ -98,7 +102,10 @@ class _Scope:
     """One function, class or module body in :func:`reflective_statements`' walk: ``parent``
     is where its free names resolve (the nearest enclosing function or the module)."""
 
-    __slots__ = ("stmts", "name", "node", "parent", "tainted", "local", "glob", "nonlocal_")
+    __slots__ = (
+        *("stmts", "name", "node", "parent", "tainted", "local", "glob", "nonlocal_"),
+        "direct",
+    )
 
     def __init__(
         self,
@@ -113,26 +120,31 @@ class _Scope:
         self.local: set[str] = set()
         self.glob: set[str] = set()
         self.nonlocal_: set[str] = set()
+        self.direct: set[str] = set()  # names bound to a frame or namespace (_note_return)
 
 
 class _Facts:
     """What one pass of the walk learned for the next (:func:`reflective_statements`' fixed
     point): names an inner scope tainted in an enclosing one (by the enclosing scope's node id),
-    attribute names a reflective value was stored into, and the names of functions called with
-    a reflective argument (their parameters carry it)."""
+    attribute names a reflective value was stored into, the names of functions called with
+    a reflective argument (their parameters carry it), and the names of functions and methods
+    that return or yield a frame or namespace (:func:`_note_return`: a call of one is read as
+    that value)."""
 
-    __slots__ = ("lifted", "attrs", "calls")
+    __slots__ = ("lifted", "attrs", "calls", "returns")
 
     def __init__(self, other: _Facts | None = None) -> None:
         self.lifted = {k: set(v) for k, v in other.lifted.items()} if other else {}
         self.attrs: set[str] = set(other.attrs) if other else set()
         self.calls: set[str] = set(other.calls) if other else set()
+        self.returns: set[str] = set(other.returns) if other else set()
 
     def lift(self, node: ast.AST, name: str) -> None:
         self.lifted.setdefault(id(node), set()).add(name)
 
     def same(self, other: _Facts) -> bool:
-        return (self.lifted, self.attrs, self.calls) == (other.lifted, other.attrs, other.calls)
+        mine = (self.lifted, self.attrs, self.calls, self.returns)
+        return mine == (other.lifted, other.attrs, other.calls, other.returns)
 
 
 def _bound_in(node: ast.AST) -> tuple[set[str], set[str], set[str]]:
@@ -283,7 +295,8 @@ def _walk(
         resolve = sc if not isinstance(sc.node, ast.ClassDef) else sc.parent
         for i, stmt in enumerate(sc.stmts):
             header = _header(stmt)
-            hit = _reflective(header, sc.tainted, new.attrs)
+            hit = _reflective(header, sc.tainted, new)
+            _note_return(stmt, sc, new)
             if isinstance(stmt, _DEFS):
                 inner = f"{sc.name}.{stmt.name}" if sc.name else stmt.name
                 params = _tainted_params(stmt, sc, new)
@@ -301,7 +314,7 @@ def _learn(sc: _Scope, header: ast.AST, module: _Scope, new: _Facts) -> None:
     """Taint what the reflective statement ``header`` of ``sc`` makes carry its value."""
     names, stored = _stores(header)
     new.attrs |= stored
-    new.calls |= _called_with(header, sc.tainted, new.attrs)
+    new.calls |= _called_with(header, sc.tainted, new)
     for name in names:
         owner = _owner(sc, name, module)
         if owner is not sc:  # an enclosing scope's: it carries the value from the start
@@ -312,7 +325,7 @@ def _learn(sc: _Scope, header: ast.AST, module: _Scope, new: _Facts) -> None:
             new.attrs.add(name)  # a class attribute: read as ``self.name``
 
 
-def _called_with(header: ast.AST, tainted: set[str], attrs: set[str]) -> set[str]:
+def _called_with(header: ast.AST, tainted: set[str], facts: _Facts) -> set[str]:
     """The names of the functions ``header`` calls with a reflective argument."""
     out: set[str] = set()
     for n in ast.walk(header):
@@ -320,9 +333,58 @@ def _called_with(header: ast.AST, tainted: set[str], attrs: set[str]) -> set[str
             continue
         name = getattr(n.func, "id", None) or getattr(n.func, "attr", None)
         values = [*n.args, *(k.value for k in n.keywords)]
-        if name and any(_reflective(v, tainted, attrs) for v in values):
+        if name and any(_reflective(v, tainted, facts) for v in values):
             out.add(name)
     return out
+
+
+def _callee(call: ast.Call) -> str:
+    """The name a call calls: ``f(...)``, ``x.f(...)``, ``getattr(x, 'f')(...)``; else ``""``."""
+    func = call.func
+    if isinstance(func, ast.Call) and _name(func.func) in _READERS:
+        return _literal_name(func)
+    return _name(func)
+
+
+_OWN_SCOPE = frozenset({"locals", "vars", "globals"})
+"""Calls that, without arguments, give the calling function's own locals or its own module's
+namespace: nothing a caller could not name itself (parse's ``extract_format`` returns
+``locals()``; following it froze most of ``Parser._handle_field``)."""
+
+
+def _direct(value: ast.AST | None, names: set[str]) -> bool:
+    """Whether ``value`` *is* a frame or namespace: a :data:`REFLECTIVE` attribute read
+    (``f.f_globals``, ``m.__dict__``), a call of a :data:`REFLECTIVE` function with arguments
+    (``sys._getframe(2)``, ``vars(m)``; not the own-scope :data:`_OWN_SCOPE` without any), or a
+    name in ``names`` (bound to one in the same function). A value merely computed from one
+    (``obj.__dict__.setdefault(k, w)``: cachetools' ``__get__``) is not."""
+    if isinstance(value, ast.Attribute):
+        return value.attr in REFLECTIVE or bool(CO_ATTR.match(value.attr))
+    if isinstance(value, ast.Call):
+        name = _name(value.func)
+        own = name in _OWN_SCOPE and not value.args and not value.keywords
+        return name in REFLECTIVE and not own
+    return isinstance(value, ast.Name) and value.id in names
+
+
+def _note_return(stmt: ast.stmt, sc: _Scope, facts: _Facts) -> None:
+    """Learn from ``stmt`` of function ``sc`` whether the function hands out a frame or a
+    namespace: ``return v``/``yield v`` of a :func:`_direct` value (a changed statement around
+    an existing call of it, ``ns = namespace()`` then ``ns.get(...)``, was clean: the eighth
+    round's residual). Names bound to such a value are tracked per function, in order."""
+    if not isinstance(sc.node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        return
+    direct = sc.direct
+    if isinstance(stmt, (ast.Assign, ast.AnnAssign)) and _direct(stmt.value, direct):
+        targets = stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target]
+        direct.update(t.id for t in targets if isinstance(t, ast.Name))
+    value = getattr(stmt, "value", None)
+    if isinstance(stmt, ast.Expr) and isinstance(value, (ast.Yield, ast.YieldFrom)):
+        value = value.value
+    elif not isinstance(stmt, ast.Return):
+        return
+    if _direct(value, direct):
+        facts.returns.add(sc.node.name)
 
 
 def _owner(sc: _Scope, name: str, module: _Scope) -> _Scope:
@@ -349,7 +411,7 @@ def _tainted_params(stmt: ast.stmt, sc: _Scope, facts: _Facts) -> set[str]:
     )
     kw = zip(args.kwonlyargs, args.kw_defaults, strict=True)
     pairs += [(a, d) for a, d in kw if d is not None]
-    out = {a.arg for a, d in pairs if _reflective(d, sc.tainted, facts.attrs)}
+    out = {a.arg for a, d in pairs if _reflective(d, sc.tainted, facts)}
     if getattr(stmt, "name", None) in facts.calls:
         every = [*positional, *args.kwonlyargs, args.vararg, args.kwarg]
         static = any(getattr(d, "id", "") == "staticmethod" for d in stmt.decorator_list)
