@@ -223,6 +223,30 @@ RETURNED = {
             return space.get('__name__')
         """,
     ),
+    "read_off_a_frame": (
+        """
+        import sys
+
+
+        def lookup(k):
+            return sys._getframe(1).f_globals.get(k)
+
+
+        def name():
+            return lookup('__name__')
+        """,
+        """
+        import sys
+
+
+        def lookup(k):
+            return sys._getframe(1).f_globals.get(k)
+
+
+        def name():
+            return lookup('s' + 'ys')
+        """,
+    ),
 }
 
 
@@ -234,10 +258,11 @@ def test_a_statement_around_a_call_that_returns_a_namespace_is_held(member):
 
 
 # Honest members (from the false positives that cut back the eighth round's first version): a
-# function returning its own ``locals()`` (parse's ``extract_format``), a value computed from a
-# namespace (cachetools' ``__get__``: ``obj.__dict__.setdefault(...)``), and a builder made from
-# a function's attributes (boltons' ``from_func``) are not followed: a changed statement around
-# their calls stays clean.
+# function returning its own ``locals()`` (parse's ``extract_format``), a value bound from a
+# namespace and returned by name (cachetools' ``__get__``: ``obj.__dict__.setdefault(...)``), a
+# builder made from a function's attributes (boltons' ``from_func``), a copy of the method's own
+# ``self.__dict__`` and a frame's function name (a string) are not followed: a changed statement
+# around their calls stays clean.
 HONEST_RETURNS = {
     "own_locals": (
         """
@@ -308,6 +333,50 @@ HONEST_RETURNS = {
         def copy(func):
             made = Builder.from_func(func)
             return made
+        """,
+    ),
+    "own_instance_dict": (
+        """
+        class State:
+            def state(self):
+                return self.__dict__.copy()
+
+            def keys(self):
+                return sorted(self.state())
+        """,
+        """
+        class State:
+            def state(self):
+                return self.__dict__.copy()
+
+            def keys(self):
+                found = self.state()
+                return sorted(k for k in found if not k.startswith('_'))
+        """,
+    ),
+    "a_frames_function_name": (
+        """
+        import sys
+
+
+        def caller():
+            return sys._getframe(1).f_code.co_name
+
+
+        def where():
+            return caller().upper()
+        """,
+        """
+        import sys
+
+
+        def caller():
+            return sys._getframe(1).f_code.co_name
+
+
+        def where():
+            name = caller()
+            return name.lower()
         """,
     ),
 }

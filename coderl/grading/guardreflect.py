@@ -352,30 +352,57 @@ namespace: nothing a caller could not name itself (parse's ``extract_format`` re
 ``locals()``; following it froze most of ``Parser._handle_field``)."""
 
 
-def _direct(value: ast.AST | None, names: set[str]) -> bool:
-    """Whether ``value`` *is* a frame or namespace: a :data:`REFLECTIVE` attribute read
-    (``f.f_globals``, ``m.__dict__``), a call of a :data:`REFLECTIVE` function with arguments
-    (``sys._getframe(2)``, ``vars(m)``; not the own-scope :data:`_OWN_SCOPE` without any), or a
-    name in ``names`` (bound to one in the same function). A value merely computed from one
-    (``obj.__dict__.setdefault(k, w)``: cachetools' ``__get__``) is not."""
+def _hands_out(value: ast.AST | None, names: set[str]) -> bool:
+    """Whether ``value`` is, or is read off, a frame or namespace: it reads a
+    :data:`REFLECTIVE` attribute (``f.f_globals``, ``m.__dict__``,
+    ``sys._getframe(1).f_globals.get(k)``: whatever ``k`` names is handed out), calls a
+    :data:`REFLECTIVE` function (``sys._getframe(2)``, ``vars(m)``), or reads a name of
+    ``names`` (bound to such a value in the same function). Not: a plain string or number
+    (``f.f_code.co_name``), the function's own ``locals()``/``vars()``/``globals()`` without
+    arguments (:data:`_OWN_SCOPE`), a method's own ``self.__dict__``, and a value computed from
+    a name merely tainted elsewhere (cachetools' ``__get__`` binds ``wrapper =
+    obj.__dict__.setdefault(...)`` and returns ``wrapper``: not followed)."""
+    if value is None or _scalar(value):
+        return False
+    for n in ast.walk(value):
+        if isinstance(n, ast.Attribute) and (n.attr in REFLECTIVE or CO_ATTR.match(n.attr)):
+            own = isinstance(n.value, ast.Name) and n.value.id in ("self", "cls")
+            if not (own and n.attr == "__dict__") and n.attr not in _SCALARS:
+                return True
+        elif isinstance(n, ast.Call) and _name(n.func) in REFLECTIVE:
+            if not (_name(n.func) in _OWN_SCOPE and not n.args and not n.keywords):
+                return True
+        elif isinstance(n, ast.Name) and n.id in names and isinstance(n.ctx, ast.Load):
+            return True
+    return False
+
+
+def _is_namespace(value: ast.AST | None, names: set[str]) -> bool:
+    """Whether ``value`` *is* a frame or namespace, not a value read off one: a
+    :data:`REFLECTIVE` attribute read (``g = sys._getframe(2).f_globals``; not ``self.__dict__``),
+    a call of a :data:`REFLECTIVE` function (not :data:`_OWN_SCOPE` without arguments), or a
+    name of ``names``; not ``wrapper = obj.__dict__.setdefault(...)`` (cachetools' ``__get__``)."""
     if isinstance(value, ast.Attribute):
+        own = isinstance(value.value, ast.Name) and value.value.id in ("self", "cls")
+        if own and value.attr == "__dict__" or value.attr in _SCALARS:
+            return False
         return value.attr in REFLECTIVE or bool(CO_ATTR.match(value.attr))
     if isinstance(value, ast.Call):
         name = _name(value.func)
-        own = name in _OWN_SCOPE and not value.args and not value.keywords
-        return name in REFLECTIVE and not own
+        return name in REFLECTIVE and not (name in _OWN_SCOPE and not value.args)
     return isinstance(value, ast.Name) and value.id in names
 
 
 def _note_return(stmt: ast.stmt, sc: _Scope, facts: _Facts) -> None:
     """Learn from ``stmt`` of function ``sc`` whether the function hands out a frame or a
-    namespace: ``return v``/``yield v`` of a :func:`_direct` value (a changed statement around
-    an existing call of it, ``ns = namespace()`` then ``ns.get(...)``, was clean: the eighth
-    round's residual). Names bound to such a value are tracked per function, in order."""
+    namespace: ``return v``/``yield v`` of a value :func:`_hands_out` accepts (a changed
+    statement around an existing call of it, ``ns = namespace()`` then ``ns.get(...)``, was
+    clean: the eighth round's residual). Names bound to a value that :func:`_is_namespace`
+    accepts are tracked per function, in order."""
     if not isinstance(sc.node, (ast.FunctionDef, ast.AsyncFunctionDef)):
         return
     direct = sc.direct
-    if isinstance(stmt, (ast.Assign, ast.AnnAssign)) and _direct(stmt.value, direct):
+    if isinstance(stmt, (ast.Assign, ast.AnnAssign)) and _is_namespace(stmt.value, direct):
         targets = stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target]
         direct.update(t.id for t in targets if isinstance(t, ast.Name))
     value = getattr(stmt, "value", None)
@@ -383,7 +410,7 @@ def _note_return(stmt: ast.stmt, sc: _Scope, facts: _Facts) -> None:
         value = value.value
     elif not isinstance(stmt, ast.Return):
         return
-    if _direct(value, direct):
+    if _hands_out(value, direct):
         facts.returns.add(sc.node.name)
 
 
