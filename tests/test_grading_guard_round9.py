@@ -21,6 +21,7 @@ import pytest
 
 from coderl.grading.diffguard import added_findings
 from coderl.grading.guardself import unbound_methods
+from tests.test_grading_guard_scopes import STORE  # ``Box`` whose ``put`` stores on ``self``
 
 
 def _src(text: str) -> bytes:
@@ -389,16 +390,6 @@ def test_a_call_of_a_function_that_returns_no_namespace_stays_clean(member):
 
 
 # --- rule ``unbound``: a class handed on under a name that is no class's ----------------------
-STORE = _src(
-    """
-    class Box:
-        def __init__(self, encode=None):
-            self.encode = encode
-
-        def put(self, f):
-            self.encode = f
-    """
-)
 HEAD = "import json\n\n\ndef f(o):\n    return ''\n\n\nfrom .store import Box\n\n\n"
 PARAMETER = {
     "positional": "def g(k):\n    k.put(json.JSONEncoder, f)\n\n\ng(Box)\n",
