@@ -55,7 +55,7 @@ def test_edit_terms_hand_worked(store: Store) -> None:
         [
             {"type": "accepted"},
             {"type": "rejected"},
-            {"type": "accepted"},  # 0.5 * (1/3)
+            {"type": "accepted"},  # a rejection dominates: 0.5 * -1
             {"type": "edit_persisted", "fraction": 0.75, "after_minutes": 30},  # 1.0 * (2*.75-1)
             {"type": "follow_up", "sentiment": "dissatisfied"},  # 0.5 * -1
             {"type": "latency_ms", "value": 15_000},  # -0.1 * 0.5
@@ -64,10 +64,56 @@ def test_edit_terms_hand_worked(store: Store) -> None:
     )
     finalize(store, SPEC, now=CLOSED)
     r = store.rewards("v1")["i"]
-    # 0.16667 + 0.5 - 0.5 - 0.05 = 0.11667
-    assert r["reward"] == pytest.approx(0.116667, abs=1e-5)
+    # -0.5 + 0.5 - 0.5 - 0.05 = -0.55
+    assert r["reward"] == pytest.approx(-0.55, abs=1e-9)
+    assert r["terms"]["accept"] == pytest.approx(-0.5)
     assert r["terms"]["persist"] == pytest.approx(0.5)
     assert r["terms"]["latency"] == pytest.approx(-0.05)
+
+
+# One adverse event against many favourable ones with fresh event ids (the eighth attack round:
+# a mean of votes let ten ``accepted`` outvote one ``rejected``); each kind's term is its most
+# adverse in-window value, once, whichever turn of the episode the events name.
+ADVERSE = {
+    "accept": ({"type": "accepted"}, {"type": "rejected"}, -0.5),
+    "persist": (
+        {"type": "edit_persisted", "fraction": 1.0, "after_minutes": 30},
+        {"type": "edit_persisted", "fraction": 0.0, "after_minutes": 30},
+        -1.0,
+    ),
+    "follow_up": (
+        {"type": "follow_up", "sentiment": "satisfied"},
+        {"type": "follow_up", "sentiment": "dissatisfied"},
+        -0.5,
+    ),
+    "latency": (
+        {"type": "latency_ms", "value": 0},
+        {"type": "latency_ms", "value": 60_000},
+        -0.1,
+    ),
+}
+
+
+@pytest.mark.parametrize("term", sorted(ADVERSE))
+@pytest.mark.parametrize("where", ["one_turn", "another_turn"])
+def test_repeated_favourable_events_do_not_outvote_an_adverse_one(store, term, where):
+    good, bad, want = ADVERSE[term]
+    anchor = [] if term in ("accept", "persist", "follow_up") else [{"type": "accepted"}]
+    _add(store, "a", [bad, *anchor], action="edit", episode_id="e")
+    target = "a" if where == "one_turn" else "b"
+    if target == "b":
+        _add(store, "b", [], action="edit", episode_id="e")
+    store.ingest(
+        [
+            parse_event({"event_id": f"rep-{k}", "interaction_id": target, **good})
+            for k in range(10)
+        ],
+        now=T0,
+    )
+    finalize(store, SPEC, now=CLOSED)
+    rows = store.rewards("v1")
+    assert rows["a"]["terms"][term] == pytest.approx(want), rows["a"]["terms"]
+    assert all(r["reward"] == rows["a"]["reward"] for r in rows.values())
 
 
 def test_invalid_tool_call_is_kept_as_a_negative(store: Store) -> None:

@@ -46,10 +46,14 @@ def _header(stmt: ast.stmt) -> ast.AST:
     )
 
 
-def _reflective(node: ast.AST, tainted: set[str] | frozenset[str], attrs: set[str]) -> bool:
+def _reflective(node: ast.AST, tainted: set[str] | frozenset[str], facts: _Facts) -> bool:
     """Whether ``node`` holds a :data:`REFLECTIVE` attribute or name, reads a ``tainted`` name,
-    or reads an attribute named in ``attrs`` (where a reflective value was stored)."""
+    reads an attribute named in ``facts.attrs`` (where a reflective value was stored), or calls
+    a function or method named in ``facts.returns`` (one that returns a frame or namespace)."""
+    attrs = facts.attrs
     for n in ast.walk(node):
+        if isinstance(n, ast.Call) and _callee(n) in facts.returns:
+            return True
         if isinstance(n, ast.Attribute) and (n.attr in REFLECTIVE or CO_ATTR.match(n.attr)):
             own = isinstance(n.value, ast.Name) and n.value.id in ("self", "cls")
             if not (own and n.attr == "__dict__"):  # a method's own namespace (rule ``attr``)
@@ -98,7 +102,10 @@ class _Scope:
     """One function, class or module body in :func:`reflective_statements`' walk: ``parent``
     is where its free names resolve (the nearest enclosing function or the module)."""
 
-    __slots__ = ("stmts", "name", "node", "parent", "tainted", "local", "glob", "nonlocal_")
+    __slots__ = (
+        *("stmts", "name", "node", "parent", "tainted", "local", "glob", "nonlocal_"),
+        "direct",
+    )
 
     def __init__(
         self,
@@ -113,26 +120,31 @@ class _Scope:
         self.local: set[str] = set()
         self.glob: set[str] = set()
         self.nonlocal_: set[str] = set()
+        self.direct: set[str] = set()  # names bound to a frame or namespace (_note_return)
 
 
 class _Facts:
     """What one pass of the walk learned for the next (:func:`reflective_statements`' fixed
     point): names an inner scope tainted in an enclosing one (by the enclosing scope's node id),
-    attribute names a reflective value was stored into, and the names of functions called with
-    a reflective argument (their parameters carry it)."""
+    attribute names a reflective value was stored into, the names of functions called with
+    a reflective argument (their parameters carry it), and the names of functions and methods
+    that return or yield a frame or namespace (:func:`_note_return`: a call of one is read as
+    that value)."""
 
-    __slots__ = ("lifted", "attrs", "calls")
+    __slots__ = ("lifted", "attrs", "calls", "returns")
 
     def __init__(self, other: _Facts | None = None) -> None:
         self.lifted = {k: set(v) for k, v in other.lifted.items()} if other else {}
         self.attrs: set[str] = set(other.attrs) if other else set()
         self.calls: set[str] = set(other.calls) if other else set()
+        self.returns: set[str] = set(other.returns) if other else set()
 
     def lift(self, node: ast.AST, name: str) -> None:
         self.lifted.setdefault(id(node), set()).add(name)
 
     def same(self, other: _Facts) -> bool:
-        return (self.lifted, self.attrs, self.calls) == (other.lifted, other.attrs, other.calls)
+        mine = (self.lifted, self.attrs, self.calls, self.returns)
+        return mine == (other.lifted, other.attrs, other.calls, other.returns)
 
 
 def _bound_in(node: ast.AST) -> tuple[set[str], set[str], set[str]]:
@@ -283,7 +295,8 @@ def _walk(
         resolve = sc if not isinstance(sc.node, ast.ClassDef) else sc.parent
         for i, stmt in enumerate(sc.stmts):
             header = _header(stmt)
-            hit = _reflective(header, sc.tainted, new.attrs)
+            hit = _reflective(header, sc.tainted, new)
+            _note_return(stmt, sc, new)
             if isinstance(stmt, _DEFS):
                 inner = f"{sc.name}.{stmt.name}" if sc.name else stmt.name
                 params = _tainted_params(stmt, sc, new)
@@ -301,7 +314,7 @@ def _learn(sc: _Scope, header: ast.AST, module: _Scope, new: _Facts) -> None:
     """Taint what the reflective statement ``header`` of ``sc`` makes carry its value."""
     names, stored = _stores(header)
     new.attrs |= stored
-    new.calls |= _called_with(header, sc.tainted, new.attrs)
+    new.calls |= _called_with(header, sc.tainted, new)
     for name in names:
         owner = _owner(sc, name, module)
         if owner is not sc:  # an enclosing scope's: it carries the value from the start
@@ -312,7 +325,7 @@ def _learn(sc: _Scope, header: ast.AST, module: _Scope, new: _Facts) -> None:
             new.attrs.add(name)  # a class attribute: read as ``self.name``
 
 
-def _called_with(header: ast.AST, tainted: set[str], attrs: set[str]) -> set[str]:
+def _called_with(header: ast.AST, tainted: set[str], facts: _Facts) -> set[str]:
     """The names of the functions ``header`` calls with a reflective argument."""
     out: set[str] = set()
     for n in ast.walk(header):
@@ -320,9 +333,85 @@ def _called_with(header: ast.AST, tainted: set[str], attrs: set[str]) -> set[str
             continue
         name = getattr(n.func, "id", None) or getattr(n.func, "attr", None)
         values = [*n.args, *(k.value for k in n.keywords)]
-        if name and any(_reflective(v, tainted, attrs) for v in values):
+        if name and any(_reflective(v, tainted, facts) for v in values):
             out.add(name)
     return out
+
+
+def _callee(call: ast.Call) -> str:
+    """The name a call calls: ``f(...)``, ``x.f(...)``, ``getattr(x, 'f')(...)``; else ``""``."""
+    func = call.func
+    if isinstance(func, ast.Call) and _name(func.func) in _READERS:
+        return _literal_name(func)
+    return _name(func)
+
+
+_OWN_SCOPE = frozenset({"locals", "vars", "globals"})
+"""Calls that, without arguments, give the calling function's own locals or its own module's
+namespace: nothing a caller could not name itself (parse's ``extract_format`` returns
+``locals()``; following it froze most of ``Parser._handle_field``)."""
+
+
+def _hands_out(value: ast.AST | None, names: set[str]) -> bool:
+    """Whether ``value`` is, or is read off, a frame or namespace: it reads a
+    :data:`REFLECTIVE` attribute (``f.f_globals``, ``m.__dict__``,
+    ``sys._getframe(1).f_globals.get(k)``: whatever ``k`` names is handed out), calls a
+    :data:`REFLECTIVE` function (``sys._getframe(2)``, ``vars(m)``), or reads a name of
+    ``names`` (bound to such a value in the same function). Not: a plain string or number
+    (``f.f_code.co_name``), the function's own ``locals()``/``vars()``/``globals()`` without
+    arguments (:data:`_OWN_SCOPE`), a method's own ``self.__dict__``, and a value computed from
+    a name merely tainted elsewhere (cachetools' ``__get__`` binds ``wrapper =
+    obj.__dict__.setdefault(...)`` and returns ``wrapper``: not followed)."""
+    if value is None or _scalar(value):
+        return False
+    for n in ast.walk(value):
+        if isinstance(n, ast.Attribute) and (n.attr in REFLECTIVE or CO_ATTR.match(n.attr)):
+            own = isinstance(n.value, ast.Name) and n.value.id in ("self", "cls")
+            if not (own and n.attr == "__dict__") and n.attr not in _SCALARS:
+                return True
+        elif isinstance(n, ast.Call) and _name(n.func) in REFLECTIVE:
+            if not (_name(n.func) in _OWN_SCOPE and not n.args and not n.keywords):
+                return True
+        elif isinstance(n, ast.Name) and n.id in names and isinstance(n.ctx, ast.Load):
+            return True
+    return False
+
+
+def _is_namespace(value: ast.AST | None, names: set[str]) -> bool:
+    """Whether ``value`` *is* a frame or namespace, not a value read off one: a
+    :data:`REFLECTIVE` attribute read (``g = sys._getframe(2).f_globals``; not ``self.__dict__``),
+    a call of a :data:`REFLECTIVE` function (not :data:`_OWN_SCOPE` without arguments), or a
+    name of ``names``; not ``wrapper = obj.__dict__.setdefault(...)`` (cachetools' ``__get__``)."""
+    if isinstance(value, ast.Attribute):
+        own = isinstance(value.value, ast.Name) and value.value.id in ("self", "cls")
+        if own and value.attr == "__dict__" or value.attr in _SCALARS:
+            return False
+        return value.attr in REFLECTIVE or bool(CO_ATTR.match(value.attr))
+    if isinstance(value, ast.Call):
+        name = _name(value.func)
+        return name in REFLECTIVE and not (name in _OWN_SCOPE and not value.args)
+    return isinstance(value, ast.Name) and value.id in names
+
+
+def _note_return(stmt: ast.stmt, sc: _Scope, facts: _Facts) -> None:
+    """Learn from ``stmt`` of function ``sc`` whether the function hands out a frame or a
+    namespace: ``return v``/``yield v`` of a value :func:`_hands_out` accepts (a changed
+    statement around an existing call of it, ``ns = namespace()`` then ``ns.get(...)``, was
+    clean: the eighth round's residual). Names bound to a value that :func:`_is_namespace`
+    accepts are tracked per function, in order."""
+    if not isinstance(sc.node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        return
+    direct = sc.direct
+    if isinstance(stmt, (ast.Assign, ast.AnnAssign)) and _is_namespace(stmt.value, direct):
+        targets = stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target]
+        direct.update(t.id for t in targets if isinstance(t, ast.Name))
+    value = getattr(stmt, "value", None)
+    if isinstance(stmt, ast.Expr) and isinstance(value, (ast.Yield, ast.YieldFrom)):
+        value = value.value
+    elif not isinstance(stmt, ast.Return):
+        return
+    if _hands_out(value, direct):
+        facts.returns.add(sc.node.name)
 
 
 def _owner(sc: _Scope, name: str, module: _Scope) -> _Scope:
@@ -349,7 +438,7 @@ def _tainted_params(stmt: ast.stmt, sc: _Scope, facts: _Facts) -> set[str]:
     )
     kw = zip(args.kwonlyargs, args.kw_defaults, strict=True)
     pairs += [(a, d) for a, d in kw if d is not None]
-    out = {a.arg for a, d in pairs if _reflective(d, sc.tainted, facts.attrs)}
+    out = {a.arg for a, d in pairs if _reflective(d, sc.tainted, facts)}
     if getattr(stmt, "name", None) in facts.calls:
         every = [*positional, *args.kwonlyargs, args.vararg, args.kwarg]
         static = any(getattr(d, "id", "") == "staticmethod" for d in stmt.decorator_list)

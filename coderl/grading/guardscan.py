@@ -91,7 +91,7 @@ class _Scanner:
         self.unbound |= shared
         # the unchanged files' storing methods, reached on a class (rule ``unbound``, guardself)
         self.package = package
-        self.classes = guardself.class_aliases(tree) if package else frozenset()
+        self.classes = guardself.class_aliases(tree) if package else guardself.Classes()
 
     def add(self, rule: str, what: str, node: ast.AST) -> None:
         self.found.append((rule, what[:80], getattr(node, "lineno", 0), ".".join(self.scope)))

@@ -35,10 +35,15 @@ host reads every Python file of the task's base that the diff leaves alone
 named like a class) other than as ``K.m(self, ...)``, and ``attrgetter``/``methodcaller`` naming
 one are findings too.
 
-Not covered (residual risk, ``docs/tasks-and-grading.md``): an unchanged file's method reached
-through a receiver that is no class by name (a class passed as an argument, ``k.put`` on a
-parameter), a method that mutates an object it reads from its first argument by a call
-(``self.data.update(d)``), and a standard library that differs from the host's (library
+A class is followed where the file hands it on (:func:`class_aliases`, round 9): a parameter a
+call of the file passes a class to (``def g(k): k.put(json.JSONEncoder, f)`` with ``g(Box)``),
+a default, a loop over classes, a container of them, an attribute set to one, a function that
+returns one.
+
+Not covered (residual risk, ``docs/tasks-and-grading.md``): a class reached through a value the
+scan cannot see holds one (a call's result other than a function of the file returning one, a
+class another file hands in, ``setattr`` with a computed name), a method that mutates an object
+it reads from its first argument by a call (``self.data.update(d)``), and a standard library that differs from the host's (library
 classes are looked up on the host's Python).
 """
 
@@ -49,6 +54,7 @@ import functools
 import importlib
 import inspect
 import types
+from typing import NamedTuple
 
 from coderl.grading.guardast import method_decorator
 from coderl.grading.guardlists import SAFE_MODULES
@@ -265,38 +271,129 @@ def capwords(name: str) -> bool:
     return name[:1].isupper() and any(c.islower() for c in name)
 
 
-def _classy(node: ast.AST | None, names: frozenset[str] | set[str]) -> bool:
+def _classy(
+    node: ast.AST | None, names: frozenset[str] | set[str], returns: frozenset[str] | set[str] = ()
+) -> bool:
+    """Whether ``node`` may hold a class: a CapWords name or attribute, a name or attribute name
+    of ``names`` (:func:`class_aliases`), an item of one (``ks[0]``), a call of a function of ``returns``
+    (one that returns a class), or a literal container with such an element."""
     if isinstance(node, ast.Name):
         return capwords(node.id) or node.id in names
-    return isinstance(node, ast.Attribute) and capwords(node.attr)
+    if isinstance(node, (ast.Subscript, ast.Starred)):
+        return _classy(node.value, names, returns)
+    if isinstance(node, ast.Call):
+        return _callee(node) in returns
+    if isinstance(node, (ast.List, ast.Tuple, ast.Set)):
+        return any(_classy(e, names, returns) for e in node.elts)
+    if isinstance(node, ast.Dict):
+        return any(_classy(v, names, returns) for v in node.values)
+    return isinstance(node, ast.Attribute) and (capwords(node.attr) or node.attr in names)
 
 
-def class_aliases(tree: ast.AST) -> frozenset[str]:
-    """Names the file binds to a class under a name that does not look like one: ``from .m
-    import Box as box``, ``box = Box``, ``box = m.Box``, ``b = box`` (to a fixed point)."""
-    out: set[str] = set()
+def _callee(call: ast.Call) -> str:
+    return getattr(call.func, "id", None) or getattr(call.func, "attr", None) or ""
+
+
+def _params(
+    fn: ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda, method: bool
+) -> list[tuple[str, ast.expr | None]]:
+    """``(name, default or None)`` for each parameter of ``fn`` (a method's own first aside)."""
+    a = fn.args
+    positional = [*a.posonlyargs, *a.args]
+    defaults = [None] * (len(positional) - len(a.defaults)) + list(a.defaults)
+    pairs = list(zip(positional, defaults, strict=True))[1 if method and positional else 0 :]
+    pairs += list(zip(a.kwonlyargs, a.kw_defaults, strict=True))
+    pairs += [(v, None) for v in (a.vararg, a.kwarg) if v is not None]
+    return [(p.arg, d) for p, d in pairs]
+
+
+def _facts(tree: ast.AST) -> tuple[list, dict, list, list, list]:
+    """What :func:`class_aliases` follows: ``(name, value)`` bindings (assignments, walrus,
+    parameter defaults, ``for`` and comprehension targets over their iterable), the parameters of
+    each function name (a lambda's by the name it is assigned to, or by its node where it is
+    called directly), the calls (callee, argument values), the ``return`` values (function name,
+    value), and the plain ``from m import K as k`` aliases."""
+    methods = {
+        id(fn) for c in ast.walk(tree) if isinstance(c, ast.ClassDef) for fn in c.body
+        if method_kind(fn, True)
+    }  # fmt: skip
     pairs: list[tuple[str, ast.AST]] = []
+    params: dict[object, list[str]] = {}
+    calls: list[tuple[object, list[ast.AST]]] = []
+    returns: list[tuple[str, ast.AST]] = []
+    imported: list[str] = []
     for node in ast.walk(tree):
         if isinstance(node, ast.ImportFrom):
-            out |= {a.asname for a in node.names if a.asname and capwords(a.name)}
+            imported += [a.asname for a in node.names if a.asname and capwords(a.name)]
         elif isinstance(node, ast.Assign | ast.AnnAssign | ast.NamedExpr) and node.value:
             targets = node.targets if isinstance(node, ast.Assign) else [node.target]
             pairs += [(t.id, node.value) for t in targets if isinstance(t, ast.Name)]
+            pairs += [(t.attr, node.value) for t in targets if isinstance(t, ast.Attribute)]
+            if isinstance(node.value, ast.Lambda):
+                for t in targets:
+                    key = getattr(t, "id", None) or getattr(t, "attr", "")
+                    params.setdefault(key, []).extend(n for n, _ in _params(node.value, False))
+        elif isinstance(node, (ast.For, ast.AsyncFor, ast.comprehension)):
+            pairs += [(n.id, node.iter) for n in ast.walk(node.target) if isinstance(n, ast.Name)]
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            own = _params(node, id(node) in methods)
+            pairs += [(n, d) for n, d in own if d is not None]
+            if not isinstance(node, ast.Lambda):
+                params.setdefault(node.name, []).extend(n for n, _ in own)
+                found = [r for r in ast.walk(node) if isinstance(r, ast.Return) and r.value]
+                returns += [(node.name, r.value) for r in found]  # nested defs' too: fail closed
+        elif isinstance(node, ast.Call):
+            values = [*node.args, *(k.value for k in node.keywords)]
+            if isinstance(node.func, ast.Lambda):  # ``(lambda k: ...)(Box)``
+                params[id(node.func)] = [n for n, _ in _params(node.func, False)]
+                calls.append((id(node.func), values))
+            else:
+                calls.append((_callee(node), values))
+    return pairs, params, calls, returns, imported
+
+
+class Classes(NamedTuple):
+    """What :func:`class_aliases` found: names that may hold a class, and the names of the
+    file's functions that may return one."""
+
+    names: frozenset[str] = frozenset()
+    giving: frozenset[str] = frozenset()
+
+
+def class_aliases(tree: ast.AST) -> Classes:
+    """Names the file may bind to a class under a name that does not look like one, to a fixed
+    point: ``from .m import Box as box``, ``box = Box``, ``box = m.Box``, ``b = box``, and (the
+    ninth attack round) a parameter of a function or lambda of the file that some call hands a
+    class (``def g(k): ...`` with ``g(Box)``, by any argument: every parameter counts), a
+    parameter whose default is one, a ``for`` or comprehension target over a container that holds
+    one, an attribute set to one (``self.k = Box``, read as ``x.k``: attribute names count as
+    names), a name bound to such a container (``ks = [Box]``, read as ``ks[0]``) or to a call of a
+    function of the file that returns one (``def pick(): return Box``). Names are file-wide (a
+    name that holds a class anywhere is followed everywhere: fail closed)."""
+    pairs, params, calls, returns, imported = _facts(tree)
+    out: set[str] = set(imported)
+    giving: set[str] = set()  # functions that return a class
     grown = True
     while grown:
-        new = {name for name, value in pairs if name not in out and _classy(value, out)}
+        new = {name for name, value in pairs if name not in out and _classy(value, out, giving)}
+        for callee, values in calls:
+            if any(_classy(v, out, giving) for v in values):
+                new |= set(params.get(callee, ())) - out
+        more = {f for f, value in returns if f not in giving and _classy(value, out, giving)}
         out |= new
-        grown = bool(new)
-    return frozenset(out)
+        giving |= more
+        grown = bool(new or more)
+    return Classes(frozenset(out), frozenset(giving))
 
 
 def package_what(
-    node: ast.Attribute, package: frozenset[str], classes: frozenset[str], own: str | None
+    node: ast.Attribute, package: frozenset[str], classes: Classes, own: str | None
 ) -> str | None:
     """The finding's text when ``node`` (``K.m``) reads, on a class (a CapWords name or
     attribute, or one of ``classes``: :func:`class_aliases`), a method that stores through its
     ``self`` in a file of the package the diff does not change (``package``), other than called
     with the enclosing method's own ``self`` (``own``: ``K.m(self, ...)``)."""
-    if node.attr in package and _classy(node.value, classes) and not bound_use(node, own, False):
+    classy = _classy(node.value, classes.names, classes.giving)
+    if node.attr in package and classy and not bound_use(node, own, False):
         return f"{node.attr} of a class of the package, unbound"
     return None

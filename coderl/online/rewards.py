@@ -18,10 +18,15 @@ turn has closed:
 3. **Edit**: the sum of the terms whose events arrived inside their windows, judged by the
    server's own clocks (:func:`in_window`: the server received the event at most ``window``
    seconds after it recorded the interaction, not before it beyond a clock skew; the client's ``occurred_at`` must
-   lie between the two, give or take ``clock_skew_s``, or the event is not counted):
-   ``accept * mean(+1 accepted / -1 rejected)``, ``persist * mean(2 * fraction - 1)``,
-   ``follow_up * mean(+1 satisfied / 0 neutral / -1 dissatisfied)``,
-   ``-latency * mean(min(latency_ms / latency_scale_ms, 1))``.
+   lie between the two, give or take ``clock_skew_s``, or the event is not counted).
+   Each term takes the **most adverse** in-window value of its kind over the whole episode,
+   once: ``accept * (-1 if any rejected else +1)``, ``persist * (2 * min(fraction) - 1)``,
+   ``follow_up * min(+1 satisfied / 0 neutral / -1 dissatisfied)``,
+   ``-latency * min(max(latency_ms) / latency_scale_ms, 1)``. Repeating an event (fresh
+   ``event_id``s, any turn of the episode) therefore never raises a term: ten ``accepted`` do
+   not outvote one ``rejected`` (a mean of votes did: the eighth attack round). A client that
+   repeats an adverse event can only lower the reward, which rewards no behaviour of the
+   policy's.
    Without any outcome event (accepted, rejected, edit_persisted, follow_up) the episode is
    **censored**: excluded from training, never scored 0.
 
@@ -117,18 +122,20 @@ def score_episode(
     if not any(inside[k] for k in OUTCOME_TYPES):
         return EpisodeScore("censored", None, {}, "edit", late)
     terms: dict[str, float] = {}
-    votes = [1.0] * len(inside["accepted"]) + [-1.0] * len(inside["rejected"])
-    if votes:
-        terms["accept"] = spec.accept * sum(votes) / len(votes)
+    # the most adverse in-window value of each kind counts, once (module docstring, step 3)
+    if inside["accepted"] or inside["rejected"]:
+        terms["accept"] = spec.accept * (-1.0 if inside["rejected"] else 1.0)
     if inside["edit_persisted"]:
-        fr = [2.0 * p["fraction"] - 1.0 for p in inside["edit_persisted"]]
-        terms["persist"] = spec.persist * sum(fr) / len(fr)
+        terms["persist"] = spec.persist * (
+            2.0 * min(p["fraction"] for p in inside["edit_persisted"]) - 1.0
+        )
     if inside["follow_up"]:
-        s = [SENTIMENT[p["sentiment"]] for p in inside["follow_up"]]
-        terms["follow_up"] = spec.follow_up * sum(s) / len(s)
+        terms["follow_up"] = spec.follow_up * min(
+            SENTIMENT[p["sentiment"]] for p in inside["follow_up"]
+        )
     if inside["latency_ms"]:
-        lat = [min(p["value"] / spec.latency_scale_ms, 1.0) for p in inside["latency_ms"]]
-        terms["latency"] = -spec.latency * sum(lat) / len(lat)
+        worst = max(p["value"] for p in inside["latency_ms"])
+        terms["latency"] = -spec.latency * min(worst / spec.latency_scale_ms, 1.0)
     return EpisodeScore("scored", sum(terms.values()), terms, "edit", late)
 
 
