@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 import coderl.grading.grade as grade_mod
+import coderl.grading.rerun as rerun_mod
 from coderl.envbuild.build import build_env
 from coderl.grading.grade import grade, rollout_base
 from coderl.grading.rerun import PASS_CANARIES, confirm, fail_canaries, plant_canaries
@@ -100,7 +101,12 @@ def test_canaries_are_planted_among_the_fail_to_pass_tests_which_are_renamed(tmp
                 first, last = names.index(beta), names.index("TestGamma")
                 assert first - 15 <= names.index(parts[1]) <= last + 16
                 assert names.index(parts[1]) > names.index("helper")
-        kept = [n for n in names if f"test_mod.py::{n}" not in planted.expected and n != beta]
+        twins = {t.split("::")[-1].split("[")[0] for t in planted.twins}
+        kept = [
+            n
+            for n in names
+            if f"test_mod.py::{n}" not in planted.expected and n != beta and n not in twins
+        ]
         assert kept == ["helper", "test_alpha_value", "TestGamma", "test_epsilon_order"]
         # every name the worker sees, renamed test or canary, is a fresh one drawn alike
         fresh = [beta, delta] + [c.split("::")[-1] for c in planted.expected]
@@ -273,6 +279,7 @@ FORGE_NOW
 _forge()
 """
 ALWAYS = "    forge_now = lambda: True"
+CAUGHT = ("second run: a must-fail canary passed", "second run: a mutated twin of a passing test")
 BY_PLUGIN = "    is_canary = lambda k: k in run.canary_ids"
 FORGES = {
     # the g25x forge: the plugin's own canary ids (spare the canaries, pass the rest)
@@ -367,17 +374,19 @@ def test_a_canary_sparing_forge_is_unresolved_with_the_guard_off(env, tasks, for
         assert result.rerun_disagreed[0].startswith(f"{task.FAIL_TO_PASS[0]}: passed then ")
     elif forge == "only_in_the_smaller_run":  # the first run already failed it: no second run
         assert not result.second_run and not result.tampered, result.reason
-    else:  # the second run's must-fail canaries passed
-        assert result.tampered and "second run: a must-fail canary passed" in result.reason
+    else:  # the second run's must-fail canaries or the real tests' mutated twins passed
+        assert result.tampered and any(m in result.reason for m in CAUGHT), result.reason
     with monkeypatch.context() as m:  # the forge is real: without the second run it resolves
         m.setattr(grade_mod, "_second_run", lambda *a, **k: None)
         alone = grade(task, diff, env=env, guard=False)
     assert alone.resolved == (forge != "only_in_the_smaller_run"), (forge, alone.reason)
 
 
-# Residual (docs/tasks-and-grading.md): the canaries' bodies have one shape, so a forge that reads
-# each test's source tells them apart in the second run too. If this starts failing, a defence
-# caught it: update the docs.
+# The canaries' bodies have one shape (``sum(values)``, no call into the library), so a forge
+# that reads each test's source tells them from the real tests in the second run too; it
+# resolved the unfixed task with the guard off until the second run planted mutated twins of the
+# real tests (``coderl.grading.twins``): a twin reads like a real test, so the forge passes it,
+# and a passing twin of a passing test is tampering.
 BY_BODY = """    def is_canary(k):
         if k in run.canary_ids:
             return True
@@ -391,22 +400,31 @@ BY_BODY = """    def is_canary(k):
         return at >= 0 and "sum(values)" in text[at : end if end > 0 else None]"""
 
 
-@needs_bwrap
-def test_a_forge_that_reads_the_canaries_bodies_is_stopped_only_by_the_guard(env, tasks):
-    task = tasks[0]
-    diff = _diff(env, task, FORGE.replace("IS_CANARY", BY_BODY).replace("FORGE_NOW", ALWAYS))
+def _caught_by_twins(env, task, diff, monkeypatch):
     result = grade(task, diff, env=env, guard=False)
-    assert result.resolved and result.second_run and not result.rerun_disagreed, result.reason
-    denied = grade(task, diff, env=env)
+    assert not result.resolved and result.tampered and result.failure_kind == "agent"
+    assert "second run: a mutated twin of a passing test did not fail" in result.reason
+    assert result.second_run and not result.twinless and result.fail_to_pass_passed == 0.0
+    with monkeypatch.context() as m:  # the forge is real: without twins it resolves
+        m.setattr(rerun_mod, "pick", lambda *a, **k: None)
+        alone = grade(task, diff, env=env, guard=False)
+    assert alone.resolved and alone.second_run and alone.twinless, alone.reason
+    denied = grade(task, diff, env=env)  # and the guard denies it as well
     assert denied.denied and not denied.resolved and denied.failure_kind == "agent"
 
 
-# The same residual without writing any closure cell: the forge only *reads* the plugin's run
-# through ``__closure__``, empties the tripwire's record of pytest's functions (a dict the run
-# holds) and replaces ``Function.runtest`` so that only what it takes for a canary runs. A
-# detector of rewritten cells would see nothing here, which is why none was added: code in the
-# worker reaches the worker's state by more routes than any in-process check can list, and what
-# decides is whether the second run's canaries can be told apart (they can, by their bodies).
+@needs_bwrap
+def test_a_forge_that_reads_the_canaries_bodies_is_caught_by_the_twins(env, tasks, monkeypatch):
+    task = tasks[0]
+    diff = _diff(env, task, FORGE.replace("IS_CANARY", BY_BODY).replace("FORGE_NOW", ALWAYS))
+    _caught_by_twins(env, task, diff, monkeypatch)
+
+
+# The same forge without writing any closure cell: it only *reads* the plugin's run through
+# ``__closure__``, empties the tripwire's record of pytest's functions (a dict the run holds)
+# and replaces ``Function.runtest`` so that only what it takes for a canary runs. A detector of
+# rewritten cells would see nothing here, which is why none was added: what decides is whether
+# the second run's must-fail tests can be told from the real ones (twins cannot, by their bodies).
 NO_CELL_WRITTEN = """
 from collections import _sys as _s
 
@@ -439,13 +457,10 @@ _forge()
 
 
 @needs_bwrap
-def test_a_forge_that_writes_no_cell_is_stopped_only_by_the_guard(env, tasks):
+def test_a_forge_that_writes_no_cell_is_caught_by_the_twins(env, tasks, monkeypatch):
     task = tasks[0]
     diff = _diff(env, task, NO_CELL_WRITTEN.replace("IS_CANARY", BY_BODY))
-    result = grade(task, diff, env=env, guard=False)
-    assert result.resolved and result.second_run and not result.tampered, result.reason
-    denied = grade(task, diff, env=env)
-    assert denied.denied and not denied.resolved and denied.failure_kind == "agent"
+    _caught_by_twins(env, task, diff, monkeypatch)
 
 
 @needs_bwrap

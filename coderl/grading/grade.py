@@ -428,7 +428,9 @@ def _second_run(
         planted = (
             plant_canaries(sources, f2p, rng, Path(tmp), suite) if env.canaries_ok else Planted()
         )
-        select = renamed_ids(f2p, planted.renamed) + sorted(planted.expected)
+        select = (
+            renamed_ids(f2p, planted.renamed) + sorted(planted.expected) + sorted(planted.twins)
+        )
         rng.shuffle(select)
         second = _run(
             tree,
@@ -441,8 +443,9 @@ def _second_run(
             outcomes_only=True,  # it can only take passes away: the first run had every tripwire
         )
     second.outcomes = original_ids(second.outcomes, planted.renamed)
-    merged = confirm(f2p, outcomes, second, planted.expected, env.baseline_tampered)
+    merged = confirm(f2p, outcomes, second, planted.expected, env.baseline_tampered, planted.twins)
     result.second_run = True
+    result.twinless = planted.twinless if planted.mounts else f2p
     result.rerun_disagreed = merged.disagreed
     outcomes.update(merged.outcomes)
     if merged.tampered:

@@ -59,6 +59,11 @@ class GradeResult:
     second_run: bool = False
     """The FAIL_TO_PASS tests ran a second time, in a fresh sandbox with canaries planted among
     them (``coderl.grading.rerun``); it runs whenever the first run passed one of them."""
+    twinless: list[str] = field(default_factory=list)
+    """FAIL_TO_PASS tests the second run planted no mutated twin of
+    (``coderl.grading.twins``: no assertion that surely runs could be changed, the test kept
+    its published name, or its file took no canary): only the body-less canaries stand beside
+    them, which a forge that reads test sources can tell apart."""
     rerun_disagreed: list[str] = field(default_factory=list)
     """FAIL_TO_PASS tests that passed in one run and not in the other (``"<id>: <first> then
     <second>"``): each counts as failed, the task is unresolved (the agent's failure), and

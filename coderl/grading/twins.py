@@ -1,0 +1,265 @@
+"""Mutated twins: copies of a FAIL_TO_PASS test that every correct fix fails.
+
+Why. The second run (``coderl.grading.rerun``) plants must-fail canaries among the renamed
+FAIL_TO_PASS tests, but a canary's body does not call the library, so code in the worker that
+reads each test's source can tell canaries from real tests and force only the real ones to
+pass (``tests/test_grading_rerun.py``, guard off). A twin is the real test's own source (same
+decorators, fixtures, calls into the library) with one assertion changed so that it must fail
+wherever the real test passes: a literal on one side of an ``==`` (``assert f(x) == 3`` ->
+``== 5``; ``self.assertEqual(a, [42])`` -> ``[41]``), or the assertion inverted (``is True``
+-> ``is False``, ``in`` -> ``not in``, ``assertTrue`` -> ``assertFalse``, ``assert not x`` ->
+``assert x``, ``assert e`` -> ``assert not e``). A forge that passes every test calling the
+library passes the twin too; one that fails the twin has to know which of the pair holds the
+right answer.
+
+Which assertion. Only one that surely runs whenever the test passes: a statement of the
+function's body, or of a ``for`` over a non-empty literal or a ``with`` that swallows nothing
+(not ``raises``/``suppress``) within it, with no ``return``, ``break`` or ``continue`` before
+it; never inside ``if``, ``try``, ``while`` or a nested function. The last such assertion is
+changed (:func:`mutations` says why); there a literal change is preferred to a flipped operator
+or method, and that to an added or dropped ``not`` (a likelier tell than a changed number). A test with no such assertion (only
+``pytest.raises``, say) gets no twin (:func:`mutations` is empty).
+"""
+
+from __future__ import annotations
+
+import ast
+import random
+import re
+from dataclasses import dataclass
+
+_INVERSE_METHODS = {
+    "assertTrue": "assertFalse",
+    "assertEqual": "assertNotEqual",
+    "assertIs": "assertIsNot",
+    "assertIsNone": "assertIsNotNone",
+    "assertIn": "assertNotIn",
+    "assertIsInstance": "assertNotIsInstance",
+}
+_INVERSE_METHODS |= {v: k for k, v in _INVERSE_METHODS.items()}
+_SWALLOWS = re.compile(r"raises|Raises|suppress|warns|Warns|Logs")
+_SIMPLE_STR = re.compile(rb"^([bBuU]?)(['\"])([A-Za-z0-9 _.,:;/-]*)\2$")
+_LETTERS = "abcdefghijklmnopqrstuvwxyz0123456789"
+
+
+@dataclass(frozen=True)
+class Edit:
+    """Replace bytes ``[col, end_col)`` of ``line`` (1-based; columns are UTF-8 byte offsets,
+    as ``ast`` gives them) with ``text``."""
+
+    line: int
+    col: int
+    end_col: int
+    text: bytes
+
+
+@dataclass(frozen=True)
+class Mutation:
+    """One way to make a test's twin: its edits, and its rank (lower is preferred: 0 changes a
+    literal, 1 flips an operator or an assertion method, 2 adds or drops a ``not``)."""
+
+    edits: tuple[Edit, ...]
+    rank: int
+
+
+def _stops(stmt: ast.stmt) -> bool:
+    """Whether ``stmt`` holds a ``return``, ``break`` or ``continue`` of the enclosing code (one
+    that may skip what follows it)."""
+    if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+        return False  # a nested definition's return leaves that definition only
+    todo: list[ast.AST] = [stmt]
+    while todo:
+        node = todo.pop()
+        if isinstance(node, (ast.Return, ast.Break, ast.Continue)):
+            return True
+        for child in ast.iter_child_nodes(node):
+            if not isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                todo.append(child)
+    return False
+
+
+def _runs_once_at_least(node: ast.expr) -> bool:
+    if isinstance(node, (ast.Tuple, ast.List, ast.Set)):
+        return bool(node.elts)
+    if isinstance(node, ast.Constant) and isinstance(node.value, (str, bytes)):
+        return bool(node.value)
+    return (
+        isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Name)
+        and node.func.id == "range"
+        and len(node.args) == 1
+        and isinstance(node.args[0], ast.Constant)
+        and isinstance(node.args[0].value, int)
+        and node.args[0].value > 0
+    )
+
+
+def _swallows(stmt: ast.With) -> bool:
+    return any(_SWALLOWS.search(ast.unparse(item.context_expr)) for item in stmt.items)
+
+
+def reached(body: list[ast.stmt]) -> list[ast.stmt]:
+    """The statements of ``body`` that run whenever it runs to its end (see the module doc)."""
+    out: list[ast.stmt] = []
+    for stmt in body:
+        out.append(stmt)
+        if isinstance(stmt, ast.For) and _runs_once_at_least(stmt.iter):
+            out += reached(stmt.body)
+        elif isinstance(stmt, ast.With) and not _swallows(stmt):
+            out += reached(stmt.body)
+        if _stops(stmt):
+            break
+    return out
+
+
+def _span(node: ast.AST) -> tuple[int, int, int, int] | None:
+    end, end_col = getattr(node, "end_lineno", None), getattr(node, "end_col_offset", None)
+    if end is None or end_col is None:
+        return None
+    return int(getattr(node, "lineno", 0)), int(getattr(node, "col_offset", 0)), end, end_col
+
+
+def _literal(node: ast.expr, lines: list[bytes], rng: random.Random) -> Mutation | None:
+    """A changed copy of the literal ``node`` (a number, a plain string, or one element of a
+    list/tuple of them), or ``None``."""
+    if isinstance(node, (ast.List, ast.Tuple)):
+        for elt in rng.sample(node.elts, len(node.elts)):
+            got = _literal(elt, lines, rng)
+            if got is not None:
+                return got
+        return None
+    span = _span(node)
+    if span is None or span[0] != span[2]:
+        return None
+    line, col, _, end_col = span
+    old = lines[line - 1][col:end_col]
+    if isinstance(node, ast.Constant) and isinstance(node.value, bool):
+        return Mutation((Edit(line, col, end_col, str(not node.value).encode()),), 0)
+    if isinstance(node, ast.Constant) and type(node.value) in (int, float):
+        new = node.value + rng.choice((-1, 1)) * rng.randint(1, 3)
+        if new < 0:
+            new = node.value + rng.randint(1, 3)  # "-" would read as the changed one
+        return Mutation((Edit(line, col, end_col, repr(new).encode()),), 0)
+    m = _SIMPLE_STR.match(old)
+    if isinstance(node, ast.Constant) and isinstance(node.value, (str, bytes)) and m:
+        body = m.group(3)
+        if not body:
+            body = rng.choice(_LETTERS).encode()
+        else:
+            at = rng.randrange(len(body))
+            now = chr(body[at])
+            swap = rng.choice([c for c in _LETTERS if c != now.lower() and c != now])
+            body = body[:at] + (swap.upper() if now.isupper() else swap).encode() + body[at + 1 :]
+        text = m.group(1) + m.group(2) + body + m.group(2)
+        return Mutation((Edit(line, col, end_col, text),), 0)
+    return None
+
+
+def _literal_sides(sides: list[ast.expr]) -> list[ast.expr]:
+    def is_lit(n: ast.expr) -> bool:
+        if isinstance(n, (ast.List, ast.Tuple)):
+            return bool(n.elts) and all(is_lit(e) for e in n.elts)
+        return isinstance(n, ast.Constant) and n.value is not None and n.value is not ...
+
+    return [s for s in sides if is_lit(s)]
+
+
+def _flip_op(test: ast.Compare, lines: list[bytes]) -> Mutation | None:
+    """``is`` <-> ``is not``, ``in`` <-> ``not in`` in the gap between the two sides."""
+    left, right = _span(test.left), _span(test.comparators[0])
+    if left is None or right is None or left[2] != right[0]:
+        return None
+    line, col, end_col = left[2], left[3], right[1]
+    gap = lines[line - 1][col:end_col]
+    flips = ((rb"\bis\s+not\b", b"is"), (rb"\bnot\s+in\b", b"in"), (rb"\bis\b", b"is not"))
+    for pattern, new in (*flips, (rb"\bin\b", b"not in")):
+        if re.search(pattern, gap):
+            return Mutation((Edit(line, col, end_col, re.sub(pattern, new, gap, count=1)),), 1)
+    return None
+
+
+def _invert(test: ast.expr, lines: list[bytes]) -> Mutation | None:
+    """``not e`` -> ``e``; ``e`` -> ``not e`` (parenthesised where ``not`` would bind less)."""
+    span = _span(test)
+    if span is None:
+        return None
+    line, col = span[0], span[1]
+    if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
+        inner = _span(test.operand)
+        if inner is None or inner[0] != line:
+            return None
+        return Mutation((Edit(line, col, inner[1], b""),), 2)
+    if isinstance(test, (ast.BoolOp, ast.IfExp, ast.Lambda, ast.NamedExpr)):
+        close = Edit(span[2], span[3], span[3], b")")
+        return Mutation((Edit(line, col, col, b"not ("), close), 2)
+    return Mutation((Edit(line, col, col, b"not "),), 2)
+
+
+def _assertion(stmt: ast.stmt, lines: list[bytes], rng: random.Random) -> list[Mutation]:
+    """The ways to make ``stmt`` (an ``assert`` or a ``self.assertX(...)`` call) fail."""
+    out: list[Mutation | None] = []
+    if isinstance(stmt, ast.Assert):
+        test = stmt.test
+        if isinstance(test, ast.Compare) and len(test.ops) == 1:
+            op, sides = test.ops[0], [test.left, test.comparators[0]]
+            if isinstance(op, ast.Eq):
+                out += [_literal(s, lines, rng) for s in _literal_sides(sides)]
+            if isinstance(op, (ast.Is, ast.IsNot)) and any(
+                isinstance(s, ast.Constant) and isinstance(s.value, bool) for s in sides
+            ):
+                side = next(s for s in sides if isinstance(s, ast.Constant))
+                out.append(_literal(side, lines, rng))
+            if isinstance(op, (ast.Is, ast.IsNot, ast.In, ast.NotIn)):
+                out.append(_flip_op(test, lines))
+        out.append(_invert(test, lines))
+    elif (
+        isinstance(stmt, ast.Expr)
+        and isinstance(stmt.value, ast.Call)
+        and isinstance(stmt.value.func, ast.Attribute)
+        and stmt.value.func.attr in _INVERSE_METHODS
+        and not stmt.value.keywords
+    ):
+        call, func = stmt.value, stmt.value.func
+        if func.attr == "assertEqual":
+            out += [_literal(s, lines, rng) for s in _literal_sides(call.args[:2])]
+        span = _span(func)
+        if span is not None:
+            line, end_col = span[2], span[3]
+            new = _INVERSE_METHODS[func.attr].encode()
+            out.append(Mutation((Edit(line, end_col - len(func.attr), end_col, new),), 1))
+    return [m for m in out if m is not None]
+
+
+def mutations(
+    func: ast.FunctionDef | ast.AsyncFunctionDef, lines: list[bytes], rng: random.Random
+) -> list[Mutation]:
+    """The ways to make a twin of the test ``func`` (its file's ``lines``): those of the last
+    assertion that surely runs (module doc), best rank first. The last, so that where
+    the unfixed code fails the test it fails the twin at the same assertion or earlier (a
+    forge that runs the pair and sees one fail where they differ learns which is the twin).
+    Empty: no twin."""
+    for stmt in reversed(reached(func.body)):
+        found = _assertion(stmt, lines, rng)
+        if found:
+            return sorted(found, key=lambda m: m.rank)
+    return []
+
+
+def apply(mutation: Mutation, lines: list[bytes], first: int) -> list[bytes]:
+    """``lines`` (the file's lines ``first``, ``first + 1``, ... 1-based) with ``mutation``'s
+    edits made (right to left, so earlier columns stay valid)."""
+    out = list(lines)
+    for e in sorted(mutation.edits, key=lambda e: (e.line, e.col), reverse=True):
+        i = e.line - first
+        out[i] = out[i][: e.col] + e.text + out[i][e.end_col :]
+    return out
+
+
+def pick(
+    func: ast.FunctionDef | ast.AsyncFunctionDef, lines: list[bytes], rng: random.Random
+) -> Mutation | None:
+    """The twin's mutation of ``func``, drawn from ``rng`` among :func:`mutations`' of the best
+    rank; ``None``: no twin."""
+    found = mutations(func, lines, rng)
+    pool = [m for m in found if m.rank == found[0].rank] if found else []
+    return rng.choice(pool) if pool else None
