@@ -406,7 +406,7 @@ def _caught_by_twins(env, task, diff, monkeypatch):
     assert "second run: a mutated twin of a passing test did not fail" in result.reason
     assert result.second_run and not result.twinless and result.fail_to_pass_passed == 0.0
     with monkeypatch.context() as m:  # the forge is real: without twins it resolves
-        m.setattr(rerun_mod, "pick", lambda *a, **k: None)
+        m.setattr(rerun_mod, "pick", lambda *a, **k: [])
         alone = grade(task, diff, env=env, guard=False)
     assert alone.resolved and alone.second_run and alone.twinless, alone.reason
     denied = grade(task, diff, env=env)  # and the guard denies it as well

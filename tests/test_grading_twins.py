@@ -19,7 +19,7 @@ import pytest
 import coderl.grading.grade as grade_mod
 from coderl.envbuild.build import build_env
 from coderl.grading.grade import grade
-from coderl.grading.rerun import confirm, plant_canaries
+from coderl.grading.rerun import confirm, plant_canaries, twins_per_test
 from coderl.grading.runner import TestRun as Run
 from coderl.grading.twins import apply, pick
 from coderl.tasks.spec import load_tasks
@@ -35,9 +35,9 @@ def _twin(body: str, seed: int = 0) -> str | None:
     func = ast.parse(text).body[0]
     assert isinstance(func, ast.FunctionDef)
     mutation = pick(func, lines, random.Random(seed))
-    if mutation is None:
+    if not mutation:
         return None
-    twin = apply(mutation, lines, 1)
+    twin = apply(mutation[0], lines, 1)
     ast.parse(b"\n".join(twin))
     (changed,) = [new.decode().strip() for old, new in zip(lines, twin, strict=True) if old != new]
     return changed
@@ -89,6 +89,27 @@ def test_the_last_assertion_that_surely_runs_is_changed():
     assert re.fullmatch(r"assert fh\.read\(\) == '[a-z0-9]{2}'", _assertion(_twin(body)))
 
 
+def test_a_literal_takes_as_many_twins_as_the_odds_need_and_its_value_is_not_the_middle():
+    assert [twins_per_test(n) for n in range(1, 9)] == [9, 9, 4, 3, 2, 2, 1, 1]
+    text = "def test_x():\n    assert f(x) == 30\n"
+    func = ast.parse(text).body[0]
+    assert isinstance(func, ast.FunctionDef)
+    places = set()
+    for seed in range(40):
+        got = pick(func, text.encode().split(b"\n"), random.Random(seed), 9)
+        values = sorted([30, *(int(m.edits[0].text) for m in got)])
+        assert len(got) == 9 and values == list(range(values[0], values[0] + 10))
+        places.add(values.index(30))
+    assert len(places) >= 6  # where the real value sits in the run of ten does not tell
+    near_zero = pick(
+        ast.parse("def t():\n    assert n == 1\n").body[0],
+        [b"", b"    assert n == 1"],
+        random.Random(0),
+        9,
+    )  # type: ignore[arg-type]
+    assert all(int(m.edits[0].text) >= 0 for m in near_zero) and len(near_zero) == 9
+
+
 def test_a_test_with_no_assertion_that_surely_runs_gets_no_twin():
     for body in (
         "pytest.raises(AttributeError, six.remove_move, 'eggs')",
@@ -118,7 +139,12 @@ def test_twins_are_planted_beside_their_tests_and_judged_against_them(tmp_path):
         out.mkdir()
         planted = plant_canaries({"test_mod.py": src}, f2p, random.Random(seed), out)
         text = Path(planted.mounts["/testbed/test_mod.py"]).read_text()
-        assert sorted(planted.twins.values()) == sorted(f2p[:2]) and planted.twinless == f2p[2:]
+        assert (
+            sorted(set(planted.twins.values())) == sorted(f2p[:2]) and planted.twinless == f2p[2:]
+        )
+        # test_alpha's literal takes 9 twins (two twinned tests: (9 + 1) ** 2 >= 100); test_beta's
+        # `==` of two literals too
+        assert len(planted.twins) == 18
         twin_alpha = next(t for t, real in planted.twins.items() if real == f2p[0])
         assert twin_alpha.endswith("[1]")  # the same parameters as its test
         alpha = twin_alpha.split("::")[-1].split("[")[0]
@@ -165,7 +191,7 @@ def test_every_twin_fails_where_the_gold_patch_passes_its_test(monkeypatch):
         result = grade(task, task.gold_patch, env=env, guard=False)
         assert result.resolved and result.second_run and not result.tampered, result.reason
         ((twins, outcomes),) = seen
-        assert sorted([*twins.values(), *result.twinless]) == sorted(task.FAIL_TO_PASS)
+        assert sorted({*twins.values(), *result.twinless}) == sorted(task.FAIL_TO_PASS)
         for twin, real in twins.items():
             assert outcomes[real] == "passed" and outcomes[twin] == "failed", (twin, real)
         n_twins += len(twins)
@@ -174,4 +200,4 @@ def test_every_twin_fails_where_the_gold_patch_passes_its_test(monkeypatch):
             "test_six.py::TestCustomizedMoves::test_empty_remove",
             "test_six.py::test_reraise",
         }
-    assert n_twins == 5
+    assert n_twins > 5  # 5 twinned tests; a literal takes several twins

@@ -426,7 +426,9 @@ def _second_run(
             p for r in roots for p in ([r] if r.is_file() else r.rglob("*.py"))
         )
         planted = (
-            plant_canaries(sources, f2p, rng, Path(tmp), suite) if env.canaries_ok else Planted()
+            plant_canaries(sources, f2p, rng, Path(tmp), suite, frozenset(task.held_out_tests))
+            if env.canaries_ok
+            else Planted()
         )
         select = (
             renamed_ids(f2p, planted.renamed) + sorted(planted.expected) + sorted(planted.twins)

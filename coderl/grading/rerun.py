@@ -23,11 +23,15 @@ a finding (``GradeResult.rerun_disagreed``), the test counts as failed; a plante
 the wrong outcome, or a tripwire of the plugin, is tampering.
 
 The real FAIL_TO_PASS tests are renamed in the second run (:func:`plant_canaries`), so names
-do not tell them from canaries either. Not defended: the canaries' bodies are a fixed,
-recognisable shape (a sum of a repeated list), so
-code in the second worker that reads each test's source can tell them apart and forge the rest,
-as code that reaches the second worker's memory can forge its own events; what bounds both is
-the static guard (``coderl.grading.diffguard``). A test file the host cannot parse, or whose name
+do not tell them from canaries either. The canaries' bodies are a fixed, recognisable shape (a
+sum of a repeated list), so code in the second worker that reads each test's source can tell
+them apart; beside each renamed test the second run therefore also plants mutated twins
+(``coderl.grading.twins``): copies of the test's own source that must fail, so a forge that
+passes what calls the library passes them too (tampering). Not defended: a test without a twin
+(``Planted.twinless``), a forge that carries the visible tests' sources (only the held-out
+tests' twins bet against it, :func:`twins_per_test`), and code that reaches the second worker's
+memory and forges its own events after telling twins apart; the static guard
+(``coderl.grading.diffguard``) bounds those. A test file the host cannot parse, or whose name
 pytest would not collect tests from, gets no planted canary; when no file can take one the
 second run gets its canaries from the observer as the first run does.
 """
@@ -46,7 +50,7 @@ from pathlib import Path
 
 from coderl.grading.pyparse import parse_python
 from coderl.grading.runner import Canary, TestRun, make_canaries, tampering
-from coderl.grading.twins import Mutation, apply, pick
+from coderl.grading.twins import Mutation, apply, mutations, pick
 
 PASS_CANARIES = 2
 """Must-pass canaries planted in a second run (they catch a worker that fails everything)."""
@@ -55,6 +59,8 @@ MIN_FAIL_CANARIES = 3
 GUESS_ODDS = 100
 """A forge that cannot tell canaries from FAIL_TO_PASS tests and passes a random subset of the
 right size resolves at most once in this many tries (:func:`fail_canaries`)."""
+MAX_TWINS = 9
+"""Most mutated twins planted per FAIL_TO_PASS test (:func:`twins_per_test`)."""
 
 
 def fail_canaries(n_tests: int) -> int:
@@ -149,8 +155,8 @@ class _File:
     mention of the name in the file is renamed)."""
     defs: dict[int, ast.FunctionDef | ast.AsyncFunctionDef] = field(default_factory=dict)
     """Line of a ``def`` of :attr:`renames` -> its node (for its twin)."""
-    twins: dict[int, tuple[Mutation, str, bool]] = field(default_factory=dict)
-    """Line of a ``def`` of :attr:`renames` -> ``(mutation, twin's name, after the test?)``."""
+    twins: dict[int, list[tuple[Mutation, str, bool]]] = field(default_factory=dict)
+    """Line of a ``def`` of :attr:`renames` -> its twins' ``(mutation, name, after the test?)``."""
 
 
 def _def_line(node: ast.AST) -> int:
@@ -221,6 +227,7 @@ def plant_canaries(
     rng: random.Random,
     out_dir: Path,
     others: tuple[Path, ...] = (),
+    held_out: frozenset[str] = frozenset(),
 ) -> Planted:
     """Write the second run's canaries into copies of the files holding ``fail_to_pass`` tests,
     and rename those tests there.
@@ -255,18 +262,13 @@ def plant_canaries(
         return Planted()
     n_fail = fail_canaries(len(set(fail_to_pass)))
     n_renames = sum(len(p.renames) for p in plans.values())
-    chosen_twins = {
-        (rel, line): got
-        for rel, plan in sorted(plans.items())
-        for line in sorted(plan.renames)
-        if (got := pick(plan.defs[line], plan.lines, rng)) is not None
-    }
+    chosen_twins = _choose_twins(plans, rng, held_out)
     kinds = ("pass",) * PASS_CANARIES + ("fail",) * n_fail
-    kinds += ("name",) * (n_renames + len(chosen_twins))
+    kinds += ("name",) * (n_renames + sum(map(len, chosen_twins.values())))
     drawn = make_canaries(rng, tests_seen, kinds, frozenset(taken))
     fresh = iter([c.name for c in drawn if c.kind == "name"])
-    for (rel, line), mutation in chosen_twins.items():  # before or after the test, by a coin
-        plans[rel].twins[line] = (mutation, next(fresh), rng.random() < 0.5)
+    for (rel, line), chosen in chosen_twins.items():  # each before or after the test, by a coin
+        plans[rel].twins[line] = [(m, next(fresh), rng.random() < 0.5) for m in chosen]
     chosen = [c for c in drawn if c.kind != "name"]
     slots = [(rel, cls) for rel, p in sorted(plans.items()) for cls in p.slots]
     in_class = [sl for sl in slots if sl[1] is not None]
@@ -291,26 +293,64 @@ def plant_canaries(
     return planted
 
 
+def twins_per_test(n_tests: int) -> int:
+    """Twins for each of ``n_tests`` twinned tests a forge must guess between: the fewest
+    ``t >= 1`` with ``(t + 1) ** n >= GUESS_ODDS`` (picking one of each test's ``t + 1``
+    look-alikes at random then passes every real one at most once in 100 tries), at most
+    :data:`MAX_TWINS` (9 for one test, a 1-in-10 bet; 9 for two, 4 for three, 3 for four, 2
+    for five or six, 1 from seven on)."""
+    t = 1
+    while (t + 1) ** max(n_tests, 1) < GUESS_ODDS and t < MAX_TWINS:
+        t += 1
+    return t
+
+
+def _choose_twins(
+    plans: dict[str, _File], rng: random.Random, held_out: frozenset[str]
+) -> dict[tuple[str, int], list[Mutation]]:
+    """(file, ``def`` line) -> its twins' mutations, for each renamed test that can have
+    twins. How many each: :func:`twins_per_test` of the twinned held-out tests (a forge that
+    carries the visible tests' sources tells their twins apart), of all twinned tests when
+    none is held out."""
+    can = {
+        (rel, line)
+        for rel, plan in plans.items()
+        for line in plan.renames
+        if mutations(plan.defs[line], plan.lines, rng)
+    }
+    held = {i.split("[")[0] for i in held_out}
+
+    def published(rel: str, line: int) -> str:
+        old, cls = plans[rel].renames[line]
+        return "::".join([rel, *([cls] if cls else []), old])
+
+    hidden = [key for key in can if published(*key) in held]
+    per = twins_per_test(len(hidden) or len(can))
+    return {
+        key: pick(plans[key[0]].defs[key[1]], plans[key[0]].lines, rng, per) for key in sorted(can)
+    }
+
+
 def _twin_ids(planted: Planted, plans: dict[str, _File], fail_to_pass: list[str]) -> None:
     """Fill :attr:`Planted.twins` (each FAIL_TO_PASS id of a twinned test, as the twin's id,
     parameters and inheriting classes kept) and :attr:`Planted.twinless`."""
-    names: dict[tuple[str, str, str], str] = {}
+    names: dict[tuple[str, str, str], tuple[str, ...]] = {}
     for rel, plan in plans.items():
-        for line, (_, twin, _) in plan.twins.items():
+        for line, twins in plan.twins.items():
             old, cls = plan.renames[line]
-            names[(rel, cls, old)] = twin
+            names[(rel, cls, old)] = tuple(name for _, name, _ in twins)
     for test in dict.fromkeys(fail_to_pass):
         base, sep, params = test.partition("[")
         parts = base.split("::")
         cls = parts[1] if len(parts) == 3 else ""
-        twin = names.get((parts[0], cls, parts[-1]))
-        if twin is None and cls:  # a method the class inherits from the one defining it
+        got = names.get((parts[0], cls, parts[-1]), ())
+        if not got and cls:  # a method the class inherits from the one defining it
             found = {t for (f, c, o), t in names.items() if f == parts[0] and c and o == parts[-1]}
-            twin = found.pop() if len(found) == 1 else None
-        if twin is None:
+            got = found.pop() if len(found) == 1 else ()
+        if not got:
             planted.twinless.append(test)
-            continue
-        planted.twins["::".join([*parts[:-1], twin]) + sep + params] = test
+        for twin in got:
+            planted.twins["::".join([*parts[:-1], twin]) + sep + params] = test
 
 
 def _keep_mentioned_names(
@@ -376,7 +416,9 @@ def _twin_lines(plan: _File, original: list[bytes], done: dict[str, str]) -> dic
     the twin's), directly before or after its test, spaced from it as the test is from what
     precedes it (so the pair's order and spacing do not tell which is the copy)."""
     out: dict[int, list[bytes]] = {}
-    for line, (mutation, twin, after) in sorted(plan.twins.items()):
+    for line, mutation, twin, after in [
+        (k, *v) for k, vs in sorted(plan.twins.items()) for v in vs
+    ]:
         node = plan.defs[line]
         first = min([line, *map(_def_line, node.decorator_list)])
         last = node.end_lineno or line

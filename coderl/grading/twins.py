@@ -119,40 +119,54 @@ def _span(node: ast.AST) -> tuple[int, int, int, int] | None:
     return int(getattr(node, "lineno", 0)), int(getattr(node, "col_offset", 0)), end, end_col
 
 
-def _literal(node: ast.expr, lines: list[bytes], rng: random.Random) -> Mutation | None:
-    """A changed copy of the literal ``node`` (a number, a plain string, or one element of a
-    list/tuple of them), or ``None``."""
+def _numbers(value: int | float, count: int, rng: random.Random) -> list[int | float]:
+    """``count`` other numbers, with ``value`` at a uniformly drawn place in the run of
+    ``count + 1`` consecutive ones they make (so neither the middle nor an end tells which is
+    the test's own); never negative for a value that is not."""
+    below = rng.randint(0, count)
+    if value >= 0 and value - below < 0:
+        below = int(value)  # as many below as the numbers >= 0 allow
+    return [value + d for d in range(-below, count - below + 1) if d != 0]
+
+
+def _strings(body: bytes, count: int, rng: random.Random) -> list[bytes]:
+    """Up to ``count`` distinct copies of ``body`` with one character changed (kept in case)."""
+    if not body:
+        return [c.encode() for c in rng.sample(_LETTERS, min(count, len(_LETTERS)))]
+    out: dict[bytes, None] = {}
+    for _ in range(count * 8):
+        at = rng.randrange(len(body))
+        now = chr(body[at])
+        swap = rng.choice([c for c in _LETTERS if c not in (now, now.lower())])
+        out[body[:at] + (swap.upper() if now.isupper() else swap).encode() + body[at + 1 :]] = None
+        if len(out) == count:
+            break
+    return list(out)
+
+
+def _literal(node: ast.expr, lines: list[bytes], rng: random.Random, count: int) -> list[Mutation]:
+    """Up to ``count`` distinct changed copies of the literal ``node`` (a number, a plain
+    string, or one element drawn of a list/tuple of them; a bool has one)."""
     if isinstance(node, (ast.List, ast.Tuple)):
         for elt in rng.sample(node.elts, len(node.elts)):
-            got = _literal(elt, lines, rng)
-            if got is not None:
+            got = _literal(elt, lines, rng, count)
+            if got:
                 return got
-        return None
+        return []
     span = _span(node)
-    if span is None or span[0] != span[2]:
-        return None
+    if span is None or span[0] != span[2] or not isinstance(node, ast.Constant):
+        return []
     line, col, _, end_col = span
-    old = lines[line - 1][col:end_col]
-    if isinstance(node, ast.Constant) and isinstance(node.value, bool):
-        return Mutation((Edit(line, col, end_col, str(not node.value).encode()),), 0)
-    if isinstance(node, ast.Constant) and type(node.value) in (int, float):
-        new = node.value + rng.choice((-1, 1)) * rng.randint(1, 3)
-        if new < 0:
-            new = node.value + rng.randint(1, 3)  # "-" would read as the changed one
-        return Mutation((Edit(line, col, end_col, repr(new).encode()),), 0)
-    m = _SIMPLE_STR.match(old)
-    if isinstance(node, ast.Constant) and isinstance(node.value, (str, bytes)) and m:
-        body = m.group(3)
-        if not body:
-            body = rng.choice(_LETTERS).encode()
-        else:
-            at = rng.randrange(len(body))
-            now = chr(body[at])
-            swap = rng.choice([c for c in _LETTERS if c != now.lower() and c != now])
-            body = body[:at] + (swap.upper() if now.isupper() else swap).encode() + body[at + 1 :]
-        text = m.group(1) + m.group(2) + body + m.group(2)
-        return Mutation((Edit(line, col, end_col, text),), 0)
-    return None
+    old, value = lines[line - 1][col:end_col], node.value
+    texts: list[bytes] = []
+    if isinstance(value, bool):
+        texts = [str(not value).encode()]
+    elif type(value) in (int, float):
+        texts = [repr(v).encode() for v in _numbers(value, count, rng)]
+    elif isinstance(value, (str, bytes)) and (m := _SIMPLE_STR.match(old)):
+        quote = m.group(1) + m.group(2)
+        texts = [quote + b + m.group(2) for b in _strings(m.group(3), count, rng)]
+    return [Mutation((Edit(line, col, end_col, t),), 0) for t in texts]
 
 
 def _literal_sides(sides: list[ast.expr]) -> list[ast.expr]:
@@ -195,20 +209,23 @@ def _invert(test: ast.expr, lines: list[bytes]) -> Mutation | None:
     return Mutation((Edit(line, col, col, b"not "),), 2)
 
 
-def _assertion(stmt: ast.stmt, lines: list[bytes], rng: random.Random) -> list[Mutation]:
-    """The ways to make ``stmt`` (an ``assert`` or a ``self.assertX(...)`` call) fail."""
+def _assertion(
+    stmt: ast.stmt, lines: list[bytes], rng: random.Random, count: int
+) -> list[Mutation]:
+    """The ways to make ``stmt`` (an ``assert`` or a ``self.assertX(...)`` call) fail, up to
+    ``count`` values for each literal."""
     out: list[Mutation | None] = []
     if isinstance(stmt, ast.Assert):
         test = stmt.test
         if isinstance(test, ast.Compare) and len(test.ops) == 1:
             op, sides = test.ops[0], [test.left, test.comparators[0]]
             if isinstance(op, ast.Eq):
-                out += [_literal(s, lines, rng) for s in _literal_sides(sides)]
+                out += [m for s in _literal_sides(sides) for m in _literal(s, lines, rng, count)]
             if isinstance(op, (ast.Is, ast.IsNot)) and any(
                 isinstance(s, ast.Constant) and isinstance(s.value, bool) for s in sides
             ):
                 side = next(s for s in sides if isinstance(s, ast.Constant))
-                out.append(_literal(side, lines, rng))
+                out += _literal(side, lines, rng, 1)
             if isinstance(op, (ast.Is, ast.IsNot, ast.In, ast.NotIn)):
                 out.append(_flip_op(test, lines))
         out.append(_invert(test, lines))
@@ -221,7 +238,9 @@ def _assertion(stmt: ast.stmt, lines: list[bytes], rng: random.Random) -> list[M
     ):
         call, func = stmt.value, stmt.value.func
         if func.attr == "assertEqual":
-            out += [_literal(s, lines, rng) for s in _literal_sides(call.args[:2])]
+            out += [
+                m for s in _literal_sides(call.args[:2]) for m in _literal(s, lines, rng, count)
+            ]
         span = _span(func)
         if span is not None:
             line, end_col = span[2], span[3]
@@ -231,15 +250,18 @@ def _assertion(stmt: ast.stmt, lines: list[bytes], rng: random.Random) -> list[M
 
 
 def mutations(
-    func: ast.FunctionDef | ast.AsyncFunctionDef, lines: list[bytes], rng: random.Random
+    func: ast.FunctionDef | ast.AsyncFunctionDef,
+    lines: list[bytes],
+    rng: random.Random,
+    count: int = 1,
 ) -> list[Mutation]:
     """The ways to make a twin of the test ``func`` (its file's ``lines``): those of the last
-    assertion that surely runs (module doc), best rank first. The last, so that where
-    the unfixed code fails the test it fails the twin at the same assertion or earlier (a
-    forge that runs the pair and sees one fail where they differ learns which is the twin).
-    Empty: no twin."""
+    assertion that surely runs (module doc), up to ``count`` values for each of its literals,
+    best rank first. The last, so that where the unfixed code fails the test it fails the twins
+    at the same assertion or earlier (a forge that runs the pair and sees one fail where they
+    differ learns which is the twin). Empty: no twin."""
     for stmt in reversed(reached(func.body)):
-        found = _assertion(stmt, lines, rng)
+        found = _assertion(stmt, lines, rng, count)
         if found:
             return sorted(found, key=lambda m: m.rank)
     return []
@@ -256,10 +278,17 @@ def apply(mutation: Mutation, lines: list[bytes], first: int) -> list[bytes]:
 
 
 def pick(
-    func: ast.FunctionDef | ast.AsyncFunctionDef, lines: list[bytes], rng: random.Random
-) -> Mutation | None:
-    """The twin's mutation of ``func``, drawn from ``rng`` among :func:`mutations`' of the best
-    rank; ``None``: no twin."""
-    found = mutations(func, lines, rng)
+    func: ast.FunctionDef | ast.AsyncFunctionDef,
+    lines: list[bytes],
+    rng: random.Random,
+    count: int = 1,
+) -> list[Mutation]:
+    """Up to ``count`` distinct twins' mutations of ``func``, all at one place drawn from
+    ``rng`` among :func:`mutations`' of the best rank (a literal has up to ``count`` values,
+    a flipped operator or an inversion one); empty: no twin."""
+    found = mutations(func, lines, rng, count)
     pool = [m for m in found if m.rank == found[0].rank] if found else []
-    return rng.choice(pool) if pool else None
+    if not pool:
+        return []
+    where = rng.choice(sorted({(m.edits[0].line, m.edits[0].col) for m in pool}))
+    return [m for m in pool if (m.edits[0].line, m.edits[0].col) == where][:count]
