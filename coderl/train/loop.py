@@ -14,8 +14,8 @@ One step, top to bottom (:func:`training_step`)::
     turn_adv = branching.turn_credit(...)                    # vineppo: grade the continuations
     batch    = pipeline.make_batch(...)                      # advantages over valid members
     metrics  = optimize(run, batch)                          # algorithm-blind train_step; one optimizer step
-    policy.bump_version()                                    # new weights version
-    engine.sync(policy)                                      # vllm: adapter loaded, canary
+    advance_version(run, metrics)                            # updated: new version, engine.sync
+                                                             # (vllm: adapter loaded, canary)
     pipeline.observe_step(run.observers, ...)                # registered: audit, probes, criteria
 
 Everything a resumed run needs is in the checkpoint (:mod:`coderl.train.run`); sampling seeds
@@ -50,6 +50,7 @@ from coderl.train.run import (
     SFT_WEIGHTS,
     Run,
     UpdateCount,
+    advance_version,
     build_policy,
     close_run,
     full_weights,
@@ -59,7 +60,6 @@ from coderl.train.run import (
     save,
     setup_run,
     step_status,
-    sync_engine,
 )
 from coderl.train.signal import prepass, rollout_metrics
 
@@ -246,11 +246,10 @@ def training_step(run: Run) -> dict[str, float]:
             turn_adv,
         )
     metrics.update(optimize(run, batch))
-    run.policy.bump_version()  # every step is a version, with or without an update
     metrics["time/train"] = time.perf_counter() - t0
     add_cpu_since(metrics, "train", clock)
     t0 = time.perf_counter()
-    metrics.update(sync_engine(run))  # before any rollout of the new version
+    metrics.update(advance_version(run, metrics))  # a version per update, synced before rollouts
     metrics["time/sync"] = time.perf_counter() - t0
     sampled = metrics["episode/sampled_tokens"] * metrics["episodes"]
     metrics["tokens_per_s/rollout"] = sampled / max(metrics["time/rollout"], 1e-9)

@@ -281,7 +281,7 @@ def no_update_warning(first: int, last: int) -> str:
         f"WARNING: none of steps {first + 1}-{last} updated the policy (optimizer_steps 0 in "
         "each: every group had zero reward variance and was dropped, every episode was "
         "masked, or no episode had a token to train on); the checkpoints hold the weights the "
-        "run started from. policy_version still counts steps, not updates (metrics.jsonl: "
+        "run started from and policy_version stayed where it was (metrics.jsonl: "
         "dynamic/dropped_groups, reward/masked, sequences)"
     )
 
@@ -518,7 +518,7 @@ def _evaluate(
 def optimize(run: Run, batch: StepBatch | None) -> dict[str, float]:
     """One optimizer step on ``batch`` (the algorithm-blind :func:`coderl.train.step.train_step`)
     with its advantage metrics; ``None`` (no valid episode) logs an empty step. The one update
-    both drivers call; the caller bumps the version and syncs the engine."""
+    both drivers call; the caller then advances the version (:func:`advance_version`)."""
     if batch is None:
         return {"optimizer_steps": 0.0, "sequences": 0.0, "trained_tokens": 0.0}
     cfg = run.cfg
@@ -545,3 +545,20 @@ def optimize(run: Run, batch: StepBatch | None) -> dict[str, float]:
         )
     )
     return metrics
+
+
+def advance_version(run: Run, step: dict[str, float]) -> dict[str, float]:
+    """After :func:`optimize`: a new weight version when its ``step`` metrics say the weights
+    changed (``optimizer_steps`` > 0), pushed to the engine before any rollout of it; a step
+    that updated nothing (every group dropped, every episode masked) keeps the version and the
+    engine's weights. A version counts weight updates: async staleness (versions between
+    sampling and training, :mod:`coderl.asyncrl.buffer`) is not inflated by steps that changed
+    nothing. Returns the engine's sync metrics (none without an update).
+
+    Raises:
+        coderl.policy.vllm_engine.CanaryError: as :func:`sync_engine`.
+    """
+    if step.get("optimizer_steps", 0.0) <= 0:
+        return {}
+    run.policy.bump_version()
+    return sync_engine(run)
