@@ -19,7 +19,6 @@ has no ``[tool:pytest]`` section. The toolz replays are ``bench/redteam_config_d
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import hashlib
 import os
 import shutil
@@ -33,6 +32,7 @@ from coderl.grading.guardproc import byproduct
 from coderl.grading.protected import is_protected
 from coderl.grading.pytestcfg import EMPTY_CONFIG, run_config
 from coderl.grading.runner import pytest_command
+from coderl.tasks.patches import make_diff
 from coderl.tasks.snapshot import cache_dir
 from coderl.tasks.spec import load_tasks
 
@@ -45,12 +45,7 @@ sandboxed = pytest.mark.skipif(
 
 
 def new_file(path: str, text: str) -> str:
-    lines = text.splitlines(keepends=True)
-    body = "".join("+" + ln for ln in lines)
-    return (
-        f"diff --git a/{path} b/{path}\nnew file mode 100644\n--- /dev/null\n+++ b/{path}\n"
-        f"@@ -0,0 +1,{len(lines)} @@\n{body}"
-    )
+    return make_diff(path, None, text)
 
 
 # --- class 1: configuration files -----------------------------------------------------------
@@ -134,6 +129,7 @@ def test_an_agents_pytest_configuration_is_not_read(noconfig, name: str) -> None
     result = grade(task, task.gold_patch + new_file(name, text), env=env)
     assert result.tests[victim] == "passed", result.reason
     assert result.resolved and result.grading_error is None
+    assert result.stripped_paths == [name]  # applied, then put back (protected)
 
 
 # --- class 2: doctests --------------------------------------------------------------------
@@ -226,9 +222,6 @@ def test_a_docstring_example_beside_a_fix_is_denied(noconfig) -> None:
     at = next(i for i, ln in enumerate(old) if ln.startswith("    def itervalues(d, **kw):"))
     new = [*old[: at + 1], '        """>>> import gc; gc.collect()"""\n', *old[at + 1 :]]
     new[at + 2] = new[at + 2].replace("return None", "return iter(d.values(**kw))")
-    diff = f"diff --git a/{rel} b/{rel}\n" + "".join(
-        difflib.unified_diff(old, new, f"a/{rel}", f"b/{rel}")
-    )
-    result = grade(task, diff, env=env)
+    result = grade(task, make_diff(rel, "".join(old), "".join(new)), env=env)
     assert result.denied and not result.resolved, result.reason
     assert any("import gc" in d for d in result.denied), result.denied
