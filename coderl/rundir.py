@@ -64,6 +64,34 @@ class RunDirBusy(FileExistsError):
     line prints it as one line)."""
 
 
+def _umask() -> int:
+    """This process's umask (read from ``/proc`` where it can be: setting it to read it would
+    race with threads creating files)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except OSError:
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def honour_umask(path: str | Path) -> None:
+    """Give the files at or under ``path`` the read/write bits a plain ``open`` gives under the
+    process umask (``0o666 & ~umask``, added to what they have). safetensors (0.7) writes a file
+    through a temporary file and renames it, so the file keeps the temporary's ``0600`` while
+    every other file a command writes is ``0644`` under umask 022; every command that writes
+    weights (checkpoints, SFT, exports, registry versions, reward models) calls this after."""
+    root = Path(path)
+    bits = 0o666 & ~_umask()
+    for f in [root, *root.rglob("*")] if root.is_dir() else [root]:
+        st = f.lstat()
+        if f.is_file() and not f.is_symlink() and (st.st_mode & bits) != bits:
+            os.chmod(f, (st.st_mode & 0o7777) | bits)
+
+
 def launch_rank() -> int:
     """This process's rank as ``torchrun`` (or the Ray launcher) set it in ``RANK``; 0 alone."""
     return int(os.environ.get("RANK", "0") or 0)

@@ -7,7 +7,8 @@ schedule, optionally driving the simulated population through an in-process serv
 (``coderl train``, ``sft``, ...) or a second process of the same role. One that fails before its
 first result (a port in use, a refused setting, a model that does not load) leaves a new run
 directory as it found it: the store and registry it opened hold nothing yet and are removed
-(:func:`coderl.online.runfiles.setup_only`)."""
+(:func:`coderl.online.runfiles.setup_only`). None of them runs in a training run's directory
+(:func:`coderl.online.runfiles.refuse_training_run`)."""
 
 from __future__ import annotations
 
@@ -30,13 +31,18 @@ from coderl.endpoint.calls import harness_format
 from coderl.endpoint.http import BackgroundServer
 from coderl.online.cycle import PHASES, open_run, run_cycle
 from coderl.online.cycle_report import phase_totals, print_report, trained
-from coderl.online.runfiles import setup_only
+from coderl.online.runfiles import refuse_training_run, setup_only
 from coderl.online.simulate import SimulatedPopulation
 from coderl.rundir import online_lock
 
 
 def _cfg(args: argparse.Namespace) -> Config:
-    return load_online_config(args.config, args.overrides)
+    """The online config of the command line; a training run's directory as ``run_dir`` is
+    refused before anything is created there (:func:`refuse_training_run`)."""
+    cfg = load_online_config(args.config, args.overrides)
+    if args.online_command != "report":
+        refuse_training_run(cfg.run_dir, f"coderl online {args.online_command}", args.config)
+    return cfg
 
 
 def cmd_cycle(args: argparse.Namespace) -> int:

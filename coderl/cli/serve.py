@@ -7,6 +7,10 @@ either way each interaction records the engine's sampled ids, their behaviour lo
 registry version. A reload syncs the new champion into the same engine (a LoRA adapter for vLLM,
 canary-checked) instead of starting another server.
 
+A training run's directory (``coderl train``'s checkpoints) is refused in one line that says how
+to serve its weights (:func:`coderl.online.runfiles.refuse_training_run`): serving there would
+serve the base model and write a store and registry among the run's files.
+
 The server holds the run directory for the ``serve`` role (:func:`coderl.rundir.online_lock`):
 ``coderl online cycle`` may run beside it (it claims what the server recorded), while a writer
 (``coderl train``, ``sft``, ...) or a second ``coderl serve`` on the same directory is refused in
@@ -32,7 +36,7 @@ from coderl.endpoint.calls import harness_format
 from coderl.online.cycle import database_url, load_version, open_run
 from coderl.online.registry import Registry
 from coderl.online.routing import Route, Router, refresh
-from coderl.online.runfiles import setup_only
+from coderl.online.runfiles import refuse_training_run, setup_only
 from coderl.online.server import InteractionServer
 from coderl.online.store import Store
 from coderl.policy.base import Completion, SamplingParams
@@ -115,6 +119,7 @@ def run(args: argparse.Namespace) -> int:
     overrides += [f"online.serve.port={args.port}"] if args.port is not None else []
     cfg = load_online_config(args.config, overrides)
     serve = cfg.online.serve
+    refuse_training_run(cfg.run_dir, "coderl serve", args.config)  # its weights are not served
     sock = listening_socket(serve.host, serve.port)  # before the model loads: fail in a second
     try:  # a writer (train, sft) or a second server on this run dir is refused
         with online_lock(cfg.run_dir, "serve", "coderl serve", setup_only):

@@ -47,6 +47,7 @@ from torch import Tensor, nn
 from coderl.graders.judge import EpisodeView
 from coderl.graders.pairs import PreferencePair, render_episode
 from coderl.progress import PhaseProgress
+from coderl.rundir import honour_umask
 from coderl.stats import wilson_interval
 
 
@@ -203,6 +204,7 @@ class RewardModel(nn.Module):
         d = Path(out_dir)
         d.mkdir(parents=True, exist_ok=True)
         save_file(self.trainable_state(), str(d / "rm.safetensors"))
+        honour_umask(d / "rm.safetensors")  # safetensors leaves its temporary file's 0600
         (d / "rm.json").write_text(json.dumps(asdict(self.spec), indent=1))
         return d
 

@@ -20,8 +20,10 @@ import sqlite3
 from dataclasses import dataclass
 from pathlib import Path
 
+from coderl.config import load_tree
 from coderl.config.online import SHARED
 from coderl.online.registry import POINTER, POPULATIONS, Registry
+from coderl.rundir import SFT_WEIGHTS, existing_logs, list_checkpoints
 
 SAVE_DONE = "coderl_policy.txt"
 """The file :meth:`coderl.policy.LocalPolicy.save` writes last: a version directory holding it
@@ -91,6 +93,43 @@ def setup_only(run_dir: Path, created: set[str]) -> bool:
         if not ok:
             return False
     return True
+
+
+def refuse_training_run(run_dir: str | Path, command: str, preset: str) -> None:
+    """Refuse to run the online ``command`` (``coderl serve``, ``coderl online run``, ...) in the
+    directory of a training run (``coderl train``: a ``config.yaml`` beside checkpoints, SFT
+    weights or logs), before anything is created there: it would serve and train the base model
+    of ``preset``, not the run's weights, and write its store and registry among the run's files.
+
+    Raises:
+        FileExistsError: one line naming the run and the commands that serve its weights
+            (``coderl export RUN --out DIR``, then ``command PRESET model.name=DIR
+            run_dir=NEW``; ``--merged`` and ``DIR/merged`` for a LoRA run).
+    """
+    root = Path(run_dir)
+    saved = root / "config.yaml"
+    if not saved.is_file():
+        return
+    ckpts = list_checkpoints(root)
+    if ckpts:
+        what = f"checkpoints up to {ckpts[-1].name}"
+    elif (root / SFT_WEIGHTS).is_file():
+        what = f"SFT weights ({SFT_WEIGHTS})"
+    elif logs := existing_logs(root):
+        what = f"logs ({', '.join(p.name for p in logs)})"
+    else:
+        return
+    try:
+        lora = bool((load_tree(saved).get("model") or {}).get("lora"))
+    except (OSError, ValueError):  # an unreadable config.yaml: the plain export's advice
+        lora = False
+    flag, model = (" --merged", "DIR/merged") if lora else ("", "DIR")
+    raise FileExistsError(
+        f"run_dir={run_dir} is a training run (coderl train; {what}), not an online run: "
+        f"{command} would use the base model and write its store and registry into it; to "
+        f"serve the run's weights: coderl export {run_dir}{flag} --out DIR, then {command} "
+        f"{preset} model.name={model} run_dir=NEW"
+    )
 
 
 @dataclass(frozen=True)

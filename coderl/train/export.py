@@ -53,7 +53,7 @@ from coderl.policy.episode import encode, render
 from coderl.policy.loading import save_model_dir
 from coderl.policy.local import LocalPolicy
 from coderl.policy.vllm_server import write_base_model
-from coderl.rundir import enclosing_run
+from coderl.rundir import enclosing_run, honour_umask
 from coderl.train.checkpoint import load_checkpoint, resolve_checkpoint
 from coderl.train.run import build_policy
 
@@ -165,6 +165,7 @@ def export_weights(
         "logprob_atol": LOGPROB_ATOL,
     }
     (tmp / "export.json").write_text(json.dumps(manifest, indent=1))
+    honour_umask(tmp)  # safetensors leaves its temporary files' 0600
     shutil.rmtree(dest, ignore_errors=True)
     tmp.rename(dest)
     return manifest

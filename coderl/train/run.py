@@ -495,7 +495,8 @@ def _evaluate(
 
     cfg = run.cfg
     resolved = 0
-    with PhaseProgress(f"eval ({n} samples/task)", len(tasks), enabled=cfg.progress) as bar:
+    per = f"{n} sample{'s' if n != 1 else ''}/task"
+    with PhaseProgress(f"eval ({per})", len(tasks), enabled=cfg.progress) as bar:
 
         def batch_done(done: int, correct: int) -> None:
             nonlocal resolved
