@@ -398,8 +398,15 @@ def ensure_fresh_logs(run_dir: str | Path) -> None:
         names = ", ".join(p.name for p in found)
         raise FileExistsError(
             f"{run_dir} already holds the logs of an earlier run ({names}) and no checkpoint to "
-            "resume; set run_dir=... to start a new run elsewhere, or move those files away"
+            f"resume; set run_dir=... to start a new run elsewhere, or start over there: "
+            f"{start_over(found)} then the same command again"
         )
+
+
+def start_over(logs: list[Path]) -> str:
+    """The shell command that removes a stopped run's ``logs`` (:func:`existing_logs`: a run
+    stopped before its first checkpoint) so that the same command starts it over."""
+    return shlex.join(["rm", *map(str, logs)])
 
 
 def list_checkpoints(run_dir: str | Path) -> list[Path]:

@@ -381,8 +381,12 @@ class RewardModelGrader:
 
 
 def summary(acc: PairwiseAccuracy, losses: Sequence[float]) -> dict[str, Any]:
-    """What ``coderl rm train`` / ``eval`` print and store."""
+    """What ``coderl rm train`` / ``eval`` print and store; without pairs (``n`` 0) the
+    accuracy and its interval are absent, never NaN (not valid JSON)."""
     out: dict[str, Any] = asdict(acc)
+    if not acc.n:
+        for key in ("accuracy", "lo", "hi"):
+            del out[key]
     if losses:
         out["first_loss"], out["last_loss"] = losses[0], losses[-1]
     return out

@@ -250,26 +250,58 @@ def step_status(metrics: dict[str, float]) -> str:
     else:
         reward, resolved = metrics["reward/mean"], metrics["resolved_rate"]
         head = f"reward {reward:.3f} resolved {resolved:.0%} of {n - masked} episodes"
+        if not has_signal(metrics):
+            notes.append("no signal (every advantage 0, or gradient 0)")
     return "; ".join([head, *notes])
 
 
+def has_signal(metrics: dict[str, float]) -> bool:
+    """Whether a step that updated had something to learn from: some advantage not 0
+    (``advantage/zero_frac`` < 1) and a gradient not 0 (``grad_norm``). A step without is an
+    update in name only (all rewards of every group equal, no dynamic sampling to drop them):
+    the optimizer steps while the policy loss has no gradient. True for a step that did not
+    update (said otherwise) or whose metrics lack both."""
+    if metrics.get("optimizer_steps", 0.0) <= 0:
+        return True
+    return metrics.get("advantage/zero_frac", 0.0) < 1.0 and metrics.get("grad_norm", 1.0) != 0.0
+
+
 class UpdateCount:
-    """The steps of a run that updated the policy (``optimizer_steps > 0``), counted from step
-    ``first`` (where the run started or resumed): ``coderl train`` and ``train-async`` both
-    end with :meth:`warn`."""
+    """The steps of a run that updated the policy (``optimizer_steps > 0``) and those of them
+    with a learning signal (:func:`has_signal`), counted from step ``first`` (where the run
+    started or resumed): ``coderl train`` and ``train-async`` both end with :meth:`warn`."""
 
     def __init__(self, first: int) -> None:
-        self.first, self.updates = first, 0
+        self.first, self.updates, self.signal = first, 0, 0
 
     def saw(self, metrics: dict[str, float]) -> None:
         """Count one step by its metrics."""
-        self.updates += metrics.get("optimizer_steps", 0.0) > 0
+        updated = metrics.get("optimizer_steps", 0.0) > 0
+        self.updates += updated
+        self.signal += updated and has_signal(metrics)
 
     def warn(self, last: int) -> None:
         """Print :func:`no_update_warning` on stderr when steps ran up to ``last`` and none of
-        them updated the policy."""
-        if last > self.first and not self.updates:
+        them updated the policy, :func:`no_signal_warning` when some updated and none of those
+        had a signal."""
+        if last <= self.first:
+            return
+        if not self.updates:
             print(no_update_warning(self.first, last), file=sys.stderr, flush=True)
+        elif not self.signal:
+            print(no_signal_warning(self.first, last), file=sys.stderr, flush=True)
+
+
+def no_signal_warning(first: int, last: int) -> str:
+    """The line a run ends with when steps ``first + 1 .. last`` updated but none of them had a
+    learning signal (:func:`has_signal`): nothing was learned from the rewards."""
+    return (
+        f"WARNING: none of steps {first + 1}-{last} had a learning signal (every advantage 0 "
+        "or gradient 0 in each: the rewards of every group were all equal); the optimizer "
+        "stepped but nothing was learned from the rewards (metrics.jsonl: "
+        "signal/groups_with_signal, advantage/zero_frac, grad_norm; dynamic_sampling.mode "
+        "drops such groups, harder or easier tasks give them variance)"
+    )
 
 
 def no_update_warning(first: int, last: int) -> str:
