@@ -156,10 +156,14 @@ typecheck: $(STAMP)
 # worker), except the modules that time a child process against the clock (Ctrl-C at the first
 # checkpoint, weight sync inside an episode): they run alone after it. The vLLM module runs in its
 # own process (its kill-and-resume test fails after the rest of the suite in one process).
+# The two workers run torch (and the coderl commands they start) at one intra-op thread each: two
+# workers at torch's default of one thread per core put four spinning threads on two cores, and
+# a tiny model's step took 2.8x as long (6.4 s vs 17.9 s for one test of tests/test_train.py,
+# load ~3.5, 2026-12-07; 300 s timeouts at load 12).
 SERIAL := tests/test_resume.py tests/test_async.py tests/test_train_branched.py
 
 test: $(STAMP) $(VLLM_STAMP) $(AGENTS_STAMP) sysdeps lint typecheck container-image
-	$(BIN)/python -m pytest -q -n 2 --dist loadfile $(SERIAL:%=--ignore=%) --ignore=tests/test_vllm_engine.py
+	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -n 2 --dist loadfile $(SERIAL:%=--ignore=%) --ignore=tests/test_vllm_engine.py
 	$(BIN)/python -m pytest -q $(SERIAL)
 	$(BIN)/python -m pytest -q tests/test_vllm_engine.py
 

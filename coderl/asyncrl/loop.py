@@ -6,8 +6,9 @@ Per iteration the trainer (this thread):
    (issued, not yet trained on or dropped), the rollout bound of AReaL (Fu et al. 2025, Sec. 5.1);
 2. collects finished groups; evicts those with ``version - oldest_version > max_staleness`` and
    drops or re-samples them (admission control, the hard bound);
-3. when ``groups_per_step`` admitted groups wait, takes one optimizer step and publishes the new
-   weights under ``version + 1``.
+3. when ``groups_per_step`` admitted groups wait, takes one step and, when it updated the
+   weights, publishes them under ``version + 1`` (a step that updated nothing, every episode
+   masked, keeps the version: versions count updates, so staleness is not inflated by it).
 
 Jobs go out in rollouts: the first attempts of one block of ``tasks_per_rollout`` consecutive
 tasks are rolled out together by one worker in one batched call (a re-sample goes alone); see
@@ -140,7 +141,8 @@ class AsyncRunner:
 
     # ----------------------------------------------------------------- the loop
     def run(self, num_steps: int) -> dict[str, Any]:
-        """Train until the learner reaches version ``num_steps``; return :meth:`summary`.
+        """Train until the learner has taken ``num_steps`` steps (:attr:`Learner.steps`, with
+        or without an update); return :meth:`summary`.
 
         Raises:
             ValueError: ``num_steps`` is negative.
@@ -157,7 +159,7 @@ class AsyncRunner:
             self._published = self.learner.version
         B = self.groups_per_step
         cap = (self.cfg.max_staleness + 1) * B
-        while self.learner.version < num_steps:
+        while self.learner.steps < num_steps:
             self._fill(cap)
             ready = len(self.buffer) >= B
             t0 = time.monotonic()
@@ -197,19 +199,21 @@ class AsyncRunner:
 
     def _train(self, batch: list[Group]) -> None:
         assert self.backend is not None
-        version = self.learner.version
+        version, steps = self.learner.version, self.learner.steps
         staleness = [version - g.oldest_version() for g in batch]
         tokens = token_staleness(batch, version)
         t0 = time.monotonic()
         step = dict(self.learner.train_step(batch))
         self.metrics.train_s += time.monotonic() - t0
-        if self.learner.version != version + 1:
+        if self.learner.steps != steps + 1 or self.learner.version not in (version, version + 1):
             raise RuntimeError(
-                f"learner.train_step must advance the version by 1 ({version} -> "
-                f"{self.learner.version})"
+                "learner.train_step must take one step and advance the version by 1 (an "
+                f"update) or 0 (none): steps {steps} -> {self.learner.steps}, version "
+                f"{version} -> {self.learner.version}"
             )
-        self.backend.publish(self.learner.version, self.learner.weights())
-        self._published = self.learner.version
+        if self.learner.version > self._published:  # the same weights are not sent again
+            self.backend.publish(self.learner.version, self.learner.weights())
+            self._published = self.learner.version
         for group, s in zip(batch, staleness, strict=True):
             self.ledger.consumed(group.job)
             self.metrics.staleness[s] += 1

@@ -195,11 +195,11 @@ class _LearnerActor:
     def __init__(self, make_learner: Callable[[], Learner]) -> None:
         self.learner = make_learner()
 
-    def version(self) -> int:
-        return self.learner.version
+    def version(self) -> tuple[int, int]:
+        return self.learner.version, self.learner.steps
 
-    def train_step(self, groups: list[Group]) -> tuple[dict[str, float], int]:
-        return self.learner.train_step(groups), self.learner.version
+    def train_step(self, groups: list[Group]) -> tuple[dict[str, float], int, int]:
+        return self.learner.train_step(groups), self.learner.version, self.learner.steps
 
     def weights(self) -> Weights:
         return self.learner.weights()
@@ -207,9 +207,9 @@ class _LearnerActor:
     def state_dict(self) -> dict[str, Any]:
         return self.learner.state_dict()
 
-    def load_state_dict(self, state: dict[str, Any]) -> int:
+    def load_state_dict(self, state: dict[str, Any]) -> tuple[int, int]:
         self.learner.load_state_dict(state)
-        return self.learner.version
+        return self.learner.version, self.learner.steps
 
     def call(self, method: str, *args: Any) -> Any:
         return getattr(self.learner, method)(*args)
@@ -229,10 +229,10 @@ class RayLearner:
             raise RuntimeError("start Ray first (coderl.ray_cluster.ensure_ray)")
         opts = ray.remote(_LearnerActor).options(num_cpus=num_cpus, num_gpus=num_gpus)
         self.actor = opts.remote(make_learner)
-        self.version: int = ray.get(self.actor.version.remote())
+        self.version, self.steps = ray.get(self.actor.version.remote())
 
     def train_step(self, groups: list[Group]) -> dict[str, float]:
-        metrics, self.version = ray.get(self.actor.train_step.remote(groups))
+        metrics, self.version, self.steps = ray.get(self.actor.train_step.remote(groups))
         return metrics
 
     def weights(self) -> Any:
@@ -243,7 +243,7 @@ class RayLearner:
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.version = ray.get(self.actor.load_state_dict.remote(state))
+        self.version, self.steps = ray.get(self.actor.load_state_dict.remote(state))
 
     def call(self, method: str, *args: Any) -> Any:
         """Call any other method of the wrapped learner (e.g. an evaluation)."""

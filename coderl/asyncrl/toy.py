@@ -145,6 +145,7 @@ class ToyLearner:
         self.logits = torch.nn.Parameter(torch.zeros(num_tasks, vocab))
         self.optim = torch.optim.Adam([self.logits], lr=lr)
         self.version = 0
+        self.steps = 0
         self.targets = torch.tensor([t["target"] for _, t in toy_tasks(num_tasks, vocab)])
         self.temperature = temperature
         self.iw_level, self.iw_mode, self.iw_cap, self.iw_low = iw_level, iw_mode, iw_cap, iw_low
@@ -188,6 +189,7 @@ class ToyLearner:
         loss.backward()
         self.optim.step()
         self.version += 1
+        self.steps += 1
         time.sleep(self.train_delay_s)
         return {
             "loss": float(loss.detach()),
@@ -213,6 +215,7 @@ class ToyLearner:
                 "logits": self.logits.detach(),
                 "optim": self.optim.state_dict(),
                 "version": self.version,
+                "steps": self.steps,
             }
         )
 
@@ -220,4 +223,4 @@ class ToyLearner:
         with torch.no_grad():
             self.logits.copy_(state["logits"])
         self.optim.load_state_dict(copy.deepcopy(state["optim"]))
-        self.version = int(state["version"])
+        self.version, self.steps = int(state["version"]), int(state["steps"])

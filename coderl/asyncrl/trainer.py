@@ -55,6 +55,7 @@ from coderl.train.checkpoint import load_trainable, trainable_state
 from coderl.train.heldout import log_eval_with_alarm, log_extra_evals, without_heldout_evals
 from coderl.train.run import (
     UpdateCount,
+    advance_version,
     build_policy,
     close_run,
     optimize,
@@ -245,6 +246,10 @@ class TrainLearner:
     def version(self) -> int:
         return int(self.run.policy.version)
 
+    @property
+    def steps(self) -> int:
+        return int(self.run.step)
+
     def train_step(self, groups: list[Group]) -> dict[str, float]:
         """One optimizer step; every group keeps its own advantage baseline (the same task may
         appear twice in an async batch, from different epochs); masked episodes (infra failures,
@@ -268,10 +273,10 @@ class TrainLearner:
             keys,
         )
         metrics.update(optimize(run, batch))
-        run.policy.bump_version()  # a step with no valid episode still advances the version
         run.step += 1
         run.sampler.step = run.step  # the tasks issued next belong to this step
-        metrics.update(sync_engine(run))  # served before the runner publishes the version
+        # a version per update (none without one), served before the runner publishes it
+        metrics.update(advance_version(run, metrics))
         metrics["policy_version"] = float(run.policy.version)
         metrics.update(P.observe_step(self.observers, cfg, run.step, infos))
         return metrics

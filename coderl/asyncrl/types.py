@@ -6,7 +6,7 @@ The async machinery never looks inside a model. It talks to two sides through sm
   episodes whose sampled tokens carry the policy version and behaviour logprob that produced them;
 - a :class:`Learner` (the trainer side) takes a batch of complete groups, takes one optimizer step
   (with the importance-weight correction from :mod:`coderl.algorithms`) and exposes the new weights
-  under a new version.
+  under a new version (a step that updates nothing keeps the version).
 
 Everything that crosses a thread, process or Ray boundary here is a plain dataclass of lists, ints
 and floats (plus a weights dict of tensors), so it pickles.
@@ -139,11 +139,20 @@ class Learner(Protocol):
 
     @property
     def version(self) -> int:
-        """Version of the current weights; each :meth:`train_step` adds 1."""
+        """Version of the current weights: the number of weight updates so far; a
+        :meth:`train_step` that updates the weights adds 1, one that updates nothing (no valid
+        episode) adds 0, so staleness counts updates, not steps."""
+        ...
+
+    @property
+    def steps(self) -> int:
+        """:meth:`train_step` calls so far, with or without an update (restored by
+        :meth:`load_state_dict`); the runner stops at a number of steps."""
         ...
 
     def train_step(self, groups: list[Group]) -> dict[str, float]:
-        """One optimizer step on ``groups``; returns metrics (``logprob_gap`` among them)."""
+        """One step on ``groups`` (an optimizer step when any episode is valid); returns
+        metrics (``logprob_gap`` among them)."""
         ...
 
     def weights(self) -> Weights:
@@ -151,7 +160,7 @@ class Learner(Protocol):
         ...
 
     def state_dict(self) -> dict[str, Any]:
-        """Everything needed to resume (weights, optimizer, version)."""
+        """Everything needed to resume (weights, optimizer, version, steps)."""
         ...
 
     def load_state_dict(self, state: dict[str, Any]) -> None: ...

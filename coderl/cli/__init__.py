@@ -11,6 +11,7 @@ import importlib
 import logging
 import os
 import re
+import select
 import signal
 import sys
 import threading
@@ -171,7 +172,12 @@ def main(argv: list[str] | None = None) -> int:
     terminated, previous = _signals_as_interrupt()
     try:
         code = int(args.func(args) or 0)
+        sys.stdout.flush()  # a reader that went away shows here, not as a traceback at exit
         return 143 if terminated and code == 130 else code
+    except BrokenPipeError:  # `coderl eval ... | head`: the reader has what it wanted
+        if not reader_gone():
+            raise  # another pipe (a sandbox's, a server's) broke: a failure, said in full
+        return stdout_closed()
     except USER_ERRORS as err:
         if os.environ.get("CODERL_TRACEBACK"):
             raise
@@ -184,6 +190,35 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
+
+
+STDOUT_CLOSED = 141
+"""The exit status of a command whose reader closed its standard output: 128 + SIGPIPE, what a
+shell reports for a program the signal stopped (``cat big | head``)."""
+
+
+def reader_gone() -> bool:
+    """Whether standard output is a pipe or socket whose reader has closed it (``poll`` reports
+    an error or hang-up on it); False where it has no file descriptor."""
+    try:
+        fd = sys.stdout.fileno()
+    except (OSError, ValueError):  # io.UnsupportedOperation is both
+        return False
+    poller = select.poll()
+    poller.register(fd, select.POLLOUT)
+    return any(ev & (select.POLLERR | select.POLLHUP) for _, ev in poller.poll(0))
+
+
+def stdout_closed() -> int:
+    """What a command ends with when its standard output was closed (a pipe to ``head``): the
+    rest of its output goes to ``/dev/null`` (Python's recipe in the ``signal`` module's docs:
+    so the flush at exit does not raise again), no traceback; returns :data:`STDOUT_CLOSED`."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, sys.stdout.fileno())
+    finally:
+        os.close(devnull)
+    return STDOUT_CLOSED
 
 
 def error_line(err: BaseException) -> str:

@@ -8,7 +8,9 @@ table on stderr). ``--episodes-out FILE`` also writes every evaluated episode
 only with ``--force``). ``--harness DIR`` writes the repository tasks' first episodes as a
 SWE-bench harness run (``coderl.grading.harness``: predictions, per-instance reports with
 ``resolved`` and ``tests_status``, the summary of ``swebench``'s ``make_run_report``), so that a
-run's number can be set beside published ones."""
+run's number can be set beside published ones. An online run's directory gives its champion
+(``--version N``: any registry version; ``--base``: the base model), read with the config its
+registry recorded (:mod:`coderl.online.runfiles`)."""
 
 from __future__ import annotations
 
@@ -18,8 +20,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from coderl.cli.export import add_source, is_online
 from coderl.cli.tasks import writable
 from coderl.config import load_config
+from coderl.online.runfiles import OnlineRun, describe, open_online_run, pick_version
 
 
 def _split_args(items: list[str]) -> tuple[str | None, int | None, list[str]]:
@@ -58,6 +62,25 @@ def _check_split(cfg: Any, tasks: str | None, split: str) -> None:
         raise ValueError(f"tasks={tasks or split}: split {split!r} has no tasks")
 
 
+def _online(args: argparse.Namespace) -> tuple[OnlineRun | None, int | None]:
+    """The online run ``args.checkpoint`` names and the registry version to evaluate (``--version``,
+    else the champion; None with ``--base``), or ``(None, None)`` for a training run.
+
+    Raises:
+        ValueError: ``--version`` for a training run (:func:`coderl.cli.export.is_online`).
+        FileNotFoundError: no promoted champion yet, an unknown version
+            (:func:`coderl.online.runfiles.pick_version`).
+    """
+    if not is_online(args.checkpoint, args.version):
+        return None, None
+    online = open_online_run(args.checkpoint)
+    if args.base:
+        return online, None
+    version, _ = pick_version(online, args.version)
+    print(f"evaluating {describe(online, version)}", file=sys.stderr, flush=True)
+    return online, version
+
+
 def run(args: argparse.Namespace) -> int:
     from coderl.eval.passk import per_task_pass
     from coderl.policy.rollout import build_engine
@@ -68,7 +91,13 @@ def run(args: argparse.Namespace) -> int:
         writable(args.episodes_out, args.force)
     if args.harness:
         writable(args.harness, args.force)
-    run_dir, ckpt = resolve_checkpoint(args.checkpoint)  # a run directory: its newest one
+    online, version = _online(args)  # an online run: its champion or --version N
+    if online is not None:
+        run_dir, config = online.run_dir, online.config
+        ckpt = online.registry.version_dir(version) if version is not None else online.run_dir
+    else:
+        run_dir, ckpt = resolve_checkpoint(args.checkpoint)  # a run directory: its newest one
+        config = run_dir / "config.yaml"
     tasks, k, rest = _split_args(args.overrides)
     # the run as found on disk, not as its config.yaml names it (a relative run_dir names
     # another directory, or none, from anywhere but where the run was started)
@@ -79,11 +108,15 @@ def run(args: argparse.Namespace) -> int:
         overrides.append(f"tasks.source={source}")
     if k:
         overrides += [f"eval.samples={k}", f"eval.k={sorted({1, k})}"]
-    cfg = load_config(run_dir / "config.yaml", overrides)
+    cfg = load_config(config, overrides)
     _check_split(cfg, tasks, split or cfg.tasks.heldout_split)
     # --base: the model of model.name; no data cursor (a task file may hold only held-out tasks)
     run_ = setup_run(cfg, engine=False, load_sft=False, training=False)
-    if not args.base:
+    if online is not None and version is not None:
+        from coderl.online.cycle import load_version_into
+
+        load_version_into(run_.policy.model, cfg, online.registry, version)
+    elif not args.base:
         load_checkpoint(ckpt, model=run_.policy.model, restore_rng=False)
     run_.engine = build_engine(cfg, run_.policy, training=False)  # engine.kind, these weights
     episodes: list[tuple[Any, bool]] | None = [] if args.episodes_out or args.harness else None
@@ -113,6 +146,7 @@ def run(args: argparse.Namespace) -> int:
         write_episodes(args.episodes_out, [v for v, _ in episodes], [ok for _, ok in episodes])
     out = {  # --base loads no checkpoint: the record names the base model, not one
         "checkpoint": None if args.base else str(ckpt),
+        **({"registry_version": version} if version is not None else {}),
         "base": args.base,
         **({"model": cfg.model.name} if args.base else {}),
         "split": split or cfg.tasks.heldout_split,
@@ -131,7 +165,7 @@ def run(args: argparse.Namespace) -> int:
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = sub.add_parser("eval", help="pass@k and best-of-n of a checkpoint on a task split")
-    p.add_argument("checkpoint", help="a checkpoint directory or a run directory (its latest)")
+    add_source(p, "checkpoint", "a checkpoint directory, a run directory (its latest)")
     p.add_argument(
         "overrides",
         nargs="*",

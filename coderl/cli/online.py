@@ -4,7 +4,11 @@ schedule, optionally driving the simulated population through an in-process serv
 
 ``cycle``, ``run`` and ``import`` hold the run directory for their online role
 (:func:`coderl.rundir.online_lock`): they run beside ``coderl serve``, never beside a writer
-(``coderl train``, ``sft``, ...) or a second process of the same role."""
+(``coderl train``, ``sft``, ...) or a second process of the same role. One that fails before its
+first result (a port in use, a refused setting, a model that does not load) leaves a new run
+directory as it found it: the store and registry it opened hold nothing yet and are removed
+(:func:`coderl.online.runfiles.setup_only`). None of them runs in a training run's directory
+(:func:`coderl.online.runfiles.refuse_training_run`)."""
 
 from __future__ import annotations
 
@@ -27,18 +31,26 @@ from coderl.endpoint.calls import harness_format
 from coderl.endpoint.http import BackgroundServer
 from coderl.online.cycle import PHASES, open_run, run_cycle
 from coderl.online.cycle_report import phase_totals, print_report, trained
+from coderl.online.runfiles import refuse_training_run, setup_only
 from coderl.online.simulate import SimulatedPopulation
 from coderl.rundir import online_lock
 
 
 def _cfg(args: argparse.Namespace) -> Config:
-    return load_online_config(args.config, args.overrides)
+    """The online config of the command line; a training run's directory as ``run_dir`` is
+    refused before anything is created there (:func:`refuse_training_run`)."""
+    cfg = load_online_config(args.config, args.overrides)
+    if args.online_command != "report":
+        refuse_training_run(cfg.run_dir, f"coderl online {args.online_command}", args.config)
+    return cfg
 
 
 def cmd_cycle(args: argparse.Namespace) -> int:
     """One cycle: claim the joined interactions, train a candidate, gate it, promote or not."""
     cfg = _cfg(args)
-    with online_lock(cfg.run_dir, "cycle", "coderl online cycle"):  # beside serve, not train
+    with online_lock(
+        cfg.run_dir, "cycle", "coderl online cycle", setup_only
+    ):  # beside serve, not train
         print_report(run_cycle(cfg))
     return 0
 
@@ -63,7 +75,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         if sock is not None:
             held.callback(sock.close)
         for role in roles:
-            held.enter_context(online_lock(cfg.run_dir, role, "coderl online run"))
+            held.enter_context(online_lock(cfg.run_dir, role, "coderl online run", setup_only))
         return _run_cycles(args, cfg, sock)
 
 
@@ -156,7 +168,7 @@ def cycle_time_summary(reports: list[dict]) -> str:
 def cmd_import(args: argparse.Namespace) -> int:
     """Store outcome events from a JSONL file (rejected lines are counted, with line numbers)."""
     cfg = _cfg(args)
-    with online_lock(cfg.run_dir, "import", "coderl online import"):
+    with online_lock(cfg.run_dir, "import", "coderl online import", setup_only):
         store, _ = open_run(cfg)
         res = store.import_jsonl(args.file, batch_size=args.batch_size)
     print(

@@ -6,8 +6,9 @@ see :mod:`coderl.graders.pairs`. ``mine`` writes split-tagged pairs from graded 
 (:mod:`coderl.graders.mine`); ``train`` splits them by context, trains, writes the checkpoint
 (an existing ``--out`` only with ``--force``; ``--head-only`` freezes the backbone and fits the
 head on cached features, :func:`coderl.graders.rm.fit_head`)
-and ``rm_eval.json`` (held-out pairwise accuracy with its Wilson 95% interval); ``eval`` scores a
-checkpoint on all the pairs given.
+and ``rm_eval.json`` (held-out pairwise accuracy with its Wilson 95% interval; pairs whose
+chosen and rejected are all identical, or no held-out pair, are refused before the backbone
+loads); ``eval`` scores a checkpoint on all the pairs given.
 """
 
 from __future__ import annotations
@@ -66,9 +67,21 @@ def train(args: argparse.Namespace) -> int:
 
     writable(args.out, args.force)  # before the pairs are read and the backbone loads
     pairs = _pairs(args)
+    if all(p.chosen == p.rejected for p in pairs):
+        raise ValueError(
+            f"the {len(pairs)} preference pairs carry no text to learn from (chosen and "
+            "rejected are identical in each: episodes without a statement, diff or tool log, "
+            "such as toy episodes?)"
+        )
     tr, held = split_pairs(pairs, args.heldout)
     if not tr:
         raise ValueError(f"all {len(pairs)} pairs fell in the held-out split; lower --heldout")
+    if not held:
+        contexts = len({p.context_id for p in pairs})
+        raise ValueError(
+            f"no held-out pair to measure the reward model on ({len(pairs)} pairs of {contexts} "
+            "contexts, all in the training split); raise --heldout or give more contexts"
+        )
     spec = RMSpec(args.backbone, args.lora_rank or None, seed=args.seed, max_len=args.max_len,
                   head_only=args.head_only, pool=args.pool)  # fmt: skip
     model = RewardModel(spec)
@@ -76,8 +89,8 @@ def train(args: argparse.Namespace) -> int:
                       weight_decay=args.weight_decay, progress=True)  # fmt: skip
     out = model.save(args.out)
     result = {"train_pairs": len(tr), **summary(pairwise_accuracy(model, held), losses)}
-    (out / "rm_eval.json").write_text(json.dumps(result, indent=1))
-    print(json.dumps(result, indent=1))
+    (out / "rm_eval.json").write_text(json.dumps(result, indent=1, allow_nan=False))
+    print(json.dumps(result, indent=1, allow_nan=False))
     return 0
 
 
@@ -85,7 +98,9 @@ def evaluate(args: argparse.Namespace) -> int:
     from coderl.graders.rm import RewardModel, pairwise_accuracy, summary
 
     model = RewardModel.load(args.checkpoint)
-    print(json.dumps(summary(pairwise_accuracy(model, _pairs(args)), []), indent=1))
+    print(
+        json.dumps(summary(pairwise_accuracy(model, _pairs(args)), []), indent=1, allow_nan=False)
+    )
     return 0
 
 

@@ -7,6 +7,10 @@ either way each interaction records the engine's sampled ids, their behaviour lo
 registry version. A reload syncs the new champion into the same engine (a LoRA adapter for vLLM,
 canary-checked) instead of starting another server.
 
+A training run's directory (``coderl train``'s checkpoints) is refused in one line that says how
+to serve its weights (:func:`coderl.online.runfiles.refuse_training_run`): serving there would
+serve the base model and write a store and registry among the run's files.
+
 The server holds the run directory for the ``serve`` role (:func:`coderl.rundir.online_lock`):
 ``coderl online cycle`` may run beside it (it claims what the server recorded), while a writer
 (``coderl train``, ``sft``, ...) or a second ``coderl serve`` on the same directory is refused in
@@ -32,6 +36,7 @@ from coderl.endpoint.calls import harness_format
 from coderl.online.cycle import database_url, load_version, open_run
 from coderl.online.registry import Registry
 from coderl.online.routing import Route, Router, refresh
+from coderl.online.runfiles import refuse_training_run, setup_only
 from coderl.online.server import InteractionServer
 from coderl.online.store import Store
 from coderl.policy.base import Completion, SamplingParams
@@ -114,9 +119,10 @@ def run(args: argparse.Namespace) -> int:
     overrides += [f"online.serve.port={args.port}"] if args.port is not None else []
     cfg = load_online_config(args.config, overrides)
     serve = cfg.online.serve
+    refuse_training_run(cfg.run_dir, "coderl serve", args.config)  # its weights are not served
     sock = listening_socket(serve.host, serve.port)  # before the model loads: fail in a second
     try:  # a writer (train, sft) or a second server on this run dir is refused
-        with online_lock(cfg.run_dir, "serve", "coderl serve"):
+        with online_lock(cfg.run_dir, "serve", "coderl serve", setup_only):
             return _serve(cfg, sock, args.access_log)
     finally:
         sock.close()
@@ -146,10 +152,17 @@ def _serve(cfg: Config, sock: socket.socket, access_log: bool) -> int:
     return 0
 
 
+LISTEN_BACKLOG = 2048
+"""uvicorn's default backlog: the server listens with it again when it starts."""
+
+
 def listening_socket(
     host: str, port: int, flags: tuple[str, str] = ("--port", "--host")
 ) -> socket.socket:
-    """A socket bound to ``host:port`` (port 0: a free one), checked before anything loads.
+    """A socket bound to ``host:port`` (port 0: a free one) and listening, checked before
+    anything loads: listening holds the port, so a second server started while this one still
+    loads its model is refused at once (a socket only bound would let it bind too, load, and
+    fail at the end). Connections made before the server is up wait in the backlog.
 
     ``flags``: how the command line sets the port and the host (``coderl online run``:
     ``online.serve.port=`` and ``online.serve.host=``).
@@ -162,6 +175,7 @@ def listening_socket(
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
         sock.bind((host, port))
+        sock.listen(LISTEN_BACKLOG)
     except OSError as err:
         sock.close()
         port_flag, host_flag = flags

@@ -3,7 +3,9 @@
 ``--resume`` continues the run with its own ``config.yaml`` (:mod:`coderl.train.resume`);
 a CONFIG given with it and the overrides are applied on top, printed, and refused where they
 change what the checkpoint holds. Ctrl-C or SIGTERM (preemption, ``timeout``) ends in one line:
-the last intact checkpoint and the resume command (exit 130; 143 for SIGTERM).
+the last intact checkpoint and the resume command (exit 130; 143 for SIGTERM); the last completed
+step is checkpointed first (:mod:`coderl.train.interrupt`). Stopped before any step completed:
+the command that starts over.
 """
 
 from __future__ import annotations
@@ -99,14 +101,18 @@ def end_of_run(run_dir: str | Path, report: bool) -> None:
 
 
 def over(args: argparse.Namespace, cfg: Any) -> str | None:
-    """The command that starts an interrupted run over: the same one, while the run has logged
-    no RL step (it stopped in its SFT warm start or setup); None after (a new run would be
-    refused there, :func:`coderl.rundir.ensure_fresh_logs`)."""
-    from coderl.rundir import existing_logs
+    """The command that starts an interrupted run with no checkpoint over: the same one, after
+    removing the logs it wrote before its first step completed (an evaluation before training:
+    :func:`coderl.rundir.start_over`; a new run is refused over them); None for ``--resume``."""
+    from coderl.rundir import existing_logs, start_over
 
-    if args.resume or existing_logs(cfg.run_dir):
+    if args.resume:
         return None
-    return shlex.join(["coderl", "train", *([args.config] if args.config else []), *args.overrides])
+    again = shlex.join(
+        ["coderl", "train", *([args.config] if args.config else []), *args.overrides]
+    )
+    logs = existing_logs(cfg.run_dir)
+    return f"{start_over(logs)} && {again}" if logs else again
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]

@@ -34,7 +34,7 @@ def run(args: argparse.Namespace) -> int:
         from coderl.train.resume import resume_config
 
         run_dir = named or load_config(config, overrides).run_dir
-        cfg, changes, step = resume_config(run_dir, config, overrides)
+        cfg, changes, step = resume_config(run_dir, config, overrides, "coderl train-async")
     else:
         cfg = load_config(config, overrides)
     # the refusals first, in a second: before torch, the tasks and the model load

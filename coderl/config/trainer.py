@@ -62,7 +62,9 @@ class TrainerConfig(_Section):
     schedule: Literal["constant", "linear", "cosine"] = "constant"
     """LR schedule after warm-up (decay to 0 at ``steps``)."""
     warmup_steps: int = Field(0, ge=0)
-    """Linear warm-up steps."""
+    """Linear warm-up: optimizer step ``i`` (from 0) of the first ``warmup_steps`` runs at
+    ``(i + 1) / (warmup_steps + 1)`` of ``lr``, so the peak comes at step ``warmup_steps + 1``
+    (as with Hugging Face's linear warm-up, which starts at 0 instead of ``lr / (w + 1)``)."""
     grad_clip: float | None = Field(1.0, gt=0)
     """Clip the global gradient norm (None: no clipping)."""
     micro_batch_size: int = Field(4, ge=1)

@@ -38,6 +38,7 @@ from typing import Any, Protocol
 
 from coderl.envbuild.detect import InstallPlan, ProjectInfo, detect, propose_install_plans
 from coderl.envbuild.exposure import ExposureError, check_readable
+from coderl.grading.pytestcfg import run_config
 from coderl.grading.runner import (
     RUN_OUTPUT_BYTES,
     SANDBOX_ENV,
@@ -218,7 +219,7 @@ def _test(
                 paths=paths,
                 trace=trace,
                 timeout=TEST_LIMITS.timeout_s,
-                inifile=inifile,
+                inifile=run_config(base, inifile, paths),
                 allowed_conftests=conftests_of(base),
             )
         finally:

@@ -47,6 +47,7 @@ from torch import Tensor, nn
 from coderl.graders.judge import EpisodeView
 from coderl.graders.pairs import PreferencePair, render_episode
 from coderl.progress import PhaseProgress
+from coderl.rundir import honour_umask
 from coderl.stats import wilson_interval
 
 
@@ -203,6 +204,7 @@ class RewardModel(nn.Module):
         d = Path(out_dir)
         d.mkdir(parents=True, exist_ok=True)
         save_file(self.trainable_state(), str(d / "rm.safetensors"))
+        honour_umask(d / "rm.safetensors")  # safetensors leaves its temporary file's 0600
         (d / "rm.json").write_text(json.dumps(asdict(self.spec), indent=1))
         return d
 
@@ -379,8 +381,12 @@ class RewardModelGrader:
 
 
 def summary(acc: PairwiseAccuracy, losses: Sequence[float]) -> dict[str, Any]:
-    """What ``coderl rm train`` / ``eval`` print and store."""
+    """What ``coderl rm train`` / ``eval`` print and store; without pairs (``n`` 0) the
+    accuracy and its interval are absent, never NaN (not valid JSON)."""
     out: dict[str, Any] = asdict(acc)
+    if not acc.n:
+        for key in ("accuracy", "lo", "hi"):
+            del out[key]
     if losses:
         out["first_loss"], out["last_loss"] = losses[0], losses[-1]
     return out

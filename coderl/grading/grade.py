@@ -9,7 +9,7 @@ Every grade runs in a fresh sandbox, never the rollout's. Repo tasks:
    the rest of the agent's diff is applied by ``git apply`` on the host to a hard-linked copy
    of that base (``apply.apply_to_copy``); every path git changed is compared with the base and each
    protected one is put back (test files and the env's test paths, every ``conftest.py``,
-   pytest/tox/setup.cfg/pyproject configuration, ``*.pth``, ``sitecustomize``/``usercustomize``,
+   pytest/tox/setup.cfg/pyproject configuration at any depth, ``*.pth``, ``sitecustomize``/``usercustomize``,
    ``*.dist-info``/``*.egg-info``, caches, and top-level modules that would shadow the standard
    library or pytest). The decision is made on the tree git produced, so no quoting, escaping
    or header trick in the diff text can get a protected path through; modes end 0644/0755;
@@ -18,7 +18,9 @@ Every grade runs in a fresh sandbox, never the rollout's. Repo tasks:
    them; the sandbox has no read-write mount at all and no network;
 4. pytest starts through ``coderl_boot`` (``-S -P -B``: no ``sitecustomize``, ``usercustomize``
    or workspace ``.pth``; ``PYTEST_DISABLE_PLUGIN_AUTOLOAD``: no entry point from the workspace;
-   the virtualenv's own plugins by explicit ``-p``), with the FAIL_TO_PASS and PASS_TO_PASS ids,
+   the virtualenv's own plugins by explicit ``-p``; ``-c`` at the configuration file pytest
+   reads in the pristine tree, or at an empty one outside the workspace, never one pytest would
+   discover there: ``coderl.grading.pytestcfg``), with the FAIL_TO_PASS and PASS_TO_PASS ids,
    ``PYTHONHASHSEED=0``, no cache provider and a timeout that kills the whole sandbox;
 5. the verdict is streamed, MAC-signed, on a descriptor no subprocess inherits, keyed by a secret
    that reaches pytest through a FIFO before any workspace code runs (``coderl.grading.runner``);
@@ -81,6 +83,7 @@ from coderl.grading.diffguard import Finding
 from coderl.grading.function import encode_text, grade_function, workspace_base
 from coderl.grading.guardproc import scan_change
 from coderl.grading.protected import is_protected
+from coderl.grading.pytestcfg import run_config
 from coderl.grading.rerun import Planted, confirm, original_ids, plant_canaries, renamed_ids
 from coderl.grading.runner import (
     RUN_OUTPUT_BYTES,
@@ -385,7 +388,9 @@ def _run(
                 select=select,
                 canaries=canaries,
                 timeout=timeout,
-                inifile=env.info.get("pytest_config"),
+                inifile=run_config(
+                    Path(env.snapshot), env.info.get("pytest_config"), env.test_paths
+                ),
                 allowed_conftests=conftests_of(tree),
                 outcomes_only=outcomes_only,
             )

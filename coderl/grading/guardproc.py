@@ -56,7 +56,8 @@ def scan_bounded(
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "PYTHONPATH": _PACKAGE_ROOT}
     try:
         proc = subprocess.run(
-            [sys.executable, "-S", "-m", "coderl.grading.guardproc"],  # no site: starts faster
+            # no site (starts faster); -P: the grader's own package, never one in the cwd
+            [sys.executable, "-S", "-P", "-m", "coderl.grading.guardproc"],
             input=json.dumps(
                 {
                     "cpu_s": cpu_s,
@@ -179,12 +180,21 @@ def byproduct(new: Path, old: Path) -> bool:
     test run may leave behind (a JSON report, a log, a CSV). The import system never runs it and
     a pristine test cannot name it, so it is not read with Python's rules: a JSON report holding
     ``/proc/cpuinfo`` or ``{0.name}`` parsed as Python and denied a correct fix (round 8).
-    A file the base has, or a new script with a python shebang, is scanned as before."""
+    A file the base has, a new script with a python shebang, or a new file that holds a
+    doctest prompt (``>>>``: a test may run it with ``doctest.testfile``) is scanned as before."""
     if new.name.endswith(PYTHON_SUFFIXES) or old.exists() or old.is_symlink():
         return False
     with new.open("rb") as f:
         first = f.readline(256)
-    return not (first.startswith(b"#!") and b"python" in first)
+        if first.startswith(b"#!") and b"python" in first:
+            return False
+        f.seek(0)
+        last = b""
+        while chunk := f.read(1 << 20):
+            if b">>>" in last + chunk:
+                return False
+            last = chunk[-2:]
+    return True
 
 
 def _read(path: str | None) -> bytes | None:

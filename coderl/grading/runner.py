@@ -54,6 +54,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from coderl.grading.pytestcfg import EMPTY_CONFIG
 from coderl.sandbox.base import ExecResult, Limits, Sandbox
 
 PLUGIN_DIR = Path(__file__).parent / "pytest_plugin"
@@ -249,7 +250,10 @@ def pytest_command(
 
     The boot reads ``/coderl/input/run.json`` (public: selection, tracing, allowed conftests)
     and the secret FIFO ``/coderl/input/secret`` (key and canaries, written by the host once
-    the boot opens it, before any workspace code runs). ``inifile`` is passed with ``-c``.
+    the boot opens it, before any workspace code runs). ``inifile`` (a ``/testbed``-relative
+    path, ``coderl.grading.pytestcfg.run_config``) is passed with ``-c``; without one the run
+    reads ``pytestcfg.EMPTY_CONFIG`` with ``--confcutdir=/testbed`` (what pytest does when it
+    finds no file), never a configuration file it would discover in the workspace.
     ``outcomes_only`` adds ``--tb=no --assert=plain``: no failure text and no assertion
     rewriting (a failing test costs about what a passing one does, and test modules import
     without being rewritten; outcomes are the same, messages differ).
@@ -259,6 +263,8 @@ def pytest_command(
         args = f"--tb=no --assert=plain {args}"
     if inifile:
         args = f"-c {shlex.quote('/testbed/' + inifile)} {args}"
+    else:
+        args = f"-c {EMPTY_CONFIG} --confcutdir=/testbed {args}"
     return (
         "cd /testbed && PYTHONHASHSEED=0 PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 "
         "/venv/bin/python -S -P -B /coderl/plugin/coderl_boot.py /coderl/input/run.json "
@@ -343,6 +349,7 @@ def run_pytest(
         "canaries": [{"name": c.name, "kind": c.kind, "source": c.source} for c in chosen],
     }
     (input_dir / "run.json").write_text(json.dumps(public))
+    (input_dir / Path(EMPTY_CONFIG).name).write_text("[pytest]\n")
     fifo = input_dir / "secret"
     if fifo.exists():
         fifo.unlink()

@@ -48,7 +48,7 @@ from typing import Any
 
 import torch
 
-from coderl.config import Config
+from coderl.config import Config, anchored, dump_config
 from coderl.config.online import SHARED, PopulationConfig
 from coderl.graders.probes import probe_gate, run_probes
 from coderl.online.baselines import advantages
@@ -57,6 +57,7 @@ from coderl.online.heldout import EnvEvaluator, EvalResult, Evaluator
 from coderl.online.monitors import SUSPECTED_HACK_RATE, check_alarms, monitor_snapshot
 from coderl.online.registry import Registry
 from coderl.online.rewards import finalize
+from coderl.online.runfiles import RUN_CONFIG, SAVE_DONE
 from coderl.online.store import Store
 from coderl.online.update import Selection, select_trainable, update
 from coderl.policy import LoraSpec, load_policy
@@ -85,7 +86,25 @@ def load_version(cfg: Config, registry: Registry, version: int) -> Any:
     return load_policy(d, reference=False)
 
 
-WARM_START_DONE = "coderl_policy.txt"
+def load_version_into(
+    model: torch.nn.Module, cfg: Config, registry: Registry, version: int
+) -> None:
+    """Copy registry ``version``'s weights, as :func:`load_version` loads them for serving, into
+    the trainable parameters of ``model`` (a policy built from ``cfg``:
+    :func:`coderl.train.run.build_policy`); ``coderl eval`` and ``coderl export`` of an online
+    run. The version's policy is loaded beside ``model`` for the copy (twice the weights'
+    memory for a moment).
+
+    Raises:
+        ValueError: the version's trainable weights do not match ``model``'s (another LoRA
+            shape than ``cfg.model`` says: :func:`coderl.train.checkpoint.check_trainable`).
+    """
+    from coderl.train.checkpoint import load_trainable, trainable_state
+
+    load_trainable(model, trainable_state(load_version(cfg, registry, version).model))
+
+
+WARM_START_DONE = SAVE_DONE
 """The file :meth:`coderl.policy.LocalPolicy.save` writes last: a version directory holding it
 holds a complete checkpoint."""
 
@@ -125,9 +144,13 @@ def first_version(cfg: Config, registry: Registry) -> int:
 
 def open_run(cfg: Config) -> tuple[Store, Registry]:
     """Open (or create) the store and registry; version 0 (:func:`first_version`: the base
-    model or its SFT warm start) becomes the first champion."""
+    model or its SFT warm start) becomes the first champion. The first call records the config
+    in ``registry/config.yaml`` (:mod:`coderl.online.runfiles`: what ``coderl export`` and
+    ``coderl eval`` load a version with)."""
     Path(cfg.run_dir).mkdir(parents=True, exist_ok=True)
     store, registry = Store(database_url(cfg)), Registry(Path(cfg.run_dir) / "registry")
+    if not (registry.root / RUN_CONFIG).is_file():  # what coderl export / eval load versions by
+        (registry.root / RUN_CONFIG).write_text(dump_config(anchored(cfg)))
     if registry.champion() is None:
         v0 = first_version(cfg, registry)
         registry.init_champion(v0)

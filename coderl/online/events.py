@@ -182,11 +182,43 @@ def parse_event(raw: Any) -> _Event | Rejected:
     try:
         return _ADAPTER.validate_python(raw)  # type: ignore[no-any-return]
     except ValidationError as e:
-        details = "; ".join(
-            f"{'.'.join(str(p) for p in err['loc']) or '<root>'}: {err['msg']}"
-            for err in e.errors()
-        )
+        details = "; ".join(plain_error(err) for err in e.errors())
         return Rejected(f"invalid_event: {details}", json.dumps(raw, default=str)[:1000])
+
+
+_KNOWN = ", ".join(EVENT_TYPES)
+_SAID: dict[str, str] = {
+    "missing": "missing",
+    "extra_forbidden": "not a field of this event type",
+    "finite_number": "must be a finite number",
+    "float_type": "must be a number",
+    "string_type": "must be a string",
+    "string_too_short": "must not be empty",
+    "string_too_long": "longer than {max_length} characters",
+    "string_pattern_mismatch": "may hold only letters, digits and _ . : -",
+    "greater_than": "must be above {gt}",
+    "greater_than_equal": "must be at least {ge}",
+    "less_than_equal": "must be at most {le}",
+    "literal_error": "must be one of {expected}",
+    "value_error": "{error}",
+}
+"""pydantic error type -> what :func:`plain_error` says (``{...}``: the error's context)."""
+
+
+def plain_error(err: Any) -> str:
+    """One pydantic error of an event (an item of ``ValidationError.errors()``) in plain words:
+    ``field: what is wrong`` (the field without the event-type prefix pydantic puts first), a
+    missing or unknown ``type`` with the known types; an error type not in :data:`_SAID`
+    keeps pydantic's message."""
+    kind, ctx = err["type"], err.get("ctx") or {}
+    if kind == "union_tag_not_found":
+        return f'no "type" (one of: {_KNOWN})'
+    if kind == "union_tag_invalid":
+        return f"type {ctx.get('tag')!r} is not an event type (one of: {_KNOWN})"
+    loc = [str(p) for p in err["loc"]]
+    field = ".".join(loc[1:] if loc[:1] and loc[0] in EVENT_TYPES else loc) or "event"
+    said = _SAID.get(kind)
+    return f"{field}: {said.format(**ctx) if said else err['msg']}"
 
 
 def read_jsonl(path: str | Path) -> Iterator[_Event | Rejected]:

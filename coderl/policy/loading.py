@@ -96,9 +96,20 @@ def model_files(spec: str | os.PathLike[str]) -> list[Path]:
         return [path]
     if path.is_dir():
         return sorted(p for p in path.rglob("*") if p.is_file())
-    raise FileNotFoundError(
-        f"unknown model {key!r}: not one of {sorted(MODEL_FILES)}, a .gguf file or a "
-        f"Hugging Face model directory"
+    raise unknown_model(key)
+
+
+def unknown_model(key: str) -> FileNotFoundError:
+    """The error of a ``model.name`` that names nothing: a path (a ``/`` in it, or a leading
+    ``.`` or ``~``) that does not exist is said as such; any other name lists the valid names
+    and says how to get the default model."""
+    path = Path(key).expanduser()
+    if "/" in key or key.startswith((".", "~")):
+        what = "is not a .gguf file or a model directory" if path.exists() else "does not exist"
+        return FileNotFoundError(f"model.name={key}: the path {path} {what}")
+    return FileNotFoundError(
+        f"unknown model {key!r}: not one of {sorted(MODEL_SOURCES)}, a .gguf file or a "
+        f"Hugging Face model directory. For the default model 'smollm2-135m', {SMOLLM2_HOW}."
     )
 
 
@@ -237,11 +248,7 @@ def load_policy(
         elif path.is_dir():
             model, tok = _load_dir(path, dtype)
         else:
-            raise FileNotFoundError(
-                f"unknown model {key!r}: not one of {sorted(MODEL_SOURCES)}, a .gguf file or a "
-                f"Hugging Face model directory. For the default model 'smollm2-135m', "
-                f"{SMOLLM2_HOW}."
-            )
+            raise unknown_model(key)
     return LocalPolicy(
         model.to(device),
         tok,

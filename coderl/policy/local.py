@@ -39,6 +39,7 @@ from coderl.policy.batch import TrainBatch, collate
 from coderl.policy.engine import BetweenChunks, TorchEngine
 from coderl.policy.forward import forward
 from coderl.policy.precision import LowPrecisionSampler, resolve_precision
+from coderl.rundir import honour_umask
 from coderl.trajectory import Segment
 
 DEFAULT_PREFIX_CACHE_MIB: float = EngineConfig.model_fields["prefix_cache_mib"].default
@@ -398,6 +399,7 @@ class LocalPolicy:
         self.tokenizer.save_pretrained(path)
         with open(os.path.join(path, "coderl_policy.txt"), "w") as f:
             f.write(f"source: {self.name}\nversion: {self.version}\nlora: {self.is_lora}\n")
+        honour_umask(path)  # safetensors leaves its temporary file's 0600
 
 
 def _check_mib(mib: float) -> float:

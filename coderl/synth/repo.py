@@ -24,6 +24,7 @@ from typing import Any
 
 from coderl.envbuild.exposure import check_readable
 from coderl.grading.protected import PROTECTED_PATTERNS, is_protected
+from coderl.grading.pytestcfg import run_config
 from coderl.grading.runner import (
     RUN_OUTPUT_BYTES,
     SANDBOX_ENV,
@@ -139,7 +140,7 @@ def _run(
                 select=select,
                 canaries=False,
                 timeout=timeout,
-                inifile=env.info.get("pytest_config"),
+                inifile=run_config(base, env.info.get("pytest_config"), env.test_paths),
             )
         finally:
             sb.close()

@@ -28,11 +28,13 @@ class PatchError(RuntimeError):
     """A patch did not apply; the message holds ``git apply``'s error."""
 
 
-def make_diff(rel: str, old: str, new: str) -> str:
-    """Unified diff of one file (``a/rel`` -> ``b/rel``), with no-newline-at-end markers."""
-    out = [f"diff --git a/{rel} b/{rel}\n"]
+def make_diff(rel: str, old: str | None, new: str) -> str:
+    """Unified diff of one file (``a/rel`` -> ``b/rel``), with no-newline-at-end markers;
+    ``old=None``: a file the diff creates (``new file mode 100644``, from ``/dev/null``)."""
+    out = [f"diff --git a/{rel} b/{rel}\n" + ("new file mode 100644\n" if old is None else "")]
+    source = "/dev/null" if old is None else f"a/{rel}"
     lines = list(
-        difflib.unified_diff(old.splitlines(True), new.splitlines(True), f"a/{rel}", f"b/{rel}")
+        difflib.unified_diff((old or "").splitlines(True), new.splitlines(True), source, f"b/{rel}")
     )
     for line in lines:
         out.append(line if line.endswith("\n") else line + "\n\\ No newline at end of file\n")

@@ -26,12 +26,23 @@ _SKIP_DIRS = {".git", ".hg", ".svn", "__pycache__", ".tox", ".nox", ".pytest_cac
 _SPEC = re.compile(r"^(?P<name>[A-Za-z0-9][A-Za-z0-9._-]*)==(?P<version>[A-Za-z0-9.+!_-]+)$")
 
 
+CHECKOUT_DATA = Path(__file__).resolve().parents[2] / "data"
+"""The checkout's ``data/`` (where the shipped tasks are read from, ``coderl.tasks.repos``)."""
+
+
 def cache_dir() -> Path:
     """The cache root: ``$CODERL_CACHE`` (unless empty: an empty value once made the working
-    directory the cache) or ``./data/cache`` (gitignored), symlinks resolved. Created on demand. Resolved because built environments record absolute paths: a checkout
-    whose ``data/cache`` links to a shared cache must record the shared cache's paths, or the
-    records break when that checkout is removed (two shipped environments did)."""
-    root = Path(os.environ.get("CODERL_CACHE") or "data/cache").resolve()
+    directory the cache), else the checkout's ``data/cache`` (gitignored) when coderl runs from a
+    checkout, else ``./data/cache``; symlinks resolved, created on demand.
+
+    The checkout's, not the working directory's: the shipped tasks are read from the checkout
+    whatever the directory, so a command run from elsewhere found the tasks and no built
+    environment for them ("no built environment matches ...", with a hint to rebuild them all).
+    Resolved because built environments record absolute paths: a checkout whose ``data/cache``
+    links to a shared cache must record the shared cache's paths, or the records break when
+    that checkout is removed (two shipped environments did)."""
+    default = CHECKOUT_DATA / "cache" if CHECKOUT_DATA.is_dir() else Path("data/cache")
+    root = Path(os.environ.get("CODERL_CACHE") or default).resolve()
     root.mkdir(parents=True, exist_ok=True)
     return root
 

@@ -38,6 +38,7 @@ from torch import nn
 # the run directory's layout and the new-run check live in coderl.rundir (no torch there)
 from coderl.rundir import CKPT_PREFIX as CKPT_PREFIX
 from coderl.rundir import ensure_new_run as ensure_new_run
+from coderl.rundir import honour_umask
 from coderl.rundir import list_checkpoints as list_checkpoints
 
 MANIFEST = "manifest.json"
@@ -181,6 +182,7 @@ def save_verified(tensors: dict[str, torch.Tensor], path: Path) -> None:
         OSError: the file read back differs from ``tensors`` (a full disk, a failing device).
     """
     save_file(tensors, str(path))
+    honour_umask(path)  # safetensors leaves its temporary file's 0600
     back = load_file(str(path))
     if back.keys() != tensors.keys() or not all(
         torch.equal(back[k], v) for k, v in tensors.items()

@@ -70,6 +70,7 @@ from coderl.config import AlgorithmConfig, DistributedConfig, TrainerConfig
 from coderl.policy.batch import TrainBatch
 from coderl.policy.forward import ForwardOut, forward
 from coderl.policy.kvcache import causal_lm
+from coderl.rundir import honour_umask
 from coderl.train.batch import StepBatch
 from coderl.train.checkpoint import (
     CKPT_PREFIX,
@@ -366,6 +367,7 @@ def save_sharded_checkpoint(
         torch.save(rng_state(), tmp / "rng.pt")
         body = {**state, "step": step, "world_size": dist.get_world_size()}
         (tmp / "state.json").write_text(json.dumps(body, indent=1))
+        honour_umask(tmp)  # safetensors leaves its temporary file's 0600
         write_manifest(tmp)  # last: every rank's DCP shard is written (dcp.save returned)
         shutil.rmtree(final, ignore_errors=True)
         tmp.rename(final)

@@ -32,25 +32,28 @@ on that conversation equal the trainer forward's (:func:`coderl.policy.forward.f
 
 Limits: weights are written in the trainer's dtype (float32); the PPO value head is not exported
 (a serving stack has no use for it). A run of ``coderl sft`` alone exports its SFT weights
-(``RUN_DIR/sft``, see :func:`coderl.train.checkpoint.resolve_checkpoint`).
+(``RUN_DIR/sft``, see :func:`coderl.train.checkpoint.resolve_checkpoint`). An online run's
+registry versions (its champion by default) go through :func:`export_weights` from the command
+line (``coderl.cli.export``), with the same layout and checks.
 """
 
 from __future__ import annotations
 
 import json
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from coderl.config import load_config
+from coderl.config import Config, load_config
 from coderl.policy.episode import encode, render
 from coderl.policy.loading import save_model_dir
 from coderl.policy.local import LocalPolicy
 from coderl.policy.vllm_server import write_base_model
-from coderl.rundir import enclosing_run
+from coderl.rundir import enclosing_run, honour_umask
 from coderl.train.checkpoint import load_checkpoint, resolve_checkpoint
 from coderl.train.run import build_policy
 
@@ -97,13 +100,44 @@ def export_run(
         ExportError: a check failed (says which directory and by how much).
     """
     run_dir, ckpt = resolve_checkpoint(source)
-    dest = Path(out) if out is not None else run_dir / "export"
-    ensure_replaceable(dest, (run_dir, ckpt), force=force)
     cfg = load_config(run_dir / "config.yaml", ["trainer.device=cpu"])
+
+    def load(policy: LocalPolicy) -> dict[str, Any]:
+        state = load_checkpoint(ckpt, model=policy.model, restore_rng=False)
+        return {"step": int(state["step"]), "version": int(state["version"])}
+
+    return export_weights(cfg, run_dir, ckpt, load, out, merged=merged, force=force)
+
+
+WeightLoader = Callable[[LocalPolicy], dict[str, Any]]
+"""Puts a source's weights into the policy built from its config; returns what the manifest
+records about the source (``step`` and ``version`` of a checkpoint; ``registry_version`` of an
+online run's version)."""
+
+
+def export_weights(
+    cfg: Config,
+    run_dir: Path,
+    source: Path,
+    load: WeightLoader,
+    out: str | Path | None = None,
+    *,
+    merged: bool = False,
+    force: bool = False,
+) -> dict[str, Any]:
+    """Export the weights ``load`` puts into ``cfg``'s policy, read from ``source`` (a
+    checkpoint, an online run's registry version) of ``run_dir``, to ``out`` (default
+    ``RUN_DIR/export``): :func:`export_run` once the source is resolved.
+
+    Raises:
+        as :func:`export_run`.
+    """
+    dest = Path(out) if out is not None else run_dir / "export"
+    ensure_replaceable(dest, (run_dir, source), force=force)
     if merged and not cfg.model.lora:
         raise ValueError("--merged: this run fine-tuned every weight; there is no adapter to merge")
     policy = build_policy(cfg, reference=False)
-    state = load_checkpoint(ckpt, model=policy.model, restore_rng=False)
+    said = load(policy)
     ids = probe_ids(policy.tokenizer)
     expected = {"trained": policy.logprobs([ids])[0]}  # the trainer forward, in fp32
     if policy.is_lora:
@@ -122,9 +156,8 @@ def export_run(
         shutil.rmtree(tmp, ignore_errors=True)  # nothing half-written is left behind
         raise
     manifest = {
-        "checkpoint": str(ckpt.resolve()),
-        "step": int(state["step"]),
-        "version": int(state["version"]),
+        "checkpoint": str(source.resolve()),
+        **said,
         "model": cfg.model.name,
         "lora": policy.is_lora,
         "dirs": {role: str(_moved(path, tmp, dest)) for role, path in dirs.items()},
@@ -132,6 +165,7 @@ def export_run(
         "logprob_atol": LOGPROB_ATOL,
     }
     (tmp / "export.json").write_text(json.dumps(manifest, indent=1))
+    honour_umask(tmp)  # safetensors leaves its temporary files' 0600
     shutil.rmtree(dest, ignore_errors=True)
     tmp.rename(dest)
     return manifest

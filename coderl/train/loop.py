@@ -14,8 +14,8 @@ One step, top to bottom (:func:`training_step`)::
     turn_adv = branching.turn_credit(...)                    # vineppo: grade the continuations
     batch    = pipeline.make_batch(...)                      # advantages over valid members
     metrics  = optimize(run, batch)                          # algorithm-blind train_step; one optimizer step
-    policy.bump_version()                                    # new weights version
-    engine.sync(policy)                                      # vllm: adapter loaded, canary
+    advance_version(run, metrics)                            # updated: new version, engine.sync
+                                                             # (vllm: adapter loaded, canary)
     pipeline.observe_step(run.observers, ...)                # registered: audit, probes, criteria
 
 Everything a resumed run needs is in the checkpoint (:mod:`coderl.train.run`); sampling seeds
@@ -46,10 +46,12 @@ from coderl.rundir import ensure_new_run, run_lock
 from coderl.train import pipeline as P
 from coderl.train.branching import turn_credit
 from coderl.train.heldout import log_eval_with_alarm, log_extra_evals, without_heldout_evals
+from coderl.train.interrupt import StepInterrupted, StepSnapshot, deferred_interrupts
 from coderl.train.run import (
     SFT_WEIGHTS,
     Run,
     UpdateCount,
+    advance_version,
     build_policy,
     close_run,
     full_weights,
@@ -59,7 +61,6 @@ from coderl.train.run import (
     save,
     setup_run,
     step_status,
-    sync_engine,
 )
 from coderl.train.signal import prepass, rollout_metrics
 
@@ -245,12 +246,27 @@ def training_step(run: Run) -> dict[str, float]:
             scored.keys,
             turn_adv,
         )
+    step = run.step
+    try:
+        with deferred_interrupts():  # the update and the step count: whole, or not begun
+            _update(run, batch, scored, metrics, t0, clock)
+    except KeyboardInterrupt as stop:  # held through the update: the step is complete
+        if run.step == step:
+            raise
+        raise StepInterrupted(metrics) from stop
+    return metrics
+
+
+def _update(
+    run: Run, batch: Any, scored: P.Scored, metrics: dict[str, float], t0: float, clock: Any
+) -> None:
+    """The second half of :func:`training_step`: the optimizer step, the new version, the step
+    count and the observers; adds to ``metrics`` (``t0``, ``clock``: when training began)."""
     metrics.update(optimize(run, batch))
-    run.policy.bump_version()  # every step is a version, with or without an update
     metrics["time/train"] = time.perf_counter() - t0
     add_cpu_since(metrics, "train", clock)
     t0 = time.perf_counter()
-    metrics.update(sync_engine(run))  # before any rollout of the new version
+    metrics.update(advance_version(run, metrics))  # a version per update, synced before rollouts
     metrics["time/sync"] = time.perf_counter() - t0
     sampled = metrics["episode/sampled_tokens"] * metrics["episodes"]
     metrics["tokens_per_s/rollout"] = sampled / max(metrics["time/rollout"], 1e-9)
@@ -259,8 +275,7 @@ def training_step(run: Run) -> dict[str, float]:
     )
     metrics["policy_version"] = float(run.policy.version)
     run.step += 1
-    metrics.update(P.observe_step(run.observers, cfg, run.step, scored.infos))
-    return metrics
+    metrics.update(P.observe_step(run.observers, run.cfg, run.step, scored.infos))
 
 
 def train(cfg: Config, *, resume: bool = False, observers: Sequence[P.StepObserver] = ()) -> Path:
@@ -323,21 +338,55 @@ def _train(run: Run, resume: bool) -> None:
         with full_weights(run):  # sharded: every rank runs the whole pre-pass
             prepass(run)  # tasks.pool.prepass_samples: seed the pool's estimates (0: nothing)
     updates = UpdateCount(run.step)
+    saved = run.step  # the newest checkpoint's step (0: none yet)
     with PhaseProgress("train", cfg.trainer.steps, completed=run.step, enabled=cfg.progress) as bar:
         while run.step < cfg.trainer.steps:
-            metrics = training_step(run)
-            updates.saw(metrics)
-            bar.advance(status=step_status(metrics))
-            last = run.step == cfg.trainer.steps
-            if (cfg.eval.every and run.step % cfg.eval.every == 0 and not last) or (
-                last and cfg.eval.before_after
-            ):
-                metrics.update(log_eval_with_alarm(logger, run.step, run_eval(run)))
-            if last and cfg.eval.before_after:
-                log_extra_evals(run, logger, run.step)
-            logger.log(run.step, metrics)
-            if run.step % cfg.trainer.checkpoint_every == 0 or last:
-                save(run)
+            before, metrics, logged = StepSnapshot.of(run), None, False
+            try:
+                metrics = training_step(run)
+                updates.saw(metrics)
+                bar.advance(status=step_status(metrics))
+                last = run.step == cfg.trainer.steps
+                if (cfg.eval.every and run.step % cfg.eval.every == 0 and not last) or (
+                    last and cfg.eval.before_after
+                ):
+                    metrics.update(log_eval_with_alarm(logger, run.step, run_eval(run)))
+                if last and cfg.eval.before_after:
+                    log_extra_evals(run, logger, run.step)
+                with deferred_interrupts():  # a step's line and checkpoint are written whole
+                    logger.log(run.step, metrics)
+                    logged = True
+                    if run.step % cfg.trainer.checkpoint_every == 0 or last:
+                        save(run)
+                        saved = run.step
+            except KeyboardInterrupt as stop:  # Ctrl-C, SIGTERM
+                metrics = metrics if metrics is not None else getattr(stop, "metrics", None)
+                _keep_completed(run, logger, before, None if logged else metrics, saved)
+                raise
     logger.close()
     if rank == 0:
         updates.warn(run.step)
+
+
+def _keep_completed(
+    run: Run,
+    logger: MetricsLogger,
+    before: StepSnapshot,
+    metrics: dict[str, float] | None,
+    saved: int,
+) -> None:
+    """Ctrl-C or SIGTERM in a step: checkpoint the last completed step unless it is the newest
+    checkpoint (``saved``). A step interrupted before its update (rollouts, grading) is
+    abandoned: the checkpoint holds the sampler as it was before it (``before``); one
+    interrupted after its update (in an evaluation, whose record is then missing) is complete:
+    its ``metrics`` are logged (None: logged already), then it is saved. Not in a sharded run (see
+    :mod:`coderl.train.interrupt`)."""
+    if run.sharded is not None:
+        return
+    with deferred_interrupts():
+        done = run.step > before.step
+        if done and metrics is not None:
+            logger.log(run.step, metrics)
+        logger.close()
+        if run.step > saved:
+            save(run, **({} if done else before.state()))

@@ -79,14 +79,26 @@ def _merge(base: dict[str, Any], top: dict[str, Any]) -> None:
             base[key] = value
 
 
+RESUMERS = {False: "coderl train", True: "coderl train-async"}
+"""Whether a checkpoint was written asynchronously (its ``state.json`` holds the task ledger of
+:mod:`coderl.asyncrl`) -> the command that continues it."""
+
+
 def resume_config(
-    run_dir: str | Path, preset: str | None = None, overrides: list[str] | tuple[str, ...] = ()
+    run_dir: str | Path,
+    preset: str | None = None,
+    overrides: list[str] | tuple[str, ...] = (),
+    command: str = "coderl train",
 ) -> tuple[Config, dict[str, tuple[Any, Any]], int]:
     """The config to continue ``run_dir`` with, what it changes, and the checkpoint's step.
     ``run_dir`` may name one of the run's checkpoints instead (:func:`resume_target`): the run
-    continues from it, and :func:`record_resume` sets the newer ones aside.
+    continues from it, and :func:`record_resume` sets the newer ones aside. ``command`` is the
+    one resuming (a value of :data:`RESUMERS`).
 
     Raises:
+        ValueError: the run was written by the other command of :data:`RESUMERS` (a
+            ``train-async`` run resumed synchronously would drop its task ledger; names the
+            command that continues it).
         FileNotFoundError: no ``config.yaml`` or no complete checkpoint in ``run_dir``.
         coderl.train.checkpoint.DamagedCheckpoint: the checkpoint is damaged (names the newest
             intact one).
@@ -99,7 +111,14 @@ def resume_config(
     saved = run_dir / "config.yaml"
     if not saved.is_file():
         raise FileNotFoundError(f"--resume {run_dir}: no config.yaml (not a coderl train run)")
-    step = json.loads((ckpt / "state.json").read_text())["step"]
+    state = json.loads((ckpt / "state.json").read_text())
+    step, writer = state["step"], RESUMERS["ledger" in state]
+    if writer != command:
+        raise ValueError(
+            f"--resume {run_dir}: the run was written by `{writer}` (its checkpoint "
+            f"{'holds a' if 'ledger' in state else 'has no'} task ledger); continue it with: "
+            f"{writer} --resume {shlex.quote(str(run_dir))}"
+        )
     tree = load_tree(saved)
     if preset is not None:
         top = load_tree(preset)

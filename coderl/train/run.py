@@ -250,26 +250,58 @@ def step_status(metrics: dict[str, float]) -> str:
     else:
         reward, resolved = metrics["reward/mean"], metrics["resolved_rate"]
         head = f"reward {reward:.3f} resolved {resolved:.0%} of {n - masked} episodes"
+        if not has_signal(metrics):
+            notes.append("no signal (every advantage 0, or gradient 0)")
     return "; ".join([head, *notes])
 
 
+def has_signal(metrics: dict[str, float]) -> bool:
+    """Whether a step that updated had something to learn from: some advantage not 0
+    (``advantage/zero_frac`` < 1) and a gradient not 0 (``grad_norm``). A step without is an
+    update in name only (all rewards of every group equal, no dynamic sampling to drop them):
+    the optimizer steps while the policy loss has no gradient. True for a step that did not
+    update (said otherwise) or whose metrics lack both."""
+    if metrics.get("optimizer_steps", 0.0) <= 0:
+        return True
+    return metrics.get("advantage/zero_frac", 0.0) < 1.0 and metrics.get("grad_norm", 1.0) != 0.0
+
+
 class UpdateCount:
-    """The steps of a run that updated the policy (``optimizer_steps > 0``), counted from step
-    ``first`` (where the run started or resumed): ``coderl train`` and ``train-async`` both
-    end with :meth:`warn`."""
+    """The steps of a run that updated the policy (``optimizer_steps > 0``) and those of them
+    with a learning signal (:func:`has_signal`), counted from step ``first`` (where the run
+    started or resumed): ``coderl train`` and ``train-async`` both end with :meth:`warn`."""
 
     def __init__(self, first: int) -> None:
-        self.first, self.updates = first, 0
+        self.first, self.updates, self.signal = first, 0, 0
 
     def saw(self, metrics: dict[str, float]) -> None:
         """Count one step by its metrics."""
-        self.updates += metrics.get("optimizer_steps", 0.0) > 0
+        updated = metrics.get("optimizer_steps", 0.0) > 0
+        self.updates += updated
+        self.signal += updated and has_signal(metrics)
 
     def warn(self, last: int) -> None:
         """Print :func:`no_update_warning` on stderr when steps ran up to ``last`` and none of
-        them updated the policy."""
-        if last > self.first and not self.updates:
+        them updated the policy, :func:`no_signal_warning` when some updated and none of those
+        had a signal."""
+        if last <= self.first:
+            return
+        if not self.updates:
             print(no_update_warning(self.first, last), file=sys.stderr, flush=True)
+        elif not self.signal:
+            print(no_signal_warning(self.first, last), file=sys.stderr, flush=True)
+
+
+def no_signal_warning(first: int, last: int) -> str:
+    """The line a run ends with when steps ``first + 1 .. last`` updated but none of them had a
+    learning signal (:func:`has_signal`): nothing was learned from the rewards."""
+    return (
+        f"WARNING: none of steps {first + 1}-{last} had a learning signal (every advantage 0 "
+        "or gradient 0 in each: the rewards of every group were all equal); the optimizer "
+        "stepped but nothing was learned from the rewards (metrics.jsonl: "
+        "signal/groups_with_signal, advantage/zero_frac, grad_norm; dynamic_sampling.mode "
+        "drops such groups, harder or easier tasks give them variance)"
+    )
 
 
 def no_update_warning(first: int, last: int) -> str:
@@ -281,7 +313,7 @@ def no_update_warning(first: int, last: int) -> str:
         f"WARNING: none of steps {first + 1}-{last} updated the policy (optimizer_steps 0 in "
         "each: every group had zero reward variance and was dropped, every episode was "
         "masked, or no episode had a token to train on); the checkpoints hold the weights the "
-        "run started from. policy_version still counts steps, not updates (metrics.jsonl: "
+        "run started from and policy_version stayed where it was (metrics.jsonl: "
         "dynamic/dropped_groups, reward/masked, sequences)"
     )
 
@@ -495,7 +527,8 @@ def _evaluate(
 
     cfg = run.cfg
     resolved = 0
-    with PhaseProgress(f"eval ({n} samples/task)", len(tasks), enabled=cfg.progress) as bar:
+    per = f"{n} sample{'s' if n != 1 else ''}/task"
+    with PhaseProgress(f"eval ({per})", len(tasks), enabled=cfg.progress) as bar:
 
         def batch_done(done: int, correct: int) -> None:
             nonlocal resolved
@@ -518,7 +551,7 @@ def _evaluate(
 def optimize(run: Run, batch: StepBatch | None) -> dict[str, float]:
     """One optimizer step on ``batch`` (the algorithm-blind :func:`coderl.train.step.train_step`)
     with its advantage metrics; ``None`` (no valid episode) logs an empty step. The one update
-    both drivers call; the caller bumps the version and syncs the engine."""
+    both drivers call; the caller then advances the version (:func:`advance_version`)."""
     if batch is None:
         return {"optimizer_steps": 0.0, "sequences": 0.0, "trained_tokens": 0.0}
     cfg = run.cfg
@@ -545,3 +578,20 @@ def optimize(run: Run, batch: StepBatch | None) -> dict[str, float]:
         )
     )
     return metrics
+
+
+def advance_version(run: Run, step: dict[str, float]) -> dict[str, float]:
+    """After :func:`optimize`: a new weight version when its ``step`` metrics say the weights
+    changed (``optimizer_steps`` > 0), pushed to the engine before any rollout of it; a step
+    that updated nothing (every group dropped, every episode masked) keeps the version and the
+    engine's weights. A version counts weight updates: async staleness (versions between
+    sampling and training, :mod:`coderl.asyncrl.buffer`) is not inflated by steps that changed
+    nothing. Returns the engine's sync metrics (none without an update).
+
+    Raises:
+        coderl.policy.vllm_engine.CanaryError: as :func:`sync_engine`.
+    """
+    if step.get("optimizer_steps", 0.0) <= 0:
+        return {}
+    run.policy.bump_version()
+    return sync_engine(run)

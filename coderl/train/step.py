@@ -421,6 +421,10 @@ RATIO_METRICS = (
 """The metrics of the PPO ratio ``exp(logp - old_logp)`` (:func:`coderl.algorithms.policy_loss`):
 measured only where the ratio can differ from 1 (:func:`train_step`)."""
 
+GAP_METRICS = ("logprob_gap", "logprob_gap_max", "logprob_gap_kl")
+"""The sampler/trainer gap, measured at the weights before the step's first optimizer step
+(:func:`train_step` keeps the first epoch's; every other metric is the last epoch's)."""
+
 
 def train_step(
     model: nn.Module,
@@ -439,12 +443,14 @@ def train_step(
     sharded step on this rank's share (see :func:`accumulate_gradients`).
 
     Returns:
-        The metrics of :func:`accumulate_gradients` for the first epoch (the on-policy one),
-        except the ratio's (:data:`RATIO_METRICS`: ``approx_kl``, the clip fractions,
-        ``ratio_mean``, ``ratio_max``): the last epoch's (after ``update_epochs - 1`` updates),
-        the first epoch's with ``old_logp="behaviour"`` and one epoch (trainer vs sampler: stale
-        or mismatched behaviour logprobs), absent with ``old_logp="trainer"`` and one epoch
-        (ratio exactly 1: nothing clipped, KL 0, by construction); plus ``grad_norm``, ``lr``,
+        The metrics of :func:`accumulate_gradients` and the optimizer step of the last epoch
+        (after ``update_epochs - 1`` updates: ``loss``, ``pg_loss``, ``kl``, ``entropy``,
+        ``value_loss``, the ratio's :data:`RATIO_METRICS`, ``grad_norm``, ``lr`` all describe
+        one and the same update), except the sampler/trainer gap (:data:`GAP_METRICS`), the
+        first epoch's (before any update). The ratio's are absent with ``old_logp="trainer"``
+        and one epoch (ratio exactly 1: nothing clipped, KL 0, by construction); with
+        ``old_logp="behaviour"`` and one epoch they measure trainer vs sampler (stale or
+        mismatched behaviour logprobs). Plus
         ``optimizer_steps`` (this call), ``sequences``, ``trained_tokens``, and the work of the forward passes with gradients over every epoch
         (``forward_tokens``: token positions run; ``forward_attended``: causal query-key pairs
         per head and layer; :func:`coderl.policy.forward.work`; 0 in a sharded step, and the
@@ -453,6 +459,7 @@ def train_step(
     params = [p for g in optimizer.param_groups for p in g["params"]]
     cache: dict[int, Tensor] = {}
     metrics: dict[str, float] = {}
+    gap: dict[str, float] = {}
     work = {"forward_tokens": 0.0, "forward_attended": 0.0}  # over every epoch
     for epoch in range(trainer.update_epochs):
         m = accumulate_gradients(
@@ -471,10 +478,10 @@ def train_step(
         )
         m.update(optimizer_step(params, optimizer, scheduler, trainer.grad_clip))
         work = {k: v + m[k] for k, v in work.items()}
-        if epoch == 0:
-            metrics = m
-        if epoch > 0:  # old = before the first epoch's update: the policy has moved
-            metrics.update({k: m[k] for k in RATIO_METRICS if k in m})
+        # every per-update metric from the last epoch (its loss, KL and clipping agree); the
+        # gap before the update from the first, before any optimizer step moved the policy
+        gap = {k: m[k] for k in GAP_METRICS if k in m} if epoch == 0 else gap
+        metrics = {**m, **gap}
     if trainer.update_epochs == 1 and alg.old_logp == "trainer":
         for k in RATIO_METRICS:  # old is this very forward: ratio 1, nothing clipped, KL 0
             metrics.pop(k, None)
