@@ -1,10 +1,11 @@
-"""``coderl tasks``: build-env, synth, validate, stats, import, export, humaneval.
+"""``coderl tasks``: build-env, synth, validate, twin-check, stats, import, export, humaneval.
 
 Examples::
 
     coderl tasks build-env toolz==1.0.0            # or a local path, or --from data/repos.txt
     coderl tasks synth toolz --n 40 --out data/tasks/toolz.jsonl.gz   # --append / --force
     coderl tasks validate data/tasks/toolz.jsonl.gz --out data/tasks/toolz.jsonl.gz --force
+    coderl tasks twin-check data/tasks/six.jsonl.gz   # records in data/twin_check.json
     coderl tasks stats data/tasks/*.jsonl.gz
     coderl tasks import swe-gym.jsonl --format swebench --env toolz --out tasks.jsonl.gz
     coderl tasks export data/tasks/ci.jsonl --format swebench --out ci-swebench.jsonl
@@ -206,6 +207,34 @@ def cmd_validate(args: argparse.Namespace) -> int:
     return 1 if errors else 0
 
 
+def cmd_twin_check(args: argparse.Namespace) -> int:
+    from coderl.grading import twincheck
+    from coderl.grading.grade import grade
+    from coderl.tasks.env import find_env
+    from coderl.tasks.spec import load_tasks
+
+    out = Path(args.out) if args.out else twincheck.TWIN_CHECK
+    only = set(args.ids or [])
+    tasks = [t for path in args.files for t in load_tasks(path) if t.kind == "repo"]
+    tasks = [t for t in tasks if not only or t.id in only]
+    errors = 0
+    for n, task in enumerate(tasks, start=1):
+        try:
+            entry = twincheck.check_task(task, grade, env=find_env(task.env_id))
+        except (KeyError, RuntimeError) as e:  # environment not built, grading error
+            errors += 1
+            print(f"[{n}/{len(tasks)}] {task.id}: error: {e}", flush=True)
+            continue
+        twincheck.save({task.id: entry}, out)  # after every task: an interrupted run loses none
+        print(
+            f"[{n}/{len(tasks)}] {task.id}: {len(entry['untwinned'])} untwinned of "
+            f"{len(set(task.FAIL_TO_PASS))}, gold {entry['gold']}",
+            flush=True,
+        )
+    print(f"{len(tasks) - errors} checked into {out}, {errors} errors")
+    return 1 if errors else 0
+
+
 def cmd_stats(args: argparse.Namespace) -> int:
     from coderl.tasks.spec import load_tasks
     from coderl.tasks.stats import task_stats
@@ -330,6 +359,14 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--gold-only", action="store_true", help="skip the starting-state check")
     p.add_argument("--quiet", action="store_true", help="no line per task")
     p.set_defaults(func=cmd_validate)
+
+    p = tsub.add_parser(
+        "twin-check", help="grade each gold patch with twins; record tests whose twins break it"
+    )
+    p.add_argument("files", nargs="+", help="coderl task JSONL(.gz) files")
+    p.add_argument("--ids", nargs="*", help="only these task ids")
+    p.add_argument("--out", help="the record to update (default data/twin_check.json)")
+    p.set_defaults(func=cmd_twin_check)
 
     p = tsub.add_parser("stats", help="per-repo counts and mutation kinds")
     p.add_argument("files", nargs="+", help="coderl task JSONL(.gz) files")

@@ -84,7 +84,14 @@ from coderl.grading.function import encode_text, grade_function, workspace_base
 from coderl.grading.guardproc import scan_change
 from coderl.grading.protected import is_protected
 from coderl.grading.pytestcfg import run_config
-from coderl.grading.rerun import Planted, confirm, original_ids, plant_canaries, renamed_ids
+from coderl.grading.rerun import (
+    Planted,
+    TwinPolicy,
+    confirm,
+    original_ids,
+    plant_canaries,
+    renamed_ids,
+)
 from coderl.grading.runner import (
     RUN_OUTPUT_BYTES,
     SANDBOX_ENV,
@@ -97,6 +104,7 @@ from coderl.grading.runner import (
     run_pytest,
     tampering,
 )
+from coderl.grading.twincheck import twin_policy
 from coderl.grading.verdict import GRADER_RAISED, GradeResult
 from coderl.sandbox.base import Limits, Sandbox, SandboxError
 from coderl.sandbox.workspace import remove_tree
@@ -189,11 +197,14 @@ def grade(
     factory: SandboxFactory | None = None,
     timeout: float = 300.0,
     guard: bool = True,
+    twins: TwinPolicy | None = None,
 ) -> GradeResult:
     """Grade ``agent_diff`` (a unified diff against the task's rollout workspace).
 
     ``guard=False`` skips the reward-denying detector (``coderl.grading.diffguard``) so that tests
-    can exercise the layers under it; training and evaluation never pass it.
+    can exercise the layers under it; training and evaluation never pass it. ``twins``: how the
+    second run plants mutated twins; default: as the twin check recorded for the task
+    (``coderl.grading.twincheck.twin_policy``; a stale or malformed record is a setup error).
 
     Never raises for anything the agent did: that is a scored failure (``failure_kind="agent"``);
     infrastructure failures set ``grading_error`` (``failure_kind="infra"``).
@@ -207,6 +218,7 @@ def grade(
         env = env or find_env(task.env_id)
         factory = factory or default_factory()
         base = rollout_base(task, env)
+        twins = twins or twin_policy(task)
     except Exception as e:  # the grader could not set up: mask, never score
         result.grading_error = f"setup: {type(e).__name__}: {e}"
         return _attribute(result)
@@ -217,7 +229,7 @@ def grade(
     try:
         tree = tmp / "tree"
         tree.mkdir()
-        _grade_tree(task, env, base, agent_diff, tree, factory, timeout, result, guard)
+        _grade_tree(task, env, base, agent_diff, tree, factory, timeout, result, guard, twins)
     except (SandboxError, OSError) as e:  # the sandbox or the host's own I/O: mask
         result.grading_error = f"sandbox: {type(e).__name__}: {e}"
     except Exception as e:  # noqa: BLE001 - raised on what the agent produced: scored, counted
@@ -271,6 +283,7 @@ def _grade_tree(
     timeout: float,
     result: GradeResult,
     guard: bool = True,
+    twins: TwinPolicy | None = None,
 ) -> None:
     agent_diff, dropped = drop_binary(agent_diff)  # binary byproducts: not applied, not graded
     result.dropped_paths = [_shown(p) for p in dropped]
@@ -321,7 +334,7 @@ def _grade_tree(
         result.reason = "no test ran (collection error, or an exit during collection)"
     outcomes = {} if run.results_missing else dict(run.outcomes)
     if not why and any(outcomes.get(t) == "passed" for t in task.FAIL_TO_PASS):
-        _second_run(task, env, tree, factory, timeout, ro, outcomes, result)
+        _second_run(task, env, tree, factory, timeout, ro, outcomes, result, twins)
     _summarise(result, task, outcomes)
 
 
@@ -413,6 +426,7 @@ def _second_run(
     ro: dict[str, str],
     outcomes: dict[str, str],
     result: GradeResult,
+    twins: TwinPolicy | None = None,
 ) -> None:
     """Run the FAIL_TO_PASS tests again in a fresh sandbox with planted canaries
     (``coderl.grading.rerun``) and keep a pass only where both runs passed: updates
@@ -431,7 +445,9 @@ def _second_run(
             p for r in roots for p in ([r] if r.is_file() else r.rglob("*.py"))
         )
         planted = (
-            plant_canaries(sources, f2p, rng, Path(tmp), suite, frozenset(task.held_out_tests))
+            plant_canaries(
+                sources, f2p, rng, Path(tmp), suite, frozenset(task.held_out_tests), twins
+            )
             if env.canaries_ok
             else Planted()
         )
@@ -453,6 +469,7 @@ def _second_run(
     merged = confirm(f2p, outcomes, second, planted.expected, env.baseline_tampered, planted.twins)
     result.second_run = True
     result.twinless = planted.twinless if planted.mounts else f2p
+    result.twins_not_failed = merged.twins_not_failed
     result.rerun_disagreed = merged.disagreed
     outcomes.update(merged.outcomes)
     if merged.tampered:

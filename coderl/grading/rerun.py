@@ -97,6 +97,24 @@ class Planted:
     changed, the test kept its name, or its file took no canary)."""
 
 
+@dataclass(frozen=True)
+class TwinPolicy:
+    """How a second run plants mutated twins (:func:`plant_canaries`)."""
+
+    untwinned: frozenset[str] = frozenset()
+    """Published FAIL_TO_PASS ids that get no twin (their twins break the gold patch:
+    ``coderl.grading.twincheck``); every test of the same file and name goes without."""
+    side: str = ""
+    """``"before"`` or ``"after"``: every twin on that side of its test (the twin check's two
+    orders); ``""``: a coin per twin (grading)."""
+
+    def after(self, rng: random.Random) -> bool:
+        """Whether the next twin goes after its test (a coin from ``rng`` unless :attr:`side`
+        fixes it; the coin is drawn either way, so the rest of the run's draws do not move)."""
+        coin = rng.random() < 0.5
+        return {"before": False, "after": True}.get(self.side, coin)
+
+
 @dataclass
 class Confirmed:
     """The merged verdict of the two runs on the FAIL_TO_PASS tests (:func:`confirm`)."""
@@ -107,6 +125,8 @@ class Confirmed:
     """``"<id>: <first> then <second>"`` for each test passed in one run and not the other."""
     tampered: str = ""
     """Why the second run looks tampered with (a canary, a tripwire), or ``""``."""
+    twins_not_failed: list[str] = field(default_factory=list)
+    """FAIL_TO_PASS ids that passed the second run while a twin of theirs did not fail."""
 
 
 @functools.lru_cache(maxsize=256)
@@ -228,6 +248,7 @@ def plant_canaries(
     out_dir: Path,
     others: tuple[Path, ...] = (),
     held_out: frozenset[str] = frozenset(),
+    twins: TwinPolicy | None = None,
 ) -> Planted:
     """Write the second run's canaries into copies of the files holding ``fail_to_pass`` tests,
     and rename those tests there.
@@ -243,8 +264,10 @@ def plant_canaries(
     mentions (another file of ``sources``, or of ``others``: the rest of the suite) keeps it:
     idna's codec tests call ``test_idna.IDNATests().test_decode``, which a rename in one file
     would break. Files that cannot take a canary are left alone; an empty :class:`Planted`
-    means none could.
+    means none could. ``twins``: which tests get no twin and where twins go
+    (:class:`TwinPolicy`; default: every test that can have one, each side by a coin).
     """
+    twins = twins or TwinPolicy()
     plans: dict[str, _File] = {}
     taken: set[str] = set()
     tests_seen: list[str] = list(fail_to_pass)
@@ -262,13 +285,13 @@ def plant_canaries(
         return Planted()
     n_fail = fail_canaries(len(set(fail_to_pass)))
     n_renames = sum(len(p.renames) for p in plans.values())
-    chosen_twins = _choose_twins(plans, rng, held_out)
+    chosen_twins = _choose_twins(plans, rng, held_out, twins.untwinned)
     kinds = ("pass",) * PASS_CANARIES + ("fail",) * n_fail
     kinds += ("name",) * (n_renames + sum(map(len, chosen_twins.values())))
     drawn = make_canaries(rng, tests_seen, kinds, frozenset(taken))
     fresh = iter([c.name for c in drawn if c.kind == "name"])
     for (rel, line), chosen in chosen_twins.items():  # each before or after the test, by a coin
-        plans[rel].twins[line] = [(m, next(fresh), rng.random() < 0.5) for m in chosen]
+        plans[rel].twins[line] = [(m, next(fresh), twins.after(rng)) for m in chosen]
     chosen = [c for c in drawn if c.kind != "name"]
     slots = [(rel, cls) for rel, p in sorted(plans.items()) for cls in p.slots]
     in_class = [sl for sl in slots if sl[1] is not None]
@@ -306,17 +329,22 @@ def twins_per_test(n_tests: int) -> int:
 
 
 def _choose_twins(
-    plans: dict[str, _File], rng: random.Random, held_out: frozenset[str]
+    plans: dict[str, _File],
+    rng: random.Random,
+    held_out: frozenset[str],
+    untwinned: frozenset[str] = frozenset(),
 ) -> dict[tuple[str, int], list[Mutation]]:
     """(file, ``def`` line) -> its twins' mutations, for each renamed test that can have
-    twins. How many each: :func:`twins_per_test` of the twinned held-out tests (a forge that
-    carries the visible tests' sources tells their twins apart), of all twinned tests when
-    none is held out."""
+    twins and whose (file, name) no id of ``untwinned`` has (a method's class aside: an
+    inherited method's id names the subclass). How many each: :func:`twins_per_test` of the
+    twinned held-out tests (a forge that carries the visible tests' sources tells their twins
+    apart), of all twinned tests when none is held out."""
+    skip = {(i.split("::")[0], i.split("[")[0].split("::")[-1]) for i in untwinned}
     can = {
         (rel, line)
         for rel, plan in plans.items()
         for line in plan.renames
-        if mutations(plan.defs[line], plan.lines, rng)
+        if (rel, plan.renames[line][0]) not in skip and mutations(plan.defs[line], plan.lines, rng)
     }
     held = {i.split("[")[0] for i in held_out}
 
@@ -502,10 +530,12 @@ def confirm(
     why = tampering(second, canaries=not planted)
     wrong = [c for c, want in planted.items() if got.get(c, "missing") != want]
     forged = [twin for twin, test in (twins or {}).items() if got.get(test) == "passed"]
-    if not why and any(got.get(t, "missing") not in ("failed", "error") for t in forged):
+    forged = [t for t in forged if got.get(t, "missing") not in ("failed", "error")]
+    if not why and forged:
         why = "a mutated twin of a passing test did not fail"
     elif not why and any(got.get(c) == "passed" for c in wrong):
         why = "a must-fail canary passed"
     elif not why and wrong and any(got.get(t) == "passed" for t in fail_to_pass):
         why = "tests passed but the canaries did not behave"
-    return Confirmed(outcomes, disagreed, f"second run: {why}" if why else "")
+    not_failed = sorted({(twins or {})[t] for t in forged})
+    return Confirmed(outcomes, disagreed, f"second run: {why}" if why else "", not_failed)

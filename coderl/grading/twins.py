@@ -28,6 +28,11 @@ import random
 import re
 from dataclasses import dataclass
 
+RULES = 1
+"""Version of how twins are made and placed (this module and ``coderl.grading.rerun``'s
+planting): bump it with any change there, so that the twin check's record
+(``coderl.grading.twincheck``), made under older rules, is refused until it is made again."""
+
 _INVERSE_METHODS = {
     "assertTrue": "assertFalse",
     "assertEqual": "assertNotEqual",

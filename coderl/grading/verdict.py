@@ -64,6 +64,9 @@ class GradeResult:
     (``coderl.grading.twins``: no assertion that surely runs could be changed, the test kept
     its published name, or its file took no canary): only the body-less canaries stand beside
     them, which a forge that reads test sources can tell apart."""
+    twins_not_failed: list[str] = field(default_factory=list)
+    """FAIL_TO_PASS tests that passed the second run while a mutated twin of theirs did not
+    fail (tampering; the twin check, ``coderl.grading.twincheck``, reads it on gold patches)."""
     rerun_disagreed: list[str] = field(default_factory=list)
     """FAIL_TO_PASS tests that passed in one run and not in the other (``"<id>: <first> then
     <second>"``): each counts as failed, the task is unresolved (the agent's failure), and
