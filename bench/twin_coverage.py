@@ -6,7 +6,8 @@ environment's snapshot, the rest of its suite as ``others``) and counts the FAIL
 with a twin and without, and the tasks by how many held-out FAIL_TO_PASS tests got a twin (a
 forge that carries the visible tests' sources can tell their twins apart; it has to guess
 between each twinned held-out test and its twin, a 1 in ``2 ** n`` bet). Run: ``python bench/twin_coverage.py [data/tasks/six.jsonl.gz ...]``
-(default: every ``data/tasks/*.jsonl*``); tasks whose environment is not built are skipped.
+(default: every ``data/tasks/*.jsonl*``); tasks whose environment is not built are skipped;
+the twins the twin check dropped (``data/twin_check.json``) are not counted.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from collections import Counter
 from pathlib import Path
 
 from coderl.grading.rerun import plant_canaries
+from coderl.grading.twincheck import twin_policy
 from coderl.tasks.env import find_env
 from coderl.tasks.spec import load_tasks
 
@@ -39,7 +41,8 @@ def coverage(path: Path) -> Counter[str]:
         roots = [snap / t for t in env.test_paths]
         suite = tuple(p for r in roots for p in ([r] if r.is_file() else r.rglob("*.py")))
         with tempfile.TemporaryDirectory() as tmp:
-            planted = plant_canaries(sources, f2p, random.Random(0), Path(tmp), suite)
+            policy = twin_policy(task)  # without the twins the twin check dropped
+            planted = plant_canaries(sources, f2p, random.Random(0), Path(tmp), suite, twins=policy)
         twinless = planted.twinless if planted.mounts else f2p
         out["tasks"] += 1
         out["tasks with every test twinned"] += not twinless

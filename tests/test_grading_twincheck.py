@@ -156,3 +156,30 @@ def test_a_twin_that_breaks_its_test_is_dropped_and_the_gold_patch_resolves(tmp_
     (tmp_path / "twin_check.json").write_text("{")  # a malformed record: masked, never scored
     bad = grade(task, task.gold_patch, env=env)
     assert bad.failure_kind == "infra" and "coderl tasks twin-check" in str(bad.grading_error)
+
+
+def test_the_command_records_each_checked_task_and_fails_on_an_error(tmp_path, monkeypatch, capsys):
+    import coderl.tasks.env as env_mod
+    from coderl.cli import main
+    from coderl.tasks.spec import dump_tasks
+
+    tasks = [_task("tiny/a"), _task("tiny/b"), _task("tiny/c")]
+    dump_tasks(tasks, tmp_path / "tasks.jsonl")
+
+    def check(task, grader, env=None):
+        if task.id == "tiny/b":
+            raise RuntimeError("sandbox: gone")
+        return {"fingerprint": fingerprint(task), "untwinned": F2P[:1], "gold": "resolved"}
+
+    monkeypatch.setattr(twincheck, "check_task", check)
+    monkeypatch.setattr(env_mod, "find_env", lambda env_id: None)
+    out = tmp_path / "record.json"
+    argv = ["tasks", "twin-check", str(tmp_path / "tasks.jsonl"), "--out", str(out)]
+    assert main([*argv, "--ids", "tiny/a", "tiny/b"]) == 1  # an error: exit 1, the rest recorded
+    assert "tiny/b: error: sandbox: gone" in capsys.readouterr().out
+    assert set(twincheck.load(out)) == {"tiny/a"}
+    assert twin_policy(tasks[0], out).untwinned == {F2P[0]}
+    assert main([*argv, "--ids", "tiny/c"]) == 0 and set(twincheck.load(out)) == {
+        "tiny/a",
+        "tiny/c",
+    }

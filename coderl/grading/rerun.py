@@ -27,7 +27,9 @@ do not tell them from canaries either. The canaries' bodies are a fixed, recogni
 sum of a repeated list), so code in the second worker that reads each test's source can tell
 them apart; beside each renamed test the second run therefore also plants mutated twins
 (``coderl.grading.twins``): copies of the test's own source that must fail, so a forge that
-passes what calls the library passes them too (tampering). Not defended: a test without a twin
+passes what calls the library passes them too (tampering); the twin check
+(``coderl.grading.twincheck``) drops, per task and ahead of grading, the twins that break its
+gold patch by a side effect in the shared process. Not defended: a test without a twin
 (``Planted.twinless``), a forge that carries the visible tests' sources (only the held-out
 tests' twins bet against it, :func:`twins_per_test`), and code that reaches the second worker's
 memory and forges its own events after telling twins apart; the static guard
@@ -94,7 +96,8 @@ class Planted:
     twin of (``coderl.grading.twins``): it must fail wherever that test passes."""
     twinless: list[str] = field(default_factory=list)
     """Published FAIL_TO_PASS ids that got no twin (no assertion that surely runs could be
-    changed, the test kept its name, or its file took no canary)."""
+    changed, the test kept its name, its file took no canary, or the twin check dropped its
+    twins: :attr:`TwinPolicy.untwinned`)."""
 
 
 @dataclass(frozen=True)

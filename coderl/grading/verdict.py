@@ -62,7 +62,8 @@ class GradeResult:
     twinless: list[str] = field(default_factory=list)
     """FAIL_TO_PASS tests the second run planted no mutated twin of
     (``coderl.grading.twins``: no assertion that surely runs could be changed, the test kept
-    its published name, or its file took no canary): only the body-less canaries stand beside
+    its published name, its file took no canary, or the twin check dropped its twins because
+    they break the gold patch, ``coderl.grading.twincheck``): only the body-less canaries stand beside
     them, which a forge that reads test sources can tell apart."""
     twins_not_failed: list[str] = field(default_factory=list)
     """FAIL_TO_PASS tests that passed the second run while a mutated twin of theirs did not
