@@ -183,3 +183,36 @@ def test_the_command_records_each_checked_task_and_fails_on_an_error(tmp_path, m
         "tiny/a",
         "tiny/c",
     }
+
+
+def test_the_check_drops_what_it_blames_then_every_twin():
+    from coderl.grading.verdict import GradeResult
+
+    task = _task()
+    seen: list[TwinPolicy] = []
+
+    def grader(broken: str, blame: str):
+        def run(task, diff, *, env, timeout, guard, twins):
+            seen.append(twins)
+            result = GradeResult(task.id, resolved=broken in twins.untwinned)
+            if not result.resolved:
+                result.reason = "the two runs disagree"
+                if blame == "disagree":
+                    result.rerun_disagreed = [f"{broken}: passed then failed"]
+                elif blame == "twin":
+                    result.twins_not_failed = [broken]
+            return result
+
+        return run
+
+    for blame in ("disagree", "twin"):  # the test blamed loses its twins, no other
+        seen.clear()
+        entry = check_task(task, grader(F2P[1], blame))
+        assert entry["untwinned"] == [F2P[1]] and entry["gold"] == "resolved"
+        assert [p.side for p in seen] == ["before", "after"] * 2
+    # nothing to blame (a twin that ends the second run's process): every twin goes
+    entry = check_task(task, grader(F2P[1], "none"))
+    assert entry["untwinned"] == F2P and entry["gold"] == "resolved"
+    # a gold patch that fails without any twin is recorded so
+    entry = check_task(task, grader("nothing", "none"))
+    assert entry["untwinned"] == F2P and entry["gold"] == "the two runs disagree"

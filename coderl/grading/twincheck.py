@@ -14,7 +14,9 @@ about the tests) twice, once with every twin before its test and once with every
 file order), so each real test runs after every twin that can precede it in some grade, and
 each twin after its own test. A real test that passed the first run and not the second, or
 whose twin did not fail, has its twins dropped and the task is checked again; if something
-still fails, every twin of the task is dropped and the check runs once more. Not covered: a
+still fails (or the gold patch failed with no such test to blame), every twin of the task is
+dropped and the check runs once more (a gold patch that fails even then is recorded so, with
+every twin dropped). Not covered: a
 correct fix other than the gold patch that meets a twin's side effect the gold patch does not,
 and a literal value (drawn per grade) that decides a side effect.
 
@@ -153,9 +155,11 @@ def check_task(
             found |= _culprits(result)
             if not result.resolved and gold == "resolved":
                 gold = result.reason[:300]
-        if not found or untwinned == set(f2p):
+        if gold == "resolved" or untwinned == set(f2p):
             break
-        untwinned = untwinned | found if attempt == 0 else set(f2p)
+        # a second run that failed for no test of its own (a twin that ends the process, say)
+        # or failed again: every twin goes
+        untwinned = untwinned | found if attempt == 0 and found else set(f2p)
     return {
         "fingerprint": fingerprint(task),
         "untwinned": sorted(untwinned),
