@@ -201,3 +201,21 @@ def test_every_twin_fails_where_the_gold_patch_passes_its_test(monkeypatch):
             "test_six.py::test_reraise",
         }
     assert n_twins > 5  # 5 twinned tests; a literal takes several twins
+
+
+def test_a_method_of_the_same_name_in_an_unrelated_class_is_not_given_its_twins(tmp_path):
+    # idna's test_intranges.py: IntrangeTests::test_skips asserts, IntrangeContainsTests::
+    # test_skips (another class) only calls a helper; twins of the first judged against the
+    # second named methods that class does not have, so its gold patch read as tampering
+    src = tmp_path / "test_mod.py"
+    src.write_text(
+        "class TestA:\n    def test_skips(self):\n        self.assertEqual(f(), 3)\n\n\n"
+        "class TestB:\n    def test_skips(self):\n        self.helper()\n\n\n"
+        "class TestSub(TestA):\n    pass\n"
+    )
+    f2p = ["test_mod.py::TestA::test_skips", "test_mod.py::TestB::test_skips"]
+    f2p.append("test_mod.py::TestSub::test_skips")  # inherits TestA's: takes its twins
+    planted = plant_canaries({"test_mod.py": src}, f2p, random.Random(0), tmp_path)
+    assert planted.twinless == ["test_mod.py::TestB::test_skips"]
+    owners = {t.split("::")[1] for t in planted.twins}
+    assert owners == {"TestA", "TestSub"} and set(planted.twins.values()) == {f2p[0], f2p[2]}

@@ -180,6 +180,24 @@ class _File:
     """Line of a ``def`` of :attr:`renames` -> its node (for its twin)."""
     twins: dict[int, list[tuple[Mutation, str, bool]]] = field(default_factory=dict)
     """Line of a ``def`` of :attr:`renames` -> its twins' ``(mutation, name, after the test?)``."""
+    classes: dict[str, tuple[list[str], set[str]]] = field(default_factory=dict)
+    """Top-level class -> (its bases' plain names, the names its body defines)."""
+
+    def defining(self, cls: str, name: str) -> str | None:
+        """The class of this file whose ``name`` the class ``cls`` runs: ``cls`` itself, else
+        the first of its bases (depth first, left to right, as for single inheritance chains)
+        that defines it; ``None`` when no class of the file does."""
+        todo, seen = [cls], set()
+        while todo:
+            k = todo.pop(0)
+            if k in seen or k not in self.classes:
+                continue
+            seen.add(k)
+            bases, own = self.classes[k]
+            if name in own:
+                return k
+            todo = bases + todo
+        return None
 
 
 def _def_line(node: ast.AST) -> int:
@@ -214,6 +232,10 @@ def _file_plan(
     # fresh names must not be any test-like word of the file (a local, a string)
     taken = set(names) | {w.decode() for w in re.findall(rb"\b[Tt]est\w*", b"\n".join(lines))}
     for stmt in tree.body:
+        if isinstance(stmt, ast.ClassDef):
+            bases = [b.id if isinstance(b, ast.Name) else "" for b in stmt.bases]
+            own = {getattr(b, "name", "") for b in stmt.body} - {""}
+            plan.classes[stmt.name] = (bases, own)
         if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef)) and stmt.name in funcs:
             plan.renames[_def_line(stmt)] = (stmt.name, "")
             plan.defs[_def_line(stmt)] = stmt
@@ -375,9 +397,9 @@ def _twin_ids(planted: Planted, plans: dict[str, _File], fail_to_pass: list[str]
         parts = base.split("::")
         cls = parts[1] if len(parts) == 3 else ""
         got = names.get((parts[0], cls, parts[-1]), ())
-        if not got and cls:  # a method the class inherits from the one defining it
-            found = {t for (f, c, o), t in names.items() if f == parts[0] and c and o == parts[-1]}
-            got = found.pop() if len(found) == 1 else ()
+        if not got and cls and parts[0] in plans:  # a method inherited from a class of the file
+            owner = plans[parts[0]].defining(cls, parts[-1])
+            got = names.get((parts[0], owner or "", parts[-1]), ()) if owner != cls else ()
         if not got:
             planted.twinless.append(test)
         for twin in got:
