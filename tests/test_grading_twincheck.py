@@ -194,13 +194,18 @@ def test_the_check_drops_what_it_blames_then_every_twin():
     def grader(broken: str, blame: str):
         def run(task, diff, *, env, timeout, guard, twins):
             seen.append(twins)
-            result = GradeResult(task.id, resolved=broken in twins.untwinned)
-            if not result.resolved:
+            result = GradeResult(task.id, resolved=broken in twins.untwinned, second_run=True)
+            if blame == "first run":  # a failure where no twin runs
+                result.resolved, result.second_run = False, False
+                result.reason = "1 of 2 tests did not pass"
+            elif not result.resolved:
                 result.reason = "the two runs disagree"
                 if blame == "disagree":
                     result.rerun_disagreed = [f"{broken}: passed then failed"]
                 elif blame == "twin":
                     result.twins_not_failed = [broken]
+                else:  # a twin that ends the second run's process
+                    result.reason = "second run: no valid verdict"
             return result
 
         return run
@@ -215,4 +220,9 @@ def test_the_check_drops_what_it_blames_then_every_twin():
     assert entry["untwinned"] == F2P and entry["gold"] == "resolved"
     # a gold patch that fails without any twin is recorded so
     entry = check_task(task, grader("nothing", "none"))
-    assert entry["untwinned"] == F2P and entry["gold"] == "the two runs disagree"
+    assert entry["untwinned"] == F2P and entry["gold"] == "second run: no valid verdict"
+    # a failure of the first run (no twin there) drops nothing
+    seen.clear()
+    entry = check_task(task, grader(F2P[1], "first run"))
+    assert entry["untwinned"] == [] and entry["gold"] == "1 of 2 tests did not pass"
+    assert len(seen) == 2

@@ -14,9 +14,10 @@ about the tests) twice, once with every twin before its test and once with every
 file order), so each real test runs after every twin that can precede it in some grade, and
 each twin after its own test. A real test that passed the first run and not the second, or
 whose twin did not fail, has its twins dropped and the task is checked again; if something
-still fails (or the gold patch failed with no such test to blame), every twin of the task is
-dropped and the check runs once more (a gold patch that fails even then is recorded so, with
-every twin dropped). Not covered: a
+still fails in the second run (or failed there with no such test to blame), every twin of
+the task is dropped and the check runs once more (a gold patch that fails even then is
+recorded so, with every twin dropped). A failure of the first run, where no twin runs, drops
+nothing and is recorded as the gold patch's. Not covered: a
 correct fix other than the gold patch that meets a twin's side effect the gold patch does not,
 and a literal value (drawn per grade) that decides a side effect.
 
@@ -132,6 +133,12 @@ def _culprits(result: GradeResult) -> set[str]:
     return out
 
 
+def _second_run_failed(result: GradeResult) -> bool:
+    """Whether ``result`` failed in its second run (the only run with twins)."""
+    why = result.tampered or result.rerun_disagreed or result.twins_not_failed
+    return result.second_run and bool(why or result.reason.startswith("second run"))
+
+
 def check_task(
     task: Task, grader: Grader, *, env: Any = None, timeout: float = 300.0
 ) -> dict[str, Any]:
@@ -144,7 +151,7 @@ def check_task(
     gold = "resolved"
     for attempt in range(3):
         found: set[str] = set()
-        gold = "resolved"
+        gold, second = "resolved", False
         for side in ("before", "after"):
             policy = TwinPolicy(frozenset(untwinned), side)
             result = grader(
@@ -153,10 +160,11 @@ def check_task(
             if result.grading_error is not None:
                 raise RuntimeError(f"task {task.id}: {result.grading_error}")
             found |= _culprits(result)
+            second |= _second_run_failed(result)
             if not result.resolved and gold == "resolved":
                 gold = result.reason[:300]
-        if gold == "resolved" or untwinned == set(f2p):
-            break
+        if not second or untwinned == set(f2p):
+            break  # resolved, or failed where no twin runs (the first run)
         # a second run that failed for no test of its own (a twin that ends the process, say)
         # or failed again: every twin goes
         untwinned = untwinned | found if attempt == 0 and found else set(f2p)
