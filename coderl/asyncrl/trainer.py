@@ -48,6 +48,7 @@ from coderl.envs import build_environment
 from coderl.eval.observers import default_observers
 from coderl.metrics import check_step_measured, run_logger
 from coderl.policy.base import Completion, SamplingParams
+from coderl.policy.threads import use_threads
 from coderl.progress import PhaseProgress
 from coderl.rundir import ensure_new_run, run_lock
 from coderl.train import pipeline as P
@@ -167,6 +168,7 @@ class EnvSampler:
         if cfg.engine.kind == "vllm" and shared is None:
             raise ValueError("engine.kind=vllm: the worker needs the learner's engine (shared=)")
         self.cfg = cfg
+        use_threads(cfg.threads)  # a process or Ray worker: its own process's threads
         self.env = build_environment(cfg)
         self.policy = build_policy(cfg)
         self.client = shared.pinned() if cfg.engine.kind == "vllm" else None

@@ -84,6 +84,7 @@ def _online(args: argparse.Namespace) -> tuple[OnlineRun | None, int | None]:
 def run(args: argparse.Namespace) -> int:
     from coderl.eval.passk import per_task_pass
     from coderl.policy.rollout import build_engine
+    from coderl.policy.threads import use_threads
     from coderl.train.checkpoint import load_checkpoint, resolve_checkpoint
     from coderl.train.run import close_run, run_eval, setup_run
 
@@ -109,6 +110,7 @@ def run(args: argparse.Namespace) -> int:
     if k:
         overrides += [f"eval.samples={k}", f"eval.k={sorted({1, k})}"]
     cfg = load_config(config, overrides)
+    use_threads(cfg.threads)
     _check_split(cfg, tasks, split or cfg.tasks.heldout_split)
     # --base: the model of model.name; no data cursor (a task file may hold only held-out tasks)
     run_ = setup_run(cfg, engine=False, load_sft=False, training=False)

@@ -63,10 +63,12 @@ def _train(
     """``coderl train`` once its run directory is held and checked: the SFT warm start (``sft``;
     a sharded run's rank 0), RL, the held-out summary and the report."""
     from coderl.eval.observers import default_observers
+    from coderl.policy.threads import use_threads
     from coderl.rundir import launch_rank
     from coderl.train.loop import train
     from coderl.train.resume import record_resume, stopped_line
 
+    use_threads(cfg.threads)
     try:
         # a sharded run: rank 0 runs SFT alone while the other ranks wait to join the
         # process group (trainer.distributed.timeout_min), then every rank loads its shard

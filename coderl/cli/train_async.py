@@ -42,8 +42,10 @@ def run(args: argparse.Namespace) -> int:
         if not args.resume:
             ensure_new_run(cfg.run_dir)
         from coderl.asyncrl.trainer import train_async  # heavy imports, after the refusals
+        from coderl.policy.threads import use_threads
         from coderl.train.resume import record_resume, stopped_line
 
+        use_threads(cfg.threads)  # the workers set their own (EnvSampler)
         if args.resume:
             for line in record_resume(cfg, changes, step):
                 print(line)

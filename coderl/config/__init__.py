@@ -297,6 +297,11 @@ class Config(_Section):
     """Seed for task order, sampling and every RNG the run uses."""
     run_dir: str = "runs/default"
     """Where metrics, checkpoints and the report go."""
+    threads: int | None = Field(None, ge=1)
+    """torch's intra-op threads in each process of the command (workers and torchrun ranks
+    included; :func:`coderl.policy.threads.use_threads`). None: torch's default, one per core
+    or ``OMP_NUM_THREADS``; a number here wins over ``OMP_NUM_THREADS``. Keep processes x
+    threads <= cores: two processes at 2 threads on 2 cores spin-wait, many times slower."""
     model: ModelConfig = Field(default_factory=ModelConfig)
     tasks: TaskConfig = Field(default_factory=TaskConfig)
     rollout: RolloutConfig = Field(default_factory=RolloutConfig)

@@ -1,0 +1,76 @@
+"""A user's first day (issue 48), tenth pass: ``threads`` sets torch's intra-op threads in
+every command that runs torch, before the model loads."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+import coderl.online.cycle
+import coderl.train.run
+from coderl.cli import main
+
+ROOT = Path(__file__).parent.parent
+TOY = str(ROOT / "configs" / "toy.yaml")
+ONLINE = str(ROOT / "configs" / "online-demo.yaml")
+FAST = ["progress=false", "tensorboard=false", "eval.before_after=false"]
+
+
+@pytest.fixture(autouse=True)
+def one_torch_thread():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)  # tiny models gain nothing from intra-op threads on busy cores
+    yield
+    torch.set_num_threads(before)
+
+
+# --- threads: torch's intra-op threads, set before the model loads ------------------------------
+
+
+class ModelLoads(RuntimeError):
+    """Raised where a command loads its model, holding torch's thread count at that moment."""
+
+    def __init__(self, threads: int) -> None:
+        super().__init__(threads)
+        self.threads = threads
+
+
+def _stop_at_model(*args, **kwargs):
+    raise ModelLoads(torch.get_num_threads())
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["train", TOY, *FAST],
+        ["train-async", TOY, *FAST],
+        ["sft", str(ROOT / "configs" / "default.yaml"), "model.name=tiny-random"],
+        ["demo", "--config", TOY, *FAST],
+        ["serve", ONLINE, "--port", "0"],
+    ],
+    ids=lambda argv: argv[0],
+)
+def test_threads_is_set_before_the_model_loads(argv, tmp_path, monkeypatch):
+    monkeypatch.setattr(coderl.train.run, "load_policy", _stop_at_model)
+    monkeypatch.setattr(coderl.online.cycle, "load_policy", _stop_at_model)
+    torch.set_num_threads(2)  # not 1: the command must change it
+    with pytest.raises(ModelLoads) as got:
+        main([*argv, f"run_dir={tmp_path / 'run'}", "threads=1"])
+    assert got.value.threads == 1
+
+
+def test_threads_left_out_keeps_torchs_default(tmp_path, monkeypatch):
+    monkeypatch.setattr(coderl.train.run, "load_policy", _stop_at_model)
+    torch.set_num_threads(2)
+    with pytest.raises(ModelLoads) as got:
+        main(["train", TOY, *FAST, f"run_dir={tmp_path / 'run'}"])
+    assert got.value.threads == 2
+
+
+def test_threads_below_one_is_a_config_error(tmp_path, capsys):
+    assert main(["train", TOY, f"run_dir={tmp_path / 'run'}", "threads=0"]) == 2
+    err = capsys.readouterr().err
+    assert "threads: must be at least 1 (got 0)" in err
+    assert len([line for line in err.splitlines() if "error" in line]) == 1
