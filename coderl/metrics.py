@@ -5,8 +5,8 @@ metrics under the JSONL's keys, NaN kept as NaN; evaluations as ``eval/pass@k`` 
 ``eval/best_of_n``, as in TensorBoard); the progress bar with ETA is :mod:`coderl.progress`.
 
 On resume the JSONL files (with the pipeline's ``audit.jsonl``) are cut back to the checkpoint's
-step, so a resumed run's files equal an uninterrupted run's, and TensorBoard purges the later
-steps. A W&B run cannot be cut back: a resumed run logs to a new W&B run named
+step, so a resumed run's files equal an uninterrupted run's; the TensorBoard event files lose the
+later steps too (:func:`_truncate_tb`). A W&B run cannot be cut back: a resumed run logs to a new W&B run named
 ``NAME-resume-STEP`` in the group ``NAME``, starting after the checkpoint's step, and the first
 W&B run keeps whatever the interrupted process logged after that checkpoint.
 """
@@ -138,6 +138,36 @@ def _truncate_jsonl(path: Path, last_step: int) -> None:
     path.write_text("".join(line + "\n" for line in keep))
 
 
+def _truncate_tb(tb_dir: Path, last_step: int) -> None:
+    """Drop every event after ``last_step`` from the TensorBoard event files in ``tb_dir``, so a
+    resumed run shows each step once in any reader. ``SummaryWriter(purge_step=...)`` alone
+    hides them only from readers that honour its restart marker (the Python event
+    accumulator); ``summary_iterator`` and tools built on it showed both.
+
+    The files are TFRecords (``uint64`` length, its masked CRC32C, the ``Event`` proto, the
+    proto's masked CRC32C; TensorFlow's ``tfrecord`` format): kept records are copied byte for
+    byte. A file cut short or damaged (a killed writer) keeps its records before the damage."""
+    from google.protobuf.message import DecodeError
+    from tensorboard.compat.proto.event_pb2 import Event
+
+    for path in sorted(tb_dir.glob("events.out.tfevents.*")) if tb_dir.is_dir() else []:
+        data, kept, at = path.read_bytes(), bytearray(), 0
+        while at + 12 <= len(data):
+            size = int.from_bytes(data[at : at + 8], "little")
+            end = at + 12 + size + 4
+            if end > len(data):
+                break
+            try:
+                step = Event.FromString(data[at + 12 : at + 12 + size]).step
+            except DecodeError:  # a damaged record: keep what came before it
+                break
+            if step <= last_step:
+                kept += data[at:end]
+            at = end
+        if len(kept) < len(data):
+            path.write_bytes(bytes(kept))
+
+
 def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
     """All records of a JSONL file ([] when it does not exist)."""
     p = Path(path)
@@ -186,6 +216,8 @@ class MetricsLogger:
         if tensorboard:
             from torch.utils.tensorboard import SummaryWriter
 
+            if resume_step:
+                _truncate_tb(self.dir / "tb", resume_step)
             self.tb = SummaryWriter(str(self.dir / "tb"), purge_step=resume_step + 1)
         self.wandb = None
         if wandb is not None and wandb.enabled:

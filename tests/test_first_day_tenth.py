@@ -3,6 +3,7 @@ every command that runs torch, before the model loads."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -74,3 +75,40 @@ def test_threads_below_one_is_a_config_error(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "threads: must be at least 1 (got 0)" in err
     assert len([line for line in err.splitlines() if "error" in line]) == 1
+
+
+# --- a resumed run shows each step once in TensorBoard -----------------------------------------
+
+
+def _tb_scalars(tb_dir: Path) -> list[tuple[str, int, float]]:
+    """Every scalar of every event file in ``tb_dir`` as a reader without TensorBoard's restart
+    handling sees it (the Rust data server, ``summary_iterator``)."""
+    from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
+
+    rows = []
+    for path in sorted(tb_dir.glob("events.out.tfevents.*")):
+        for event in EventFileLoader(str(path)).Load():
+            for v in event.summary.value:
+                rows.append((v.tag, event.step, round(float(v.tensor.float_val[0]), 3)))
+    return rows
+
+
+def test_a_resumed_run_shows_each_step_once_in_tensorboard(tmp_path):
+    from coderl.metrics import MetricsLogger
+
+    killed = MetricsLogger(tmp_path)
+    for step in range(1, 5):  # checkpointed at 2, killed after logging 4
+        killed.log(step, {"loss": float(step)})
+    killed.close()
+    resumed = MetricsLogger(tmp_path, resume_step=2)
+    for step in (3, 4):
+        resumed.log(step, {"loss": 10.0 + step})
+    resumed.close()
+    assert _tb_scalars(tmp_path / "tb") == [
+        ("loss", 1, 1.0),
+        ("loss", 2, 2.0),
+        ("loss", 3, 13.0),
+        ("loss", 4, 14.0),
+    ]
+    steps = [json.loads(line)["step"] for line in (tmp_path / "metrics.jsonl").open()]
+    assert steps == [1, 2, 3, 4]
