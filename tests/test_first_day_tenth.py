@@ -112,3 +112,22 @@ def test_a_resumed_run_shows_each_step_once_in_tensorboard(tmp_path):
     ]
     steps = [json.loads(line)["step"] for line in (tmp_path / "metrics.jsonl").open()]
     assert steps == [1, 2, 3, 4]
+
+
+# --- the gate's reasons: one row per metric, none that contradicts another ----------------------
+
+
+def test_each_gated_metric_that_fails_is_one_reason():
+    from coderl.config.online import GateConfig
+    from coderl.online.gate import run_gate
+
+    # worse on one task of five, better on none: the bound and the no-gain check both fail
+    rep = run_gate(GateConfig(), {"pass@1": ([1.0, 0, 0, 0, 0], [1.0, 1, 0, 0, 0])}, None, [])
+    assert rep.reasons == [
+        "held-out pass@1: candidate 0.200 vs champion 0.400, lower bound of the paired "
+        "difference -0.565 <= -margin -0.050 (n=5); worse on 1 of 5 tasks and better on none"
+    ]
+    # 0.000 vs 0.000 everywhere: nothing was measured, not "worse by the bound" beside it
+    rep = run_gate(GateConfig(), {"pass@1": ([0.0] * 5, [0.0] * 5)}, None, [])
+    assert not rep.promote and len(rep.reasons) == 1
+    assert rep.reasons[0].startswith("not measured: candidate and champion both score 0.000")
