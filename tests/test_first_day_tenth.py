@@ -131,3 +131,23 @@ def test_each_gated_metric_that_fails_is_one_reason():
     rep = run_gate(GateConfig(), {"pass@1": ([0.0] * 5, [0.0] * 5)}, None, [])
     assert not rep.promote and len(rep.reasons) == 1
     assert rep.reasons[0].startswith("not measured: candidate and champion both score 0.000")
+
+
+# --- a preset named from outside the checkout: the error gives its path -------------------------
+
+
+@pytest.mark.parametrize("named", ["configs/toy.yaml", "toy", "toy.yaml"])
+def test_a_preset_named_outside_the_checkout_is_answered_with_its_path(
+    named, tmp_path, monkeypatch, capsys
+):
+    monkeypatch.chdir(tmp_path)
+    assert main(["train", named]) == 2
+    err = capsys.readouterr().err
+    assert f"the shipped preset is {ROOT.resolve() / 'configs' / 'toy.yaml'}: give that path" in err
+
+
+def test_a_config_that_is_no_preset_says_where_the_presets_are(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    assert main(["train", "mine.yaml"]) == 2
+    err = capsys.readouterr().err
+    assert f"the shipped ones in {ROOT.resolve() / 'configs'}" in err
