@@ -127,6 +127,24 @@ def step_alarm(
         log.warning("%s share %.3f above %s=%g (%s)", name, share, knob, limit, detail())
 
 
+REPORTED_DIGITS = 12
+"""Significant digits of a float in the JSON a user reads (:func:`reported`)."""
+
+
+def reported(value: Any) -> Any:
+    """``value`` with every finite float rounded to :data:`REPORTED_DIGITS` significant digits,
+    through dicts, lists and tuples: what a metric, evaluation or report file holds, so that a
+    sum's binary noise (``0.30000000000000004``, ``3.0464139999999995``) is not printed as
+    digits. Not for checkpoints or state a resume needs exact."""
+    if isinstance(value, float) and math.isfinite(value):
+        return float(f"{value:.{REPORTED_DIGITS}g}")
+    if isinstance(value, dict):
+        return {k: reported(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [reported(v) for v in value]
+    return value
+
+
 def _truncate_jsonl(path: Path, last_step: int) -> None:
     if not path.is_file():
         return
@@ -224,7 +242,9 @@ class MetricsLogger:
             self.wandb = _wandb_run(wandb, self.dir, resume_step, config or {})
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
-        """Append one step's metrics (NaN and inf are written as null)."""
+        """Append one step's metrics, :func:`reported` in every sink (NaN and inf are written as
+        null to the JSONL)."""
+        metrics = reported(metrics)
         clean = {k: (v if math.isfinite(v) else None) for k, v in metrics.items()}
         with self.metrics_path.open("a") as f:
             f.write(json.dumps({"step": step, **clean}) + "\n")
@@ -240,7 +260,7 @@ class MetricsLogger:
         to ``eval.jsonl`` (scalars ``eval/pass@k``), one of another ``split``
         (``eval.extra_splits``) to ``eval_extra.jsonl`` with ``split`` in the record (scalars
         ``eval/<split>/pass@k``)."""
-        path, prefix = self.eval_path, "eval"
+        path, prefix, result = self.eval_path, "eval", reported(result)
         if split is not None:
             path, prefix, result = self.extra_eval_path, f"eval/{split}", {"split": split, **result}
         with path.open("a") as f:

@@ -151,3 +151,25 @@ def test_a_config_that_is_no_preset_says_where_the_presets_are(tmp_path, monkeyp
     assert main(["train", "mine.yaml"]) == 2
     err = capsys.readouterr().err
     assert f"the shipped ones in {ROOT.resolve() / 'configs'}" in err
+
+
+# --- the numbers a user reads carry no float noise ----------------------------------------------
+
+
+def test_logged_and_reported_numbers_carry_no_float_noise(tmp_path):
+    from coderl.eval.summary import write_phases
+    from coderl.metrics import MetricsLogger, read_jsonl
+
+    noisy = 0.1 + 0.2  # 0.30000000000000004
+    est = {"mean": noisy, "lo": 0.0, "hi": 1.0 / 3.0}
+    logger = MetricsLogger(tmp_path, tensorboard=False)
+    logger.log(1, {"cpu_s/rollout_children": 0.2646170000000012, "loss": noisy})
+    logger.log_eval(1, {"pass_at": {"1": est}, "best_of_n": est, "time_s": 3.0464139999999995})
+    logger.close()
+    write_phases(tmp_path, {"train_s": noisy})
+    for name in ("metrics.jsonl", "eval.jsonl", "phases.json"):
+        text = (tmp_path / name).read_text()
+        assert "0000000" not in text and "9999999" not in text, (name, text)
+    assert read_jsonl(tmp_path / "metrics.jsonl")[0]["cpu_s/rollout_children"] == 0.264617
+    record = read_jsonl(tmp_path / "eval.jsonl")[0]
+    assert record["pass_at"]["1"] == {"mean": 0.3, "lo": 0.0, "hi": 0.333333333333}

@@ -23,6 +23,7 @@ from typing import Any
 from coderl.cli.export import add_source, is_online
 from coderl.cli.tasks import writable
 from coderl.config import load_config
+from coderl.metrics import reported
 from coderl.online.runfiles import OnlineRun, describe, open_online_run, pick_version
 
 
@@ -161,7 +162,7 @@ def run(args: argparse.Namespace) -> int:
 
         out["per_repo"] = per_repo_report(result["per_task"], evaluated)
         print_per_repo(out["per_repo"])  # a table on stderr; stdout stays one JSON document
-    print(json.dumps(out, indent=1))
+    print(json.dumps(reported(out), indent=1))
     return 0
 
 
