@@ -173,3 +173,81 @@ def test_logged_and_reported_numbers_carry_no_float_noise(tmp_path):
     assert read_jsonl(tmp_path / "metrics.jsonl")[0]["cpu_s/rollout_children"] == 0.264617
     record = read_jsonl(tmp_path / "eval.jsonl")[0]
     assert record["pass_at"]["1"] == {"mean": 0.3, "lo": 0.0, "hi": 0.333333333333}
+
+
+# --- Ctrl-C in train-async keeps the last completed step --------------------------------------
+
+
+@pytest.mark.parametrize(
+    "where, kept", [("update", 3), ("wait", 2)], ids=["in-update-step-finished", "waiting"]
+)
+def test_ctrl_c_in_train_async_keeps_the_last_completed_step(
+    tmp_path, monkeypatch, capsys, where, kept
+):
+    import os
+    import signal
+
+    from coderl.asyncrl.local import LocalBackend
+    from coderl.asyncrl.trainer import TrainLearner
+    from coderl.metrics import read_jsonl
+    from coderl.rundir import list_checkpoints
+
+    train_step, poll = TrainLearner.train_step, LocalBackend.poll
+    done = []
+
+    def signalled(self, groups):  # SIGINT lands in the third step's update, which holds it
+        if self.run.step == 2 and where == "update":
+            os.kill(os.getpid(), signal.SIGINT)
+        out = train_step(self, groups)
+        done.append(self.run.step)
+        return out
+
+    def waiting(self, timeout):  # Ctrl-C while the trainer waits for the third step's groups
+        if where == "wait" and done and done[-1] == 2:
+            raise KeyboardInterrupt
+        return poll(self, timeout)
+
+    monkeypatch.setattr(TrainLearner, "train_step", signalled)
+    monkeypatch.setattr(LocalBackend, "poll", waiting)
+    run = tmp_path / "run"
+    argv = [
+        *FAST,
+        "trainer.steps=4",
+        "trainer.checkpoint_every=50",  # no checkpoint before the end
+        "rollout.group_size=4",
+        "rollout.max_new_tokens=4",
+        f"run_dir={run}",
+        "--no-report",
+    ]
+    assert main(["train-async", TOY, *argv]) == 130
+    err = capsys.readouterr().err
+    line = [x for x in err.splitlines() if "interrupted" in x]
+    assert len(line) == 1 and "Traceback" not in err, err
+    assert f"(step {kept}); resume with: coderl train-async --resume {run}" in line[0], line
+    assert [p.name for p in list_checkpoints(run)] == [f"step-{kept:06d}"]
+    assert [r["step"] for r in read_jsonl(run / "metrics.jsonl")] == list(range(1, kept + 1))
+    monkeypatch.undo()
+    assert main(["train-async", "--resume", str(run), "--no-report"]) == 0
+    assert [r["step"] for r in read_jsonl(run / "metrics.jsonl")] == [1, 2, 3, 4]
+
+
+def test_ctrl_c_in_a_sharded_run_is_said_by_rank_0_alone(tmp_path, monkeypatch, capsys):
+    import logging
+
+    from coderl.train import loop
+
+    def interrupted(run, *a, **k):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(loop, "rollout_round", interrupted)
+    level = logging.getLogger().level  # a rank above 0 silences library logging
+    argv = ["train", TOY, *FAST, "--no-report"]
+    try:
+        for rank, said in (("1", 0), ("0", 1)):
+            monkeypatch.setenv("RANK", rank)
+            run = tmp_path / f"rank{rank}"
+            assert main([*argv, f"run_dir={run}"]) == 130
+            err = capsys.readouterr().err
+            assert len([x for x in err.splitlines() if "interrupted" in x]) == said, err
+    finally:
+        logging.getLogger().setLevel(level)

@@ -81,8 +81,10 @@ def _train(
                 print(line)
         run_dir = train(cfg, resume=bool(args.resume), observers=default_observers())
     except KeyboardInterrupt:
-        resume = f"coderl train --resume {shlex.quote(str(cfg.run_dir))}"
-        print(stopped_line("coderl train", cfg.run_dir, resume, over(args, cfg)), file=sys.stderr)
+        if launch_rank() == 0:  # torchrun: one rank speaks for the run
+            resume = f"coderl train --resume {shlex.quote(str(cfg.run_dir))}"
+            line = stopped_line("coderl train", cfg.run_dir, resume, over(args, cfg))
+            print(line, file=sys.stderr)
         return 130
     if launch_rank() == 0:  # torchrun: one rank speaks, and writes the report
         end_of_run(run_dir, args.report)

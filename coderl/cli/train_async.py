@@ -5,7 +5,8 @@ The config is the ``coderl train`` tree, whose ``async:`` section
 override it. ``--resume RUN_DIR`` (or ``--resume`` after the command line that started the run)
 continues the run with its own ``config.yaml``, as ``coderl train --resume`` does
 (:mod:`coderl.train.resume`): a CONFIG and overrides given with it are applied on top, printed,
-and refused where they change what the checkpoint holds. Without a CONFIG or ``--resume
+and refused where they change what the checkpoint holds. Ctrl-C or SIGTERM checkpoints the last
+completed step and prints the resume command, as ``coderl train`` does. Without a CONFIG or ``--resume
 RUN_DIR`` it refuses in one line, as ``coderl train`` does (no run on the built-in defaults a
 user did not ask for). It ends as ``coderl train`` ends: the held-out summary, the report
 (``RUN_DIR/report``; ``--no-report`` skips it) and, where no step updated the policy, the
