@@ -62,6 +62,24 @@ def test_threads_is_set_before_the_model_loads(argv, tmp_path, monkeypatch):
     assert got.value.threads == 1
 
 
+def test_threads_is_set_before_eval_loads_the_model(tmp_path, monkeypatch):
+    run = tmp_path / "run"
+    argv = [*FAST, "trainer.steps=1", "rollout.group_size=2", "rollout.max_new_tokens=2"]
+    assert main(["train", TOY, *argv, f"run_dir={run}", "--no-report"]) == 0
+    monkeypatch.setattr(coderl.train.run, "load_policy", _stop_at_model)
+    torch.set_num_threads(2)
+    with pytest.raises(ModelLoads) as got:
+        main(["eval", str(run), "threads=1"])
+    assert got.value.threads == 1
+
+
+def test_threads_is_set_by_an_online_cycle(tmp_path, capsys):
+    torch.set_num_threads(2)
+    assert main(["online", "cycle", ONLINE, f"run_dir={tmp_path / 'run'}", "threads=1"]) == 0
+    assert "waiting" in capsys.readouterr().out  # no traffic yet: no model loaded, threads set
+    assert torch.get_num_threads() == 1
+
+
 def test_threads_left_out_keeps_torchs_default(tmp_path, monkeypatch):
     monkeypatch.setattr(coderl.train.run, "load_policy", _stop_at_model)
     torch.set_num_threads(2)
