@@ -62,7 +62,7 @@ def test_threads_is_set_before_the_model_loads(argv, tmp_path, monkeypatch):
     assert got.value.threads == 1
 
 
-def test_threads_is_set_before_eval_loads_the_model(tmp_path, monkeypatch):
+def test_threads_is_set_before_eval_and_export_load_the_model(tmp_path, monkeypatch):
     run = tmp_path / "run"
     argv = [*FAST, "trainer.steps=1", "rollout.group_size=2", "rollout.max_new_tokens=2"]
     assert main(["train", TOY, *argv, f"run_dir={run}", "--no-report"]) == 0
@@ -70,6 +70,12 @@ def test_threads_is_set_before_eval_loads_the_model(tmp_path, monkeypatch):
     torch.set_num_threads(2)
     with pytest.raises(ModelLoads) as got:
         main(["eval", str(run), "threads=1"])
+    assert got.value.threads == 1
+    saved = (run / "config.yaml").read_text()
+    (run / "config.yaml").write_text(saved.replace("\nthreads: null\n", "\nthreads: 1\n"))
+    torch.set_num_threads(2)
+    with pytest.raises(ModelLoads) as got:  # export reads the run's config.yaml
+        main(["export", str(run)])
     assert got.value.threads == 1
 
 
