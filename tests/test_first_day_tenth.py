@@ -275,3 +275,20 @@ def test_ctrl_c_in_a_sharded_run_is_said_by_rank_0_alone(tmp_path, monkeypatch, 
             assert len([x for x in err.splitlines() if "interrupted" in x]) == said, err
     finally:
         logging.getLogger().setLevel(level)
+
+
+def test_train_async_stopped_before_any_step_gives_the_command_that_starts_over(
+    tmp_path, monkeypatch, capsys
+):
+    from coderl.asyncrl.local import LocalBackend
+
+    def interrupted(self, timeout):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(LocalBackend, "poll", interrupted)
+    run = tmp_path / "run"
+    argv = ["train-async", TOY, *FAST, "eval.before_after=true", "eval.tasks=2"]
+    assert main([*argv, f"run_dir={run}", "--no-report"]) == 130  # after the evaluation
+    line = [x for x in capsys.readouterr().err.splitlines() if "interrupted" in x]
+    again = f"start again with: rm {run / 'eval.jsonl'} && coderl train-async {TOY} "
+    assert len(line) == 1 and again in line[0], line

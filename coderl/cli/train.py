@@ -104,16 +104,17 @@ def end_of_run(run_dir: str | Path, report: bool) -> None:
         print(f"report: {write_report(run_dir)}")
 
 
-def over(args: argparse.Namespace, cfg: Any) -> str | None:
-    """The command that starts an interrupted run with no checkpoint over: the same one, after
-    removing the logs it wrote before its first step completed (an evaluation before training:
-    :func:`coderl.rundir.start_over`; a new run is refused over them); None for ``--resume``."""
+def over(args: argparse.Namespace, cfg: Any, command: str = "train") -> str | None:
+    """The command that starts an interrupted run with no checkpoint over: the same one
+    (``coderl COMMAND ...``), after removing the logs it wrote before its first step completed
+    (an evaluation before training: :func:`coderl.rundir.start_over`; a new run is refused over
+    them); None for ``--resume``."""
     from coderl.rundir import existing_logs, start_over
 
     if args.resume:
         return None
     again = shlex.join(
-        ["coderl", "train", *([args.config] if args.config else []), *args.overrides]
+        ["coderl", command, *([args.config] if args.config else []), *args.overrides]
     )
     logs = existing_logs(cfg.run_dir)
     return f"{start_over(logs)} && {again}" if logs else again

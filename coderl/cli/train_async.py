@@ -23,7 +23,7 @@ from rich.console import Console
 
 
 def run(args: argparse.Namespace) -> int:
-    from coderl.cli.train import NO_CONFIG
+    from coderl.cli.train import NO_CONFIG, over
     from coderl.config import load_config, split_preset
     from coderl.rundir import ensure_new_run, run_lock
 
@@ -53,8 +53,12 @@ def run(args: argparse.Namespace) -> int:
         try:
             summary = train_async(cfg, resume=bool(args.resume))
         except KeyboardInterrupt:
-            again = f"coderl train-async --resume {shlex.quote(str(cfg.run_dir))}"
-            print(stopped_line("coderl train-async", cfg.run_dir, again), file=sys.stderr)
+            resume = f"coderl train-async --resume {shlex.quote(str(cfg.run_dir))}"
+            again = over(
+                args, cfg, "train-async"
+            )  # no checkpoint yet: the command that starts over
+            line = stopped_line("coderl train-async", cfg.run_dir, resume, again)
+            print(line, file=sys.stderr)
             return 130
     console = Console()
     console.print(f"[bold]async run finished[/] in {cfg.run_dir}")
