@@ -146,13 +146,17 @@ def reported(value: Any) -> Any:
 
 
 def _truncate_jsonl(path: Path, last_step: int) -> None:
+    """Keep the records of ``path`` up to ``last_step``. A last line cut short (the writer was
+    killed in it) is dropped: no checkpoint can follow a record that was never whole."""
     if not path.is_file():
         return
-    keep = [
-        line
-        for line in path.read_text().splitlines()
-        if line.strip() and json.loads(line).get("step", 0) <= last_step
-    ]
+    lines = [line for line in path.read_text().splitlines() if line.strip()]
+    if lines:
+        try:
+            json.loads(lines[-1])
+        except json.JSONDecodeError:
+            lines.pop()
+    keep = [line for line in lines if json.loads(line).get("step", 0) <= last_step]
     path.write_text("".join(line + "\n" for line in keep))
 
 

@@ -292,3 +292,11 @@ def test_train_async_stopped_before_any_step_gives_the_command_that_starts_over(
     line = [x for x in capsys.readouterr().err.splitlines() if "interrupted" in x]
     again = f"start again with: rm {run / 'eval.jsonl'} && coderl train-async {TOY} "
     assert len(line) == 1 and again in line[0], line
+
+
+def test_resume_drops_a_log_line_the_killed_writer_cut_short(tmp_path):
+    from coderl.metrics import MetricsLogger, read_jsonl
+
+    (tmp_path / "metrics.jsonl").write_text('{"step": 1}\n{"step": 2}\n{"step": 3, "lo')
+    MetricsLogger(tmp_path, resume_step=2, tensorboard=False).close()
+    assert [r["step"] for r in read_jsonl(tmp_path / "metrics.jsonl")] == [1, 2]
