@@ -2,8 +2,8 @@
 ``threads`` value, the wall seconds of each process (every process does the same work).
 
 Why: torch starts one intra-op thread per core, so two training processes on a 2-core machine
-run 4 threads on 2 cores and spin-wait for each other; ``threads`` (docs/training.md, "Memory
-and speed levers") caps each process. Prints the CPU count, the load average before and after,
+run 4 threads on 2 cores and spin-wait for each other; ``threads`` (docs/training.md, "Config") caps
+each process. Prints the CPU count, the load average before and after,
 and per ``threads`` value the processes' wall seconds; run it on a quiet machine.
 
     .venv/bin/python bench/threads.py                       # 2 processes, threads 1 and 2
