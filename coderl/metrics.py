@@ -5,8 +5,8 @@ metrics under the JSONL's keys, NaN kept as NaN; evaluations as ``eval/pass@k`` 
 ``eval/best_of_n``, as in TensorBoard); the progress bar with ETA is :mod:`coderl.progress`.
 
 On resume the JSONL files (with the pipeline's ``audit.jsonl``) are cut back to the checkpoint's
-step, so a resumed run's files equal an uninterrupted run's, and TensorBoard purges the later
-steps. A W&B run cannot be cut back: a resumed run logs to a new W&B run named
+step, so a resumed run's files equal an uninterrupted run's; the TensorBoard event files lose the
+later steps too (:func:`_truncate_tb`). A W&B run cannot be cut back: a resumed run logs to a new W&B run named
 ``NAME-resume-STEP`` in the group ``NAME``, starting after the checkpoint's step, and the first
 W&B run keeps whatever the interrupted process logged after that checkpoint.
 """
@@ -127,15 +127,67 @@ def step_alarm(
         log.warning("%s share %.3f above %s=%g (%s)", name, share, knob, limit, detail())
 
 
+REPORTED_DIGITS = 12
+"""Significant digits of a float in the JSON a user reads (:func:`reported`)."""
+
+
+def reported(value: Any) -> Any:
+    """``value`` with every finite float rounded to :data:`REPORTED_DIGITS` significant digits,
+    through dicts, lists and tuples: what a metric, evaluation or report file holds, so that a
+    sum's binary noise (``0.30000000000000004``, ``3.0464139999999995``) is not printed as
+    digits. Not for checkpoints or state a resume needs exact."""
+    if isinstance(value, float) and math.isfinite(value):
+        return float(f"{value:.{REPORTED_DIGITS}g}")
+    if isinstance(value, dict):
+        return {k: reported(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [reported(v) for v in value]
+    return value
+
+
 def _truncate_jsonl(path: Path, last_step: int) -> None:
+    """Keep the records of ``path`` up to ``last_step``. A last line cut short (the writer was
+    killed in it) is dropped: no checkpoint can follow a record that was never whole."""
     if not path.is_file():
         return
-    keep = [
-        line
-        for line in path.read_text().splitlines()
-        if line.strip() and json.loads(line).get("step", 0) <= last_step
-    ]
+    lines = [line for line in path.read_text().splitlines() if line.strip()]
+    if lines:
+        try:
+            json.loads(lines[-1])
+        except json.JSONDecodeError:
+            lines.pop()
+    keep = [line for line in lines if json.loads(line).get("step", 0) <= last_step]
     path.write_text("".join(line + "\n" for line in keep))
+
+
+def _truncate_tb(tb_dir: Path, last_step: int) -> None:
+    """Drop every event after ``last_step`` from the TensorBoard event files in ``tb_dir``, so a
+    resumed run shows each step once in any reader. ``SummaryWriter(purge_step=...)`` alone
+    hides them only from readers that honour its restart marker (the Python event
+    accumulator); ``summary_iterator`` and tools built on it showed both.
+
+    The files are TFRecords (``uint64`` length, its masked CRC32C, the ``Event`` proto, the
+    proto's masked CRC32C; TensorFlow's ``tfrecord`` format): kept records are copied byte for
+    byte. A file cut short or damaged (a killed writer) keeps its records before the damage."""
+    from google.protobuf.message import DecodeError
+    from tensorboard.compat.proto.event_pb2 import Event
+
+    for path in sorted(tb_dir.glob("events.out.tfevents.*")) if tb_dir.is_dir() else []:
+        data, kept, at = path.read_bytes(), bytearray(), 0
+        while at + 12 <= len(data):
+            size = int.from_bytes(data[at : at + 8], "little")
+            end = at + 12 + size + 4
+            if end > len(data):
+                break
+            try:
+                step = Event.FromString(data[at + 12 : at + 12 + size]).step
+            except DecodeError:  # a damaged record: keep what came before it
+                break
+            if step <= last_step:
+                kept += data[at:end]
+            at = end
+        if len(kept) < len(data):
+            path.write_bytes(bytes(kept))
 
 
 def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
@@ -186,13 +238,17 @@ class MetricsLogger:
         if tensorboard:
             from torch.utils.tensorboard import SummaryWriter
 
+            if resume_step:
+                _truncate_tb(self.dir / "tb", resume_step)
             self.tb = SummaryWriter(str(self.dir / "tb"), purge_step=resume_step + 1)
         self.wandb = None
         if wandb is not None and wandb.enabled:
             self.wandb = _wandb_run(wandb, self.dir, resume_step, config or {})
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
-        """Append one step's metrics (NaN and inf are written as null)."""
+        """Append one step's metrics, :func:`reported` in every sink (NaN and inf are written as
+        null to the JSONL)."""
+        metrics = reported(metrics)
         clean = {k: (v if math.isfinite(v) else None) for k, v in metrics.items()}
         with self.metrics_path.open("a") as f:
             f.write(json.dumps({"step": step, **clean}) + "\n")
@@ -208,7 +264,7 @@ class MetricsLogger:
         to ``eval.jsonl`` (scalars ``eval/pass@k``), one of another ``split``
         (``eval.extra_splits``) to ``eval_extra.jsonl`` with ``split`` in the record (scalars
         ``eval/<split>/pass@k``)."""
-        path, prefix = self.eval_path, "eval"
+        path, prefix, result = self.eval_path, "eval", reported(result)
         if split is not None:
             path, prefix, result = self.extra_eval_path, f"eval/{split}", {"split": split, **result}
         with path.open("a") as f:

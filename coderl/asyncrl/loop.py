@@ -21,7 +21,10 @@ run is ``coderl train`` exactly: same tasks, samples, batches and weights (teste
 
 A checkpoint (:meth:`AsyncRunner.state_dict`) may be taken with groups in flight; they are saved as
 tasks to re-issue, so a resumed run neither skips nor repeats a task (tested). Their partial work
-is lost and redone with the resumed weights.
+is lost and redone with the resumed weights. Ctrl-C and SIGTERM land only while the trainer waits
+for groups: the ledger's changes, a step and its ``on_step`` hook run with them held
+(:func:`coderl.train.interrupt.deferred_interrupts`), so the runner is always between steps when
+one arrives.
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ from coderl.asyncrl.local import LocalBackend
 from coderl.asyncrl.metrics import AsyncMetrics, hist_mean, token_staleness
 from coderl.asyncrl.types import Group, Job, Learner, SamplerFactory, Weights
 from coderl.config import AsyncConfig
+from coderl.train.interrupt import deferred_interrupts
 
 
 class RolloutBackend(Protocol):
@@ -160,20 +164,23 @@ class AsyncRunner:
         B = self.groups_per_step
         cap = (self.cfg.max_staleness + 1) * B
         while self.learner.steps < num_steps:
-            self._fill(cap)
+            with deferred_interrupts():
+                self._fill(cap)
             ready = len(self.buffer) >= B
             t0 = time.monotonic()
-            for group in self.backend.poll(0.0 if ready else self.cfg.poll_s):
-                self._receive(group)
-            if not ready:
-                self.metrics.trainer_wait_s += time.monotonic() - t0
-            self._evict_stale()
-            batch = self.buffer.take(B, self.learner.version)
-            if batch is not None:
-                self._train(batch)
-                self._fill(cap)  # in flight before the hook sees the state
-                if self.on_step is not None:
-                    self.on_step(self, self.history[-1])
+            groups = self.backend.poll(0.0 if ready else self.cfg.poll_s)  # Ctrl-C lands here
+            with deferred_interrupts():  # the ledger, the step and its hook: whole or not begun
+                for group in groups:
+                    self._receive(group)
+                if not ready:
+                    self.metrics.trainer_wait_s += time.monotonic() - t0
+                self._evict_stale()
+                batch = self.buffer.take(B, self.learner.version)
+                if batch is not None:
+                    self._train(batch)
+                    self._fill(cap)  # in flight before the hook sees the state
+                    if self.on_step is not None:
+                        self.on_step(self, self.history[-1])
         return self.summary()
 
     def _fill(self, cap: int) -> None:

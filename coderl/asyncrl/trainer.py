@@ -48,12 +48,15 @@ from coderl.envs import build_environment
 from coderl.eval.observers import default_observers
 from coderl.metrics import check_step_measured, run_logger
 from coderl.policy.base import Completion, SamplingParams
+from coderl.policy.threads import use_threads
 from coderl.progress import PhaseProgress
 from coderl.rundir import ensure_new_run, run_lock
 from coderl.train import pipeline as P
 from coderl.train.checkpoint import load_trainable, trainable_state
 from coderl.train.heldout import log_eval_with_alarm, log_extra_evals, without_heldout_evals
+from coderl.train.interrupt import deferred_interrupts
 from coderl.train.run import (
+    Run,
     UpdateCount,
     advance_version,
     build_policy,
@@ -167,6 +170,7 @@ class EnvSampler:
         if cfg.engine.kind == "vllm" and shared is None:
             raise ValueError("engine.kind=vllm: the worker needs the learner's engine (shared=)")
         self.cfg = cfg
+        use_threads(cfg.threads)  # a process or Ray worker: its own process's threads
         self.env = build_environment(cfg)
         self.policy = build_policy(cfg)
         self.client = shared.pinned() if cfg.engine.kind == "vllm" else None
@@ -316,6 +320,17 @@ def load_configs(path: str | None, overrides: list[str]) -> tuple[Config, AsyncC
     return cfg, resolve(cfg)
 
 
+def _checkpoint(run: Run, runner: AsyncRunner) -> int:
+    """Save ``run`` between steps with the runner's task ledger (its outstanding groups are
+    re-issued on resume); returns the step saved."""
+    run.sampler.position = _cursor(runner)
+    ledger = runner.ledger
+    pending = [*ledger.outstanding, *(i for i, _ in ledger.retry)]
+    run.sampler.forget_before(min(pending, default=ledger.next_index))
+    save(run, ledger=ledger.state_dict())
+    return run.step
+
+
 def _cursor(runner: AsyncRunner) -> int:
     """Tasks trained on or dropped so far (``coderl train``'s data cursor at a step boundary)."""
     ledger = runner.ledger
@@ -354,6 +369,7 @@ def _train_async(cfg: Config, acfg: AsyncConfig, resume: bool) -> dict[str, Any]
     check_supported(workers_cfg)  # here, not first inside a worker
     learner = TrainLearner(cfg)
     run = learner.run
+    saved = [run.step]  # the newest checkpoint's step
 
     def on_step(runner: AsyncRunner, metrics: dict[str, float]) -> None:
         summary = runner.summary()
@@ -362,11 +378,7 @@ def _train_async(cfg: Config, acfg: AsyncConfig, resume: bool) -> dict[str, Any]
         updates.saw(metrics)
         bar.advance(status=step_status(metrics))
         if run.step % cfg.trainer.checkpoint_every == 0 or run.step == cfg.trainer.steps:
-            run.sampler.position = _cursor(runner)
-            ledger = runner.ledger
-            pending = [*ledger.outstanding, *(i for i, _ in ledger.retry)]
-            run.sampler.forget_before(min(pending, default=ledger.next_index))
-            save(run, ledger=ledger.state_dict())
+            saved.append(_checkpoint(run, runner))
 
     try:
         shared = run.engine if cfg.engine.kind == "vllm" else None  # the workers' one server
@@ -393,9 +405,16 @@ def _train_async(cfg: Config, acfg: AsyncConfig, resume: bool) -> dict[str, Any]
             log_extra_evals(run, logger, 0, "start")  # eval.extra_splits, beside it
         steps, at = cfg.trainer.steps, run.step
         updates = UpdateCount(at)
-        with PhaseProgress("train-async", steps, completed=at, enabled=cfg.progress) as bar:
-            with runner:
-                summary = runner.run(steps)
+        try:
+            with PhaseProgress("train-async", steps, completed=at, enabled=cfg.progress) as bar:
+                with runner:
+                    summary = runner.run(steps)
+        except KeyboardInterrupt:  # Ctrl-C, SIGTERM: the runner is between steps (its loop)
+            with deferred_interrupts():
+                logger.close()
+                if run.step > saved[-1]:  # the last completed step, as coderl train keeps it
+                    _checkpoint(run, runner)
+            raise
         if heldout and run.step > at:
             log_eval_with_alarm(logger, run.step, run_eval(run))
             log_extra_evals(run, logger, run.step)

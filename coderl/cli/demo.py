@@ -115,9 +115,11 @@ def run_demo(config: Path, overrides: list[str]) -> int:
             # torch, the tasks and the model: after the refusals above
             from coderl.eval.observers import default_observers
             from coderl.metrics import cpu_clock
+            from coderl.policy.threads import use_threads
             from coderl.train.loop import train
             from coderl.train.warmstart import warm_start
 
+            use_threads(cfg.threads)
             if cfg.eval.extra_splits:  # an empty split is refused before SFT, not after it
                 from coderl.envs import build_environment
                 from coderl.train.run import check_extra_splits

@@ -23,6 +23,7 @@ from typing import Any
 from coderl.cli.export import add_source, is_online
 from coderl.cli.tasks import writable
 from coderl.config import load_config
+from coderl.metrics import reported
 from coderl.online.runfiles import OnlineRun, describe, open_online_run, pick_version
 
 
@@ -84,6 +85,7 @@ def _online(args: argparse.Namespace) -> tuple[OnlineRun | None, int | None]:
 def run(args: argparse.Namespace) -> int:
     from coderl.eval.passk import per_task_pass
     from coderl.policy.rollout import build_engine
+    from coderl.policy.threads import use_threads
     from coderl.train.checkpoint import load_checkpoint, resolve_checkpoint
     from coderl.train.run import close_run, run_eval, setup_run
 
@@ -109,6 +111,7 @@ def run(args: argparse.Namespace) -> int:
     if k:
         overrides += [f"eval.samples={k}", f"eval.k={sorted({1, k})}"]
     cfg = load_config(config, overrides)
+    use_threads(cfg.threads)
     _check_split(cfg, tasks, split or cfg.tasks.heldout_split)
     # --base: the model of model.name; no data cursor (a task file may hold only held-out tasks)
     run_ = setup_run(cfg, engine=False, load_sft=False, training=False)
@@ -159,7 +162,7 @@ def run(args: argparse.Namespace) -> int:
 
         out["per_repo"] = per_repo_report(result["per_task"], evaluated)
         print_per_repo(out["per_repo"])  # a table on stderr; stdout stays one JSON document
-    print(json.dumps(out, indent=1))
+    print(json.dumps(reported(out), indent=1))
     return 0
 
 

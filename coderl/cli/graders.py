@@ -17,9 +17,11 @@ def probe(args: argparse.Namespace) -> int:
     from coderl.graders.pairs import read_episodes
     from coderl.graders.probes import probe_gate, run_probes
     from coderl.graders.report import write_probe_results
+    from coderl.policy.threads import use_threads
     from coderl.rewards.learned import build_judge
 
     cfg = load_config(args.config, args.overrides)
+    use_threads(cfg.threads)
     views, _ = read_episodes(args.episodes)
     views = [v for v in views if v.diff.strip()][: cfg.graders.probe_episodes]
     if args.grader == "judge":

@@ -42,6 +42,9 @@ def _cfg(args: argparse.Namespace) -> Config:
     cfg = load_online_config(args.config, args.overrides)
     if args.online_command != "report":
         refuse_training_run(cfg.run_dir, f"coderl online {args.online_command}", args.config)
+        from coderl.policy.threads import use_threads
+
+        use_threads(cfg.threads)
     return cfg
 
 

@@ -24,6 +24,7 @@ from coderl.graders.pairs import (
     pairs_from_store,
     read_episodes,
 )
+from coderl.metrics import reported
 
 
 def _pairs(args: argparse.Namespace) -> list[PreferencePair]:
@@ -88,7 +89,7 @@ def train(args: argparse.Namespace) -> int:
     losses = train_rm(model, tr, steps=args.steps, batch_size=args.batch_size, lr=args.lr,
                       weight_decay=args.weight_decay, progress=True)  # fmt: skip
     out = model.save(args.out)
-    result = {"train_pairs": len(tr), **summary(pairwise_accuracy(model, held), losses)}
+    result = reported({"train_pairs": len(tr), **summary(pairwise_accuracy(model, held), losses)})
     (out / "rm_eval.json").write_text(json.dumps(result, indent=1, allow_nan=False))
     print(json.dumps(result, indent=1, allow_nan=False))
     return 0
@@ -99,7 +100,9 @@ def evaluate(args: argparse.Namespace) -> int:
 
     model = RewardModel.load(args.checkpoint)
     print(
-        json.dumps(summary(pairwise_accuracy(model, _pairs(args)), []), indent=1, allow_nan=False)
+        json.dumps(
+            reported(summary(pairwise_accuracy(model, _pairs(args)), [])), indent=1, allow_nan=False
+        )
     )
     return 0
 

@@ -131,6 +131,9 @@ def run(args: argparse.Namespace) -> int:
 def _serve(cfg: Config, sock: socket.socket, access_log: bool) -> int:
     import uvicorn
 
+    from coderl.policy.threads import use_threads
+
+    use_threads(cfg.threads)
     store, registry = open_run(cfg)
     champ = registry.champion()
     assert champ is not None

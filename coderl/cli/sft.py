@@ -31,8 +31,10 @@ def run(args: argparse.Namespace) -> int:
             )
         if not (run_dir / "config.yaml").is_file():  # what eval and export read the run with
             (run_dir / "config.yaml").write_text(dump_config(anchored(cfg)))
+        from coderl.policy.threads import use_threads
         from coderl.train.warmstart import warm_start  # torch: after the refusals
 
+        use_threads(cfg.threads)
         try:
             print(warm_start(cfg).path)  # sft.cache: an earlier build of the same inputs
         except KeyboardInterrupt:  # Ctrl-C or SIGTERM: SFT keeps no partial weights

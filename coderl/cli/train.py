@@ -63,10 +63,12 @@ def _train(
     """``coderl train`` once its run directory is held and checked: the SFT warm start (``sft``;
     a sharded run's rank 0), RL, the held-out summary and the report."""
     from coderl.eval.observers import default_observers
+    from coderl.policy.threads import use_threads
     from coderl.rundir import launch_rank
     from coderl.train.loop import train
     from coderl.train.resume import record_resume, stopped_line
 
+    use_threads(cfg.threads)
     try:
         # a sharded run: rank 0 runs SFT alone while the other ranks wait to join the
         # process group (trainer.distributed.timeout_min), then every rank loads its shard
@@ -79,8 +81,10 @@ def _train(
                 print(line)
         run_dir = train(cfg, resume=bool(args.resume), observers=default_observers())
     except KeyboardInterrupt:
-        resume = f"coderl train --resume {shlex.quote(str(cfg.run_dir))}"
-        print(stopped_line("coderl train", cfg.run_dir, resume, over(args, cfg)), file=sys.stderr)
+        if launch_rank() == 0:  # torchrun: one rank speaks for the run
+            resume = f"coderl train --resume {shlex.quote(str(cfg.run_dir))}"
+            line = stopped_line("coderl train", cfg.run_dir, resume, over(args, cfg))
+            print(line, file=sys.stderr)
         return 130
     if launch_rank() == 0:  # torchrun: one rank speaks, and writes the report
         end_of_run(run_dir, args.report)
@@ -100,16 +104,17 @@ def end_of_run(run_dir: str | Path, report: bool) -> None:
         print(f"report: {write_report(run_dir)}")
 
 
-def over(args: argparse.Namespace, cfg: Any) -> str | None:
-    """The command that starts an interrupted run with no checkpoint over: the same one, after
-    removing the logs it wrote before its first step completed (an evaluation before training:
-    :func:`coderl.rundir.start_over`; a new run is refused over them); None for ``--resume``."""
+def over(args: argparse.Namespace, cfg: Any, command: str = "train") -> str | None:
+    """The command that starts an interrupted run with no checkpoint over: the same one
+    (``coderl COMMAND ...``), after removing the logs it wrote before its first step completed
+    (an evaluation before training: :func:`coderl.rundir.start_over`; a new run is refused over
+    them); None for ``--resume``."""
     from coderl.rundir import existing_logs, start_over
 
     if args.resume:
         return None
     again = shlex.join(
-        ["coderl", "train", *([args.config] if args.config else []), *args.overrides]
+        ["coderl", command, *([args.config] if args.config else []), *args.overrides]
     )
     logs = existing_logs(cfg.run_dir)
     return f"{start_over(logs)} && {again}" if logs else again

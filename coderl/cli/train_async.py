@@ -5,7 +5,8 @@ The config is the ``coderl train`` tree, whose ``async:`` section
 override it. ``--resume RUN_DIR`` (or ``--resume`` after the command line that started the run)
 continues the run with its own ``config.yaml``, as ``coderl train --resume`` does
 (:mod:`coderl.train.resume`): a CONFIG and overrides given with it are applied on top, printed,
-and refused where they change what the checkpoint holds. Without a CONFIG or ``--resume
+and refused where they change what the checkpoint holds. Ctrl-C or SIGTERM checkpoints the last
+completed step and prints the resume command, as ``coderl train`` does. Without a CONFIG or ``--resume
 RUN_DIR`` it refuses in one line, as ``coderl train`` does (no run on the built-in defaults a
 user did not ask for). It ends as ``coderl train`` ends: the held-out summary, the report
 (``RUN_DIR/report``; ``--no-report`` skips it) and, where no step updated the policy, the
@@ -22,7 +23,7 @@ from rich.console import Console
 
 
 def run(args: argparse.Namespace) -> int:
-    from coderl.cli.train import NO_CONFIG
+    from coderl.cli.train import NO_CONFIG, over
     from coderl.config import load_config, split_preset
     from coderl.rundir import ensure_new_run, run_lock
 
@@ -42,16 +43,22 @@ def run(args: argparse.Namespace) -> int:
         if not args.resume:
             ensure_new_run(cfg.run_dir)
         from coderl.asyncrl.trainer import train_async  # heavy imports, after the refusals
+        from coderl.policy.threads import use_threads
         from coderl.train.resume import record_resume, stopped_line
 
+        use_threads(cfg.threads)  # the workers set their own (EnvSampler)
         if args.resume:
             for line in record_resume(cfg, changes, step):
                 print(line)
         try:
             summary = train_async(cfg, resume=bool(args.resume))
         except KeyboardInterrupt:
-            again = f"coderl train-async --resume {shlex.quote(str(cfg.run_dir))}"
-            print(stopped_line("coderl train-async", cfg.run_dir, again), file=sys.stderr)
+            resume = f"coderl train-async --resume {shlex.quote(str(cfg.run_dir))}"
+            again = over(
+                args, cfg, "train-async"
+            )  # no checkpoint yet: the command that starts over
+            line = stopped_line("coderl train-async", cfg.run_dir, resume, again)
+            print(line, file=sys.stderr)
             return 130
     console = Console()
     console.print(f"[bold]async run finished[/] in {cfg.run_dir}")

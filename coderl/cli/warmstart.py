@@ -14,9 +14,11 @@ from coderl.cli.demo import DEFAULT_CONFIG
 
 def run(args: argparse.Namespace) -> int:
     from coderl.config import load_config
+    from coderl.policy.threads import use_threads
     from coderl.train.warmstart import build_entry, cache_root
 
     cfg = load_config(Path(args.config), args.overrides)
+    use_threads(cfg.threads)
     if not cfg.sft.enabled:
         raise ValueError(f"{args.config}: sft.enabled is false: there is no warm start to build")
     ws = build_entry(cfg, force=args.force)

@@ -297,6 +297,11 @@ class Config(_Section):
     """Seed for task order, sampling and every RNG the run uses."""
     run_dir: str = "runs/default"
     """Where metrics, checkpoints and the report go."""
+    threads: int | None = Field(None, ge=1)
+    """torch's intra-op threads in each process of the command (workers and torchrun ranks
+    included; :func:`coderl.policy.threads.use_threads`). None: torch's default, one per core
+    or ``OMP_NUM_THREADS``; a number here wins over ``OMP_NUM_THREADS``. Keep processes x
+    threads <= cores: two processes at 2 threads on 2 cores spin-wait, many times slower."""
     model: ModelConfig = Field(default_factory=ModelConfig)
     tasks: TaskConfig = Field(default_factory=TaskConfig)
     rollout: RolloutConfig = Field(default_factory=RolloutConfig)
@@ -508,7 +513,7 @@ def load_tree(
                 f"configs/default.yaml{run if (p / 'config.yaml').is_file() else ''}"
             )
         if not p.is_file():
-            raise ConfigError(f"config file {str(p)!r} does not exist")
+            raise ConfigError(missing_config(p))
         try:
             with p.open() as f:  # the marks name the file
                 loaded = yaml.load(f, Loader=UniqueKeyLoader)  # noqa: S506 (a SafeLoader)
@@ -525,6 +530,27 @@ def load_tree(
     for ov in overrides:
         apply_override(tree, ov)
     return tree
+
+
+PRESETS = Path(__file__).resolve().parents[2] / "configs"
+"""The shipped presets: the checkout's ``configs/``. A preset is given by its path, relative to
+the working directory or absolute; outside the checkout that is this directory's path."""
+
+
+def missing_config(path: Path) -> str:
+    """The line that refuses a config ``path`` that does not exist: the shipped preset it
+    names, if one (``configs/repair.yaml`` or ``repair`` from outside the checkout), as the path
+    to give instead; else where the shipped presets are."""
+    said = f"config file {str(path)!r} does not exist"
+    if not path.is_absolute():
+        for shipped in (PRESETS.parent / path, PRESETS / path.name, PRESETS / f"{path}.yaml"):
+            if shipped.is_file():
+                return f"{said}; the shipped preset is {shipped}: give that path"
+    if PRESETS.is_dir():
+        return f"{said}; presets are YAML files named by path, the shipped ones in {PRESETS}"
+    return (
+        f"{said}; presets are YAML files named by path (the shipped ones: the checkout's configs/)"
+    )
 
 
 def load_online_config(

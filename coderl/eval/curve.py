@@ -26,6 +26,8 @@ import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
+from coderl.metrics import reported  # noqa: E402
+
 CURVE_JSON = "curve.json"
 """The curve's data, under the report directory."""
 CURVE_PNG = "learning_curve.png"
@@ -193,7 +195,7 @@ def write_curve(
         raise ValueError("no held-out evaluation: the learning curve needs eval.jsonl records")
     out = Path(out)
     data = curve_data(evals, metrics)
-    (out / CURVE_JSON).write_text(json.dumps(data, indent=1) + "\n")
+    (out / CURVE_JSON).write_text(json.dumps(reported(data), indent=1) + "\n")
     fig = curve_figure(data, evals)
     fig.savefig(out / CURVE_PNG, dpi=90)
     plt.close(fig)

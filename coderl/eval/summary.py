@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from coderl.eval.passk import Comparison, Estimate, compare, summarize
+from coderl.metrics import reported
 
 PHASES_FILE = "phases.json"
 """``RUN_DIR/phases.json``: ``{"sft_s": ..., "train_s": ...}`` wall seconds, with
@@ -275,7 +276,7 @@ def read_phases(run_dir: str | Path) -> dict[str, float]:
 def write_phases(run_dir: str | Path, phases: dict[str, float]) -> Path:
     """Write ``RUN_DIR/phases.json``; returns its path."""
     p = Path(run_dir) / PHASES_FILE
-    p.write_text(json.dumps(phases, indent=1) + "\n")
+    p.write_text(json.dumps(reported(phases), indent=1) + "\n")
     return p
 
 

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from coderl.graders.probes import ProbeResult
+from coderl.metrics import reported
 from coderl.stats import wilson_interval
 
 
@@ -129,7 +130,7 @@ def write_probe_results(path: str | Path, grader: str, results: Sequence[ProbeRe
     """Append one JSON line per probe result (with the grader's name) to ``path``."""
     with Path(path).open("a") as f:
         for r in results:
-            f.write(json.dumps({"grader": grader, **asdict(r)}) + "\n")
+            f.write(json.dumps(reported({"grader": grader, **asdict(r)})) + "\n")
 
 
 def criteria_metrics(

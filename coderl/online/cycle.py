@@ -51,6 +51,7 @@ import torch
 from coderl.config import Config, anchored, dump_config
 from coderl.config.online import SHARED, PopulationConfig
 from coderl.graders.probes import probe_gate, run_probes
+from coderl.metrics import reported
 from coderl.online.baselines import advantages
 from coderl.online.gate import run_gate, run_population_gate
 from coderl.online.heldout import EnvEvaluator, EvalResult, Evaluator
@@ -577,6 +578,6 @@ def _finish(cfg: Config, store: Store, rep: dict[str, Any], t0: float) -> dict[s
     rep["rejected_events"] = store.rejected_counts()
     rep["duplicate_events"] = store.counter("duplicate_events")
     with open(Path(cfg.run_dir) / "cycles.jsonl", "a") as f:
-        f.write(json.dumps(rep, default=str) + "\n")
+        f.write(json.dumps(reported(rep), default=str) + "\n")
     store.close()
     return rep

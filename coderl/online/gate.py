@@ -214,26 +214,32 @@ def no_evidence(heldout: dict[str, tuple[list[float], list[float]]]) -> str | No
 
 def _compare(
     cfg: GateConfig, heldout: dict[str, tuple[list[float], list[float]]], rep: GateReport, who: str
-) -> None:
-    """The paired test and the no-gain check of every gated metric against one champion."""
+) -> list[str]:
+    """The paired test and the no-gain check of every gated metric against one champion: the
+    comparisons go into ``rep``; returns one reason per failed metric (both checks' failures
+    in one line, so a metric is never two rows of a report)."""
     missing = sorted(set(cfg.margins) - set(heldout))
     if missing:
         raise ValueError(f"held-out scores missing for gated metrics {missing}")
     prefix = "" if who == "champion" else "best/"
+    reasons = []
     for metric, margin in sorted(cfg.margins.items()):
         cand, champ = heldout[metric]
         c = paired_noninferiority(metric, cand, champ, margin=margin, alpha=cfg.alpha)
         c.metric = prefix + metric
         rep.comparisons.append(c)
+        failed = []
         if not c.passed:
-            rep.reasons.append(
+            bound = f"{c.lower_bound:.3f} <= -margin {-margin:.3f} (n={c.n})"
+            failed.append(f"lower bound of the paired difference {bound}")
+        if (why := no_gain(metric, cand, champ)) is not None:
+            failed.append(why)
+        if failed:
+            reasons.append(
                 f"held-out {metric}: candidate {c.candidate_mean:.3f} vs {who} "
-                f"{c.champion_mean:.3f}, lower bound of the paired difference "
-                f"{c.lower_bound:.3f} <= -margin {-margin:.3f} (n={c.n})"
+                f"{c.champion_mean:.3f}, {'; '.join(failed)}"
             )
-        why = no_gain(metric, cand, champ)
-        if why is not None:
-            rep.reasons.append(f"held-out {metric} against the {who}: {why}")
+    return reasons
 
 
 def run_gate(
@@ -269,12 +275,11 @@ def run_gate(
             paired scores (see :func:`paired_noninferiority`); a hack rate outside [0, 1].
     """
     rep = GateReport(promote=True)
-    _compare(cfg, heldout, rep, "champion")
+    failed = _compare(cfg, heldout, rep, "champion")
     same = no_evidence({m: heldout[m] for m in cfg.margins})
-    if same is not None:
-        rep.reasons.append(same)
+    rep.reasons += failed if same is None else [same]  # 0.000 vs 0.000 failed no test: unmeasured
     if best is not None:
-        _compare(cfg, best, rep, "best earlier champion")
+        rep.reasons += _compare(cfg, best, rep, "best earlier champion")
     alarms = list(production_alarms)
     if behaviour is not None:
         champ_m, cand_m = behaviour

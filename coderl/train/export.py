@@ -52,6 +52,7 @@ from coderl.config import Config, load_config
 from coderl.policy.episode import encode, render
 from coderl.policy.loading import save_model_dir
 from coderl.policy.local import LocalPolicy
+from coderl.policy.threads import use_threads
 from coderl.policy.vllm_server import write_base_model
 from coderl.rundir import enclosing_run, honour_umask
 from coderl.train.checkpoint import load_checkpoint, resolve_checkpoint
@@ -136,6 +137,7 @@ def export_weights(
     ensure_replaceable(dest, (run_dir, source), force=force)
     if merged and not cfg.model.lora:
         raise ValueError("--merged: this run fine-tuned every weight; there is no adapter to merge")
+    use_threads(cfg.threads)
     policy = build_policy(cfg, reference=False)
     said = load(policy)
     ids = probe_ids(policy.tokenizer)

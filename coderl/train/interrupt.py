@@ -7,9 +7,12 @@ keeps the sampler's state from before the step, so a step interrupted in its rol
 part) is abandoned and the state of the last completed step is what the checkpoint holds
 (:func:`coderl.train.loop.train`).
 
-Not covered: a sharded run (torchrun ranks are interrupted at different points and a checkpoint
-is a collective), and ``coderl train-async``; both still lose the steps after their last
-checkpoint.
+``coderl train-async`` holds signals the same way around its ledger changes and steps and
+checkpoints the last completed step (:func:`coderl.asyncrl.trainer.train_async`).
+
+Not covered: a sharded run (torchrun ranks are interrupted at different points, a checkpoint is
+a collective, and a rank blocked in one does not see the signal); it still loses the steps after
+its last checkpoint, and rank 0 alone prints the line.
 """
 
 from __future__ import annotations

@@ -34,7 +34,7 @@ from coderl.agent.parsing import get_call_format
 from coderl.agent.runner import run_episodes
 from coderl.agent.scripted import ScriptedPolicy
 from coderl.config import Config, ConfigError
-from coderl.metrics import SFT_LOG
+from coderl.metrics import SFT_LOG, reported
 from coderl.policy.local import LocalPolicy
 from coderl.policy.precision import has_bf16_units
 from coderl.progress import PhaseProgress
@@ -314,7 +314,7 @@ def run_sft(cfg: Config, policy: LocalPolicy | None = None) -> Path:
                 done += 1
                 with log.open("a") as f:
                     record = {"step": done, "epoch": epoch, "nll": loss, **work}
-                    f.write(json.dumps(record) + "\n")
+                    f.write(json.dumps(reported(record)) + "\n")
     path = Path(cfg.run_dir) / SFT_WEIGHTS
     save_verified(trainable_state(policy.model), path)
     # a checkpoint of weights alone, which coderl eval and export take (no optimizer state)
