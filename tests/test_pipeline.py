@@ -197,6 +197,7 @@ def test_a_sandbox_that_cannot_start_masks_its_episodes_and_the_rest_run(monkeyp
     from coderl.envs import agent as agent_env
     from coderl.policy.base import SamplingParams
     from coderl.policy.tiny import tiny_tokenizer
+    from coderl.sandbox.base import SandboxError
 
     cfg = load_config(
         Path(__file__).parent.parent / "configs" / "default.yaml", ["model.name=tiny-random"]
@@ -207,7 +208,7 @@ def test_a_sandbox_that_cannot_start_masks_its_episodes_and_the_rest_run(monkeyp
 
     def flaky(task):
         if task.id == tasks[1].id:
-            raise RuntimeError("bubblewrap is missing")
+            raise SandboxError("bubblewrap is missing")
         return real(task)
 
     monkeypatch.setattr(agent_env, "sandbox_for", flaky)
