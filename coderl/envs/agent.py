@@ -22,6 +22,7 @@ from coderl.agent.runner import run_episodes
 from coderl.config import Config
 from coderl.envs.base import EpisodeRecord, FailureKind, GradeRecord, SamplingPolicy
 from coderl.grading.grade import SETUP_FAULTS, rollout_sandbox
+from coderl.grading.grade import grade as default_grade
 from coderl.policy.base import SamplingParams
 from coderl.pools import thread_pool
 from coderl.progress import inner_progress, warn_masked
@@ -167,8 +168,6 @@ class AgentEnvironment:
         ]
 
     def grade(self, tasks: list[Any], episodes: list[EpisodeRecord]) -> list[GradeRecord]:
-        from coderl.grading.grade import grade as default_grade
-
         grade = self.grader or default_grade
 
         def one(pair: tuple[Task, EpisodeRecord]) -> GradeRecord:
