@@ -69,7 +69,8 @@ def generate_one(
     try:
         if batcher is not None:
             return batcher.generate(sampler, prompt, params)
-        [out] = sampler.generate([prompt], params)
+        outs: list[Completion] = sampler.generate([prompt], params)
+        [out] = outs
         return out
     # any error: engines fail in their own types (torch, CUDA, vLLM, HTTP clients)
     except Exception as e:  # noqa: BLE001 - a failing engine fails this request, not the server

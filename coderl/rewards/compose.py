@@ -80,7 +80,8 @@ def _call(name: str, term: Term, samples: list[RewardSample], cfg: RewardConfig)
         raise error
     if error is not None:
         raise _TermFailed(f"{type(error).__name__}: {error}") from error
-    return box["value"]
+    values: list[float] = box["value"]
+    return values
 
 
 def _checked(name: str, values: Any, n: int) -> list[float]:
