@@ -151,7 +151,7 @@ typecheck: $(STAMP)
 # (test_server_killed_mid_training_then_resume_loses_and_repeats_nothing) passes alone and with
 # its module, and fails (grad_norm at step 4 outside rel 1e-4) after the rest of the suite in one
 # process: some state an earlier module leaves in the process changes an in-process resume.
-# Not found yet; see docs/policy-and-engines.md ("Known problems").
+# Not found yet; see docs/policy-and-engines.md ("Limits and what does not work yet").
 # make test runs the suite in two pytest-xdist workers (one per core; a test file stays on one
 # worker), except the modules that time a child process against the clock (Ctrl-C at the first
 # checkpoint, weight sync inside an episode): they run alone after it. The vLLM module runs in its

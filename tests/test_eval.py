@@ -314,3 +314,22 @@ def test_compare_pairs_the_broken_call_rate_by_task():
     # records without per-task episode counts (older eval.jsonl): no paired change
     old = {"per_task": [{"task_id": "t0", "n": 4, "correct": 0, "best": 0.0}]}
     assert compare(old, old).broken_change is None
+
+
+def test_pooled_change_averages_each_tasks_change_over_runs_and_pairs_by_id():
+    from coderl.eval.passk import paired_change, pooled_change
+
+    # Run 1 gains on tasks 0-19 (+0.25 each), run 2 on none: pooled = half of run 1's change.
+    r1 = (_per_task([0] * 64), _per_task([1] * 20 + [0] * 44))
+    r2 = (_per_task([0] * 64), _per_task([0] * 64)[::-1])  # listed in another order
+    one = paired_change(*r1)
+    both = pooled_change([r1, r2])
+    assert both.mean == pytest.approx(one.mean / 2)
+    assert 0 < both.lo < both.mean < both.hi < one.hi
+    assert pooled_change([r1]) == one  # one run: the run's own paired change
+    with pytest.raises(ValueError, match="other tasks than run 0"):
+        pooled_change([r1, (_per_task([0] * 64, prefix="u"), _per_task([0] * 64, prefix="u"))])
+    with pytest.raises(ValueError, match="same distinct tasks"):
+        pooled_change([r1, (r2[0], r2[1][:10])])
+    with pytest.raises(ValueError, match="at least one run"):
+        pooled_change([])

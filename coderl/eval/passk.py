@@ -347,6 +347,37 @@ def paired_change(
     return paired_difference([est(b[i]) for i in ids], [est(a[i]) for i in ids], seed)
 
 
+def pooled_change(
+    runs: list[tuple[list[dict[str, Any]], list[dict[str, Any]]]], k: int = 1, seed: int = 0
+) -> Estimate:
+    """Pass@k change pooled over several runs (training seeds) on one task set: each task's
+    change (after - before, unbiased pass@k per side as in :func:`paired_change`) is averaged
+    over the runs, then the mean over tasks gets its paired-bootstrap 95% CI
+    (:func:`coderl.stats.paired_difference`: tasks resampled, ``seed`` fixes the resamples).
+
+    ``runs`` holds one ``(before, after)`` pair of ``EvalResult.per_task`` lists per run. The
+    CI is conditional on these runs: tasks are resampled, the runs are not (with three seeds a
+    resample of seeds says little); read it beside each run's own change and their signs.
+
+    Raises:
+        ValueError: no runs, a run whose two sides differ in tasks (:func:`paired_change`), or
+            runs evaluated on different task sets.
+    """
+    if not runs:
+        raise ValueError("pooled_change needs at least one run")
+    ids = sorted(t["task_id"] for t in runs[0][0])
+    before = dict.fromkeys(ids, 0.0)
+    after = dict.fromkeys(ids, 0.0)
+    for i, (b, a) in enumerate(runs):
+        paired_change(b, a, k, seed)  # the same checks: same tasks on both sides, n >= k
+        if sorted(t["task_id"] for t in b) != ids:
+            raise ValueError(f"run {i} was evaluated on other tasks than run 0: pool one task set")
+        for side, acc in ((b, before), (a, after)):
+            for t in side:
+                acc[t["task_id"]] += A.pass_at_k(t["n"], t["correct"], k) / len(runs)
+    return paired_difference([before[i] for i in ids], [after[i] for i in ids], seed)
+
+
 @dataclass
 class Comparison:
     """Two evaluations of the same tasks, side by side: what "did it get better, and did it
