@@ -283,6 +283,29 @@ def tokenizers():
     return native, plain
 
 
+class _Rejects:
+    """A tokenizer whose chat template raises ``error`` when given tools."""
+
+    chat_template = "{{ messages }}"
+
+    def __init__(self, error: Exception) -> None:
+        self.error = error
+
+    def apply_chat_template(self, *args, **kwargs):
+        raise self.error
+
+
+def test_only_a_template_that_rejects_tools_reads_as_no_tool_support():
+    """What a template raises when it rejects ``tools=`` (``TEMPLATE_FAULTS``) means no support;
+    any other error is a bug (here the tokenizer's) and is raised, not read as "no tools"."""
+    import jinja2
+
+    for error in (jinja2.TemplateError("tools are not supported"), TypeError("no tools kwarg")):
+        assert not template_supports_tools(_Rejects(error))
+    with pytest.raises(RuntimeError, match="the tokenizer's own bug"):
+        template_supports_tools(_Rejects(RuntimeError("the tokenizer's own bug")))
+
+
 def test_tools_reach_the_rendered_prompt(tokenizers, tmp_path):
     native, plain = tokenizers
     assert template_supports_tools(native) and not template_supports_tools(plain)

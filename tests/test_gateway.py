@@ -616,6 +616,23 @@ def test_a_diff_the_policys_workspace_breaks_is_scored_like_a_native_episode(
     )
 
 
+def test_a_bug_in_the_diff_is_raised_not_masked(monkeypatch):
+    """Only what a diff raises (``DIFF_FAULTS``) is attributed; a bug in the diff code is raised
+    with its message (the sandbox still closed) instead of masking the episode."""
+    from types import SimpleNamespace
+
+    from coderl.envs import gateway as G
+
+    sandbox = _DiffRaises(TypeError("a bug in the diff code"))
+    monkeypatch.setattr(G, "sandbox_for", lambda task: sandbox)
+    monkeypatch.setattr(G, "run_program", lambda ep, opts, url, statement: "exited")
+    env = SimpleNamespace(opts=None, statement=lambda task: "fix it")
+    task = SimpleNamespace(id="t/1", problem_statement="fix it")
+    with pytest.raises(TypeError, match="a bug in the diff code"):
+        G.GatewayEnvironment._one(env, _Registry(), "http://127.0.0.1:1", 0, task)
+    assert sandbox.closed
+
+
 # --- a command the program (or the model through it) got wrong is answered, never a mask -----
 
 BAD_EXEC = [

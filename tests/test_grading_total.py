@@ -22,7 +22,7 @@ import coderl.grading.grade as grading
 from coderl.grading.grade import grade
 from coderl.sandbox import SandboxError
 from coderl.tasks.humaneval import humaneval_tasks
-from coderl.tasks.patches import split_diff
+from coderl.tasks.patches import PatchError, split_diff
 from coderl.tasks.spec import load_tasks
 
 CI_SPEC = "six==1.17.0"
@@ -97,6 +97,33 @@ def test_only_a_host_fault_masks_a_function_grade(fn_task, fault) -> None:
 
     g = grade(fn_task, fn_task.gold_patch, factory=factory, timeout=30)
     assert g.grading_error is not None and g.failure_kind == "infra"
+
+
+def test_only_a_set_up_that_cannot_be_done_masks(fn_task, monkeypatch) -> None:
+    """The grader's set-up reads nothing of the agent's: what it raises when it cannot be done
+    (``SETUP_FAULTS``: the environment is not built, the bug patch does not apply, the host's
+    I/O; a function task's base: OSError) masks; a bug there is raised with its own message
+    instead of masking every sample as a ``setup`` grading error."""
+    task = load_tasks(CI_TASKS)[0]
+    monkeypatch.setattr(grading, "find_env", lambda env_id: object())
+    faults = [KeyError("no built environment"), PatchError("does not apply"), OSError(28, "full")]
+    for fault in faults:
+        monkeypatch.setattr(grading, "rollout_base", lambda *a, fault=fault: _raise(fault))
+        g = grade(task, "", timeout=1)
+        assert g.grading_error.startswith("setup: ") and g.failure_kind == "infra", g
+    monkeypatch.setattr(function_grading, "workspace_base", lambda *a: _raise(OSError(28, "full")))
+    g = grade(fn_task, "", timeout=1)
+    assert g.grading_error.startswith("setup: OSError") and g.failure_kind == "infra", g
+    for module, name in ((grading, "rollout_base"), (function_grading, "workspace_base")):
+        monkeypatch.setattr(
+            module, name, lambda *a, name=name: _raise(TypeError(f"a bug in {name}"))
+        )
+        with pytest.raises(TypeError, match=f"a bug in {name}"):
+            grade(task if module is grading else fn_task, "", timeout=1)
+
+
+def _raise(error: Exception):
+    raise error
 
 
 @pytest.fixture(scope="module")

@@ -344,6 +344,30 @@ def test_feedback_endpoint_holds_every_event_to_the_import_limits(served) -> Non
     assert sum(after.values()) - sum(before.values()) == 7  # every refusal is counted
 
 
+@pytest.mark.parametrize("call_format", ["xml", "hermes"])
+def test_a_malformed_earlier_tool_call_is_the_clients_400(tmp_path: Path, call_format) -> None:
+    """Arguments that are not a JSON object, or nested past the decoder's limit, are the
+    client's bad input (400, named), never a server error: the endpoint's catch of template
+    errors is narrow, so the tool-call reader names these itself."""
+    srv = InteractionServer(Scripted("Done."), Store(f"sqlite:///{tmp_path / 't.db'}"), version=0,
+                            call_format=call_format, template_tools=False)  # fmt: skip
+    bg = BackgroundServer(srv.app())
+    try:
+        for arguments in ("5", "[" * 5000 + "]" * 5000):
+            call = {"id": "c", "type": "function",
+                    "function": {"name": "write_file", "arguments": arguments}}  # fmt: skip
+            messages = [
+                {"role": "user", "content": "write it"},
+                {"role": "assistant", "content": None, "tool_calls": [call]},
+                {"role": "tool", "tool_call_id": "c", "content": "ok"},
+            ]
+            body = {"model": "coderl", "messages": messages}
+            r = _http(bg.base_url + "/chat/completions", json_body=body)
+            assert r.status_code == 400 and "malformed tool call" in r.text, r.text
+    finally:
+        bg.stop()
+
+
 def test_earlier_tool_calls_are_rendered_back_in_the_served_format(tmp_path: Path) -> None:
     """An OpenAI client sends the previous turn back as ``tool_calls`` + a tool message; the
     model sees that turn as it wrote it, in its call format."""

@@ -197,6 +197,7 @@ def test_a_sandbox_that_cannot_start_masks_its_episodes_and_the_rest_run(monkeyp
     from coderl.envs import agent as agent_env
     from coderl.policy.base import SamplingParams
     from coderl.policy.tiny import tiny_tokenizer
+    from coderl.sandbox.base import SandboxError
 
     cfg = load_config(
         Path(__file__).parent.parent / "configs" / "default.yaml", ["model.name=tiny-random"]
@@ -207,7 +208,7 @@ def test_a_sandbox_that_cannot_start_masks_its_episodes_and_the_rest_run(monkeyp
 
     def flaky(task):
         if task.id == tasks[1].id:
-            raise RuntimeError("bubblewrap is missing")
+            raise SandboxError("bubblewrap is missing")
         return real(task)
 
     monkeypatch.setattr(agent_env, "sandbox_for", flaky)
@@ -221,3 +222,19 @@ def test_a_sandbox_that_cannot_start_masks_its_episodes_and_the_rest_run(monkeyp
     s = P.score(env, policy, cfg, owners, [P.group_key(t.id, 0) for t in owners], records)
     assert s.rewards.valid == [True, True, False, False]
     assert P.step_metrics(s.infos, cfg)["infra_failed_rate"] == 0.5
+
+
+def test_a_bug_in_the_sandbox_factory_is_raised_not_masked():
+    """Only a sandbox that cannot start (``SETUP_FAULTS``) becomes an ``infra`` record; a bug in
+    the factory is raised to the caller with its message, not masked on every episode."""
+    from types import SimpleNamespace
+
+    from coderl.envs.agent import AgentEnvironment
+    from coderl.policy.base import SamplingParams
+
+    def buggy(task):
+        raise TypeError("instance_sandbox() got an unexpected keyword argument")
+
+    env = AgentEnvironment(None, lambda split: [], sandbox=buggy)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="unexpected keyword"):
+        env.rollout(None, [SimpleNamespace(id="t/1")], SamplingParams(), 1)  # type: ignore[arg-type]

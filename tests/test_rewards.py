@@ -75,6 +75,31 @@ def test_crashing_term_masks_that_sample_and_is_counted():
     assert "reward server down" in r.errors[0]
 
 
+def test_a_term_that_exits_masks_its_sample_and_never_stops_the_trainer():
+    """A term that raises ``SystemExit`` (a ``BaseException``: ``sys.exit`` or ``argparse`` on
+    what the policy wrote) fails like any crashing term: masked and counted. It was re-raised
+    in the trainer's thread before, past every ``except Exception``."""
+
+    def exits(samples, cfg):
+        if any(s.task_id == "exit" for s in samples):
+            raise SystemExit(2)
+        return [1.0] * len(samples)
+
+    def not_a_number(samples, cfg):
+        return ["n/a" if s.task_id == "exit" else 1.0 for s in samples]
+
+    terms = dict(REWARD_TERMS, exits=exits, not_a_number=not_a_number)
+    for name in ("exits", "not_a_number"):
+        r = compute_rewards(
+            [RewardSample("ok"), RewardSample("exit")], _cfg(terms={name: 1.0}), terms
+        )
+        assert r.valid == [True, False] and r.counts["term_errors"] == 1, name
+    assert (
+        "SystemExit"
+        in compute_rewards([RewardSample("exit")], _cfg(terms={"exits": 1.0}), terms).errors[0]
+    )
+
+
 def test_timed_out_term_masks_and_counts():
     def slow(samples, cfg):
         if any(s.task_id == "slow" for s in samples):

@@ -12,6 +12,7 @@ import shutil
 import subprocess
 import sys
 import textwrap
+import threading
 from pathlib import Path
 
 import pytest
@@ -201,6 +202,26 @@ def test_failed_background_start_is_counted_and_raised_to_the_caller(
             Sandbox.create(repo, pool=pool)
     # the stats keep only the message; the log has the traceback, where the start raised
     assert any(r.exc_info and "no bwrap today" in str(r.exc_info[1]) for r in caplog.records)
+
+
+def test_a_bug_in_a_background_start_ends_its_worker_loudly(
+    repo: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Only what a start raises when a sandbox cannot start (``START_FAULTS``) is a failed
+    start; a bug in the start code is not swallowed as one: it ends its worker with its
+    traceback (``threading.excepthook``), and the pool's accounts stay straight."""
+
+    def buggy(self: _Key) -> Sandbox:
+        raise TypeError("a bug in the start code")
+
+    seen: list[BaseException | None] = []
+    monkeypatch.setattr(_Key, "start", buggy)
+    monkeypatch.setattr(threading, "excepthook", lambda args: seen.append(args.exc_value))
+    with SandboxPool(size=2) as pool:
+        pool.prepare(repo, 1)
+        assert pool.wait_ready(60)
+        assert pool.stats.failed == 1 and "the worker raised" in pool.stats.last_error
+    assert [type(e) for e in seen] == [TypeError]
 
 
 def test_bad_input_is_a_clear_error(repo: Path) -> None:

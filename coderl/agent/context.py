@@ -19,7 +19,7 @@ from typing import Any
 from coderl.agent.parsing import CallFormat
 from coderl.agent.tools import Tool, truncate_middle
 from coderl.policy.base import Completion
-from coderl.policy.episode import encode
+from coderl.policy.episode import TEMPLATE_FAULTS, encode
 
 Message = dict[str, Any]
 
@@ -55,7 +55,7 @@ def template_supports_tools(tokenizer: Any) -> bool:
         text = tokenizer.apply_chat_template(
             [{"role": "user", "content": "x"}], tools=[_PROBE_TOOL], tokenize=False
         )
-    except Exception:  # noqa: BLE001 - a template that rejects tools= does not support them
+    except TEMPLATE_FAULTS:  # a template that rejects tools= does not support them
         return False
     return _PROBE_TOOL["function"]["name"] in text  # type: ignore[index]
 

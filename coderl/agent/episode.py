@@ -57,7 +57,7 @@ from coderl.agent.record import (
 )
 from coderl.agent.tools import TOOLS, Tool, ToolContext, execute, resolve_tools
 from coderl.policy.episode import EpisodeBuilder, encode
-from coderl.sandbox.base import Sandbox, WorkspaceError
+from coderl.sandbox.base import DIFF_FAULTS, Sandbox, SandboxError, WorkspaceError
 from coderl.trajectory import Trajectory
 
 __all__ = [  # the episode's data (coderl.agent.record) is re-exported: callers import it here
@@ -301,13 +301,14 @@ def _fork(st: _State, tools: Mapping[str, Tool]) -> list[Step | Episode]:
         child_id = f"{st.episode.episode_id}@{t}.{k}"
         try:
             sandbox = st.ctx.sandbox.fork()
-        except Exception as e:  # noqa: BLE001 - that continuation fails, the others go on
+        except (SandboxError, OSError) as e:  # that continuation fails, the others go on
             ep = Episode(st.task.id, child_id, Trajectory(), [], [], "", EpisodeStats())
             ep.error = traceback.format_exc()
             ep.failure = "agent" if isinstance(e, WorkspaceError) else "infra"
             out.append(ep)
             continue
-        out.append(_drive(st.fork(sandbox, child_id), tools, close=True))
+        child = st.fork(sandbox, child_id)
+        out.append(_drive(child.episode, sandbox, child.start, _run(child, tools), close=True))
     return out
 
 
@@ -378,33 +379,44 @@ def episode_steps(
     call_format = get_call_format(cfg.call_format)
     start = time.monotonic()
     episode = Episode(task.id, episode_id or task.id, Trajectory(), [], [], "", EpisodeStats())
-    try:
+
+    def steps() -> Generator[Any, Any, FinishReason]:
         renderer = ChatRenderer(tokenizer, tools, call_format, cfg.instructions, cfg.template_tools)
         task_text = cfg.task_template.format(problem_statement=task.problem_statement)
         st = _State(task, cfg, renderer, ToolContext(sandbox, cfg.tools), episode, start, task_text)
         st.new_window(task_text)
-    except Exception:  # noqa: BLE001 - one broken episode must not take down a batch of rollouts
-        episode.stats.finish_reason = "error"
-        episode.error = traceback.format_exc()
-        episode.failure = "infra"
-        return (yield from _finish(episode, sandbox, start, close=False))
-    return (yield from _drive(st, tools, close=False))
+        return (yield from _run(st, tools))
+
+    return (yield from _drive(episode, sandbox, start, steps(), close=False))
 
 
-def _drive(st: _State, tools: Mapping[str, Tool], *, close: bool) -> Step:
-    """Run the loop from ``st`` to the end, then take the diff (and close the sandbox when
-    ``close``: a continuation owns its fork)."""
-    episode = st.episode
+def _run(st: _State, tools: Mapping[str, Tool]) -> Generator[Any, Any, FinishReason]:
+    """The loop from ``st`` to its finish reason."""
+    reason = yield from _loop(st, tools)
+    st.episode.transcripts[-1].extend(st.pending)  # results the model never got to read
+    return reason
+
+
+def _drive(
+    episode: Episode,
+    sandbox: Sandbox,
+    start: float,
+    steps: Generator[Any, Any, FinishReason],
+    *,
+    close: bool,
+) -> Step:
+    """Run ``steps`` (the episode's set-up and loop) to the end, then take the diff (and close
+    the sandbox when ``close``: a continuation owns its fork)."""
     try:
-        episode.stats.finish_reason = yield from _loop(st, tools)
-        episode.transcripts[-1].extend(st.pending)  # results the model never got to read
+        episode.stats.finish_reason = yield from steps
     except ContextExhausted:  # the policy's observations filled the engine's context: scored
         episode.stats.finish_reason = "context"
+    # any error: the loop runs what the policy wrote through templates, parsers and plugin tools
     except Exception:  # noqa: BLE001 - one broken episode must not take down a batch of rollouts
         episode.stats.finish_reason = "error"
         episode.error = traceback.format_exc()
         episode.failure = "infra"
-    return (yield from _finish(episode, st.ctx.sandbox, st.start, close=close))
+    return (yield from _finish(episode, sandbox, start, close=close))
 
 
 class ContextExhausted(Exception):
@@ -413,16 +425,17 @@ class ContextExhausted(Exception):
 
 
 def diff_failure(e: BaseException) -> Literal["agent", "infra"]:
-    """Who made ``sandbox.diff()`` raise ``e``: ``agent`` for a workspace the policy made that the
-    diff cannot walk (a tree too deep: RecursionError; an undecodable name: UnicodeError), else
-    ``infra``. Every driver that takes an episode's diff attributes its failure here."""
-    return "agent" if isinstance(e, RecursionError | UnicodeError) else "infra"
+    """Who made ``sandbox.diff()`` raise ``e`` (one of ``DIFF_FAULTS``): ``agent`` for a
+    workspace the policy made that the diff cannot walk (a tree too deep: RecursionError; an
+    undecodable name: UnicodeError; WorkspaceError), else ``infra``. Every driver that takes an
+    episode's diff attributes its failure here."""
+    return "agent" if isinstance(e, RecursionError | UnicodeError | WorkspaceError) else "infra"
 
 
 def _finish(episode: Episode, sandbox: Sandbox, start: float, *, close: bool) -> Step:
     try:
         episode.diff = yield ToolRequest(sandbox.diff)
-    except Exception as e:  # noqa: BLE001 - without a diff the episode cannot be graded
+    except DIFF_FAULTS as e:  # without a diff the episode cannot be graded
         episode.stats.finish_reason = "error"
         episode.error = (episode.error or "") + traceback.format_exc()
         if episode.failure is None:
@@ -430,7 +443,7 @@ def _finish(episode: Episode, sandbox: Sandbox, start: float, *, close: bool) ->
     if close:
         try:
             yield ToolRequest(sandbox.close)
-        except Exception:  # noqa: BLE001 - the diff is taken; a leaked fork is only logged here
+        except (SandboxError, OSError):  # the diff is taken; a leaked fork is only logged here
             episode.error = (episode.error or "") + traceback.format_exc()
     episode.stats.wall_time_s = time.monotonic() - start
     return episode

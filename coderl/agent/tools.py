@@ -366,6 +366,7 @@ def execute(tool: Tool, arguments: Mapping[str, Any], ctx: ToolContext) -> ToolO
         raise  # the sandbox itself failed: infrastructure, not something the model did
     except ToolError as e:
         text, ok = f"Error: {e}", False
+    # any error: a tool (a plugin's too) runs on arguments the policy chose
     except Exception as e:  # noqa: BLE001 - a failing tool is an observation for the model
         text, ok = f"Error: {type(e).__name__}: {e}", False
     limit = ctx.config.max_observation_chars

@@ -52,6 +52,31 @@ from coderl.policy.base import Completion, SamplingParams
 _Item = tuple[Any, list[int], SamplingParams, "Future[Completion]"]
 
 
+class EngineError(RuntimeError):
+    """The sampler's ``generate`` raised: the engine's fault (out of memory, a lost device, a
+    dead vLLM engine), never the request's. The original is chained as ``__cause__``."""
+
+
+def generate_one(
+    sampler: Any, prompt: list[int], params: SamplingParams, batcher: WindowBatcher | None
+) -> Completion:
+    """One completion of ``prompt``: through ``batcher`` (an in-process sampler), else straight
+    from ``sampler`` (an engine that batches concurrent requests itself).
+
+    Raises:
+        EngineError: the engine raised, whatever it raised.
+    """
+    try:
+        if batcher is not None:
+            return batcher.generate(sampler, prompt, params)
+        outs: list[Completion] = sampler.generate([prompt], params)
+        [out] = outs
+        return out
+    # any error: engines fail in their own types (torch, CUDA, vLLM, HTTP clients)
+    except Exception as e:  # noqa: BLE001 - a failing engine fails this request, not the server
+        raise EngineError(f"engine failure: {type(e).__name__}: {e}") from e
+
+
 class WindowBatcher:
     """Batches concurrent ``generate`` calls of in-process samplers (see the module docstring).
 

@@ -112,15 +112,21 @@ def _as_text(message: Message, call_format: str) -> Message:
         return message
     fmt = get_call_format(call_format)
     try:
-        texts = [
-            fmt.format_call(c["function"]["name"], json.loads(c["function"]["arguments"]))
-            for c in calls
-        ]
-    except (KeyError, TypeError, json.JSONDecodeError) as e:
+        texts = [fmt.format_call(c["function"]["name"], _arguments(c)) for c in calls]
+    except (KeyError, TypeError, RecursionError, json.JSONDecodeError) as e:
         raise RequestError(f"an assistant message has a malformed tool call ({e})") from None
     head = message.get("content") or ""
     rest = {k: v for k, v in message.items() if k not in ("tool_calls", "content")}
     return {**rest, "content": "\n".join([head, *texts]) if head else "\n".join(texts)}
+
+
+def _arguments(call: Any) -> dict[str, Any]:
+    """A tool call's ``function.arguments``: JSON text of an object. Raises KeyError, TypeError
+    (not an object), json.JSONDecodeError, RecursionError (nested past the decoder's limit)."""
+    args = json.loads(call["function"]["arguments"])
+    if not isinstance(args, dict):
+        raise TypeError(f"arguments must be a JSON object, got {type(args).__name__}")
+    return args
 
 
 def renderer_for(

@@ -59,7 +59,7 @@ from coderl.endpoint.request import (
     stop_strings,
 )
 from coderl.policy.base import Completion, SamplingParams
-from coderl.policy.episode import encode
+from coderl.policy.episode import TEMPLATE_FAULTS, encode
 from coderl.trajectory import Segment, Trajectory
 
 
@@ -199,7 +199,7 @@ def sample_chat(
         ) or encode(tokenizer, render_prompt(renderer, messages, call_format=call_format))
     except RequestError:
         raise
-    except Exception as e:  # template errors are the client's bad input
+    except TEMPLATE_FAULTS as e:  # the template rejects the client's conversation: bad input
         raise RequestError(f"cannot render the conversation: {e}") from None
     room = max_new_tokens if context is None else context - len(prompt)
     if room <= 0:

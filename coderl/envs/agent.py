@@ -21,6 +21,8 @@ from coderl.agent.episode import EpisodeConfig
 from coderl.agent.runner import run_episodes
 from coderl.config import Config
 from coderl.envs.base import EpisodeRecord, FailureKind, GradeRecord, SamplingPolicy
+from coderl.grading.grade import SETUP_FAULTS, rollout_sandbox
+from coderl.grading.grade import grade as default_grade
 from coderl.policy.base import SamplingParams
 from coderl.pools import thread_pool
 from coderl.progress import inner_progress, warn_masked
@@ -64,9 +66,8 @@ def _record(ep: Any) -> EpisodeRecord:
 
 def sandbox_for(task: Task) -> Any:
     """A fresh sandbox holding the task's workspace (the caller closes it):
-    :func:`coderl.grading.grade.rollout_sandbox`."""
-    from coderl.grading.grade import rollout_sandbox
-
+    :func:`coderl.grading.grade.rollout_sandbox`. Raises one of ``SETUP_FAULTS`` when it
+    cannot start (masked and counted by the callers)."""
     return rollout_sandbox(task)
 
 
@@ -141,7 +142,7 @@ class AgentEnvironment:
             for i, t in enumerate(owners):
                 try:
                     started[i] = (self.sandbox or sandbox_for)(t)
-                except Exception as e:  # noqa: BLE001 - infrastructure: masked and counted
+                except SETUP_FAULTS as e:  # infrastructure: masked and counted
                     warn_masked(log, "task %s: sandbox could not start (masked)", t.id)
                     failed[i] = f"sandbox could not start: {type(e).__name__}: {e}"
             ran = iter(
@@ -167,8 +168,6 @@ class AgentEnvironment:
         ]
 
     def grade(self, tasks: list[Any], episodes: list[EpisodeRecord]) -> list[GradeRecord]:
-        from coderl.grading.grade import grade as default_grade
-
         grade = self.grader or default_grade
 
         def one(pair: tuple[Task, EpisodeRecord]) -> GradeRecord:
@@ -178,6 +177,8 @@ class AgentEnvironment:
                 return GradeRecord(grading_error=f"not graded: the episode never ran{why}")
             try:
                 g = grade(task, ep.answer or "", timeout=self.grade_timeout_s)
+            # any error: the grader may be a plugin, and the image grader parses output the
+            # agent's code wrote; what it raises is masked and counted, never a crash
             except Exception as e:  # noqa: BLE001 - a grader bug is infrastructure: masked
                 warn_masked(log, "task %s: the grader raised (masked)", task.id)
                 return GradeRecord(

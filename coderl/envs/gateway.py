@@ -87,7 +87,7 @@ from fastapi import FastAPI, HTTPException, Request, Response
 
 from coderl.agent.episode import diff_failure
 from coderl.config import Config, ConfigError
-from coderl.endpoint.batching import WindowBatcher
+from coderl.endpoint.batching import EngineError, WindowBatcher, generate_one
 from coderl.endpoint.calls import ContextFullError, RequestError
 from coderl.endpoint.chat import (
     Call,
@@ -103,9 +103,11 @@ from coderl.endpoint.errors import ApiError, install_error_handlers
 from coderl.endpoint.http import BackgroundServer
 from coderl.envs.agent import AgentEnvironment, sandbox_for
 from coderl.envs.base import EpisodeRecord, FailureKind, GradeRecord, SamplingPolicy
+from coderl.grading.grade import SETUP_FAULTS
 from coderl.policy.base import SamplingParams, context_limit
 from coderl.pools import thread_pool
 from coderl.progress import warn_masked
+from coderl.sandbox.base import DIFF_FAULTS, SandboxError
 from coderl.trajectory import Trajectory
 
 log = logging.getLogger(__name__)
@@ -260,10 +262,10 @@ class Gateway:
                 seed = self.params.seed * 1_000_003 + ep.index * 10_007 + len(ep.calls)
             params = replace(params, top_p=self.params.top_p, seed=seed)
             try:
-                return self.batcher.generate(self.policy, prompt, params)
-            except Exception as e:  # noqa: BLE001 - the engine's fault: infra, masked
+                return generate_one(self.policy, prompt, params, self.batcher)
+            except EngineError as e:  # the engine's fault: infra, masked
                 warn_masked(log, "episode %d: engine failure (masked)", ep.index)
-                ep.infra = ep.infra or f"engine failure: {type(e).__name__}: {e}"
+                ep.infra = ep.infra or str(e)
                 raise HTTPException(503, ep.infra) from None
 
         return generate
@@ -280,7 +282,7 @@ class Gateway:
         cmd = exec_command(body)
         try:
             r = ep.sandbox.exec(cmd, timeout=self.opts.exec_timeout_s)
-        except Exception as e:  # noqa: BLE001 - the sandbox's fault, not the command's: infra
+        except (SandboxError, OSError) as e:  # the sandbox's fault, not the command's: infra
             warn_masked(log, "episode %d: sandbox exec failed (masked)", ep.index)
             ep.infra = ep.infra or f"sandbox exec failed: {type(e).__name__}: {e}"
             raise HTTPException(503, ep.infra) from None
@@ -530,7 +532,7 @@ class GatewayEnvironment:
     def _one(self, gw: Gateway, base_url: str, index: int, task: Any) -> EpisodeRecord:
         try:
             sandbox = sandbox_for(task)
-        except Exception as e:  # noqa: BLE001 - infrastructure: masked and counted
+        except SETUP_FAULTS as e:  # infrastructure: masked and counted
             warn_masked(log, "task %s: sandbox could not start (masked)", task.id)
             return EpisodeRecord(task.id, Trajectory(), "error", 0, failure="infra",
                                  failure_reason=f"sandbox could not start: {type(e).__name__}: {e}")  # fmt: skip
@@ -540,7 +542,7 @@ class GatewayEnvironment:
             finish = run_program(ep, self.opts, base_url, self.statement(task))
             try:
                 diff: str | None = sandbox.diff()
-            except Exception as e:  # noqa: BLE001 - without a diff the episode cannot be graded
+            except DIFF_FAULTS as e:  # without a diff the episode cannot be graded
                 diff = None
                 if diff_failure(e) == "agent":  # a workspace the policy made: scored, as native
                     ep.agent_diff_error = f"the workspace's diff failed: {type(e).__name__}: {e}"

@@ -244,7 +244,8 @@ def _run_judge(sb: Sandbox, mode: str, entry: str, timeout: float) -> dict[str, 
 
 
 def workspace_base(task: Task, *, cache: Path | None = None) -> Path:
-    """A content-addressed directory holding the task's ``workspace_files`` (the sandbox base)."""
+    """A content-addressed directory holding the task's ``workspace_files`` (the sandbox base).
+    Raises OSError (the host's file I/O)."""
     cache = cache or cache_dir()
     key = hashlib.sha256(repr(sorted(task.workspace_files.items())).encode()).hexdigest()[:16]
     target = cache / "bases" / f"fn-{key}"
@@ -283,7 +284,7 @@ def grade_function(
     try:
         factory = factory or default_factory()
         base = workspace_base(task)
-    except Exception as e:  # the grader could not set up (nothing of the agent's yet): mask
+    except OSError as e:  # the host could not write the base (nothing of the agent's yet): mask
         result.grading_error = f"setup: {type(e).__name__}: {e}"
         return result
     try:

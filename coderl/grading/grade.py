@@ -114,6 +114,12 @@ from coderl.tasks.patches import PatchError
 from coderl.tasks.snapshot import cache_dir
 from coderl.tasks.spec import Task
 
+SETUP_FAULTS: tuple[type[Exception], ...] = (KeyError, PatchError, SandboxError, OSError)
+"""What making a task's rollout workspace (:func:`rollout_base`) or sandbox
+(:func:`rollout_sandbox`) raises when it cannot: the environment is not built (KeyError), the
+bug patch does not apply (PatchError), the sandbox or the host's I/O failed. Nothing of the
+agent's is involved yet: masked and counted; anything else is a bug and propagates."""
+
 
 def venv_modules(env: EnvRecord) -> frozenset[str]:
     """Top-level module names installed in ``env``'s virtualenv (pytest's own dependencies and
@@ -219,7 +225,9 @@ def grade(
         factory = factory or default_factory()
         base = rollout_base(task, env)
         twins = twins or twin_policy(task)
-    except Exception as e:  # the grader could not set up: mask, never score
+    # the grader could not set up (a stale or malformed twin check record: ValueError): mask,
+    # never score
+    except (*SETUP_FAULTS, ValueError) as e:
         result.grading_error = f"setup: {type(e).__name__}: {e}"
         return _attribute(result)
     # a lone surrogate (text no codec writes) gets the bytes the function path gives it: git

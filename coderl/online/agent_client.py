@@ -129,7 +129,9 @@ def run_served_episode(
         if isinstance(req, ToolRequest):
             try:
                 send = req.fn()
-            except Exception as e:  # noqa: BLE001 - handed to the harness, as its runner does
+            # handed over, not caught: the episode records what is its to record and re-raises
+            # the rest, as with the runner (whose futures hand it whatever a request raised)
+            except BaseException as e:  # noqa: BLE001
                 error = e
             continue
         messages = [{"role": "system", "content": cfg.instructions}, *req.messages[1:]]

@@ -75,7 +75,7 @@ from coderl.agent.episode import EpisodeConfig
 from coderl.agent.parsing import get_call_format
 from coderl.agent.tools import TOOLS
 from coderl.config.online import SHARED, ExplorationConfig
-from coderl.endpoint.batching import WindowBatcher
+from coderl.endpoint.batching import EngineError, WindowBatcher, generate_one
 from coderl.endpoint.calls import RequestError, served_tools
 from coderl.endpoint.chat import ChatRequest, chat_endpoint, response_body, sample_chat
 from coderl.endpoint.continuation import Turn
@@ -403,13 +403,12 @@ class InteractionServer:
             HTTPException(503): the engine failed.
         """
         try:
-            if in_process(sampler):
-                return self.batcher.generate(sampler, prompt, params)
-            [out] = sampler.generate([prompt], params)
-            return out
-        except Exception as e:
+            return generate_one(
+                sampler, prompt, params, self.batcher if in_process(sampler) else None
+            )
+        except EngineError as e:
             log.exception("engine failure")
-            raise HTTPException(503, f"engine failure: {type(e).__name__}: {e}") from None
+            raise HTTPException(503, str(e)) from None
 
     def feedback(self, body: bytes) -> tuple[int, dict[str, Any]]:
         """Ingest the events in a request body; ``(http_status, result)``.

@@ -35,6 +35,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import jinja2
+
 from coderl.policy.base import Completion, check_finish_reason
 from coderl.trajectory import Segment, Trajectory
 
@@ -69,6 +71,12 @@ def render(
         list(messages), tokenize=False, add_generation_prompt=add_generation_prompt, **kwargs
     )
     return str(text)
+
+
+TEMPLATE_FAULTS: tuple[type[Exception], ...] = (jinja2.TemplateError, TypeError, ValueError)
+"""What :func:`render` raises when the chat template rejects what it is given: the template's own
+``raise_exception``, an undefined value or a syntax error (``jinja2.TemplateError``), a value of
+a type or content its code cannot take (TypeError, ValueError), no chat template (ValueError)."""
 
 
 def encode(tokenizer: Any, text: str) -> list[int]:

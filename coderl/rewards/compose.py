@@ -39,20 +39,34 @@ class RewardResult:
     """One line per failure: term, sample index, exception."""
 
 
-class _TermTimeout(Exception):
-    pass
-
-
 class RewardArityError(ValueError):
     """A reward term returned a different number of values than it was given samples."""
 
 
-def _call_with_timeout(term: Term, samples: list[RewardSample], cfg: RewardConfig) -> Any:
+class _TermFailed(Exception):
+    """The term raised (whatever it raised, ``BaseException`` included: it is the run's own or
+    a plugin's code, run on what the policy wrote), returned a value that is not a number, or
+    (per sample) one that is not finite."""
+
+
+class _TermTimeout(_TermFailed):
+    """The term ran past ``reward.term_timeout_s``."""
+
+
+def _call(name: str, term: Term, samples: list[RewardSample], cfg: RewardConfig) -> list[float]:
+    """The term's values on ``samples``, computed in a daemon thread for at most
+    ``cfg.term_timeout_s`` seconds.
+
+    Raises:
+        RewardArityError: the term returned the wrong number of values (a bug in the term).
+        _TermTimeout: it ran past the timeout.
+        _TermFailed: it raised (chained) or returned a value ``float`` does not take.
+    """
     box: dict[str, Any] = {}
 
     def target() -> None:
         try:
-            box["value"] = term(samples, cfg)
+            box["value"] = _checked(name, term(samples, cfg), len(samples))
         except BaseException as e:  # noqa: BLE001 - a crashing term is part of the domain
             box["error"] = e
 
@@ -61,9 +75,13 @@ def _call_with_timeout(term: Term, samples: list[RewardSample], cfg: RewardConfi
     thread.join(cfg.term_timeout_s)
     if thread.is_alive():
         raise _TermTimeout(f"timed out after {cfg.term_timeout_s:g} s")
-    if "error" in box:
-        raise box["error"]
-    return box["value"]
+    error = box.get("error")
+    if isinstance(error, RewardArityError):
+        raise error
+    if error is not None:
+        raise _TermFailed(f"{type(error).__name__}: {error}") from error
+    values: list[float] = box["value"]
+    return values
 
 
 def _checked(name: str, values: Any, n: int) -> list[float]:
@@ -78,29 +96,22 @@ def _run_term(
 ) -> list[float]:
     """Values of one term; NaN for samples on which it raised, timed out or returned NaN."""
     try:
-        values = _checked(name, _call_with_timeout(term, samples, cfg), len(samples))
+        values = _call(name, term, samples, cfg)
         if all(math.isfinite(v) for v in values):
             return values
-    except RewardArityError:
-        raise
-    except Exception:  # noqa: BLE001 - isolate the failing samples below
+    except _TermFailed:  # isolate the failing samples below
         pass
     out = []
     for i, s in enumerate(samples):
         try:
-            v = _checked(name, _call_with_timeout(term, [s], cfg), 1)[0]
+            [v] = _call(name, term, [s], cfg)
             if not math.isfinite(v):
-                raise ArithmeticError(f"non-finite value {v}")
+                raise _TermFailed(f"ArithmeticError: non-finite value {v}")
             out.append(v)
-        except _TermTimeout as e:
-            result.counts["term_timeouts"] += 1
+        except _TermFailed as e:  # a crashing or hanging term masks the sample, counted
+            timeout = isinstance(e, _TermTimeout)
+            result.counts["term_timeouts" if timeout else "term_errors"] += 1
             result.errors.append(f"term {name!r} on sample {i}: {e}")
-            out.append(math.nan)
-        except RewardArityError:
-            raise
-        except Exception as e:  # noqa: BLE001 - a crashing term masks the sample
-            result.counts["term_errors"] += 1
-            result.errors.append(f"term {name!r} on sample {i}: {type(e).__name__}: {e}")
             out.append(math.nan)
     return out
 

@@ -47,6 +47,14 @@ class WorkspaceError(SandboxError):
     never masked as infrastructure."""
 
 
+DIFF_FAULTS: tuple[type[Exception], ...] = (SandboxError, OSError, RecursionError, UnicodeError)
+"""What ``Sandbox.diff`` raises: the sandbox or the host's I/O failed, or the workspace the
+commands left cannot be walked or named (RecursionError: a tree too deep; UnicodeError: a name or
+link target that is not UTF-8; :func:`coderl.agent.episode.diff_failure` says whose fault). The
+diff walks a bounded tree iteratively (``coderl.sandbox.workspace``); anything else is a bug and
+propagates."""
+
+
 BYTES_PER_INODE = 16 * 1024
 """``Limits.inodes`` by default: one inode per this many bytes of ``disk_bytes``."""
 MIN_INODES = 4096

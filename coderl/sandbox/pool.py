@@ -218,28 +218,34 @@ class SandboxPool:
                 assert key is not None
                 self._starting[key] = self._starting.get(key, 0) + 1
             sb: BwrapSandbox | None = None
-            error = ""
+            error = "the worker raised (its traceback is on stderr)"
             try:
                 sb = key.start()
                 if sb.exec("true").exit_code != 0:
                     raise SandboxError("a warm sandbox failed its start-up check")
-            except Exception as e:  # noqa: BLE001 - not the caller's: counted; its create raises
+                error = ""
+            except START_FAULTS as e:  # not the caller's: counted; its own create raises it
                 warn_masked(log, "a warm sandbox failed to start")
-                if sb is not None:
+                error = repr(e)
+            finally:  # anything else is a bug: accounted for here, then it ends this worker
+                if error and sb is not None:
                     sb.close()
-                sb, error = None, repr(e)
-            with self._cond:
-                self._starting[key] -= 1
-                if sb is None:
-                    self.stats.failed += 1
-                    self.stats.last_error = error
-                    self._wanted.pop(key, None)
-                elif not self._closed and self._wanted.get(key, 0) > len(self._idle.get(key, ())):
-                    self._idle.setdefault(key, deque()).append(sb)
-                    self.stats.started += 1
-                    sb = None
-                self._cond.notify_all()
-            self._close_unused([sb] if sb is not None else [])
+                self._settle(key, None if error else sb, error)
+
+    def _settle(self, key: _Key, sb: BwrapSandbox | None, error: str) -> None:
+        """Account for one background start of ``key``: ``sb`` started, or ``error``."""
+        with self._cond:
+            self._starting[key] -= 1
+            if sb is None:
+                self.stats.failed += 1
+                self.stats.last_error = error
+                self._wanted.pop(key, None)
+            elif not self._closed and self._wanted.get(key, 0) > len(self._idle.get(key, ())):
+                self._idle.setdefault(key, deque()).append(sb)
+                self.stats.started += 1
+                sb = None
+            self._cond.notify_all()
+        self._close_unused([sb] if sb is not None else [])
 
     def _next_key(self) -> _Key | None:
         """The most recently used base that needs one more sandbox started, if the bound
@@ -270,6 +276,11 @@ class SandboxPool:
     def _check_open(self) -> None:
         if self._closed:
             raise SandboxError("the sandbox pool is closed")
+
+
+START_FAULTS: tuple[type[Exception], ...] = (SandboxError, OSError, ValueError)
+"""What starting a ``BwrapSandbox`` raises when it cannot: the sandbox failed, the host's I/O
+(a missing base or mount: FileNotFoundError), a mount the backend refuses (ValueError)."""
 
 
 def _key(base: str | Path, **options: Unpack[SandboxOptions]) -> _Key:

@@ -55,6 +55,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from coderl.sandbox.base import DIFF_FAULTS
 from coderl.synth.fnlookup import lookup_passes
 from coderl.synth.mutate import MUTATORS, Mutant, functions, mutants_of
 from coderl.tasks.fnseeds import Seed, run_script, top_level_calls
@@ -336,7 +337,7 @@ def visible_potential(task: Any, sandbox: Any) -> float | None:
 
     try:
         diff = sandbox.diff()
-    except Exception:  # noqa: BLE001 - no diff, no potential; the episode's own end says why
+    except DIFF_FAULTS:  # no diff, no potential; the episode's own end says why
         return None
     visible = task.model_copy(update={"hidden_tests": {"hidden_test.py": check}})
     g = grade(visible, diff, timeout=2 * SYMPTOM_TIMEOUT_S)
