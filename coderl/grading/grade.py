@@ -104,7 +104,7 @@ from coderl.grading.runner import (
     run_pytest,
     tampering,
 )
-from coderl.grading.twincheck import twin_policy
+from coderl.grading.twincheck import TwinRecordError, twin_policy
 from coderl.grading.verdict import GRADER_RAISED, GradeResult
 from coderl.sandbox.base import Limits, Sandbox, SandboxError
 from coderl.sandbox.workspace import remove_tree
@@ -225,9 +225,7 @@ def grade(
         factory = factory or default_factory()
         base = rollout_base(task, env)
         twins = twins or twin_policy(task)
-    # the grader could not set up (a stale or malformed twin check record: ValueError): mask,
-    # never score
-    except (*SETUP_FAULTS, ValueError) as e:
+    except (*SETUP_FAULTS, TwinRecordError) as e:  # the grader could not set up: mask, never score
         result.grading_error = f"setup: {type(e).__name__}: {e}"
         return _attribute(result)
     # a lone surrogate (text no codec writes) gets the bytes the function path gives it: git

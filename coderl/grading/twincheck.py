@@ -24,7 +24,7 @@ and a literal value (drawn per grade) that decides a side effect.
 The record (:data:`TWIN_CHECK`): ``{"version": 1, "rules": <twins.RULES>, "tasks": {id:
 {"fingerprint", "untwinned", "gold", "checked"}}}``. A task not in it keeps every twin. A file
 that does not parse or has another version or rules, or an entry whose task has changed since
-(its fingerprint: environment, patches, tests, held-out tests), raises ``ValueError`` naming
+(its fingerprint: environment, patches, tests, held-out tests), raises ``TwinRecordError`` (a ``ValueError``) naming
 the file and the command that remakes it; ``grade()`` reports that as a grading error.
 """
 
@@ -71,7 +71,7 @@ def fingerprint(task: Task) -> str:
 def load(path: Path | None = None) -> dict[str, dict[str, Any]]:
     """Task id -> its entry in the record at ``path`` (default :data:`TWIN_CHECK`, read when
     called; ``{}`` when there is no file). Raises
-    ValueError (one line: the file, what is wrong, :data:`REMAKE`) for a file that does not
+    TwinRecordError (one line: the file, what is wrong, :data:`REMAKE`) for a file that does not
     parse, another format version, other twin rules or a malformed entry."""
     path = path or TWIN_CHECK
     try:
@@ -81,10 +81,16 @@ def load(path: Path | None = None) -> dict[str, dict[str, Any]]:
     return _load(str(path), stat.st_size, stat.st_mtime_ns)
 
 
+class TwinRecordError(ValueError):
+    """The twin check record cannot be used: it does not parse, has another format version or
+    twin rules, holds a malformed entry, or an entry made for other task data (stale). Its
+    message names the file and :data:`REMAKE`."""
+
+
 @functools.lru_cache(maxsize=4)
 def _load(path: str, size: int, mtime_ns: int) -> dict[str, dict[str, Any]]:
-    def bad(why: str) -> ValueError:
-        return ValueError(f"{path}: {why}; remake it with `{REMAKE}`")
+    def bad(why: str) -> TwinRecordError:
+        return TwinRecordError(f"{path}: {why}; remake it with `{REMAKE}`")
 
     try:
         data = json.loads(Path(path).read_text())
@@ -109,13 +115,13 @@ def _load(path: str, size: int, mtime_ns: int) -> dict[str, dict[str, Any]]:
 
 def twin_policy(task: Task, path: Path | None = None) -> TwinPolicy:
     """The twins ``task``'s second run plants: without those of its recorded ``untwinned``
-    tests; every twin when the record does not hold the task. Raises ValueError (:func:`load`,
+    tests; every twin when the record does not hold the task. Raises TwinRecordError (:func:`load`,
     or an entry made for other task data: stale)."""
     entry = load(path).get(task.id)
     if entry is None:
         return TwinPolicy()
     if entry["fingerprint"] != fingerprint(task):
-        raise ValueError(
+        raise TwinRecordError(
             f"{path or TWIN_CHECK}: task {task.id} changed since its twins were checked (stale fingerprint); "
             f"remake it with `{REMAKE}`"
         )
@@ -183,7 +189,7 @@ def save(entries: dict[str, dict[str, Any]], path: Path | None = None) -> None:
     path = path or TWIN_CHECK
     try:
         tasks = dict(load(path))
-    except ValueError:
+    except TwinRecordError:
         tasks = {}
     tasks.update(entries)
     text = json.dumps(
