@@ -103,3 +103,24 @@ def test_an_image_task_grades_as_the_reward_reads_it(instance):
     broken = grade_image_task(task, task.gold_patch.replace("a - b", "a * b"))
     assert not broken.resolved and broken.failure_kind == "agent"
     assert broken.reason == "the patch did not apply"
+
+
+def test_a_log_the_parser_cannot_read_is_the_agents_failure_not_a_mask(instance, monkeypatch):
+    """The instance's log parser reads output the graded code wrote, so what it raises on that
+    log is scored as the agent's failure (unresolved, nothing passed), never masked as
+    infrastructure: otherwise a policy could turn any grade into "no number" by printing what
+    crashes the parser."""
+    import swebench.harness.grading as swegrading
+
+    from coderl.grading.harness import grade_image_task
+    from coderl.tasks.swebench import image_task
+
+    def crash(*args, **kwargs):
+        raise IndexError("list index out of range")  # as a parser meeting a forged line would
+
+    monkeypatch.setattr(swegrading, "get_eval_report", crash)
+    task = image_task(instance)
+    g = grade_image_task(task, task.gold_patch)
+    assert not g.resolved and g.grading_error is None and g.failure_kind == "agent"
+    assert "could not read the test log (IndexError" in g.reason
+    assert g.fraction_passed == 0.0 and g.partial_credit == 0.0

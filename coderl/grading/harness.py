@@ -219,7 +219,10 @@ def grade_instance(
     Only the log parser decides here (no coderl runner in a foreign image): see the module
     docstring for what graded code can forge in that log. The diff guard
     (``coderl.grading.diffguard``) runs first: a denied diff is reported unresolved with
-    ``denied`` set, its tests never run.
+    ``denied`` set, its tests never run. A log the instance's parser raises on (the graded code
+    wrote it) is reported unresolved with ``unreadable_log`` set: the agent's failure, not a
+    mask; so is a diff that ``apply_to_copy`` cannot apply (``PatchError``, and the
+    ``RecursionError``/``UnicodeError`` a pathological diff raises).
     Raises KeyError (a field missing), SandboxError (podman, the image)."""
     from swebench.harness.constants import APPLY_PATCH_FAIL
     from swebench.harness.grading import get_eval_report
@@ -247,12 +250,22 @@ def grade_instance(
             )
             denied = [str(f) for f in scan_change(base, tree, changed, base)]
             log = _instance_log(spec, tree, image, timeout) if not denied else ""
-        except PatchError as e:
-            log = f"{APPLY_PATCH_FAIL}: {str(e)[-300:]}\n"
+        except (PatchError, RecursionError, UnicodeError) as e:  # the agent's diff: its failure
+            log = f"{APPLY_PATCH_FAIL}: {type(e).__name__}: {str(e)[-300:]}\n"
         path = log_path or tmp / "test_output.txt"
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(log)
-        report = get_eval_report(spec, prediction, str(path), include_tests_status=True)
+        try:
+            report = get_eval_report(spec, prediction, str(path), include_tests_status=True)
+        # the parser reads a log the agent's code wrote: whatever it raises on that log is the
+        # agent's failure (scored, unresolved), never a mask the policy could choose
+        except Exception as e:  # noqa: BLE001
+            return {
+                "resolved": False,
+                "patch_successfully_applied": True,
+                "tests_status": {},
+                "unreadable_log": f"{type(e).__name__}: {str(e)[:200]}",
+            }
         entry = report[spec.instance_id]
         if denied:
             entry["resolved"], entry["denied"] = False, denied
@@ -316,6 +329,8 @@ def grade_image_task(task: Task, agent_diff: str, *, timeout: float = 1800.0) ->
             if not report.get("patch_successfully_applied")
             else f"denied: {result.denied[0]}"
             if result.denied
+            else f"the harness could not read the test log ({report['unreadable_log']})"
+            if report.get("unreadable_log")
             else f"{len(expected) - len(passed)} of {len(expected)} tests did not pass"
         )
     result.duration_s = time.monotonic() - start
