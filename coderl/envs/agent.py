@@ -177,8 +177,8 @@ class AgentEnvironment:
                 return GradeRecord(grading_error=f"not graded: the episode never ran{why}")
             try:
                 g = grade(task, ep.answer or "", timeout=self.grade_timeout_s)
-            # any error: the grader may be a plugin, and the image grader parses output the
-            # agent's code wrote; what it raises is masked and counted, never a crash
+            # any error: the grader may be a plugin (the shipped graders score what the agent's
+            # output makes them raise themselves); what it raises is masked and counted
             except Exception as e:  # noqa: BLE001 - a grader bug is infrastructure: masked
                 warn_masked(log, "task %s: the grader raised (masked)", task.id)
                 return GradeRecord(
