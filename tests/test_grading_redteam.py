@@ -325,7 +325,13 @@ def test_the_forge_is_unresolved_without_the_detector(env, task):
     diff = episode(env, task, at_import(module_file(env, task), code))
     result = grade(task, diff, env=env, guard=False)
     assert not result.resolved and result.tampered and result.failure_kind == "agent"
-    assert "second run: a must-fail canary passed" in result.reason, result.reason
+    # the forge passes every test it is not told to fail: a must-fail canary or a mutated twin
+    # (coderl.grading.twins) of a passing test gives it away, whichever the verdict reads first
+    caught = (
+        "second run: a must-fail canary passed",
+        "a mutated twin of a passing test did not fail",
+    )
+    assert any(c in result.reason for c in caught), result.reason
 
 
 # --- red team g25x: a stream of its own on the event pipe, opened by number --------------------

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import urllib.error
 import urllib.request
 import uuid
@@ -662,7 +663,7 @@ def test_the_documented_feedback_examples_are_accepted_one_per_type() -> None:
     from coderl.online.events import Rejected, parse_event
 
     page = (Path(__file__).parents[1] / "docs" / "online.md").read_text()
-    block = page.split("One example per\ntype")[1].split("```json\n")[1].split("```")[0]
+    block = re.split(r"One example per\s+type", page)[1].split("```json\n")[1].split("```")[0]
     events = [json.loads(line) for line in block.splitlines()]
     parsed = [parse_event(e) for e in events]
     assert not [p for p in parsed if isinstance(p, Rejected)], parsed
