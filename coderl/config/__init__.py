@@ -32,6 +32,7 @@ from coderl.config.asyncrl import AsyncConfig
 from coderl.config.engine import EngineConfig
 from coderl.config.graders import GradersConfig, JudgeConfig, RMConfig
 from coderl.config.online import OnlineConfig
+from coderl.config.presets import missing_config
 from coderl.config.reward_order import check_reward_order
 from coderl.config.rewards import REWARD_TERM_NAMES, LengthPenaltyConfig, RewardConfig
 from coderl.config.rollout import RolloutConfig
@@ -530,27 +531,6 @@ def load_tree(
     for ov in overrides:
         apply_override(tree, ov)
     return tree
-
-
-PRESETS = Path(__file__).resolve().parents[2] / "configs"
-"""The shipped presets: the checkout's ``configs/``. A preset is given by its path, relative to
-the working directory or absolute; outside the checkout that is this directory's path."""
-
-
-def missing_config(path: Path) -> str:
-    """The line that refuses a config ``path`` that does not exist: the shipped preset it
-    names, if one (``configs/repair.yaml`` or ``repair`` from outside the checkout), as the path
-    to give instead; else where the shipped presets are."""
-    said = f"config file {str(path)!r} does not exist"
-    if not path.is_absolute():
-        for shipped in (PRESETS.parent / path, PRESETS / path.name, PRESETS / f"{path}.yaml"):
-            if shipped.is_file():
-                return f"{said}; the shipped preset is {shipped}: give that path"
-    if PRESETS.is_dir():
-        return f"{said}; presets are YAML files named by path, the shipped ones in {PRESETS}"
-    return (
-        f"{said}; presets are YAML files named by path (the shipped ones: the checkout's configs/)"
-    )
 
 
 def load_online_config(
