@@ -25,7 +25,7 @@ from typing import Any
 import yaml
 
 from coderl.eval.passk import compare, pooled_change
-from coderl.eval.summary import read_extra_evals, rl_start
+from coderl.eval.summary import ci_text, read_extra_evals, rl_start
 
 
 def read_evals(run_dir: Path) -> dict[str, list[dict[str, Any]]]:
@@ -46,11 +46,6 @@ def start_and_end(evals: list[dict[str, Any]]) -> tuple[dict[str, Any], dict[str
     return start, evals[-1]
 
 
-def _ci(m: float, lo: float, hi: float, signed: bool = False) -> str:
-    f = "{:+.3f}" if signed else "{:.3f}"
-    return f"{f.format(m)} [{f.format(lo)}, {f.format(hi)}]"
-
-
 def split_table(name: str, runs: list[tuple[str, int, list[dict[str, Any]]]]) -> dict[str, Any]:
     """Print one split's rows (one per run, then the pool) and return them as a dict."""
     print(f"\n{name}: pass@1 after SFT -> after RL, RL-only change (paired, 95% CI)")
@@ -69,9 +64,9 @@ def split_table(name: str, runs: list[tuple[str, int, list[dict[str, Any]]]]) ->
         n = min(t["n"] for t in start["per_task"])
         shape = f"{len(start['per_task'])} x {n}"
         print(
-            f"  {label:<24} {seed:>4} {shape:>10}  {_ci(b['mean'], b['lo'], b['hi']):<22} "
-            f"{_ci(a['mean'], a['lo'], a['hi']):<22} "
-            f"{_ci(c.pass1.mean, c.pass1.lo, c.pass1.hi, True)}"
+            f"  {label:<24} {seed:>4} {shape:>10}  {ci_text(b):<22} "
+            f"{ci_text(a):<22} "
+            f"{ci_text(c.pass1, True)}"
             f"{'  excludes 0' if c.excludes_zero else ''}"
         )
         rows.append({"run": label, "seed": seed, "before": b, "after": a, "change": vars(c.pass1)})
@@ -82,7 +77,7 @@ def split_table(name: str, runs: list[tuple[str, int, list[dict[str, Any]]]]) ->
         signs = {(r["change"]["mean"] > 0) - (r["change"]["mean"] < 0) for r in rows}
         print(
             f"  {'pooled (' + str(len(pairs)) + ' runs)':<24} {'':>4} {'':>10}  {'':<22} {'':<22} "
-            f"{_ci(p.mean, p.lo, p.hi, True)}{'  excludes 0' if p.lo > 0 or p.hi < 0 else ''}"
+            f"{ci_text(p, True)}{'  excludes 0' if p.lo > 0 or p.hi < 0 else ''}"
         )
         print(f"  signs of the runs' changes: {'the same' if len(signs) == 1 else 'mixed'}")
         out["pooled"] = vars(p)

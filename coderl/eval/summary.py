@@ -53,7 +53,8 @@ def rl_start(evals: list[dict[str, Any]]) -> dict[str, Any] | None:
     return next((e for e in evals if e.get("phase") in ("sft", "start")), None)
 
 
-def _ci(e: Estimate | dict[str, float], signed: bool = False) -> str:
+def ci_text(e: Estimate | dict[str, float], signed: bool = False) -> str:
+    """``mean [lo, hi]`` to three decimals (``signed``: with a sign, for changes)."""
     m, lo, hi = (e.mean, e.lo, e.hi) if isinstance(e, Estimate) else (e["mean"], e["lo"], e["hi"])
     f = "{:+.3f}" if signed else "{:.3f}"
     return f"{f.format(m)} [{f.format(lo)}, {f.format(hi)}]"
@@ -61,7 +62,7 @@ def _ci(e: Estimate | dict[str, float], signed: bool = False) -> str:
 
 def _change(c: Comparison) -> str:
     verdict = "excludes zero" if c.excludes_zero else "includes zero"
-    return f"{_ci(c.pass1, signed=True)} ({verdict})"
+    return f"{ci_text(c.pass1, signed=True)} ({verdict})"
 
 
 def summary_lines(
@@ -104,7 +105,7 @@ def evaluation_rows(evals: list[dict[str, Any]]) -> list[tuple[str, str]]:
         n, temp = e["samples"], e.get("temperature")
         how = f"n={n}" + (f", T={temp}" if temp is not None else "")
         name = phase_name(e, i == len(evals) - 1)
-        rows.append((f"pass@1, {name}", f"{_ci(e['pass_at']['1'])} ({how})"))
+        rows.append((f"pass@1, {name}", f"{ci_text(e['pass_at']['1'])} ({how})"))
     if not all(e.get("per_task") for e in evals):
         pass  # records without per-task counts (older runs) cannot be paired
     elif start is not None and start is not last:
@@ -117,8 +118,8 @@ def evaluation_rows(evals: list[dict[str, Any]]) -> list[tuple[str, str]]:
         rows.append(
             (
                 f"pass@{rl.k} before -> after RL (collapse check)",
-                f"{_ci(rl.passk_before)} -> {_ci(rl.passk_after)}; "
-                f"paired change {_ci(rl.passk, signed=True)}",
+                f"{ci_text(rl.passk_before)} -> {ci_text(rl.passk_after)}; "
+                f"paired change {ci_text(rl.passk, signed=True)}",
             )
         )
         if parsed_calls(start) and parsed_calls(last):  # else no call was parsed: absent
@@ -140,7 +141,7 @@ def _broken(rl: Any) -> str:
     (b0, b1), (r0, r1) = rl.broken_calls, rl.broken_episode_rate
     text = f"{b0:.2f} -> {b1:.2f} (episodes with one: {r0:.0%} -> {r1:.0%})"
     if rl.broken_change is not None:
-        text += f"; paired change {_ci(rl.broken_change, signed=True)}"
+        text += f"; paired change {ci_text(rl.broken_change, signed=True)}"
     return text
 
 
@@ -175,7 +176,9 @@ def collapse_line(evals: list[dict[str, Any]]) -> str:
         return ""
     step, worst = max(checks, key=lambda sc: sc[1]["drop"])
     rule = "upper end of the paired 95% CI of the change below 0"
-    versus = f"pass@{worst['k']} vs step {worst['best_step']}, change {_ci(worst['change'], True)}"
+    versus = (
+        f"pass@{worst['k']} vs step {worst['best_step']}, change {ci_text(worst['change'], True)}"
+    )
     if worst["drop"] > 0:
         where = f"largest drop {worst['drop']:.3f} at step {step} ({versus})"
     else:  # drop = best earlier - now: <= 0 at every check means nothing fell
@@ -216,8 +219,8 @@ def family_rows(start: dict[str, Any], last: dict[str, Any]) -> list[tuple[str, 
         rows.append(
             (
                 f"{name} ({n} tasks): pass@1 / pass@{c.k} before -> after RL",
-                f"{_ci(b['pass_at']['1'])} -> {_ci(after[name]['pass_at']['1'])}; "
-                f"pass@{c.k} {_ci(c.passk_before)} -> {_ci(c.passk_after)}",
+                f"{ci_text(b['pass_at']['1'])} -> {ci_text(after[name]['pass_at']['1'])}; "
+                f"pass@{c.k} {ci_text(c.passk_before)} -> {ci_text(c.passk_after)}",
             )
         )
         rows.append((f"{name}: RL only pass@1 change (paired, 95% CI)", _change(c)))
