@@ -82,6 +82,7 @@ def _rows(run: Path) -> int:
         return 0
 
 
+@pytest.mark.timeout(900)  # sigterm: three torchrun runs (about 5 min on the loaded 2-core box)
 @pytest.mark.parametrize(
     "to, sig, code",
     [("launcher", signal.SIGTERM, 143), ("launcher", signal.SIGINT, 130), ("all", signal.SIGTERM, 143)],

@@ -13,7 +13,10 @@ checkpoints the last completed step (:func:`coderl.asyncrl.trainer.train_async`)
 A sharded run (torchrun) cannot stop where the signal lands: its ranks are at different points,
 a checkpoint is a collective, and a rank blocked in one does not see the signal. There a signal
 only marks the stop, and the ranks agree at each step's end to stop together
-(:class:`AgreedStop`); the step in progress is finished, not abandoned.
+(:class:`AgreedStop`); the step in progress is finished, not abandoned. Not covered there: a
+signal before the first step (model load, the evaluation before training) stops each rank where
+it lands, as in one process; nothing is lost, but a rank blocked in a collective may end with
+the backend's error.
 """
 
 from __future__ import annotations
