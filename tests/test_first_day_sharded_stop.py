@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 from metrics_compare import assert_same_metrics
 
+from coderl.cli import main
 from coderl.metrics import read_jsonl
 from coderl.rundir import list_checkpoints
 from coderl.train import interrupt
@@ -88,7 +89,9 @@ def _rows(run: Path) -> int:
     [("launcher", signal.SIGTERM, 143), ("launcher", signal.SIGINT, 130), ("all", signal.SIGTERM, 143)],
     ids=["sigterm", "sigint", "sigterm-to-every-process"],
 )  # fmt: skip
-def test_a_signal_to_torchrun_checkpoints_the_last_completed_step(tmp_path, to, sig, code):
+def test_a_signal_to_torchrun_checkpoints_the_last_completed_step(
+    tmp_path, monkeypatch, capsys, to, sig, code
+):
     run = tmp_path / "run"
     proc = _torchrun(tmp_path, ["train", *ARGS, f"run_dir={run}"])
     deadline = time.time() + 300
@@ -114,6 +117,9 @@ def test_a_signal_to_torchrun_checkpoints_the_last_completed_step(tmp_path, to, 
     assert said[0].endswith(f"last checkpoint {ckpt} (step {done}); resume with: {resume}")
     if to != "launcher" or sig != signal.SIGTERM:
         return  # the resume is checked once (each torchrun run costs a minute)
+    monkeypatch.delenv("WORLD_SIZE", raising=False)  # as a plain command: refused, says how
+    assert main(["train", "--resume", str(run)]) == 2
+    assert f"; run: {resume}\n" in capsys.readouterr().err
     ref = tmp_path / "ref"
     for argv in (["train", "--resume", str(run)], ["train", *ARGS, f"run_dir={ref}"]):
         out = _finish(_torchrun(tmp_path, argv))
@@ -209,3 +215,16 @@ def test_the_resume_and_start_over_commands_are_launched_as_the_run_was(
     args = argparse.Namespace(resume=None, config="toy.yaml", overrides=["trainer.steps=3"])
     again = over(args, cfg)
     assert again == want.replace("--resume runs/x", "toy.yaml trainer.steps=3")
+
+
+def test_a_sharded_run_started_without_torchrun_is_refused_with_the_command(
+    tmp_path, monkeypatch, capsys
+):
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    run = tmp_path / "run"
+    assert main(["train", *ARGS, f"run_dir={run}"]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 2 and "Traceback" not in err[0], err  # the line and the traceback hint
+    want = "torchrun --nproc-per-node N -m coderl train " + " ".join(ARGS)
+    assert err[0].endswith(f"run: {want} run_dir={run}"), err[0]
+    assert not run.exists()  # before anything is written (and before the model loads)

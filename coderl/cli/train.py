@@ -11,6 +11,7 @@ the command that starts over.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shlex
 import sys
@@ -43,6 +44,7 @@ def run(args: argparse.Namespace) -> int:
         from coderl.cli import main
 
         return launch(cfg, train_argv(args), main)
+    needs_torchrun(args, cfg)
     # the refusals first (a live writer, another run's files, a file as run_dir), in a second:
     # before torch, the tasks and the model load, and before any SFT line is printed
     with run_lock(cfg.run_dir, "coderl train"):  # one writer, SFT and RL alike
@@ -102,6 +104,34 @@ def end_of_run(run_dir: str | Path, report: bool) -> None:
         from coderl.eval.report import write_report
 
         print(f"report: {write_report(run_dir)}")
+
+
+def needs_torchrun(args: argparse.Namespace, cfg: Any) -> None:
+    """Refuse a sharded run that torchrun did not start, before the model loads: one line with
+    the command that launches it (``--nproc-per-node``: the resumed checkpoint's world size,
+    else N).
+
+    Raises:
+        ValueError: ``trainer.distributed.enabled`` with the torchrun launcher and no
+            ``WORLD_SIZE`` in the environment.
+    """
+    from coderl.rundir import list_checkpoints
+    from coderl.train.ray_launch import train_argv
+
+    dist = cfg.trainer.distributed
+    if not dist.enabled or dist.launcher == "ray" or "WORLD_SIZE" in os.environ:
+        return
+    ranks = "N"
+    if args.resume:
+        named = Path(args.resume)
+        ckpts = [named] if (named / "state.json").is_file() else list_checkpoints(named)
+        if ckpts:
+            state = json.loads((ckpts[-1] / "state.json").read_text())
+            ranks = str(state.get("world_size", ranks))
+    command = ["torchrun", "--nproc-per-node", ranks, "-m", "coderl", "train", *train_argv(args)]
+    raise ValueError(
+        f"trainer.distributed.enabled=true: torchrun starts the ranks; run: {shlex.join(command)}"
+    )
 
 
 def resume_command(cfg: Any) -> str:
