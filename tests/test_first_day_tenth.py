@@ -1,5 +1,6 @@
 """A user's first day (issue 48), tenth pass: ``threads`` sets torch's intra-op threads in
-every command that runs torch, before the model loads."""
+every command that runs torch, before the model loads (``--threads`` in those that read no
+config)."""
 
 from __future__ import annotations
 
@@ -92,6 +93,49 @@ def test_threads_left_out_keeps_torchs_default(tmp_path, monkeypatch):
     with pytest.raises(ModelLoads) as got:
         main(["train", TOY, *FAST, f"run_dir={tmp_path / 'run'}"])
     assert got.value.threads == 2
+
+
+def _config_less(tmp_path: Path, command: str) -> list[str]:
+    """``coderl COMMAND ...`` of a command that runs torch and reads no config, with inputs
+    that pass its checks before the model loads."""
+    pairs = tmp_path / "pairs.jsonl"
+    rows = [("a", "good a", "bad a", "train"), ("b", "good b", "bad b", "heldout")]
+    keys = ("context", "chosen", "rejected", "split")
+    pairs.write_text("".join(json.dumps(dict(zip(keys, r, strict=True))) + "\n" for r in rows))
+    rm = tmp_path / "rm"
+    rm.mkdir()
+    (rm / "rm.json").write_text(json.dumps({"backbone": "tiny-random"}))
+    (rm / "rm.safetensors").write_bytes(b"")
+    return {
+        "rm train": ["rm", "train", "--pairs", str(pairs), "--out", str(tmp_path / "out")],
+        "rm eval": ["rm", "eval", str(rm), "--pairs", str(pairs)],
+        "agent": ["agent", "--workspace", str(tmp_path), "--task", "fix it"],
+        "tasks build-env": ["tasks", "build-env", str(tmp_path), "--builder", "model"],
+    }[command]
+
+
+@pytest.mark.parametrize("command", ["rm train", "rm eval", "agent", "tasks build-env"])
+def test_threads_is_set_before_a_config_less_command_loads_its_model(
+    command, tmp_path, monkeypatch
+):
+    import coderl.policy
+    import coderl.policy.loading
+
+    monkeypatch.setattr(coderl.policy, "load_policy", _stop_at_model)
+    monkeypatch.setattr(coderl.policy.loading, "load_policy", _stop_at_model)
+    argv = _config_less(tmp_path, command)
+    for given, want in ((["--threads", "1"], 1), ([], 2)):  # left out: torch's as it was
+        torch.set_num_threads(2)
+        with pytest.raises(ModelLoads) as got:
+            main([*argv, *given])
+        assert got.value.threads == want
+
+
+def test_threads_flag_below_one_is_refused_in_one_line(tmp_path, capsys):
+    with pytest.raises(SystemExit) as stop:
+        main([*_config_less(tmp_path, "agent"), "--threads", "0"])
+    assert stop.value.code == 2
+    assert "--threads: must be at least 1 (got 0)" in capsys.readouterr().err
 
 
 def test_threads_below_one_is_a_config_error(tmp_path, capsys):

@@ -134,6 +134,29 @@ def build_parser(command: str | None = "*") -> argparse.ArgumentParser:
     return parser
 
 
+def threads_option(p: argparse.ArgumentParser) -> None:
+    """``--threads N`` on a command that runs torch and reads no config (``rm``, ``agent``,
+    ``tasks build-env``): what the config's ``threads`` is to the others. :func:`main` applies
+    it (:func:`coderl.policy.threads.use_threads`) before the command runs."""
+    p.add_argument(
+        "--threads",
+        type=_at_least_one,
+        metavar="N",
+        help="torch's intra-op threads in this process, as the config key `threads` (default: "
+        "torch's, one per core or OMP_NUM_THREADS); keep processes x threads <= cores",
+    )
+
+
+def _at_least_one(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1 (got {n})")
+    return n
+
+
 def command_of(argv: list[str]) -> str | None:
     """The sub-command ``argv`` names (its first word that is not an option), or None."""
     for word in argv:
@@ -169,6 +192,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.command is None:
         parser.print_help()
         return 0
+    if getattr(args, "threads", None) is not None:  # threads_option: before torch is used
+        from coderl.policy.threads import use_threads
+
+        use_threads(args.threads)
     terminated, previous = _signals_as_interrupt()
     try:
         code = int(args.func(args) or 0)

@@ -20,6 +20,7 @@ from pathlib import Path
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     from coderl.agent.parsing import CALL_FORMATS  # `coderl agent` only: the harness is loaded
     from coderl.agent.tools import TOOLSETS
+    from coderl.cli import threads_option
 
     p = sub.add_parser("agent", help="run agent episodes on a directory in sandboxes")
     p.add_argument("--workspace", required=True, type=Path, help="directory the sandboxes copy")
@@ -44,6 +45,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--show", action="store_true", help="print the first episode's messages")
     p.add_argument("--out", type=Path, help="write the episodes as JSON here")
     p.add_argument("--force", action="store_true", help="replace an existing --out")
+    threads_option(p)
     p.set_defaults(func=run)
 
 

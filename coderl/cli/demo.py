@@ -133,11 +133,12 @@ def run_demo(config: Path, overrides: list[str]) -> int:
             run_dir = train(cfg, observers=default_observers())
             phases.update(phase_times("train", clock))
     except KeyboardInterrupt:  # Ctrl-C or SIGTERM, in any phase
+        from coderl.cli.train import resume_command
         from coderl.train.resume import stopped_line
 
-        resume = f"coderl train --resume {shlex.quote(str(cfg.run_dir))}"
         again = shlex.join(["coderl", "demo", *overrides, "--config", str(config)])
-        print(stopped_line("coderl demo", cfg.run_dir, resume, again), file=sys.stderr)
+        line = stopped_line("coderl demo", cfg.run_dir, resume_command(cfg), again)
+        print(line, file=sys.stderr)
         return 130
     from coderl.eval.report import write_report
     from coderl.eval.summary import print_summary, write_phases

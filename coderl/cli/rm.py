@@ -17,6 +17,7 @@ import argparse
 import json
 from pathlib import Path
 
+from coderl.cli import threads_option
 from coderl.graders.pairs import (
     PreferencePair,
     pairs_from_jsonl,
@@ -157,8 +158,10 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     t.add_argument("--max-len", type=int, default=512, help="tokens per scored sequence")
     t.add_argument("--heldout", type=float, default=0.2, help="held-out fraction of contexts")
     t.add_argument("--seed", type=int, default=0, help="minibatch and initialisation seed")
+    threads_option(t)
     t.set_defaults(func=train)
     e = rm.add_parser("eval", help="pairwise accuracy of a checkpoint on pairs")
     e.add_argument("checkpoint", type=Path, help="a reward model directory (rm train --out)")
     _sources(e)
+    threads_option(e)
     e.set_defaults(func=evaluate)

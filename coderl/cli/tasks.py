@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 from rich.console import Console
 from rich.table import Table
 
+from coderl.cli import threads_option
 from coderl.rundir import enclosing_run
 
 if TYPE_CHECKING:
@@ -339,6 +340,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         action="store_true",
         help="also build a container image of each environment (podman; tagged by input hash)",
     )
+    threads_option(p)  # --builder model runs the model
     p.set_defaults(func=cmd_build_env)
 
     p = tsub.add_parser("synth", help="synthesise bug-fix tasks in a built environment")

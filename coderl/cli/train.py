@@ -11,6 +11,8 @@ the command that starts over.
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import shlex
 import sys
 from pathlib import Path
@@ -42,6 +44,7 @@ def run(args: argparse.Namespace) -> int:
         from coderl.cli import main
 
         return launch(cfg, train_argv(args), main)
+    needs_torchrun(args, cfg)
     # the refusals first (a live writer, another run's files, a file as run_dir), in a second:
     # before torch, the tasks and the model load, and before any SFT line is printed
     with run_lock(cfg.run_dir, "coderl train"):  # one writer, SFT and RL alike
@@ -82,8 +85,7 @@ def _train(
         run_dir = train(cfg, resume=bool(args.resume), observers=default_observers())
     except KeyboardInterrupt:
         if launch_rank() == 0:  # torchrun: one rank speaks for the run
-            resume = f"coderl train --resume {shlex.quote(str(cfg.run_dir))}"
-            line = stopped_line("coderl train", cfg.run_dir, resume, over(args, cfg))
+            line = stopped_line("coderl train", cfg.run_dir, resume_command(cfg), over(args, cfg))
             print(line, file=sys.stderr)
         return 130
     if launch_rank() == 0:  # torchrun: one rank speaks, and writes the report
@@ -104,18 +106,64 @@ def end_of_run(run_dir: str | Path, report: bool) -> None:
         print(f"report: {write_report(run_dir)}")
 
 
+def needs_torchrun(args: argparse.Namespace, cfg: Any) -> None:
+    """Refuse a sharded run that torchrun did not start, before the model loads: one line with
+    the command that launches it (``--nproc-per-node``: the resumed checkpoint's world size,
+    else N).
+
+    Raises:
+        ValueError: ``trainer.distributed.enabled`` with the torchrun launcher and no
+            ``WORLD_SIZE`` in the environment.
+    """
+    from coderl.rundir import list_checkpoints
+    from coderl.train.ray_launch import train_argv
+
+    dist = cfg.trainer.distributed
+    if not dist.enabled or dist.launcher == "ray" or "WORLD_SIZE" in os.environ:
+        return
+    ranks = "N"
+    if args.resume:
+        named = Path(args.resume)
+        ckpts = [named] if (named / "state.json").is_file() else list_checkpoints(named)
+        if ckpts:
+            state = json.loads((ckpts[-1] / "state.json").read_text())
+            ranks = str(state.get("world_size", ranks))
+    command = ["torchrun", "--nproc-per-node", ranks, "-m", "coderl", "train", *train_argv(args)]
+    raise ValueError(
+        f"trainer.distributed.enabled=true: torchrun starts the ranks; run: {shlex.join(command)}"
+    )
+
+
+def resume_command(cfg: Any) -> str:
+    """The command that resumes ``cfg``'s run: ``coderl train --resume RUN_DIR``, as
+    :func:`launched` runs it."""
+    return launched(cfg, ["coderl", "train", "--resume", str(cfg.run_dir)])
+
+
+def launched(cfg: Any, words: list[str]) -> str:
+    """``words`` (``coderl ...``) as the user runs it again: under ``torchrun`` for a run
+    torchrun started (its ranks per node from ``LOCAL_WORLD_SIZE``; on several nodes
+    ``--nnodes`` too, and the user adds the rendezvous options they launched with)."""
+    dist = cfg.trainer.distributed
+    if not dist.enabled or dist.launcher == "ray" or "WORLD_SIZE" not in os.environ:
+        return shlex.join(words)  # the Ray launcher's driver starts the ranks itself
+    per_node = int(os.environ.get("LOCAL_WORLD_SIZE") or os.environ["WORLD_SIZE"])
+    nodes = int(os.environ["WORLD_SIZE"]) // per_node
+    launch = ["torchrun", *(["--nnodes", str(nodes)] if nodes > 1 else [])]
+    return shlex.join([*launch, "--nproc-per-node", str(per_node), "-m", *words])
+
+
 def over(args: argparse.Namespace, cfg: Any, command: str = "train") -> str | None:
     """The command that starts an interrupted run with no checkpoint over: the same one
-    (``coderl COMMAND ...``), after removing the logs it wrote before its first step completed
-    (an evaluation before training: :func:`coderl.rundir.start_over`; a new run is refused over
-    them); None for ``--resume``."""
+    (``coderl COMMAND ...``, :func:`launched`), after removing the logs it wrote before its
+    first step completed (an evaluation before training: :func:`coderl.rundir.start_over`; a
+    new run is refused over them); None for ``--resume``."""
     from coderl.rundir import existing_logs, start_over
 
     if args.resume:
         return None
-    again = shlex.join(
-        ["coderl", command, *([args.config] if args.config else []), *args.overrides]
-    )
+    words = ["coderl", command, *([args.config] if args.config else []), *args.overrides]
+    again = launched(cfg, words)
     logs = existing_logs(cfg.run_dir)
     return f"{start_over(logs)} && {again}" if logs else again
 

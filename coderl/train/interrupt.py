@@ -10,9 +10,13 @@ part) is abandoned and the state of the last completed step is what the checkpoi
 ``coderl train-async`` holds signals the same way around its ledger changes and steps and
 checkpoints the last completed step (:func:`coderl.asyncrl.trainer.train_async`).
 
-Not covered: a sharded run (torchrun ranks are interrupted at different points, a checkpoint is
-a collective, and a rank blocked in one does not see the signal); it still loses the steps after
-its last checkpoint, and rank 0 alone prints the line.
+A sharded run (torchrun) cannot stop where the signal lands: its ranks are at different points,
+a checkpoint is a collective, and a rank blocked in one does not see the signal. There a signal
+only marks the stop, and the ranks agree at each step's end to stop together
+(:class:`AgreedStop`); the step in progress is finished, not abandoned. Not covered there: a
+signal before the first step (model load, the evaluation before training) stops each rank where
+it lands, as in one process; nothing is lost, but a rank blocked in a collective may end with
+the backend's error.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from __future__ import annotations
 import copy
 import signal
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -75,3 +80,63 @@ class StepInterrupted(KeyboardInterrupt):
     def __init__(self, metrics: dict[str, float]) -> None:
         super().__init__()
         self.metrics = metrics
+
+
+REPEAT_S = 1.0
+"""A repeat of the first signal within this many seconds is the same stop, not a second one: a
+scheduler that signals every process of a job (Slurm's ``scancel``) reaches each rank, and
+torchrun passes the signal on to each rank again."""
+
+
+class AgreedStop:
+    """Ctrl-C and SIGTERM in a sharded run (``sharded``): every rank stops at the end of the same
+    step, so the caller can checkpoint it collectively (:func:`coderl.train.loop.train`).
+
+    In the block a signal only marks the stop. :meth:`check`, which every rank calls at the end
+    of each step, gathers the ranks' marks; if any rank has one, every rank delivers the
+    strongest (SIGTERM over SIGINT) to the handler that was there before (the CLI's: a
+    ``KeyboardInterrupt``, exit 143 or 130) and :attr:`agreed` is set. A second signal more than
+    :data:`REPEAT_S` after the first goes to that handler at once: the rank stops promptly, with
+    no checkpoint (the others are stopped by torchrun). Not sharded, or outside the main thread:
+    nothing is changed and :meth:`check` is free."""
+
+    def __init__(self, sharded: bool) -> None:
+        self.active = sharded and threading.current_thread() is threading.main_thread()
+        self.agreed = False
+        self._first: tuple[int, float] | None = None  # (signal, monotonic time)
+        self._previous: dict[int, Any] = {}
+
+    def __enter__(self) -> AgreedStop:
+        if self.active:
+            self._previous = {s: signal.signal(s, self._mark) for s in _SIGNALS}
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for s, handler in self._previous.items():
+            signal.signal(s, handler)
+
+    def _mark(self, signum: int, frame: Any) -> None:
+        if self._first is None:
+            self._first = (signum, time.monotonic())
+        elif time.monotonic() - self._first[1] > REPEAT_S:
+            self._deliver(signum)
+
+    def _deliver(self, signum: int) -> None:
+        handler = self._previous[signum]
+        if callable(handler):
+            handler(signum, None)
+        else:  # SIG_DFL, SIG_IGN: what the signal did before the block
+            signal.signal(signum, handler)
+            signal.raise_signal(signum)
+
+    def check(self) -> None:
+        """Every rank calls it between steps (one ``all_gather_object``): returns if no rank
+        has a signal; else delivers one on every rank (see the class docstring)."""
+        if not self.active:
+            return
+        from coderl.train.distributed import gather
+
+        signum = max(gather(self._first[0] if self._first else 0))
+        if signum:
+            self.agreed = True
+            self._deliver(signum)

@@ -46,7 +46,12 @@ from coderl.rundir import ensure_new_run, run_lock
 from coderl.train import pipeline as P
 from coderl.train.branching import turn_credit
 from coderl.train.heldout import log_eval_with_alarm, log_extra_evals, without_heldout_evals
-from coderl.train.interrupt import StepInterrupted, StepSnapshot, deferred_interrupts
+from coderl.train.interrupt import (
+    AgreedStop,
+    StepInterrupted,
+    StepSnapshot,
+    deferred_interrupts,
+)
 from coderl.train.run import (
     SFT_WEIGHTS,
     Run,
@@ -339,7 +344,8 @@ def _train(run: Run, resume: bool) -> None:
             prepass(run)  # tasks.pool.prepass_samples: seed the pool's estimates (0: nothing)
     updates = UpdateCount(run.step)
     saved = run.step  # the newest checkpoint's step (0: none yet)
-    with PhaseProgress("train", cfg.trainer.steps, completed=run.step, enabled=cfg.progress) as bar:
+    bar = PhaseProgress("train", cfg.trainer.steps, completed=run.step, enabled=cfg.progress)
+    with bar, AgreedStop(run.sharded is not None) as stop:  # sharded: ranks stop together
         while run.step < cfg.trainer.steps:
             before, metrics, logged = StepSnapshot.of(run), None, False
             try:
@@ -359,9 +365,12 @@ def _train(run: Run, resume: bool) -> None:
                     if run.step % cfg.trainer.checkpoint_every == 0 or last:
                         save(run)
                         saved = run.step
-            except KeyboardInterrupt as stop:  # Ctrl-C, SIGTERM
-                metrics = metrics if metrics is not None else getattr(stop, "metrics", None)
-                _keep_completed(run, logger, before, None if logged else metrics, saved)
+                if not last:
+                    stop.check()
+            except KeyboardInterrupt as held:  # Ctrl-C, SIGTERM
+                metrics = metrics if metrics is not None else getattr(held, "metrics", None)
+                unlogged = None if logged else metrics
+                _keep_completed(run, logger, before, unlogged, saved, agreed=stop.agreed)
                 raise
     logger.close()
     if rank == 0:
@@ -374,14 +383,17 @@ def _keep_completed(
     before: StepSnapshot,
     metrics: dict[str, float] | None,
     saved: int,
+    *,
+    agreed: bool = False,
 ) -> None:
     """Ctrl-C or SIGTERM in a step: checkpoint the last completed step unless it is the newest
     checkpoint (``saved``). A step interrupted before its update (rollouts, grading) is
     abandoned: the checkpoint holds the sampler as it was before it (``before``); one
     interrupted after its update (in an evaluation, whose record is then missing) is complete:
-    its ``metrics`` are logged (None: logged already), then it is saved. Not in a sharded run (see
-    :mod:`coderl.train.interrupt`)."""
-    if run.sharded is not None:
+    its ``metrics`` are logged (None: logged already), then it is saved. A sharded run saves
+    only where its ranks ``agreed`` to stop at a step's end (a checkpoint is a collective:
+    :class:`coderl.train.interrupt.AgreedStop`)."""
+    if run.sharded is not None and not agreed:
         return
     with deferred_interrupts():
         done = run.step > before.step
