@@ -52,7 +52,9 @@ CKPT_PREFIX = "step-"
 """Checkpoints are ``RUN_DIR/checkpoints/step-NNNNNN`` (:mod:`coderl.train.checkpoint`)."""
 SFT_WEIGHTS = "sft/trainable.safetensors"
 """Where ``coderl sft`` writes its weights under the run directory; RL starts from them."""
-SETUP_FILES = ("config.yaml", "tb", *RUN_LOGS)
+TB_DIR = "tb"
+"""The run's TensorBoard event files (:class:`coderl.metrics.MetricsLogger`)."""
+SETUP_FILES = ("config.yaml", TB_DIR, *RUN_LOGS)
 """What a command writes into a run directory before its first result (the logs while still
 empty): removed again when it fails before any result (:func:`_as_found`)."""
 
@@ -405,8 +407,22 @@ def ensure_fresh_logs(run_dir: str | Path) -> None:
 
 def start_over(logs: list[Path]) -> str:
     """The shell command that removes a stopped run's ``logs`` (:func:`existing_logs`: a run
-    stopped before its first checkpoint) so that the same command starts it over."""
-    return shlex.join(["rm", *map(str, logs)])
+    stopped before its first checkpoint) and its TensorBoard events (which the new run's would
+    otherwise be drawn over) so that the same command starts it over."""
+    events = sorted({p for log in logs if (p := log.parent / TB_DIR).is_dir()})
+    if not events:
+        return shlex.join(["rm", *map(str, logs)])
+    return shlex.join(["rm", "-r", *map(str, logs), *map(str, events)])
+
+
+def not_started_line(command: str, run_dir: str | Path, again: str | None = None) -> str:
+    """The line for a run interrupted before its first checkpoint: nothing to resume, and where
+    given, the command ``again`` that starts it over. Needs no torch, so it can be printed
+    while an import of it is what the interrupt broke."""
+    over = f"; start again with: {again}" if again else ""
+    return (
+        f"{command}: interrupted before the first checkpoint of {run_dir}; nothing to resume{over}"
+    )
 
 
 def list_checkpoints(run_dir: str | Path) -> list[Path]:

@@ -101,6 +101,25 @@ def test_stopped_before_any_step_the_line_and_the_refusal_give_the_command_that_
     assert f"start over there: rm {run / 'eval.jsonl'} then the same command again" in said, said
 
 
+def test_starting_over_removes_the_tensorboard_events_with_the_logs(tmp_path):
+    """The command that starts a stopped run over also removes its TensorBoard events: left
+    behind, TensorBoard draws the old run's steps over the new run's."""
+    import subprocess
+
+    from coderl.rundir import existing_logs, start_over
+
+    run = tmp_path / "run"
+    (run / "tb").mkdir(parents=True)
+    (run / "tb" / "events.out.tfevents.1").write_text("old")
+    (run / "metrics.jsonl").write_text('{"step": 1}\n')
+    command = start_over(existing_logs(run))
+    assert command == f"rm -r {run / 'metrics.jsonl'} {run / 'tb'}"
+    subprocess.run(command, shell=True, check=True)
+    assert sorted(run.iterdir()) == []
+    (run / "eval.jsonl").write_text("{}\n")  # no events: the plain rm, as before
+    assert start_over(existing_logs(run)) == f"rm {run / 'eval.jsonl'}"
+
+
 # --- 2. a run with no learning signal says so, per step and at its end -------------------------
 
 

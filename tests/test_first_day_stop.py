@@ -120,3 +120,29 @@ def test_a_pool_left_by_an_exception_does_not_wait_for_its_queue():
     with thread_pool(2) as pool:  # without an exception: every job, as ThreadPoolExecutor
         futures = [pool.submit(lambda i=i: i * i) for i in range(5)]
     assert [f.result() for f in futures] == [0, 1, 4, 9, 16]
+
+
+def test_ctrl_c_while_the_demo_still_imports_prints_the_line_not_a_traceback(
+    tmp_path, monkeypatch, capsys
+):
+    """Ctrl-C in the demo's first seconds lands inside torch's import; the handler then must
+    not import torch again (a half-imported module raises there: "partially initialized
+    module 'torch'"). Stood in for by an interrupt before RL starts with the modules that
+    need torch made unimportable: the line comes out all the same."""
+    import coderl.train.warmstart as warmstart
+    from coderl.cli.demo import run_demo
+
+    def interrupted(cfg):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(warmstart, "warm_start", interrupted)
+    for name in ("coderl.train.resume", "coderl.cli.train"):
+        monkeypatch.setitem(sys.modules, name, None)  # importing it raises ImportError
+    run = tmp_path / "run"
+    args = ["model.name=tiny-random", "sft.enabled=true", f"run_dir={run}"]
+    assert run_demo(Path(DEFAULT), args) == 130
+    err = capsys.readouterr().err
+    assert (
+        f"coderl demo: interrupted before the first checkpoint of {run}; nothing to resume" in err
+    )
+    assert "start again with: coderl demo " in err

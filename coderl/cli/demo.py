@@ -101,7 +101,7 @@ def run_demo(config: Path, overrides: list[str]) -> int:
     (:func:`coderl.eval.summary.summary_lines`: held-out pass@1 per phase, the paired RL-only and
     whole-run changes, pass@k at the largest k before/after RL, broken calls, phase times)."""
     from coderl.config import load_config
-    from coderl.rundir import run_lock
+    from coderl.rundir import not_started_line, run_lock
 
     cfg = load_config(config, overrides)
     if Path(cfg.run_dir).exists():
@@ -110,6 +110,7 @@ def run_demo(config: Path, overrides: list[str]) -> int:
         if prev is not None:
             print(f"demo: the previous run in {cfg.run_dir} was moved to {prev}; starting fresh")
     phases: dict[str, float] = {}
+    training = False  # no checkpoint can exist before RL starts (the demo always starts afresh)
     try:
         with run_lock(cfg.run_dir, "coderl demo"):  # one writer, SFT and RL alike
             # torch, the tasks and the model: after the refusals above
@@ -130,13 +131,17 @@ def run_demo(config: Path, overrides: list[str]) -> int:
                 reused = warm_start(cfg).reused  # sft.cache: an earlier build of the same inputs
                 phases.update(phase_times("sft", clock), sft_reused=float(reused))
             clock = cpu_clock()
+            training = True
             run_dir = train(cfg, observers=default_observers())
             phases.update(phase_times("train", clock))
     except KeyboardInterrupt:  # Ctrl-C or SIGTERM, in any phase
+        again = shlex.join(["coderl", "demo", *overrides, "--config", str(config)])
+        if not training:  # torch may be half-imported: this line needs none of it
+            print(not_started_line("coderl demo", cfg.run_dir, again), file=sys.stderr)
+            return 130
         from coderl.cli.train import resume_command
         from coderl.train.resume import stopped_line
 
-        again = shlex.join(["coderl", "demo", *overrides, "--config", str(config)])
         line = stopped_line("coderl demo", cfg.run_dir, resume_command(cfg), again)
         print(line, file=sys.stderr)
         return 130

@@ -29,7 +29,7 @@ from coderl.config import (
     dump_config,
     load_tree,
 )
-from coderl.rundir import SFT_WEIGHTS, ensure_not_live
+from coderl.rundir import SFT_WEIGHTS, ensure_not_live, not_started_line
 from coderl.train.checkpoint import (
     CKPT_PREFIX,
     incomplete_note,
@@ -228,7 +228,6 @@ def stopped_line(command: str, run_dir: str | Path, resume: str, again: str | No
     command ``again`` that starts the run over."""
     last = newest_intact(run_dir)
     if last is None:
-        over = f"; start again with: {again}" if again else ""
-        return f"{command}: interrupted before the first checkpoint of {run_dir}; nothing to resume{over}"
+        return not_started_line(command, run_dir, again)
     step = json.loads((last / "state.json").read_text()).get("step", "?")
     return f"{command}: interrupted; last checkpoint {last} (step {step}); resume with: {resume}"
