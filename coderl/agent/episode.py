@@ -411,8 +411,12 @@ def _drive(
         episode.stats.finish_reason = yield from steps
     except ContextExhausted:  # the policy's observations filled the engine's context: scored
         episode.stats.finish_reason = "context"
-    # any error: the loop runs what the policy wrote through templates, parsers and plugin tools
-    except Exception:  # noqa: BLE001 - one broken episode must not take down a batch of rollouts
+    except (KeyboardInterrupt, GeneratorExit):
+        raise  # Ctrl-C stops the run; GeneratorExit is the generator being closed
+    # anything else (SystemExit included): the loop runs what the policy wrote through
+    # templates, parsers, argument validators and the shaping potential, user code included; a
+    # raise there is a host fault whatever the agent did (the tools' own are observations)
+    except BaseException:  # noqa: BLE001 - one broken episode must not take down a batch
         episode.stats.finish_reason = "error"
         episode.error = traceback.format_exc()
         episode.failure = "infra"
