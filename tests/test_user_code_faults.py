@@ -100,13 +100,15 @@ def test_a_plugin_tool_cannot_swallow_ctrl_c(tok, tmp_path: Path):
         del RAISES["interrupt"]
 
 
-def test_a_potential_that_exits_masks_its_episode_only(tok, tmp_path: Path):
-    """The shaping potential (run after each ``run`` call) exits on the episode whose
-    statement says so; the other episode of the batch ends normally."""
+@pytest.mark.parametrize("raised", [SystemExit(2), GeneratorExit("not a close")])
+def test_a_potential_that_exits_masks_its_episode_only(tok, tmp_path: Path, raised):
+    """The shaping potential (run after each ``run`` call) raises on the episode whose
+    statement says so; the other episode of the batch ends normally. A ``GeneratorExit`` from a
+    tool request must not read as the episode generator being closed."""
 
     def potential(task, sandbox) -> float:
         if "exit" in task.problem_statement:
-            raise SystemExit(2)
+            raise raised
         return 0.5
 
     def script(prompt: str) -> str:
@@ -123,7 +125,7 @@ def test_a_potential_that_exits_masks_its_episode_only(tok, tmp_path: Path):
         for b in boxes:
             b.close()
     assert exited.stats.finish_reason == "error" and exited.failure == "infra"
-    assert "SystemExit" in exited.error
+    assert type(raised).__name__ in exited.error
     assert fine.stats.finish_reason == "submitted" and fine.failure is None
     assert fine.tool_calls[0].potential == 0.5
 
