@@ -124,3 +124,41 @@ def test_a_log_the_parser_cannot_read_is_the_agents_failure_not_a_mask(instance,
     assert not g.resolved and g.grading_error is None and g.failure_kind == "agent"
     assert "could not read the test log (IndexError" in g.reason
     assert g.fraction_passed == 0.0 and g.partial_credit == 0.0
+
+
+def _long_path_file(text: str) -> str:
+    """A diff adding a file whose path git takes (under 4,096 bytes relative to the tree) but
+    whose absolute path on the host is past ``PATH_MAX`` once the grader's own prefix is added."""
+    name = "/".join(["d" * 200] * 20) + "/" + "f" * 60 + ".txt"
+    return f"diff --git a/{name} b/{name}\nnew file mode 100644\n--- /dev/null\n+++ b/{name}\n@@ -0,0 +1 @@\n+{text}\n"
+
+
+def test_a_path_the_host_cannot_read_back_is_the_agents_failure_not_a_mask(instance):
+    """What the diff wrote decides whether its tree can be read back, so an ``OSError`` there
+    (here ``ENAMETOOLONG``: the path is legal relative to the tree and past ``PATH_MAX`` on the
+    host) is scored as the agent's failure, for a wrong fix and the gold patch alike; it used to
+    be masked as infrastructure, a mask any policy could choose."""
+    from coderl.grading.harness import grade_image_task
+    from coderl.tasks.swebench import image_task
+
+    task = image_task(instance)
+    for patch in (task.gold_patch.replace("a - b", "a * b"), task.gold_patch):
+        g = grade_image_task(task, patch + _long_path_file("a byproduct"))
+        assert not g.resolved and g.grading_error is None and g.failure_kind == "agent", g
+
+
+def test_a_full_disk_while_applying_is_the_hosts_fault(instance, monkeypatch):
+    """Only the host's own ``OSError`` numbers (``HOST_ERRNOS``: no space, quota, memory) are
+    masked as infrastructure while a diff is applied."""
+    import errno
+
+    import coderl.grading.harness as harness
+    from coderl.tasks.swebench import image_task
+
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(harness, "apply_to_copy", full)
+    task = image_task(instance)
+    g = harness.grade_image_task(task, task.gold_patch)
+    assert g.grading_error and "No space left" in g.grading_error and g.failure_kind == "infra"

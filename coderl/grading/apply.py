@@ -8,6 +8,7 @@ Writing diffs, splitting them and materialising task bases is :mod:`coderl.tasks
 
 from __future__ import annotations
 
+import errno
 import os
 import re
 import shutil
@@ -28,6 +29,11 @@ MAX_APPLY_BYTES = 64 * 1024**2
 """Most bytes applying one agent diff may write, whatever its allowance (``write_bound``)."""
 APPLY_SLACK_BYTES = 256 * 1024
 """What applying may write beyond the diff's own bytes and one rewrite of each file it edits."""
+HOST_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.ENOMEM)
+"""``OSError`` numbers that are the host's fault while a diff is applied or read back (a full
+disk, quota or memory): masked as infrastructure. Any other ``OSError`` there (a path past
+``PATH_MAX`` on the host, a name the file system refuses) comes from what the diff wrote: the
+agent's failure."""
 
 _QUOTED = {"a": 7, "b": 8, "t": 9, "n": 10, "v": 11, "f": 12, "r": 13, '"': 34, "\\": 92}
 
@@ -285,7 +291,8 @@ def apply_to_copy(
     host's disk), git takes more than a minute, or applying it would write more files or bytes
     than ``write_bound`` allows (decided before git writes anything; checked again on the tree it
     wrote, and no single file may grow past the allowance while git writes): all the agent's
-    doing.
+    doing. Raises OSError when the tree git wrote cannot be read back (``HOST_ERRNOS`` are the
+    host's fault; any other number is the agent's).
     """
     base_entries = _entries(base)
     for rel in base_entries:

@@ -67,7 +67,6 @@ repository suite needs):
 
 from __future__ import annotations
 
-import errno
 import os
 import random
 import secrets
@@ -78,7 +77,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from coderl.grading.apply import apply_to_copy, drop_binary
+from coderl.grading.apply import HOST_ERRNOS, apply_to_copy, drop_binary
 from coderl.grading.diffguard import Finding
 from coderl.grading.function import encode_text, grade_function, workspace_base
 from coderl.grading.guardproc import scan_change
@@ -300,7 +299,7 @@ def _grade_tree(
         _summarise(result, task, {})
         return
     except OSError as e:
-        if e.errno in (errno.ENOSPC, errno.EDQUOT, errno.ENOMEM):
+        if e.errno in HOST_ERRNOS:
             raise
         result.reason = f"the workspace cannot be read back: {type(e).__name__}: {e}"[:400]
         _summarise(result, task, {})
@@ -369,7 +368,7 @@ def _private_copy(tree: Path, changed: list[str]) -> tuple[Path, list[Finding]]:
             else:
                 shutil.copyfile(src, dst)
         except OSError as e:
-            if e.errno in (errno.ENOSPC, errno.EDQUOT, errno.ENOMEM):
+            if e.errno in HOST_ERRNOS:
                 raise
             unread.append(Finding(rel, 0, "unscannable", f"{type(e).__name__}: {e}"[:80]))
     return copy, unread

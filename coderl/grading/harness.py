@@ -41,7 +41,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from coderl.grading.apply import apply_to_copy, drop_binary
+from coderl.grading.apply import HOST_ERRNOS, apply_to_copy, drop_binary
 from coderl.grading.grade import grade, pristine_mounts, protection, rollout_base
 from coderl.grading.runner import SANDBOX_ENV, SandboxFactory, default_factory
 from coderl.grading.verdict import GradeResult
@@ -221,8 +221,9 @@ def grade_instance(
     (``coderl.grading.diffguard``) runs first: a denied diff is reported unresolved with
     ``denied`` set, its tests never run. A log the instance's parser raises on (the graded code
     wrote it) is reported unresolved with ``unreadable_log`` set: the agent's failure, not a
-    mask; so is a diff that ``apply_to_copy`` cannot apply (``PatchError``, and the
-    ``RecursionError``/``UnicodeError`` a pathological diff raises).
+    mask; so is a diff that ``apply_to_copy`` cannot apply or read back (``PatchError``, the
+    ``RecursionError``/``UnicodeError`` a pathological diff raises, and an ``OSError`` such as a
+    path past the host's ``PATH_MAX``; ``HOST_ERRNOS`` excepted, which are the host's).
     Raises KeyError (a field missing), SandboxError (podman, the image)."""
     from swebench.harness.constants import APPLY_PATCH_FAIL
     from swebench.harness.grading import get_eval_report
@@ -249,9 +250,12 @@ def grade_instance(
                 base, drop_binary(model_patch)[0], lambda p: is_protected(p, test_files), tree
             )
             denied = [str(f) for f in scan_change(base, tree, changed, base)]
-            log = _instance_log(spec, tree, image, timeout) if not denied else ""
-        except (PatchError, RecursionError, UnicodeError) as e:  # the agent's diff: its failure
+        except (PatchError, RecursionError, UnicodeError, OSError) as e:  # the agent's diff
+            if isinstance(e, OSError) and e.errno in HOST_ERRNOS:
+                raise  # a full disk or no memory: the host's fault (infra)
             log = f"{APPLY_PATCH_FAIL}: {type(e).__name__}: {str(e)[-300:]}\n"
+        else:  # podman and the image failing stay infrastructure (grade_image_task)
+            log = _instance_log(spec, tree, image, timeout) if not denied else ""
         path = log_path or tmp / "test_output.txt"
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(log)
