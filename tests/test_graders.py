@@ -64,6 +64,8 @@ def test_well_formed_judgement_and_its_score():
         ('{"correct": "5", "minimal": 1}', "expected an integer"),
         ('{"correct": 5, "minimal": 1', "found 0"),  # truncated
         ("[5, 1]", "found 0"),
+        ('{"correct": ' + "[" * 5000 + "]" * 5000 + "}", "found 0"),  # past the decoder's depth
+        ('{"a": ' * 3000 + "}" * 3000, "found 0"),
     ],
 )
 def test_malformed_judgements_raise(reply, why):

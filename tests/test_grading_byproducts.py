@@ -161,3 +161,49 @@ def test_a_text_byproduct_that_parses_as_python_does_not_void_a_fix(repo_task, n
     assert ".json" in diff  # a text file: applied, not dropped
     g = grade(task, diff, env=env)
     assert g.resolved and not g.denied, (name, g.reason)
+
+
+# What tools leave in the working directory (2026-12-08): each voided the gold patch before it
+# was dropped (a symlink denied by the guard, a build copy of six.py read as new code and denied,
+# more files than MAX_APPLY_FILES refused by the apply bound)
+MANY = "for i in $(seq 1100); do echo '{{}}' > {d}/f$i.json; done"
+TOOL_BYPRODUCTS = {
+    "a symlink to the module": "ln -s six.py alias",
+    "a symlink out of the workspace": "ln -s /proc/self/fd/5 fd5",
+    "pip install .'s build copy": "mkdir -p build/lib && cp six.py build/lib/six.py",
+    "a virtualenv of any name": "python3 -m venv --without-pip env",
+    "a type checker's cache": "mkdir -p .mypy_cache && " + MANY.format(d=".mypy_cache"),
+    "1,100 JSON reports": "mkdir -p out && " + MANY.format(d="out"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(TOOL_BYPRODUCTS))
+def test_what_tools_leave_beside_a_correct_fix_does_not_void_it(repo_task, name: str) -> None:
+    task, env = repo_task
+    diff = _with(task, env, task.gold_patch, TOOL_BYPRODUCTS[name])
+    g = grade(task, diff, env=env)
+    assert g.resolved and g.dropped_paths and not g.denied, (name, g.reason)
+
+
+def test_tool_byproducts_never_raise_a_wrong_fix(repo_task) -> None:
+    task, env = repo_task
+    diff = _with(task, env, "", "; ".join(TOOL_BYPRODUCTS[k] for k in sorted(TOOL_BYPRODUCTS)))
+    g = grade(task, diff, env=env)
+    assert not g.resolved and g.failure_kind == "agent" and len(g.dropped_paths) > 2200
+
+
+def test_only_byproducts_are_dropped() -> None:
+    """A new module, a new data file in a small diff, a file the base has under a tool
+    directory's name and a script with a python shebang are work: applied."""
+    work = [
+        _text_patch("pkg/helpers.py", "x = 1"),
+        _text_patch("data/table.json", "{}"),
+        _text_patch("run_me", "#!/usr/bin/env python3\nprint(1)"),
+        "diff --git a/build/conf.py b/build/conf.py\n--- a/build/conf.py\n+++ b/build/conf.py\n"
+        "@@ -1 +1 @@\n-x = 1\n+x = 2\n",
+    ]
+    diff = "".join(work)
+    assert drop_binary(diff) == (diff, [])
+    many = "".join(_text_patch(f"out/r{i}.json", "{}") for i in range(1001))
+    kept, dropped = drop_binary(diff + many)
+    assert kept == diff.replace(work[1], "") and len(dropped) == 1002  # over the bound: data goes

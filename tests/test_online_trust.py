@@ -33,6 +33,20 @@ NOT_EDITS = {
     "an edit call with blank content": ("", [_call("edit", path=" ", content="\n \n")], "valid"),
     "an edit call with no arguments": ("", [_call("apply_patch")], "valid"),
     "an invalid edit call": ("", [_call("write_file", path="a.py", content="x = 1")], "invalid"),
+    "a fence of pass": ("Fixed:\n```python\npass\n```", [], "none"),
+    "a fence of an ellipsis and a docstring": ('```python\n"""the fix"""\n...\n```', [], "none"),
+    "a fence of one word": ("```\nDone\n```", [], "none"),
+    "a write of empty content to a path": (
+        "",
+        [_call("write_file", path="a.py", content="")],
+        "valid",
+    ),
+    "a write of pass": ("", [_call("create_file", file_path="a.py", content="pass\n")], "valid"),
+    "a replacement by the same text": (
+        "",
+        [_call("str_replace", path="a.py", old_str="x = 1", new_str="x = 1")],
+        "valid",
+    ),
 }
 EDITS = {
     "a fence with code": ("```python\ndef f():\n    return 1\n```", [], "none"),
@@ -43,6 +57,12 @@ EDITS = {
         "valid",
     ),
     "a patch call": ("", [_call("apply_patch", patch="--- a/x\n+++ b/x\n")], "valid"),
+    "a replacement by other code": (
+        "",
+        [_call("str_replace", path="a.py", old_str="x = 1", new_str="x = 2")],
+        "valid",
+    ),
+    "a fence in another language": ("```js\nconst x = f(1);\n```", [], "none"),
 }
 
 

@@ -6,6 +6,7 @@ repository made in ``tmp_path``.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
@@ -21,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from coderl.sandbox import Limits, Sandbox, SandboxError
+from coderl.sandbox import Limits, Sandbox, SandboxError, seccomp
 from coderl.sandbox.local import UnisolatedSandboxWarning
 from coderl.sandbox.pool import SandboxPool
 
@@ -688,6 +689,7 @@ def test_file_count_is_bounded_in_every_writable_tree(
         "directories in /tmp": "os.mkdir(f'/tmp/d{i}')",
         "symlinks in /dev/shm": "os.symlink('/x', f'/dev/shm/l{i}')",
         "empty files in home": "open(os.path.expanduser(f'~/h{i}'), 'w').close()",
+        "hard links in /tmp": "os.link('/tmp/ok', f'/tmp/k{i}')",  # /tmp/ok: the clean-up's; no new inode
     }
     with create(repo, limits=limits) as sb:
         for what, make in makers.items():
@@ -695,8 +697,41 @@ def test_file_count_is_bounded_in_every_writable_tree(
             assert r.exit_code == 1 and "No space left on device" in r.stderr, (what, r)
             made = sb.exec("ls -A /testbed /tmp /dev/shm ~ | wc -l").stdout
             assert int(made) < 4096, (what, made)
-            clean = "rm -rf /testbed/f* /tmp/d* /dev/shm/l* ~/h* && touch /tmp/ok && echo ok"
+            clean = (
+                "rm -rf /testbed/f* /tmp/d* /tmp/k* /dev/shm/l* ~/h* && touch /tmp/ok && echo ok"
+            )
             assert sb.exec(clean, timeout=60).stdout == "ok\n", what  # and it recovers
+
+
+def test_no_memory_outside_the_tmpfs_outlives_a_process_or_escapes_its_limit(
+    repo: Path, create: Callable[..., Sandbox]
+) -> None:
+    """Issue 47, class 7, beyond files: System V segments, queues and semaphore sets outlive
+    every process of the sandbox, and a memfd written with ``write`` is never mapped, so
+    neither ``disk_bytes`` nor ``memory_bytes`` bounds them (an 8 MiB sandbox pinned 1.3 GB of
+    segments and 1 GB of memfds). The filter refuses them; POSIX shared memory lives in
+    ``/dev/shm``, the bounded tmpfs, and still works."""
+    probe = (
+        "import ctypes, os, mmap\n"
+        "libc = ctypes.CDLL(None, use_errno=True)\n"
+        "def errno_of(r): return ctypes.get_errno() if r == -1 else 0\n"
+        "print('shmget', errno_of(libc.shmget(0, 1 << 20, 0o1600)))\n"
+        "print('msgget', errno_of(libc.msgget(0, 0o1600)))\n"
+        "print('semget', errno_of(libc.semget(0, 1, 0o1600)))\n"
+        "try:\n    os.memfd_create('x'); print('memfd 0')\n"
+        "except OSError as e:\n    print('memfd', e.errno)\n"
+        "fd = os.open('/dev/shm/posix', os.O_CREAT | os.O_RDWR); os.ftruncate(fd, 4096)\n"
+        "m = mmap.mmap(fd, 4096); m[:2] = b'ok'; print('posix', m[:2].decode())\n"
+    )
+    if not seccomp.supported():
+        pytest.skip("no seccomp syscall table for this machine")
+    with create(repo) as sb:
+        sb.write_text("/tmp/probe.py", probe)
+        r = sb.exec("python3 /tmp/probe.py")
+        eperm = str(errno.EPERM)
+        assert r.stdout.split("\n")[:5] == [
+            f"{k} {eperm}" for k in ("shmget", "msgget", "semget", "memfd")
+        ] + ["posix ok"], r
 
 
 def test_seccomp_refuses_user_namespaces_and_kernel_extras(

@@ -97,6 +97,16 @@ class SampleRequest:
 class ToolRequest:
     fn: Callable[[], Any]
 
+    def run(self) -> Any:
+        """``fn()``, what a driver calls. A ``GeneratorExit`` from it (user code: a plugin's
+        argument validator, the shaping potential) is raised as a ``RuntimeError`` from it:
+        thrown into the episode as itself it would read as the episode being closed, which the
+        episode cannot catch and stay closable, and the batch would end."""
+        try:
+            return self.fn()
+        except GeneratorExit as e:
+            raise RuntimeError(f"GeneratorExit raised in a tool request: {e}") from e
+
 
 @dataclass
 class SpawnRequest:
@@ -411,8 +421,12 @@ def _drive(
         episode.stats.finish_reason = yield from steps
     except ContextExhausted:  # the policy's observations filled the engine's context: scored
         episode.stats.finish_reason = "context"
-    # any error: the loop runs what the policy wrote through templates, parsers and plugin tools
-    except Exception:  # noqa: BLE001 - one broken episode must not take down a batch of rollouts
+    except (KeyboardInterrupt, GeneratorExit):
+        raise  # Ctrl-C stops the run; GeneratorExit is a close (ToolRequest.run: not a raise)
+    # anything else (SystemExit included): the loop runs what the policy wrote through
+    # templates, parsers, argument validators and the shaping potential, user code included; a
+    # raise there is a host fault whatever the agent did (the tools' own are observations)
+    except BaseException:  # noqa: BLE001 - one broken episode must not take down a batch
         episode.stats.finish_reason = "error"
         episode.error = traceback.format_exc()
         episode.failure = "infra"

@@ -170,7 +170,7 @@ def run_episodes(
             elif isinstance(req, SpawnRequest):
                 spawn(i, req)
             else:
-                running[pool.submit(req.fn)] = i
+                running[pool.submit(req.run)] = i
 
         def spawn(i: int, req: SpawnRequest) -> None:
             for k, child in enumerate(req.children):

@@ -353,11 +353,12 @@ class ToolOutcome:
 
 def execute(tool: Tool, arguments: Mapping[str, Any], ctx: ToolContext) -> ToolOutcome:
     """Run an already validated call. A tool failure is part of the domain: it becomes an
-    ``Error: ...`` observation (with the exception type for unexpected errors) instead of
-    propagating.
+    ``Error: ...`` observation (with the exception type for unexpected errors, ``SystemExit``
+    and other ``BaseException`` included) instead of propagating.
 
     Raises:
         SandboxError: the sandbox itself failed (it ends the episode with ``error``).
+        KeyboardInterrupt: Ctrl-C (the run stops).
     """
     start = time.monotonic()
     try:
@@ -366,8 +367,12 @@ def execute(tool: Tool, arguments: Mapping[str, Any], ctx: ToolContext) -> ToolO
         raise  # the sandbox itself failed: infrastructure, not something the model did
     except ToolError as e:
         text, ok = f"Error: {e}", False
-    # any error: a tool (a plugin's too) runs on arguments the policy chose
-    except Exception as e:  # noqa: BLE001 - a failing tool is an observation for the model
+    except KeyboardInterrupt:
+        raise  # Ctrl-C stops the run, whichever thread it reaches
+    # anything else (SystemExit, GeneratorExit, a library's own BaseException such as
+    # pytest.skip's): a tool (a plugin's too) runs on arguments the policy chose, so what it
+    # raises is the agent's outcome, an observation in a scored episode; it never ends the batch
+    except BaseException as e:  # noqa: BLE001 - a failing tool is an observation for the model
         text, ok = f"Error: {type(e).__name__}: {e}", False
     limit = ctx.config.max_observation_chars
     return ToolOutcome(truncate_middle(text, limit), ok, time.monotonic() - start)

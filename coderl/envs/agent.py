@@ -177,9 +177,12 @@ class AgentEnvironment:
                 return GradeRecord(grading_error=f"not graded: the episode never ran{why}")
             try:
                 g = grade(task, ep.answer or "", timeout=self.grade_timeout_s)
-            # any error: the grader may be a plugin (the shipped graders score what the agent's
-            # output makes them raise themselves); what it raises is masked and counted
-            except Exception as e:  # noqa: BLE001 - a grader bug is infrastructure: masked
+            except KeyboardInterrupt:
+                raise
+            # anything else, SystemExit included: the grader may be a plugin (the shipped
+            # graders score what the agent's output makes them raise themselves); what it
+            # raises is a host fault, masked and counted for this sample, never the batch's end
+            except BaseException as e:  # noqa: BLE001 - a grader bug is infrastructure: masked
                 warn_masked(log, "task %s: the grader raised (masked)", task.id)
                 return GradeRecord(
                     grading_error=f"grader raised {type(e).__name__}: {e}", failure_kind="infra"

@@ -145,7 +145,9 @@ def _objects(text: str) -> list[Any]:
     while (i := text.find("{", i)) != -1:
         try:
             obj, end = dec.raw_decode(text, i)
-        except json.JSONDecodeError:
+        # RecursionError: nested past the decoder's depth (a reply can echo what the agent
+        # wrote); not an object, like any text that does not decode, never the caller's crash
+        except (json.JSONDecodeError, RecursionError):
             i += 1
             continue
         out.append(obj)

@@ -17,6 +17,7 @@ import subprocess
 from collections.abc import Callable
 from pathlib import Path
 
+from coderl.grading.diffguard import PYTHON_SUFFIXES
 from coderl.sandbox.workspace import remove_tree
 from coderl.tasks.patches import PatchError, split_diff
 
@@ -196,10 +197,36 @@ def _restore(base: Path, tree: Path, rel: str) -> None:
 
 
 _BINARY_NOTE = re.compile(r"^(Binary files .* differ|GIT binary patch)$", re.MULTILINE)
+_TO_SYMLINK = re.compile(r"^new (file )?mode 120000$", re.MULTILINE)
+
+TOOL_OUTPUT_DIRS = frozenset(
+    "build dist .eggs .venv venv .tox .nox .mypy_cache .ruff_cache .hypothesis htmlcov "
+    "node_modules".split()
+)
+"""Top-level directories tools create in the working directory (``pip install .``'s and
+``python -m build``'s output, virtualenvs, tox, type checkers', linters' and test tools' caches,
+coverage's HTML). A file a diff *creates* under one is a byproduct (:func:`drop_binary`); files
+the base already has there are applied as any other. No shipped gold patch writes under one."""
+
+
+def _dropped(path: str, chunk: str, venvs: set[str]) -> bool:
+    """Whether one file patch is a byproduct :func:`drop_binary` drops."""
+    if _BINARY_NOTE.search(chunk) or "\0" in chunk:
+        return True
+    head = chunk.split("\n@@", 1)[0]
+    if _TO_SYMLINK.search(head):
+        return True
+    if _patch_paths(chunk)[2] != "new":
+        return False
+    parts = path.split("/")
+    return parts[0] in TOOL_OUTPUT_DIRS or any(
+        "/".join(parts[:i]) in venvs for i in range(1, len(parts))
+    )
 
 
 def drop_binary(diff: str) -> tuple[str, list[str]]:
-    """The diff without the file patches that carry no text: ``(diff, dropped paths)``.
+    """The diff without the file patches that are byproducts, not work: ``(diff, dropped
+    paths)``.
 
     What a binary or untracked artefact means: the verdict grades the text the agent changed. A
     file patch that only notes a binary file (``Binary files a/x and b/x differ``, what
@@ -207,22 +234,46 @@ def drop_binary(diff: str) -> tuple[str, list[str]]:
     binary patch`` holds nothing ``git apply`` can use without the blobs, and git refuses the
     whole diff for it; a test run's byproduct (a SQLite file, a coverage database, a log in
     latin-1) would then void a correct fix. Such patches are dropped: not applied, not graded,
-    listed in ``GradeResult.dropped_paths``. Untracked text files are ordinary new files and are
-    applied like any other. A file patch written as text that holds a NUL byte is binary content
-    too (``Sandbox.diff`` never writes one; ``git apply`` would write it: a native module that
-    shadows the library's source, which no guard reads) and is dropped the same way. Dropping
-    only removes what the agent wrote, so it cannot raise a grade; a fix that needs a binary
-    file changed cannot be graded (no shipped task has one).
+    listed in ``GradeResult.dropped_paths``. A file patch written as text that holds a NUL byte
+    is binary content too (``Sandbox.diff`` never writes one; ``git apply`` would write it: a
+    native module that shadows the library's source, which no guard reads) and is dropped the
+    same way. So are what tools leave behind, which voided a correct fix as well: a new
+    symlink (the guard denies one; a virtualenv holds several), a new file under a top-level
+    :data:`TOOL_OUTPUT_DIRS` directory (``build/lib/pkg.py``, a copy of the package that the
+    guard read as new code, denied; a type checker's cache past ``MAX_APPLY_FILES``), and a new
+    file under a new directory holding a ``pyvenv.cfg`` (a virtualenv of any name). A diff
+    still over ``MAX_APPLY_FILES`` file patches loses its new data files (not Python, no
+    python ``#!`` line, no ``>>>``), which git would refuse with the rest. Other untracked text
+    files are ordinary new files and are applied like any other. Dropping only
+    removes what the agent wrote, so it cannot raise a grade; a fix that needs a binary file,
+    a symlink or a new file in those directories cannot be graded (no shipped task has one).
     """
-    if not _BINARY_NOTE.search(diff) and "\0" not in diff:
-        return diff, []
+    chunks = split_diff(diff)
+    venvs = {
+        p[: -len("/pyvenv.cfg")]
+        for p, c in chunks
+        if p.endswith("/pyvenv.cfg") and _patch_paths(c)[2] == "new"
+    }
     kept, dropped = [], []
-    for path, chunk in split_diff(diff):
-        if _BINARY_NOTE.search(chunk) or "\0" in chunk:
+    for path, chunk in chunks:
+        if _dropped(path, chunk, venvs):
             dropped.append(path or "<unparsed chunk>")
         else:
-            kept.append(chunk)
-    return "".join(kept), dropped
+            kept.append((path, chunk))
+    if len(kept) > MAX_APPLY_FILES:  # more files than any fix: a run's output, its data goes
+        data = [pc for pc in kept if _new_data(*pc)]
+        dropped += [p for p, _ in data]
+        kept = [pc for pc in kept if not _new_data(*pc)]
+    return ("".join(c for _, c in kept), dropped) if dropped else (diff, [])
+
+
+def _new_data(path: str, chunk: str) -> bool:
+    """A new file Python does not import and no doctest reads (the guard's
+    ``guardproc.byproduct``, read from the patch)."""
+    if path.endswith(PYTHON_SUFFIXES) or _patch_paths(chunk)[2] != "new" or ">>>" in chunk:
+        return False
+    first = next((ln for ln in chunk.split("\n") if ln.startswith("+") and ln[:4] != "+++ "), "")
+    return not (first.startswith("+#!") and "python" in first)
 
 
 def apply_to_copy(

@@ -128,7 +128,7 @@ def run_served_episode(
         send, error = None, None
         if isinstance(req, ToolRequest):
             try:
-                send = req.fn()
+                send = req.run()
             # handed over, not caught: the episode records what is its to record and re-raises
             # the rest, as with the runner (whose futures hand it whatever a request raised)
             except BaseException as e:  # noqa: BLE001

@@ -56,6 +56,7 @@ answers it; the reply's ``model`` is the name asked for. No authentication: bind
 
 from __future__ import annotations
 
+import ast
 import json
 import logging
 import random
@@ -80,6 +81,7 @@ from coderl.endpoint.calls import RequestError, served_tools
 from coderl.endpoint.chat import ChatRequest, chat_endpoint, response_body, sample_chat
 from coderl.endpoint.continuation import Turn
 from coderl.endpoint.errors import ApiError, install_error_handlers
+from coderl.grading.pyparse import parse_python
 from coderl.online.events import MAX_REQUEST_BYTES, Rejected, parse_event, parse_json
 from coderl.online.routing import Route, Router
 from coderl.online.store import Store, interaction_row
@@ -140,9 +142,10 @@ def classify(text: str, calls: list[dict[str, Any]], status: str) -> str:
     content, or a fenced block with at least one line of code), ``tool`` (other valid calls),
     ``clarify`` (no edit, ends with a question mark) or ``none``.
 
-    An edit that does nothing (an empty or blank fence, a fence of comments only, an edit call
-    with empty arguments) is not an edit: it would make an episode a censored "edit" (no outcome
-    events ever come for it) and so dodge the deferral reward."""
+    An edit that does nothing (an empty or blank fence, a fence of comments only or of no-op
+    Python: ``pass``, ``...``, a bare literal or name; an edit call whose written text is empty,
+    a no-op, or the text it replaces) is not an edit: it would make an episode a censored "edit"
+    (no outcome events ever come for it) and so dodge the deferral reward."""
     if status != "invalid" and any(_edits(c) for c in calls):
         return "edit"
     if any(_is_code(body) for body in _FENCE.findall(text)):
@@ -154,24 +157,49 @@ def classify(text: str, calls: list[dict[str, Any]], status: str) -> str:
     return "none"
 
 
+_WHERE = re.compile(r"path|file|name|dir", re.I)
+"""Edit-call argument names that say where to write, not what."""
+
+
 def _edits(call: dict[str, Any]) -> bool:
-    """An edit tool call whose arguments hold some non-blank text."""
+    """An edit tool call whose arguments write some code (:func:`_is_code`) that differs from
+    every text it replaces (arguments named ``old...``); arguments that name a place
+    (:data:`_WHERE`) write nothing."""
     if call["function"]["name"] not in EDIT_TOOLS:
         return False
     try:
         args = json.loads(call["function"].get("arguments") or "{}")
     except ValueError:
         return False
-    values = args.values() if isinstance(args, dict) else [args]
-    return any(isinstance(v, str) and _is_code(v) for v in values)
+    if not isinstance(args, dict):
+        return isinstance(args, str) and _is_code(args)
+    what = {k: v for k, v in args.items() if isinstance(v, str) and not _WHERE.search(k)}
+    old = {v for k, v in what.items() if k.lower().startswith("old")}
+    return any(
+        _is_code(v) and v not in old for k, v in what.items() if not k.lower().startswith("old")
+    )
 
 
 _COMMENT = re.compile(r"^\s*(#|//|--|/\*|<!--)")
 
 
 def _is_code(body: str) -> bool:
-    """Some line that is neither blank nor a comment."""
-    return any(line.strip() and not _COMMENT.match(line) for line in body.splitlines())
+    """Some line that is neither blank nor a comment, and, where the body parses as Python,
+    some statement other than a no-op (``pass``, ``...``, a bare literal or name). A body
+    Python does not parse (another language) is judged by its lines alone."""
+    if not any(line.strip() and not _COMMENT.match(line) for line in body.splitlines()):
+        return False
+    try:
+        tree = parse_python(body)
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return True
+    return any(not _no_op(stmt) for stmt in tree.body)
+
+
+def _no_op(stmt: ast.stmt) -> bool:
+    if isinstance(stmt, ast.Pass):
+        return True
+    return isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Constant | ast.Name)
 
 
 class InteractionServer:
