@@ -243,6 +243,11 @@ def test_checkpoints_carry_a_manifest_that_finds_damage(tmp_path):
     (ckpts[-2] / "optimizer.pt").unlink()
     with pytest.raises(ValueError, match=f"newest intact one is {ckpts[-3]}"):
         verify_checkpoint(ckpts[-1])
+    for c in ckpts[:-2]:
+        (c / "state.json").write_text("{}")
+    with pytest.raises(ValueError, match="no intact one is left") as info:  # and the way on
+        verify_checkpoint(ckpts[-1])
+    assert "start it again with run_dir=... set to a new directory" in str(info.value)
 
 
 def test_a_truncated_checkpoint_is_named_with_the_intact_one_which_every_command_takes(

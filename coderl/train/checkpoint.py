@@ -113,7 +113,11 @@ def verify_checkpoint(ckpt: str | Path) -> None:
         return
     good = newest_intact(ckpt.parent.parent)
     if good is None:
-        raise DamagedCheckpoint(f"checkpoint {ckpt} is damaged ({what}); no intact one is left")
+        raise DamagedCheckpoint(
+            f"checkpoint {ckpt} is damaged ({what}); no intact one is left, so the run cannot "
+            f"be resumed: start it again with run_dir=... set to a new directory (the logs in "
+            f"{ckpt.parent.parent} are kept)"
+        )
     raise DamagedCheckpoint(
         f"checkpoint {ckpt} is damaged ({what}); the newest intact one is {good}: give it "
         f"instead of the run directory (coderl train --resume {good}, coderl eval {good}, "
