@@ -3,15 +3,15 @@ mutated twins (``coderl.grading.twins``), against chance ``1 / (n + 1)`` for ``n
 static, nothing runs.
 
 Plants shipped tasks' second runs as ``grade()`` would (``plant_canaries`` over the
-environment's snapshot) and, for each test with at least two twins, finds its look-alikes in
-file order and the changed token of each. Forges scored (the red team's attack8 a3/a4 and
-its string-centre note): ``place`` bets on the likeliest index for the group's size (from the
-counts of this run, so a bias of any shape shows); ``smallest`` bets on the smallest number;
-``a4`` on an index with ascending values on each side of it (the likeliest under a
-Binomial(n, 1/2) prior; a random look-alike when none is); ``centre`` on the look-alike whose
-changed token is closest, summed over the others, by Hamming distance (ties at random).
-Not scored: plausibility
-(an English word, a round number), the tell a literal's source gives only to a reader.
+environment's snapshot, the rest of its suite as ``others``) and, for each test with at least
+two twins, finds its look-alikes in file order and the changed token of each. Forges scored
+(the red team's attack8 a3/a4 and its string-centre note): a fixed index (the likeliest of
+this run per group size: the printed best is the largest count, so above chance by noise
+alone); ``smallest``, the smallest number (a small count's low place in its run shows here);
+``a4``, an index with ascending values on each side of it (the likeliest under a
+Binomial(n, 1/2) prior; a random look-alike when none is); ``centre``, the look-alike whose
+changed token is closest to the others by summed Hamming distance (ties at random). Not
+scored: plausibility (an English word, a round number).
 Run: ``python bench/twin_tells.py [--plantings 5] [--task ID_SUFFIX] [TASK_FILE ...]``
 (default: six; attack8's a4 task: ``--plantings 300 --task f71f3001a8``).
 """
@@ -127,13 +127,17 @@ def main() -> None:
         for task in load_tasks(path):
             if task.kind != "repo" or not task.id.endswith(args.task):
                 continue
-            snap = Path(find_env(task.env_id).snapshot)
+            env = find_env(task.env_id)
+            snap = Path(env.snapshot)
             f2p = list(dict.fromkeys(task.FAIL_TO_PASS))
             sources = {rel: snap / rel for rel in {t.split("::")[0] for t in f2p}}
             held = frozenset(task.held_out_tests)
+            roots = [snap / t for t in env.test_paths]
+            suite = tuple(p for r in roots for p in ([r] if r.is_file() else r.rglob("*.py")))
             for _ in range(args.plantings):
                 with tempfile.TemporaryDirectory() as tmp:
-                    pl = plant_canaries(sources, f2p, rng, Path(tmp), (), held, twin_policy(task))
+                    policy = twin_policy(task)
+                    pl = plant_canaries(sources, f2p, rng, Path(tmp), suite, held, policy)
                     texts = {m: Path(p).read_bytes() for m, p in pl.mounts.items()}
                 back = {old: new for new, old in pl.renamed.items()}
                 by_file: dict[str, dict[str, list[str]]] = defaultdict(lambda: defaultdict(list))

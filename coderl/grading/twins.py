@@ -48,9 +48,9 @@ Not bumped for the 2026-12-08 change (uniform place, shuffled order, string runs
 above that now get an operator or ``not`` twin). The check grades the gold patch with every
 twin before its test and every twin after it; what its verdict rests on did not move: which
 assertion is changed, so each twin's body and its side effects up to that assertion (a twin
-that lost its literal evaluates the same expressions under ``not``/the flipped method); how
-many twins a test takes; and where a twin can go (before or after its test, beside the same
-neighbours: every split the uniform ``k`` makes, a coin per twin could make too). What moved
+that lost its literal evaluates the same expressions under ``not`` or the flipped method, one
+copy where up to 9 of the same body ran); and where a twin can go (before or after its test,
+beside the same neighbours: every split the uniform ``k`` makes, the coins could make). What moved
 is the order among a test's twins and their literal values, both drawn per grade, which the
 check never covered (one draw each time; its module doc lists "a literal value that decides
 a side effect" as not covered): a twin whose result depends on its siblings' state would have
