@@ -284,6 +284,8 @@ def test_a_string_twins_real_value_is_no_centre_of_its_twins(tmp_path):
     # one character changed at one place for every twin: each look-alike is as central as
     # the others (a 1 in 10 bet); a place drawn per twin made the real one the centre
     assert centre / len(got) < 0.2, centre
-    assert _twin("assert f(x) == ''") == "assert not f(x) == ''"  # no twin of another length
+    # no literal twin that would tell: another length, another way of writing a number
+    for literal in ("''", "'--'", "0x10", "1.50", "1e-05", "1e20"):
+        assert _twin(f"assert f(x) == {literal}") == f"assert not f(x) == {literal}", literal
     floats = {f"assert f(x) == {v / 10}" for v in range(1, 100)}  # not 0.10000000000000009
     assert all(_twin("assert f(x) == 1.1", seed) in floats for seed in range(20))

@@ -29,7 +29,7 @@ order, so neither file order, rank nor distance tells. Residual (``bench/twin_te
 real value below ``n`` sits low in its run; plausibility (the English word, the round number).
 A literal that would tell anyway gets no literal twin: an empty or letterless string (its
 twins would differ in length or class), a number written other than as Python prints it
-(``0x10``, ``1.50``), one that ``+ 1`` does not move (``1e20``).
+(``0x10``, ``1.50``, ``1e-05``), one that ``+ 1`` does not move (``1e20``).
 """
 
 from __future__ import annotations
@@ -164,12 +164,14 @@ def _numbers(value: int | float, count: int, rng: random.Random) -> list[int | f
     negative for a value that is not (so a small count's real value sits low in its run), a
     float rounded to ``value``'s decimals (``1.1 - 1`` reads ``0.10000000000000009``, a
     twin's tell). Empty for a number that ``+ 1`` does not move (``1e20``, ``inf``, ``nan``:
-    a twin that equals its test)."""
+    a twin that equals its test), or one Python prints with an exponent (twins would not)."""
     if value + 1 == value or value != value:
         return []
-    offsets = _run(count, rng, int(value) if value >= 0 else None)
     text = repr(value)
-    if isinstance(value, float) and "e" not in text:
+    if isinstance(value, float) and "e" in text:
+        return []  # 1e-05's twins would read 1.00001, 2.00001, ...
+    offsets = _run(count, rng, int(value) if value >= 0 else None)
+    if isinstance(value, float):
         digits = len(text.partition(".")[2])
         return [round(value + d, digits) for d in offsets]
     return [value + d for d in offsets]
