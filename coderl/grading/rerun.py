@@ -109,13 +109,17 @@ class TwinPolicy:
     ``coderl.grading.twincheck``); every test of the same file and name goes without."""
     side: str = ""
     """``"before"`` or ``"after"``: every twin on that side of its test (the twin check's two
-    orders); ``""``: a coin per twin (grading)."""
+    orders); ``""``: a uniform split (grading, :meth:`sides`)."""
 
-    def after(self, rng: random.Random) -> bool:
-        """Whether the next twin goes after its test (a coin from ``rng`` unless :attr:`side`
-        fixes it; the coin is drawn either way, so the rest of the run's draws do not move)."""
-        coin = rng.random() < 0.5
-        return {"before": False, "after": True}.get(self.side, coin)
+    def sides(self, count: int, rng: random.Random) -> list[bool]:
+        """Whether each of a test's ``count`` twins (in ``twins.pick``'s shuffled order) goes
+        after it: the first ``k`` before, the rest after, ``k`` uniform in ``0..count``, so
+        the test's place among its ``count + 1`` look-alikes in file order is uniform (a coin
+        per twin made it binomial, the middle places likeliest). :attr:`side` fixes ``k``; it
+        is drawn either way, so the rest of the run's draws do not move."""
+        drawn = rng.randint(0, count)
+        before = {"before": count, "after": 0}.get(self.side, drawn)
+        return [i >= before for i in range(count)]
 
 
 @dataclass
@@ -290,7 +294,7 @@ def plant_canaries(
     idna's codec tests call ``test_idna.IDNATests().test_decode``, which a rename in one file
     would break. Files that cannot take a canary are left alone; an empty :class:`Planted`
     means none could. ``twins``: which tests get no twin and where twins go
-    (:class:`TwinPolicy`; default: every test that can have one, each side by a coin).
+    (:class:`TwinPolicy`; default: every test that can have one, placed as grading does).
     """
     twins = twins or TwinPolicy()
     plans: dict[str, _File] = {}
@@ -315,8 +319,9 @@ def plant_canaries(
     kinds += ("name",) * (n_renames + sum(map(len, chosen_twins.values())))
     drawn = make_canaries(rng, tests_seen, kinds, frozenset(taken))
     fresh = iter([c.name for c in drawn if c.kind == "name"])
-    for (rel, line), chosen in chosen_twins.items():  # each before or after the test, by a coin
-        plans[rel].twins[line] = [(m, next(fresh), twins.after(rng)) for m in chosen]
+    for (rel, line), chosen in chosen_twins.items():  # the test at a uniform place among them
+        sides = twins.sides(len(chosen), rng)
+        plans[rel].twins[line] = [(m, next(fresh), a) for m, a in zip(chosen, sides, strict=True)]
     chosen = [c for c in drawn if c.kind != "name"]
     slots = [(rel, cls) for rel, p in sorted(plans.items()) for cls in p.slots]
     in_class = [sl for sl in slots if sl[1] is not None]

@@ -19,6 +19,17 @@ it; never inside ``if``, ``try``, ``while`` or a nested function. The last such 
 changed (:func:`mutations` says why); there a literal change is preferred to a flipped operator
 or method, and that to an added or dropped ``not`` (a likelier tell than a changed number). A test with no such assertion (only
 ``pytest.raises``, say) gets no twin (:func:`mutations` is empty).
+
+What the look-alikes hide (a forge that reads the planted file has a 1 in ``n + 1`` bet on the
+real one of ``n + 1``). Its place: ``k`` twins before it, ``k`` uniform (``rerun.TwinPolicy``).
+A literal's value: the ``n + 1`` values are a run of consecutive ones (a string's: one letter
+or digit cycled through its class) with the real one at a uniform place, planted in shuffled
+order, so neither file order, rank nor distance tells. Residual (``bench/twin_tells.py``,
+``docs/tasks-and-grading.md``): a number that is not negative keeps twins that are not, so a
+real value below ``n`` sits low in its run; plausibility (the English word, the round number).
+A literal that would tell anyway gets no literal twin: an empty or letterless string (its
+twins would differ in length or class), a number written other than as Python prints it
+(``0x10``, ``1.50``, ``1e-05``), one that ``+ 1`` does not move (``1e20``).
 """
 
 from __future__ import annotations
@@ -30,8 +41,21 @@ from dataclasses import dataclass
 
 RULES = 1
 """Version of how twins are made and placed (this module and ``coderl.grading.rerun``'s
-planting): bump it with any change there, so that the twin check's record
-(``coderl.grading.twincheck``), made under older rules, is refused until it is made again."""
+planting): bump it with any change there that can move the twin check's verdict, so that its
+record (``coderl.grading.twincheck``), made under older rules, is refused until made again.
+
+Not bumped for the 2026-12-08 change (uniform place, shuffled order, string runs, the literals
+above that now get an operator or ``not`` twin). The check grades the gold patch with every
+twin before its test and every twin after it; what its verdict rests on did not move: which
+assertion is changed, so each twin's body and its side effects up to that assertion (a twin
+that lost its literal evaluates the same expressions under ``not`` or the flipped method, one
+copy where up to 9 of the same body ran); and where a twin can go (before or after its test,
+beside the same neighbours: every split the uniform ``k`` makes, the coins could make). What moved
+is the order among a test's twins and their literal values, both drawn per grade, which the
+check never covered (one draw each time; its module doc lists "a literal value that decides
+a side effect" as not covered): a twin whose result depends on its siblings' state would have
+to meet its own drawn literal to pass, and the real test would see that state in the
+all-before order, where the check drops it."""
 
 _INVERSE_METHODS = {
     "assertTrue": "assertFalse",
@@ -44,7 +68,6 @@ _INVERSE_METHODS = {
 _INVERSE_METHODS |= {v: k for k, v in _INVERSE_METHODS.items()}
 _SWALLOWS = re.compile(r"raises|Raises|suppress|warns|Warns|Logs")
 _SIMPLE_STR = re.compile(rb"^([bBuU]?)(['\"])([A-Za-z0-9 _.,:;/-]*)\2$")
-_LETTERS = "abcdefghijklmnopqrstuvwxyz0123456789"
 
 
 @dataclass(frozen=True)
@@ -124,29 +147,59 @@ def _span(node: ast.AST) -> tuple[int, int, int, int] | None:
     return int(getattr(node, "lineno", 0)), int(getattr(node, "col_offset", 0)), end, end_col
 
 
-def _numbers(value: int | float, count: int, rng: random.Random) -> list[int | float]:
-    """``count`` other numbers, with ``value`` at a uniformly drawn place in the run of
-    ``count + 1`` consecutive ones they make (so neither the middle nor an end tells which is
-    the test's own); never negative for a value that is not."""
+def _run(count: int, rng: random.Random, most_below: int | None = None) -> list[int]:
+    """The nonzero offsets of a run of ``count + 1`` consecutive values in which the real one
+    (offset 0) sits at a uniformly drawn place: ``k`` below it (``k`` uniform in
+    ``0..count``, capped at ``most_below``), ``count - k`` above; ascending (:func:`pick`
+    shuffles). The run is the same whichever of its members is the real one, so its values
+    do not tell which (only the cap does, and plausibility: module doc)."""
     below = rng.randint(0, count)
-    if value >= 0 and value - below < 0:
-        below = int(value)  # as many below as the numbers >= 0 allow
-    return [value + d for d in range(-below, count - below + 1) if d != 0]
+    if most_below is not None:
+        below = min(below, most_below)
+    return [d for d in range(-below, count - below + 1) if d != 0]
+
+
+def _numbers(value: int | float, count: int, rng: random.Random) -> list[int | float]:
+    """``count`` other numbers: ``value``'s run of consecutive ones (:func:`_run`), never
+    negative for a value that is not (so a small count's real value sits low in its run), a
+    float rounded to ``value``'s decimals (``1.1 - 1`` reads ``0.10000000000000009``, a
+    twin's tell). Empty for a number that ``+ 1`` does not move (``1e20``, ``inf``, ``nan``:
+    a twin that equals its test), or one Python prints with an exponent (twins would not)."""
+    if value + 1 == value or value != value:
+        return []
+    text = repr(value)
+    if isinstance(value, float) and "e" in text:
+        return []  # 1e-05's twins would read 1.00001, 2.00001, ...
+    offsets = _run(count, rng, int(value) if value >= 0 else None)
+    if isinstance(value, float):
+        digits = len(text.partition(".")[2])
+        return [round(value + d, digits) for d in offsets]
+    return [value + d for d in offsets]
+
+
+_CYCLES = (b"abcdefghijklmnopqrstuvwxyz", b"ABCDEFGHIJKLMNOPQRSTUVWXYZ", b"0123456789")
+"""The classes a string twin's changed character cycles through (it keeps its class)."""
 
 
 def _strings(body: bytes, count: int, rng: random.Random) -> list[bytes]:
-    """Up to ``count`` distinct copies of ``body`` with one character changed (kept in case)."""
-    if not body:
-        return [c.encode() for c in rng.sample(_LETTERS, min(count, len(_LETTERS)))]
-    out: dict[bytes, None] = {}
-    for _ in range(count * 8):
-        at = rng.randrange(len(body))
-        now = chr(body[at])
-        swap = rng.choice([c for c in _LETTERS if c not in (now, now.lower())])
-        out[body[:at] + (swap.upper() if now.isupper() else swap).encode() + body[at + 1 :]] = None
-        if len(out) == count:
-            break
-    return list(out)
+    """Up to ``count`` copies of ``body`` with the character at one drawn place (a letter or
+    a digit) replaced by its neighbours in its class's cycle, :func:`_run`'s run on that
+    character, wrapping around (``"cat"`` -> ``"cbt"``, ``"cct"``, ... or ``"czt"``). All
+    differ from each other at that one place, so the real value is no centre (one character
+    from every twin while the twins are two apart), and it sits at a uniform place in the
+    run. Empty for a body with no letter or digit (an empty string's twins would differ in
+    length, a tell)."""
+    places = [i for i, c in enumerate(body) if any(c in cycle for cycle in _CYCLES)]
+    if not places:
+        return []
+    at = rng.choice(places)
+    cycle = next(cycle for cycle in _CYCLES if body[at] in cycle)
+    here = cycle.index(body[at])
+    out = []
+    for d in _run(min(count, len(cycle) - 1), rng):
+        new = (here + d) % len(cycle)
+        out.append(body[:at] + cycle[new : new + 1] + body[at + 1 :])
+    return out
 
 
 def _literal(node: ast.expr, lines: list[bytes], rng: random.Random, count: int) -> list[Mutation]:
@@ -166,7 +219,7 @@ def _literal(node: ast.expr, lines: list[bytes], rng: random.Random, count: int)
     texts: list[bytes] = []
     if isinstance(value, bool):
         texts = [str(not value).encode()]
-    elif type(value) in (int, float):
+    elif type(value) in (int, float) and old == repr(value).encode():  # `0x10`, `1.50` tell
         texts = [repr(v).encode() for v in _numbers(value, count, rng)]
     elif isinstance(value, (str, bytes)) and (m := _SIMPLE_STR.match(old)):
         quote = m.group(1) + m.group(2)
@@ -290,10 +343,13 @@ def pick(
 ) -> list[Mutation]:
     """Up to ``count`` distinct twins' mutations of ``func``, all at one place drawn from
     ``rng`` among :func:`mutations`' of the best rank (a literal has up to ``count`` values,
-    a flipped operator or an inversion one); empty: no twin."""
+    a flipped operator or an inversion one), shuffled: the order they are planted in, so file
+    order says nothing of a literal's value; empty: no twin."""
     found = mutations(func, lines, rng, count)
     pool = [m for m in found if m.rank == found[0].rank] if found else []
     if not pool:
         return []
     where = rng.choice(sorted({(m.edits[0].line, m.edits[0].col) for m in pool}))
-    return [m for m in pool if (m.edits[0].line, m.edits[0].col) == where][:count]
+    out = [m for m in pool if (m.edits[0].line, m.edits[0].col) == where][:count]
+    rng.shuffle(out)
+    return out
