@@ -37,9 +37,42 @@ def _episode_keys() -> list[str]:
     return [f.name for f in dataclasses.fields(EpisodeConfig) if f.name not in from_rollout]
 
 
-def _check_agent_options(cfg: Config, top: set[str]) -> None:
+def check_toolset(toolsets: Any, kind: str) -> None:
+    """Refuse a ``tasks.options.episode.toolsets`` that gives the source's task kind no tool set,
+    or names a tool that does not exist (either would fail in every episode, after the model
+    loaded).
+
+    Args:
+        toolsets: the configured ``{task kind: [tool name, ...]}``, or None (the default
+            ``coderl.agent.tools.TOOLSETS``, which covers every kind).
+        kind: the kind of the source's tasks (``repo`` or ``function``).
+
+    Raises:
+        ConfigError: one line naming the key and what to set.
+    """
+    from coderl.agent.tools import TOOLSETS, resolve_tools
+
+    if toolsets is None:
+        return
+    key = "tasks.options.episode.toolsets"
+    if kind not in toolsets:
+        default = "[" + ", ".join(TOOLSETS[kind]) + "]"
+        raise ConfigError(
+            f"{key} has no tool set for this source's {kind!r} tasks (it has {sorted(toolsets)}): "
+            f"add {key}.{kind}={default}, or leave {key} unset for the default tool sets"
+        )
+    for name, tools in toolsets.items():
+        try:
+            resolve_tools(list(tools))
+        except KeyError as e:
+            raise ConfigError(f"{key}.{name}: {e.args[0]}") from None
+
+
+def _check_agent_options(cfg: Config, top: set[str], kind: str) -> None:
     check_options(cfg.tasks.options, top, "tasks.options")
-    check_options(cfg.tasks.options.get("episode") or {}, _episode_keys(), "tasks.options.episode")
+    episode = cfg.tasks.options.get("episode") or {}
+    check_options(episode, _episode_keys(), "tasks.options.episode")
+    check_toolset(episode.get("toolsets"), kind)
 
 
 def _toy(cfg: Config) -> Environment:
@@ -51,28 +84,28 @@ def _toy(cfg: Config) -> Environment:
 def _humaneval(cfg: Config) -> Environment:
     from coderl.envs.agent import humaneval_environment
 
-    _check_agent_options(cfg, {"episode"})
+    _check_agent_options(cfg, {"episode"}, "function")
     return humaneval_environment(cfg)
 
 
 def _fnrepair(cfg: Config) -> Environment:
     from coderl.envs.fnrepair import fnrepair_environment
 
-    _check_agent_options(cfg, {"episode", "tasks_file", "outside_file"})
+    _check_agent_options(cfg, {"episode", "tasks_file", "outside_file"}, "function")
     return fnrepair_environment(cfg)
 
 
 def _repo(cfg: Config) -> Environment:
     from coderl.envs.agent import repo_environment
 
-    _check_agent_options(cfg, {"episode", "tasks_file", "repos_file", "ladder"})
+    _check_agent_options(cfg, {"episode", "tasks_file", "repos_file", "ladder"}, "repo")
     return repo_environment(cfg)
 
 
 def _swebench(cfg: Config) -> Environment:
     from coderl.envs.agent import swebench_environment
 
-    _check_agent_options(cfg, {"episode", "tasks_file", "split", "namespace"})
+    _check_agent_options(cfg, {"episode", "tasks_file", "split", "namespace"}, "repo")
     if not cfg.tasks.options.get("tasks_file"):
         raise ConfigError("tasks.options.tasks_file: the SWE-bench-format instances to read")
     if cfg.sandbox.backend != "container":

@@ -1,0 +1,74 @@
+"""A user's first day (issue 48), eleventh pass: a tool set that misses the tasks' kind is
+refused before the model loads; a missing built environment is named before the model loads
+and logged in one line per task during rollouts; imported instances whose gold patch does not
+apply are dropped; the online loop reports progress; a step with every group dropped still logs
+what its graded rollouts measured."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+import coderl.online.cycle
+import coderl.train.run
+from coderl.cli import main
+
+ROOT = Path(__file__).parent.parent
+REPAIR = str(ROOT / "configs" / "repair.yaml")
+FAST = ["progress=false", "tensorboard=false", "eval.before_after=false"]
+
+
+@pytest.fixture(autouse=True)
+def one_torch_thread():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)  # tiny models gain nothing from intra-op threads on busy cores
+    yield
+    torch.set_num_threads(before)
+
+
+class ModelLoads(RuntimeError):
+    """Raised where a command loads its model: a refusal must come before it."""
+
+
+def _stop_at_model(*args, **kwargs):
+    raise ModelLoads()
+
+
+# --- 1. a tool set without the tasks' kind: one line before the model loads ---------------------
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["train", REPAIR, "model.name=tiny-random", "sft.enabled=false", *FAST],
+        ["demo", "--config", REPAIR, "model.name=tiny-random", "sft.enabled=false", *FAST],
+    ],
+    ids=lambda argv: argv[0],
+)
+def test_repo_tasks_with_a_function_only_tool_set_are_refused(argv, tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(coderl.train.run, "load_policy", _stop_at_model)
+    assert main([*argv, "tasks.source=repo", f"run_dir={tmp_path / 'run'}"]) != 0
+    err = [line for line in capsys.readouterr().err.splitlines() if "error:" in line]
+    assert len(err) == 1, err
+    assert "tasks.options.episode.toolsets has no tool set for this source's 'repo'" in err[0]
+    assert "tasks.options.episode.toolsets.repo=[read_file, search" in err[0]
+
+
+def test_a_tool_set_naming_an_unknown_tool_is_refused(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(coderl.train.run, "load_policy", _stop_at_model)
+    argv = ["train", REPAIR, "model.name=tiny-random", "sft.enabled=false", *FAST]
+    overrides = ["tasks.options.episode.toolsets.function=[write_fiel, submit]"]
+    assert main([*argv, *overrides, f"run_dir={tmp_path / 'run'}"]) != 0
+    err = capsys.readouterr().err
+    assert "tasks.options.episode.toolsets.function: unknown tools ['write_fiel']" in err
+
+
+def test_eval_of_repo_tasks_with_a_function_only_tool_set_is_refused(tmp_path, monkeypatch):
+    from coderl.cli.eval import _check_split
+    from coderl.config import ConfigError, load_config
+
+    cfg = load_config(REPAIR, ["tasks.source=repo", f"run_dir={tmp_path}"])
+    with pytest.raises(ConfigError, match="toolsets has no tool set for this source's 'repo'"):
+        _check_split(cfg, "repo:heldout", "heldout")
