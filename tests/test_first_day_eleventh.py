@@ -72,3 +72,53 @@ def test_eval_of_repo_tasks_with_a_function_only_tool_set_is_refused(tmp_path, m
     cfg = load_config(REPAIR, ["tasks.source=repo", f"run_dir={tmp_path}"])
     with pytest.raises(ConfigError, match="toolsets has no tool set for this source's 'repo'"):
         _check_split(cfg, "repo:heldout", "heldout")
+
+
+# --- 2. environments not built: one line before the model loads, one line per masked task -------
+
+BUGFIX = str(ROOT / "configs" / "repo-bugfix.yaml")
+
+
+@pytest.fixture
+def empty_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("CODERL_CACHE", str(tmp_path / "emptycache"))
+    return tmp_path / "emptycache"
+
+
+def test_train_on_unbuilt_environments_is_refused_before_the_model_loads(
+    tmp_path, empty_cache, monkeypatch, capsys
+):
+    monkeypatch.setattr(coderl.train.run, "load_policy", _stop_at_model)
+    argv = ["train", BUGFIX, "model.name=tiny-random", "sft.enabled=false", *FAST]
+    assert main([*argv, f"run_dir={tmp_path / 'run'}"]) == 2
+    err = [line for line in capsys.readouterr().err.splitlines() if "error:" in line]
+    assert len(err) == 1, err
+    assert "need environments that are not built in" in err[0] and str(empty_cache) in err[0]
+    assert "`coderl tasks build-env " in err[0] and "toolz==1.0.0" in err[0], err[0]
+
+
+def test_eval_of_unbuilt_environments_is_refused_before_the_model_loads(tmp_path, empty_cache):
+    from coderl.cli.eval import _check_split
+    from coderl.config import load_config
+
+    cfg = load_config(BUGFIX, ["eval.tasks=2", f"run_dir={tmp_path}"])
+    with pytest.raises(ValueError, match="2 repository tasks need environments that are not built"):
+        _check_split(cfg, None, cfg.tasks.heldout_split)
+
+
+def test_a_masked_episode_of_an_unbuilt_environment_logs_one_line(tmp_path, empty_cache, caplog):
+    import logging
+
+    from coderl.config import load_config
+    from coderl.envs import build_environment
+    from coderl.policy import SamplingParams
+
+    env = build_environment(load_config(BUGFIX, [f"run_dir={tmp_path}"]))
+    tasks = env.tasks("train")[:2]
+    caplog.set_level(logging.DEBUG, logger="coderl")
+    records = env.rollout(None, tasks, SamplingParams(), 2)  # no sandbox starts: no model call
+    assert [r.failure for r in records] == ["infra"] * 4
+    masked = [r for r in caplog.records if "could not start" in r.getMessage()]
+    assert len(masked) == 4 and not any(r.exc_info for r in masked)
+    assert [r.levelno for r in masked].count(logging.WARNING) == len({t.env_id for t in tasks})
+    assert "no built environment matches" in masked[0].getMessage()

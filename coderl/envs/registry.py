@@ -172,6 +172,35 @@ ENVIRONMENTS: dict[str, Callable[[Config], Environment]] = {
 }
 
 
+def check_built(env: Environment, split: str, limit: int | None = None) -> None:
+    """Refuse, before the model loads, the first ``limit`` tasks of ``split`` (all: None) whose
+    repository environment is not built (:func:`coderl.tasks.env.check_built`); through a
+    gateway, and in each entry of a mix. Instance images (``tasks.source=swebench``) bring their
+    own environment and are not checked.
+
+    Raises:
+        ValueError: one line naming the missing environments and the build command.
+    """
+    from coderl.envs.mix import MixEnvironment
+    from coderl.tasks.env import check_built as check_tasks
+
+    if isinstance(env, MixEnvironment):
+        for label, sub in env.envs.items():
+            if _own_sandboxes(getattr(sub, "inner", sub)):
+                check_tasks(env.source_tasks(label, split))
+        return
+    inner = getattr(env, "inner", env)  # a gateway runs its inner environment's sandboxes
+    if _own_sandboxes(inner):
+        check_tasks(inner.tasks(split)[:limit])
+
+
+def _own_sandboxes(env: Any) -> bool:
+    """``env`` starts its rollouts in coderl-built environments (not in instance images)."""
+    from coderl.envs.agent import AgentEnvironment
+
+    return isinstance(env, AgentEnvironment) and env.sandbox is None
+
+
 def build_environment(cfg: Config) -> Environment:
     """The environment named by ``cfg.tasks.source``.
 

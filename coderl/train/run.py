@@ -34,6 +34,7 @@ from torch import nn
 
 from coderl.config import Config
 from coderl.envs import Environment, build_environment
+from coderl.envs.registry import check_built
 from coderl.eval.passk import check_measured
 from coderl.metrics import add_cpu_since, cpu_clock
 from coderl.policy.loading import load_policy
@@ -147,6 +148,9 @@ def setup_run(
         env = build_environment(cfg)
         if training:
             check_extra_splits(cfg, env)  # before the model loads
+            check_built(env, cfg.tasks.train_split)
+            if cfg.eval.before_after or cfg.eval.every:
+                check_built(env, cfg.tasks.heldout_split, cfg.eval.tasks)
         policy = build_policy(cfg)
         value_head = None
         if cfg.algorithm.advantage == "gae":
