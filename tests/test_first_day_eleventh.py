@@ -122,3 +122,90 @@ def test_a_masked_episode_of_an_unbuilt_environment_logs_one_line(tmp_path, empt
     assert len(masked) == 4 and not any(r.exc_info for r in masked)
     assert [r.levelno for r in masked].count(logging.WARNING) == len({t.env_id for t in tasks})
     assert "no built environment matches" in masked[0].getMessage()
+
+
+# --- 3. imported instances whose gold patch cannot work are dropped, one line each --------------
+
+
+def _mini_cache(tmp_path: Path, monkeypatch) -> Path:
+    """A cache holding one environment record over the mini repository of test_tasks_swebench."""
+    from test_tasks_swebench import fake_env, make_repo
+
+    cache = tmp_path / "cache"
+    env = fake_env(make_repo(tmp_path / "repo"))
+    (cache / "envs" / env.env_id).mkdir(parents=True)
+    env.save(cache / "envs" / env.env_id / "env.json")
+    monkeypatch.setenv("CODERL_CACHE", str(cache))
+    return cache
+
+
+def test_import_drops_instances_whose_gold_patch_or_tests_cannot_work(
+    tmp_path, monkeypatch, capsys
+):
+    from test_tasks_swebench import BUGGY, FIXED, instance, write_jsonl
+
+    from coderl.tasks.patches import make_diff
+    from coderl.tasks.spec import load_tasks
+
+    _mini_cache(tmp_path, monkeypatch)
+    rows = [
+        instance(),  # the gold patch applies to the snapshot: kept
+        instance(instance_id="mini__solved", patch=make_diff("mini/calc.py", FIXED, BUGGY)),
+        instance(instance_id="mini__nofile", FAIL_TO_PASS='["tests/test_nope.py::test_add"]'),
+    ]
+    out = tmp_path / "tasks.jsonl"
+    argv = ["tasks", "import", str(write_jsonl(tmp_path / "in.jsonl", rows)), "--out", str(out)]
+    assert main([*argv, "--env", "mini-local-000000000000"]) == 0
+    said = capsys.readouterr().out
+    assert "dropped mini__solved: the gold patch is already in the environment's snapshot" in said
+    assert "dropped mini__nofile: FAIL_TO_PASS names tests in files the environment" in said
+    assert "1 tasks (swebench) -> " in said and ", 2 dropped" in said
+    assert f"coderl tasks validate {out}" in said
+    assert [t.id for t in load_tasks(out)] == ["mini__mini-1"]
+
+
+def test_import_says_when_the_environment_is_not_built(tmp_path, monkeypatch, capsys):
+    from test_tasks_swebench import instance, write_jsonl
+
+    _mini_cache(tmp_path, monkeypatch)
+    row = instance(coderl={"env_id": "mini-local-ffffffffffff"})  # named, not built
+    out = tmp_path / "tasks.jsonl"
+    assert (
+        main(["tasks", "import", str(write_jsonl(tmp_path / "in.jsonl", [row])), "--out", str(out)])
+        == 0
+    )
+    said = capsys.readouterr().out
+    assert "not checked: environments ['mini-local-ffffffffffff'] are not built" in said
+
+
+def test_import_drops_an_instance_that_reuses_a_shipped_task_id(tmp_path, monkeypatch, capsys):
+    from test_tasks_swebench import instance, write_jsonl
+
+    from coderl.tasks.repos import task_files
+    from coderl.tasks.spec import load_tasks
+
+    shipped = load_tasks(task_files()[0])[0]
+    _mini_cache(tmp_path, monkeypatch)
+    rows = [instance(), instance(instance_id=shipped.id)]
+    out = tmp_path / "tasks.jsonl"
+    argv = ["tasks", "import", str(write_jsonl(tmp_path / "in.jsonl", rows)), "--out", str(out)]
+    assert main([*argv, "--env", "mini-local-000000000000"]) == 0
+    said = capsys.readouterr().out
+    assert (
+        f"dropped {shipped.id}: the id of a shipped task" in said and "another instance_id" in said
+    )
+
+
+def test_a_task_under_a_shipped_id_is_told_to_take_another_id():
+    from coderl.grading.twincheck import TWIN_CHECK, TwinRecordError, load, twin_policy
+    from coderl.tasks.repos import task_files
+    from coderl.tasks.spec import load_tasks
+
+    recorded = load(TWIN_CHECK)
+    shipped = next(t for p in task_files() for t in load_tasks(p) if t.id in recorded)
+    other = shipped.model_copy(update={"gold_patch": shipped.gold_patch + "\n"})
+    with pytest.raises(TwinRecordError) as e:
+        twin_policy(other)
+    said = str(e.value)
+    assert "needs an id no shipped task has" in said
+    assert f"coderl tasks twin-check FILE --ids {shipped.id}" in said
