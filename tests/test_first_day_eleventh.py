@@ -209,3 +209,55 @@ def test_a_task_under_a_shipped_id_is_told_to_take_another_id():
     said = str(e.value)
     assert "needs an id no shipped task has" in said
     assert f"coderl tasks twin-check FILE --ids {shipped.id}" in said
+
+
+# --- 4. coderl online run: progress of its train and gate phases; the traffic's broken calls ---
+
+
+def test_the_online_update_shows_its_steps(capsys):
+    from coderl.config import AlgorithmConfig, TrainerConfig
+    from coderl.online.update import update
+    from coderl.policy.base import SamplingParams
+    from coderl.policy.local import LocalPolicy
+    from coderl.policy.tiny import tiny_random
+
+    torch.manual_seed(0)
+    model, tok = tiny_random(0)
+    policy = LocalPolicy(model, tok, reference=False)
+    prompts = [[5, 6, 7, 8], [9, 10, 11]]
+    outs = policy.generate(prompts, SamplingParams(temperature=1.0, max_new_tokens=4, seed=1))
+    rows = [
+        {"interaction_id": f"i{i}", "prompt_token_ids": p, "completion_token_ids": o.token_ids,
+         "behaviour_logprobs": o.logprobs, "policy_version": 0, "exploration": False}
+        for i, (p, o) in enumerate(zip(prompts, outs, strict=True))
+    ]  # fmt: skip
+    trainer = TrainerConfig(steps=2, lr=1e-3, micro_batch_size=2)
+    update(policy, policy, rows, torch.tensor([1.0, -1.0]), algorithm=AlgorithmConfig(),
+           trainer=trainer, temperature=1.0, max_len=4, progress=True)  # fmt: skip
+    err = capsys.readouterr().err
+    assert "online train 1/2 elapsed " in err and "online train 2/2 elapsed " in err, err
+    assert " eta " in err and "2 interactions, loss " in err
+
+
+def test_the_gate_evaluation_shows_its_tasks(tmp_path, capsys):
+    from coderl.config import load_online_config
+    from coderl.online.heldout import EnvEvaluator
+    from tests.online_scripts import solver
+
+    cfg = load_online_config(
+        str(ROOT / "configs" / "online-demo.yaml"),
+        [f"run_dir={tmp_path}", "online.eval.limit=2", "online.eval.samples=2",
+         "rollout.max_new_tokens=2048", "eval.batch_episodes=2"],
+    )  # fmt: skip
+    ev = EnvEvaluator(cfg)
+    ev(solver(cfg, ev.tasks))
+    err = capsys.readouterr().err
+    assert "gate held-out (2 samples/task) 1/2 elapsed " in err, err
+    assert "gate held-out (2 samples/task) 2/2 elapsed " in err and "resolved " in err
+
+
+def test_the_traffic_line_does_not_call_its_count_what_the_monitors_call_broken_calls():
+    from coderl.online.simulate import SimStats
+
+    line = SimStats(requests=24, broken_calls=1).line()
+    assert "broken" not in line and "1 tool_error events (calls the clients could not use)" in line

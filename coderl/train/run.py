@@ -526,19 +526,10 @@ def _evaluate(
 ) -> Any:
     """:func:`coderl.eval.passk.evaluate` of ``tasks`` with a progress bar (the caller
     gathers a sharded run's weights)."""
-    from coderl.eval.passk import evaluate
+    from coderl.eval.passk import eval_phase, evaluate, shown_batches
     from coderl.progress import PhaseProgress
 
-    cfg = run.cfg
-    resolved = 0
-    per = f"{n} sample{'s' if n != 1 else ''}/task"
-    with PhaseProgress(f"eval ({per})", len(tasks), enabled=cfg.progress) as bar:
-
-        def batch_done(done: int, correct: int) -> None:
-            nonlocal resolved
-            resolved += correct
-            bar.advance(done, status=f"resolved {resolved} of {(bar.done + done) * n} samples")
-
+    with PhaseProgress(eval_phase("eval", n), len(tasks), enabled=run.cfg.progress) as bar:
         return evaluate(
             run.env,
             run.engine if run.engine is not None else run.policy,
@@ -548,7 +539,7 @@ def _evaluate(
             params=params,
             tasks_per_batch=per_batch,
             episodes_out=episodes_out,
-            on_batch=batch_done,
+            on_batch=shown_batches(bar, n),
         )
 
 
