@@ -261,3 +261,38 @@ def test_the_traffic_line_does_not_call_its_count_what_the_monitors_call_broken_
 
     line = SimStats(requests=24, broken_calls=1).line()
     assert "broken" not in line and "1 tool_error events (calls the clients could not use)" in line
+
+
+# --- 5. a step whose every group was dropped logs what its graded rollouts measured -------------
+
+
+def test_a_step_with_every_group_dropped_logs_what_its_rollouts_measured(
+    tmp_path, monkeypatch, capsys
+):
+    from coderl.envs.base import GradeRecord
+    from coderl.envs.toy import ToyEnvironment
+    from coderl.metrics import read_jsonl
+    from coderl.train.run import step_status
+
+    def all_resolved(self, tasks, episodes):
+        return [GradeRecord(resolved=True, fraction_passed=1.0) for _ in episodes]
+
+    monkeypatch.setattr(ToyEnvironment, "grade", all_resolved)
+    toy = str(ROOT / "configs" / "toy.yaml")
+    argv = ["train", toy, *FAST, "trainer.steps=1", "rollout.group_size=2", "--no-report"]
+    argv += [
+        "rollout.max_new_tokens=2",
+        "dynamic_sampling.mode=drop",
+        f"run_dir={tmp_path / 'run'}",
+    ]
+    assert main(argv) == 0
+    [row] = read_jsonl(tmp_path / "run" / "metrics.jsonl")
+    assert row["optimizer_steps"] == 0.0 and row["episodes"] == 0.0  # nothing trained
+    n = row["dynamic/dropped_groups"] * 2
+    assert row["measured_episodes"] == n > 0
+    assert row["resolved_rate"] == 1.0 and row["reward/mean"] is not None
+    assert row["reward/tests"] == 1.0
+    said = step_status(row)
+    assert said.endswith(
+        f"(no update): reward {row['reward/mean']:.3f} resolved 100% of {n:.0f} episodes"
+    )

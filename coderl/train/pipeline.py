@@ -505,10 +505,32 @@ def _mean(xs: list[float]) -> float:
     return float(np.mean(xs)) if xs else math.nan
 
 
-def step_metrics(infos: list[dict[str, Any]], cfg: Config) -> dict[str, float]:
+def reward_metrics(infos: list[dict[str, Any]], cfg: Config) -> dict[str, float]:
+    """``reward/mean``, ``reward/std``, ``reward/<term>`` and ``resolved_rate`` over the valid
+    (unmasked) episodes of ``infos`` (NaN without one), and ``measured_episodes``, their count."""
+    valid = [x for x in infos if x["valid"]]
+    totals = [x["total"] for x in valid]
+    m = {
+        "reward/mean": _mean(totals),
+        "reward/std": float(np.std(totals)) if totals else math.nan,
+        "resolved_rate": _mean([float(x["resolved"]) for x in valid]),
+        "measured_episodes": float(len(valid)),
+    }
+    for name in cfg.reward.terms:
+        m[f"reward/{name}"] = _mean([x["breakdown"][name] for x in valid if name in x["breakdown"]])
+    return m
+
+
+def step_metrics(
+    infos: list[dict[str, Any]], cfg: Config, measured: list[dict[str, Any]] | None = None
+) -> dict[str, float]:
     """Per-step episode, reward and failure metrics of a step's episodes (any driver).
 
-    ``reward/*`` and ``resolved_rate`` are over valid (unmasked) episodes; ``episode/*`` are per
+    ``reward/*``, ``resolved_rate`` and ``measured_episodes`` (:func:`reward_metrics`) are over
+    the valid episodes of ``measured``, every episode the step graded (default ``infos``): the
+    synchronous driver passes those of every round, before dynamic sampling drops a group, so a
+    step whose every group was dropped still logs what its rollouts measured; ``episodes`` (and
+    the per-episode metrics) count the episodes trained on (0: no update). ``episode/*`` are per
     episode; ``infra_failed_rate``, ``agent_failed_rate`` and ``masked_rate`` are shares of all
     the step's episodes (``reward/masked`` and ``reward/grading_errors``: counts). When ``masked_rate > reward.mask_alarm_rate`` a warning is logged
     (logger ``coderl.train``) and ``alarm/masked`` is 1. ``hacks/suspected_rate`` and
@@ -519,21 +541,14 @@ def step_metrics(infos: list[dict[str, Any]], cfg: Config) -> dict[str, float]:
     n = len(infos)
     d = max(n, 1)
     valid = [x for x in infos if x["valid"]]
-    totals = [x["total"] for x in valid]
-    m: dict[str, float] = {
-        "reward/mean": _mean(totals),
-        "reward/std": float(np.std(totals)) if totals else math.nan,
-        "episodes": float(n),
-        "resolved_rate": _mean([float(x["resolved"]) for x in valid]),
-    }
+    m: dict[str, float] = {"episodes": float(n)}
+    m.update(reward_metrics(infos if measured is None else measured, cfg))
     counts = ("sampled_tokens", "untrained_tokens", "turns", "segments", "broken_tool_calls")
     for key in (*counts, "no_action_turns"):
         m[f"episode/{key}"] = sum(x[key] for x in infos) / d
     m["episode/truncated_rate"] = sum(x["truncated"] for x in infos) / d
     m.update(summary_metrics(infos))
     m.update(kv_metrics(infos))
-    for name in cfg.reward.terms:
-        m[f"reward/{name}"] = _mean([x["breakdown"][name] for x in valid if name in x["breakdown"]])
     infra = sum(x["failure"] == "infra" for x in infos)
     m["infra_failed_rate"] = infra / d
     m["agent_failed_rate"] = sum(x["failure"] == "agent" for x in infos) / d

@@ -238,22 +238,30 @@ def sync_engine(run: Run) -> dict[str, float]:
 
 def step_status(metrics: dict[str, float]) -> str:
     """A training step's progress status: reward and resolved rate over the episodes it
-    measured, and what it did not measure, said as such (never ``reward nan``): groups dropped
+    measured (``measured_episodes``: every graded episode, dropped groups included), and what it
+    did not measure or train on, said as such (never ``reward nan``): groups dropped
     by dynamic sampling (every group dropped: said so, with no update), episodes masked as
     infrastructure failures."""
     n = int(metrics.get("episodes", 0))
     masked = int(metrics.get("reward/masked", 0))
     dropped = int(metrics.get("dynamic/dropped_groups", 0))
+    measured = int(metrics.get("measured_episodes", n - masked))
     notes = [f"{dropped} zero-variance groups dropped"] if dropped and n else []
     if masked:
         notes.append(f"{masked} of {n} episodes masked")
+
+    def said() -> str:
+        reward, resolved = metrics["reward/mean"], metrics["resolved_rate"]
+        return f"reward {reward:.3f} resolved {resolved:.0%} of {measured} episodes"
+
     if n == 0 and dropped:  # graded, but every group scored the same: no advantage anywhere
         head = f"all {dropped} groups had zero reward variance, dropped (no update)"
+        if measured > 0:  # what the rollouts measured, as metrics.jsonl logs it
+            head += f": {said()}"
     elif n - masked <= 0:
         head = "no episode measured (no update)"
     else:
-        reward, resolved = metrics["reward/mean"], metrics["resolved_rate"]
-        head = f"reward {reward:.3f} resolved {resolved:.0%} of {n - masked} episodes"
+        head = said()
         if not has_signal(metrics):
             notes.append("no signal (every advantage 0, or gradient 0)")
     return "; ".join([head, *notes])
