@@ -74,6 +74,19 @@ def test_eval_of_repo_tasks_with_a_function_only_tool_set_is_refused(tmp_path, m
         _check_split(cfg, "repo:heldout", "heldout")
 
 
+def test_simulated_agent_traffic_with_a_tool_set_without_function_tasks_is_refused(tmp_path):
+    from coderl.cli.online import agent_episode_config
+    from coderl.config import ConfigError, load_online_config
+
+    cfg = load_online_config(
+        str(ROOT / "configs" / "online-demo.yaml"),
+        [f"run_dir={tmp_path}", "online.simulate.episode.toolsets={repo: [read_file, submit]}"],
+    )
+    key = "online.simulate.episode.toolsets has no tool set for this source's 'function' tasks"
+    with pytest.raises(ConfigError, match=key):
+        agent_episode_config(cfg)
+
+
 # --- 2. environments not built: one line before the model loads, one line per masked task -------
 
 BUGFIX = str(ROOT / "configs" / "repo-bugfix.yaml")

@@ -37,7 +37,7 @@ def _episode_keys() -> list[str]:
     return [f.name for f in dataclasses.fields(EpisodeConfig) if f.name not in from_rollout]
 
 
-def check_toolset(toolsets: Any, kind: str) -> None:
+def check_toolset(toolsets: Any, kind: str, key: str = "tasks.options.episode.toolsets") -> None:
     """Refuse a ``tasks.options.episode.toolsets`` that gives the source's task kind no tool set,
     or names a tool that does not exist (either would fail in every episode, after the model
     loaded).
@@ -46,6 +46,7 @@ def check_toolset(toolsets: Any, kind: str) -> None:
         toolsets: the configured ``{task kind: [tool name, ...]}``, or None (the default
             ``coderl.agent.tools.TOOLSETS``, which covers every kind).
         kind: the kind of the source's tasks (``repo`` or ``function``).
+        key: where ``toolsets`` was set (the message names it).
 
     Raises:
         ConfigError: one line naming the key and what to set.
@@ -54,7 +55,6 @@ def check_toolset(toolsets: Any, kind: str) -> None:
 
     if toolsets is None:
         return
-    key = "tasks.options.episode.toolsets"
     if kind not in toolsets:
         default = "[" + ", ".join(TOOLSETS[kind]) + "]"
         raise ConfigError(
