@@ -98,16 +98,23 @@ def empty_cache(tmp_path, monkeypatch):
     return tmp_path / "emptycache"
 
 
-def test_train_on_unbuilt_environments_is_refused_before_the_model_loads(
-    tmp_path, empty_cache, monkeypatch, capsys
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["train", BUGFIX, "model.name=tiny-random", "sft.enabled=false", *FAST],
+        ["sft", BUGFIX, "model.name=tiny-random", "sft.cache=false", "sft.limit=4"],
+    ],
+    ids=lambda argv: argv[0],
+)
+def test_unbuilt_environments_are_refused_before_the_model_loads(
+    argv, tmp_path, empty_cache, monkeypatch, capsys
 ):
     monkeypatch.setattr(coderl.train.run, "load_policy", _stop_at_model)
-    argv = ["train", BUGFIX, "model.name=tiny-random", "sft.enabled=false", *FAST]
     assert main([*argv, f"run_dir={tmp_path / 'run'}"]) == 2
     err = [line for line in capsys.readouterr().err.splitlines() if "error:" in line]
     assert len(err) == 1, err
     assert "need environments that are not built in" in err[0] and str(empty_cache) in err[0]
-    assert "`coderl tasks build-env " in err[0] and "toolz==1.0.0" in err[0], err[0]
+    assert "`coderl tasks build-env " in err[0] and "boltons==25.0.0" in err[0], err[0]
 
 
 def test_eval_of_unbuilt_environments_is_refused_before_the_model_loads(tmp_path, empty_cache):
