@@ -252,7 +252,7 @@ def check_gold(task: Task, snapshot: Path) -> str:
         if not task.bug_patch.strip() and not _git_apply(where, task.gold_patch, "-R", "--check"):
             return (
                 "the gold patch is already in the environment's snapshot and the task has no "
-                "bug_patch: it would start solved (export kept it in the 'coderl' object)"
+                "bug_patch: it would start solved (an export keeps the bug in its 'coderl' object)"
             )
         return f"the gold patch does not apply to the task's starting state: {why.splitlines()[-1]}"
 
