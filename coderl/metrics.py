@@ -19,7 +19,7 @@ import math
 import os
 import resource
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -92,6 +92,29 @@ def masked_hint(reasons: list[str]) -> str:
     are ``reasons``: the hint of each known cause among them (:data:`MASK_HINTS`), joined by
     ``"; "``, in their order there; ``""`` when no reason is a known cause."""
     return "; ".join(hint for cause, hint in MASK_HINTS if any(cause in r for r in reasons))
+
+
+def _mean(xs: list[float]) -> float:
+    return sum(xs) / len(xs) if xs else math.nan
+
+
+def reward_metrics(infos: list[dict[str, Any]], terms: Iterable[str]) -> dict[str, float]:
+    """``reward/mean``, ``reward/std`` (population), ``reward/<term>`` for each of ``terms`` and
+    ``resolved_rate`` over the valid (unmasked) episodes of ``infos`` (per-episode dicts of
+    :func:`coderl.train.pipeline.episode_info`; NaN without one), and ``measured_episodes``,
+    their count: one definition for every step, whatever dynamic sampling then drops."""
+    valid = [x for x in infos if x["valid"]]
+    totals = [float(x["total"]) for x in valid]
+    mean = _mean(totals)
+    m = {
+        "reward/mean": mean,
+        "reward/std": math.sqrt(_mean([(t - mean) ** 2 for t in totals])),
+        "resolved_rate": _mean([float(x["resolved"]) for x in valid]),
+        "measured_episodes": float(len(valid)),
+    }
+    for name in terms:
+        m[f"reward/{name}"] = _mean([x["breakdown"][name] for x in valid if name in x["breakdown"]])
+    return m
 
 
 def check_step_measured(step: int, infos: list[dict[str, Any]]) -> None:

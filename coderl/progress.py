@@ -172,19 +172,29 @@ _MASKED_SEEN: set[tuple[str, str, str]] = set()
 _MASKED_LOCK = threading.Lock()
 
 
+class KnownFault(Exception):
+    """Mixed into an infrastructure fault whose one-line message says all there is to know and
+    what to do (a task's environment not built): :func:`warn_masked` logs it in one line, without
+    a traceback."""
+
+
 def warn_masked(log: logging.Logger, msg: str, *args: object) -> None:
     """Log a masked infrastructure failure, called inside the ``except`` block that masked it:
     the first failure of each cause (the logger, the message template and the exception's type
     and text) as a warning with its traceback, later ones of the same cause at debug level
     (traceback kept), so a cause that masks every episode of an evaluation (repository
     environments not built) prints one traceback, not one per episode, while the log at debug
-    level keeps every one."""
+    level keeps every one. A :class:`KnownFault` is logged in one line, its message appended,
+    with no traceback (one line per cause: per missing environment, not per episode)."""
     exc = sys.exc_info()[1]
     key = (log.name, msg, f"{type(exc).__name__}: {exc}"[:300])
     with _MASKED_LOCK:
         first = key not in _MASKED_SEEN
         _MASKED_SEEN.add(key)
-    if first:
+    if isinstance(exc, KnownFault):
+        said = exc.args[0] if exc.args else type(exc).__name__
+        (log.warning if first else log.debug)(msg + ": %s", *args, said)
+    elif first:
         log.warning(msg, *args, exc_info=True)
     else:
         log.debug(msg + " (the same cause as the warning above)", *args, exc_info=True)

@@ -49,7 +49,10 @@ def test_a_run_where_no_step_updated_the_policy_ends_with_a_warning(tmp_path, mo
     assert all(r["dynamic/dropped_groups"] == 2 for r in rows)
     err = capsys.readouterr().err
     assert "WARNING: none of steps 1-2 updated the policy" in err, err
-    assert step_status(rows[0]) == "all 2 groups had zero reward variance, dropped (no update)"
+    assert step_status(rows[0]) == (
+        "all 2 groups had zero reward variance, dropped (no update): "
+        f"reward 0.000 resolved 0% of {int(rows[0]['measured_episodes'])} episodes"
+    )
 
 
 def test_a_run_that_updated_the_policy_has_no_such_warning(tmp_path, capsys):

@@ -116,7 +116,7 @@ def test_online_run_prints_the_simulated_traffic_as_counts(tmp_path, monkeypatch
     assert online._run_cycles(SimpleNamespace(config="c", overrides=[]), cfg, None) == 0
     out = " ".join(capsys.readouterr().out.split())  # rich wraps at the terminal's width
     said = (
-        "simulated traffic so far: 12 requests, 5 edits (3 passed), 1 broken tool calls, 30 "
+        "simulated traffic so far: 12 requests, 5 edits (3 passed), 1 tool_error events (calls the clients could not use), 30 "
         "events sent (0 duplicates, 0 malformed), feedback of 2 interactions dropped "
         "(online.simulate.drop_rate)"
     )

@@ -95,7 +95,9 @@ def test_a_stale_or_malformed_record_is_a_clear_error(tmp_path):
     _record(path, task, [])
     assert twin_policy(task, path) == TwinPolicy(frozenset())
     changed = _task(gold="diff\n+changed\n")
-    with pytest.raises(ValueError, match=r"twin_check\.json: task tiny/twin-state changed .*stale"):
+    with pytest.raises(
+        ValueError, match=r"twin_check\.json: task tiny/twin-state is not the task this id's twins"
+    ):
         twin_policy(changed, path)
     cases = {
         "{not json": "not a twin check record",

@@ -51,16 +51,19 @@ def _check_split(cfg: Any, tasks: str | None, split: str) -> None:
     """Fail before the model loads when the ``tasks=SOURCE:SPLIT`` split has no tasks.
 
     Raises:
-        ValueError: unknown split (the environment's message lists the valid ones) or empty.
+        ValueError: unknown split (the environment's message lists the valid ones), empty, or
+            some of its evaluated tasks' environments are not built.
     """
-    from coderl.envs.registry import build_environment
+    from coderl.envs.registry import build_environment, check_built
 
+    env = build_environment(cfg)
     try:
-        found = build_environment(cfg).tasks(split)
+        found = env.tasks(split)
     except KeyError as e:
         raise ValueError(f"tasks={tasks or split}: {e.args[0]}") from None
     if not found:
         raise ValueError(f"tasks={tasks or split}: split {split!r} has no tasks")
+    check_built(env, split, cfg.eval.tasks)
 
 
 def _online(args: argparse.Namespace) -> tuple[OnlineRun | None, int | None]:

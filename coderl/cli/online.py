@@ -61,8 +61,16 @@ def cmd_cycle(args: argparse.Namespace) -> int:
 def agent_episode_config(cfg: Config) -> EpisodeConfig:
     """The harness settings of simulated agent episodes: ``tasks.options.episode`` updated by
     ``online.simulate.episode``, in the served call format (:func:`harness_format`)."""
+    from coderl.envs.registry import check_toolset
+
     call_format, template_tools = harness_format(cfg)
     fields = {**cfg.tasks.options.get("episode", {}), **cfg.online.simulate.episode}
+    where = (
+        "online.simulate.episode"
+        if "toolsets" in cfg.online.simulate.episode
+        else "tasks.options.episode"
+    )
+    check_toolset(fields.get("toolsets"), "function", f"{where}.toolsets")  # HumanEval traffic
     return EpisodeConfig(**fields | {"call_format": call_format, "template_tools": template_tools})
 
 
@@ -86,18 +94,19 @@ def _run_cycles(args: argparse.Namespace, cfg: Config, sock: socket.socket | Non
     console = Console()
     bg = sim = server = None
     if cfg.online.simulate.enabled:
+        agent = cfg.online.simulate.agent
+        episode = agent_episode_config(cfg) if agent else None  # refusals before the model loads
         store, registry = open_run(cfg)
         champ = registry.champion()
         assert champ is not None
         server = build_server(cfg, store, registry, champ)
         bg = BackgroundServer(server.app(), sock=sock)
-        agent = cfg.online.simulate.agent
         sim = SimulatedPopulation(
             bg.base_url,
             cfg.online.simulate,
             sandbox=cfg.online.sandbox,
             tokenizer=server.policy.tokenizer if agent else None,
-            episode=agent_episode_config(cfg) if agent else None,
+            episode=episode,
             populations=list(cfg.online.populations),
         )
         kind = "agent episodes" if agent else "requests"

@@ -285,15 +285,70 @@ def _format(name: str) -> tuple[Any, Any]:
     return reader, writer
 
 
+def _import_problems(tasks: list[Any]) -> tuple[dict[str, str], list[str]]:
+    """``({task id: why it cannot be used}, [environments not built])`` of imported ``tasks``:
+    an id a shipped task has with other content (the twin check record is keyed by id), a
+    FAIL_TO_PASS or gold patch that cannot work (:func:`coderl.tasks.swebench.check_gold`,
+    where the environment is built; instance images are not checked here)."""
+    from coderl.grading.twincheck import fingerprint
+    from coderl.tasks.env import find_env
+    from coderl.tasks.repos import task_files
+    from coderl.tasks.spec import load_tasks
+    from coderl.tasks.swebench import IMAGE_PREFIX, check_gold
+
+    shipped = {t.id: (t, path) for path in task_files() for t in load_tasks(path)}
+    problems: dict[str, str] = {}
+    unbuilt: set[str] = set()
+    for task in tasks:
+        twin = shipped.get(task.id)
+        if twin is not None and fingerprint(twin[0]) != fingerprint(task):
+            problems[task.id] = (
+                f"the id of a shipped task ({twin[1].name}) with other content: give the "
+                "instance another instance_id"
+            )
+        elif not task.env_id.startswith(IMAGE_PREFIX):
+            try:
+                snapshot = Path(find_env(task.env_id).snapshot)
+            except KeyError:
+                unbuilt.add(task.env_id)
+                continue
+            why = check_gold(task, snapshot)
+            if why:
+                problems[task.id] = why
+    return problems, sorted(unbuilt)
+
+
 def cmd_import(args: argparse.Namespace) -> int:
+    """Read, check what is cheap to check (each dropped instance said in one line), write.
+
+    Raises:
+        ValueError: no instance is left to write.
+    """
     from coderl.tasks.spec import dump_tasks
 
     reader, _ = _format(args.format)
     writable(args.out, args.force)
     env = _find_env(args.env) if args.env else None
     tasks = reader(args.file, env=env)
-    dump_tasks(tasks, args.out)
-    print(f"{len(tasks)} tasks ({args.format}) -> {args.out}")
+    problems, unbuilt = _import_problems(tasks)
+    for task_id, why in problems.items():
+        print(f"dropped {task_id}: {why}")
+    kept = [t for t in tasks if t.id not in problems]
+    if not kept:
+        raise ValueError(f"{args.file}: none of its {len(tasks)} instances can be used (above)")
+    dump_tasks(kept, args.out)
+    print(
+        f"{len(kept)} tasks ({args.format}) -> {args.out}"
+        + (f", {len(problems)} dropped" if problems else "")
+    )
+    if unbuilt:
+        print(
+            f"not checked: environments {unbuilt} are not built (`coderl tasks build-env`); "
+            "their gold patches and test ids are unchecked"
+        )
+    print(
+        f"the full check (each gold patch resolves, each bug fails): coderl tasks validate {args.out}"
+    )
     return 0
 
 

@@ -37,9 +37,42 @@ def _episode_keys() -> list[str]:
     return [f.name for f in dataclasses.fields(EpisodeConfig) if f.name not in from_rollout]
 
 
-def _check_agent_options(cfg: Config, top: set[str]) -> None:
+def check_toolset(toolsets: Any, kind: str, key: str = "tasks.options.episode.toolsets") -> None:
+    """Refuse a ``tasks.options.episode.toolsets`` that gives the source's task kind no tool set,
+    or names a tool that does not exist (either would fail in every episode, after the model
+    loaded).
+
+    Args:
+        toolsets: the configured ``{task kind: [tool name, ...]}``, or None (the default
+            ``coderl.agent.tools.TOOLSETS``, which covers every kind).
+        kind: the kind of the source's tasks (``repo`` or ``function``).
+        key: where ``toolsets`` was set (the message names it).
+
+    Raises:
+        ConfigError: one line naming the key and what to set.
+    """
+    from coderl.agent.tools import TOOLSETS, resolve_tools
+
+    if toolsets is None:
+        return
+    if kind not in toolsets:
+        default = "[" + ", ".join(TOOLSETS[kind]) + "]"
+        raise ConfigError(
+            f"{key} has no tool set for this source's {kind!r} tasks (it has {sorted(toolsets)}): "
+            f"add {key}.{kind}={default}, or leave {key} unset for the default tool sets"
+        )
+    for name, tools in toolsets.items():
+        try:
+            resolve_tools(list(tools))
+        except KeyError as e:
+            raise ConfigError(f"{key}.{name}: {e.args[0]}") from None
+
+
+def _check_agent_options(cfg: Config, top: set[str], kind: str) -> None:
     check_options(cfg.tasks.options, top, "tasks.options")
-    check_options(cfg.tasks.options.get("episode") or {}, _episode_keys(), "tasks.options.episode")
+    episode = cfg.tasks.options.get("episode") or {}
+    check_options(episode, _episode_keys(), "tasks.options.episode")
+    check_toolset(episode.get("toolsets"), kind)
 
 
 def _toy(cfg: Config) -> Environment:
@@ -51,28 +84,28 @@ def _toy(cfg: Config) -> Environment:
 def _humaneval(cfg: Config) -> Environment:
     from coderl.envs.agent import humaneval_environment
 
-    _check_agent_options(cfg, {"episode"})
+    _check_agent_options(cfg, {"episode"}, "function")
     return humaneval_environment(cfg)
 
 
 def _fnrepair(cfg: Config) -> Environment:
     from coderl.envs.fnrepair import fnrepair_environment
 
-    _check_agent_options(cfg, {"episode", "tasks_file", "outside_file"})
+    _check_agent_options(cfg, {"episode", "tasks_file", "outside_file"}, "function")
     return fnrepair_environment(cfg)
 
 
 def _repo(cfg: Config) -> Environment:
     from coderl.envs.agent import repo_environment
 
-    _check_agent_options(cfg, {"episode", "tasks_file", "repos_file", "ladder"})
+    _check_agent_options(cfg, {"episode", "tasks_file", "repos_file", "ladder"}, "repo")
     return repo_environment(cfg)
 
 
 def _swebench(cfg: Config) -> Environment:
     from coderl.envs.agent import swebench_environment
 
-    _check_agent_options(cfg, {"episode", "tasks_file", "split", "namespace"})
+    _check_agent_options(cfg, {"episode", "tasks_file", "split", "namespace"}, "repo")
     if not cfg.tasks.options.get("tasks_file"):
         raise ConfigError("tasks.options.tasks_file: the SWE-bench-format instances to read")
     if cfg.sandbox.backend != "container":
@@ -137,6 +170,35 @@ ENVIRONMENTS: dict[str, Callable[[Config], Environment]] = {
     "gateway": _gateway,
     "mix": _mix,
 }
+
+
+def check_built(env: Environment, split: str, limit: int | None = None) -> None:
+    """Refuse, before the model loads, the first ``limit`` tasks of ``split`` (all: None) whose
+    repository environment is not built (:func:`coderl.tasks.env.check_built`); through a
+    gateway, and in each entry of a mix. Instance images (``tasks.source=swebench``) bring their
+    own environment and are not checked.
+
+    Raises:
+        ValueError: one line naming the missing environments and the build command.
+    """
+    from coderl.envs.mix import MixEnvironment
+    from coderl.tasks.env import check_built as check_tasks
+
+    if isinstance(env, MixEnvironment):
+        for label, sub in env.envs.items():
+            if _own_sandboxes(getattr(sub, "inner", sub)):
+                check_tasks(env.source_tasks(label, split))
+        return
+    inner = getattr(env, "inner", env)  # a gateway runs its inner environment's sandboxes
+    if _own_sandboxes(inner):
+        check_tasks(inner.tasks(split)[:limit])
+
+
+def _own_sandboxes(env: Any) -> bool:
+    """``env`` starts its rollouts in coderl-built environments (not in instance images)."""
+    from coderl.envs.agent import AgentEnvironment
+
+    return isinstance(env, AgentEnvironment) and env.sandbox is None
 
 
 def build_environment(cfg: Config) -> Environment:

@@ -129,6 +129,25 @@ def _f2p(g: Any) -> float:
     return float(getattr(g.result, "fail_to_pass_passed", 0.0))
 
 
+def shown_batches(bar: Any, samples: int) -> Callable[[int, int], None]:
+    """An ``on_batch`` for :func:`evaluate` that advances ``bar`` (a
+    :class:`coderl.progress.PhaseProgress` over the tasks) with the samples resolved so far:
+    ``resolved R of S samples``, the one progress line of every evaluation."""
+    resolved = 0
+
+    def batch_done(done: int, correct: int) -> None:
+        nonlocal resolved
+        resolved += correct
+        bar.advance(done, status=f"resolved {resolved} of {(bar.done + done) * samples} samples")
+
+    return batch_done
+
+
+def eval_phase(what: str, samples: int) -> str:
+    """The progress name of an evaluation: ``"<what> (<samples> samples/task)"``."""
+    return f"{what} ({samples} sample{'s' if samples != 1 else ''}/task)"
+
+
 def evaluate(
     env: Any,
     policy: Any,

@@ -122,8 +122,10 @@ def twin_policy(task: Task, path: Path | None = None) -> TwinPolicy:
         return TwinPolicy()
     if entry["fingerprint"] != fingerprint(task):
         raise TwinRecordError(
-            f"{path or TWIN_CHECK}: task {task.id} changed since its twins were checked (stale fingerprint); "
-            f"remake it with `{REMAKE}`"
+            f"{path or TWIN_CHECK}: task {task.id} is not the task this id's twins were checked "
+            "for (another fingerprint): a task of your own needs an id no shipped task has "
+            "(rename it, e.g. the instance_id before `coderl tasks import`); a shipped task you "
+            f"changed needs its entry remade: `{REMAKE} FILE --ids {task.id}`"
         )
     return TwinPolicy(untwinned=frozenset(entry["untwinned"]))
 

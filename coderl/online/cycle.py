@@ -268,6 +268,7 @@ def _train(
         trainer=cfg.trainer,
         temperature=cfg.online.serve.temperature,
         max_len=cfg.online.serve.max_new_tokens,
+        progress=cfg.progress,
     )
     metrics["train_reward_mean"] = float(r.mean())
     metrics["advantage_abs_mean"] = float(adv.abs().mean())

@@ -35,9 +35,10 @@ from typing import Any, Protocol
 from coderl.config import Config
 from coderl.config.online import PopulationConfig
 from coderl.envs import build_environment
-from coderl.eval.passk import evaluate
+from coderl.eval.passk import eval_phase, evaluate, shown_batches
 from coderl.online.monitors import SUSPECTED_HACK_RATE
 from coderl.online.suites import diff_keeps_house_style
+from coderl.progress import PhaseProgress
 from coderl.rewards.hacks import detect_hacks, suspected_hack_rate
 from coderl.train.pipeline import sampling_params
 
@@ -87,17 +88,20 @@ class EnvEvaluator:
         e = self.cfg.online.eval
         episodes: list[tuple[Any, bool]] = []
         graded: list[tuple[Any, Any, Any]] = []
-        res = evaluate(
-            self.env,
-            policy,
-            self.tasks,
-            samples=e.samples,
-            ks=[1],
-            params=sampling_params(self.cfg, e.seed, e.temperature),
-            tasks_per_batch=max(1, self.cfg.eval.batch_episodes // e.samples),  # as coderl eval
-            episodes_out=episodes,
-            graded_out=graded,
-        )
+        name = eval_phase("gate held-out", e.samples)
+        with PhaseProgress(name, len(self.tasks), enabled=self.cfg.progress) as bar:
+            res = evaluate(
+                self.env,
+                policy,
+                self.tasks,
+                samples=e.samples,
+                ks=[1],
+                params=sampling_params(self.cfg, e.seed, e.temperature),
+                tasks_per_batch=max(1, self.cfg.eval.batch_episodes // e.samples),  # as eval
+                episodes_out=episodes,
+                graded_out=graded,
+                on_batch=shown_batches(bar, e.samples),
+            )
         passed = {t.id: 0 for t in self.tasks}
         for task, ep, g in graded:
             ok = g.resolved and g.grading_error is None

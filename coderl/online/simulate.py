@@ -57,6 +57,9 @@ class SimStats:
     edits: int = 0
     passed: int = 0
     broken_calls: int = 0
+    """``tool_error`` events sent: requests (or agent episodes) whose call the client could not
+    use. Not the monitors' ``broken_call_rate``, which counts interactions the server stored as
+    ``invalid`` too, over the version's trailing window."""
     events_sent: int = 0
     duplicates_sent: int = 0
     malformed_sent: int = 0
@@ -81,7 +84,9 @@ class SimStats:
                 *agent,
                 f"{self.requests} requests",
                 f"{self.edits} edits ({self.passed} passed)",
-                f"{self.broken_calls} broken tool calls",
+                # not the monitors' broken_call_rate, which also counts the calls the server
+                # stored as invalid: these are the clients' reports only
+                f"{self.broken_calls} tool_error events (calls the clients could not use)",
                 f"{self.events_sent} events sent ({self.duplicates_sent} duplicates, "
                 f"{self.malformed_sent} malformed)",
                 f"feedback of {self.dropped} interactions dropped (online.simulate.drop_rate)",

@@ -40,6 +40,7 @@ from torch import Tensor
 
 from coderl.config import AlgorithmConfig, TrainerConfig
 from coderl.endpoint.chat import calls_from_rows, trajectory_of
+from coderl.progress import PhaseProgress
 from coderl.train.batch import StepBatch
 from coderl.train.optim import build_optimizer
 from coderl.train.pipeline import token_batch
@@ -156,6 +157,7 @@ def update(
     trainer: TrainerConfig,
     temperature: float,
     max_len: int,
+    progress: bool = False,
 ) -> dict[str, float]:
     """Train ``policy`` (a :class:`coderl.policy.local.LocalPolicy` loaded from the champion)
     on the selected rows with ``trainer.steps`` calls of the trainer step.
@@ -168,6 +170,7 @@ def update(
         rows: trainable interaction rows (see :func:`select_trainable`).
         advantages: ``[B]`` float32 single-sample advantages, one per row.
         max_len: the generation budget (constant of ``seq-mean-token-sum-norm``).
+        progress: show a progress line per step (``online train i/N``, elapsed, ETA).
 
     Returns:
         the trainer's metrics of the **first** step, measured before any optimizer step of
@@ -205,20 +208,24 @@ def update(
     opt, sched = build_optimizer([{"params": policy.trainable_parameters()}], trainer)
     policy.model.train(False)  # no dropout: sampling and training see the same function
     steps: list[dict[str, float]] = []
-    for _ in range(trainer.steps):
-        steps.append(
-            train_step(
-                policy.model,
-                opt,
-                sched,
-                batch,
-                algorithm,
-                trainer,
-                temperature=temperature,
-                max_len=max_len,
+    with PhaseProgress("online train", trainer.steps, enabled=progress) as bar:
+        for _ in range(trainer.steps):
+            steps.append(
+                train_step(
+                    policy.model,
+                    opt,
+                    sched,
+                    batch,
+                    algorithm,
+                    trainer,
+                    temperature=temperature,
+                    max_len=max_len,
+                )
             )
-        )
-        policy.bump_version()
+            policy.bump_version()
+            bar.advance(
+                status=f"{len(rows)} interactions, loss {steps[-1].get('loss', float('nan')):.4g}"
+            )
     metrics.update(steps[0])  # before the update: the first step's forward saw the champion
     # ... so its KL to the champion is 0 by construction, not a reading: the last step's is
     # (after trainer.steps - 1 optimizer steps); with one step none is measured, and none shown

@@ -11,6 +11,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from coderl.progress import KnownFault
 from coderl.tasks.snapshot import cache_dir
 
 
@@ -60,15 +61,55 @@ class EnvRecord:
         return cls(**json.loads(Path(path).read_text()))
 
 
+class EnvNotBuilt(KnownFault, KeyError):
+    """No built environment matches a reference (``coderl tasks build-env`` builds it); masked
+    episodes log it in one line (:func:`coderl.progress.warn_masked`)."""
+
+
+def _records(cache: Path | None) -> list[EnvRecord]:
+    return [EnvRecord.load(p) for p in sorted(((cache or cache_dir()) / "envs").glob("*/env.json"))]
+
+
+def _refs(rec: EnvRecord) -> tuple[str, ...]:
+    """What :func:`find_env` matches ``rec`` by."""
+    return rec.env_id, rec.spec, rec.name, f"{rec.name}=={rec.version}"
+
+
 def find_env(ref: str, *, cache: Path | None = None) -> EnvRecord:
     """Look up a built environment by env id, ``NAME==VERSION``, path spec or bare name.
 
     Raises:
-        KeyError: nothing matches (lists what is built).
+        EnvNotBuilt: a KeyError: nothing matches (lists what is built).
     """
-    cache = cache or cache_dir()
-    records = [EnvRecord.load(p) for p in sorted((cache / "envs").glob("*/env.json"))]
+    records = _records(cache)
     for rec in records:
-        if ref in (rec.env_id, rec.spec, rec.name) or ref == f"{rec.name}=={rec.version}":
+        if ref in _refs(rec):
             return rec
-    raise KeyError(f"no built environment matches {ref!r}; built: {[r.env_id for r in records]}")
+    raise EnvNotBuilt(f"no built environment matches {ref!r}; built: {[r.env_id for r in records]}")
+
+
+def check_built(tasks: list[Any], *, cache: Path | None = None) -> None:
+    """Refuse repository ``tasks`` whose environment is not built, in one line that names the
+    missing environments and the ``coderl tasks build-env`` command (a task's ``source``
+    ``pypi:NAME==VERSION`` gives the spec to build); function tasks need none.
+
+    Raises:
+        ValueError: some environments are not built (the command line prints the one line).
+    """
+    built = {ref for rec in _records(cache) for ref in _refs(rec)}
+    missing: dict[str, str | None] = {}
+    for t in tasks:
+        if t.kind == "repo" and t.env_id not in built:
+            src = str(getattr(t, "source", "") or "")
+            missing[t.env_id] = src.removeprefix("pypi:") if src.startswith("pypi:") else None
+    if not missing:
+        return
+    specs = sorted({s for s in missing.values() if s})
+    build = f"coderl tasks build-env {' '.join(specs)}" if specs else "coderl tasks build-env SPEC"
+    if len(specs) < len(missing):
+        build += " (SPEC: each environment's NAME==VERSION)"
+    n = sum(1 for t in tasks if t.kind == "repo" and t.env_id in missing)
+    raise ValueError(
+        f"{n} repository tasks need environments that are not built in {cache or cache_dir()} "
+        f"({', '.join(sorted(missing))}): build them first with `{build}`"
+    )

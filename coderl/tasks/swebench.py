@@ -196,27 +196,65 @@ def _read_tasks(path: str | Path, convert: Callable[[dict[str, Any], int], Task]
     return tasks
 
 
+def _copy_touched(snapshot: Path, diffs: list[str], dest: Path) -> None:
+    """Copy into ``dest`` the files of ``snapshot`` that any of ``diffs`` touches."""
+    for rel in {p for d in diffs for p in paths_in_diff(d)}:
+        src = snapshot / rel
+        if src.is_file():
+            (dest / rel).parent.mkdir(parents=True, exist_ok=True)
+            (dest / rel).write_bytes(src.read_bytes())
+
+
+def _git_apply(where: Path, diff: str, *flags: str) -> str:
+    """``git apply FLAGS`` of ``diff`` in ``where`` (not a repository): ``""`` when it applied,
+    else git's complaint (its last 500 characters)."""
+    (where / ".coderl.diff").write_text(diff)
+    env = dict(os.environ, GIT_CEILING_DIRECTORIES=str(where.parent))
+    proc = subprocess.run(
+        ["git", "apply", *flags, ".coderl.diff"], cwd=where, capture_output=True, text=True, env=env
+    )
+    (where / ".coderl.diff").unlink()
+    return "" if proc.returncode == 0 else (proc.stderr.strip() or "does not apply")[-500:]
+
+
 def check_test_patch(test_patch: str, snapshot: Path) -> str:
     """``""`` when ``snapshot`` already holds ``test_patch``'s result, else git's complaint.
 
     Checked with ``git apply --reverse --check`` on a copy of only the files the patch touches.
     """
     with tempfile.TemporaryDirectory(prefix="coderl-tp-") as tmp:
-        for rel in paths_in_diff(test_patch):
-            src = snapshot / rel
-            if src.is_file():
-                (Path(tmp) / rel).parent.mkdir(parents=True, exist_ok=True)
-                (Path(tmp) / rel).write_bytes(src.read_bytes())
-        (Path(tmp) / ".coderl.diff").write_text(test_patch)
-        env = dict(os.environ, GIT_CEILING_DIRECTORIES=str(Path(tmp).parent))
-        proc = subprocess.run(
-            ["git", "apply", "--reverse", "--check", ".coderl.diff"],
-            cwd=tmp,
-            capture_output=True,
-            text=True,
-            env=env,
-        )
-    return "" if proc.returncode == 0 else (proc.stderr.strip() or "does not apply")[-500:]
+        _copy_touched(snapshot, [test_patch], Path(tmp))
+        return _git_apply(Path(tmp), test_patch, "--reverse", "--check")
+
+
+def check_gold(task: Task, snapshot: Path) -> str:
+    """``""`` when ``task`` can be graded at all, else one line why: its FAIL_TO_PASS (never
+    empty, the spec checks) names only tests in files the environment (``snapshot``) or the task's own
+    test files hold (pytest ids ``FILE::NAME``; other forms are not checked), and its gold patch
+    applies to its starting state (``snapshot`` with ``bug_patch`` applied). A cheap check on a
+    copy of the touched files with ``git apply --check``; ``coderl tasks validate`` grades the
+    gold patch for real (it resolves, the bug fails)."""
+    own = set(task.hidden_tests) | set(paths_in_diff(task.gold_patch))
+    files = {i.split("::")[0] for i in task.FAIL_TO_PASS if "::" in i}
+    absent = sorted(f for f in files if f not in own and not (snapshot / f).is_file())
+    if absent:
+        return f"FAIL_TO_PASS names tests in files the environment does not have: {absent[:3]}"
+    with tempfile.TemporaryDirectory(prefix="coderl-gold-") as tmp:
+        where = Path(tmp)
+        _copy_touched(snapshot, [task.bug_patch, task.gold_patch], where)
+        if task.bug_patch.strip():
+            why = _git_apply(where, task.bug_patch)
+            if why:
+                return f"the bug patch does not apply to the environment: {why.splitlines()[-1]}"
+        why = _git_apply(where, task.gold_patch, "--check")
+        if not why:
+            return ""
+        if not task.bug_patch.strip() and not _git_apply(where, task.gold_patch, "-R", "--check"):
+            return (
+                "the gold patch is already in the environment's snapshot and the task has no "
+                "bug_patch: it would start solved (an export keeps the bug in its 'coderl' object)"
+            )
+        return f"the gold patch does not apply to the task's starting state: {why.splitlines()[-1]}"
 
 
 def from_instance(

@@ -73,12 +73,13 @@ from coderl.train.signal import prepass, rollout_metrics
 __all__ = ["Run", "build_policy", "collect", "run_eval", "setup_run", "train", "training_step"]
 
 
-def collect(run: Run, step: int) -> tuple[P.Scored, dict[str, float]]:
+def collect(run: Run, step: int) -> tuple[P.Scored, dict[str, float], list[dict[str, Any]]]:
     """Sample tasks, roll out G episodes each, grade and reward them, and feed the outcomes back
     to the sampler (round by round: a resample round draws from the updated pool); with dynamic
     sampling, drop (or replace) groups whose rewards have zero variance. Returns the kept
-    episodes, rescored together, and timing, dynamic-sampling and sampling stats
-    (:func:`coderl.train.signal.rollout_metrics`, over every group rolled out)."""
+    episodes, rescored together, timing, dynamic-sampling and sampling stats
+    (:func:`coderl.train.signal.rollout_metrics`, over every group rolled out), and the infos
+    of every graded episode of every round, before any drop (what the step measured)."""
     cfg = run.cfg
     kept: P.Scored | None = None
     stats = {"time/rollout": 0.0, "time/grading": 0.0, "dynamic/zero_variance_groups": 0.0}
@@ -119,7 +120,7 @@ def collect(run: Run, step: int) -> tuple[P.Scored, dict[str, float]]:
     check_step_measured(step + 1, rolled_infos)  # step: from 0 here, from 1 for users
     stats.update(rollout_metrics(run.sampler, rolled_tasks, rolled_keys, rolled_infos))
     # rewards of the kept samples, recomputed together (group pass rates are per group)
-    return P.rescore(kept, cfg), stats
+    return P.rescore(kept, cfg), stats, rolled_infos
 
 
 def group_seed(round_seed: int, group: int) -> int:
@@ -231,12 +232,12 @@ def training_step(run: Run) -> dict[str, float]:
     """One step of the loop (see the module docstring); returns its metrics."""
     cfg = run.cfg
     with full_weights(run):  # sharded: weights gathered; every rank ends with the whole batch
-        scored, metrics = collect(run, run.step)
+        scored, metrics, measured = collect(run, run.step)
         turn_adv = None
         if cfg.algorithm.advantage == "vineppo":  # grade the continuations: per-turn values
             turn_adv, branch_metrics = turn_credit(run.env, run.policy, cfg, scored)
             metrics.update(branch_metrics)
-        metrics.update(P.step_metrics(scored.infos, cfg))
+        metrics.update(P.step_metrics(scored.infos, cfg, measured))
         for k, v in scored.rewards.counts.items():
             metrics[f"reward/{k}"] = float(v)
         t0 = time.perf_counter()

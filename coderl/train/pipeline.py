@@ -51,7 +51,7 @@ from torch import nn
 
 from coderl.config import Config
 from coderl.envs.base import Environment, EpisodeRecord, FailureKind, GradeRecord
-from coderl.metrics import step_alarm
+from coderl.metrics import reward_metrics, step_alarm
 from coderl.policy.base import SamplingParams
 from coderl.rewards import RewardResult, RewardSample, compute_rewards
 from coderl.rewards.hacks import HackFlag, detect_hacks, flag_counts, suspected_hack_rate
@@ -505,10 +505,14 @@ def _mean(xs: list[float]) -> float:
     return float(np.mean(xs)) if xs else math.nan
 
 
-def step_metrics(infos: list[dict[str, Any]], cfg: Config) -> dict[str, float]:
+def step_metrics(
+    infos: list[dict[str, Any]], cfg: Config, measured: list[dict[str, Any]] | None = None
+) -> dict[str, float]:
     """Per-step episode, reward and failure metrics of a step's episodes (any driver).
 
-    ``reward/*`` and ``resolved_rate`` are over valid (unmasked) episodes; ``episode/*`` are per
+    ``reward/*``, ``resolved_rate``, ``measured_episodes``: :func:`coderl.metrics.reward_metrics`
+    of ``measured``, every episode the step graded (default ``infos``; ``coderl train`` passes
+    every round's, dropped groups included); ``episodes``: those trained on. ``episode/*`` are per
     episode; ``infra_failed_rate``, ``agent_failed_rate`` and ``masked_rate`` are shares of all
     the step's episodes (``reward/masked`` and ``reward/grading_errors``: counts). When ``masked_rate > reward.mask_alarm_rate`` a warning is logged
     (logger ``coderl.train``) and ``alarm/masked`` is 1. ``hacks/suspected_rate`` and
@@ -519,21 +523,14 @@ def step_metrics(infos: list[dict[str, Any]], cfg: Config) -> dict[str, float]:
     n = len(infos)
     d = max(n, 1)
     valid = [x for x in infos if x["valid"]]
-    totals = [x["total"] for x in valid]
-    m: dict[str, float] = {
-        "reward/mean": _mean(totals),
-        "reward/std": float(np.std(totals)) if totals else math.nan,
-        "episodes": float(n),
-        "resolved_rate": _mean([float(x["resolved"]) for x in valid]),
-    }
+    m: dict[str, float] = {"episodes": float(n)}
+    m.update(reward_metrics(infos if measured is None else measured, cfg.reward.terms))
     counts = ("sampled_tokens", "untrained_tokens", "turns", "segments", "broken_tool_calls")
     for key in (*counts, "no_action_turns"):
         m[f"episode/{key}"] = sum(x[key] for x in infos) / d
     m["episode/truncated_rate"] = sum(x["truncated"] for x in infos) / d
     m.update(summary_metrics(infos))
     m.update(kv_metrics(infos))
-    for name in cfg.reward.terms:
-        m[f"reward/{name}"] = _mean([x["breakdown"][name] for x in valid if name in x["breakdown"]])
     infra = sum(x["failure"] == "infra" for x in infos)
     m["infra_failed_rate"] = infra / d
     m["agent_failed_rate"] = sum(x["failure"] == "agent" for x in infos) / d

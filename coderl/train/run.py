@@ -34,6 +34,7 @@ from torch import nn
 
 from coderl.config import Config
 from coderl.envs import Environment, build_environment
+from coderl.envs.registry import check_built
 from coderl.eval.passk import check_measured
 from coderl.metrics import add_cpu_since, cpu_clock
 from coderl.policy.loading import load_policy
@@ -147,6 +148,9 @@ def setup_run(
         env = build_environment(cfg)
         if training:
             check_extra_splits(cfg, env)  # before the model loads
+            check_built(env, cfg.tasks.train_split)
+            if cfg.eval.before_after or cfg.eval.every:
+                check_built(env, cfg.tasks.heldout_split, cfg.eval.tasks)
         policy = build_policy(cfg)
         value_head = None
         if cfg.algorithm.advantage == "gae":
@@ -234,22 +238,30 @@ def sync_engine(run: Run) -> dict[str, float]:
 
 def step_status(metrics: dict[str, float]) -> str:
     """A training step's progress status: reward and resolved rate over the episodes it
-    measured, and what it did not measure, said as such (never ``reward nan``): groups dropped
+    measured (``measured_episodes``: every graded episode, dropped groups included), and what it
+    did not measure or train on, said as such (never ``reward nan``): groups dropped
     by dynamic sampling (every group dropped: said so, with no update), episodes masked as
     infrastructure failures."""
     n = int(metrics.get("episodes", 0))
     masked = int(metrics.get("reward/masked", 0))
     dropped = int(metrics.get("dynamic/dropped_groups", 0))
+    measured = int(metrics.get("measured_episodes", n - masked))
     notes = [f"{dropped} zero-variance groups dropped"] if dropped and n else []
     if masked:
         notes.append(f"{masked} of {n} episodes masked")
+
+    def said() -> str:
+        reward, resolved = metrics["reward/mean"], metrics["resolved_rate"]
+        return f"reward {reward:.3f} resolved {resolved:.0%} of {measured} episodes"
+
     if n == 0 and dropped:  # graded, but every group scored the same: no advantage anywhere
         head = f"all {dropped} groups had zero reward variance, dropped (no update)"
+        if measured > 0:  # what the rollouts measured, as metrics.jsonl logs it
+            head += f": {said()}"
     elif n - masked <= 0:
         head = "no episode measured (no update)"
     else:
-        reward, resolved = metrics["reward/mean"], metrics["resolved_rate"]
-        head = f"reward {reward:.3f} resolved {resolved:.0%} of {n - masked} episodes"
+        head = said()
         if not has_signal(metrics):
             notes.append("no signal (every advantage 0, or gradient 0)")
     return "; ".join([head, *notes])
@@ -522,19 +534,10 @@ def _evaluate(
 ) -> Any:
     """:func:`coderl.eval.passk.evaluate` of ``tasks`` with a progress bar (the caller
     gathers a sharded run's weights)."""
-    from coderl.eval.passk import evaluate
+    from coderl.eval.passk import eval_phase, evaluate, shown_batches
     from coderl.progress import PhaseProgress
 
-    cfg = run.cfg
-    resolved = 0
-    per = f"{n} sample{'s' if n != 1 else ''}/task"
-    with PhaseProgress(f"eval ({per})", len(tasks), enabled=cfg.progress) as bar:
-
-        def batch_done(done: int, correct: int) -> None:
-            nonlocal resolved
-            resolved += correct
-            bar.advance(done, status=f"resolved {resolved} of {(bar.done + done) * n} samples")
-
+    with PhaseProgress(eval_phase("eval", n), len(tasks), enabled=run.cfg.progress) as bar:
         return evaluate(
             run.env,
             run.engine if run.engine is not None else run.policy,
@@ -544,7 +547,7 @@ def _evaluate(
             params=params,
             tasks_per_batch=per_batch,
             episodes_out=episodes_out,
-            on_batch=batch_done,
+            on_batch=shown_batches(bar, n),
         )
 
 

@@ -265,10 +265,12 @@ def run_sft(cfg: Config, policy: LocalPolicy | None = None) -> Path:
     """Fine-tune on oracle episodes of the training split; returns the weights file. Repo
     oracle episodes are drawn again for every epoch, with seed ``seed + epoch``."""
     from coderl.envs import build_environment
+    from coderl.envs.registry import check_built
 
     env = build_environment(cfg)
     tasks = demonstration_tasks(cfg, env)
     demonstration_sources(cfg, env, tasks)  # a source without an oracle: before the model loads
+    check_built(env, cfg.tasks.train_split, cfg.sft.limit)  # the oracle replays in them
     policy = policy or build_policy(cfg)
     redraw = any(t.kind == "repo" for t in tasks)
     tcfg = cfg.trainer.model_copy(
