@@ -1,0 +1,149 @@
+"""Strict assertions in the second run: no value of the graded code decides a comparison with a
+builtin value.
+
+Why. A twin (``coderl.grading.twins``) must fail wherever its test passes, but an object that
+equals everything passes a test and its twins alike where the twin is an inversion (``assert
+not f(x) == y``: the object fails it as a real fix would) or where the twin changes a later
+assertion than the one the bug shows in. Red team round 10 (``docs/tasks-and-grading.md``)
+resolved three unfixed tasks that way with the guard on: a ``str`` subclass whose ``__eq__``
+returns True (inflection, parametrized tests), an always-equal ``list`` subclass in an earlier
+assertion (parse), and an ``int`` subclass whose ``__eq__`` keeps state and so picks the real
+test among its literal twins (toolz). All are a value posing as a builtin: the test wrote the
+expected value down as a builtin, and the graded code's own method decided that it matched.
+
+What. In the second run (only: the planted copies of the FAIL_TO_PASS test files that
+``coderl.grading.rerun.plant_canaries`` writes), :func:`rewrite` wraps each operand of every
+comparison in an ``assert`` statement (``==``, ``!=``, ``<``, ``<=``, ``>``, ``>=``, ``in``,
+``not in``; chains too; not a comparison holding ``is``, where no method decides) and the two
+compared arguments of ``self.assertEqual``-like calls (:data:`METHODS`) in a call of the checker
+``coderl.grading.strictrt.Strict``, whose source is appended to the file under a name drawn per
+grade (:func:`checker_name`: code under test cannot name it before it exists, and nothing of it
+is in the workspace). The checker's rule is in ``strictrt``'s doc: builtin semantics between
+builtin values, recursively through containers; a failure ("a value posing as <type>") where a
+method of the graded code would decide against a builtin value; Python's own comparison
+everywhere else. Every function of the planted file is rewritten (the renamed tests, their
+twins, the canaries, helpers of the file), so the rewrite tells no test from a canary; the
+second run selects only FAIL_TO_PASS tests, twins and canaries, so no PASS_TO_PASS test runs
+under it, and the first run never does.
+
+Not defended: ``assert x`` and other truthiness (``__bool__``, ``__len__``), a value compared
+with a non-builtin one (a library's object, a ``Decimal``), membership in a container type the
+library defines, assertions in helpers outside the planted file (conftest, a helper module),
+a test file that takes no canary (the second run then has no planted file), and code that
+reaches the test module's globals and replaces the checker (the static guard bounds that).
+"""
+
+from __future__ import annotations
+
+import ast
+import secrets
+from pathlib import Path
+
+from coderl.grading.pyparse import parse_python
+
+ENABLED = True
+"""Whether :func:`rewrite` rewrites (tests switch it off to show what it defends)."""
+
+METHODS = frozenset(
+    {
+        "assertEqual",
+        "assertEquals",
+        "assertNotEqual",
+        "assertNotEquals",
+        "assertIn",
+        "assertNotIn",
+        "assertLess",
+        "assertLessEqual",
+        "assertGreater",
+        "assertGreaterEqual",
+    }
+)
+"""``unittest`` assertion methods whose first two arguments the rewrite wraps (they only
+compare them with one operator, which then reaches the checker)."""
+
+RUNTIME = Path(__file__).with_name("strictrt.py")
+"""The checker's source (``coderl.grading.strictrt``), embedded in each planted file."""
+
+
+def checker_name() -> str:
+    """A fresh name for the checker in one grade's planted files (64 random bits)."""
+    return "_" + "".join(secrets.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(14))
+
+
+def _in_functions(tree: ast.Module) -> list[ast.stmt]:
+    """The ``assert`` statements and expression statements inside any function of ``tree``."""
+    out: list[ast.stmt] = []
+    todo: list[tuple[ast.AST, bool]] = [(tree, False)]
+    while todo:
+        node, inside = todo.pop()
+        if inside and isinstance(node, (ast.Assert, ast.Expr)):
+            out.append(node)
+        deeper = inside or isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+        todo += [(child, deeper) for child in ast.iter_child_nodes(node)]
+    return out
+
+
+def _operands(stmt: ast.stmt) -> list[tuple[ast.expr, int]]:
+    """``(operand, depth)`` to wrap in ``stmt`` (module doc); depth orders nested wraps."""
+    if isinstance(stmt, ast.Expr):
+        call = stmt.value
+        if (
+            isinstance(call, ast.Call)
+            and isinstance(call.func, ast.Attribute)
+            and call.func.attr in METHODS
+            and len(call.args) >= 2
+            and not any(isinstance(a, ast.Starred) for a in call.args[:2])
+        ):
+            return [(call.args[0], 0), (call.args[1], 0)]
+        return []
+    if not isinstance(stmt, ast.Assert):
+        return []
+    out: list[tuple[ast.expr, int]] = []
+    todo: list[tuple[ast.AST, int]] = [(stmt.test, 0)]
+    while todo:
+        node, depth = todo.pop()
+        if isinstance(node, ast.JoinedStr):
+            continue  # positions inside f-strings are not reliable before Python 3.12
+        if isinstance(node, ast.Compare) and not any(
+            isinstance(op, (ast.Is, ast.IsNot)) for op in node.ops
+        ):
+            out += [(side, depth + 1) for side in [node.left, *node.comparators]]
+        todo += [(child, depth + 1) for child in ast.iter_child_nodes(node)]
+    return out
+
+
+def rewrite(lines: list[bytes], name: str, path: str = "") -> list[bytes]:
+    """``lines`` (a planted test file split at ``\\n``) with every comparison of its functions'
+    assertions made strict (module doc) and the checker defined at the end as ``name``;
+    ``lines`` unchanged when :data:`ENABLED` is off or the text does not parse. ``path``: the
+    file's sandbox path, whose own classes (a test's helper with an ``__eq__``) are not graded
+    code."""
+    if not ENABLED:
+        return lines
+    try:
+        tree = parse_python(b"\n".join(lines), "<planted>")
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return lines
+    inserts: dict[int, list[tuple[int, int, int, bytes]]] = {}
+    for stmt in _in_functions(tree):
+        for node, depth in _operands(stmt):
+            end, end_col = node.end_lineno, node.end_col_offset
+            if end is None or end_col is None:
+                continue
+            opening = (node.col_offset, 1, depth, name.encode() + b"(")
+            inserts.setdefault(node.lineno, []).append(opening)
+            inserts.setdefault(end, []).append((end_col, 0, -depth, b")"))
+    out = list(lines)
+    for number, edits in inserts.items():
+        line, pieces, at = out[number - 1], [], 0
+        for col, _, _, text in sorted(edits):  # closings, then openings outermost first
+            pieces += [line[at:col], text]
+            at = col
+        out[number - 1] = b"".join([*pieces, line[at:]])
+    source = ascii(RUNTIME.read_text(encoding="utf-8"))
+    define = (
+        f"{name} = (lambda ns: (exec(compile({source}, {name!r}, 'exec'), ns), "
+        f"ns['checker'](({path!r},)))[1])({{'__name__': {name!r}}})"
+    ).encode()
+    tail = out[-1:] == [b""]
+    return [*out[: len(out) - tail], define, *([b""] if tail else [])]
