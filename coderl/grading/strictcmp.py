@@ -16,7 +16,8 @@ What. In the second run (only: the planted copies of the FAIL_TO_PASS test files
 comparison in an ``assert`` statement (``==``, ``!=``, ``<``, ``<=``, ``>``, ``>=``, ``in``,
 ``not in``; chains too; not a comparison holding ``is``, where no method decides) and the two
 compared arguments of ``self.assertEqual``-like calls (:data:`METHODS`) in a call of the checker
-``coderl.grading.strictrt.Strict``, whose source is appended to the file under a name drawn per
+``coderl.grading.strictrt.Strict``, whose source is defined at the top of the file (after its
+docstring and ``__future__`` imports) under a name drawn per
 grade (:func:`checker_name`: code under test cannot name it before it exists, and nothing of it
 is in the workspace). The checker's rule is in ``strictrt``'s doc: builtin semantics between
 builtin values, recursively through containers; a failure ("a value posing as <type>") where a
@@ -71,15 +72,20 @@ def checker_name() -> str:
 
 
 def _in_functions(tree: ast.Module) -> list[ast.stmt]:
-    """The ``assert`` statements and expression statements inside any function of ``tree``."""
+    """The ``assert`` statements and expression statements inside any function of ``tree``
+    (statement lists only: expressions hold no statement, so they are not walked)."""
     out: list[ast.stmt] = []
-    todo: list[tuple[ast.AST, bool]] = [(tree, False)]
+    todo: list[tuple[list[ast.AST], bool]] = [(list(tree.body), False)]
     while todo:
-        node, inside = todo.pop()
-        if inside and isinstance(node, (ast.Assert, ast.Expr)):
-            out.append(node)
-        deeper = inside or isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
-        todo += [(child, deeper) for child in ast.iter_child_nodes(node)]
+        body, inside = todo.pop()
+        for node in body:
+            if inside and isinstance(node, (ast.Assert, ast.Expr)):
+                out.append(node)
+            deeper = inside or isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+            for name in ("body", "orelse", "finalbody", "handlers", "cases"):
+                sub = getattr(node, name, None)
+                if isinstance(sub, list):
+                    todo.append((sub, deeper))
     return out
 
 
@@ -102,8 +108,8 @@ def _operands(stmt: ast.stmt) -> list[tuple[ast.expr, int]]:
     todo: list[tuple[ast.AST, int]] = [(stmt.test, 0)]
     while todo:
         node, depth = todo.pop()
-        if isinstance(node, ast.JoinedStr):
-            continue  # positions inside f-strings are not reliable before Python 3.12
+        if isinstance(node, (ast.JoinedStr, ast.Yield, ast.YieldFrom)):
+            continue  # f-string positions are unreliable before 3.12; f(yield x) is no syntax
         if isinstance(node, ast.Compare) and not any(
             isinstance(op, (ast.Is, ast.IsNot)) for op in node.ops
         ):
@@ -114,7 +120,7 @@ def _operands(stmt: ast.stmt) -> list[tuple[ast.expr, int]]:
 
 def rewrite(lines: list[bytes], name: str, path: str = "") -> list[bytes]:
     """``lines`` (a planted test file split at ``\\n``) with every comparison of its functions'
-    assertions made strict (module doc) and the checker defined at the end as ``name``;
+    assertions made strict (module doc) and the checker defined first as ``name``;
     ``lines`` unchanged when :data:`ENABLED` is off or the text does not parse. ``path``: the
     file's sandbox path, whose own classes (a test's helper with an ``__eq__``) are not graded
     code."""
@@ -145,5 +151,20 @@ def rewrite(lines: list[bytes], name: str, path: str = "") -> list[bytes]:
         f"{name} = (lambda ns: (exec(compile({source}, {name!r}, 'exec'), ns), "
         f"ns['checker'](({path!r},)))[1])({{'__name__': {name!r}}})"
     ).encode()
-    tail = out[-1:] == [b""]
-    return [*out[: len(out) - tail], define, *([b""] if tail else [])]
+    at = _head(tree, lines)
+    return [*out[:at], define, *out[at:]]
+
+
+def _head(tree: ast.Module, lines: list[bytes]) -> int:
+    """How many lines of the file come before the checker's definition: its docstring and
+    ``from __future__`` imports (which must come first), and a coding line (which must stay in
+    the first two). The definition goes before anything else runs: a test module may call its
+    own functions while it is imported."""
+    at = 0
+    for i, stmt in enumerate(tree.body):
+        docstring = i == 0 and isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Constant)
+        future = isinstance(stmt, ast.ImportFrom) and stmt.module == "__future__"
+        if not (docstring or future):
+            break
+        at = stmt.end_lineno or at
+    return max(at, *(n + 1 for n, line in enumerate(lines[:2]) if line.startswith(b"#")), 0)
