@@ -23,6 +23,7 @@ from pathlib import Path
 import pytest
 
 from coderl.envbuild.build import build_env
+from coderl.grading import strictrt
 from coderl.grading.grade import grade, rollout_base
 from coderl.grading.rerun import plant_canaries
 from coderl.grading.strictcmp import checker_name, rewrite
@@ -226,6 +227,27 @@ def test_a_helper_class_of_the_test_file_itself_is_not_graded_code():
     assert [1, 2] == [AnyInt(), AnyInt()]
     """
     _run(LEGIT, test)
+
+
+def test_a_comparison_method_as_released_is_the_librarys_own(tmp_path, monkeypatch):
+    released = "class Multi(dict):\n    def __eq__(self, other):\n        return dict.__eq__(self, other)\n"
+    patched = "import os\n\n" + released.replace("dict.__eq__(self, other)", "True")
+    monkeypatch.setattr(strictrt, "WORKSPACE", str(tmp_path))
+    monkeypatch.setattr(strictrt, "_FILES", {})
+    monkeypatch.setattr(
+        strictrt, "PRISTINE", frozenset(strictrt.digests("lib.py", released).values())
+    )
+    for text, posing in ((released, False), ("import os\n\n" + released, False), (patched, True)):
+        (tmp_path / "lib.py").write_text(text)
+        strictrt._FILES.clear()
+        ns: dict = {}
+        exec(compile(text, str(tmp_path / "lib.py"), "exec"), ns)
+        value = strictrt.Strict(ns["Multi"](a=1))
+        if posing:  # the released text moved is still the library's; a changed one is graded
+            with pytest.raises(AssertionError, match="posing as dict"):
+                assert value == strictrt.Strict({"a": 2})
+        else:
+            assert value == strictrt.Strict({"a": 1}) and value != strictrt.Strict({"a": 2})
 
 
 def test_a_wrong_builtin_value_still_fails_and_is_keeps_identity():

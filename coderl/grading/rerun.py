@@ -52,7 +52,7 @@ from pathlib import Path
 
 from coderl.grading.pyparse import parse_python
 from coderl.grading.runner import Canary, TestRun, make_canaries, tampering
-from coderl.grading.strictcmp import checker_name, rewrite
+from coderl.grading.strictcmp import checker_name, released_methods, rewrite
 from coderl.grading.twins import Mutation, apply, mutations, pick
 
 PASS_CANARIES = 2
@@ -335,7 +335,7 @@ def plant_canaries(
     for k, rel in enumerate(sorted(plans)):
         plan = plans[rel]
         out = _planted_lines(rel, plan, inserts[rel], fresh, planted)
-        out = rewrite(out, checker, f"/testbed/{rel}")
+        out = rewrite(out, checker, f"/testbed/{rel}", released_methods(sources[rel], rel))
         path = out_dir / f"{k}-{rel.rsplit('/', 1)[-1]}"
         path.write_bytes(b"\n".join(out) + (b"" if plan.lines[-1] == b"" else b"\n"))
         path.chmod(0o644)

@@ -37,10 +37,12 @@ reaches the test module's globals and replaces the checker (the static guard bou
 from __future__ import annotations
 
 import ast
+import functools
 import secrets
 from pathlib import Path
 
 from coderl.grading.pyparse import parse_python
+from coderl.grading.strictrt import digests
 
 ENABLED = True
 """Whether :func:`rewrite` rewrites (tests switch it off to show what it defends)."""
@@ -69,6 +71,32 @@ RUNTIME = Path(__file__).with_name("strictrt.py")
 def checker_name() -> str:
     """A fresh name for the checker in one grade's planted files (64 random bits)."""
     return "_" + "".join(secrets.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(14))
+
+
+MAX_FILE = 2 * 1024**2
+"""Largest released file whose comparison methods :func:`released_methods` reads."""
+
+
+def released_methods(test_file: Path, rel: str) -> tuple[str, ...]:
+    """Digests (``strictrt.digests``) of the comparison methods of every Python file of the tree
+    that holds ``test_file`` at ``rel`` (the released snapshot for a pristine test file);
+    cached per tree."""
+    root = str(test_file)[: -len(rel)] if str(test_file).endswith(rel) else ""
+    return _released(root) if root else ()
+
+
+@functools.lru_cache(maxsize=64)
+def _released(root: str) -> tuple[str, ...]:
+    out: set[str] = set()
+    for path in sorted(Path(root).rglob("*.py")):
+        try:
+            if not path.is_file() or path.stat().st_size > MAX_FILE:
+                continue
+            text = path.read_bytes().decode("utf-8", "surrogateescape")
+            out |= set(digests(path.relative_to(root).as_posix(), text).values())
+        except (OSError, SyntaxError, ValueError, RecursionError, MemoryError):
+            continue
+    return tuple(sorted(out))
 
 
 def _in_functions(tree: ast.Module) -> list[ast.stmt]:
@@ -118,12 +146,14 @@ def _operands(stmt: ast.stmt) -> list[tuple[ast.expr, int]]:
     return out
 
 
-def rewrite(lines: list[bytes], name: str, path: str = "") -> list[bytes]:
+def rewrite(
+    lines: list[bytes], name: str, path: str = "", released: tuple[str, ...] = ()
+) -> list[bytes]:
     """``lines`` (a planted test file split at ``\\n``) with every comparison of its functions'
     assertions made strict (module doc) and the checker defined first as ``name``;
     ``lines`` unchanged when :data:`ENABLED` is off or the text does not parse. ``path``: the
     file's sandbox path, whose own classes (a test's helper with an ``__eq__``) are not graded
-    code."""
+    code; ``released``: :func:`released_methods`, the library's own methods as released."""
     if not ENABLED:
         return lines
     try:
@@ -149,7 +179,7 @@ def rewrite(lines: list[bytes], name: str, path: str = "") -> list[bytes]:
     source = ascii(RUNTIME.read_text(encoding="utf-8"))
     define = (
         f"{name} = (lambda ns: (exec(compile({source}, {name!r}, 'exec'), ns), "
-        f"ns['checker'](({path!r},)))[1])({{'__name__': {name!r}}})"
+        f"ns['checker'](({path!r},), {released!r}))[1])({{'__name__': {name!r}}})"
     ).encode()
     at = _head(tree, lines)
     return [*out[:at], define, *out[at:]]

@@ -14,8 +14,9 @@ imports, no ``from __future__``.
   builtin's own: a namedtuple, a ``defaultdict``, an ``IntEnum``);
 - ``graded``: a value whose comparison is decided by Python code of the graded workspace (a
   ``__eq__``, ``__ne__``, ``__lt__``, ``__le__``, ``__gt__`` or ``__ge__``, and for a builtin's
-  subclass ``__contains__``, written in a file under :data:`WORKSPACE`, or one that is not a
-  plain function), or by ``unittest.mock`` (``ANY`` equals everything);
+  subclass ``__contains__``, written in a file under :data:`WORKSPACE` and not as released
+  (:data:`PRISTINE`), or one that is not a plain function), or by ``unittest.mock`` (``ANY``
+  equals everything);
 - ``other``: everything else (comparison in C or in the standard library / installed packages:
   ``Decimal``, ``datetime``, ``OrderedDict``, ``Counter``, ``Fraction``, ``pytest.approx``).
 
@@ -32,6 +33,8 @@ element as above, in a builtin's subclass that overrides ``__contains__`` in gra
 the library's own ``__contains__`` (it is what such tests test).
 """
 
+import ast
+import hashlib
 import operator
 import types
 
@@ -40,6 +43,11 @@ WORKSPACE = "/testbed"
 TRUSTED: tuple = ()
 """Files under :data:`WORKSPACE` whose code is not graded: the planted test files themselves
 (:func:`checker` sets it; a test's own helper class may define ``__eq__``)."""
+PRISTINE: frozenset = frozenset()
+""":func:`digests` of the released tree's comparison methods (:func:`checker` sets it): a method
+of the workspace whose file, class and text are the released ones is the library's own, not
+graded code (boltons' ``OrderedMultiDict == dict``, an ``LRU == dict``)."""
+_FILES: dict = {}
 
 _SCALARS = (bool, int, float, complex, str, bytes, type(None))
 _CONTAINERS = (list, tuple, dict, set, frozenset)
@@ -78,9 +86,48 @@ def _graded_method(attr):
         path = str(attr.__globals__.get("__file__") or "")
     if path in TRUSTED:
         return False
-    if not path.startswith("/") or path.startswith(WORKSPACE + "/"):
+    if path.startswith(WORKSPACE + "/"):
+        return _released(path, code) not in PRISTINE
+    if not path.startswith("/"):
         return True
     return path.endswith(_DISTRUSTED)
+
+
+def _released(path, code):
+    """The :func:`digests` entry of the method whose code is ``code`` (file ``path``)."""
+    if path not in _FILES:
+        try:
+            with open(path, "rb") as f:
+                text = f.read().decode("utf-8", "surrogateescape")
+            _FILES[path] = digests(path[len(WORKSPACE) + 1 :], text)
+        except (OSError, SyntaxError, ValueError, RecursionError, MemoryError):
+            _FILES[path] = {}
+    return _FILES[path].get((code.co_firstlineno, code.co_name))
+
+
+def digests(rel, text):
+    """``(first line, name) -> digest`` of each comparison method (:data:`_CMP`) of a class of
+    the Python source ``text`` of the workspace file ``rel``: a hash of the file, the class path
+    and the method's text (decorators aside), so the same method anywhere in its file has the
+    same digest. Classes inside ``if``/``try`` count; classes inside functions do not."""
+    lines = text.split("\n")
+    out = {}
+    todo = [(ast.parse(text).body, "")]
+    while todo:
+        body, prefix = todo.pop()
+        for node in body:
+            if isinstance(node, ast.ClassDef):
+                todo.append((node.body, prefix + node.name + "."))
+            elif isinstance(node, (ast.If, ast.Try)):
+                todo += [(node.body, prefix), (node.orelse, prefix), (node.finalbody, prefix)]
+                todo += [(h.body, prefix) for h in node.handlers]
+            elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                if prefix and node.name in _CMP:
+                    first = min([node.lineno, *(d.lineno for d in node.decorator_list)])
+                    source = "\n".join(lines[node.lineno - 1 : node.end_lineno])
+                    key = f"{rel}\0{prefix}{node.name}\0{source}".encode("utf-8", "surrogateescape")
+                    out[(first, node.name)] = hashlib.sha256(key).hexdigest()[:32]
+    return out
 
 
 _MRO = type.__dict__["__mro__"]
@@ -258,8 +305,9 @@ class Strict:
         return contains(self.value, item.value if type(item) is Strict else item)
 
 
-def checker(trusted):
-    """:class:`Strict`, with :data:`TRUSTED` set to ``trusted`` (what the planted file calls)."""
-    global TRUSTED
-    TRUSTED = tuple(trusted)
+def checker(trusted, pristine=()):
+    """:class:`Strict`, with :data:`TRUSTED` and :data:`PRISTINE` set (what the planted file
+    calls)."""
+    global TRUSTED, PRISTINE
+    TRUSTED, PRISTINE = tuple(trusted), frozenset(pristine)
     return Strict
