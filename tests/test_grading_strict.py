@@ -26,7 +26,7 @@ from coderl.envbuild.build import build_env
 from coderl.grading import strictrt
 from coderl.grading.grade import grade, rollout_base
 from coderl.grading.rerun import plant_canaries
-from coderl.grading.strictcmp import checker_name, rewrite
+from coderl.grading.strictcmp import checker_name, repaired_methods, rewrite
 from coderl.tasks.spec import load_tasks
 
 TASKS = Path(__file__).parent.parent / "data" / "tasks"
@@ -229,21 +229,24 @@ def test_a_helper_class_of_the_test_file_itself_is_not_graded_code():
     _run(LEGIT, test)
 
 
-def test_a_comparison_method_as_released_is_the_librarys_own(tmp_path, monkeypatch):
+def test_a_comparison_method_as_released_or_under_repair_is_the_librarys_own(tmp_path, monkeypatch):
     released = "class Multi(dict):\n    def __eq__(self, other):\n        return dict.__eq__(self, other)\n"
     patched = "import os\n\n" + released.replace("dict.__eq__(self, other)", "True")
     monkeypatch.setattr(strictrt, "WORKSPACE", str(tmp_path))
     monkeypatch.setattr(strictrt, "_FILES", {})
-    monkeypatch.setattr(
-        strictrt, "PRISTINE", frozenset(strictrt.digests("lib.py", released).values())
-    )
-    for text, posing in ((released, False), ("import os\n\n" + released, False), (patched, True)):
+    ((text_digest, place_digest),) = strictrt.digests("lib.py", released).values()
+    cases = ((released, False), ("import os\n\n" + released, False), (patched, True))
+    for pristine, text, posing in [(frozenset({text_digest}), *c) for c in cases] + [
+        (frozenset({text_digest, place_digest}), patched, False)  # a method under repair
+    ]:
+        monkeypatch.setattr(strictrt, "PRISTINE", pristine)
         (tmp_path / "lib.py").write_text(text)
         strictrt._FILES.clear()
         ns: dict = {}
         exec(compile(text, str(tmp_path / "lib.py"), "exec"), ns)
         value = strictrt.Strict(ns["Multi"](a=1))
-        if posing:  # the released text moved is still the library's; a changed one is graded
+        if posing:  # the released text moved is still the library's; one changed is graded
+            # unless the task's bug is in it (repaired_methods)
             with pytest.raises(AssertionError, match="posing as dict"):
                 assert value == strictrt.Strict({"a": 2})
         else:
@@ -415,3 +418,19 @@ def test_the_gold_patch_of_those_tasks_still_resolves():
         task = load_tasks(TASKS / f"{lib}.jsonl.gz")[index]
         result = grade(task, task.gold_patch, env=build_env(spec), guard=False)
         assert result.resolved and result.second_run, (task.id, result.reason)
+
+
+def test_the_methods_a_bug_changed_are_named_by_place(tmp_path):
+    cls = "class A:\n    def __eq__(self, o):\n        return {}\n\n    def __lt__(self, o):\n        return 0\n"
+    cls += "if True:\n    class B:\n        pass\ntry:\n    pass\nexcept E:\n    pass\nfinally:\n    pass\n"
+    for tree, body in (("released", "o.x == self.x"), ("buggy", "o.x != self.x")):
+        (tmp_path / tree / "pkg").mkdir(parents=True)
+        (tmp_path / tree / "pkg" / "m.py").write_text(cls.format(body))
+    released = (tmp_path / "released" / "pkg" / "m.py").read_text()
+    places = {
+        name: place for (_, name), (_, place) in strictrt.digests("pkg/m.py", released).items()
+    }
+    patch = "--- a/pkg/m.py\n+++ b/pkg/m.py\n"
+    got = repaired_methods(tmp_path / "released", tmp_path / "buggy", patch)
+    assert got == (places["__eq__"],)  # not __lt__, which the bug left alone
+    assert repaired_methods(tmp_path / "released", tmp_path / "released", patch) == ()

@@ -104,6 +104,7 @@ from coderl.grading.runner import (
     run_pytest,
     tampering,
 )
+from coderl.grading.strictcmp import repaired_methods
 from coderl.grading.twincheck import TwinRecordError, twin_policy
 from coderl.grading.verdict import GRADER_RAISED, GradeResult
 from coderl.sandbox.base import Limits, Sandbox, SandboxError
@@ -452,7 +453,14 @@ def _second_run(
         )
         planted = (
             plant_canaries(
-                sources, f2p, rng, Path(tmp), suite, frozenset(task.held_out_tests), twins
+                sources,
+                f2p,
+                rng,
+                Path(tmp),
+                suite,
+                frozenset(task.held_out_tests),
+                twins,
+                repaired_methods(Path(env.snapshot), rollout_base(task, env), task.bug_patch),
             )
             if env.canaries_ok
             else Planted()

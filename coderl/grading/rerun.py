@@ -275,6 +275,7 @@ def plant_canaries(
     others: tuple[Path, ...] = (),
     held_out: frozenset[str] = frozenset(),
     twins: TwinPolicy | None = None,
+    repaired: tuple[str, ...] = (),
 ) -> Planted:
     """Write the second run's canaries into copies of the files holding ``fail_to_pass`` tests,
     and rename those tests there.
@@ -335,7 +336,8 @@ def plant_canaries(
     for k, rel in enumerate(sorted(plans)):
         plan = plans[rel]
         out = _planted_lines(rel, plan, inserts[rel], fresh, planted)
-        out = rewrite(out, checker, f"/testbed/{rel}", released_methods(sources[rel], rel))
+        released = released_methods(sources[rel], rel) + repaired  # strictcmp's doc
+        out = rewrite(out, checker, f"/testbed/{rel}", released)
         path = out_dir / f"{k}-{rel.rsplit('/', 1)[-1]}"
         path.write_bytes(b"\n".join(out) + (b"" if plan.lines[-1] == b"" else b"\n"))
         path.chmod(0o644)

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import ast
 import functools
+import re
 import secrets
 from pathlib import Path
 
@@ -93,9 +94,26 @@ def _released(root: str) -> tuple[str, ...]:
             if not path.is_file() or path.stat().st_size > MAX_FILE:
                 continue
             text = path.read_bytes().decode("utf-8", "surrogateescape")
-            out |= set(digests(path.relative_to(root).as_posix(), text).values())
+            out |= {d for d, _ in digests(path.relative_to(root).as_posix(), text).values()}
         except (OSError, SyntaxError, ValueError, RecursionError, MemoryError):
             continue
+    return tuple(sorted(out))
+
+
+def repaired_methods(released: Path, buggy: Path, bug_patch: str) -> tuple[str, ...]:
+    """Place digests (``strictrt.digests``) of the comparison methods of the files ``bug_patch``
+    changes whose text differs between the ``released`` tree and the ``buggy`` one (the task's
+    bug is in them, so a fix rewrites them and their text cannot vouch for them)."""
+    out: set[str] = set()
+    for rel in sorted(set(re.findall(r"^\+\+\+ b/(\S+)", bug_patch, re.M))):
+        try:
+            old = digests(rel, (released / rel).read_bytes().decode("utf-8", "surrogateescape"))
+            new = digests(rel, (buggy / rel).read_bytes().decode("utf-8", "surrogateescape"))
+        except (OSError, SyntaxError, ValueError, RecursionError, MemoryError):
+            continue
+        before = {place: text for text, place in old.values()}
+        after = {place: text for text, place in new.values()}
+        out |= {place for place, text in before.items() if after.get(place) != text}
     return tuple(sorted(out))
 
 

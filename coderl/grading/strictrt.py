@@ -46,7 +46,8 @@ TRUSTED: tuple = ()
 PRISTINE: frozenset = frozenset()
 """:func:`digests` of the released tree's comparison methods (:func:`checker` sets it): a method
 of the workspace whose file, class and text are the released ones is the library's own, not
-graded code (boltons' ``OrderedMultiDict == dict``, an ``LRU == dict``)."""
+graded code (boltons' ``OrderedMultiDict == dict``, an ``LRU == dict``); so is, by its place
+alone, one the task's bug changed (any fix must change it: the test tests that method)."""
 _FILES: dict = {}
 
 _SCALARS = (bool, int, float, complex, str, bytes, type(None))
@@ -87,7 +88,7 @@ def _graded_method(attr):
     if path in TRUSTED:
         return False
     if path.startswith(WORKSPACE + "/"):
-        return _released(path, code) not in PRISTINE
+        return not PRISTINE.intersection(_released(path, code))
     if not path.startswith("/"):
         return True
     return path.endswith(_DISTRUSTED)
@@ -102,14 +103,15 @@ def _released(path, code):
             _FILES[path] = digests(path[len(WORKSPACE) + 1 :], text)
         except (OSError, SyntaxError, ValueError, RecursionError, MemoryError):
             _FILES[path] = {}
-    return _FILES[path].get((code.co_firstlineno, code.co_name))
+    return _FILES[path].get((code.co_firstlineno, code.co_name), ())
 
 
 def digests(rel, text):
-    """``(first line, name) -> digest`` of each comparison method (:data:`_CMP`) of a class of
-    the Python source ``text`` of the workspace file ``rel``: a hash of the file, the class path
-    and the method's text (decorators aside), so the same method anywhere in its file has the
-    same digest. Classes inside ``if``/``try`` count; classes inside functions do not."""
+    """``(first line, name) -> (digest, place digest)`` of each comparison method (:data:`_CMP`)
+    of a class of the Python source ``text`` of the workspace file ``rel``: a hash of the file,
+    the class path and the method's text (decorators aside), so the same method anywhere in its
+    file has the same digest; the place digest leaves the text out (a method under repair).
+    Classes inside ``if``/``try`` count; classes inside functions do not."""
     lines = text.split("\n")
     out = {}
     todo = [(ast.parse(text).body, "")]
@@ -119,15 +121,20 @@ def digests(rel, text):
             if isinstance(node, ast.ClassDef):
                 todo.append((node.body, prefix + node.name + "."))
             elif isinstance(node, (ast.If, ast.Try)):
-                todo += [(node.body, prefix), (node.orelse, prefix), (node.finalbody, prefix)]
-                todo += [(h.body, prefix) for h in node.handlers]
+                todo += [(node.body, prefix), (node.orelse, prefix)]
+                todo += [(getattr(node, "finalbody", []), prefix)]
+                todo += [(h.body, prefix) for h in getattr(node, "handlers", [])]
             elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 if prefix and node.name in _CMP:
                     first = min([node.lineno, *(d.lineno for d in node.decorator_list)])
                     source = "\n".join(lines[node.lineno - 1 : node.end_lineno])
-                    key = f"{rel}\0{prefix}{node.name}\0{source}".encode("utf-8", "surrogateescape")
-                    out[(first, node.name)] = hashlib.sha256(key).hexdigest()[:32]
+                    where = f"{rel}\0{prefix}{node.name}\0"
+                    out[(first, node.name)] = (_digest(where + source), _digest(where))
     return out
+
+
+def _digest(text):
+    return hashlib.sha256(text.encode("utf-8", "surrogateescape")).hexdigest()[:32]
 
 
 _MRO = type.__dict__["__mro__"]
