@@ -107,29 +107,32 @@ def _released(path, code):
 
 
 def digests(rel, text):
-    """``(first line, name) -> (digest, place digest)`` of each comparison method (:data:`_CMP`)
-    of a class of the Python source ``text`` of the workspace file ``rel``: a hash of the file,
-    the class path and the method's text (decorators aside), so the same method anywhere in its
-    file has the same digest; the place digest leaves the text out (a method under repair).
-    Classes inside ``if``/``try`` count; classes inside functions do not."""
+    """``(first line, name) -> (digest, place digest)`` of each function of the Python source
+    ``text`` of the workspace file ``rel`` that may serve as a comparison method: a method named
+    in :data:`_CMP`, or a function or lambda inside another function (a factory's or a wrapper's:
+    boltons' ``wrap_trace``). Not a module-level function: a released one that happens to
+    answer True for two arguments would vouch for any class it is bound to. Classes inside
+    functions count. The digest hashes the file, the enclosing
+    path, the name and the function's lines (decorators aside), so the same function anywhere in
+    its file has the same digest; the place digest leaves the text out (a method under
+    repair). A function's first line is its first decorator's, as in its code object."""
     lines = text.split("\n")
     out = {}
-    todo = [(ast.parse(text).body, "")]
+    todo = [(ast.parse(text), "", "module")]
     while todo:
-        body, prefix = todo.pop()
-        for node in body:
-            if isinstance(node, ast.ClassDef):
-                todo.append((node.body, prefix + node.name + "."))
-            elif isinstance(node, (ast.If, ast.Try)):
-                todo += [(node.body, prefix), (node.orelse, prefix)]
-                todo += [(getattr(node, "finalbody", []), prefix)]
-                todo += [(h.body, prefix) for h in getattr(node, "handlers", [])]
-            elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                if prefix and node.name in _CMP:
-                    first = min([node.lineno, *(d.lineno for d in node.decorator_list)])
-                    source = "\n".join(lines[node.lineno - 1 : node.end_lineno])
-                    where = f"{rel}\0{prefix}{node.name}\0"
-                    out[(first, node.name)] = (_digest(where + source), _digest(where))
+        node, prefix, scope = todo.pop()
+        name = getattr(node, "name", "<lambda>")
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            if scope == "function" or (scope == "class" and name in _CMP):
+                decorators = getattr(node, "decorator_list", [])
+                first = min([node.lineno, *(d.lineno for d in decorators)])
+                source = "\n".join(lines[node.lineno - 1 : node.end_lineno])
+                where = f"{rel}\0{prefix}{name}\0"
+                out[(first, name)] = (_digest(where + source), _digest(where))
+            prefix, scope = prefix + name + ".", "function"
+        elif isinstance(node, ast.ClassDef):
+            prefix, scope = prefix + node.name + ".", "class"
+        todo += [(child, prefix, scope) for child in ast.iter_child_nodes(node)]
     return out
 
 
