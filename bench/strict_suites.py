@@ -34,8 +34,9 @@ def failed(output: str) -> dict[str, str]:
     return out
 
 
-def run_suite(env, planted: bool) -> tuple[dict[str, str], int, float]:
-    """``(failures, modules rewritten, seconds)`` of the environment's test command."""
+def run_suite(env, planted: bool) -> tuple[dict[str, str], int, float, int]:
+    """``(failures, modules rewritten, seconds, tests passed)`` of the environment's test
+    command."""
     snapshot = Path(env.snapshot)
     t0 = time.time()
     limits = Limits(timeout_s=900, cpu_s=1800, memory_bytes=4 * 1024**3)
@@ -58,7 +59,8 @@ def run_suite(env, planted: bool) -> tuple[dict[str, str], int, float]:
                         n += 1
         cmd = re.sub(r"^python\b", "/venv/bin/python", env.test_command) + " -rfE -q"
         result = sb.exec(f"cd /testbed && {cmd} 2>&1 | tail -n 5000", timeout=900)
-    return failed(result.stdout), n, time.time() - t0
+    passed = re.findall(r"(\d+) passed", result.stdout)
+    return failed(result.stdout), n, time.time() - t0, int(passed[-1]) if passed else 0
 
 
 def main() -> None:
@@ -70,12 +72,13 @@ def main() -> None:
         if args.only and lib != args.only:
             continue
         env = find_env(load_tasks(str(path))[0].env_id)
-        plain, _, s1 = run_suite(env, planted=False)
-        strict, n, s2 = run_suite(env, planted=True)
+        plain, _, s1, _ = run_suite(env, planted=False)
+        strict, n, s2, passed = run_suite(env, planted=True)
         new = {k: v for k, v in strict.items() if k not in plain}
         posing = [k for k, v in new.items() if "Posing" in v or "posing as" in v]
         print(
-            f"{lib}: {n} test modules rewritten; failures {len(plain)} as released, "
+            f"{lib}: {n} test modules rewritten, {passed} tests passed strict; "
+            f"failures {len(plain)} as released, "
             f"{len(strict)} strict; {len(new)} only strict, {len(posing)} by the checker "
             f"({s1:.0f}s + {s2:.0f}s)",
             flush=True,

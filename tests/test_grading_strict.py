@@ -434,3 +434,13 @@ def test_the_methods_a_bug_changed_are_named_by_place(tmp_path):
     got = repaired_methods(tmp_path / "released", tmp_path / "buggy", patch)
     assert got == (places["__eq__"],)  # not __lt__, which the bug left alone
     assert repaired_methods(tmp_path / "released", tmp_path / "released", patch) == ()
+
+
+def test_only_comparison_methods_and_functions_inside_functions_can_vouch():
+    text = (
+        "def top(a, b):\n    return True\n\n"  # bound as __eq__ anywhere, it would say True
+        "def factory():\n    def inner(a, b):\n        return a == b\n    return inner\n\n"
+        "class C:\n    def __eq__(self, o):\n        return True\n\n"
+        "    def helper(self):\n        return 1\n"
+    )
+    assert sorted(name for _, name in strictrt.digests("m.py", text)) == ["__eq__", "inner"]

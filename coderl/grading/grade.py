@@ -451,16 +451,10 @@ def _second_run(
         suite = tuple(  # the rest of the suite: a renamed test may be called from there
             p for r in roots for p in ([r] if r.is_file() else r.rglob("*.py"))
         )
+        fixed = repaired_methods(Path(env.snapshot), rollout_base(task, env), task.bug_patch)
         planted = (
             plant_canaries(
-                sources,
-                f2p,
-                rng,
-                Path(tmp),
-                suite,
-                frozenset(task.held_out_tests),
-                twins,
-                repaired_methods(Path(env.snapshot), rollout_base(task, env), task.bug_patch),
+                sources, f2p, rng, Path(tmp), suite, frozenset(task.held_out_tests), twins, fixed
             )
             if env.canaries_ok
             else Planted()
