@@ -103,6 +103,7 @@ from coderl.grading.runner import (
     run_pytest,
     tampering,
 )
+from coderl.grading.strictcmp import repaired_methods
 from coderl.grading.twincheck import TwinRecordError, twin_policy
 from coderl.grading.verdict import GRADER_RAISED, GradeResult
 from coderl.sandbox.base import Limits, Sandbox, SandboxError
@@ -449,9 +450,10 @@ def _second_run(
         suite = tuple(  # the rest of the suite: a renamed test may be called from there
             p for r in roots for p in ([r] if r.is_file() else r.rglob("*.py"))
         )
+        fixed = repaired_methods(Path(env.snapshot), rollout_base(task, env), task.bug_patch)
         planted = (
             plant_canaries(
-                sources, f2p, rng, Path(tmp), suite, frozenset(task.held_out_tests), twins
+                sources, f2p, rng, Path(tmp), suite, frozenset(task.held_out_tests), twins, fixed
             )
             if env.canaries_ok
             else Planted()

@@ -52,6 +52,7 @@ from pathlib import Path
 
 from coderl.grading.pyparse import parse_python
 from coderl.grading.runner import Canary, TestRun, make_canaries, tampering
+from coderl.grading.strictcmp import checker_name, released_methods, rewrite
 from coderl.grading.twins import Mutation, apply, mutations, pick
 
 PASS_CANARIES = 2
@@ -278,6 +279,7 @@ def plant_canaries(
     others: tuple[Path, ...] = (),
     held_out: frozenset[str] = frozenset(),
     twins: TwinPolicy | None = None,
+    repaired: tuple[str, ...] = (),
 ) -> Planted:
     """Write the second run's canaries into copies of the files holding ``fail_to_pass`` tests,
     and rename those tests there.
@@ -335,9 +337,12 @@ def plant_canaries(
         rel, cls = rng.choice(pool or slots)
         line, indent = rng.choice(plans[rel].slots[cls])
         inserts[rel].setdefault(line, []).append((canary, cls, indent))
+    checker = checker_name()  # strict assertions (coderl.grading.strictcmp)
     for k, rel in enumerate(sorted(plans)):
         plan = plans[rel]
         out = _planted_lines(rel, plan, inserts[rel], fresh, planted)
+        released = released_methods(sources[rel], rel) + repaired  # strictcmp's doc
+        out = rewrite(out, checker, f"/testbed/{rel}", released)
         path = out_dir / f"{k}-{rel.rsplit('/', 1)[-1]}"
         path.write_bytes(b"\n".join(out) + (b"" if plan.lines[-1] == b"" else b"\n"))
         path.chmod(0o644)
