@@ -13,11 +13,13 @@ import random
 import re
 import shutil
 from pathlib import Path
+from unittest import mock
 
 import pytest
 
 import coderl.grading.grade as grade_mod
 from coderl.envbuild.build import build_env
+from coderl.grading import strictcmp
 from coderl.grading.grade import grade
 from coderl.grading.rerun import confirm, plant_canaries, twins_per_test
 from coderl.grading.runner import TestRun as Run
@@ -230,8 +232,11 @@ def _look_alikes(tmp_path: Path, body: str, seeds: range) -> list[tuple[int, lis
     )
     out = []
     for seed in seeds:
-        planted = plant_canaries({"test_mod.py": src}, ["test_mod.py::test_alpha"],
-                                 random.Random(seed), tmp_path)  # fmt: skip
+        # placement and values only: the strict rewrite (tests/test_grading_strict.py) wraps
+        # each operand and moves nothing
+        with mock.patch.object(strictcmp, "ENABLED", False):
+            planted = plant_canaries({"test_mod.py": src}, ["test_mod.py::test_alpha"],
+                                     random.Random(seed), tmp_path)  # fmt: skip
         text = Path(planted.mounts["/testbed/test_mod.py"]).read_text()
         names = {k.split("::")[-1] for k in [*planted.renamed, *planted.twins]}
         defs = re.findall(r"^def (\w+)\(\):\n    (.*)$", text, re.M)
