@@ -83,3 +83,15 @@ def one_torch_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(n)
+
+
+@pytest.fixture
+def one_torch_thread_each():
+    """:func:`one_torch_thread` set again before each test, for modules whose tests change
+    torch's threads themselves (the ``threads`` config key, ``--threads``)."""
+    import torch
+
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)

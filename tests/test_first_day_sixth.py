@@ -34,12 +34,7 @@ FAST = [
 ]
 
 
-@pytest.fixture(autouse=True)
-def one_torch_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)  # tiny models gain nothing from intra-op threads on busy cores
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread_each")  # conftest: tests set threads
 
 
 # --- policy_version counts updates, not steps --------------------------------------------------

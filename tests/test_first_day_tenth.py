@@ -20,12 +20,7 @@ ONLINE = str(ROOT / "configs" / "online-demo.yaml")
 FAST = ["progress=false", "tensorboard=false", "eval.before_after=false"]
 
 
-@pytest.fixture(autouse=True)
-def one_torch_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)  # tiny models gain nothing from intra-op threads on busy cores
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread_each")  # conftest: tests set threads
 
 
 # --- threads: torch's intra-op threads, set before the model loads ------------------------------
