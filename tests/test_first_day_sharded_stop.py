@@ -143,9 +143,13 @@ def _sigterm_raises(signum, frame):
 
 @pytest.fixture
 def sigterm_handler():
+    """SIGTERM raises ``Handled``; SIGINT is Python's own handler (an xdist worker starts with
+    it ignored)."""
     previous = signal.signal(signal.SIGTERM, _sigterm_raises)
+    previous_int = signal.signal(signal.SIGINT, signal.default_int_handler)
     yield
     signal.signal(signal.SIGTERM, previous)
+    signal.signal(signal.SIGINT, previous_int)
 
 
 def test_a_signal_is_held_until_the_ranks_agree_and_a_late_second_one_stops_at_once(
@@ -178,10 +182,11 @@ def test_every_rank_stops_with_the_strongest_signal_any_rank_got(
         assert stop.agreed
 
 
-def test_a_single_process_run_is_left_as_it_was():
+def test_a_single_process_run_is_left_as_it_was(sigterm_handler):
     stop = AgreedStop(False)
     with stop:
         assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+        assert signal.getsignal(signal.SIGTERM) is _sigterm_raises
         stop.check()  # no process group: nothing gathered
     assert not stop.agreed
 
