@@ -444,3 +444,166 @@ def test_only_comparison_methods_and_functions_inside_functions_can_vouch():
         "    def helper(self):\n        return 1\n"
     )
     assert sorted(name for _, name in strictrt.digests("m.py", text)) == ["__eq__", "inner"]
+
+
+# --- round 11: answers borrowed from C, the standard library and the bug's own place ----------
+
+
+@pytest.mark.parametrize(
+    "borrowed",
+    ["repr", "id", "os.path.join", "str.__ne__", "functools.partial(lambda a, b: True)"],
+)
+def test_a_comparison_method_borrowed_from_outside_the_workspace_is_the_graded_classs(borrowed):
+    """A C builtin, a standard-library function or another slot's descriptor set as ``__eq__``
+    is the graded class's own answer (it returns a truthy value for any pair), not a method
+    made for that slot: the value poses as str."""
+    library = f"""
+    import functools, os
+
+    class Word(str):
+        __eq__ = {borrowed}
+        __ne__ = str.__eq__
+        __hash__ = str.__hash__
+
+    def dasherize(word):
+        return Word(word.replace("-", "_"))
+    """
+    for assertion in (
+        'assert dasherize("a_b") == "a-b"',
+        'self.assertEqual(dasherize("a_b"), "a-b")',
+    ):
+        with pytest.raises(AssertionError, match="posing as str"):
+            _run(library, assertion)
+
+
+def test_the_standard_librarys_value_wrappers_do_not_launder_a_graded_value():
+    """``UserString`` (``UserList``, ``UserDict``) compares its wrapped ``data`` outside the
+    checker, so it may not vouch for a graded value inside it."""
+    library = """
+    import collections
+
+    class Word(str):
+        def __eq__(self, other):
+            return True
+        __hash__ = str.__hash__
+
+    def dasherize(word):
+        return collections.UserString(Word(word.replace("-", "_")))
+
+    def fields():
+        return collections.UserList([Word("x")])
+    """
+    with pytest.raises(AssertionError, match="posing as str"):
+        _run(library, 'assert dasherize("a_b") == "a-b"')
+    with pytest.raises(AssertionError, match="posing as list"):
+        _run(library, 'assert fields() == ["user_id"]')
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        'self.assertTupleEqual(pair(), ("a", "b"))',
+        'self.assertListEqual(fields(), ["user_id"])',
+        'self.assertSequenceEqual(fields(), ["user_id"])',
+        'self.assertDictEqual(mapping(), {"k": "v"})',
+        'self.assertTrue(pair() == ("a", "b"))',
+        'self.assertFalse(pair() != ("a", "b"))',
+    ],
+)
+def test_the_type_checking_and_truth_unittest_methods_compare_strictly(call):
+    """``assertTupleEqual`` and its kind check their arguments' types, so the rewrite hands
+    them on through the checker's ``pair``; ``assertTrue(a == b)`` is read like an assert."""
+    library = """
+    class Pair(tuple):
+        def __eq__(self, other):
+            return True
+        def __ne__(self, other):
+            return False
+        __hash__ = tuple.__hash__
+
+    class Fields(list):
+        def __eq__(self, other):
+            return True
+        def __ne__(self, other):
+            return False
+
+    class Mapping(dict):
+        def __eq__(self, other):
+            return True
+        def __ne__(self, other):
+            return False
+
+    def pair():
+        return Pair(("b", "a"))
+
+    def fields():
+        return Fields()
+
+    def mapping():
+        return Mapping()
+    """
+    with pytest.raises(AssertionError, match="posing as"):
+        _run(library, call)
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        'self.assertTupleEqual(("a", "b"), ("a", "b"))',
+        'self.assertListEqual([1, 2], [1, 2], "msg")',
+        'self.assertDictEqual({"k": [1]}, {"k": [1]})',
+        'self.assertMultiLineEqual("a\\nb", "a\\nb")',
+        "self.assertTrue((1, 2) == (1, 2))",
+    ],
+)
+def test_correct_values_pass_the_type_checking_methods_as_before(call):
+    _run("", call)
+
+
+def test_a_wrong_value_fails_a_type_checking_method():
+    with pytest.raises(AssertionError):
+        _run("", 'self.assertTupleEqual(("a", "b"), ("b", "a"))')
+
+
+def test_a_comment_in_a_released_method_keeps_it_released_and_no_lambda_is_trusted_by_place():
+    """The released digest hashes a method's syntax tree, so a comment or a blank line added
+    to a released comparison method (a correct fix may touch it) keeps it the library's own;
+    trust by place alone covers a class's comparison methods, never an inner function or a
+    lambda of the bug's function (they all share its place)."""
+    released = "class A:\n    def __eq__(self, other):\n        return self.x == other\n"
+    commented = (
+        "class A:\n    def __eq__(self, other):\n        # note\n\n        return self.x == other\n"
+    )
+    assert set(strictrt.digests("a.py", released).values()) == set(
+        strictrt.digests("a.py", commented).values()
+    )
+    source = "def titleize(w):\n    f = lambda a, b: True\n    return f\n"
+    ((whole, place),) = strictrt.digests("t.py", source).values()
+    assert whole == place
+    ((whole, place),) = strictrt.digests("a.py", released).values()
+    assert whole != place
+
+
+def test_total_orderings_derived_methods_are_judged_by_the_methods_they_call():
+    """``functools.total_ordering`` derives ``__gt__`` and the rest from the class's own
+    ``__lt__``: a test's own such class compares with an int as before (boltons'
+    ``test_total_ordering`` failed under a rule that distrusted the derived methods)."""
+    _run(
+        "",
+        """
+        import functools
+
+        @functools.total_ordering
+        class Version:
+            def __init__(self, n):
+                self.n = n
+            def __eq__(self, other):
+                return self.n == other
+            def __lt__(self, other):
+                return self.n < other
+            __hash__ = None
+
+        assert Version(3) > 2
+        assert Version(3) >= 3
+        """,
+    )

@@ -64,6 +64,23 @@ METHODS = frozenset(
 )
 """``unittest`` assertion methods whose first two arguments the rewrite wraps (they only
 compare them with one operator, which then reaches the checker)."""
+TYPED = frozenset(
+    {
+        "assertTupleEqual",
+        "assertListEqual",
+        "assertSequenceEqual",
+        "assertDictEqual",
+        "assertSetEqual",
+        "assertMultiLineEqual",
+    }
+)
+"""``unittest`` equality methods that check their arguments' types first, so they cannot take
+wrapped operands: their two arguments go through the checker's ``pair`` (equal by the strict
+rule, else an ``AssertionError``), which hands them on unchanged:
+``self.assertTupleEqual(*CHECKER.pair(a, b), msg)``."""
+TRUTH = frozenset({"assertTrue", "assertFalse", "assert_", "failUnless", "failIf"})
+"""``unittest`` methods whose first argument is read like an ``assert``'s test: the comparisons
+in it are wrapped (``self.assertTrue(a == b)``)."""
 
 RUNTIME = Path(__file__).with_name("strictrt.py")
 """The checker's source (``coderl.grading.strictrt``), embedded in each planted file."""
@@ -135,23 +152,43 @@ def _in_functions(tree: ast.Module) -> list[ast.stmt]:
     return out
 
 
+def _method_call(stmt: ast.stmt, names: frozenset[str], count: int) -> ast.Call | None:
+    """``stmt`` as ``self.<one of names>(...)`` with at least ``count`` plain leading
+    arguments, or None."""
+    call = stmt.value if isinstance(stmt, ast.Expr) else None
+    if (
+        isinstance(call, ast.Call)
+        and isinstance(call.func, ast.Attribute)
+        and call.func.attr in names
+        and len(call.args) >= count
+        and not any(isinstance(a, ast.Starred) for a in call.args[:count])
+    ):
+        return call
+    return None
+
+
+def _pair(stmt: ast.stmt) -> tuple[ast.expr, ast.expr] | None:
+    """The two arguments of a :data:`TYPED` call in ``stmt``, or None."""
+    call = _method_call(stmt, TYPED, 2)
+    return (call.args[0], call.args[1]) if call else None
+
+
 def _operands(stmt: ast.stmt) -> list[tuple[ast.expr, int]]:
     """``(operand, depth)`` to wrap in ``stmt`` (module doc); depth orders nested wraps."""
     if isinstance(stmt, ast.Expr):
-        call = stmt.value
-        if (
-            isinstance(call, ast.Call)
-            and isinstance(call.func, ast.Attribute)
-            and call.func.attr in METHODS
-            and len(call.args) >= 2
-            and not any(isinstance(a, ast.Starred) for a in call.args[:2])
-        ):
+        call = _method_call(stmt, METHODS, 2)
+        if call:
             return [(call.args[0], 0), (call.args[1], 0)]
-        return []
-    if not isinstance(stmt, ast.Assert):
+        call = _method_call(stmt, TRUTH, 1)
+        if not call:
+            return []
+        test: ast.expr = call.args[0]
+    elif isinstance(stmt, ast.Assert):
+        test = stmt.test
+    else:
         return []
     out: list[tuple[ast.expr, int]] = []
-    todo: list[tuple[ast.AST, int]] = [(stmt.test, 0)]
+    todo: list[tuple[ast.AST, int]] = [(test, 0)]
     while todo:
         node, depth = todo.pop()
         if isinstance(node, (ast.JoinedStr, ast.Yield, ast.YieldFrom)):
@@ -180,6 +217,12 @@ def rewrite(
         return lines
     inserts: dict[int, list[tuple[int, int, int, bytes]]] = {}
     for stmt in _in_functions(tree):
+        pair = _pair(stmt)
+        if pair and pair[1].end_lineno is not None and pair[1].end_col_offset is not None:
+            first, second = pair
+            opening = (first.col_offset, 1, 0, b"*" + name.encode() + b".pair(")
+            inserts.setdefault(first.lineno, []).append(opening)
+            inserts.setdefault(second.end_lineno, []).append((second.end_col_offset, 0, 0, b")"))
         for node, depth in _operands(stmt):
             end, end_col = node.end_lineno, node.end_col_offset
             if end is None or end_col is None:

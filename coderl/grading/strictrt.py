@@ -61,6 +61,7 @@ _C_KINDS = (
     types.MethodWrapperType,
 )
 _DISTRUSTED = ("/unittest/mock.py",)
+_WRAPPERS_FILE = "/collections/__init__.py"
 _OPS = {
     "==": operator.eq,
     "!=": operator.ne,
@@ -75,10 +76,21 @@ class Posing(AssertionError):
     """A comparison a value of the graded code would decide against a builtin value."""
 
 
-def _graded_method(attr):
-    """Whether the class attribute ``attr`` (a comparison method) runs graded code."""
-    if attr is None or isinstance(attr, _C_KINDS):
+def _graded_method(attr, name):
+    """Whether the class attribute ``attr``, found under the comparison method's ``name``,
+    runs graded code. Code outside the workspace (C, the standard library, installed packages)
+    vouches only for a method made for that slot: a C slot descriptor or a function of that
+    name, or one ``functools.total_ordering`` derives (it calls the class's other comparison
+    methods, each of which is judged here too). Any other callable there (``repr``, ``id``,
+    ``os.path.join``, ``str.__ne__`` set as ``__eq__``) is the graded class's choice of an
+    answer; so are the standard library's wrappers of a value
+    (``UserString``, ``UserList``, ``UserDict``), whose methods compare the wrapped value
+    outside the checker."""
+    if attr is None:
         return False
+    if isinstance(attr, _C_KINDS):
+        slot = isinstance(attr, (types.WrapperDescriptorType, types.MethodDescriptorType))
+        return not (slot and getattr(attr, "__name__", None) == name)
     code = getattr(attr, "__code__", None)
     if not isinstance(attr, types.FunctionType) or code is None:
         return True  # a callable object, a partial, a wrapped method: not a plain function
@@ -89,9 +101,13 @@ def _graded_method(attr):
         return False
     if path.startswith(WORKSPACE + "/"):
         return not PRISTINE.intersection(_released(path, code))
-    if not path.startswith("/"):
-        return True
-    return path.endswith(_DISTRUSTED)
+    derived = path.endswith("/functools.py") and "_from_" in code.co_name  # total_ordering's
+    if not path.startswith("/") or (code.co_name != name and not derived):
+        return True  # (which call the class's own methods, each judged here)
+    owner = getattr(attr, "__qualname__", "").split(".")[0]
+    return path.endswith(_DISTRUSTED) or (
+        path.endswith(_WRAPPERS_FILE) and owner in ("UserString", "UserList", "UserDict")
+    )
 
 
 def _released(path, code):
@@ -113,10 +129,12 @@ def digests(rel, text):
     boltons' ``wrap_trace``). Not a module-level function: a released one that happens to
     answer True for two arguments would vouch for any class it is bound to. Classes inside
     functions count. The digest hashes the file, the enclosing
-    path, the name and the function's lines (decorators aside), so the same function anywhere in
-    its file has the same digest; the place digest leaves the text out (a method under
-    repair). A function's first line is its first decorator's, as in its code object."""
-    lines = text.split("\n")
+    path, the name and the function's syntax tree (``ast.dump``: its decorators included, its
+    comments, blank lines and layout not, so a comment added to a released method keeps it
+    released), so the same function anywhere in its file has the same digest; the place digest
+    of a class's comparison method leaves the tree out (a method under repair); an inner
+    function's or a lambda's place digest is its whole digest (no trust by place). A
+    function's first line is its first decorator's, as in its code object."""
     out = {}
     todo = [(ast.parse(text), "", "module")]
     while todo:
@@ -126,9 +144,11 @@ def digests(rel, text):
             if scope == "function" or (scope == "class" and name in _CMP):
                 decorators = getattr(node, "decorator_list", [])
                 first = min([node.lineno, *(d.lineno for d in decorators)])
-                source = "\n".join(lines[node.lineno - 1 : node.end_lineno])
                 where = f"{rel}\0{prefix}{name}\0"
-                out[(first, name)] = (_digest(where + source), _digest(where))
+                whole = _digest(where + ast.dump(node))
+                # by place alone only a class's comparison method: every lambda or inner
+                # function of the bug's function shares that function's place
+                out[(first, name)] = (whole, _digest(where) if scope == "class" else whole)
             prefix, scope = prefix + name + ".", "function"
         elif isinstance(node, ast.ClassDef):
             prefix, scope = prefix + node.name + ".", "class"
@@ -164,7 +184,7 @@ def kind(value):
     base = _builtin_base(t)
     if base is not None and all(methods[n] is _lookup(base, n) for n in _CMP):
         return "builtin", base
-    if any(_graded_method(m) for n, m in methods.items() if base or n != "__contains__"):
+    if any(_graded_method(m, n) for n, m in methods.items() if base or n != "__contains__"):
         return "graded", None
     return "other", None
 
@@ -313,6 +333,15 @@ class Strict:
 
     def __contains__(self, item):
         return contains(self.value, item.value if type(item) is Strict else item)
+
+    @staticmethod
+    def pair(a, b):
+        """``(a, b)`` unchanged for a type-checking ``unittest`` equality method
+        (``strictcmp.TYPED``), once ``a == b`` holds by :func:`decide`; ``AssertionError``
+        (:class:`Posing` included) otherwise."""
+        if decide(a, "==", b) is False:
+            raise AssertionError(f"{a!r} != {b!r}")
+        return a, b
 
 
 def checker(trusted, pristine=()):
