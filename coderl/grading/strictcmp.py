@@ -117,10 +117,12 @@ def _released(root: str) -> tuple[str, ...]:
     return tuple(sorted(out))
 
 
+@functools.lru_cache(maxsize=256)
 def repaired_methods(released: Path, buggy: Path, bug_patch: str) -> tuple[str, ...]:
     """Place digests (``strictrt.digests``) of the comparison methods of the files ``bug_patch``
     changes whose text differs between the ``released`` tree and the ``buggy`` one (the task's
-    bug is in them, so a fix rewrites them and their text cannot vouch for them)."""
+    bug is in them, so a fix rewrites them and their text cannot vouch for them). Cached per
+    task: both trees are read-only caches (the environment's snapshot, the rollout base)."""
     out: set[str] = set()
     for rel in sorted(set(re.findall(r"^\+\+\+ b/(\S+)", bug_patch, re.M))):
         try:
