@@ -199,12 +199,14 @@ def _entries(root: Path) -> dict[str, tuple[int, int]]:
 
 def _setup_only(root: Path, name: str) -> bool:
     """Whether ``root/name`` is a lock file or a :data:`SETUP_FILES` entry that holds no result
-    (a log: empty)."""
+    (a log: empty), or the SFT directory while still empty (a demo stopped during SFT)."""
     path = root / name
     if name == LOCK_FILE or name.startswith(LOCK_FILE + "."):
         return True
     if name in RUN_LOGS:
         return path.is_file() and path.stat().st_size == 0
+    if name == Path(SFT_WEIGHTS).parent.name:  # made before SFT, holds its weights once done
+        return path.is_dir() and not path.is_symlink() and not any(path.iterdir())
     return name in SETUP_FILES
 
 

@@ -120,6 +120,24 @@ def test_starting_over_removes_the_tensorboard_events_with_the_logs(tmp_path):
     assert start_over(existing_logs(run)) == f"rm {run / 'eval.jsonl'}"
 
 
+def test_a_run_stopped_during_sft_leaves_no_directory_behind(tmp_path):
+    """The demo makes its run's ``sft`` directory before SFT writes into it; stopped then,
+    the run directory is left as found (none), so the next demo has no "previous run" to move
+    aside. An ``sft`` directory that holds weights is a result and stays."""
+    from coderl.rundir import run_lock
+
+    run = tmp_path / "runs" / "repair"
+    with pytest.raises(KeyboardInterrupt), run_lock(run, "coderl demo"):
+        (run / "sft").mkdir()
+        raise KeyboardInterrupt
+    assert not run.exists() and not run.parent.exists()
+    with pytest.raises(KeyboardInterrupt), run_lock(run, "coderl demo"):
+        (run / "sft").mkdir()
+        (run / "sft" / "trainable.safetensors").write_bytes(b"weights")
+        raise KeyboardInterrupt
+    assert (run / "sft" / "trainable.safetensors").is_file()
+
+
 # --- 2. a run with no learning signal says so, per step and at its end -------------------------
 
 
