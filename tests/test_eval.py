@@ -282,6 +282,30 @@ def test_evaluate_counts_broken_calls_per_episode_and_episodes_with_one():
     assert res.per_task[0]["broken_calls"] == 3 and res.per_task[0]["broken_episodes"] == 1
 
 
+def test_an_episode_the_harness_failed_as_infrastructure_is_counted_masked_not_measured():
+    """A prompt that never fit the context window (the harness raises before sampling: the
+    episode ends ``error``, ``failure="infra"``) is no measurement: evaluation counts it with
+    the grading errors, names why, and an evaluation of nothing but such episodes fails, with
+    the hint to raise the window (it used to print 0.000 with no error counted)."""
+    from coderl.eval.passk import check_measured
+    from coderl.stats import NothingMeasured
+
+    reason = "ValueError: a fresh context window (2128 tokens) plus one turn (64) exceeds context_budget=2048"
+
+    class TooLong(_ScriptedEnvironment):
+        def rollout(self, policy, tasks, params, group_size):
+            eps = super().rollout(policy, tasks, params, group_size)
+            for ep in eps:
+                ep.finish_reason, ep.failure, ep.failure_reason = "error", "infra", reason
+            return eps
+
+    res = _evaluate(TooLong({t: [False, False] for t in OUTCOMES}))
+    assert res.grading_errors == 6 and res.grading_error_examples == [f"episode error: {reason}"]
+    with pytest.raises(NothingMeasured, match="raise rollout.max_context_tokens"):
+        check_measured(res.to_dict())
+    assert _evaluate(_ScriptedEnvironment(OUTCOMES)).grading_errors == 0
+
+
 def test_paired_change_pairs_evaluations_with_different_n():
     from coderl.eval.passk import compare
 

@@ -63,7 +63,8 @@ class EvalResult:
     counts measure nothing); ``summarised``, ``continued``, ``continued_resolved`` and the
     prefill accounting summed over the task's episodes (see :attr:`context`)."""
     grading_errors: int = 0
-    """Episodes whose grading failed (infrastructure: counted as failures, in the denominator)."""
+    """Episodes whose grading failed, or that the harness failed as infrastructure (a prompt
+    that never fit the window): counted as failures, in the denominator."""
     grading_error_examples: list[str] = field(default_factory=list)
     """Up to three distinct ``grading_error`` texts, to say why episodes were masked."""
     dropped_episodes: int = 0
@@ -215,16 +216,29 @@ def evaluate(
             pairs = joined[task.id]
             per_task.append(_task_row(task, pairs, samples))
             dropped += samples - len(pairs)
-            errors += sum(g.grading_error is not None for _, g in pairs)
-            for _, g in pairs:
-                if g.grading_error is not None and len(examples) < 3:
-                    examples.add(str(g.grading_error))
+            for ep, g in pairs:
+                why = _masked_because(ep, g)
+                errors += why is not None
+                if why is not None and len(examples) < 3:
+                    examples.add(why)
         if on_batch is not None:
             on_batch(len(chunk), sum(r["correct"] for r in per_task[-len(chunk) :]))
     res = summarize(per_task, ks, samples, errors)
     res.dropped_episodes = dropped
     res.grading_error_examples = sorted(examples)
     return res
+
+
+def _masked_because(ep: Any, g: Any) -> str | None:
+    """Why the episode ``ep`` graded ``g`` is no measurement, or None: a grading error, or an
+    episode the harness failed as infrastructure (``failure="infra"``: a prompt that never fit
+    the context window, a sandbox that broke), which training masks too. Counted with the
+    grading errors; like them it scores as a failure."""
+    if g.grading_error is not None:
+        return str(g.grading_error)
+    if getattr(ep, "failure", None) == "infra":
+        return f"episode error: {getattr(ep, 'failure_reason', '') or 'harness error'}"
+    return None
 
 
 def check_measured(result: dict[str, Any], what: str = "eval") -> str | None:
